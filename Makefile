@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each creates and fills its own virtual environment (.venv) on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test protos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,ray]' torch==2.13.0  # the CPU build the samples were made with
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/rankscope demo
+
+# pytest exits 5 when it collects nothing; that is a failure here, loudly.
+test: $(STAMP)
+	@$(BIN)/python -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: FAILED, pytest collected no tests" >&2; fi; \
+	exit $$rc
+
+protos: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

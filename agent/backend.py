@@ -1,0 +1,44 @@
+"""The capture-backend interface: how the agent records its ranks.
+
+Backends (``sim``, ``nsys``, ``torch``) sit behind this one interface so the
+agent's capture state machine does not know which profiler runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from rankscope.agent.spool import RankInfo
+
+
+@dataclass(frozen=True)
+class CaptureRequest:
+    sweep_id: str
+    duration_s: float
+    workdir: Path  # this capture's private folder on the node
+    ranks: tuple[RankInfo, ...]  # local ranks to record (may be empty for `sim`)
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+class CaptureBackend(ABC):
+    """Start and stop one capture window on every local rank."""
+
+    name: ClassVar[str]
+    # True where the backend reads GPU performance counters, which DCGM profiling
+    # must release first (dcgm.md); the agent pauses DCGM only for these.
+    needs_gpu_counters: ClassVar[bool] = False
+
+    @abstractmethod
+    def start(self, request: CaptureRequest) -> None:
+        """Begin recording on every rank of the request."""
+
+    @abstractmethod
+    def stop(self, request: CaptureRequest) -> list[Path]:
+        """End recording and return the exports (nsys SQLite, Kineto JSON) to digest."""
+
+    def release_counters(self, request: CaptureRequest) -> None:
+        """Called once GPU counters are no longer needed (before export); default: nothing."""

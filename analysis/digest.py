@@ -1,0 +1,210 @@
+"""The digest: the compact, typed per-rank summary of one export.
+
+It is the only thing agent and analysis share on disk (ARCHITECTURE.md). One row
+per rank; the per-event parts are Arrow list columns, so several ranks' digests
+concatenate into one table and flatten into long tables without Python loops.
+
+All times are int64 nanoseconds on the rank's *local* clock expressed as UTC
+epoch ns (nsys: event + ``utcEpochNs``; Kineto: ``baseTimeNanoseconds`` + ts).
+Epoch ns exceed 2**53, so they never pass through float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rankscope.errors import ConsistencyError, ExportError
+
+DIGEST_VERSION = "rankscope.digest/1"
+
+# One collective instance as seen by one rank.
+COLLECTIVE = pa.struct(
+    [
+        pa.field("comm_id", pa.string(), nullable=False),  # same on every member rank
+        pa.field("seq", pa.int64(), nullable=False),  # instance number within comm_id
+        pa.field("seq_source", pa.string(), nullable=False),  # "trace" or "ordinal"
+        pa.field("op", pa.string(), nullable=False),  # canonical, see ops.py
+        pa.field("bytes", pa.int64()),  # null where the export does not carry it
+        pa.field("peer", pa.int32()),  # p2p peer (global rank) where known
+        pa.field("start_ns", pa.int64(), nullable=False),  # arrival: device-side start
+        pa.field("end_ns", pa.int64(), nullable=False),
+        pa.field("cpu_call_ns", pa.int64()),  # host API call, when known
+        pa.field("compute_before_ns", pa.int64()),  # compute busy since previous collective ended
+        pa.field("idle_before_ns", pa.int64()),  # device idle in the same gap
+        pa.field("compute_overlap_ns", pa.int64()),  # compute overlapping [start, end]
+        pa.field("step", pa.int64()),  # enclosing step range, where traced
+    ]
+)
+
+# Communicators this rank is a member of, with their members where the trace says.
+COMMUNICATOR = pa.struct(
+    [
+        pa.field("comm_id", pa.string(), nullable=False),
+        pa.field("ranks", pa.list_(pa.int32())),  # global ranks, null if unknown
+        pa.field("name", pa.string()),  # PG name / description / commName / record_comm tag
+    ]
+)
+
+KERNEL = pa.struct(
+    [
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("total_ns", pa.int64(), nullable=False),
+        pa.field("is_comm", pa.bool_(), nullable=False),
+    ]
+)
+
+STEP = pa.struct(
+    [
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("start_ns", pa.int64(), nullable=False),
+        pa.field("end_ns", pa.int64(), nullable=False),
+    ]
+)
+
+DIGEST_SCHEMA = pa.schema(
+    [
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("rank_source", pa.string(), nullable=False),  # e.g. "env:SLURM_PROCID"
+        pa.field("local_rank", pa.int32()),
+        pa.field("world_size", pa.int32()),
+        pa.field("host", pa.string(), nullable=False),  # clock domain
+        pa.field("gpu", pa.string()),  # UUID where known
+        pa.field("pid", pa.int64()),
+        pa.field("job_id", pa.string()),  # used to refuse mixing jobs
+        pa.field("source_format", pa.string(), nullable=False),  # nsys-sqlite, kineto-json, ...
+        pa.field("source_file", pa.string(), nullable=False),
+        pa.field("producer", pa.string()),  # profiler and schema version
+        pa.field("window_start_ns", pa.int64(), nullable=False),
+        pa.field("window_end_ns", pa.int64(), nullable=False),
+        pa.field("gpu_busy_ns", pa.int64(), nullable=False),  # union of kernels + copies
+        pa.field("compute_only_ns", pa.int64(), nullable=False),
+        pa.field("comm_only_ns", pa.int64(), nullable=False),
+        pa.field("overlap_ns", pa.int64(), nullable=False),
+        pa.field("communicators", pa.list_(COMMUNICATOR), nullable=False),
+        pa.field("collectives", pa.list_(COLLECTIVE), nullable=False),
+        pa.field("kernels", pa.list_(KERNEL), nullable=False),
+        pa.field("steps", pa.list_(STEP), nullable=False),
+        pa.field("warnings", pa.list_(pa.string()), nullable=False),
+    ],
+    metadata={b"rankscope.schema": DIGEST_VERSION.encode()},
+)
+
+_LIST_PARTS = {"communicators": COMMUNICATOR, "collectives": COLLECTIVE, "kernels": KERNEL, "steps": STEP}
+
+
+def empty_part(part: str) -> pa.Table:
+    """An empty long table of one list column's struct type."""
+    return pa.Table.from_batches([], pa.schema(list(_LIST_PARTS[part])))
+
+
+def digest_row(meta: dict, **parts: pa.Table | pd.DataFrame) -> pa.Table:
+    """Build a one-row digest table from scalar metadata and long per-part tables.
+
+    ``meta`` holds the scalar columns; each of ``communicators``, ``collectives``,
+    ``kernels``, ``steps`` is a long table with that struct's fields (missing parts
+    are empty). Columns are cast to the schema, so a wrong type fails here, at the
+    edge, not later in the analysis.
+    """
+    columns: dict[str, pa.Array] = {}
+    for field in DIGEST_SCHEMA:
+        if field.name in _LIST_PARTS:
+            part = parts.get(field.name)
+            columns[field.name] = _as_list_cell(field.name, part)
+        elif field.name == "warnings":
+            columns[field.name] = pa.array([list(meta.get("warnings", []))], pa.list_(pa.string()))
+        else:
+            columns[field.name] = pa.array([meta.get(field.name)], field.type)
+    return pa.Table.from_pydict(columns, schema=DIGEST_SCHEMA)
+
+
+def _as_list_cell(part: str, data: pa.Table | pd.DataFrame | None) -> pa.Array:
+    struct_type = _LIST_PARTS[part]
+    if data is None:
+        return pa.array([[]], pa.list_(struct_type))
+    if isinstance(data, pd.DataFrame):
+        data = pa.Table.from_pandas(data, preserve_index=False)
+    names = [f.name for f in struct_type]
+    missing = [n for n in names if n not in data.column_names]
+    for name in missing:
+        data = data.append_column(name, pa.nulls(data.num_rows, struct_type.field(name).type))
+    data = data.select(names).cast(pa.schema(list(struct_type)))
+    structs = pa.StructArray.from_arrays(
+        [data.column(n).combine_chunks() for n in names], fields=list(struct_type)
+    )
+    return pa.ListArray.from_arrays(pa.array([0, len(structs)], pa.int32()), structs)
+
+
+def concat(digests: Iterable[pa.Table]) -> pa.Table:
+    tables = list(digests)
+    if not tables:
+        return DIGEST_SCHEMA.empty_table()
+    return pa.concat_tables([t.cast(DIGEST_SCHEMA) for t in tables]).combine_chunks()
+
+
+def write(digests: pa.Table, path: str | Path) -> None:
+    """Write atomically: a reader never sees half a digest."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        pq.write_table(digests.cast(DIGEST_SCHEMA), tmp, compression="zstd")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read(path: str | Path) -> pa.Table:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ExportError(f"not a readable Parquet digest ({exc})", path=path) from None
+    version = (table.schema.metadata or {}).get(b"rankscope.schema", b"").decode()
+    if version != DIGEST_VERSION:
+        raise ExportError(f"not a rankscope digest (schema {version or 'missing'!r}, expected {DIGEST_VERSION!r})", path=path)
+    try:
+        return table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)
+    except (KeyError, pa.ArrowInvalid) as exc:
+        raise ExportError(f"digest does not match {DIGEST_VERSION}: {exc}", path=path) from None
+
+
+def is_digest(path: str | Path) -> bool:
+    """True for a Parquet file carrying the digest schema marker (cheap: footer only)."""
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (pa.ArrowInvalid, OSError):
+        return False
+    return metadata.get(b"rankscope.schema", b"").startswith(b"rankscope.digest/")
+
+
+def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:
+    """Flatten one list column to a long DataFrame with ``keep`` columns repeated per row."""
+    column = digests.column(part).combine_chunks()
+    parents = pc.list_parent_indices(column)
+    flat = pc.list_flatten(column)
+    columns = {name: pc.take(digests.column(name), parents).to_numpy(zero_copy_only=False) for name in keep}
+    for i, field in enumerate(_LIST_PARTS[part]):
+        columns[field.name] = flat.field(i).to_numpy(zero_copy_only=False)
+    frame = pd.DataFrame(columns)
+    return frame
+
+
+def check_consistent(digests: pa.Table) -> None:
+    """Refuse inputs that cannot belong to one job: one rank twice, or two job ids."""
+    ranks = digests.column("rank").to_numpy()
+    files = digests.column("source_file").to_pylist()
+    seen: dict[int, str] = {}
+    for rank, file in zip(ranks.tolist(), files):
+        if rank in seen:
+            raise ConsistencyError(f"rank {rank} is also claimed by {seen[rank]}", path=file)
+        seen[rank] = file
+    jobs = digests.column("job_id").to_pylist()
+    known = {job: file for job, file in zip(jobs, files) if job}
+    if len(known) > 1:
+        (job_a, file_a), (job_b, file_b) = list(known.items())[:2]
+        raise ConsistencyError(f"job {job_b!r} differs from job {job_a!r} of {file_a}", path=file_b)

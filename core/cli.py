@@ -1,0 +1,56 @@
+"""The `rankscope` command: one entry point, subcommands registered by each part.
+
+User mistakes surface as RankscopeError and are printed here, once, as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from rankscope import __version__
+from rankscope.errors import RankscopeError
+
+# Each module exposes register(subparsers); the parser it adds sets `func(args) -> int`.
+COMMAND_MODULES = (
+    "rankscope.analysis.commands",
+    "rankscope.coordinator.commands",
+    "rankscope.agent.commands",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rankscope", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress and debug detail")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    logging.captureWarnings(True)
+    try:
+        return int(args.func(args) or 0)
+    except RankscopeError as exc:
+        print(f"rankscope: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("rankscope: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,64 @@
+"""Errors raised by rankscope.
+
+Every error a user can cause is a :class:`RankscopeError`; the CLI catches it once
+and prints one line naming the file and the problem, then exits with ``exit_code``.
+
+RankscopeError
+ ├── InputError (ValueError)         bad file, bad flag, bad content: exit 2
+ │    ├── ExportError                  a profiler export cannot be read or is empty
+ │    └── ConsistencyError             exports disagree (same rank twice, different jobs)
+ ├── ConfigError (ValueError)        bad configuration
+ ├── ToolError (RuntimeError)        nsys / dcgmi / a backend failed on the node
+ ├── TransportError (ConnectionError) coordinator or agent unreachable
+ └── UploadRejected (ValueError)     an upload failed validation (offset, checksum, name, size)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RankscopeError(Exception):
+    """Root of every rankscope error."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, path: str | Path | None = None) -> None:
+        self.path = None if path is None else str(path)
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        return f"{self.path}: {message}" if self.path else message
+
+
+class InputError(RankscopeError, ValueError):
+    exit_code = 2
+
+
+class ExportError(InputError):
+    """A profiler export (nsys SQLite, Kineto JSON, digest) cannot be used."""
+
+
+class ConsistencyError(InputError):
+    """Several inputs contradict each other."""
+
+
+class ConfigError(RankscopeError, ValueError):
+    exit_code = 2
+
+
+class ToolError(RankscopeError, RuntimeError):
+    """An external tool (nsys, dcgmi, DCGM bindings) failed."""
+
+
+class TransportError(RankscopeError, ConnectionError):
+    """A peer (coordinator, agent) could not be reached."""
+
+
+class UploadRejected(RankscopeError, ValueError):
+    exit_code = 2
+
+
+class RankscopeWarning(UserWarning):
+    """Something was inferred or skipped; the result is usable but say so."""

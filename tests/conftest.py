@@ -1,0 +1,18 @@
+"""Shared fixtures: where the real samples are, and skipping clearly when they are not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT.parent / "shared" / "samples"
+
+
+@pytest.fixture(scope="session")
+def samples() -> Path:
+    """../shared/samples, or a skip saying where it was looked for."""
+    if not SAMPLES.is_dir():
+        pytest.skip(f"real sample traces not found at {SAMPLES} (the shared/ folder beside the checkout)")
+    return SAMPLES

@@ -1,0 +1,36 @@
+"""The package installs under one namespace and the CLI edge turns errors into one line."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from rankscope.cli import main
+from rankscope.errors import ExportError, RankscopeError
+
+
+@pytest.mark.parametrize("name", ["rankscope.coordinator", "rankscope.agent", "rankscope.analysis", "rankscope.proto"])
+def test_parts_import_under_rankscope(name: str) -> None:
+    assert importlib.import_module(name).__name__ == name
+
+
+def test_no_bare_top_level_packages_are_installed() -> None:
+    code = "import importlib.util as u; print([n for n in ('agent','analysis','coordinator','proto') if u.find_spec(n)])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_error_names_the_file_and_exits_with_its_code() -> None:
+    error = ExportError("not an nsys export", path="/data/x.sqlite")
+    assert isinstance(error, RankscopeError) and isinstance(error, ValueError)
+    assert str(error) == "/data/x.sqlite: not an nsys export"
+    assert error.exit_code == 2
+
+
+def test_console_command_lists_subcommands() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
