@@ -16,9 +16,12 @@ from rankscope.errors import RankscopeError
 
 # Each module exposes register(subparsers); the parser it adds sets `func(args) -> int`.
 COMMAND_MODULES = (
-    "rankscope.analysis.commands",
-    "rankscope.coordinator.commands",
-    "rankscope.agent.commands",
+    "rankscope.analysis.commands",  # digest, analyze
+    "rankscope.analysis.simulate",  # simulate
+    "rankscope.coordinator.commands",  # coordinator, capture, sweeps, report
+    "rankscope.agent.commands",  # agent
+    "rankscope.agent.rank",  # rank
+    "rankscope.demo",  # demo
 )
 
 
