@@ -1,0 +1,482 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NODE_STATE_UNSPECIFIED: _ClassVar[NodeState]
+    NODE_STATE_PENDING: _ClassVar[NodeState]
+    NODE_STATE_PAUSING_DCGM: _ClassVar[NodeState]
+    NODE_STATE_CAPTURING: _ClassVar[NodeState]
+    NODE_STATE_EXPORTING: _ClassVar[NodeState]
+    NODE_STATE_UPLOADING: _ClassVar[NodeState]
+    NODE_STATE_UPLOADED: _ClassVar[NodeState]
+    NODE_STATE_DCGM_RESUMED: _ClassVar[NodeState]
+    NODE_STATE_FAILED: _ClassVar[NodeState]
+    NODE_STATE_ANALYSED: _ClassVar[NodeState]
+    NODE_STATE_TIMED_OUT: _ClassVar[NodeState]
+
+class DcgmOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DCGM_OUTCOME_UNSPECIFIED: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_NOT_NEEDED: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_NOT_PRESENT: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_NOT_WATCHING: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_RESUMED: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_RESUME_FAILED: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_PAUSE_FAILED: _ClassVar[DcgmOutcome]
+
+class ArtifactKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ARTIFACT_KIND_UNSPECIFIED: _ClassVar[ArtifactKind]
+    ARTIFACT_KIND_DIGEST: _ClassVar[ArtifactKind]
+    ARTIFACT_KIND_RAW: _ClassVar[ArtifactKind]
+
+class SweepState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SWEEP_STATE_UNSPECIFIED: _ClassVar[SweepState]
+    SWEEP_STATE_RUNNING: _ClassVar[SweepState]
+    SWEEP_STATE_ANALYSING: _ClassVar[SweepState]
+    SWEEP_STATE_ANALYSED: _ClassVar[SweepState]
+    SWEEP_STATE_PARTIAL: _ClassVar[SweepState]
+    SWEEP_STATE_FAILED: _ClassVar[SweepState]
+NODE_STATE_UNSPECIFIED: NodeState
+NODE_STATE_PENDING: NodeState
+NODE_STATE_PAUSING_DCGM: NodeState
+NODE_STATE_CAPTURING: NodeState
+NODE_STATE_EXPORTING: NodeState
+NODE_STATE_UPLOADING: NodeState
+NODE_STATE_UPLOADED: NodeState
+NODE_STATE_DCGM_RESUMED: NodeState
+NODE_STATE_FAILED: NodeState
+NODE_STATE_ANALYSED: NodeState
+NODE_STATE_TIMED_OUT: NodeState
+DCGM_OUTCOME_UNSPECIFIED: DcgmOutcome
+DCGM_OUTCOME_NOT_NEEDED: DcgmOutcome
+DCGM_OUTCOME_NOT_PRESENT: DcgmOutcome
+DCGM_OUTCOME_NOT_WATCHING: DcgmOutcome
+DCGM_OUTCOME_RESUMED: DcgmOutcome
+DCGM_OUTCOME_RESUME_FAILED: DcgmOutcome
+DCGM_OUTCOME_PAUSE_FAILED: DcgmOutcome
+ARTIFACT_KIND_UNSPECIFIED: ArtifactKind
+ARTIFACT_KIND_DIGEST: ArtifactKind
+ARTIFACT_KIND_RAW: ArtifactKind
+SWEEP_STATE_UNSPECIFIED: SweepState
+SWEEP_STATE_RUNNING: SweepState
+SWEEP_STATE_ANALYSING: SweepState
+SWEEP_STATE_ANALYSED: SweepState
+SWEEP_STATE_PARTIAL: SweepState
+SWEEP_STATE_FAILED: SweepState
+
+class Gpu(_message.Message):
+    __slots__ = ("uuid", "name", "index")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    name: str
+    index: int
+    def __init__(self, uuid: _Optional[str] = ..., name: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
+
+class LocalRank(_message.Message):
+    __slots__ = ("rank", "local_rank", "pid", "gpu", "backend", "world_size", "job_id")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    local_rank: int
+    pid: int
+    gpu: str
+    backend: str
+    world_size: int
+    job_id: str
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., gpu: _Optional[str] = ..., backend: _Optional[str] = ..., world_size: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class Versions(_message.Message):
+    __slots__ = ("rankscope", "nsys", "driver", "dcgm", "nccl")
+    RANKSCOPE_FIELD_NUMBER: _ClassVar[int]
+    NSYS_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    DCGM_FIELD_NUMBER: _ClassVar[int]
+    NCCL_FIELD_NUMBER: _ClassVar[int]
+    rankscope: str
+    nsys: str
+    driver: str
+    dcgm: str
+    nccl: str
+    def __init__(self, rankscope: _Optional[str] = ..., nsys: _Optional[str] = ..., driver: _Optional[str] = ..., dcgm: _Optional[str] = ..., nccl: _Optional[str] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("node", "hostname", "labels", "gpus", "ranks", "versions", "backends", "agent_time_ns")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    hostname: str
+    labels: _containers.ScalarMap[str, str]
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    ranks: _containers.RepeatedCompositeFieldContainer[LocalRank]
+    versions: Versions
+    backends: _containers.RepeatedScalarFieldContainer[str]
+    agent_time_ns: int
+    def __init__(self, node: _Optional[str] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ranks: _Optional[_Iterable[_Union[LocalRank, _Mapping]]] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., backends: _Optional[_Iterable[str]] = ..., agent_time_ns: _Optional[int] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("agent_id", "session_token", "coordinator_time_ns", "heartbeat_interval_ms", "max_upload_bytes", "chunk_bytes", "warnings")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_UPLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_token: str
+    coordinator_time_ns: int
+    heartbeat_interval_ms: int
+    max_upload_bytes: int
+    chunk_bytes: int
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_id: _Optional[str] = ..., session_token: _Optional[str] = ..., coordinator_time_ns: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_upload_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ArtifactRef(_message.Message):
+    __slots__ = ("name", "sha256", "size", "kind", "upload_id", "ranks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sha256: str
+    size: int
+    kind: ArtifactKind
+    upload_id: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[ArtifactKind, str]] = ..., upload_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("agent_id", "session_token")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    session_token: str
+    def __init__(self, agent_id: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("agent_time_ns",)
+    AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    agent_time_ns: int
+    def __init__(self, agent_time_ns: _Optional[int] = ...) -> None: ...
+
+class Pong(_message.Message):
+    __slots__ = ("ping_id", "coordinator_time_ns", "agent_time_ns")
+    PING_ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    ping_id: int
+    coordinator_time_ns: int
+    agent_time_ns: int
+    def __init__(self, ping_id: _Optional[int] = ..., coordinator_time_ns: _Optional[int] = ..., agent_time_ns: _Optional[int] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("sweep_id", "state", "detail", "reason", "dcgm", "dcgm_detail", "artifacts", "agent_time_ns")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DCGM_FIELD_NUMBER: _ClassVar[int]
+    DCGM_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    state: NodeState
+    detail: str
+    reason: str
+    dcgm: DcgmOutcome
+    dcgm_detail: str
+    artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactRef]
+    agent_time_ns: int
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., dcgm_detail: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., agent_time_ns: _Optional[int] = ...) -> None: ...
+
+class AgentEvent(_message.Message):
+    __slots__ = ("hello", "heartbeat", "pong", "status")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: Heartbeat
+    pong: Pong
+    status: NodeStatus
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., status: _Optional[_Union[NodeStatus, _Mapping]] = ...) -> None: ...
+
+class StartCapture(_message.Message):
+    __slots__ = ("sweep_id", "backend", "duration_s", "options", "upload_raw", "timeout_s")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_RAW_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    backend: str
+    duration_s: float
+    options: _containers.ScalarMap[str, str]
+    upload_raw: bool
+    timeout_s: float
+    def __init__(self, sweep_id: _Optional[str] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CancelCapture(_message.Message):
+    __slots__ = ("sweep_id", "reason")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    reason: str
+    def __init__(self, sweep_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Ping(_message.Message):
+    __slots__ = ("ping_id", "coordinator_time_ns")
+    PING_ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    ping_id: int
+    coordinator_time_ns: int
+    def __init__(self, ping_id: _Optional[int] = ..., coordinator_time_ns: _Optional[int] = ...) -> None: ...
+
+class CoordinatorCommand(_message.Message):
+    __slots__ = ("start", "cancel", "ping")
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    start: StartCapture
+    cancel: CancelCapture
+    ping: Ping
+    def __init__(self, start: _Optional[_Union[StartCapture, _Mapping]] = ..., cancel: _Optional[_Union[CancelCapture, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ...) -> None: ...
+
+class UploadHeader(_message.Message):
+    __slots__ = ("upload_id", "sweep_id", "node", "name", "size", "sha256", "kind", "ranks", "session_token")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    sweep_id: str
+    node: str
+    name: str
+    size: int
+    sha256: str
+    kind: ArtifactKind
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    session_token: str
+    def __init__(self, upload_id: _Optional[str] = ..., sweep_id: _Optional[str] = ..., node: _Optional[str] = ..., name: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., kind: _Optional[_Union[ArtifactKind, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., session_token: _Optional[str] = ...) -> None: ...
+
+class UploadChunk(_message.Message):
+    __slots__ = ("header", "offset", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: UploadHeader
+    offset: int
+    data: bytes
+    def __init__(self, header: _Optional[_Union[UploadHeader, _Mapping]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadReply(_message.Message):
+    __slots__ = ("upload_id", "committed_offset", "complete", "sha256", "deduplicated")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    committed_offset: int
+    complete: bool
+    sha256: str
+    deduplicated: bool
+    def __init__(self, upload_id: _Optional[str] = ..., committed_offset: _Optional[int] = ..., complete: _Optional[bool] = ..., sha256: _Optional[str] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+
+class UploadQuery(_message.Message):
+    __slots__ = ("upload_id",)
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
+
+class UploadStatus(_message.Message):
+    __slots__ = ("upload_id", "committed_offset", "complete", "size", "sha256", "known")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    committed_offset: int
+    complete: bool
+    size: int
+    sha256: str
+    known: bool
+    def __init__(self, upload_id: _Optional[str] = ..., committed_offset: _Optional[int] = ..., complete: _Optional[bool] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., known: _Optional[bool] = ...) -> None: ...
+
+class Targets(_message.Message):
+    __slots__ = ("nodes", "labels", "all")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    labels: _containers.ScalarMap[str, str]
+    all: bool
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class StartSweepRequest(_message.Message):
+    __slots__ = ("targets", "duration_s", "backend", "timeout_s", "options", "upload_raw")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_RAW_FIELD_NUMBER: _ClassVar[int]
+    targets: Targets
+    duration_s: float
+    backend: str
+    timeout_s: float
+    options: _containers.ScalarMap[str, str]
+    upload_raw: bool
+    def __init__(self, targets: _Optional[_Union[Targets, _Mapping]] = ..., duration_s: _Optional[float] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ...) -> None: ...
+
+class NodeProgress(_message.Message):
+    __slots__ = ("node", "state", "detail", "reason", "dcgm", "artifacts", "updated_ns")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DCGM_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_NS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    state: NodeState
+    detail: str
+    reason: str
+    dcgm: DcgmOutcome
+    artifacts: int
+    updated_ns: int
+    def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ...) -> None: ...
+
+class Sweep(_message.Message):
+    __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    CREATED_NS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_NS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    REPORT_PATH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    state: SweepState
+    backend: str
+    duration_s: float
+    timeout_s: float
+    created_ns: int
+    finished_ns: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeProgress]
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    report_path: str
+    error: str
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ListSweepsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListSweepsReply(_message.Message):
+    __slots__ = ("sweeps",)
+    SWEEPS_FIELD_NUMBER: _ClassVar[int]
+    sweeps: _containers.RepeatedCompositeFieldContainer[Sweep]
+    def __init__(self, sweeps: _Optional[_Iterable[_Union[Sweep, _Mapping]]] = ...) -> None: ...
+
+class WatchSweepRequest(_message.Message):
+    __slots__ = ("sweep_id",)
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
+
+class SweepEvent(_message.Message):
+    __slots__ = ("sweep", "node", "final")
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    sweep: Sweep
+    node: str
+    final: bool
+    def __init__(self, sweep: _Optional[_Union[Sweep, _Mapping]] = ..., node: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class GetReportRequest(_message.Message):
+    __slots__ = ("sweep_id",)
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("sweep_id", "state", "report_json", "path", "missing")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    state: SweepState
+    report_json: str
+    path: str
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., report_json: _Optional[str] = ..., path: _Optional[str] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...
