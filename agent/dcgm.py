@@ -1,0 +1,466 @@
+"""DCGM profiling pause/resume: the node's single authority over the global pause flag.
+
+On pre-Hopper GPUs DCGM's profiling metrics and nsys GPU metrics need the same perfmon
+resource, so a capture that samples GPU counters must pause DCGM first (reference/dcgm.md).
+DCGM keeps ONE global, non-reference-counted flag per host engine that nothing resumes by
+itself, so this module owns what DCGM lacks: a reference count of overlapping captures, a
+lease per capture that resumes on expiry without the coordinator, and an on-disk journal
+that a restarted agent replays to resume a pause it left behind.
+
+Three ways to reach the host engine, picked by :func:`discover`: DCGM's own Python bindings
+(``BindingsControl``, shipped with DCGM, not on PyPI), the ``dcgmi`` CLI (``DcgmiControl``),
+or nothing (``NoDcgm``: no DCGM on the node means nothing holds the counters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+# Bindings folders of DCGM 4 and DCGM 3 installs (dcgm.md §2).
+BINDINGS_DIRS = (
+    Path("/usr/share/datacenter-gpu-manager-4/bindings/python3"),
+    Path("/usr/local/dcgm/bindings/python3"),
+)
+DEFAULT_HOST = "localhost"
+# dcgmReturn_t codes (dcgm.md §7).
+DCGM_ST_NOT_SUPPORTED = -6
+DCGM_ST_CONNECTION_NOT_VALID = -21
+DCGM_ST_LIBRARY_NOT_FOUND = -25
+DCGM_ST_MODULE_NOT_LOADED = -33
+# dcgmi exits with the dcgmReturn_t as an unsigned byte (dcgm.md §3, unverified on hardware).
+DCGMI_EXIT_NOT_SUPPORTED = DCGM_ST_NOT_SUPPORTED & 0xFF
+
+
+class DcgmOutcome(str, Enum):
+    """What a pause or resume did; the value is what the sweep's node record shows."""
+
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    NOT_SUPPORTED = "not_supported"  # Hopper and newer: counters are shared, no pause needed
+    NO_DCGM = "no_dcgm"  # no DCGM on the node: nothing to pause
+    SKIPPED = "skipped"  # the capture reads no GPU counters, so DCGM was left alone
+    FAILED = "failed"
+
+    @property
+    def capture_may_proceed(self) -> bool:
+        return self is not DcgmOutcome.FAILED
+
+
+@dataclass(frozen=True)
+class DcgmConfig:
+    """How to reach the node's DCGM host engine."""
+
+    mode: str = "auto"  # auto | bindings | dcgmi | none
+    host: str = DEFAULT_HOST  # host[:port] or unix:///path (a k8s Service name works)
+    bindings_path: Path | None = None  # folder holding pydcgm.py/dcgm_agent.py
+    dcgmi: str = "dcgmi"
+    timeout_s: float = 10.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> DcgmConfig:
+        """RANKSCOPE_DCGM (mode), RANKSCOPE_DCGM_HOST, RANKSCOPE_DCGM_BINDINGS, RANKSCOPE_DCGMI."""
+        bindings = environ.get("RANKSCOPE_DCGM_BINDINGS")
+        return cls(
+            mode=environ.get("RANKSCOPE_DCGM", "auto"),
+            host=environ.get("RANKSCOPE_DCGM_HOST", DEFAULT_HOST),
+            bindings_path=Path(bindings) if bindings else None,
+            dcgmi=environ.get("RANKSCOPE_DCGMI", "dcgmi"),
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The agent's DCGM flags; defaults come from the RANKSCOPE_DCGM* environment."""
+    env = DcgmConfig.from_env()
+    group = parser.add_argument_group("DCGM")
+    group.add_argument("--dcgm", choices=("auto", "bindings", "dcgmi", "none"), default=env.mode,
+                       help="how to pause DCGM profiling (default: auto-detect)")
+    group.add_argument("--dcgm-host", default=env.host,
+                       help="host engine address: host[:port] or unix:///path (default: localhost)")
+    group.add_argument("--dcgm-bindings", type=Path, default=env.bindings_path,
+                       help="folder with DCGM's Python bindings (default: the install's)")
+    group.add_argument("--dcgmi", default=env.dcgmi, help="dcgmi executable (default: dcgmi on PATH)")
+
+
+def config_from_args(args: argparse.Namespace) -> DcgmConfig:
+    return DcgmConfig(mode=args.dcgm, host=args.dcgm_host, bindings_path=args.dcgm_bindings,
+                      dcgmi=args.dcgmi)
+
+
+class DcgmControl(ABC):
+    """Pause or resume DCGM profiling on one host engine. Never raises: failures are FAILED
+    with the one-line reason in ``error``."""
+
+    error: str = ""
+
+    @abstractmethod
+    def pause(self) -> DcgmOutcome:
+        """Pause profiling (idempotent): PAUSED, NOT_SUPPORTED, NO_DCGM or FAILED."""
+
+    @abstractmethod
+    def resume(self) -> DcgmOutcome:
+        """Resume profiling (idempotent): RESUMED, NOT_SUPPORTED, NO_DCGM or FAILED."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Which engine, through what: recorded in the journal and the node record."""
+
+
+class NoDcgm(DcgmControl):
+    def __init__(self, reason: str = "no DCGM found on this node") -> None:
+        self.error = reason
+
+    def pause(self) -> DcgmOutcome:
+        return DcgmOutcome.NO_DCGM
+
+    def resume(self) -> DcgmOutcome:
+        return DcgmOutcome.NO_DCGM
+
+    def describe(self) -> str:
+        return "none"
+
+
+class DcgmiControl(DcgmControl):
+    """``dcgmi profile --pause|--resume --host ADDR`` (dcgm.md §3)."""
+
+    def __init__(self, dcgmi: str = "dcgmi", host: str = DEFAULT_HOST, timeout_s: float = 10.0) -> None:
+        self.dcgmi, self.host, self.timeout_s = dcgmi, host, timeout_s
+
+    def command(self, action: str) -> list[str]:
+        return profile_command(self.dcgmi, action, self.host)
+
+    def pause(self) -> DcgmOutcome:
+        return self._run("pause", DcgmOutcome.PAUSED)
+
+    def resume(self) -> DcgmOutcome:
+        return self._run("resume", DcgmOutcome.RESUMED)
+
+    def describe(self) -> str:
+        return f"dcgmi --host {self.host}"
+
+    def _run(self, action: str, success: DcgmOutcome) -> DcgmOutcome:
+        argv = self.command(action)
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
+                                  stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            self.error = f"{self.dcgmi} not found"
+            return DcgmOutcome.NO_DCGM
+        except subprocess.TimeoutExpired:
+            self.error = f"`{' '.join(argv)}` did not answer within {self.timeout_s:g} s"
+            return DcgmOutcome.FAILED
+        text = " ".join((done.stdout + " " + done.stderr).split())
+        if done.returncode == 0:
+            self.error = ""
+            return success
+        if done.returncode == DCGMI_EXIT_NOT_SUPPORTED or "Feature not supported" in text:
+            self.error = text
+            return DcgmOutcome.NOT_SUPPORTED
+        self.error = f"`{' '.join(argv)}` exited {done.returncode}: {text or 'no output'}"
+        return DcgmOutcome.FAILED
+
+
+def profile_command(dcgmi: str, action: str, host: str) -> list[str]:
+    """argv of ``dcgmi profile --pause|--resume --host HOST`` (dcgm.md §3)."""
+    if action not in ("pause", "resume"):
+        raise ValueError(f"unknown dcgmi profile action {action!r}")
+    return [dcgmi, "profile", f"--{action}", "--host", host]
+
+
+class BindingsControl(DcgmControl):
+    """DCGM's own Python bindings (``dcgm_agent``/``dcgm_structs``), connecting to a standalone
+    host engine per call so an engine restart between captures costs nothing."""
+
+    def __init__(self, bindings_path: Path | None = None, host: str = DEFAULT_HOST,
+                 timeout_s: float = 10.0) -> None:
+        self.bindings_path, self.host, self.timeout_s = bindings_path, host, timeout_s
+        self._agent: ModuleType | None = None
+        self._structs: ModuleType | None = None
+
+    def describe(self) -> str:
+        return f"DCGM bindings --host {self.host}"
+
+    def pause(self) -> DcgmOutcome:
+        return self._call("dcgmProfPause", DcgmOutcome.PAUSED)
+
+    def resume(self) -> DcgmOutcome:
+        return self._call("dcgmProfResume", DcgmOutcome.RESUMED)
+
+    def load(self) -> None:
+        """Import the bindings (ToolError-free: raises ImportError when absent)."""
+        if self._agent is not None:
+            return
+        folder = self.bindings_path or next((d for d in BINDINGS_DIRS if d.is_dir()), None)
+        if folder is not None and str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+        self._structs = importlib.import_module("dcgm_structs")
+        self._agent = importlib.import_module("dcgm_agent")
+
+    def _call(self, function: str, success: DcgmOutcome) -> DcgmOutcome:
+        try:
+            self.load()
+        except ImportError as exc:
+            self.error = f"DCGM Python bindings not found ({exc})"
+            return DcgmOutcome.NO_DCGM
+        agent, structs = self._agent, self._structs
+        handle = None
+        try:
+            structs._dcgmInit()  # loads libdcgm.so; LIBRARY_NOT_FOUND when DCGM is absent
+            agent.dcgmInit()
+            handle = agent.dcgmConnect_v2(*self._address(structs))
+            getattr(agent, function)(handle)
+        except structs.DCGMError as exc:
+            return self._failed(function, exc)
+        finally:
+            if handle is not None:
+                try:
+                    agent.dcgmDisconnect(handle)
+                except structs.DCGMError:
+                    log.debug("disconnect from DCGM at %s failed", self.host)
+        self.error = ""
+        return success
+
+    def _address(self, structs: ModuleType) -> tuple[str, object]:
+        params = structs.c_dcgmConnectV2Params_v2()
+        params.version = structs.c_dcgmConnectV2Params_version
+        params.timeoutMs = int(self.timeout_s * 1000)
+        params.persistAfterDisconnect = 0
+        unix = self.host.startswith("unix://")
+        params.addressIsUnixSocket = 1 if unix else 0
+        return (self.host[len("unix://"):] if unix else self.host), params
+
+    def _failed(self, function: str, exc: Exception) -> DcgmOutcome:
+        code = getattr(exc, "value", None)
+        self.error = f"{function} on DCGM at {self.host}: {exc} ({code})"
+        if code in (DCGM_ST_NOT_SUPPORTED, DCGM_ST_MODULE_NOT_LOADED):
+            return DcgmOutcome.NOT_SUPPORTED
+        if code == DCGM_ST_LIBRARY_NOT_FOUND:
+            return DcgmOutcome.NO_DCGM
+        return DcgmOutcome.FAILED
+
+
+def discover(config: DcgmConfig | None = None) -> DcgmControl:
+    """The control for this node: bindings if importable, else dcgmi if on PATH, else NoDcgm."""
+    config = config or DcgmConfig.from_env()
+    if config.mode == "none":
+        return NoDcgm("DCGM disabled by configuration")
+    if config.mode in ("auto", "bindings"):
+        control = BindingsControl(config.bindings_path, config.host, config.timeout_s)
+        try:
+            control.load()
+            return control
+        except ImportError as exc:
+            if config.mode == "bindings":
+                return NoDcgm(f"DCGM Python bindings not importable ({exc})")
+    if config.mode in ("auto", "dcgmi"):
+        path = shutil.which(config.dcgmi)
+        if path:
+            return DcgmiControl(path, config.host, config.timeout_s)
+        return NoDcgm(f"neither DCGM's Python bindings nor {config.dcgmi} found")
+    return NoDcgm(f"unknown DCGM mode {config.mode!r}")
+
+
+@dataclass
+class _Journal:
+    """What is on disk: whether we paused, and the live leases (capture id -> wall expiry)."""
+
+    engine: str = ""
+    paused: bool = False
+    leases: dict[str, float] = field(default_factory=dict)
+
+
+class PauseManager:
+    """The node's single pause authority: reference-counted leases over DCGM's global flag.
+
+    ``acquire`` pauses (idempotently, so it also re-asserts a pause someone else resumed) and
+    records a lease; ``release`` drops it and resumes when the last lease goes. A lease not
+    released by its expiry is released by a local timer, so a lost coordinator never leaves
+    the node dark. The journal is written (atomically, fsynced) before every Pause call, so a
+    crash at any point leaves enough on disk for :meth:`recover` to resume.
+    """
+
+    def __init__(self, control: DcgmControl, journal: Path, *,
+                 clock: Callable[[], float] = time.time, resume_retries: int = 3,
+                 retry_delay_s: float = 0.5) -> None:
+        self.control = control
+        self.journal = Path(journal)
+        self.clock = clock
+        self.resume_retries = resume_retries
+        self.retry_delay_s = retry_delay_s
+        self.error = ""  # reason behind the last FAILED / NOT_SUPPORTED / NO_DCGM
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._state = _Journal(engine=control.describe())
+        self._outcomes: dict[str, DcgmOutcome] = {}
+        self._timer: threading.Thread | None = None
+        self._closed = False
+
+    # -- public -----------------------------------------------------------------------------
+
+    def acquire(self, capture_id: str, lease_s: float) -> DcgmOutcome:
+        """Pause DCGM for one capture, holding it at most ``lease_s`` seconds."""
+        with self._lock:
+            self._state.leases[capture_id] = self.clock() + lease_s
+            self._write()  # journal first: a crash inside Pause is still recovered
+            outcome = self.control.pause()
+            self.error = self.control.error
+            if outcome is DcgmOutcome.PAUSED:
+                self._state.paused = True
+            else:
+                del self._state.leases[capture_id]
+            self._write()
+            self._outcomes[capture_id] = outcome
+            self._ensure_timer()
+            self._wake.notify_all()
+            log.info("DCGM pause for %s: %s %s", capture_id, outcome.value, self.error)
+            return outcome
+
+    def release(self, capture_id: str) -> DcgmOutcome:
+        """Drop a capture's lease; resume DCGM if it was the last one.
+
+        Returns RESUMED when this call resumed, PAUSED while other captures still hold it,
+        the acquire outcome for a capture that never paused, FAILED if resume kept failing
+        (the timer keeps retrying)."""
+        with self._lock:
+            outcome = self._outcomes.pop(capture_id, None)
+            held = self._state.leases.pop(capture_id, None) is not None
+            if not held:
+                return outcome or DcgmOutcome.SKIPPED
+            if self._state.leases:
+                self._write()
+                return DcgmOutcome.PAUSED
+            return self._resume()
+
+    def recover(self) -> DcgmOutcome | None:
+        """At agent start: resume any pause a previous agent process left in the journal.
+
+        Returns RESUMED (or the failure) when something was left, None when nothing was."""
+        with self._lock:
+            left = self._read()
+            if left is None or not (left.paused or left.leases):
+                return None
+            log.warning("resuming DCGM left paused by a previous agent (leases: %s)",
+                        ", ".join(left.leases) or "none")
+            self._state = _Journal(engine=self.control.describe(), paused=True)
+            outcome = self._resume()
+            self._ensure_timer()
+            return outcome
+
+    def close(self) -> DcgmOutcome | None:
+        """Agent exit: drop every lease and resume if we hold a pause."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
+            self._outcomes.clear()
+            if not (self._state.paused or self._state.leases):
+                return None
+            self._state.leases.clear()
+            return self._resume()
+
+    def holders(self) -> list[str]:
+        with self._lock:
+            return sorted(self._state.leases)
+
+    @property
+    def paused(self) -> bool:
+        with self._lock:
+            return self._state.paused
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _resume(self) -> DcgmOutcome:
+        """Resume with retries; on success clear the journal. Caller holds the lock."""
+        outcome = DcgmOutcome.FAILED
+        for attempt in range(self.resume_retries):
+            outcome = self.control.resume()
+            if outcome is not DcgmOutcome.FAILED:
+                break
+            log.warning("DCGM resume failed (attempt %d): %s", attempt + 1, self.control.error)
+            self._wake.wait(self.retry_delay_s * 2**attempt)
+        self.error = self.control.error
+        if outcome is not DcgmOutcome.FAILED:
+            self._state.paused = False
+        self._write()
+        return outcome
+
+    def _expire(self) -> None:
+        """Release leases past their expiry and retry a resume that failed earlier."""
+        now = self.clock()
+        expired = [cid for cid, until in self._state.leases.items() if until <= now]
+        for cid in expired:
+            log.warning("DCGM pause lease of %s expired: releasing it", cid)
+            self._outcomes.pop(cid, None)
+            del self._state.leases[cid]
+        if self._state.paused and not self._state.leases:
+            self._resume()
+        elif expired:
+            self._write()
+
+    def _next_wake(self) -> float | None:
+        if self._state.leases:
+            return max(0.0, min(self._state.leases.values()) - self.clock())
+        if self._state.paused:  # a resume failed: retry
+            return self.retry_delay_s * 4
+        return None
+
+    def _ensure_timer(self) -> None:
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Thread(target=self._watch, name="dcgm-lease", daemon=True)
+            self._timer.start()
+
+    def _watch(self) -> None:
+        with self._lock:
+            while not self._closed:
+                delay = self._next_wake()
+                if delay is None:
+                    self._wake.wait()
+                    continue
+                if delay > 0:
+                    self._wake.wait(min(delay, 1.0))
+                    continue
+                self._expire()
+
+    def _read(self) -> _Journal | None:
+        try:
+            data = json.loads(self.journal.read_text())
+            return _Journal(engine=str(data.get("engine", "")), paused=bool(data.get("paused")),
+                            leases={str(k): float(v) for k, v in dict(data.get("leases", {})).items()})
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, AttributeError):
+            # An unreadable journal may hide a pause: assume the worst and resume.
+            log.warning("unreadable DCGM pause journal %s: assuming a pause was left", self.journal)
+            return _Journal(paused=True)
+
+    def _write(self) -> None:
+        """Atomic and durable: temp file, fsync, rename, fsync the folder."""
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.journal.with_name(f".{self.journal.name}.{os.getpid()}.tmp")
+        body = json.dumps({"engine": self._state.engine, "paused": self._state.paused,
+                           "leases": self._state.leases, "pid": os.getpid()})
+        with open(tmp, "w") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.journal)
+        folder = os.open(self.journal.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
