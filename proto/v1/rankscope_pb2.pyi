@@ -30,6 +30,8 @@ class DcgmOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DCGM_OUTCOME_RESUMED: _ClassVar[DcgmOutcome]
     DCGM_OUTCOME_RESUME_FAILED: _ClassVar[DcgmOutcome]
     DCGM_OUTCOME_PAUSE_FAILED: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_NOT_SUPPORTED: _ClassVar[DcgmOutcome]
+    DCGM_OUTCOME_PAUSED: _ClassVar[DcgmOutcome]
 
 class ArtifactKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -63,6 +65,8 @@ DCGM_OUTCOME_NOT_WATCHING: DcgmOutcome
 DCGM_OUTCOME_RESUMED: DcgmOutcome
 DCGM_OUTCOME_RESUME_FAILED: DcgmOutcome
 DCGM_OUTCOME_PAUSE_FAILED: DcgmOutcome
+DCGM_OUTCOME_NOT_SUPPORTED: DcgmOutcome
+DCGM_OUTCOME_PAUSED: DcgmOutcome
 ARTIFACT_KIND_UNSPECIFIED: ArtifactKind
 ARTIFACT_KIND_DIGEST: ArtifactKind
 ARTIFACT_KIND_RAW: ArtifactKind
