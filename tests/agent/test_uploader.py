@@ -1,0 +1,149 @@
+"""The upload client against an in-process Upload/QueryUpload server that breaks on demand.
+
+The server here is a minimal model of the coordinator's offset rules (the real one is
+tested in tests/coordinator and end to end in tests/integration): it commits every
+chunk it receives, refuses a chunk at the wrong offset, verifies the sha256 at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rankscope.agent.uploader import Artifact, Uploader, sha256_of, upload_id
+from rankscope.errors import TransportError, UploadRejected
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+
+class Store(pb_grpc.AgentServiceServicer):
+    def __init__(self) -> None:
+        self.data: dict[str, bytearray] = {}
+        self.headers: dict[str, pb.UploadHeader] = {}
+        self.complete: dict[str, str] = {}
+        self.break_after: list[int] = []  # per Upload call: abort after this many data chunks
+        self.first_offsets: list[int] = []
+        self.lock = threading.Lock()
+
+    def QueryUpload(self, request, context):
+        uid = request.upload_id
+        with self.lock:
+            if uid not in self.headers:
+                return pb.UploadStatus(upload_id=uid, known=False)
+            return pb.UploadStatus(upload_id=uid, known=True, committed_offset=len(self.data[uid]),
+                                   complete=uid in self.complete, size=self.headers[uid].size,
+                                   sha256=self.complete.get(uid, ""))
+
+    def Upload(self, request_iterator, context):
+        limit = self.break_after.pop(0) if self.break_after else None
+        first = next(request_iterator)
+        header = first.header
+        uid = header.upload_id
+        with self.lock:
+            self.headers.setdefault(uid, header)
+            buf = self.data.setdefault(uid, bytearray())
+            if first.offset != len(buf):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "wrong first offset")
+            self.first_offsets.append(first.offset)
+        for n, chunk in enumerate(request_iterator):
+            if limit is not None and n >= limit:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost (test)")
+            with self.lock:
+                if chunk.offset != len(buf):
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, "chunk at wrong offset")
+                buf.extend(chunk.data)
+        if len(buf) == header.size:
+            digest = hashlib.sha256(buf).hexdigest()
+            if digest != header.sha256:
+                context.abort(grpc.StatusCode.DATA_LOSS, "sha256 mismatch")
+            self.complete[uid] = digest
+            return pb.UploadReply(upload_id=uid, committed_offset=len(buf), complete=True, sha256=digest)
+        return pb.UploadReply(upload_id=uid, committed_offset=len(buf))
+
+
+@pytest.fixture()
+def server():
+    store = Store()
+    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_AgentServiceServicer_to_server(store, srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    yield store, channel
+    channel.close()
+    srv.stop(0)
+
+
+@pytest.fixture()
+def blob(tmp_path: Path) -> Path:
+    path = tmp_path / "r0.sqlite"
+    path.write_bytes(os.urandom(5 * 65536 + 123))
+    return path
+
+
+def test_uploads_in_chunks_and_the_coordinator_verifies_the_sha(server, blob: Path) -> None:
+    store, channel = server
+    done = Uploader(channel, chunk_bytes=65536).upload(Artifact(blob, "sweep-1", "node-a", ranks=(0, 1)))
+    assert store.data[done.upload_id] == blob.read_bytes()
+    assert done.sha256 == hashlib.sha256(blob.read_bytes()).hexdigest() == store.complete[done.upload_id]
+    assert done.resumed_from == 0 and done.ref().ranks == [0, 1]
+
+
+def test_a_broken_stream_resumes_from_the_committed_offset(server, blob: Path) -> None:
+    store, channel = server
+    store.break_after = [2, 1]
+    done = Uploader(channel, chunk_bytes=65536, backoff_s=0.01).upload(Artifact(blob, "s", "n"))
+    assert store.first_offsets == [0, 2 * 65536, 3 * 65536]
+    assert bytes(store.data[done.upload_id]) == blob.read_bytes()
+
+
+def test_a_new_uploader_resumes_what_an_old_one_left(server, blob: Path) -> None:
+    """What an agent restarted mid-upload does: query first, send only the rest."""
+    store, channel = server
+    store.break_after = [3]
+    stop = threading.Event()
+    first = Uploader(channel, chunk_bytes=65536, max_attempts=1, stop=stop)
+    with pytest.raises(TransportError):
+        first.upload(Artifact(blob, "s", "n"))
+    done = Uploader(channel, chunk_bytes=65536).upload(Artifact(blob, "s", "n"))
+    assert done.resumed_from == 3 * 65536
+    assert bytes(store.data[done.upload_id]) == blob.read_bytes()
+
+
+def test_a_complete_upload_is_not_sent_again(server, blob: Path) -> None:
+    store, channel = server
+    art = Artifact(blob, "s", "n")
+    Uploader(channel, chunk_bytes=65536).upload(art)
+    calls = len(store.first_offsets)
+    again = Uploader(channel, chunk_bytes=65536).upload(art)
+    assert len(store.first_offsets) == calls and again.resumed_from == blob.stat().st_size
+
+
+def test_a_refusal_is_final(server, blob: Path, monkeypatch) -> None:
+    store, channel = server
+    art = Artifact(blob, "s", "n")
+    # The coordinator computes a different checksum than the header claims.
+    monkeypatch.setattr("rankscope.agent.uploader.sha256_of", lambda p: "0" * 64)
+    with pytest.raises(UploadRejected, match="DATA_LOSS"):
+        Uploader(channel, chunk_bytes=65536).upload(art)
+    assert len(store.first_offsets) == 1
+
+
+def test_upload_ids_are_stable_and_safe(blob: Path) -> None:
+    art = Artifact(blob, "sweep/../x", "node a", ranks=())
+    uid = upload_id(art, sha256_of(blob))
+    assert uid == upload_id(Artifact(blob, "sweep/../x", "node a"), sha256_of(blob))
+    assert set(uid) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+    assert "/" not in uid and ".." not in uid and uid.startswith("sweep_x.node_a.r0_sqlite.")
+
+
+def test_unreachable_coordinator_gives_up_with_a_transport_error(blob: Path) -> None:
+    channel = grpc.insecure_channel("127.0.0.1:1")
+    with pytest.raises(TransportError, match="did not complete after 2 attempts"):
+        Uploader(channel, max_attempts=2, backoff_s=0.01).upload(Artifact(blob, "s", "n"))
