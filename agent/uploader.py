@@ -90,7 +90,7 @@ class Uploader:
         self,
         channel: grpc.Channel,
         *,
-        session_token: str = "",
+        session_token: str | Callable[[], str] = "",
         chunk_bytes: int = CHUNK_BYTES,
         max_attempts: int = 30,
         backoff_s: float = 0.2,
@@ -101,7 +101,8 @@ class Uploader:
         on_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self.stub = pb_grpc.AgentServiceStub(channel)
-        self.session_token = session_token
+        # A callable follows re-registrations: a coordinator restart may issue a new token.
+        self.session_token = session_token if callable(session_token) else (lambda: session_token)
         self.chunk_bytes = chunk_bytes
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
@@ -115,12 +116,12 @@ class Uploader:
         size = artifact.path.stat().st_size
         digest = sha256_of(artifact.path)
         uid = upload_id(artifact, digest)
-        header = pb.UploadHeader(
-            upload_id=uid, sweep_id=artifact.sweep_id, node=artifact.node, name=artifact.name, size=size,
-            sha256=digest, kind=artifact.kind, ranks=list(artifact.ranks), session_token=self.session_token,
-        )
         first_offset: int | None = None
         for attempt in range(self.max_attempts):
+            header = pb.UploadHeader(
+                upload_id=uid, sweep_id=artifact.sweep_id, node=artifact.node, name=artifact.name, size=size,
+                sha256=digest, kind=artifact.kind, ranks=list(artifact.ranks), session_token=self.session_token(),
+            )
             try:
                 status = self.stub.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=30)
                 offset = status.committed_offset if status.known else 0

@@ -1,0 +1,484 @@
+"""The node agent: runs each capture the coordinator asks for, from DCGM pause to upload.
+
+The lifecycle itself is the pure machine in ``capture.py``; this module is the shell
+that executes its instructions (DCGM through ``dcgm.PauseManager``, the capture
+through a backend, digests at the edge, uploads) and feeds the results back as
+events. Every capture's machine and request live in ``<work-dir>/captures/<sweep>/``
+(written atomically after each step), so an agent killed mid-upload picks the upload
+up again from the coordinator's committed offset when it starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from rankscope import __version__
+from rankscope.agent import capture as cap
+from rankscope.agent import dcgm as dcgm_mod
+from rankscope.agent.backend import CaptureBackend, CaptureRequest
+from rankscope.agent.session import CHANNEL_OPTIONS, Registration, Session
+from rankscope.agent.spool import local_ranks
+from rankscope.agent.uploader import Artifact, Uploader
+from rankscope.analysis import digest as digest_mod
+from rankscope.errors import ConfigError, RankscopeError, TransportError
+from rankscope.proto.v1 import rankscope_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+# Backends by name, imported only when used (nsys and torch need tools this node may lack).
+BACKENDS = {
+    "sim": "rankscope.agent.sim_backend",
+    "nsys": "rankscope.agent.nsys",
+    "torch": "rankscope.agent.torch_backend",
+}
+NODE_STATES = {
+    cap.State.PENDING: pb.NODE_STATE_PENDING,
+    cap.State.PAUSING_DCGM: pb.NODE_STATE_PAUSING_DCGM,
+    cap.State.CAPTURING: pb.NODE_STATE_CAPTURING,
+    cap.State.EXPORTING: pb.NODE_STATE_EXPORTING,
+    cap.State.UPLOADING: pb.NODE_STATE_UPLOADING,
+    cap.State.UPLOADED: pb.NODE_STATE_UPLOADED,
+    cap.State.DCGM_RESUMED: pb.NODE_STATE_DCGM_RESUMED,
+    cap.State.FAILED: pb.NODE_STATE_FAILED,
+}
+DCGM_OUTCOMES = {
+    dcgm_mod.DcgmOutcome.SKIPPED: pb.DCGM_OUTCOME_NOT_NEEDED,
+    dcgm_mod.DcgmOutcome.NO_DCGM: pb.DCGM_OUTCOME_NOT_PRESENT,
+    dcgm_mod.DcgmOutcome.NOT_SUPPORTED: pb.DCGM_OUTCOME_NOT_SUPPORTED,
+    dcgm_mod.DcgmOutcome.PAUSED: pb.DCGM_OUTCOME_PAUSED,
+    dcgm_mod.DcgmOutcome.RESUMED: pb.DCGM_OUTCOME_RESUMED,
+}
+LEASE_MARGIN_S = 120.0  # beyond the window: stop and release may take a while on a busy node
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    coordinator: str
+    name: str = field(default_factory=socket.gethostname)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    spool: Path = Path("/tmp/rankscope-spool")
+    work_dir: Path = Path("/tmp/rankscope-agent")
+    backends: tuple[str, ...] = ("nsys",)  # offered to the coordinator; the first is the default
+    dcgm: dcgm_mod.DcgmConfig = field(default_factory=dcgm_mod.DcgmConfig)
+    upload_limit_bps: float | None = None
+    max_backoff_s: float = 30.0
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    labels = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--labels: {item!r} is not key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def load_backend(name: str) -> type[CaptureBackend]:
+    """The CaptureBackend subclass registered under ``name``, imported on first use."""
+    module_name = BACKENDS.get(name)
+    if module_name is None:
+        raise ConfigError(f"unknown capture backend {name!r} (known: {', '.join(sorted(BACKENDS))})")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"capture backend {name!r} is not available here ({exc})") from None
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, CaptureBackend) and getattr(value, "name", None) == name:
+            return value
+    raise ConfigError(f"{module_name} defines no capture backend named {name!r}")
+
+
+def node_gpus() -> list[pb.Gpu]:
+    """GPUs through NVML where pynvml is importable and a driver answers; none otherwise."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
+            gpus.append(pb.Gpu(uuid=_text(uuid), name=_text(name), index=index))
+        return gpus
+    except pynvml.NVMLError as exc:
+        log.warning("NVML: %s", exc)
+        return []
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def safe_name(text: str) -> str:
+    return _UNSAFE.sub("_", text).strip("._") or "x"
+
+
+class Agent:
+    """One node's agent: a session to the coordinator and the captures it asks for."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.stop = threading.Event()
+        self.channel = grpc.insecure_channel(config.coordinator, options=CHANNEL_OPTIONS)
+        self.session = Session(self.channel, self.register_request, self.on_command, self.on_connect,
+                               max_backoff_s=config.max_backoff_s, stop=self.stop)
+        self.pauses = dcgm_mod.PauseManager(dcgm_mod.discover(config.dcgm), config.work_dir / "dcgm-journal.json")
+        self.runs: dict[str, CaptureRun] = {}
+        self.registered = threading.Event()
+        self._lock = threading.Lock()
+
+    # lifecycle ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Reconcile what a previous process left, then serve until stopped."""
+        self.config.work_dir.mkdir(parents=True, exist_ok=True)
+        left = self.pauses.recover()
+        if left is not None:
+            log.warning("resumed a DCGM pause left by a previous agent: %s %s", left.value, self.pauses.error)
+        for run in CaptureRun.load_all(self):
+            self.runs[run.sweep_id] = run
+            if not run.capture.done:
+                run.begin(restarted=True)
+        try:
+            self.session.run()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.session.close()
+        for run in list(self.runs.values()):
+            run.cancel("agent stopping")
+            run.join(5.0)
+        self.pauses.close()
+        self.channel.close()
+
+    # coordinator ---------------------------------------------------------------------
+
+    def register_request(self) -> pb.RegisterRequest:
+        ranks = [pb.LocalRank(rank=r.rank, local_rank=r.local_rank, pid=r.pid, gpu=r.gpu, backend=r.backend,
+                              world_size=r.world_size, job_id=r.job_id) for r in local_ranks(self.config.spool)]
+        return pb.RegisterRequest(
+            node=self.config.name, hostname=socket.gethostname(), labels=dict(self.config.labels),
+            gpus=node_gpus(), ranks=ranks, versions=pb.Versions(rankscope=__version__),
+            backends=list(self.config.backends), agent_time_ns=time.time_ns(),
+        )
+
+    def on_connect(self, registration: Registration) -> None:
+        """Re-report every capture: the coordinator may have missed changes while we were apart."""
+        self.registered.set()
+        for run in list(self.runs.values()):
+            run.report_latest()
+
+    def on_command(self, command: pb.CoordinatorCommand) -> None:
+        if command.HasField("start"):
+            self.start_capture(command.start)
+        elif command.HasField("cancel"):
+            run = self.runs.get(command.cancel.sweep_id)
+            if run is not None:
+                run.cancel(command.cancel.reason or "cancelled by the coordinator")
+
+    def start_capture(self, start: pb.StartCapture) -> None:
+        with self._lock:
+            run = self.runs.get(start.sweep_id)
+            if run is not None:  # StartCapture is idempotent: say where we are instead
+                run.report_latest()
+                return
+            run = CaptureRun.new(self, start)
+            self.runs[start.sweep_id] = run
+        run.begin()
+
+    def send_status(self, status: pb.NodeStatus) -> None:
+        self.session.send(pb.AgentEvent(status=status))
+
+    def uploader(self, run: CaptureRun) -> Uploader:
+        """An uploader for one capture, once registered (uploads carry the session token)."""
+        while not self.registered.wait(0.5):
+            if run.cancelled.is_set():
+                raise TransportError(f"sweep {run.sweep_id}: cancelled before the coordinator was reached")
+        reg = self.session.registration
+        return Uploader(
+            self.channel,
+            session_token=lambda: self.session.registration.session_token,
+            chunk_bytes=reg.chunk_bytes or 1 << 20,
+            rate_limit_bps=self.config.upload_limit_bps,
+            stop=run.cancelled,
+            on_progress=run.note_upload,
+            max_attempts=1000,  # bounded by the sweep's timeout and cancel, not a count
+        )
+
+
+class CaptureRun:
+    """Executes one capture's machine on this node, persisting it after every step."""
+
+    def __init__(self, agent: Agent, record: dict) -> None:
+        self.agent = agent
+        self.record = record
+        self.sweep_id: str = record["sweep_id"]
+        self.capture = cap.Capture.from_dict(record["capture"])
+        self.folder = agent.config.work_dir / "captures" / safe_name(self.sweep_id)
+        self.cancelled = threading.Event()
+        self.cancel_reason = ""
+        self.backend: CaptureBackend | None = None
+        self._thread: threading.Thread | None = None
+        self._status_lock = threading.Lock()
+        self._persist_lock = threading.Lock()
+
+    @classmethod
+    def new(cls, agent: Agent, start: pb.StartCapture) -> CaptureRun:
+        options = dict(start.options)
+        options.setdefault("node", agent.config.name)
+        for key, value in agent.config.labels.items():  # node-specific settings, e.g. sim.node_index
+            options.setdefault(key, value)
+        record = {
+            "sweep_id": start.sweep_id,
+            "backend": start.backend or agent.config.backends[0],
+            "duration_s": start.duration_s,
+            "timeout_s": start.timeout_s,
+            "options": options,
+            "upload_raw": start.upload_raw,
+            "capture": cap.Capture(start.sweep_id).to_dict(),
+            "dcgm": pb.DCGM_OUTCOME_UNSPECIFIED,
+            "dcgm_detail": "",
+            "uploaded": [],
+            "uploads": {},
+        }
+        run = cls(agent, record)
+        run.persist()
+        return run
+
+    @classmethod
+    def load_all(cls, agent: Agent) -> list[CaptureRun]:
+        runs = []
+        for path in sorted((agent.config.work_dir / "captures").glob("*/capture.json")):
+            try:
+                runs.append(cls(agent, json.loads(path.read_text())))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: unreadable capture record, ignored (%s)", path, exc)
+        return runs
+
+    # driving --------------------------------------------------------------------------
+
+    def begin(self, *, restarted: bool = False) -> None:
+        self._thread = threading.Thread(target=self._run, args=(restarted,), name=f"capture-{self.sweep_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def cancel(self, reason: str) -> None:
+        self.cancel_reason = reason
+        self.cancelled.set()
+
+    def _run(self, restarted: bool) -> None:
+        if restarted:
+            first = self._handle(cap.Restarted())
+        else:
+            self._report(cap.Report(cap.State.PENDING, "capture accepted"))
+            try:
+                self.backend = load_backend(self.record["backend"])()
+                first = self._handle(cap.Begin(self._check_backend().needs_gpu_counters))
+            except RankscopeError as exc:
+                first = self._handle(cap.Failed(str(exc)))
+        self._drive(first)
+
+    def _check_backend(self) -> CaptureBackend:
+        if self.record["backend"] not in self.agent.config.backends:
+            raise ConfigError(f"backend {self.record['backend']!r} is not enabled on this agent "
+                              f"(--backend {','.join(self.agent.config.backends)})")
+        return self.backend
+
+    def _drive(self, instructions: list) -> None:
+        pending = deque(instructions)
+        while pending:
+            if self.cancelled.is_set() and not self.capture.done and not self.agent.stop.is_set():
+                pending.extend(self._handle(cap.Failed(self.cancel_reason)))
+            instruction = pending.popleft()
+            try:
+                event = self._execute(instruction)
+            except RankscopeError as exc:
+                event = cap.Failed(self.cancel_reason if self.cancelled.is_set() else str(exc))
+            except Exception as exc:  # a backend bug must still end the node, resumed, with a reason
+                log.exception("capture %s: %s failed", self.sweep_id, type(instruction).__name__)
+                event = cap.Failed(f"{type(instruction).__name__}: {type(exc).__name__}: {exc}")
+            if event is not None:
+                if self.agent.stop.is_set() and not isinstance(event, cap.DcgmResumed):
+                    return  # stopping: leave the record as it is, a restart carries on from here
+                pending.extend(self._handle(event))
+        if self.capture.done and self.capture.state is cap.State.DCGM_RESUMED:
+            self._clean()
+
+    def _handle(self, event) -> list:
+        instructions = self.capture.handle(event)
+        self.persist()
+        return instructions
+
+    def _execute(self, instruction):
+        if isinstance(instruction, cap.Report):
+            self._report(instruction)
+            return None
+        if isinstance(instruction, cap.PauseDcgm):
+            return self._pause()
+        if isinstance(instruction, cap.StartCapture):
+            self.backend.start(self.request())
+            return cap.CaptureStarted()
+        if isinstance(instruction, cap.StopCapture):
+            self.cancelled.wait(self.record["duration_s"])
+            return cap.CaptureStopped(tuple(str(p) for p in self.backend.stop(self.request())))
+        if isinstance(instruction, cap.ResumeDcgm):
+            return self._resume(instruction)
+        if isinstance(instruction, cap.Export):
+            return cap.Exported(self._export(instruction.exports))
+        if isinstance(instruction, cap.Upload):
+            self._upload(instruction.artifacts)
+            return cap.Uploaded()
+        raise TypeError(f"unknown instruction {instruction!r}")
+
+    def request(self) -> CaptureRequest:
+        return CaptureRequest(
+            sweep_id=self.sweep_id, duration_s=self.record["duration_s"], workdir=self.folder,
+            ranks=tuple(local_ranks(self.agent.config.spool)), options=self.record["options"],
+        )
+
+    # steps --------------------------------------------------------------------------
+
+    def _pause(self):
+        lease = self.record["duration_s"] + LEASE_MARGIN_S
+        outcome = self.agent.pauses.acquire(self.sweep_id, lease)
+        self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_PAUSE_FAILED), self.agent.pauses.error)
+        if not outcome.capture_may_proceed:
+            return cap.Failed(f"DCGM pause failed: {self.agent.pauses.error}")
+        return cap.DcgmPaused(outcome.value, self.agent.pauses.error)
+
+    def _resume(self, instruction: cap.ResumeDcgm):
+        if self.backend is not None:
+            self.backend.release_counters(self.request())
+        if not instruction.pause:
+            if self.record["dcgm"] == pb.DCGM_OUTCOME_UNSPECIFIED:
+                self._set_dcgm(pb.DCGM_OUTCOME_NOT_NEEDED, "")
+            return None
+        outcome = self.agent.pauses.release(self.sweep_id)
+        if outcome is dcgm_mod.DcgmOutcome.SKIPPED:  # no lease left: the restart's recovery resumed it
+            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "resumed from the pause journal at agent restart")
+        elif outcome is dcgm_mod.DcgmOutcome.PAUSED:
+            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "released; another capture on this node still holds the pause")
+        elif outcome is dcgm_mod.DcgmOutcome.FAILED:
+            self._set_dcgm(pb.DCGM_OUTCOME_RESUME_FAILED, self.agent.pauses.error)
+        else:
+            self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_RESUMED), self.agent.pauses.error)
+        return cap.DcgmResumed(self.agent.pauses.error)
+
+    def _export(self, exports: tuple[str, ...]) -> tuple[str, ...]:
+        """Digest at the edge: only the compact per-rank summary has to cross the network."""
+        from rankscope.analysis.sources import load_digests
+
+        if not exports:
+            return ()
+        table = load_digests([Path(p) for p in exports])
+        path = self.folder / f"{safe_name(self.agent.config.name)}.digest.parquet"
+        digest_mod.write(table, path)
+        self.record["ranks"] = sorted(int(r) for r in table.column("rank").to_pylist())
+        raw = exports if self.record["upload_raw"] else ()
+        return (str(path), *raw)
+
+    def _upload(self, artifacts: tuple[str, ...]) -> None:
+        uploader = self.agent.uploader(self)
+        done = {entry["name"] for entry in self.record["uploaded"]}
+        for index, name in enumerate(artifacts):
+            path = Path(name)
+            if path.name in done:
+                continue
+            digest = index == 0
+            artifact = Artifact(path, self.sweep_id, self.agent.config.name,
+                                kind=pb.ARTIFACT_KIND_DIGEST if digest else pb.ARTIFACT_KIND_RAW,
+                                ranks=tuple(self.record.get("ranks", ())) if digest else ())
+            result = uploader.upload(artifact)
+            self.record["uploaded"].append({"name": result.name, "sha256": result.sha256, "size": result.size,
+                                            "kind": result.kind, "upload_id": result.upload_id,
+                                            "ranks": list(result.ranks), "resumed_from": result.resumed_from})
+            self.persist()
+
+    def note_upload(self, upload_id: str, offset: int, size: int) -> None:
+        """First bytes of an upload: record its id, so an operator (or a test) can query it."""
+        uploads = self.record["uploads"]
+        if upload_id not in uploads:
+            uploads[upload_id] = size
+            self.persist()
+
+    def _clean(self) -> None:
+        """The coordinator has everything: drop the exports and artifacts, keep the small record."""
+        for entry in self.folder.iterdir():
+            if entry.name == "capture.json":
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    # reporting ----------------------------------------------------------------------
+
+    def _set_dcgm(self, outcome: int, detail: str) -> None:
+        self.record["dcgm"] = outcome
+        self.record["dcgm_detail"] = detail
+        self.persist()
+
+    def _status(self, state: cap.State, detail: str) -> pb.NodeStatus:
+        status = pb.NodeStatus(sweep_id=self.sweep_id, state=NODE_STATES[state], detail=detail,
+                               dcgm=self.record["dcgm"], dcgm_detail=self.record["dcgm_detail"],
+                               agent_time_ns=time.time_ns())
+        if state is cap.State.FAILED:
+            status.reason = self.capture.reason or detail
+        if state is cap.State.UPLOADED:
+            status.artifacts.extend(
+                pb.ArtifactRef(name=e["name"], sha256=e["sha256"], size=e["size"], kind=e["kind"],
+                               upload_id=e["upload_id"], ranks=e["ranks"]) for e in self.record["uploaded"]
+            )
+        return status
+
+    def _report(self, report: cap.Report) -> None:
+        log.info("sweep %s: %s %s", self.sweep_id, report.state.value, report.detail)
+        self.record["detail"] = report.detail
+        with self._status_lock:
+            self.agent.send_status(self._status(report.state, report.detail))
+
+    def report_latest(self) -> None:
+        """Where this capture stands, as the coordinator expects after a reconnect or a repeated start."""
+        state = self.capture.state
+        detail = self.record.get("detail", "")
+        with self._status_lock:
+            if state is cap.State.DCGM_RESUMED:
+                self.agent.send_status(self._status(cap.State.UPLOADED, "uploaded"))
+            self.agent.send_status(self._status(state, detail))
+
+    def persist(self) -> None:
+        with self._persist_lock:
+            self.record["capture"] = self.capture.to_dict()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / ".capture.json.tmp"
+            tmp.write_text(json.dumps(self.record))
+            os.replace(tmp, self.folder / "capture.json")

@@ -1,0 +1,78 @@
+"""`rankscope agent`: the per-node agent as a command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+from rankscope.agent import dcgm
+from rankscope.agent.agent import BACKENDS, Agent, AgentConfig, parse_labels
+from rankscope.agent.spool import DEFAULT_SPOOL
+from rankscope.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "agent", help="run the node agent: capture on the coordinator's command, digest, upload",
+        description="Run the node agent. It dials out to the coordinator, keeps a session open "
+                    "(reconnecting with backoff), and runs each capture the coordinator starts.",
+    )
+    parser.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="coordinator address")
+    parser.add_argument("--name", default=None, help="node name in the fleet (default: the hostname)")
+    parser.add_argument("--labels", default="", metavar="K=V,...", help="labels sweeps can target")
+    parser.add_argument("--spool", type=Path, default=DEFAULT_SPOOL,
+                        help=f"folder where rank wrappers announce themselves (default: {DEFAULT_SPOOL})")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="where captures in flight are kept (default: SPOOL/agent-NAME)")
+    parser.add_argument("--backend", default="nsys", metavar="NAME[,NAME...]",
+                        help=f"capture backends this node offers, the first by default ({', '.join(BACKENDS)})")
+    parser.add_argument("--upload-limit", type=float, default=None, metavar="MB/S",
+                        help="cap upload bandwidth so the training job keeps its network (default: none)")
+    parser.add_argument("--max-backoff", type=float, default=30.0, metavar="SECONDS",
+                        help="longest wait between reconnect attempts (default: 30)")
+    dcgm.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    name = args.name or socket.gethostname()
+    backends = tuple(filter(None, (b.strip() for b in args.backend.split(","))))
+    if not backends:
+        raise ConfigError("--backend names no capture backend")
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        raise ConfigError(f"--backend: unknown capture backend {unknown[0]!r} (known: {', '.join(BACKENDS)})")
+    if args.upload_limit is not None and args.upload_limit <= 0:
+        raise ConfigError(f"--upload-limit must be positive, got {args.upload_limit}")
+    return AgentConfig(
+        coordinator=args.coordinator,
+        name=name,
+        labels=parse_labels(args.labels),
+        spool=args.spool,
+        work_dir=args.work_dir or args.spool / f"agent-{name}",
+        backends=backends,
+        dcgm=dcgm.config_from_args(args),
+        upload_limit_bps=args.upload_limit * 1e6 if args.upload_limit else None,
+        max_backoff_s=args.max_backoff,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    agent = Agent(config_from_args(args))
+
+    def stop(signum, frame) -> None:
+        # Resuming DCGM happens on the way out (Agent.close), never skipped by a signal.
+        log.warning("signal %d: stopping the agent", signum)
+        agent.session.close()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"rankscope agent {agent.config.name} (pid {os.getpid()}) -> {agent.config.coordinator}", flush=True)
+    agent.run()
+    return 0

@@ -1,0 +1,177 @@
+"""The agent's connection to the coordinator: register, then one long-lived session stream.
+
+The agent dials out (deployment.md §4), so it works behind NAT, in pods and on Slurm
+compute nodes. The stream carries events up (Hello first, heartbeats, pongs, node
+statuses) and commands down (start, cancel, ping). When it breaks, the session
+registers again and reopens it after an exponential backoff with jitter, forever,
+until the agent stops; the agent re-reports what the coordinator may have missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# Keepalive as deployment.md §4 suggests for the control stream; reconnect attempts of
+# the channel itself capped low, because our own loop already backs off.
+CHANNEL_OPTIONS = (
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+)
+_CLOSE = object()
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the coordinator told this agent when it registered."""
+
+    agent_id: str
+    session_token: str
+    heartbeat_interval_s: float
+    max_upload_bytes: int
+    chunk_bytes: int
+    clock_offset_ns: int  # coordinator minus agent clock, from the register round trip
+
+    @classmethod
+    def from_reply(cls, reply: pb.RegisterReply, sent_ns: int, received_ns: int) -> Registration:
+        midpoint = (sent_ns + received_ns) // 2
+        return cls(
+            agent_id=reply.agent_id,
+            session_token=reply.session_token,
+            heartbeat_interval_s=(reply.heartbeat_interval_ms or 10_000) / 1000,
+            max_upload_bytes=reply.max_upload_bytes,
+            chunk_bytes=reply.chunk_bytes,
+            clock_offset_ns=reply.coordinator_time_ns - midpoint if reply.coordinator_time_ns else 0,
+        )
+
+
+def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
+    """Exponential with full jitter, so a fleet reconnecting after a coordinator restart spreads out."""
+    return random.uniform(0.0, min(cap_s, base_s * 2**attempt))
+
+
+class Session:
+    """Keeps one agent registered and its session stream open."""
+
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        hello: Callable[[], pb.RegisterRequest],
+        on_command: Callable[[pb.CoordinatorCommand], None],
+        on_connect: Callable[[Registration], None],
+        *,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.stub = pb_grpc.AgentServiceStub(channel)
+        self.hello = hello
+        self.on_command = on_command
+        self.on_connect = on_connect
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.stop = stop or threading.Event()
+        self.registration: Registration | None = None
+        self._outbox: queue.Queue | None = None
+        self._lock = threading.Lock()
+        self._call = None
+
+    def send(self, event: pb.AgentEvent) -> bool:
+        """Queue an event on the open stream; False while disconnected (re-reported on connect)."""
+        with self._lock:
+            if self._outbox is None:
+                return False
+            self._outbox.put(event)
+            return True
+
+    def run(self) -> None:
+        """Connect, serve, reconnect; returns when ``stop`` is set."""
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                registration = self._register()
+                failures = 0
+                self._serve(registration)
+            except grpc.RpcError as exc:
+                log.warning("coordinator session: %s: %s", exc.code().name, exc.details())
+            finally:
+                self._close_outbox()
+            if self.stop.is_set():
+                break
+            failures += 1
+            self.stop.wait(backoff_delay(failures, self.backoff_s, self.max_backoff_s))
+
+    def close(self) -> None:
+        self.stop.set()
+        self._close_outbox()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def _register(self) -> Registration:
+        request = self.hello()
+        sent = time.time_ns()
+        reply = self.stub.Register(request, timeout=15)
+        self.registration = Registration.from_reply(reply, sent, time.time_ns())
+        for warning in reply.warnings:
+            log.warning("coordinator: %s", warning)
+        return self.registration
+
+    def _serve(self, registration: Registration) -> None:
+        outbox: queue.Queue = queue.Queue()
+        outbox.put(pb.AgentEvent(hello=pb.Hello(agent_id=registration.agent_id,
+                                                session_token=registration.session_token)))
+        self._call = self.stub.Session(self._drain(outbox))
+        with self._lock:
+            self._outbox = outbox
+        beat = threading.Thread(target=self._heartbeat, args=(outbox, registration.heartbeat_interval_s),
+                                name="heartbeat", daemon=True)
+        beat.start()
+        log.info("connected to the coordinator as %s", registration.agent_id)
+        self.on_connect(registration)
+        for command in self._call:
+            if command.HasField("ping"):
+                self.send(pb.AgentEvent(pong=pb.Pong(ping_id=command.ping.ping_id,
+                                                     coordinator_time_ns=command.ping.coordinator_time_ns,
+                                                     agent_time_ns=time.time_ns())))
+            else:
+                self.on_command(command)
+        log.warning("coordinator closed the session stream")
+
+    def _heartbeat(self, outbox: queue.Queue, interval_s: float) -> None:
+        while not self.stop.wait(interval_s):
+            with self._lock:
+                if self._outbox is not outbox:
+                    return
+                outbox.put(pb.AgentEvent(heartbeat=pb.Heartbeat(agent_time_ns=time.time_ns())))
+
+    def _close_outbox(self) -> None:
+        with self._lock:
+            if self._outbox is not None:
+                self._outbox.put(_CLOSE)
+            self._outbox = None
+
+    @staticmethod
+    def _drain(outbox: queue.Queue) -> Iterator[pb.AgentEvent]:
+        while True:
+            event = outbox.get()
+            if event is _CLOSE:
+                return
+            yield event

@@ -1,0 +1,116 @@
+"""The `sim` capture backend: this node's ranks, simulated, so a whole sweep runs on one CPU.
+
+Every agent of a simulated sweep gets the same job spec in the capture options and
+writes the nsys exports of its own node only; the simulator is deterministic from the
+seed, so the nodes' exports add up to one consistent job (one clock per node, the
+injected stragglers, the usual NCCL trace layout), and everything after the capture
+(digest, upload, analysis) is the production path.
+
+Options (all strings, as they travel in StartCapture.options):
+  sim.<field>        any scalar field of ``JobSpec`` (nodes, gpus_per_node, tp, steps, seed, ...)
+  sim.stragglers     ``rank:kind:extra_ns[:every]`` separated by commas, e.g. ``5:compute:2000000``
+  sim.node_index     this node's index in the job; or ``sim.node_index.<node>`` per node
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+
+from rankscope.agent.backend import CaptureBackend, CaptureRequest
+from rankscope.errors import ConfigError
+
+PREFIX = "sim."
+NODE_OPTION = "node"  # set by the agent: its node name
+
+
+def parse_stragglers(text: str) -> list:
+    from rankscope.analysis.simulate import Straggler
+
+    stragglers = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        fields = item.split(":")
+        if not 3 <= len(fields) <= 4:
+            raise ConfigError(f"sim.stragglers: {item!r} is not rank:kind:extra_ns[:every]")
+        try:
+            rank, extra, every = int(fields[0]), int(float(fields[2])), int(fields[3]) if len(fields) == 4 else 1
+        except ValueError:
+            raise ConfigError(f"sim.stragglers: {item!r} has a non-numeric rank, extra_ns or every") from None
+        stragglers.append(Straggler(rank=rank, kind=fields[1], extra_ns=extra, every=every))
+    return stragglers
+
+
+def job_spec(options: Mapping[str, str]):
+    """The simulator's JobSpec from capture options; unset fields keep the simulator's defaults."""
+    from rankscope.analysis.simulate import JobSpec
+
+    values: dict = {}
+    known = {f.name: f for f in dataclasses.fields(JobSpec)}
+    for key, raw in options.items():
+        if not key.startswith(PREFIX) or key.startswith(PREFIX + "node_index"):
+            continue
+        name = key[len(PREFIX):]
+        if name == "stragglers":
+            values[name] = parse_stragglers(raw)
+        elif name in known:
+            values[name] = _cast(name, raw, _default(known[name]))
+        else:
+            raise ConfigError(f"{key}: the simulator's job spec has no field {name!r}")
+    return JobSpec(**values)
+
+
+def node_index(options: Mapping[str, str]) -> int:
+    node = options.get(NODE_OPTION, "")
+    raw = options.get(f"{PREFIX}node_index.{node}", options.get(f"{PREFIX}node_index"))
+    if raw is None:
+        raise ConfigError(f"sim capture on node {node!r}: no sim.node_index (set it per node, "
+                          f"or start the agent with --labels sim.node_index=N)")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"sim.node_index {raw!r} is not an integer") from None
+
+
+def _default(field: dataclasses.Field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _cast(name: str, raw: str, default):
+    try:
+        if isinstance(default, bool):
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            return int(float(raw))
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"sim.{name}: {raw!r} is not a {type(default).__name__}") from None
+    return raw
+
+
+class SimBackend(CaptureBackend):
+    """Simulated nsys exports for this node's ranks; reads no GPU counters."""
+
+    name = "sim"
+    needs_gpu_counters = False
+
+    def start(self, request: CaptureRequest) -> None:
+        # Validate now, so a bad spec fails the node before the window, not after it.
+        job_spec(request.options)
+        node_index(request.options)
+
+    def stop(self, request: CaptureRequest) -> list[Path]:
+        from rankscope.analysis.simulate import simulate
+
+        spec = job_spec(request.options)
+        index = node_index(request.options)
+        if not 0 <= index < spec.nodes:
+            raise ConfigError(f"sim.node_index {index} is outside the simulated job's {spec.nodes} nodes")
+        outdir = request.workdir / "exports"
+        outdir.mkdir(parents=True, exist_ok=True)
+        return [Path(p) for p in simulate(spec, outdir, nodes=[index])]
