@@ -1,0 +1,713 @@
+"""Nsight Systems SQLite export -> per-rank digest rows.
+
+Reads schema 3.13.x to 3.28.x (reference/nsys-export.md), selecting columns by name
+and tolerating absent (lazy) tables. SQL does the filtering and joins; pandas/numpy do
+the rest, with no per-event Python loops.
+
+What comes from where (reference/nccl-in-traces.md):
+- time base: every timestamp + (``utcEpochNs`` - the export's time shift), so raw
+  (session-relative) and ``--ts-normalize``d exports both land in UTC epoch ns;
+- NCCL kernels: classified by name (`ops.is_comm_kernel`), nothing more;
+- their operation and communicator: the NCCL NVTX range (domain named ``NCCL``) on the
+  thread whose runtime launch call (``correlationId`` + process) created the kernel.
+  Grouped calls launch inside ``ncclGroupEnd``: the kernel serves every call since the
+  group's start. Payload fields (communicator id, size, peer, rank) are decoded by entry
+  name when the export carries ``binaryData`` blobs;
+- ranks: one per (process, CUDA device) that ran kernels, so a torchrun tree profiled
+  as one report splits into its ranks.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import logging
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from rankscope.analysis import digest, intervals, ops
+from rankscope.errors import ExportError, InputError
+
+_log = logging.getLogger(__name__)
+
+SOURCE_FORMAT = "nsys-sqlite"
+SUPPORTED_SCHEMAS = ((3, 13), (3, 28))  # inclusive (major, minor) range
+
+RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "PMI_SIZE")
+JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
+
+# NVTX event types (same ids in 3.13.2 and 3.25.0, nsys-export.md §3).
+_PUSH_POP_RANGE, _START_END_RANGE, _DOMAIN_CREATE = 59, 60, 75
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+# Payload blob: [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64] payload.
+_BLOB_HEADER = 32
+# NVTX payload entry type -> (bytes, signed) for the integer types NCCL uses
+# (nvToolsExtPayload.h); ids >= 2**24 are enums (C int).
+_ENTRY_TYPES = {
+    1: (1, True), 2: (1, False), 3: (2, True), 4: (2, False), 5: (4, True), 6: (4, False),
+    7: (8, True), 8: (8, False), 9: (8, True), 10: (8, False), 11: (1, True), 12: (1, False),
+    13: (2, True), 14: (2, False), 15: (4, True), 16: (4, False), 17: (8, True), 18: (8, False),
+    22: (8, False),
+}
+_ENUM_TYPE = (4, True)
+# NCCL payload entry names (stable; schema ids and offsets are not) -> our column.
+_PAYLOAD_FIELDS = {
+    "NCCL communicator ID": "comm",
+    "Message size [bytes]": "bytes",
+    "Peer rank": "peer",
+    "No. of ranks": "nranks",
+    "Rank": "comm_rank",
+    "CUDA device": "cuda_device",
+}
+_STEP = re.compile(r"^(?:ProfilerStep#|step[ _#:]?)(\d+)$", re.I)
+
+
+@dataclass
+class _Export:
+    """An open export: tables present, metadata, time offset, warnings collected."""
+
+    path: Path
+    db: sqlite3.Connection
+    tables: set[str]
+    meta: dict[str, str]
+    env: dict[str, str]
+    offset: int = 0  # add to exported timestamps to get UTC epoch ns
+    warnings: list[str] = field(default_factory=list)
+
+    def columns(self, table: str) -> set[str]:
+        if table not in self.tables:
+            return set()
+        return {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+
+    def frame(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+        cursor = self.db.execute(sql, params)
+        names = [d[0] for d in cursor.description]
+        return pd.DataFrame.from_records(cursor.fetchall(), columns=names)
+
+    def warn(self, message: str) -> None:
+        # Kept in the digest (the report shows them); logged only with --verbose so a
+        # failing run still ends in one error line.
+        self.warnings.append(message)
+        _log.info("%s: %s", self.path, message)
+
+
+def read_nsys(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
+    """Digest rows (one per rank found) from an nsys SQLite export.
+
+    ``rank_from`` overrides where the rank comes from: ``env:VAR`` (a variable of the
+    captured environment) or ``filename:REGEX`` (first group, else the whole match, of
+    REGEX searched in the file name). Without it the rank comes from RANK, SLURM_PROCID,
+    OMPI_COMM_WORLD_RANK or PMI_RANK in the captured environment, then from the NCCL
+    CommInitRank payload, then (with a warning) from the order of processes.
+    """
+    path = Path(path)
+    with _open(path) as db:
+        try:
+            return _read(path, db, rank_from)
+        except sqlite3.DatabaseError as exc:
+            raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[sqlite3.Connection]:
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise ExportError(f"cannot open ({exc.strerror})", path=path) from None
+    if magic != _SQLITE_MAGIC:
+        raise ExportError("not an SQLite export (file is not a database)", path=path)
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise ExportError(f"cannot open the SQLite export ({exc})", path=path) from None
+    with closing(db):
+        yield db
+
+
+def _read(path: Path, db: sqlite3.Connection, rank_from: str | None) -> pa.Table:
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "TARGET_INFO_SESSION_START_TIME" not in tables:
+        raise ExportError("not an nsys export (no TARGET_INFO_SESSION_START_TIME table)", path=path)
+    meta = dict(db.execute("SELECT name, value FROM META_DATA_EXPORT")) if "META_DATA_EXPORT" in tables else {}
+    export = _Export(path, db, tables, meta, _captured_env(db, tables))
+    _check_schema(export)
+    kernels = _kernels(export)
+    export.offset = _time_offset(export, kernels)
+    for column in ("start", "end"):
+        kernels[column] += export.offset
+    copies = _copies(export)
+    nccl = _nccl_ranges(export)
+    launches = _launches(export, kernels)
+    collectives = _link(export, kernels[kernels["is_comm"]], launches, nccl)
+    steps = _steps(export)
+    units = kernels[["pid", "device"]].drop_duplicates().sort_values(["pid", "device"]).reset_index(drop=True)
+    identities = _identities(export, units, nccl, rank_from)
+    rows = []
+    for unit in identities.itertuples(index=False):
+        on_unit = (kernels["pid"] == unit.pid) & (kernels["device"] == unit.device)
+        unit_copies = copies[(copies["pid"] == unit.pid) & (copies["device"] == unit.device)]
+        mine = collectives[(collectives["pid"] == unit.pid) & (collectives["device"] == unit.device)]
+        rows.append(_digest_row(export, unit, kernels[on_unit], unit_copies, mine, steps[steps["pid"] == unit.pid]))
+    return digest.concat(rows)
+
+
+# ---------------------------------------------------------------- metadata
+
+
+def _captured_env(db: sqlite3.Connection, tables: set[str]) -> dict[str, str]:
+    """Environment of the launched process (`KEY="value"` rows, quotes stripped)."""
+    if "META_DATA_CAPTURE" not in tables:
+        return {}
+    rows = db.execute(
+        "SELECT value FROM META_DATA_CAPTURE WHERE name = 'PROCESS_0:ENVIRONMENT_VARIABLE' ORDER BY rowid"
+    ).fetchall()
+    env = {}
+    for (value,) in rows:
+        key, sep, val = (value or "").partition("=")
+        if sep:
+            env[key] = val[1:-1] if len(val) >= 2 and val[0] == val[-1] == '"' else val
+    return env
+
+
+def _check_schema(export: _Export) -> None:
+    version = export.meta.get("EXPORT_SCHEMA_VERSION", "")
+    match = re.match(r"^(\d+)\.(\d+)", version)
+    if not match:
+        export.warn("export schema version unknown (no EXPORT_SCHEMA_VERSION); reading columns by name")
+        return
+    major_minor = (int(match.group(1)), int(match.group(2)))
+    if major_minor[0] != SUPPORTED_SCHEMAS[0][0]:
+        raise ExportError(f"unsupported nsys export schema {version} (supported: 3.13 to 3.28)", path=export.path)
+    if not SUPPORTED_SCHEMAS[0] <= major_minor <= SUPPORTED_SCHEMAS[1]:
+        export.warn(f"export schema {version} is outside the tested 3.13 to 3.28; reading columns by name")
+
+
+def _time_offset(export: _Export, kernels: pd.DataFrame) -> int:
+    """What to add to exported timestamps to get UTC epoch ns (nsys-export.md §5).
+
+    A raw export is session-relative (+ any ``--ts-shift``); a normalized one already adds
+    ``utcEpochNs``. ``EXPORT_CONFIG_TIME_SHIFT`` records the shift applied, so
+    ``utc = t - shift + utcEpochNs`` covers both.
+    """
+    columns = export.columns("TARGET_INFO_SESSION_START_TIME")
+    if "utcEpochNs" not in columns:
+        raise ExportError("TARGET_INFO_SESSION_START_TIME has no utcEpochNs column", path=export.path)
+    row = export.db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+    if row is None or row[0] is None:
+        raise ExportError("export has no session start time (utcEpochNs)", path=export.path)
+    utc_epoch = int(row[0])
+    normalized = export.meta.get("EXPORT_PARAM_TIME_NORMALIZE", "").lower()
+    if normalized not in ("true", "false"):
+        # Not recorded: judge by magnitude (session-relative times are far below epoch ns).
+        normalized = "true" if int(kernels["start"].min()) > utc_epoch // 2 else "false"
+        export.warn(f"export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look {'normalized' if normalized == 'true' else 'session-relative'}")
+    shift = export.meta.get("EXPORT_CONFIG_TIME_SHIFT")
+    if shift is not None and shift.lstrip("-").isdigit():
+        return utc_epoch - int(shift)
+    return 0 if normalized == "true" else utc_epoch
+
+
+# ---------------------------------------------------------------- GPU activity
+
+
+def _kernels(export: _Export) -> pd.DataFrame:
+    table = "CUPTI_ACTIVITY_KIND_KERNEL"
+    columns = export.columns(table)
+    if not columns:
+        raise ExportError("export has no CUDA kernels (no CUPTI_ACTIVITY_KIND_KERNEL table; capture with -t cuda)", path=export.path)
+    name_column = next((c for c in ("shortName", "demangledName", "mangledName") if c in columns), None)
+    if name_column is None or "globalPid" not in columns:
+        raise ExportError(f"{table} lacks kernel names or globalPid", path=export.path)
+    frame = export.frame(
+        f"""SELECT k.start AS start, k."end" AS "end", (k.globalPid >> 24) & 16777215 AS pid,
+                   k.deviceId AS device, k.correlationId AS correlation, s.value AS name
+            FROM {table} AS k LEFT JOIN StringIds AS s ON s.id = k.{name_column}
+            ORDER BY k.start"""
+    )
+    if frame.empty:
+        raise ExportError("export has no CUDA kernels", path=export.path)
+    frame["name"] = frame["name"].fillna("<unnamed>")
+    for column in ("start", "end", "pid", "device"):
+        frame[column] = frame[column].astype(np.int64)
+    frame["is_comm"] = ops.is_comm_kernel(frame["name"])
+    return frame
+
+
+def _copies(export: _Export) -> pd.DataFrame:
+    """Memcpy/memset activity: counted as GPU busy, neither compute nor communication."""
+    parts = []
+    for table in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+        if {"start", "end", "deviceId", "globalPid"} <= export.columns(table):
+            parts.append(
+                export.frame(
+                    f"""SELECT start + ? AS start, "end" + ? AS "end", (globalPid >> 24) & 16777215 AS pid,
+                               deviceId AS device FROM {table}""",
+                    (export.offset, export.offset),
+                )
+            )
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["start", "end", "pid", "device"])
+    return frame.astype(np.int64)
+
+
+def _launches(export: _Export, kernels: pd.DataFrame) -> pd.DataFrame:
+    """Runtime launch call (thread, time) of each NCCL kernel: correlationId within its process."""
+    comm = kernels[kernels["is_comm"]]
+    empty = pd.DataFrame(columns=["correlation", "pid", "tid", "launch_ns"])
+    if comm.empty or not {"start", "globalTid", "correlationId"} <= export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"):
+        return empty
+    # Correlation ids only from NCCL kernels: the IN list keeps the scan's output small.
+    correlations = ",".join(str(int(c)) for c in comm["correlation"].dropna().unique())
+    if not correlations:
+        return empty
+    frame = export.frame(
+        f"""SELECT correlationId AS correlation, (globalTid >> 24) & 16777215 AS pid, globalTid AS tid,
+                   start + ? AS launch_ns
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN ({correlations})""",
+        (export.offset,),
+    )
+    return frame.drop_duplicates(["correlation", "pid"])
+
+
+# ---------------------------------------------------------------- NCCL NVTX ranges
+
+
+def _nccl_ranges(export: _Export) -> pd.DataFrame:
+    """NCCL API ranges with their decoded payload fields, one row per range."""
+    columns = export.columns("NVTX_EVENTS")
+    result_columns = ["pid", "tid", "start", "end", "name", "op", *_PAYLOAD_FIELDS.values()]
+    if not {"start", "end", "eventType", "globalTid", "domainId"} <= columns:
+        return pd.DataFrame(columns=result_columns)
+    text = "COALESCE(n.text, s.value)" if "text" in columns else "s.value"
+    join = "LEFT JOIN StringIds AS s ON s.id = n.textId" if "textId" in columns else "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"
+    blob = "CAST(n.binaryData AS BLOB)" if "binaryData" in columns else "NULL"
+    domains = export.frame(
+        f"""SELECT DISTINCT (n.globalTid >> 24) & 16777215 AS pid, n.domainId AS domain
+            FROM NVTX_EVENTS AS n {join} WHERE n.eventType = {_DOMAIN_CREATE} AND {text} = 'NCCL'"""
+    )
+    ranges = export.frame(
+        f"""SELECT (n.globalTid >> 24) & 16777215 AS pid, n.globalTid AS tid, n.domainId AS domain,
+                   n.start + ? AS start, n."end" + ? AS "end", {text} AS name, {blob} AS blob
+            FROM NVTX_EVENTS AS n {join}
+            WHERE n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND n.domainId != 0
+            ORDER BY n.start""",
+        (export.offset, export.offset),
+    )
+    ranges = ranges.merge(domains.assign(is_nccl=True), on=["pid", "domain"], how="left")
+    ranges["is_nccl"] = ranges["is_nccl"].fillna(False).astype(bool)
+    missing = ~ranges["pid"].isin(domains["pid"])
+    if missing.any():
+        # Capture started after NCCL created its domain (pitfall 5): fall back on names.
+        guessed = missing & ranges["name"].fillna("").str.lower().str.startswith("nccl")
+        if guessed.any():
+            pids = ", ".join(str(p) for p in sorted(ranges.loc[guessed, "pid"].unique()))
+            export.warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
+        ranges["is_nccl"] |= guessed
+    ranges = ranges[ranges["is_nccl"]].reset_index(drop=True)
+    ranges["op"] = ranges["name"].map(ops.from_nccl_api)
+    payload = _decode_payloads(export, ranges["blob"])
+    return pd.concat([ranges.drop(columns=["blob", "is_nccl", "domain"]), payload], axis=1)[result_columns]
+
+
+def _payload_entries(export: _Export) -> pd.DataFrame:
+    if not {"schemaId", "name", "type"} <= export.columns("NVTX_PAYLOAD_SCHEMA_ENTRIES"):
+        return pd.DataFrame(columns=["schema", "name", "type", "offset"])
+    # Schema tables have no process column: dedupe (pitfall 2); NULL offset means 0 (pitfall 1).
+    return export.frame(
+        """SELECT DISTINCT schemaId AS schema, name, type, COALESCE("offset", 0) AS "offset"
+           FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name IS NOT NULL"""
+    )
+
+
+def _decode_payloads(export: _Export, blobs: pd.Series) -> pd.DataFrame:
+    """Payload fields by entry name, vectorised over all blobs; NA where absent."""
+    out = pd.DataFrame({column: pd.array([pd.NA] * len(blobs), dtype="Int64") for column in _PAYLOAD_FIELDS.values()})
+    present = blobs.map(lambda b: isinstance(b, bytes | bytearray | memoryview) and len(b) >= _BLOB_HEADER)
+    if not present.any():
+        return out
+    entries = _payload_entries(export)
+    if entries.empty:
+        export.warn("NVTX payload blobs present but no payload schemas to decode them")
+        return out
+    index = np.flatnonzero(present.to_numpy())
+    chunks = [bytes(b) for b in blobs.iloc[index]]
+    lengths = np.fromiter((len(c) for c in chunks), np.int64, len(chunks))
+    base = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    data = np.frombuffer(b"".join(chunks), np.uint8)
+    schema = _read_ints(data, base + 8, np.full(len(index), 8), np.zeros(len(index), bool))
+    for entry_name, column in _PAYLOAD_FIELDS.items():
+        spec = entries[entries["name"] == entry_name]
+        if spec.empty:
+            continue
+        found = pd.DataFrame({"schema": schema}).merge(
+            spec.drop_duplicates("schema"), on="schema", how="left"
+        )
+        known = found["type"].notna().to_numpy()
+        types = found["type"].fillna(0).astype(np.int64).to_numpy()
+        sizes = np.array([(_ENTRY_TYPES.get(t) or (_ENUM_TYPE if t >= 2**24 else (0, False)))[0] for t in types], np.int64)
+        signed = np.array([(_ENTRY_TYPES.get(t) or (_ENUM_TYPE if t >= 2**24 else (0, False)))[1] for t in types], bool)
+        offsets = _BLOB_HEADER + found["offset"].fillna(0).astype(np.int64).to_numpy()
+        ok = known & (sizes > 0) & (offsets + sizes <= lengths)
+        values = _read_ints(data, base + offsets, np.where(ok, sizes, 1), signed)
+        column_values = pd.array(np.where(ok, values, 0), dtype="Int64")
+        column_values[~ok] = pd.NA
+        out.loc[index, column] = column_values
+    return out
+
+
+def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signed: np.ndarray) -> np.ndarray:
+    """Little-endian integers of per-row width (1, 2, 4, 8 bytes) at byte positions."""
+    sizes = np.asarray(sizes, np.int64)
+    span = np.arange(8)
+    take = np.clip(positions[:, None] + span, 0, max(len(data) - 1, 0))
+    raw = np.where(span < sizes[:, None], data[take], 0).astype(np.uint64)
+    unsigned = (raw << (span.astype(np.uint64) * np.uint64(8))).sum(axis=1, dtype=np.uint64)
+    bits = (sizes * 8).astype(np.uint64)
+    sign_bit = np.uint64(1) << (bits - np.uint64(1))
+    negative = signed & (sizes < 8) & ((unsigned & sign_bit) != 0)
+    as_int = unsigned.view(np.int64)
+    return np.where(negative, as_int - (np.int64(1) << (bits.astype(np.int64) % 64)), as_int)
+
+
+# ---------------------------------------------------------------- kernel -> API call
+
+
+def _link(export: _Export, comm: pd.DataFrame, launches: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
+    """One collective row per NCCL kernel, with the API calls it serves where traced."""
+    kernels = comm.merge(launches, on=["correlation", "pid"], how="left").reset_index(drop=True)
+    kernels["kernel"] = np.arange(len(kernels))
+    calls, launchers = _group_calls(nccl)
+    linked = kernels.loc[kernels["launch_ns"].notna(), ["kernel", "tid", "launch_ns"]].astype(np.int64)
+    right = launchers[["tid", "start", "end", "call_group"]].astype(np.int64)
+    matched = pd.merge_asof(
+        linked.sort_values("launch_ns"), right.sort_values("start"),
+        left_on="launch_ns", right_on="start", by="tid", direction="backward",
+    )
+    matched = matched[matched["call_group"].notna() & (matched["end"] >= matched["launch_ns"])]
+    served = matched[["kernel", "call_group"]].astype(np.int64).merge(calls, on="call_group")
+    per_kernel = _summarise_calls(served)
+    out = kernels.merge(per_kernel, on="kernel", how="left")
+    unlinked = out["op"].isna()
+    if unlinked.any():
+        export.warn(
+            f"{int(unlinked.sum())} of {len(out)} NCCL kernels have no NCCL API range around their launch "
+            "(NVTX not traced or cut by the capture window); their op is guessed from the kernel name"
+        )
+        out.loc[unlinked, "op"] = out.loc[unlinked, "name"].map(ops.from_kernel_name).fillna(ops.UNKNOWN)
+    out["cpu_call_ns"] = out["cpu_call_ns"].fillna(out["launch_ns"])
+    return _assign_communicators(export, out, nccl)
+
+
+def _group_calls(nccl: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(calls, launchers): API calls keyed by ``call_group``; the ranges kernels launch in.
+
+    An ungrouped call launches inside its own range; grouped calls (between the outermost
+    ncclGroupStart and its ncclGroupEnd on one thread) launch inside the ncclGroupEnd.
+    """
+    frame = nccl.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
+    lower = frame["name"].fillna("").str.lower()
+    delta = np.where(lower == "ncclgroupstart", 1, np.where(lower == "ncclgroupend", -1, 0))
+    frame["delta"] = delta
+    running = frame.groupby("tid")["delta"].cumsum()
+    # An ncclGroupEnd whose start was before the capture window drives the count below 0.
+    floor = running.clip(upper=0).groupby(frame["tid"]).cummin()
+    depth = running - floor
+    before = depth.groupby(frame["tid"]).shift(fill_value=0)
+    outer_start = (delta == 1) & (before == 0)
+    group = pd.Series(outer_start.astype(np.int64)).groupby(frame["tid"]).cumsum()
+    row = np.arange(len(frame), dtype=np.int64)
+    is_call = frame["op"].notna().to_numpy()
+    grouped = is_call & (depth.to_numpy() > 0)
+    closes = (delta == -1) & (before.to_numpy() >= 1) & (depth.to_numpy() == 0)
+    # Ungrouped calls form their own call group (negative ids cannot clash with groups).
+    key = np.where(grouped | closes, group.to_numpy(), -1 - row)
+    frame["call_group"] = frame.assign(key=key).groupby(["tid", "key"], sort=False).ngroup().astype(np.int64)
+    launchers = frame[(is_call & ~grouped) | closes]
+    return frame[is_call], launchers
+
+
+def _summarise_calls(served: pd.DataFrame) -> pd.DataFrame:
+    """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time."""
+    if served.empty:
+        return pd.DataFrame(columns=["kernel", "op", "comm", "bytes", "peer", "nranks", "cpu_call_ns"])
+    served = served.sort_values(["kernel", "start"])
+    by = served.groupby("kernel", sort=False)
+    summary = by.agg(
+        op_first=("op", "first"), op_count=("op", "nunique"), comm=("comm", "first"),
+        bytes=("bytes", lambda s: s.sum(min_count=1)), peer_min=("peer", "min"), peer_max=("peer", "max"),
+        nranks=("nranks", "first"), cpu_call_ns=("start", "min"),
+    )
+    all_p2p = served["op"].isin(ops.P2P_OPS).groupby(served["kernel"], sort=False).all()
+    summary["op"] = np.where(
+        summary["op_count"] == 1, summary["op_first"], np.where(all_p2p.reindex(summary.index), ops.SENDRECV, summary["op_first"])
+    )
+    summary["peer"] = summary["peer_min"].where(summary["peer_min"] == summary["peer_max"])
+    return summary.reset_index()[["kernel", "op", "comm", "bytes", "peer", "nranks", "cpu_call_ns"]]
+
+
+def _assign_communicators(export: _Export, out: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
+    """comm_id from the payload; else inferred from what every member agrees on (op, size
+    of the communicator if known); seq = call order within comm_id."""
+    traced = out["comm"].notna().to_numpy()
+    comm = out["comm"].astype("Int64").fillna(0).to_numpy(np.int64).view(np.uint64)
+    comm_hex = np.array([f"{c:016x}" for c in comm], dtype=object)
+    inits = nccl[nccl["name"].fillna("").str.lower().str.startswith("ncclcomminit") & nccl["nranks"].notna()]
+    nranks = inits.groupby("pid")["nranks"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else pd.NA)
+    size = out["nranks"].astype("Int64").fillna(out["pid"].map(nranks).astype("Int64"))
+    suffix = np.where(size.notna().to_numpy(), ":n" + size.astype("string").fillna("").to_numpy(dtype=object), "")
+    inferred = "inferred:" + out["op"].astype(str).to_numpy(dtype=object) + suffix
+    out["comm_id"] = np.where(traced, comm_hex, inferred)
+    if (~traced).any():
+        export.warn(
+            "NCCL calls carry no communicator id here (needs NCCL >= 2.25.1 and nsys export --include-blobs=true); "
+            "collectives are grouped by operation as 'inferred:<op>' and numbered by call order"
+        )
+    out = out.sort_values(["pid", "device", "start"], kind="stable").reset_index(drop=True)
+    out["seq"] = out.groupby(["pid", "device", "comm_id"]).cumcount().astype(np.int64)
+    out["seq_source"] = "ordinal"
+    return out
+
+
+# ---------------------------------------------------------------- steps and identity
+
+
+def _steps(export: _Export) -> pd.DataFrame:
+    """`step N` / `ProfilerStep#N` NVTX ranges per process (any domain)."""
+    columns = export.columns("NVTX_EVENTS")
+    empty = pd.DataFrame(columns=["pid", "step", "start_ns", "end_ns"])
+    if not {"start", "end", "eventType", "globalTid"} <= columns:
+        return empty
+    text = "COALESCE(n.text, s.value)" if "text" in columns else "s.value"
+    join = "LEFT JOIN StringIds AS s ON s.id = n.textId" if "textId" in columns else "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"
+    frame = export.frame(
+        f"""SELECT (n.globalTid >> 24) & 16777215 AS pid, n.start + ? AS start_ns, n."end" + ? AS end_ns, {text} AS name
+            FROM NVTX_EVENTS AS n {join}
+            WHERE n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND n."end" IS NOT NULL
+              AND ({text} LIKE 'step%' OR {text} LIKE 'ProfilerStep#%')""",
+        (export.offset, export.offset),
+    )
+    if frame.empty:
+        return empty
+    frame["step"] = pd.to_numeric(frame["name"].str.extract(_STEP, expand=False), errors="coerce")
+    frame = frame.dropna(subset=["step"])
+    frame["step"] = frame["step"].astype(np.int64)
+    return frame.groupby(["pid", "step"], as_index=False).agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
+
+
+def _env_int(env: dict[str, str], names: tuple[str, ...]) -> tuple[str, int] | None:
+    for name in names:
+        value = env.get(name, "").strip()
+        if re.fullmatch(r"-?\d+", value):
+            return name, int(value)
+    return None
+
+
+def _rank_override(export: _Export, rank_from: str) -> int:
+    kind, _, spec = rank_from.partition(":")
+    if kind == "env" and spec:
+        value = export.env.get(spec)
+        if value is None or not re.fullmatch(r"\s*-?\d+\s*", value):
+            raise ExportError(f"--rank-from {rank_from}: {spec} is not an integer in the captured environment", path=export.path)
+        return int(value)
+    if kind == "filename" and spec:
+        try:
+            match = re.search(spec, export.path.name)
+        except re.error as exc:
+            raise InputError(f"--rank-from {rank_from}: bad regular expression ({exc})") from None
+        text = None if match is None else (match.group(1) if match.re.groups else match.group(0))
+        if text is None or not re.fullmatch(r"-?\d+", text):
+            raise ExportError(f"--rank-from {rank_from}: no rank number in the file name", path=export.path)
+        return int(text)
+    raise InputError(f"--rank-from {rank_from!r}: expected env:VAR or filename:REGEX")
+
+
+def _identities(export: _Export, units: pd.DataFrame, nccl: pd.DataFrame, rank_from: str | None) -> pd.DataFrame:
+    """Rank, local rank, world size per (pid, device) unit, and where the rank came from."""
+    units = units.copy()
+    inits = nccl[nccl["name"].fillna("").str.lower().str.startswith("ncclcomminit") & nccl["comm_rank"].notna()]
+    # The NCCL rank in the process's largest communicator is its global rank.
+    widest = inits.sort_values("nranks", ascending=False).drop_duplicates(["pid", "cuda_device"])
+    by_device = units.merge(
+        widest.rename(columns={"cuda_device": "device"})[["pid", "device", "comm_rank", "nranks"]], on=["pid", "device"], how="left"
+    )
+    by_pid = units[["pid"]].merge(widest.drop_duplicates("pid")[["pid", "comm_rank", "nranks"]], on="pid", how="left")
+    payload_rank = by_device["comm_rank"].fillna(by_pid["comm_rank"])
+    payload_size = by_device["nranks"].fillna(by_pid["nranks"])
+    single = len(units) == 1
+    env_rank = _env_int(export.env, RANK_ENV)
+    env_local = _env_int(export.env, LOCAL_RANK_ENV)
+    env_world = _env_int(export.env, WORLD_SIZE_ENV)
+    units["local_rank"] = env_local[1] if (single and env_local) else pd.NA
+    units["world_size"] = env_world[1] if env_world else pd.NA
+    units["world_size"] = units["world_size"].fillna(payload_size)
+    if rank_from is not None:
+        if not single:
+            raise InputError(f"--rank-from cannot name the ranks of {export.path}: it holds {len(units)} processes/GPUs")
+        units["rank"], units["rank_source"] = _rank_override(export, rank_from), f"override:{rank_from}"
+    elif single and env_rank:
+        units["rank"], units["rank_source"] = env_rank[1], f"env:{env_rank[0]}"
+    elif payload_rank.notna().all() and payload_rank.nunique() == len(units):
+        units["rank"], units["rank_source"] = payload_rank.astype(np.int64).to_numpy(), "nccl:CommInitRank"
+    else:
+        units["rank"] = np.arange(len(units))
+        units["rank_source"] = "order:pid" if not single else "default"
+        units["local_rank"] = np.arange(len(units)) if not single else units["local_rank"]
+        export.warn(
+            "no rank in the captured environment or NCCL payloads; "
+            + (f"numbered {len(units)} (process, GPU) pairs by pid" if not single else "assumed rank 0")
+            + " (use --rank-from env:VAR or filename:REGEX)"
+        )
+    return units
+
+
+def _gpu_ids(export: _Export, units: pd.DataFrame) -> pd.Series:
+    """Physical GPU UUID per unit where the export says; else "pid:<pid>/cuda:<ordinal>"."""
+    fallback = "pid:" + units["pid"].astype(str) + "/cuda:" + units["device"].astype(str)
+    if {"cudaId", "pid", "uuid"} <= export.columns("TARGET_INFO_CUDA_DEVICE"):
+        table = export.frame("SELECT pid, cudaId AS device, uuid FROM TARGET_INFO_CUDA_DEVICE").drop_duplicates(["pid", "device"])
+        found = units.merge(table, on=["pid", "device"], how="left")["uuid"]
+        return found.fillna(fallback)
+    gpu_columns = export.columns("TARGET_INFO_GPU")
+    if "uuid" not in gpu_columns:
+        return fallback
+    ordinal = "cuDevice" if "cuDevice" in gpu_columns else "id"
+    gpus = export.frame(f"SELECT DISTINCT {ordinal} AS ordinal, uuid FROM TARGET_INFO_GPU")
+    if len(gpus) == 1:
+        return pd.Series([gpus["uuid"].iloc[0]] * len(units))
+    # deviceId is process-local (pitfall 7): CUDA_VISIBLE_DEVICES maps it to the host's ordinal.
+    visible = [v.strip() for v in export.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    uuids = []
+    for device, default in zip(units["device"], fallback):
+        entry = visible[device] if device < len(visible) else (str(device) if not visible else None)
+        hit = gpus[gpus["ordinal"].astype(str) == entry] if entry is not None and entry.isdigit() else gpus.iloc[0:0]
+        if entry is not None and not entry.isdigit():
+            hit = gpus[gpus["uuid"].str.lower().str.endswith(entry.lower().removeprefix("gpu-"))]
+        uuids.append(hit["uuid"].iloc[0] if len(hit) == 1 else default)
+    return pd.Series(uuids)
+
+
+def _job_id(env: dict[str, str]) -> str | None:
+    return next((env[name] for name in JOB_ENV if env.get(name)), None)
+
+
+def _host(export: _Export) -> str:
+    if {"name", "value"} <= export.columns("TARGET_INFO_SYSTEM_ENV"):
+        row = export.db.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()
+        if row and row[0]:
+            return str(row[0])
+    if "META_DATA_CAPTURE" in export.tables:
+        row = export.db.execute("SELECT value FROM META_DATA_CAPTURE WHERE name = 'DEVICE_DISPLAY_NAME'").fetchone()
+        if row and row[0]:
+            return str(row[0])
+    export.warn("export names no host; its file name stands in for the clock domain")
+    return f"file:{export.path.name}"
+
+
+# ---------------------------------------------------------------- one digest row
+
+
+def _digest_row(export: _Export, unit, kernels: pd.DataFrame, copies: pd.DataFrame,
+                collectives: pd.DataFrame, steps: pd.DataFrame) -> pa.Table:
+    window_start = int(min(kernels["start"].min(), copies["start"].min() if len(copies) else np.iinfo(np.int64).max))
+    window_end = int(max(kernels["end"].max(), copies["end"].max() if len(copies) else np.iinfo(np.int64).min))
+    comm_kernels = kernels[kernels["is_comm"]]
+    compute_kernels = kernels[~kernels["is_comm"]]
+    compute = intervals.merge(compute_kernels["start"], compute_kernels["end"])
+    comm = intervals.merge(comm_kernels["start"], comm_kernels["end"])
+    busy = intervals.merge(
+        np.concatenate([kernels["start"].to_numpy(), copies["start"].to_numpy()]),
+        np.concatenate([kernels["end"].to_numpy(), copies["end"].to_numpy()]),
+    )
+    window = ([window_start], [window_end])
+    compute_ns = int(intervals.overlap(compute, *window)[0])
+    comm_ns = int(intervals.overlap(comm, *window)[0])
+    both = intervals.merge(
+        np.concatenate([compute.starts, comm.starts]), np.concatenate([compute.ends, comm.ends])
+    )
+    either_ns = int(intervals.overlap(both, *window)[0])
+    gpus = _gpu_ids(export, pd.DataFrame({"pid": [unit.pid], "device": [unit.device]}))
+    meta = {
+        "rank": int(unit.rank),
+        "rank_source": unit.rank_source,
+        "local_rank": None if pd.isna(unit.local_rank) else int(unit.local_rank),
+        "world_size": None if pd.isna(unit.world_size) else int(unit.world_size),
+        "host": _host(export),
+        "gpu": gpus.iloc[0],
+        "pid": int(unit.pid),
+        "job_id": _job_id(export.env),
+        "source_format": SOURCE_FORMAT,
+        "source_file": str(export.path),
+        "producer": f"nsys {export.meta.get('EXPORT_PRODUCT_VERSION', '?')} schema {export.meta.get('EXPORT_SCHEMA_VERSION', '?')}",
+        "window_start_ns": window_start,
+        "window_end_ns": window_end,
+        "gpu_busy_ns": int(intervals.overlap(busy, *window)[0]),
+        "compute_only_ns": either_ns - comm_ns,
+        "comm_only_ns": either_ns - compute_ns,
+        "overlap_ns": compute_ns + comm_ns - either_ns,
+        "warnings": export.warnings,
+    }
+    return digest.digest_row(
+        meta,
+        collectives=_collective_part(collectives, compute, busy, steps, window_start),
+        kernels=_kernel_part(kernels),
+        steps=steps[["step", "start_ns", "end_ns"]].sort_values("step"),
+        communicators=_communicator_part(collectives),
+    )
+
+
+def _collective_part(frame: pd.DataFrame, compute: intervals.Union, busy: intervals.Union,
+                     steps: pd.DataFrame, window_start: int) -> pd.DataFrame:
+    frame = frame.sort_values("start", kind="stable").reset_index(drop=True)
+    start, end = frame["start"].to_numpy(np.int64), frame["end"].to_numpy(np.int64)
+    gap_start, gap_end = intervals.gaps_before(start, end, window_start)
+    part = pd.DataFrame({
+        "comm_id": frame["comm_id"].astype(str),
+        "seq": frame["seq"].astype(np.int64),
+        "seq_source": frame["seq_source"],
+        "op": frame["op"].astype(str),
+        "bytes": pd.array(frame["bytes"], dtype="Int64"),
+        "peer": pd.array(frame["peer"], dtype="Int64"),
+        "start_ns": start,
+        "end_ns": end,
+        "cpu_call_ns": pd.array(frame["cpu_call_ns"], dtype="Int64"),
+        "compute_before_ns": intervals.overlap(compute, gap_start, gap_end),
+        "idle_before_ns": (gap_end - gap_start) - intervals.overlap(busy, gap_start, gap_end),
+        "compute_overlap_ns": intervals.overlap(compute, start, end),
+    })
+    part["step"] = _step_of(part["cpu_call_ns"].fillna(part["start_ns"]).astype(np.int64), steps)
+    return part
+
+
+def _step_of(times: pd.Series, steps: pd.DataFrame) -> pd.Series:
+    """The step whose range contains each time (host-side call time), else NA."""
+    result = pd.Series(pd.array([pd.NA] * len(times), dtype="Int64"))
+    if steps.empty or times.empty:
+        return result
+    ordered = steps.sort_values("start_ns")
+    probe = pd.DataFrame({"t": times.to_numpy(), "i": np.arange(len(times))}).sort_values("t")
+    hit = pd.merge_asof(probe, ordered.astype({"start_ns": np.int64, "end_ns": np.int64}), left_on="t", right_on="start_ns")
+    inside = hit["step"].notna() & (hit["t"] <= hit["end_ns"])
+    result.iloc[hit.loc[inside, "i"].to_numpy()] = hit.loc[inside, "step"].astype(np.int64).to_numpy()
+    return result
+
+
+def _kernel_part(kernels: pd.DataFrame) -> pd.DataFrame:
+    summary = (
+        kernels.assign(duration=kernels["end"] - kernels["start"])
+        .groupby("name", as_index=False)
+        .agg(count=("duration", "size"), total_ns=("duration", "sum"), is_comm=("is_comm", "first"))
+    )
+    return summary.sort_values("total_ns", ascending=False)
+
+
+def _communicator_part(collectives: pd.DataFrame) -> pd.DataFrame:
+    # One rank's export names its communicators but not their other members.
+    return pd.DataFrame({"comm_id": collectives["comm_id"].drop_duplicates().astype(str).to_numpy(), "ranks": None, "name": None})

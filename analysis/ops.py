@@ -1,0 +1,138 @@
+"""Canonical collective operation names, and the one table that maps trace names to them.
+
+Every ingest (nsys NVTX ranges, NCCL kernel names, PyTorch/Kineto names) maps its own
+spelling to one lower-case canonical op here, so matching across ranks and formats
+compares like with like. Kernel names are only a *hint* (nccl-in-traces.md §2: the
+specialised entry kernel may run other ops, grouped ops share one kernel); they are
+used when nothing better is traced, never as an identity.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+ALLREDUCE = "allreduce"
+ALLGATHER = "allgather"
+REDUCESCATTER = "reducescatter"
+BROADCAST = "broadcast"
+REDUCE = "reduce"
+ALLTOALL = "alltoall"
+SENDRECV = "sendrecv"
+SEND = "send"
+RECV = "recv"
+BARRIER = "barrier"
+GATHER = "gather"
+SCATTER = "scatter"
+UNKNOWN = "unknown"
+
+CANONICAL_OPS = frozenset(
+    {ALLREDUCE, ALLGATHER, REDUCESCATTER, BROADCAST, REDUCE, ALLTOALL, SENDRECV, SEND, RECV, BARRIER, GATHER, SCATTER}
+)
+# Every member of the communicator takes part and waits for all others: their arrival
+# times are comparable, so they anchor clock alignment and lateness.
+N_TO_N_OPS = frozenset({ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BARRIER})
+P2P_OPS = frozenset({SEND, RECV, SENDRECV})
+
+# Normalised spelling (lower case, no separators) -> canonical op. One table for all
+# sources: NCCL API names without the `nccl` prefix, kernel collective tokens, c10d op
+# names without trailing underscores, gloo/nccl profiling names, record_param_comms
+# `Collective name` values.
+_ALIASES = {
+    "allreduce": ALLREDUCE,
+    "allreducecoalesced": ALLREDUCE,
+    "allgather": ALLGATHER,
+    "allgatherbase": ALLGATHER,
+    "allgatherintotensor": ALLGATHER,
+    "allgatherintotensorcoalesced": ALLGATHER,
+    "allgathercoalesced": ALLGATHER,
+    "reducescatter": REDUCESCATTER,
+    "reducescatterbase": REDUCESCATTER,
+    "reducescattertensor": REDUCESCATTER,
+    "reducescattertensorcoalesced": REDUCESCATTER,
+    "broadcast": BROADCAST,
+    "bcast": BROADCAST,
+    "reduce": REDUCE,
+    "alltoall": ALLTOALL,
+    "alltoallbase": ALLTOALL,
+    "alltoallv": ALLTOALL,
+    "sendrecv": SENDRECV,
+    "send": SEND,
+    "recv": RECV,
+    "recvanysource": RECV,
+    "barrier": BARRIER,
+    "gather": GATHER,
+    "scatter": SCATTER,
+}
+
+# NCCL API ranges that are not operations on data (group brackets, bookkeeping).
+_NCCL_META = re.compile(r"^nccl(groupstart|groupend|comm\w*|getuniqueid|getversion|memalloc|memfree|\w*register\w*)$", re.I)
+_SEPARATORS = re.compile(r"[^a-z0-9]")
+# Kernel names, old and new: ncclKernel_<Coll>_..., ncclDevKernel_<Coll>_...,
+# ncclSymDevKernel_<Coll>_..., ncclSymkDevKernel_<coll>_... (nccl-in-traces.md §2).
+_KERNEL = re.compile(r"^nccl(?:symk?)?(?:dev)?kernel_([a-z]+)", re.I)
+_COMM_KERNEL_PREFIX = "nccl"
+
+
+def canonical(name: str | None) -> str | None:
+    """The canonical op for any supported spelling, or None when it names no operation.
+
+    Accepts `ncclAllReduce`, `c10d::allreduce_`, `c10d::_allgather_base_`, `gloo:all_reduce`,
+    `nccl:all_reduce`, `nccl:_reduce_scatter_base`, `allreduce` (record_param_comms
+    `Collective name`), `AllReduce` (kernel token), in any case.
+    """
+    if not name:
+        return None
+    text = name.strip()
+    for prefix in ("c10d::", "gloo:", "nccl:", "mpi:", "ucc:"):
+        if text.lower().startswith(prefix):
+            text = text[len(prefix) :]
+            break
+    else:
+        if text.lower().startswith("nccl"):
+            text = text[4:]
+    key = _SEPARATORS.sub("", text.lower())
+    return _ALIASES.get(key)
+
+
+def from_nccl_api(name: str | None) -> str | None:
+    """Op of an NCCL API range (`ncclAllReduce` -> allreduce); None for group/comm calls."""
+    if not name or _NCCL_META.match(name):
+        return None
+    return canonical(name)
+
+
+def from_kernel_name(name: str | None) -> str | None:
+    """A *hint* from an NCCL kernel name (`ncclKernel_AllReduce_RING_LL_Sum_float`,
+    `ncclDevKernel_SendRecv`, `ncclSymkDevKernel_allgather_...`); None for `Generic` or
+    unknown names. Never an identity: see the module docstring."""
+    match = _KERNEL.match(name or "")
+    return canonical(match.group(1)) if match else None
+
+
+def combine(ops: list[str]) -> str:
+    """The op of one kernel serving several grouped API calls (send + recv -> sendrecv)."""
+    distinct = set(ops)
+    if not distinct:
+        return UNKNOWN
+    if len(distinct) == 1:
+        return distinct.pop()
+    if distinct <= P2P_OPS:
+        return SENDRECV
+    return ops[0]
+
+
+def is_comm_kernel(names: pd.Series) -> np.ndarray:
+    """Vectorised: True where a kernel name is an NCCL communication kernel.
+
+    Classification only (case-insensitive `nccl` prefix, nccl-in-traces.md §2); the
+    operation and communicator always come from the trace's own ids.
+    """
+    return names.fillna("").str.lower().str.startswith(_COMM_KERNEL_PREFIX).to_numpy(dtype=bool)
+
+
+def is_n_to_n(op: str) -> bool:
+    """True for ops where every member takes part and waits for all others."""
+    return op in N_TO_N_OPS
