@@ -1,0 +1,206 @@
+"""One time base for all ranks: a per-host clock offset and drift fitted on collective ends.
+
+Ranks of one host share a clock, so there is one model per host:
+``local = t0 + (1 + drift) * (aligned - t0) + offset``. It is fitted on the end times
+of N-to-N collectives, which complete at nearly the same real time on every member
+while their starts carry the skew being measured (reference/alignment-and-metrics.md
+§2-§3): a robust alternating fit of a per-instance consensus end (median over hosts)
+and a per-host Huber line, re-gauged each round to mean offset 0 (or the mean of the
+coordinator's clock hints) and mean drift 0. Fallbacks (§3.7): fewer than
+``MIN_DRIFT_ANCHORS`` anchors gives offset only; none gives the UTC anchor or the
+coordinator's hint, flagged as NTP quality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from rankscope.analysis.ops import N_TO_N_OPS
+from rankscope.analysis.matching import UNMATCHED
+
+MIN_DRIFT_ANCHORS = 20
+ROUNDS = 5
+HUBER_K = 1.345
+# nsys documents "one to tens of milliseconds" for NTP-synchronised hosts; a ping-based
+# hint from the coordinator is better but still far from collective-anchored.
+NTP_UNCERTAINTY_NS = 10_000_000.0
+HINT_UNCERTAINTY_NS = 1_000_000.0
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class HostClock:
+    host: str
+    offset_ns: float  # host clock minus aligned time at t0
+    drift_ppm: float  # relative to the mean of the fitted hosts
+    uncertainty_ns: float  # 1-sigma alignment error of one event (residual MAD)
+    anchors: int
+    method: str  # "offset+drift", "offset", "shared clock", "coordinator hint", "utc (NTP quality)"
+
+
+@dataclass
+class ClockModel:
+    t0_ns: int
+    hosts: dict[str, HostClock]
+    method: str
+    anchors: int
+    warnings: list[str] = field(default_factory=list)
+
+    def align(self, hosts: pd.Series, times: np.ndarray) -> np.ndarray:
+        """Local int64 ns on each row's host -> aligned int64 ns (vectorised)."""
+        offset, rate = self._per_row(hosts)
+        relative = (np.asarray(times, dtype=np.int64) - self.t0_ns).astype(np.float64)
+        return self.t0_ns + np.rint((relative - offset) / rate).astype(np.int64)
+
+    def local_minus_aligned(self, host: str, aligned_ns: int) -> float:
+        """How far the host's clock reads ahead of the aligned base at one instant."""
+        clock = self.hosts[host]
+        return clock.offset_ns + clock.drift_ppm * 1e-6 * (aligned_ns - self.t0_ns)
+
+    def uncertainty(self, hosts: pd.Series) -> np.ndarray:
+        return hosts.map({h: c.uncertainty_ns for h, c in self.hosts.items()}).to_numpy(dtype=np.float64)
+
+    def _per_row(self, hosts: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+        offset = hosts.map({h: c.offset_ns for h, c in self.hosts.items()}).to_numpy(dtype=np.float64)
+        rate = 1.0 + hosts.map({h: c.drift_ppm for h, c in self.hosts.items()}).to_numpy(dtype=np.float64) * 1e-6
+        return offset, rate
+
+
+def anchor_ends(events: pd.DataFrame) -> pd.DataFrame:
+    """Hosts x anchor instances: each host's median end (int64 local ns) of N-to-N instances spanning hosts."""
+    rows = events.loc[(events["instance"] != UNMATCHED) & events["op"].isin(N_TO_N_OPS), ["instance", "host", "end_ns"]]
+    per_host = rows.groupby(["instance", "host"], sort=False)["end_ns"].median()
+    spans = per_host.groupby(level="instance").size()
+    per_host = per_host[per_host.index.get_level_values("instance").isin(spans.index[spans > 1])]
+    return per_host.unstack("instance")
+
+
+def fit(events: pd.DataFrame, hosts: list[str], hints: Mapping[str, int] | None = None) -> ClockModel:
+    """Fit every host's clock from the matched collective rows (columns instance, op, host, end_ns)."""
+    hints = dict(hints or {})
+    ends = anchor_ends(events)
+    t0 = int(events["end_ns"].min()) if len(events) else 0
+    model = ClockModel(t0_ns=t0, hosts={}, method="", anchors=int(ends.shape[1]))
+    if len(hosts) == 1:
+        model.hosts[hosts[0]] = HostClock(hosts[0], 0.0, 0.0, 0.0, 0, "shared clock")
+        model.method = "single host (shared clock)"
+        return model
+    values = ends.to_numpy(dtype=np.float64) - t0
+    for component in _components(values):
+        names = [ends.index[i] for i in component]
+        target = float(np.mean([hints[h] for h in names])) if all(h in hints for h in names) else 0.0
+        prior = np.array([hints.get(h, 0.0) for h in names], dtype=np.float64)
+        model.hosts.update(_fit_component(names, values[component], prior, target))
+    if len(_components(values)) > 1:
+        model.warnings.append(
+            "hosts fall into groups that share no collective; each group is aligned on its own and "
+            "cross-group lateness has only NTP quality"
+        )
+    for host in hosts:
+        if host not in model.hosts:
+            if host in hints:
+                model.hosts[host] = HostClock(host, float(hints[host]), 0.0, HINT_UNCERTAINTY_NS, 0, "coordinator hint")
+            else:
+                model.hosts[host] = HostClock(host, 0.0, 0.0, NTP_UNCERTAINTY_NS, 0, "utc (NTP quality)")
+            model.warnings.append(f"host {host}: no collective shared with other hosts; clock is {model.hosts[host].method}")
+    methods = {c.method for c in model.hosts.values()}
+    model.method = "collective-anchored " + "/".join(sorted(methods)) if methods & {"offset+drift", "offset"} else "/".join(sorted(methods))
+    return model
+
+
+def _components(values: np.ndarray) -> list[np.ndarray]:
+    """Groups of hosts linked by shared anchors (label propagation over the hosts x anchors mask)."""
+    present = ~np.isnan(values)
+    hosts = present.shape[0]
+    if present.shape[1] == 0:
+        return []
+    label = np.arange(hosts, dtype=np.float64)
+    for _ in range(hosts):
+        per_anchor = np.where(present, label[:, None], np.inf).min(axis=0)
+        new = np.minimum(label, np.where(present, per_anchor[None, :], np.inf).min(axis=1))
+        if np.array_equal(new, label):
+            break
+        label = new
+    return [np.flatnonzero(label == value) for value in np.unique(label)]
+
+
+def _fit_component(
+    names: list[str], y: np.ndarray, prior: np.ndarray, target: float
+) -> dict[str, HostClock]:
+    """Alternating robust fit of consensus ends E and per-host lines y = (1+a) E + b."""
+    counts = (~np.isnan(y)).sum(axis=1)
+    drifting = counts >= MIN_DRIFT_ANCHORS
+    rate = np.ones(len(names))
+    offset = prior.copy()
+    for _ in range(ROUNDS):
+        consensus = np.nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
+        for h in range(len(names)):
+            seen = ~np.isnan(y[h])
+            if drifting[h]:
+                rate[h], offset[h] = _huber_line(consensus[seen], y[h, seen])
+            else:
+                offset[h] = np.median(y[h, seen] - consensus[seen])
+        # Re-gauge: E' = k E + m leaves every observation unchanged.
+        k = rate.mean()
+        rate /= k
+        offset -= rate * (offset.mean() - target)
+    consensus = np.nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
+    residual = y - (rate[:, None] * consensus[None, :] + offset[:, None])
+    clocks = {}
+    for h, name in enumerate(names):
+        r = residual[h, ~np.isnan(residual[h])]
+        sigma = MAD_TO_SIGMA * float(np.median(np.abs(r - np.median(r)))) if len(r) > 1 else float(np.abs(r).max())
+        clocks[name] = HostClock(
+            name,
+            float(offset[h]),
+            float((rate[h] - 1.0) * 1e6),
+            sigma,
+            int(counts[h]),
+            "offset+drift" if drifting[h] else "offset",
+        )
+    return clocks
+
+
+def _huber_line(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[float, float]:
+    """Slope and intercept of y on x by IRLS with Huber weights and a MAD scale."""
+    xm = x.mean()
+    xc = x - xm
+    weights = np.ones_like(x)
+    slope, intercept = 1.0, float(np.median(y - x))
+    for _ in range(iterations):
+        w_sum = weights.sum()
+        x_bar = (weights * xc).sum() / w_sum
+        y_bar = (weights * y).sum() / w_sum
+        spread = (weights * (xc - x_bar) ** 2).sum()
+        if spread <= 0:
+            return 1.0, float(np.median(y - x))
+        slope = float((weights * (xc - x_bar) * (y - y_bar)).sum() / spread)
+        intercept = float(y_bar - slope * x_bar)
+        residual = y - (slope * xc + intercept)
+        scale = MAD_TO_SIGMA * np.median(np.abs(residual - np.median(residual)))
+        if scale <= 0:
+            break
+        u = np.abs(residual) / (HUBER_K * scale)
+        weights = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+    return slope, intercept - slope * xm
+
+
+@dataclass(frozen=True)
+class HappensBefore:
+    checked: int
+    violations: int
+
+    @property
+    def rate(self) -> float:
+        return self.violations / self.checked if self.checked else 0.0
+
+
+def happens_before(aligned: pd.DataFrame) -> HappensBefore:
+    """N-to-N instances where some rank ended before the last one started (aligned times)."""
+    rows = aligned.loc[(aligned["instance"] != UNMATCHED) & aligned["op"].isin(N_TO_N_OPS)]
+    per = rows.groupby("instance").agg(last_start=("start", "max"), first_end=("end", "min"))
+    return HappensBefore(int(len(per)), int((per["last_start"] > per["first_end"]).sum()))

@@ -1,0 +1,171 @@
+"""From digests to a report: match, align, measure, find stragglers.
+
+Stages follow the architecture's map/reduce split so each could run as a Ray task:
+per-rank map (explode the rank's digest row: its collectives, kernels, steps),
+per-communicator reduce (matching), per-host reduce (clock fit; hosts independent
+inside each round), then per-rank and per-communicator metrics on the aligned rows.
+"""
+
+from __future__ import annotations
+
+import warnings as pywarnings
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from rankscope.analysis import clock, matching, metrics, stragglers
+from rankscope.analysis.digest import explode
+from rankscope.analysis.report import (
+    Alignment,
+    CommunicatorRow,
+    HostClockRow,
+    OpSpread,
+    RankRow,
+    Report,
+    TpOverhead,
+    field_names,
+)
+from rankscope.errors import InputError, RankscopeWarning
+
+_META = ["rank", "host", "job_id", "window_start_ns", "window_end_ns", "gpu_busy_ns"]
+
+
+def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) -> Report:
+    """Analyse one job's digests (one row per rank) into a report."""
+    if digests.num_rows == 0:
+        raise InputError("no ranks to analyse")
+    meta = digests.select(_META).to_pandas()
+    collectives = explode(digests, "collectives")
+    if collectives.empty:
+        raise InputError("no collectives in any rank: nothing to align")
+    collectives["duration"] = collectives["end_ns"] - collectives["start_ns"]
+    communicators = explode(digests, "communicators")
+    kernels = explode(digests, "kernels")
+    steps = explode(digests, "steps")
+    notes = [f"rank {r}: {w}" for r, ws in zip(meta["rank"], digests.column("warnings").to_pylist()) for w in ws]
+
+    matched = matching.match(collectives, communicators, set(meta["rank"].tolist()))
+    events = matched.events
+    hosts = sorted(meta["host"].unique().tolist())
+    model = clock.fit(events, hosts, clock_hints)
+    events["start"] = model.align(events["host"], events["start_ns"].to_numpy())
+    events["end"] = model.align(events["host"], events["end_ns"].to_numpy())
+    events["sigma"] = model.uncertainty(events["host"])
+    hb = clock.happens_before(events)
+    if hb.violations:
+        notes.append(
+            f"{hb.violations} of {hb.checked} N-to-N instances violate happens-before after alignment "
+            f"({100 * hb.rate:.1f}%): lateness near the clock uncertainty is unreliable"
+        )
+
+    inst = metrics.instance_frame(events)
+    events = events.merge(inst[["instance", "rank", "wait"]], on=["instance", "rank"], how="left")
+    events["wait"] = events["wait"].fillna(0)
+    per_rank = metrics.rank_frame(meta, events, inst)
+    found = stragglers.find(events, per_rank.index)
+    all_warnings = matched.warnings + model.warnings + notes
+    for message in matched.warnings + model.warnings:
+        pywarnings.warn(message, RankscopeWarning, stacklevel=2)
+
+    hosts_of = dict(zip(meta["rank"].tolist(), meta["host"].tolist()))
+    kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of) for c, m in matched.members.items()}
+    tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
+    return Report(
+        job_id=next((j for j in meta["job_id"] if j), None),
+        ranks=_rank_rows(per_rank, model, found, kernels),
+        stragglers=found.ranks,
+        late_ranks=_late_ranks(per_rank, found.min_effect_ns),
+        communicators=_communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst)),
+        tp_overhead=_tp_rows(metrics.tp_overhead(events, steps, meta, tp_comms), matched),
+        alignment=Alignment(
+            method=model.method,
+            matching=matched.method,
+            t0_ns=model.t0_ns,
+            hosts=[HostClockRow(**vars(model.hosts[h])) for h in hosts],
+            collectives=int(len(events)),
+            matched_collectives=matched.instances,
+            dropped_incomplete=matched.dropped_incomplete,
+            dropped_inconsistent=matched.dropped_inconsistent,
+            anchors=model.anchors,
+            happens_before_checked=hb.checked,
+            happens_before_violations=hb.violations,
+            happens_before_violation_rate=hb.rate,
+        ),
+        top_kernels=metrics.job_top_kernels(kernels).to_dict("records") if len(kernels) else [],
+        warnings=all_warnings,
+    )
+
+
+def _late_ranks(per_rank: pd.DataFrame, min_effect: float) -> list[int]:
+    """Ranks arriving late beyond their peers: root causes and the ranks they delayed.
+
+    Too few ranks for robust statistics (a two-rank job): every rank late beyond the
+    minimum effect, so a single late rank is still named with its lateness.
+    """
+    late = per_rank["late_mean_ns"]
+    flagged, _ = stragglers.stands_out(late, min_effect)
+    if late.notna().sum() < 3:
+        flagged = [int(r) for r in late.index[(late > min_effect).to_numpy()]]
+    return sorted(flagged, key=lambda r: -late[r])
+
+
+def _rank_rows(
+    per_rank: pd.DataFrame, model: clock.ClockModel, found: stragglers.Stragglers, kernels: pd.DataFrame
+) -> list[RankRow]:
+    frame = per_rank.copy()
+    frame["clock_offset_ns"] = frame["host"].map({h: c.offset_ns for h, c in model.hosts.items()})
+    frame["clock_uncertainty_ns"] = frame["host"].map({h: c.uncertainty_ns for h, c in model.hosts.items()})
+    frame["own_delay_ns"] = found.own_delay_ns
+    frame["straggler_score"] = found.score
+    top = metrics.top_kernels(kernels) if len(kernels) else kernels
+    top_by_rank = {
+        int(rank): group[["name", "count", "total_ns", "is_comm"]].to_dict("records")
+        for rank, group in top.groupby("rank")
+    }
+    frame = frame.reset_index().replace({np.nan: None})
+    names = [n for n in field_names(RankRow) if n != "top_kernels"]
+    integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
+    rows = []
+    for record in frame[names].to_dict("records"):
+        values = {k: (int(v) if k in integers and v is not None else v) for k, v in record.items()}
+        rows.append(RankRow(**values, top_kernels=top_by_rank.get(values["rank"], [])))
+    return rows
+
+
+def _communicator_rows(
+    matched: matching.Matching, kinds: dict[str, str], hosts_of: dict[int, str], spread: pd.DataFrame
+) -> list[CommunicatorRow]:
+    spread = spread.replace({np.nan: None})
+    op_fields = field_names(OpSpread)
+    by_comm = {c: g for c, g in spread.groupby("comm_id")}
+    rows = []
+    for comm_id, ranks in sorted(matched.members.items(), key=lambda item: (min(item[1], default=0), item[0])):
+        group = by_comm.get(comm_id)
+        ops = [] if group is None else [OpSpread(**{k: r[k] for k in op_fields}) for r in group.to_dict("records")]
+        for op in ops:
+            op.calls, op.instances = int(op.calls), int(op.instances)
+        rows.append(
+            CommunicatorRow(
+                comm_id=comm_id, name=matched.names.get(comm_id), kind=kinds[comm_id], ranks=list(ranks),
+                hosts=len({hosts_of.get(r) for r in ranks}), ops=ops,
+            )
+        )
+    return rows
+
+
+def _tp_rows(frame: pd.DataFrame, matched: matching.Matching) -> list[TpOverhead]:
+    rows = []
+    for record in frame.replace({np.nan: None}).to_dict("records"):
+        comm_id = record["comm_id"]
+        rows.append(
+            TpOverhead(
+                comm_id=comm_id,
+                name=matched.names.get(comm_id),
+                ranks=list(matched.members[comm_id]),
+                time_base="steps" if record["stepped"] else "window",
+                **{k: record[k] for k in field_names(TpOverhead) if k in record and k != "comm_id"},
+            )
+        )
+    return rows

@@ -1,0 +1,282 @@
+"""The report: what `rankscope analyze` prints and the coordinator stores.
+
+``Report.to_dict()`` is the JSON contract ``rankscope.report/1`` (issue 2, "CLI and
+report contract"); ``Report.from_dict`` reads it back; ``render_table()`` is the
+terminal view. Analysis code builds it (pipeline.py); nothing here computes metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from rankscope.errors import InputError
+
+SCHEMA = "rankscope.report/1"
+
+
+@dataclass
+class RankRow:
+    rank: int
+    host: str
+    clock_offset_ns: float
+    clock_uncertainty_ns: float
+    late_mean_ns: float | None
+    late_p50_ns: float | None
+    late_p99_ns: float | None
+    late_max_ns: float | None
+    last_arrival_share: float | None
+    blame_ns: int
+    nccl_kernel_ns: int
+    nccl_wait_ns: int
+    nccl_transfer_ns: int
+    gpu_busy_pct: float | None
+    collectives: int = 0
+    matched: int = 0
+    own_delay_ns: float | None = None  # mean excess gap before arrival vs peers (straggler signal)
+    straggler_score: float | None = None  # robust z-score of own_delay_ns
+    top_kernels: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class OpSpread:
+    op: str
+    calls: int
+    instances: int
+    bytes_median: float | None
+    duration_mean_ns: float | None
+    imbalance_cv: float | None  # CV across ranks of total NCCL time on this op
+    transfer_mean_ns: float | None
+    network_cv: float | None  # CV over time of transfer within a size class
+    skew_mean_ns: float | None  # arrival skew: last minus first start
+    skew_p99_ns: float | None
+
+
+@dataclass
+class CommunicatorRow:
+    comm_id: str
+    name: str | None
+    kind: str  # tp, dp or other
+    ranks: list[int]
+    hosts: int
+    ops: list[OpSpread]
+
+
+@dataclass
+class TpOverhead:
+    comm_id: str
+    name: str | None
+    ranks: list[int]
+    time_base: str  # "steps" or "window"
+    step_time_ns: float | None
+    exposed_ns: float | None
+    exposed_wait_ns: float | None
+    exposed_transfer_ns: float | None
+    exposed_frac: float | None
+    exposed_wait_frac: float | None
+    exposed_transfer_frac: float | None  # the TP overhead
+
+
+@dataclass
+class HostClockRow:
+    host: str
+    offset_ns: float
+    drift_ppm: float
+    uncertainty_ns: float
+    anchors: int
+    method: str
+
+
+@dataclass
+class Alignment:
+    method: str
+    matching: str
+    t0_ns: int
+    hosts: list[HostClockRow]
+    collectives: int  # rows seen across ranks
+    matched_collectives: int  # instances matched across ranks
+    dropped_incomplete: int
+    dropped_inconsistent: int
+    anchors: int
+    happens_before_checked: int
+    happens_before_violations: int
+    happens_before_violation_rate: float
+
+
+@dataclass
+class Report:
+    job_id: str | None
+    ranks: list[RankRow]
+    stragglers: list[int]
+    late_ranks: list[int]  # arrived late beyond clock uncertainty, root cause or propagated
+    communicators: list[CommunicatorRow]
+    tp_overhead: list[TpOverhead]
+    alignment: Alignment
+    top_kernels: list[dict[str, Any]]
+    warnings: list[str]
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        if data.get("schema") != SCHEMA:
+            raise InputError(f"not a {SCHEMA} report (schema {data.get('schema')!r})")
+        try:
+            alignment = dict(data["alignment"])
+            alignment["hosts"] = [HostClockRow(**h) for h in alignment["hosts"]]
+            return cls(
+                job_id=data.get("job_id"),
+                ranks=[RankRow(**r) for r in data["ranks"]],
+                stragglers=list(data["stragglers"]),
+                late_ranks=list(data.get("late_ranks", [])),
+                communicators=[
+                    CommunicatorRow(**{**c, "ops": [OpSpread(**o) for o in c["ops"]]}) for c in data["communicators"]
+                ],
+                tp_overhead=[TpOverhead(**t) for t in data["tp_overhead"]],
+                alignment=Alignment(**alignment),
+                top_kernels=list(data.get("top_kernels", [])),
+                warnings=list(data.get("warnings", [])),
+                schema=data["schema"],
+            )
+        except (KeyError, TypeError) as exc:
+            raise InputError(f"malformed {SCHEMA} report: {exc}") from None
+
+    def render_table(self) -> str:
+        return "\n".join(_render(self))
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf become null, numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def fmt_ns(ns: float | None) -> str:
+    """A duration with a unit a person reads at a glance (ns, µs, ms, s)."""
+    if ns is None or (isinstance(ns, float) and not math.isfinite(ns)):
+        return "-"
+    size = abs(ns)
+    if size < 1e3:
+        return f"{ns:.0f} ns"
+    if size < 1e6:
+        return f"{ns / 1e3:.1f} µs"
+    if size < 1e9:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.2f} s"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _render(report: Report) -> list[str]:
+    a = report.alignment
+    by_rank = {r.rank: r for r in report.ranks}
+    hosts = len({r.host for r in report.ranks})
+    out = [
+        f"rankscope report — job {report.job_id or '?'}: {len(report.ranks)} ranks on {hosts} host(s)",
+        f"alignment: {a.method}; matched {a.matched_collectives} collective instances ({a.matching}), "
+        f"dropped {a.dropped_incomplete} incomplete + {a.dropped_inconsistent} inconsistent; "
+        f"happens-before violations {a.happens_before_violations}/{a.happens_before_checked} "
+        f"({_pct(a.happens_before_violation_rate)})",
+        "",
+    ]
+    if report.stragglers:
+        out.append("STRAGGLERS (root cause: own delay before arriving, vs. peers)")
+        for rank in report.stragglers:
+            r = by_rank[rank]
+            out.append(
+                f"  rank {rank} on {r.host}: own delay {fmt_ns(r.own_delay_ns)} per collective, "
+                f"late {fmt_ns(r.late_mean_ns)} mean / {fmt_ns(r.late_max_ns)} max, "
+                f"last in {_pct(r.last_arrival_share)}, blame {fmt_ns(r.blame_ns)}"
+            )
+    else:
+        out.append("STRAGGLERS: none (no rank's own delay stands out from its peers)")
+    propagated = [r for r in report.late_ranks if r not in report.stragglers]
+    if propagated:
+        shown = ", ".join(f"{r} ({fmt_ns(by_rank[r].late_mean_ns)})" for r in propagated[:12])
+        more = f" and {len(propagated) - 12} more" if len(propagated) > 12 else ""
+        out.append(f"late arrivals (not root causes): {shown}{more}")
+    out.append("")
+    rows = [
+        [
+            str(r.rank), r.host, fmt_ns(r.clock_offset_ns), fmt_ns(r.clock_uncertainty_ns),
+            fmt_ns(r.late_mean_ns), fmt_ns(r.late_p99_ns), fmt_ns(r.late_max_ns), _pct(r.last_arrival_share),
+            fmt_ns(r.blame_ns), fmt_ns(r.nccl_kernel_ns), fmt_ns(r.nccl_wait_ns), fmt_ns(r.nccl_transfer_ns),
+            "-" if r.gpu_busy_pct is None else f"{r.gpu_busy_pct:.1f}%", "*" if r.rank in report.stragglers else "",
+        ]
+        for r in sorted(report.ranks, key=lambda r: r.rank)
+    ]
+    out += _table(
+        ["rank", "host", "clock off", "±σ", "late mean", "late p99", "late max", "last", "blame",
+         "nccl", "wait", "transfer", "busy", "!"],
+        rows,
+    )
+    out.append("")
+    out.append("COMMUNICATORS (imbalance = CV of per-rank NCCL time; network = CV of transfer over time)")
+    comm_rows = [
+        [c.comm_id[:16], c.kind, _ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
+         fmt_ns(o.transfer_mean_ns), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv), _num(o.network_cv)]
+        for c in report.communicators
+        for o in c.ops
+    ]
+    out += _table(["comm", "kind", "ranks", "op", "inst", "dur mean", "transfer", "skew mean", "imbal", "network"], comm_rows)
+    if report.tp_overhead:
+        out.append("")
+        out.append("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)")
+        tp_rows = [
+            [t.comm_id[:16], _ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
+             _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
+            for t in report.tp_overhead
+        ]
+        out += _table(["comm", "ranks", "time base", "time", "exposed", "exposed", "wait", "transfer"], tp_rows)
+    if report.top_kernels:
+        out.append("")
+        out.append("TOP KERNELS (all ranks)")
+        out += _table(
+            ["kernel", "calls", "total", "comm"],
+            [[k["name"][:60], str(k["count"]), fmt_ns(k["total_ns"]), "yes" if k["is_comm"] else ""] for k in report.top_kernels],
+        )
+    if report.warnings:
+        out.append("")
+        out.append("WARNINGS")
+        out += [f"  - {w}" for w in report.warnings]
+    return out
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """Compact rank sets: 0-7, or 0,8,16,... for strided groups."""
+    if not ranks:
+        return "-"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    text = ",".join(map(str, ranks[:6]))
+    return text + (",…" if len(ranks) > 6 else "")
+
+
+def field_names(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
