@@ -392,11 +392,13 @@ class PauseManager:
             if outcome is not DcgmOutcome.FAILED:
                 break
             log.warning("DCGM resume failed (attempt %d): %s", attempt + 1, self.control.error)
-            self._wake.wait(self.retry_delay_s * 2**attempt)
+            if attempt + 1 < self.resume_retries:
+                time.sleep(self.retry_delay_s * 2**attempt)  # holding the lock: no acquire races a resume
         self.error = self.control.error
         if outcome is not DcgmOutcome.FAILED:
             self._state.paused = False
         self._write()
+        self._wake.notify_all()  # the timer retries a failed resume
         return outcome
 
     def _expire(self) -> None:
@@ -433,8 +435,8 @@ class PauseManager:
                     continue
                 if delay > 0:
                     self._wake.wait(min(delay, 1.0))
-                    continue
-                self._expire()
+                if not self._closed:
+                    self._expire()
 
     def _read(self) -> _Journal | None:
         try:

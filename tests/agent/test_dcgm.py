@@ -1,0 +1,260 @@
+"""DCGM pause/resume against the stand-in host engine (bindings and dcgmi), and the
+PauseManager's lease, reference count and journal recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standins"))
+import standin_dcgm  # noqa: E402
+
+from rankscope.agent import dcgm  # noqa: E402
+from rankscope.agent.dcgm import DcgmOutcome  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    """A running stand-in host engine on localhost, profiling not paused."""
+    state = tmp_path / "engine.json"
+    standin_dcgm.configure(state)
+    for key, value in standin_dcgm.env(state).items():
+        monkeypatch.setenv(key, value)
+    return state
+
+
+def ops(state: Path) -> list[str]:
+    return [c["op"] for c in standin_dcgm.calls(state) if c["code"] == 0]
+
+
+def paused(state: Path) -> bool:
+    return standin_dcgm.read(state)["paused"]
+
+
+def controls(kind: str, host: str = "localhost") -> dcgm.DcgmControl:
+    if kind == "bindings":
+        return dcgm.BindingsControl(standin_dcgm.BINDINGS, host, timeout_s=2)
+    return dcgm.DcgmiControl(str(standin_dcgm.BIN / "dcgmi"), host, timeout_s=10)
+
+
+def test_dcgmi_profile_command_matches_the_documented_flags():
+    assert dcgm.profile_command("dcgmi", "pause", "nvidia-dcgm.gpu-operator.svc:5555") == [
+        "dcgmi", "profile", "--pause", "--host", "nvidia-dcgm.gpu-operator.svc:5555"]
+    assert dcgm.profile_command("/usr/bin/dcgmi", "resume", "unix:///run/nv-hostengine") == [
+        "/usr/bin/dcgmi", "profile", "--resume", "--host", "unix:///run/nv-hostengine"]
+    with pytest.raises(ValueError):
+        dcgm.profile_command("dcgmi", "stop", "localhost")
+
+
+@pytest.mark.parametrize("kind", ["bindings", "dcgmi"])
+def test_pause_and_resume_flip_the_engines_one_global_flag(engine, kind):
+    control = controls(kind)
+    assert control.pause() is DcgmOutcome.PAUSED
+    assert paused(engine)
+    assert control.pause() is DcgmOutcome.PAUSED  # idempotent, like DCGM
+    assert control.resume() is DcgmOutcome.RESUMED
+    assert not paused(engine)
+    assert [c["via"] for c in standin_dcgm.calls(engine)] == [kind] * 3
+
+
+@pytest.mark.parametrize("kind", ["bindings", "dcgmi"])
+def test_hopper_answers_not_supported(engine, kind):
+    standin_dcgm.configure(engine, gpm=True)
+    control = controls(kind)
+    assert control.pause() is DcgmOutcome.NOT_SUPPORTED
+    assert "Feature not supported" in control.error
+    assert not paused(engine)
+
+
+@pytest.mark.parametrize("kind", ["bindings", "dcgmi"])
+def test_unreachable_engine_fails_with_the_reason(engine, kind):
+    control = controls(kind, host="nvidia-dcgm.gpu-operator.svc:5555")
+    assert control.pause() is DcgmOutcome.FAILED
+    assert "connection invalid" in control.error.lower() or "unable to connect" in control.error.lower()
+    assert "nvidia-dcgm.gpu-operator.svc:5555" in control.error
+    standin_dcgm.configure(engine, up=False)
+    assert controls(kind).resume() is DcgmOutcome.FAILED
+
+
+def test_no_dcgm_library_or_no_dcgmi_means_nothing_to_pause(engine, tmp_path):
+    standin_dcgm.configure(engine, library=False)
+    bindings = controls("bindings")
+    assert bindings.pause() is DcgmOutcome.NO_DCGM
+    assert "Library not found" in bindings.error
+    missing = dcgm.DcgmiControl(str(tmp_path / "no-dcgmi"), "localhost")
+    assert missing.pause() is DcgmOutcome.NO_DCGM
+    assert dcgm.NoDcgm().pause() is DcgmOutcome.NO_DCGM
+    assert standin_dcgm.calls(engine) == []
+
+
+def test_discover_prefers_bindings_then_dcgmi_then_none(engine, tmp_path, monkeypatch):
+    found = dcgm.discover(dcgm.DcgmConfig(bindings_path=standin_dcgm.BINDINGS, host="h:5555"))
+    assert isinstance(found, dcgm.BindingsControl) and found.host == "h:5555"
+    assert isinstance(dcgm.discover(dcgm.DcgmConfig(mode="none")), dcgm.NoDcgm)
+    # Without importable bindings: dcgmi from PATH, then nothing.
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "dcgm_bindings" not in p])
+    for name in ("dcgm_structs", "dcgm_agent", "pydcgm"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(dcgm, "BINDINGS_DIRS", (tmp_path / "absent",))
+    via_cli = dcgm.discover(dcgm.DcgmConfig(host="h:5555"))
+    assert isinstance(via_cli, dcgm.DcgmiControl)
+    assert via_cli.command("pause")[1:] == ["profile", "--pause", "--host", "h:5555"]
+    none = dcgm.discover(dcgm.DcgmConfig(dcgmi="no-such-dcgmi"))
+    assert isinstance(none, dcgm.NoDcgm) and "no-such-dcgmi" in none.error
+
+
+def test_config_from_env_and_flags(monkeypatch):
+    monkeypatch.setenv("RANKSCOPE_DCGM_HOST", "nvidia-dcgm:5555")
+    monkeypatch.setenv("RANKSCOPE_DCGM", "dcgmi")
+    import argparse
+    parser = argparse.ArgumentParser()
+    dcgm.add_arguments(parser)
+    config = dcgm.config_from_args(parser.parse_args([]))
+    assert (config.mode, config.host) == ("dcgmi", "nvidia-dcgm:5555")
+    config = dcgm.config_from_args(parser.parse_args(["--dcgm", "none", "--dcgm-host", "unix:///s"]))
+    assert (config.mode, config.host) == ("none", "unix:///s")
+
+
+# -- PauseManager ----------------------------------------------------------------------------
+
+
+def manager(tmp_path: Path, kind: str = "bindings", **kw) -> dcgm.PauseManager:
+    return dcgm.PauseManager(controls(kind), tmp_path / "state" / "dcgm-pause.json",
+                             retry_delay_s=0.05, **kw)
+
+
+def journal(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "state" / "dcgm-pause.json").read_text())
+
+
+@pytest.mark.parametrize("kind", ["bindings", "dcgmi"])
+def test_paused_for_the_capture_and_resumed_after(engine, tmp_path, kind):
+    m = manager(tmp_path, kind)
+    assert m.acquire("sweep-1", lease_s=60) is DcgmOutcome.PAUSED
+    assert paused(engine) and m.holders() == ["sweep-1"]
+    assert journal(tmp_path)["paused"] is True and "sweep-1" in journal(tmp_path)["leases"]
+    assert m.release("sweep-1") is DcgmOutcome.RESUMED
+    assert not paused(engine)
+    assert journal(tmp_path)["paused"] is False and journal(tmp_path)["leases"] == {}
+    assert ops(engine) == ["pause", "resume"]
+    assert m.release("sweep-1") is DcgmOutcome.SKIPPED  # a second release does nothing
+
+
+def test_overlapping_captures_resume_once_after_the_last(engine, tmp_path):
+    m = manager(tmp_path)
+    assert m.acquire("a", 60) is DcgmOutcome.PAUSED
+    assert m.acquire("b", 60) is DcgmOutcome.PAUSED
+    assert m.release("a") is DcgmOutcome.PAUSED  # b still needs the counters
+    assert paused(engine)
+    assert ops(engine).count("resume") == 0
+    assert m.release("b") is DcgmOutcome.RESUMED
+    assert not paused(engine)
+    assert ops(engine) == ["pause", "pause", "resume"]
+
+
+def test_acquire_reasserts_a_pause_someone_else_resumed(engine, tmp_path):
+    m = manager(tmp_path)
+    m.acquire("a", 60)
+    controls("dcgmi").resume()  # another client: DCGM's flag is not ours alone
+    assert not paused(engine)
+    m.acquire("b", 60)
+    assert paused(engine)
+    m.close()
+    assert not paused(engine)
+
+
+def test_lease_expiry_resumes_without_anyone_releasing(engine, tmp_path):
+    m = manager(tmp_path)
+    assert m.acquire("lost-coordinator", lease_s=0.5) is DcgmOutcome.PAUSED
+    assert paused(engine)
+    deadline = time.monotonic() + 10
+    while paused(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not paused(engine)
+    assert m.holders() == [] and journal(tmp_path)["paused"] is False
+    assert m.release("lost-coordinator") is DcgmOutcome.SKIPPED
+
+
+def test_failed_resume_is_retried_until_the_engine_answers(engine, tmp_path):
+    m = manager(tmp_path, resume_retries=1)
+    m.acquire("a", 60)
+    standin_dcgm.configure(engine, up=False)
+    assert m.release("a") is DcgmOutcome.FAILED
+    assert "connection invalid" in m.error.lower()
+    assert journal(tmp_path)["paused"] is True  # still owed: on disk for a restart too
+    standin_dcgm.configure(engine, up=True)
+    deadline = time.monotonic() + 10
+    while paused(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not paused(engine)
+
+
+@pytest.mark.parametrize("setting, outcome", [({"gpm": True}, DcgmOutcome.NOT_SUPPORTED),
+                                              ({"library": False}, DcgmOutcome.NO_DCGM)])
+def test_not_supported_and_no_dcgm_let_the_capture_proceed(engine, tmp_path, setting, outcome):
+    standin_dcgm.configure(engine, **setting)
+    m = manager(tmp_path)
+    got = m.acquire("a", 60)
+    assert got is outcome and got.capture_may_proceed and m.error
+    assert m.holders() == [] and journal(tmp_path)["leases"] == {}
+    assert m.release("a") is outcome
+    assert m.recover() is None  # nothing was left to resume
+
+
+def test_no_dcgm_at_all(tmp_path):
+    m = dcgm.PauseManager(dcgm.NoDcgm(), tmp_path / "j.json")
+    assert m.acquire("a", 60) is DcgmOutcome.NO_DCGM
+    assert m.release("a") is DcgmOutcome.NO_DCGM
+
+
+def test_unreadable_journal_is_treated_as_a_pause_left_behind(engine, tmp_path):
+    path = tmp_path / "state" / "dcgm-pause.json"
+    path.parent.mkdir()
+    path.write_text("{truncated")
+    controls("dcgmi").pause()
+    assert manager(tmp_path).recover() is DcgmOutcome.RESUMED
+    assert not paused(engine)
+
+
+AGENT_SCRIPT = """
+import sys, time
+from pathlib import Path
+from rankscope.agent import dcgm
+m = dcgm.PauseManager(dcgm.BindingsControl(Path(sys.argv[1]), "localhost"), Path(sys.argv[2]))
+if sys.argv[3] == "capture":
+    print(m.acquire("sweep-7", lease_s=600).value, flush=True)
+    time.sleep(600)
+else:
+    print(m.recover().value, flush=True)
+"""
+
+
+def test_kill_9_mid_capture_then_restart_resumes_from_the_journal(engine, tmp_path):
+    journal_path = tmp_path / "state" / "dcgm-pause.json"
+    argv = [sys.executable, "-c", AGENT_SCRIPT, str(standin_dcgm.BINDINGS), str(journal_path)]
+    env = standin_dcgm.env(engine)
+    first = subprocess.Popen([*argv, "capture"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert first.stdout.readline().strip() == "paused"
+        assert paused(engine)
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    time.sleep(0.3)
+    assert paused(engine)  # DCGM does not resume by itself: the pause outlived its pauser
+    restarted = time.time()
+    done = subprocess.run([*argv, "recover"], capture_output=True, text=True, env=env, timeout=30)
+    assert done.stdout.strip() == "resumed", done.stderr
+    assert not paused(engine)
+    resumed_at = [c["t"] for c in standin_dcgm.calls(engine) if c["op"] == "resume"][-1]
+    assert resumed_at - restarted < 5  # the issue's bound: resumed within 5 s of the restart
+    assert json.loads(journal_path.read_text())["leases"] == {}
