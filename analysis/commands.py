@@ -1,0 +1,93 @@
+"""`rankscope digest` and `rankscope analyze`: the offline analysis commands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from rankscope.analysis import digest, engine, sources
+from rankscope.errors import InputError
+
+RANK_FROM_HELP = (
+    "where each export's rank comes from, overriding the captured environment: "
+    "env:VAR (a variable of the profiled process's environment) or filename:REGEX "
+    "(first group, else the whole match, of REGEX searched in the file name)"
+)
+# Progress lines are worth drawing only when there are many files to read.
+_PROGRESS_FROM = 8
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    digest_parser = subparsers.add_parser(
+        "digest", help="build the per-rank digest (Parquet) of one export",
+        description="Read one nsys SQLite export (or Kineto trace) and write its per-rank digest rows as Parquet.",
+    )
+    digest_parser.add_argument("export", type=Path, help="nsys .sqlite export, .nsys-rep report or Kineto .json[.gz]")
+    digest_parser.add_argument("-o", "--output", type=Path, required=True, help="digest Parquet file to write")
+    digest_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
+    digest_parser.set_defaults(func=run_digest)
+
+    analyze_parser = subparsers.add_parser(
+        "analyze", help="align ranks and report stragglers from exports or digests",
+        description="Analyse exports and digests of one job (files or folders): align rank clocks on "
+        "collectives, measure lateness, NCCL time, GPU busy, and name the stragglers.",
+    )
+    analyze_parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="exports, digests, or folders of them")
+    analyze_parser.add_argument("--format", choices=("table", "json"), default="table", help="report format (default: table)")
+    analyze_parser.add_argument("-o", "--output", type=Path, help="write the report here instead of stdout")
+    analyze_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
+    analyze_parser.add_argument("--engine", choices=("local", "ray"), default="local", help="where per-file reads run (default: local)")
+    analyze_parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to join with --engine ray (default: start a local one)")
+    analyze_parser.set_defaults(func=run_analyze)
+
+
+def run_digest(args: argparse.Namespace) -> int:
+    _check_output(args.output)
+    table = sources.read_one(args.export, rank_from=args.rank_from)
+    digest.check_consistent(table)
+    digest.write(table, args.output)
+    return 0
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from rankscope.analysis import pipeline  # heavy: only when analysing
+
+    if args.output is not None:
+        _check_output(args.output)
+    map_engine = engine.create(args.engine, address=args.ray_address)
+    files = sources.discover(args.paths)
+    digests = sources.load_digests(
+        files, rank_from=args.rank_from, progress=len(files) >= _PROGRESS_FROM, map_engine=map_engine
+    )
+    report = pipeline.analyze(digests)
+    text = report.to_json() if args.format == "json" else report.render_table()
+    if not text.endswith("\n"):
+        text += "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        write_text_atomic(args.output, text)
+    return 0
+
+
+def _check_output(path: Path) -> None:
+    """Fail before any work when the output cannot be written."""
+    if path.is_dir():
+        raise InputError("output is a folder", path=path)
+    if not path.parent.is_dir():
+        raise InputError("output folder does not exist", path=path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` so that readers see the old file or the whole new one, never half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
