@@ -138,7 +138,7 @@ def _p2p_peers(
     events: pd.DataFrame, members: dict[str, tuple[int, ...]], is_p2p: np.ndarray, warnings: list[str]
 ) -> np.ndarray:
     """The peer of each p2p row: traced, or the other member of a two-rank communicator."""
-    peer = events["peer"].to_numpy(dtype=float, na_value=np.nan)
+    peer = events["peer"].to_numpy(dtype=float, na_value=np.nan).copy()
     other = {c: m for c, m in members.items() if len(m) == 2}
     missing = is_p2p & np.isnan(peer)
     if missing.any():

@@ -44,7 +44,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     communicators = explode(digests, "communicators")
     kernels = explode(digests, "kernels")
     steps = explode(digests, "steps")
-    notes = [f"rank {r}: {w}" for r, ws in zip(meta["rank"], digests.column("warnings").to_pylist()) for w in ws]
+    notes = _rank_notes(meta["rank"].tolist(), digests.column("warnings").to_pylist())
 
     matched = matching.match(collectives, communicators, set(meta["rank"].tolist()))
     events = matched.events
@@ -73,7 +73,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of) for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
     return Report(
-        job_id=next((j for j in meta["job_id"] if j), None),
+        job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
         ranks=_rank_rows(per_rank, model, found, kernels),
         stragglers=found.ranks,
         late_ranks=_late_ranks(per_rank, found.min_effect_ns),
@@ -96,6 +96,20 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         top_kernels=metrics.job_top_kernels(kernels).to_dict("records") if len(kernels) else [],
         warnings=all_warnings,
     )
+
+
+def _rank_notes(ranks: list[int], notes: list[list[str]]) -> list[str]:
+    """Digest warnings, each said once with the ranks it concerns."""
+    by_text: dict[str, list[int]] = {}
+    for rank, texts in zip(ranks, notes):
+        for text in texts:
+            by_text.setdefault(text, []).append(rank)
+    return [f"rank{'s' if len(r) > 1 else ''} {_rank_list(r)}: {text}" for text, r in by_text.items()]
+
+
+def _rank_list(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    return ",".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
 
 
 def _late_ranks(per_rank: pd.DataFrame, min_effect: float) -> list[int]:

@@ -214,13 +214,16 @@ def _render(report: Report) -> list[str]:
                 f"late {fmt_ns(r.late_mean_ns)} mean / {fmt_ns(r.late_max_ns)} max, "
                 f"last in {_pct(r.last_arrival_share)}, blame {fmt_ns(r.blame_ns)}"
             )
+    elif all(r.own_delay_ns is None for r in report.ranks) or len(report.ranks) < 3:
+        out.append("STRAGGLERS: not judged (needs 3+ ranks with consecutive collectives)")
     else:
         out.append("STRAGGLERS: none (no rank's own delay stands out from its peers)")
-    propagated = [r for r in report.late_ranks if r not in report.stragglers]
-    if propagated:
-        shown = ", ".join(f"{r} ({fmt_ns(by_rank[r].late_mean_ns)})" for r in propagated[:12])
-        more = f" and {len(propagated) - 12} more" if len(propagated) > 12 else ""
-        out.append(f"late arrivals (not root causes): {shown}{more}")
+    others = [r for r in report.late_ranks if r not in report.stragglers]
+    if others:
+        shown = ", ".join(f"{r} ({fmt_ns(by_rank[r].late_mean_ns)})" for r in others[:12])
+        more = f" and {len(others) - 12} more" if len(others) > 12 else ""
+        cause = " (delayed by the stragglers or their own)" if report.stragglers else ""
+        out.append(f"LATE ARRIVALS, mean lateness{cause}: rank {shown}{more}")
     out.append("")
     rows = [
         [

@@ -1,0 +1,104 @@
+"""Clock fit on collective ends: offsets and drift recovered, fallbacks flagged, HB counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rankscope.analysis import clock, digest, matching
+from rankscope.analysis.testing import SyntheticJob, synthetic_job
+
+
+def _fit(job: SyntheticJob, hints=None):
+    digests, truth = synthetic_job(job)
+    collectives = digest.explode(digests, "collectives")
+    comms = digest.explode(digests, "communicators")
+    m = matching.match(collectives, comms, set(range(digests.num_rows)))
+    hosts = sorted(set(digests.column("host").to_pylist()))
+    return clock.fit(m.events, hosts, hints), truth, m.events
+
+
+def _relative_error(model: clock.ClockModel, truth, at_true_ns: int) -> np.ndarray:
+    """Gauge-free: each host's clock reading minus the mean, model vs truth, at one instant."""
+    hosts = sorted(truth.offsets_ns)
+    est = np.array([model.local_minus_aligned(h, at_true_ns) for h in hosts])
+    true = np.array([truth.clock_at(h, at_true_ns) for h in hosts])
+    return np.abs((est - est.mean()) - (true - true.mean()))
+
+
+def test_offsets_and_drift_recovered() -> None:
+    job = SyntheticJob(nodes=4, gpus_per_node=2, steps=60, offsets_ns=[15_000_000, -20_000_000, 3_000_000, 0],
+                       drift_ppm=[50.0, -50.0, 10.0, -10.0], seed=1)
+    model, truth, events = _fit(job)
+    assert {c.method for c in model.hosts.values()} == {"offset+drift"}
+    middle = int(events["end_ns"].median())
+    assert _relative_error(model, truth, middle).max() < 1_000
+    drift = np.array([model.hosts[h].drift_ppm for h in sorted(truth.drift_ppm)])
+    true_drift = np.array([truth.drift_ppm[h] for h in sorted(truth.drift_ppm)])
+    assert np.abs((drift - drift.mean()) - (true_drift - true_drift.mean())).max() < 1.0
+    assert all(c.uncertainty_ns < 1_000 for c in model.hosts.values())
+
+
+def test_aligned_ends_coincide_and_no_happens_before_violation() -> None:
+    model, _, events = _fit(SyntheticJob(nodes=3, gpus_per_node=2, steps=40, seed=2))
+    events["start"] = model.align(events["host"], events["start_ns"].to_numpy())
+    events["end"] = model.align(events["host"], events["end_ns"].to_numpy())
+    spread = events.groupby("instance")["end"].agg(lambda s: s.max() - s.min())
+    assert spread.max() < 2_000  # raw ends differ by up to 40 ms of clock offset
+    hb = clock.happens_before(events)
+    assert hb.checked == events["instance"].nunique() and hb.violations == 0
+
+
+def test_few_anchors_fall_back_to_offset_only() -> None:
+    model, truth, events = _fit(SyntheticJob(nodes=2, gpus_per_node=2, steps=5, tp_calls=1, seed=3))
+    assert {c.method for c in model.hosts.values()} == {"offset"}
+    assert all(c.drift_ppm == pytest.approx(0.0) for c in model.hosts.values())
+    assert _relative_error(model, truth, int(events["end_ns"].median())).max() < 5_000
+
+
+def test_host_without_shared_collectives_is_flagged_ntp_quality() -> None:
+    # one node alone: TP collectives only, nothing across hosts
+    model, _, _ = _fit(SyntheticJob(nodes=1, gpus_per_node=4, steps=5, seed=4))
+    assert model.method == "single host (shared clock)"
+    events = pd.DataFrame({"instance": [0, 0], "op": ["allreduce"] * 2, "host": ["a", "a"], "end_ns": [10, 10]})
+    model = clock.fit(events, ["a", "b"])
+    assert model.hosts["b"].method == "utc (NTP quality)"
+    assert model.hosts["b"].uncertainty_ns == clock.NTP_UNCERTAINTY_NS
+    assert any("host b" in w for w in model.warnings)
+    hinted = clock.fit(events, ["a", "b"], {"b": 7_000})
+    assert hinted.hosts["b"].offset_ns == 7_000 and hinted.hosts["b"].method == "coordinator hint"
+
+
+def test_hints_set_the_gauge() -> None:
+    job = SyntheticJob(nodes=3, gpus_per_node=1, steps=40, offsets_ns=[1_000_000, 2_000_000, 6_000_000], drift_ppm=[0, 0, 0])
+    hints = {"node000": 1_000_000, "node001": 2_000_000, "node002": 6_000_000}
+    model, _, _ = _fit(job, hints)
+    for host, offset in hints.items():
+        assert model.hosts[host].offset_ns == pytest.approx(offset, abs=500)
+
+
+def test_end_outliers_do_not_move_the_fit() -> None:
+    job = SyntheticJob(nodes=3, gpus_per_node=1, steps=80, seed=5)
+    digests, truth = synthetic_job(job)
+    collectives = digest.explode(digests, "collectives")
+    outliers = collectives.sample(frac=0.03, random_state=0).index
+    collectives.loc[outliers, "end_ns"] += 300_000
+    m = matching.match(collectives, digest.explode(digests, "communicators"), {0, 1, 2})
+    model = clock.fit(m.events, ["node000", "node001", "node002"])
+    assert _relative_error(model, truth, int(collectives["end_ns"].median())).max() < 2_000
+
+
+def test_happens_before_violations_are_counted() -> None:
+    aligned = pd.DataFrame(
+        {
+            "instance": [0, 0, 1, 1, 2, 2],
+            "op": ["allreduce", "allreduce", "allreduce", "allreduce", "broadcast", "broadcast"],
+            "start": [0, 50, 0, 150, 0, 500],
+            "end": [100, 100, 100, 200, 100, 600],
+        }
+    )
+    hb = clock.happens_before(aligned)
+    # instance 1: rank B starts at 150 after rank A ended at 100; broadcast is not N-to-N
+    assert (hb.checked, hb.violations) == (2, 1)
+    assert hb.rate == pytest.approx(0.5)

@@ -1,0 +1,113 @@
+"""Matching collective instances across ranks: identity first, every match checked."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from rankscope.analysis.matching import UNMATCHED, match
+
+
+def _rows(spec: list[tuple]) -> pd.DataFrame:
+    """(rank, comm_id, seq, seq_source, op, bytes, peer, start_ns) -> collective rows."""
+    frame = pd.DataFrame(spec, columns=["rank", "comm_id", "seq", "seq_source", "op", "bytes", "peer", "start_ns"])
+    frame["host"] = "h" + (frame["rank"] // 2).astype(str)
+    frame["end_ns"] = frame["start_ns"] + 100
+    return frame
+
+
+def _comms(members: dict[str, list[int] | None], ranks: list[int]) -> pd.DataFrame:
+    rows = [(r, c, m, None) for c, m in members.items() for r in (m or ranks)]
+    return pd.DataFrame(rows, columns=["rank", "comm_id", "ranks", "name"])
+
+
+def test_trace_seq_matches_regardless_of_order_and_time() -> None:
+    rows = _rows(
+        [(0, "c", 7, "trace", "allreduce", 64, None, 1000), (1, "c", 7, "trace", "allreduce", 64, None, 90_000),
+         (0, "c", 8, "trace", "allreduce", 64, None, 2000), (1, "c", 8, "trace", "allreduce", 64, None, 1)]
+    )
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert m.instances == 2 and m.method == "trace seq"
+    ev = m.events
+    assert ev.loc[ev["seq"] == 7, "instance"].nunique() == 1
+    assert ev.loc[ev["seq"] == 8, "instance"].nunique() == 1
+    assert set(ev.loc[ev["seq"] == 7, "instance"]) != set(ev.loc[ev["seq"] == 8, "instance"])
+
+
+def test_ordinal_mismatch_on_op_or_size_is_dropped_with_a_warning() -> None:
+    rows = _rows(
+        [(0, "c", 0, "ordinal", "allreduce", 64, None, 100), (1, "c", 0, "ordinal", "allreduce", 64, None, 110),
+         (0, "c", 1, "ordinal", "allreduce", 64, None, 200), (1, "c", 1, "ordinal", "allgather", 64, None, 210),
+         (0, "c", 2, "ordinal", "allreduce", 64, None, 300), (1, "c", 2, "ordinal", "allreduce", 128, None, 310)]
+    )
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert m.instances == 1
+    assert m.dropped_inconsistent == 2
+    assert any("communicator c: 2 of 3 instances disagree" in w for w in m.warnings)
+    assert (m.events["instance"] == UNMATCHED).sum() == 4
+
+
+def test_ordinal_is_recomputed_from_start_order_per_rank() -> None:
+    # seq given as 5,9 on rank 1 (gaps) still pairs the k-th call with the k-th call
+    rows = _rows(
+        [(0, "c", 0, "ordinal", "allreduce", 1, None, 100), (0, "c", 1, "ordinal", "broadcast", 1, None, 200),
+         (1, "c", 9, "ordinal", "broadcast", 1, None, 210), (1, "c", 5, "ordinal", "allreduce", 1, None, 110)]
+    )
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert m.instances == 2 and m.dropped_inconsistent == 0
+    by_op = m.events.groupby("op")["instance"].nunique()
+    assert by_op.to_dict() == {"allreduce": 1, "broadcast": 1}
+
+
+def test_missing_participant_is_dropped_and_counted() -> None:
+    rows = _rows(
+        [(0, "c", 0, "trace", "allreduce", 1, None, 100), (1, "c", 0, "trace", "allreduce", 1, None, 100),
+         (2, "c", 0, "trace", "allreduce", 1, None, 100), (0, "c", 1, "trace", "allreduce", 1, None, 200),
+         (1, "c", 1, "trace", "allreduce", 1, None, 200)]
+    )
+    m = match(rows, _comms({"c": [0, 1, 2]}, [0, 1, 2]), {0, 1, 2})
+    assert (m.instances, m.dropped_incomplete) == (1, 1)
+    assert any("missing a participant" in w for w in m.warnings)
+
+
+def test_members_not_in_the_input_do_not_block_matching() -> None:
+    rows = _rows([(0, "c", 0, "trace", "allreduce", 1, None, 100), (1, "c", 0, "trace", "allreduce", 1, None, 100)])
+    m = match(rows, _comms({"c": [0, 1, 2, 3]}, [0, 1]), {0, 1})
+    assert m.members["c"] == (0, 1)
+    assert m.instances == 1
+
+
+def test_rank_using_a_communicator_it_is_not_listed_in_is_reported() -> None:
+    rows = _rows(
+        [(0, "c", 0, "trace", "allreduce", 1, None, 100), (1, "c", 0, "trace", "allreduce", 1, None, 100),
+         (2, "c", 0, "trace", "allreduce", 1, None, 100)]
+    )
+    comms = pd.DataFrame([(0, "c", [0, 1], None), (1, "c", [0, 1], None)], columns=["rank", "comm_id", "ranks", "name"])
+    m = match(rows, comms, {0, 1, 2})
+    assert any("ranks [2] use it but are not listed" in w for w in m.warnings)
+
+
+def test_send_pairs_with_recv_per_peer() -> None:
+    rows = _rows(
+        [(0, "w", 0, "ordinal", "send", 8, 1, 100), (1, "w", 0, "ordinal", "recv", 8, 0, 120),
+         (0, "w", 1, "ordinal", "send", 8, 2, 150), (2, "w", 0, "ordinal", "recv", 8, 0, 160),
+         (0, "w", 2, "ordinal", "send", 8, 1, 200), (1, "w", 1, "ordinal", "recv", 8, 0, 230)]
+    )
+    m = match(rows, _comms({"w": [0, 1, 2]}, [0, 1, 2]), {0, 1, 2})
+    assert m.instances == 3 and m.dropped_inconsistent == 0
+    ev = m.events.set_index(["rank", "start_ns"])["instance"]
+    assert ev[(0, 100)] == ev[(1, 120)] and ev[(0, 200)] == ev[(1, 230)] and ev[(0, 150)] == ev[(2, 160)]
+
+
+def test_two_sends_do_not_make_a_pair() -> None:
+    rows = _rows([(0, "p", 0, "ordinal", "send", 8, None, 100), (1, "p", 0, "ordinal", "send", 8, None, 120)])
+    m = match(rows, _comms({"p": [0, 1]}, [0, 1]), {0, 1})
+    assert m.instances == 0 and m.dropped_inconsistent == 1
+
+
+def test_uneven_ordinal_counts_warn() -> None:
+    rows = _rows(
+        [(0, "c", 0, "ordinal", "allreduce", 1, None, 100), (1, "c", 0, "ordinal", "allreduce", 1, None, 100),
+         (0, "c", 1, "ordinal", "allreduce", 1, None, 200)]
+    )
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert any("captured 1 to 2 calls" in w for w in m.warnings)
