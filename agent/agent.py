@@ -133,7 +133,8 @@ def _text(value: str | bytes) -> str:
 
 
 def safe_name(text: str) -> str:
-    return _UNSAFE.sub("_", text).strip("._") or "x"
+    """A file name the coordinator accepts: no "/", no "..", no leading dot."""
+    return re.sub(r"\.{2,}", ".", _UNSAFE.sub("_", text)).strip("._") or "x"
 
 
 class Agent:
@@ -330,8 +331,6 @@ class CaptureRun:
                 if self.agent.stop.is_set() and not isinstance(event, cap.DcgmResumed):
                     return  # stopping: leave the record as it is, a restart carries on from here
                 pending.extend(self._handle(event))
-        if self.capture.done and self.capture.state is cap.State.DCGM_RESUMED:
-            self._clean()
 
     def _handle(self, event) -> list:
         instructions = self.capture.handle(event)
@@ -356,6 +355,7 @@ class CaptureRun:
             return cap.Exported(self._export(instruction.exports))
         if isinstance(instruction, cap.Upload):
             self._upload(instruction.artifacts)
+            self._clean()
             return cap.Uploaded()
         raise TypeError(f"unknown instruction {instruction!r}")
 

@@ -8,7 +8,7 @@ injected stragglers, the usual NCCL trace layout), and everything after the capt
 
 Options (all strings, as they travel in StartCapture.options):
   sim.<field>        any scalar field of ``JobSpec`` (nodes, gpus_per_node, tp, steps, seed, ...)
-  sim.stragglers     ``rank:kind:extra_ns[:every]`` separated by commas, e.g. ``5:compute:2000000``
+  sim.stragglers     ``RANK[:compute|launch[:EXTRA_US[:EVERY]]]`` separated by commas, e.g. ``5:compute:3000``
   sim.node_index     this node's index in the job; or ``sim.node_index.<node>`` per node
 """
 
@@ -25,20 +25,16 @@ PREFIX = "sim."
 NODE_OPTION = "node"  # set by the agent: its node name
 
 
-def parse_stragglers(text: str) -> list:
-    from rankscope.analysis.simulate import Straggler
+def parse_stragglers(text: str) -> tuple:
+    """``RANK[:compute|launch[:EXTRA_US[:EVERY]]]`` items, comma-separated (the simulate command's syntax)."""
+    import argparse
 
-    stragglers = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        fields = item.split(":")
-        if not 3 <= len(fields) <= 4:
-            raise ConfigError(f"sim.stragglers: {item!r} is not rank:kind:extra_ns[:every]")
-        try:
-            rank, extra, every = int(fields[0]), int(float(fields[2])), int(fields[3]) if len(fields) == 4 else 1
-        except ValueError:
-            raise ConfigError(f"sim.stragglers: {item!r} has a non-numeric rank, extra_ns or every") from None
-        stragglers.append(Straggler(rank=rank, kind=fields[1], extra_ns=extra, every=every))
-    return stragglers
+    from rankscope.analysis.simulate import parse_straggler
+
+    try:
+        return tuple(parse_straggler(item.strip()) for item in text.split(",") if item.strip())
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"sim.stragglers: {exc}") from None
 
 
 def job_spec(options: Mapping[str, str]):
@@ -90,6 +86,8 @@ def _cast(name: str, raw: str, default):
             return float(raw)
     except ValueError:
         raise ConfigError(f"sim.{name}: {raw!r} is not a {type(default).__name__}") from None
+    if not isinstance(default, str):
+        raise ConfigError(f"sim.{name} cannot be set from a capture option")
     return raw
 
 
@@ -109,8 +107,6 @@ class SimBackend(CaptureBackend):
 
         spec = job_spec(request.options)
         index = node_index(request.options)
-        if not 0 <= index < spec.nodes:
-            raise ConfigError(f"sim.node_index {index} is outside the simulated job's {spec.nodes} nodes")
         outdir = request.workdir / "exports"
         outdir.mkdir(parents=True, exist_ok=True)
         return [Path(p) for p in simulate(spec, outdir, nodes=[index])]

@@ -1,0 +1,304 @@
+"""The agent process logic against an in-process coordinator stand-in (no subprocesses).
+
+The stand-in speaks the real wire (rankscope.v1) and records what the agent sends;
+the capture backend and DCGM control are recording fakes, so the order of pause,
+capture, resume, export and upload is observable. Real processes on loopback, with
+the real coordinator, are in tests/integration/test_sweep*.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import queue
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pandas as pd
+import pytest
+
+from rankscope.agent import agent as agent_mod
+from rankscope.agent import commands, dcgm
+from rankscope.agent.agent import Agent, AgentConfig, load_backend, parse_labels, safe_name
+from rankscope.agent.backend import CaptureBackend, CaptureRequest
+from rankscope.agent.sim_backend import SimBackend
+from rankscope.analysis import digest
+from rankscope.errors import ConfigError
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+WAIT_S = 20.0
+
+
+class Coordinator(pb_grpc.AgentServiceServicer):
+    """Registers anyone, records events, sends queued commands, stores uploads in memory."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.commands: queue.Queue = queue.Queue()
+        self.registered: list[pb.RegisterRequest] = []
+        self.uploads: dict[str, bytearray] = {}
+        self.complete: dict[str, str] = {}
+
+    def Register(self, request, context):
+        self.registered.append(request)
+        return pb.RegisterReply(agent_id=f"agent-{request.node}", session_token="tok", heartbeat_interval_ms=200,
+                                chunk_bytes=4096, coordinator_time_ns=time.time_ns())
+
+    def Session(self, request_iterator, context):
+        def pump():
+            try:
+                for event in request_iterator:
+                    self.events.put(event)
+            except grpc.RpcError:
+                pass  # the agent went away: what a real coordinator sees too
+
+        threading.Thread(target=pump, daemon=True).start()
+        while context.is_active():
+            try:
+                yield self.commands.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    def QueryUpload(self, request, context):
+        uid = request.upload_id
+        if uid not in self.uploads:
+            return pb.UploadStatus(upload_id=uid, known=False)
+        return pb.UploadStatus(upload_id=uid, known=True, committed_offset=len(self.uploads[uid]),
+                               complete=uid in self.complete, sha256=self.complete.get(uid, ""))
+
+    def Upload(self, request_iterator, context):
+        first = next(request_iterator)
+        assert first.header.session_token == "tok"
+        uid = first.header.upload_id
+        buf = self.uploads.setdefault(uid, bytearray())
+        for chunk in request_iterator:
+            assert chunk.offset == len(buf)
+            buf.extend(chunk.data)
+        done = len(buf) == first.header.size and hashlib.sha256(buf).hexdigest() == first.header.sha256
+        if done:
+            self.complete[uid] = first.header.sha256
+        return pb.UploadReply(upload_id=uid, committed_offset=len(buf), complete=done,
+                              sha256=self.complete.get(uid, ""))
+
+    def statuses(self, sweep_id: str, until: int, timeout: float = WAIT_S) -> list[pb.NodeStatus]:
+        """Statuses of one sweep until a terminal one (DCGM_RESUMED or FAILED)."""
+        seen: list[pb.NodeStatus] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if event.HasField("status") and event.status.sweep_id == sweep_id:
+                seen.append(event.status)
+                if event.status.state == until or event.status.state == pb.NODE_STATE_FAILED:
+                    return seen
+        raise AssertionError(f"no {pb.NodeState.Name(until)} for {sweep_id}; saw {[s.state for s in seen]}")
+
+
+class Log:
+    """What happened, in order, across the fake backend and the fake DCGM."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+
+class RecordingDcgm(dcgm.DcgmControl):
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    def pause(self) -> dcgm.DcgmOutcome:
+        self.log.calls.append("dcgm.pause")
+        return dcgm.DcgmOutcome.PAUSED
+
+    def resume(self) -> dcgm.DcgmOutcome:
+        self.log.calls.append("dcgm.resume")
+        return dcgm.DcgmOutcome.RESUMED
+
+    def describe(self) -> str:
+        return "recording"
+
+
+def fake_digest(path: Path, rank: int, host: str) -> Path:
+    meta = {"rank": rank, "rank_source": "test", "host": host, "source_format": "test", "source_file": str(path),
+            "window_start_ns": 0, "window_end_ns": 10, "gpu_busy_ns": 5, "compute_only_ns": 5,
+            "comm_only_ns": 0, "overlap_ns": 0}
+    kernels = pd.DataFrame({"name": ["k"], "count": [1], "total_ns": [5], "is_comm": [False]})
+    digest.write(digest.digest_row(meta, kernels=kernels), path)
+    return path
+
+
+def make_backend(log: Log, *, fail_on_stop: bool = False) -> type[CaptureBackend]:
+    class Recording(CaptureBackend):
+        name = "fake"
+        needs_gpu_counters = True
+
+        def start(self, request: CaptureRequest) -> None:
+            log.calls.append("backend.start")
+
+        def stop(self, request: CaptureRequest) -> list[Path]:
+            log.calls.append("backend.stop")
+            if fail_on_stop:
+                raise RuntimeError("profiler crashed")
+            request.workdir.mkdir(parents=True, exist_ok=True)
+            return [fake_digest(request.workdir / f"r{r}.parquet", r, "n0") for r in (0, 1)]
+
+        def release_counters(self, request: CaptureRequest) -> None:
+            log.calls.append("backend.release")
+
+    return Recording
+
+
+@pytest.fixture()
+def coordinator():
+    servicer = Coordinator()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pb_grpc.add_AgentServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, **backend) -> tuple[Agent, threading.Thread]:
+    monkeypatch.setattr(agent_mod, "load_backend", lambda name: make_backend(log, **backend))
+    monkeypatch.setattr(dcgm, "discover", lambda config=None: RecordingDcgm(log))
+    real_load = None
+    import rankscope.analysis.sources as sources
+
+    real_load = sources.load_digests
+
+    def load_digests(paths, **kw):
+        log.calls.append("export")
+        return real_load(paths, **kw)
+
+    monkeypatch.setattr(sources, "load_digests", load_digests)
+    config = AgentConfig(coordinator=address, name="n0", labels={"pool": "a"}, spool=tmp_path / "spool",
+                         work_dir=tmp_path / "work", backends=("fake",), max_backoff_s=0.5)
+    agent = Agent(config)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    return agent, thread
+
+
+def start(sweep_id: str, **kw) -> pb.CoordinatorCommand:
+    return pb.CoordinatorCommand(start=pb.StartCapture(sweep_id=sweep_id, backend="fake", duration_s=0.05, **kw))
+
+
+def test_capture_pauses_before_and_resumes_before_export(coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING,
+                                           pb.NODE_STATE_EXPORTING, pb.NODE_STATE_UPLOADING, pb.NODE_STATE_UPLOADED,
+                                           pb.NODE_STATE_DCGM_RESUMED]
+        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume", "export"]
+        uploaded = seen[-2]
+        (ref,) = uploaded.artifacts
+        assert ref.kind == pb.ARTIFACT_KIND_DIGEST and list(ref.ranks) == [0, 1]
+        assert servicer.complete[ref.upload_id] == ref.sha256
+        assert seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
+        reg = servicer.registered[0]
+        assert reg.node == "n0" and dict(reg.labels) == {"pool": "a"} and list(reg.backends) == ["fake"]
+        # Repeating the command re-reports, it does not capture again.
+        servicer.commands.put(start("s1"))
+        again = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        assert [s.state for s in again] == [pb.NODE_STATE_UPLOADED, pb.NODE_STATE_DCGM_RESUMED]
+        assert again[0].artifacts[0].sha256 == ref.sha256 and log.calls.count("backend.start") == 1
+        # Exports are gone from the node once the coordinator has them; the record stays.
+        assert [p.name for p in (tmp_path / "work" / "captures" / "s1").iterdir()] == ["capture.json"]
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_failure_mid_capture_resumes_dcgm_and_names_the_reason(coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, fail_on_stop=True)
+    try:
+        servicer.commands.put(start("s2"))
+        seen = servicer.statuses("s2", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and "profiler crashed" in seen[-1].reason
+        assert log.calls[-1] == "dcgm.resume" and "export" not in log.calls
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_pings_are_answered_with_the_agent_clock(coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch)
+    try:
+        servicer.commands.put(pb.CoordinatorCommand(ping=pb.Ping(ping_id=7, coordinator_time_ns=123)))
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            event = servicer.events.get(timeout=WAIT_S)
+            if event.HasField("pong"):
+                assert event.pong.ping_id == 7 and event.pong.coordinator_time_ns == 123
+                assert abs(event.pong.agent_time_ns - time.time_ns()) < 60e9
+                break
+        else:
+            raise AssertionError("no pong")
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_agent_restarted_mid_upload_finishes_it(coordinator, tmp_path: Path, monkeypatch) -> None:
+    """A persisted UPLOADING capture is uploaded by the next agent process without a new capture."""
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    servicer.commands.put(start("s3"))
+    servicer.statuses("s3", pb.NODE_STATE_DCGM_RESUMED)
+    agent.close()
+    thread.join(10)
+    record_path = tmp_path / "work" / "captures" / "s3" / "capture.json"
+    # Rewind the record to "uploading" with its digest back on disk, and forget the upload.
+    import json
+
+    record = json.loads(record_path.read_text())
+    artifact = Path(tmp_path / "work" / "captures" / "s3" / "n0.digest.parquet")
+    fake_digest(artifact, 0, "n0")
+    record["capture"].update(state="uploading", artifacts=[str(artifact)])
+    record["uploaded"] = []
+    record_path.write_text(json.dumps(record))
+    servicer.uploads.clear()
+    servicer.complete.clear()
+    log.calls.clear()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        seen = servicer.statuses("s3", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED
+        assert "backend.start" not in log.calls
+        assert servicer.complete  # uploaded again by the new process
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_labels_and_backends_are_checked() -> None:
+    assert parse_labels("a=1, b = x,") == {"a": "1", "b": "x"}
+    with pytest.raises(ConfigError, match="not key=value"):
+        parse_labels("oops")
+    assert load_backend("sim") is SimBackend
+    with pytest.raises(ConfigError, match="unknown capture backend 'gpu'"):
+        load_backend("gpu")
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    commands.register(sub)
+    args = parser.parse_args(["agent", "--coordinator", "h:1", "--backend", "sim,nope"])
+    with pytest.raises(ConfigError, match="'nope'"):
+        commands.config_from_args(args)
+    args = parser.parse_args(["agent", "--coordinator", "h:1", "--backend", "sim", "--name", "x", "--spool", "/s"])
+    config = commands.config_from_args(args)
+    assert config.work_dir == Path("/s/agent-x") and config.backends == ("sim",)
+    assert safe_name("../a/b..c") == "a_b.c"

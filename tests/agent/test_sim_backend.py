@@ -1,0 +1,66 @@
+"""The sim backend: each node writes only its own ranks, and the nodes add up to one job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankscope.agent.backend import CaptureRequest
+from rankscope.agent.sim_backend import SimBackend, job_spec, node_index
+from rankscope.analysis import digest
+from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.sources import load_digests
+from rankscope.errors import ConfigError
+
+JOB = {"sim.nodes": "4", "sim.gpus_per_node": "2", "sim.tp": "2", "sim.steps": "6", "sim.seed": "11",
+       "sim.stragglers": "3:compute:3000"}
+
+
+def request(tmp_path: Path, node: str, **options: str) -> CaptureRequest:
+    return CaptureRequest("s1", 0.0, tmp_path / node, (), {**JOB, "node": node, **options})
+
+
+def test_each_node_simulates_its_own_ranks_and_together_they_are_one_job(tmp_path: Path) -> None:
+    tables = []
+    for index, node in enumerate(["a", "b", "c", "d"]):
+        req = request(tmp_path, node, **{"sim.node_index": str(index)})
+        backend = SimBackend()
+        backend.start(req)
+        exports = backend.stop(req)
+        assert all(p.parent == req.workdir / "exports" and p.suffix == ".sqlite" for p in exports)
+        table = load_digests(exports)
+        assert sorted(table.column("rank").to_pylist()) == [2 * index, 2 * index + 1]
+        tables.append(table)
+    joined = digest.concat(tables)
+    digest.check_consistent(joined)
+    assert len(set(joined.column("host").to_pylist())) == 4
+    with pytest.warns(Warning):
+        report = analyze(joined)
+    assert report.stragglers == [3]
+
+
+def test_per_node_index_beats_the_shared_one() -> None:
+    options = {"node": "b", "sim.node_index": "0", "sim.node_index.b": "1"}
+    assert node_index(options) == 1
+    assert node_index({"node": "a", "sim.node_index": "0"}) == 0
+
+
+def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    spec = job_spec(JOB)
+    assert (spec.nodes, spec.gpus_per_node, spec.steps, spec.seed) == (4, 2, 6, 11)
+    assert [(s.rank, s.kind, s.extra_ns) for s in spec.stragglers] == [(3, "compute", 3_000_000)]
+    with pytest.raises(ConfigError, match="no field 'gpus'"):
+        job_spec({"sim.gpus": "2"})
+    with pytest.raises(ConfigError, match="sim.steps"):
+        job_spec({"sim.steps": "many"})
+    with pytest.raises(ConfigError, match="sim.stragglers"):
+        job_spec({"sim.stragglers": "x:compute"})
+    with pytest.raises(ConfigError, match="no sim.node_index"):
+        SimBackend().start(request(tmp_path, "c"))
+    with pytest.raises(ConfigError, match="outside"):
+        SimBackend().stop(request(tmp_path, "c", **{"sim.node_index": "4"}))
+
+
+def test_sim_needs_no_gpu_counters() -> None:
+    assert SimBackend.name == "sim" and SimBackend.needs_gpu_counters is False
