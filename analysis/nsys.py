@@ -467,8 +467,8 @@ def _assign_communicators(export: _Export, out: pd.DataFrame, nccl: pd.DataFrame
     out["comm_id"] = np.where(traced, comm_hex, inferred)
     if (~traced).any():
         export.warn(
-            "NCCL calls carry no communicator id here (needs NCCL >= 2.25.1 and nsys export --include-blobs=true); "
-            "collectives are grouped by operation as 'inferred:<op>' and numbered by call order"
+            f"{int((~traced).sum())} of {len(traced)} NCCL kernels carry no communicator id (needs NCCL >= 2.25.1 and nsys export --include-blobs=true); "
+            "those collectives are grouped by operation as 'inferred:<op>' and numbered by call order"
         )
     out = out.sort_values(["pid", "device", "start"], kind="stable").reset_index(drop=True)
     out["seq"] = out.groupby(["pid", "device", "comm_id"]).cumcount().astype(np.int64)

@@ -1,0 +1,228 @@
+"""nsys SQLite ingest against the real exports in ../shared/samples/nsys.
+
+Variants (NCCL payload blobs, a normalized export) are made by editing a *copy* of a
+real export with sqlite3, the way `nsys export --include-blobs=true` / `--ts-normalize`
+would have written it, so everything else in the file stays real.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import struct
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from rankscope.analysis import digest, nsys
+from rankscope.errors import ExportError, InputError
+
+DSL = "nsys/dsl_2node_2rank_allreduce"
+TORCHRUN = "nsys/nsysai_2gpu_sendrecv/mfu_2gpu_before.sqlite"
+EPOCH_RANGE = (1.6e18, 1.9e18)
+
+
+@pytest.fixture(scope="module")
+def dsl(samples: Path) -> list[Path]:
+    return sorted((samples / DSL).glob("*.sqlite"))
+
+
+@pytest.fixture(scope="module")
+def torchrun(samples: Path) -> Path:
+    return samples / TORCHRUN
+
+
+def _collectives(table: pa.Table) -> pd.DataFrame:
+    """Long collectives with nullable Int64 columns (exact epoch ns even where some are null)."""
+    column = table.column("collectives").combine_chunks()
+    frame = pa.Table.from_struct_array(pc.list_flatten(column)).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+    frame.insert(0, "rank", np.asarray(table.column("rank"))[np.asarray(pc.list_parent_indices(column))])
+    return frame
+
+
+def test_dsl_two_nodes_each_one_allreduce_with_rank_and_host(dsl: list[Path]) -> None:
+    table = digest.concat(nsys.read_nsys(path) for path in dsl)
+    meta = table.select(["rank", "rank_source", "host", "gpu", "job_id", "world_size"]).to_pylist()
+    assert [m["rank"] for m in meta] == [0, 1]
+    assert [m["host"] for m in meta] == ["ault43.cscs.ch", "ault44.cscs.ch"]
+    assert {m["rank_source"] for m in meta} == {"env:SLURM_PROCID"}
+    assert {m["job_id"] for m in meta} == {"524890"}
+    assert {m["world_size"] for m in meta} == {2}
+    # CUDA_VISIBLE_DEVICES="1" on both nodes: physical GPU 1 of each host, not the first listed.
+    assert meta[0]["gpu"] == "9d7f82f3-c503-8ee9-26f2-424ddefe47e2"
+    assert meta[1]["gpu"] == "4bab2c5f-3d91-e162-3057-f8068c36d803"
+    coll = _collectives(table)
+    assert coll["op"].tolist() == ["allreduce", "allreduce"]
+    assert coll["comm_id"].nunique() == 1 and coll["seq"].tolist() == [0, 0]
+    assert (coll["seq_source"] == "ordinal").all()
+    # Normalized export: kernel ends agree within ~1 us, starts differ ~1.8 ms (README).
+    assert abs(int(coll["end_ns"].iloc[0]) - int(coll["end_ns"].iloc[1])) < 10_000
+    assert 1_500_000 < int(coll["start_ns"].iloc[1]) - int(coll["start_ns"].iloc[0]) < 2_100_000
+    # The host call is the ncclAllReduce range, which precedes the kernel.
+    assert (coll["cpu_call_ns"] < coll["start_ns"]).all()
+    assert all(any("communicator id" in w for w in ws) for ws in table.column("warnings").to_pylist())
+
+
+def test_dsl_kernel_summary_and_busy_time(dsl: list[Path]) -> None:
+    table = nsys.read_nsys(dsl[0])
+    kernels = digest.explode(table, "kernels")
+    assert kernels["name"].tolist() == ["ncclKernel_AllReduce_RING_LL_Sum_float"]
+    assert kernels["is_comm"].tolist() == [True] and kernels["count"].tolist() == [1]
+    row = table.to_pylist()[0]
+    coll = _collectives(table)
+    nccl_ns = int(coll["end_ns"].iloc[0] - coll["start_ns"].iloc[0])
+    assert row["comm_only_ns"] == nccl_ns == kernels["total_ns"].iloc[0]
+    assert row["compute_only_ns"] == 0 and row["overlap_ns"] == 0
+    assert row["gpu_busy_ns"] >= nccl_ns  # plus memcpy/memset time
+    assert row["window_start_ns"] <= coll["start_ns"].iloc[0] < coll["end_ns"].iloc[0] <= row["window_end_ns"]
+
+
+def test_torchrun_report_splits_into_two_ranks_with_their_sendrecv(torchrun: Path) -> None:
+    table = nsys.read_nsys(torchrun)
+    assert table.column("pid").to_pylist() == [144, 145]
+    assert table.column("rank").to_pylist() == [0, 1]
+    # The launcher's environment names no rank and there are no payloads: pid order, said so.
+    assert set(table.column("rank_source").to_pylist()) == {"order:pid"}
+    assert any("numbered 2" in w for w in table.column("warnings")[0].as_py())
+    assert table.column("gpu").to_pylist() == ["pid:144/cuda:0", "pid:145/cuda:1"]
+    coll = _collectives(table)
+    assert coll.groupby("rank").size().tolist() == [33, 33]
+    assert set(coll["op"]) == {"sendrecv"}
+    assert coll.groupby("rank")["seq"].apply(lambda s: s.tolist() == list(range(33))).all()
+    kernels = digest.explode(table, "kernels")
+    sendrecv = kernels[kernels["name"] == "ncclDevKernel_SendRecv"]
+    assert sendrecv["count"].tolist() == [33, 33] and sendrecv["is_comm"].all()
+    assert not kernels.loc[kernels["name"] == "flash_fwd_kernel", "is_comm"].any()
+    # Grouped calls launch inside ncclGroupEnd: all but the window-cut ones are linked.
+    linked = coll["cpu_call_ns"].notna()
+    assert linked.sum() >= 60
+    assert (coll.loc[linked, "cpu_call_ns"] < coll.loc[linked, "start_ns"]).all()
+    assert (coll["compute_before_ns"] >= 0).all() and (coll["idle_before_ns"] >= 0).all()
+    assert (coll["compute_before_ns"] > 0).any()
+
+
+def test_raw_and_normalized_exports_land_on_the_same_utc_base(torchrun: Path, tmp_path: Path) -> None:
+    raw = nsys.read_nsys(torchrun)
+    with sqlite3.connect(torchrun) as db:
+        utc = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+        first_kernel = db.execute("SELECT MIN(start) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE globalPid >> 24 & 16777215 = 144").fetchone()[0]
+    assert first_kernel < 1e12  # session-relative as exported
+    normalized = tmp_path / "normalized.sqlite"
+    shutil.copy(torchrun, normalized)
+    with sqlite3.connect(normalized) as db:
+        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS",
+                      "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"):
+            db.execute(f'UPDATE {table} SET start = start + ?, "end" = "end" + ?', (utc, utc))
+        db.execute("UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_TIME_NORMALIZE'")
+        db.execute("UPDATE META_DATA_EXPORT SET value = ? WHERE name = 'EXPORT_CONFIG_TIME_SHIFT'", (str(utc),))
+    norm = nsys.read_nsys(normalized)
+    assert raw.column("window_start_ns").to_pylist()[0] == first_kernel + utc
+    for column in ("window_start_ns", "window_end_ns", "gpu_busy_ns"):
+        assert norm.column(column).to_pylist() == raw.column(column).to_pylist()
+    a, b = _collectives(raw), _collectives(norm)
+    for column in ("start_ns", "end_ns", "cpu_call_ns"):
+        assert a[column].equals(b[column])
+    assert EPOCH_RANGE[0] < a["start_ns"].min() and a["end_ns"].max() < EPOCH_RANGE[1]
+    assert a["start_ns"].dtype == pd.Int64Dtype()
+
+
+def _blob(schema: int, payload: bytes) -> bytes:
+    # [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64] then the payload.
+    return struct.pack("<QQQQ", 1, schema, len(payload), 0) + payload
+
+
+COMM = 0xF123_4567_89AB_CDEF  # high bit set: must survive as an unsigned u64
+
+
+def _with_payloads(source: Path, target: Path) -> None:
+    """As if exported with --include-blobs=true by NCCL 2.27: send/recv payloads on every
+    call, and a CommInitRank range per process giving ranks opposite to pid order."""
+    shutil.copy(source, target)
+    with sqlite3.connect(target) as db:
+        ids = dict(db.execute("SELECT value, id FROM StringIds WHERE value IN ('ncclSend', 'ncclRecv')"))
+        for pid, peer in ((144, 1), (145, 0)):
+            payload = struct.pack("<QQi", COMM, 1024, peer) + b"\0" * 4
+            db.execute(
+                "UPDATE NVTX_EVENTS SET binaryData = ? WHERE domainId = 1 AND textId IN (?, ?) AND (globalTid >> 24) & 16777215 = ?",
+                (_blob(16777226, payload), ids["ncclSend"], ids["ncclRecv"], pid),
+            )
+        init_id = db.execute("SELECT MAX(id) + 1 FROM StringIds").fetchone()[0]
+        db.execute("INSERT INTO StringIds (id, value) VALUES (?, 'ncclCommInitRank')", (init_id,))
+        for pid, rank, device in ((144, 1, 0), (145, 0, 1)):
+            tid, start = db.execute(
+                "SELECT globalTid, MIN(start) FROM NVTX_EVENTS WHERE domainId = 1 AND (globalTid >> 24) & 16777215 = ?", (pid,)
+            ).fetchone()
+            payload = struct.pack("<Qiii", COMM, 2, rank, device) + b"\0" * 4
+            db.execute(
+                "INSERT INTO NVTX_EVENTS (start, \"end\", eventType, globalTid, textId, domainId, binaryData) VALUES (?, ?, 59, ?, ?, 1, ?)",
+                (start - 1000, start - 500, tid, init_id, _blob(16777218, payload)),
+            )
+        db.execute("UPDATE META_DATA_EXPORT SET value = 'true' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
+
+
+def test_payload_blobs_give_communicator_bytes_peer_and_rank(torchrun: Path, tmp_path: Path) -> None:
+    path = tmp_path / "blobs.sqlite"
+    _with_payloads(torchrun, path)
+    table = nsys.read_nsys(path)
+    # Ranks from the CommInitRank payload, not pid order.
+    assert dict(zip(table.column("pid").to_pylist(), table.column("rank").to_pylist())) == {144: 1, 145: 0}
+    assert set(table.column("rank_source").to_pylist()) == {"nccl:CommInitRank"}
+    assert table.column("world_size").to_pylist() == [2, 2]
+    coll = _collectives(table)
+    linked = coll["cpu_call_ns"].notna() & coll["bytes"].notna()
+    assert linked.sum() >= 60
+    assert set(coll.loc[linked, "comm_id"]) == {f"{COMM:016x}"}
+    # Each group holds 2 ncclSend + 2 ncclRecv of 1024 bytes.
+    assert set(coll.loc[linked, "bytes"]) == {4096}
+    peers = coll[linked].groupby("rank")["peer"].unique().to_dict()
+    assert [list(peers[0]), list(peers[1])] == [[0], [1]]  # rank 0 is pid 145 (peer 0 written)
+    unlinked = int(coll["bytes"].isna().sum())
+    assert unlinked <= 6  # kernels whose group the capture window cut off
+    assert any(f"{unlinked} of 66 NCCL kernels carry no communicator id" in w for w in table.column("warnings")[0].as_py())
+
+
+def test_rank_from_override(dsl: list[Path]) -> None:
+    by_env = nsys.read_nsys(dsl[1], rank_from="env:SLURM_LOCALID")
+    assert by_env.column("rank").to_pylist() == [0]
+    assert by_env.column("rank_source").to_pylist() == ["override:env:SLURM_LOCALID"]
+    by_name = nsys.read_nsys(dsl[1], rank_from=r"filename:_(\d+)\.sqlite$")
+    assert by_name.column("rank").to_pylist() == [1013529]
+    with pytest.raises(InputError, match="expected env:VAR or filename:REGEX"):
+        nsys.read_nsys(dsl[1], rank_from="bogus")
+    with pytest.raises(ExportError, match="NO_SUCH_VAR"):
+        nsys.read_nsys(dsl[1], rank_from="env:NO_SUCH_VAR")
+
+
+def test_rank_from_cannot_name_several_ranks_of_one_file(torchrun: Path) -> None:
+    with pytest.raises(InputError, match="holds 2"):
+        nsys.read_nsys(torchrun, rank_from="env:RANK")
+
+
+def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path]) -> None:
+    text = tmp_path / "notes.sqlite"
+    text.write_text("not a database\n")
+    with pytest.raises(ExportError, match="file is not a database") as err:
+        nsys.read_nsys(text)
+    assert str(text) in str(err.value) and "\n" not in str(err.value)
+
+    truncated = tmp_path / "truncated.sqlite"
+    truncated.write_bytes(dsl[0].read_bytes()[:600_000])
+    with pytest.raises(ExportError, match="malformed|not a database"):
+        nsys.read_nsys(truncated)
+
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE t (x)")
+    with pytest.raises(ExportError, match="not an nsys export"):
+        nsys.read_nsys(other)
+
+    no_kernels = tmp_path / "no_kernels.sqlite"
+    shutil.copy(dsl[0], no_kernels)
+    with sqlite3.connect(no_kernels) as db:
+        db.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    with pytest.raises(ExportError, match="no CUDA kernels"):
+        nsys.read_nsys(no_kernels)
