@@ -1,0 +1,1265 @@
+"""Simulated multi-node training jobs, written as the exports real profilers leave.
+
+A job is ``nodes x gpus_per_node`` ranks (rank = node * gpus_per_node + local) in
+tensor-parallel groups of ``tp`` consecutive ranks and data-parallel groups of the
+ranks with the same TP index. Every step runs compute kernels then one or more TP
+AllReduces, more compute then a DP AllReduce of the gradients, optionally a small
+world AllReduce (a barrier). Physics, in true time: a rank arrives at a collective
+when its compute is done (later for injected stragglers); every member's NCCL
+kernel starts at its own arrival and ends at the last arrival plus the transfer,
+plus ~1 us of per-rank end jitter (end coincidence, alignment-and-metrics.md §2).
+
+Each node has its own clock, ``local = true + offset + drift * (true - t0)``, and
+each rank's export carries that clock: nsys SQLite (schema 3.25.0, session-relative
+timestamps, ``utcEpochNs`` = the node clock at session start, NCCL 2.27 NVTX
+payloads as exported with ``--include-blobs=true``) or Kineto JSON.
+
+The whole job is simulated in every call (it is cheap) from random streams keyed by
+(seed, rank), (seed, node) and (seed, collective), so writing any subset of nodes
+gives byte-identical files to writing all of them: agents on different machines can
+each write their own node's ranks of one consistent job. ``truth`` gives what the
+analysis should recover, computed on true times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import functools
+import hashlib
+import json
+import os
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rankscope.errors import ConfigError, InputError
+
+TRUTH_SCHEMA = "rankscope.sim-truth/1"
+FORMATS = ("nsys", "kineto")
+STRAGGLER_KINDS = ("compute", "launch")
+
+US = 1_000
+MS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank that is late on every ``every``-th step, before that step's first collective.
+
+    ``compute``: its compute kernels run ``extra_ns`` longer (device busy).
+    ``launch``: its host issues the collective ``extra_ns`` after the compute ended
+    (device idle before the NCCL kernel).
+    """
+
+    rank: int
+    kind: str = "compute"
+    extra_ns: int = 2 * MS
+    every: int = 1
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    nodes: int = 8
+    gpus_per_node: int = 8
+    tp: int = 8
+    steps: int = 20
+    stragglers: tuple[Straggler, ...] = ()
+    max_offset_ns: int = 20 * MS
+    max_drift_ppm: float = 50.0
+    # Explicit per-node clocks; drawn from (seed, node) when None.
+    clock_offsets_ns: tuple[int, ...] | None = None
+    clock_drifts_ppm: tuple[float, ...] | None = None
+    jitter_ns: int = 10 * US  # std of each compute kernel's duration
+    end_jitter_ns: int = 1 * US  # Laplace scale of per-rank collective end jitter
+    compute_ns: int = 3 * MS  # compute per phase (before each collective)
+    kernels_per_phase: int = 4
+    tp_collectives: int = 2  # TP AllReduces per step
+    tp_bytes: int = 32 << 20
+    dp_bytes: int = 64 << 20
+    barrier: bool = False  # a small world AllReduce closing each step
+    seed: int = 0
+    job_id: str = "sim"
+    start_utc_ns: int = 1_780_000_000_000_000_000  # true UTC of t0 (first step)
+
+    def __post_init__(self) -> None:
+        # Accept lists (e.g. from JSON) but keep the spec hashable.
+        object.__setattr__(self, "stragglers", tuple(
+            s if isinstance(s, Straggler) else Straggler(**s) for s in self.stragglers))
+        for name in ("clock_offsets_ns", "clock_drifts_ppm"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+        _validate(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.tp
+
+
+def _validate(spec: JobSpec) -> None:
+    def bad(message: str) -> ConfigError:
+        return ConfigError(f"simulated job: {message}")
+
+    if spec.nodes < 1 or spec.gpus_per_node < 1 or spec.steps < 1:
+        raise bad("nodes, gpus_per_node and steps must be >= 1")
+    if spec.tp < 1 or spec.gpus_per_node % spec.tp:
+        raise bad(f"tp={spec.tp} must divide gpus_per_node={spec.gpus_per_node} (TP groups are intra-node)")
+    if spec.kernels_per_phase < 1 or spec.compute_ns <= 0:
+        raise bad("kernels_per_phase and compute_ns must be positive")
+    if spec.jitter_ns < 0 or spec.end_jitter_ns < 0 or spec.max_offset_ns < 0 or spec.max_drift_ppm < 0:
+        raise bad("jitter, offset and drift bounds must be >= 0")
+    for name in ("clock_offsets_ns", "clock_drifts_ppm"):
+        value = getattr(spec, name)
+        if value is not None and len(value) != spec.nodes:
+            raise bad(f"{name} has {len(value)} values for {spec.nodes} nodes")
+    seen = set()
+    for s in spec.stragglers:
+        if not 0 <= s.rank < spec.world_size:
+            raise bad(f"straggler rank {s.rank} outside 0..{spec.world_size - 1}")
+        if s.kind not in STRAGGLER_KINDS:
+            raise bad(f"straggler kind {s.kind!r} is not one of {', '.join(STRAGGLER_KINDS)}")
+        if s.extra_ns < 0 or s.every < 1:
+            raise bad(f"straggler {s.rank}: extra_ns must be >= 0 and every >= 1")
+        if s.rank in seen:
+            raise bad(f"straggler rank {s.rank} given twice")
+        seen.add(s.rank)
+    if not _phases(spec):
+        raise bad("a single-rank job has no collectives to simulate")
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """One compute block followed by one AllReduce on one kind of communicator."""
+
+    comm: str  # "tp" | "dp" | "world"
+    nbytes: int
+    kernels: int
+
+
+def _phases(spec: JobSpec) -> tuple[_Phase, ...]:
+    phases: list[_Phase] = []
+    if spec.tp > 1:
+        phases += [_Phase("tp", spec.tp_bytes, spec.kernels_per_phase)] * spec.tp_collectives
+    if spec.dp > 1:
+        phases.append(_Phase("dp", spec.dp_bytes, spec.kernels_per_phase))
+    if spec.barrier and spec.world_size > 1:
+        phases.append(_Phase("world", 4, 0))
+    if phases and phases[0].kernels == 0:
+        return ()
+    return tuple(phases)
+
+
+def _group_of(spec: JobSpec, comm: str, ranks: np.ndarray) -> np.ndarray:
+    """Which communicator of this kind each rank belongs to."""
+    if comm == "tp":
+        return ranks // spec.tp
+    if comm == "dp":
+        return ranks % spec.tp
+    return np.zeros_like(ranks)
+
+
+def _position_in(spec: JobSpec, comm: str, ranks: np.ndarray) -> np.ndarray:
+    """The rank's NCCL rank inside its communicator."""
+    if comm == "tp":
+        return ranks % spec.tp
+    if comm == "dp":
+        return ranks // spec.tp
+    return ranks
+
+
+def members(spec: JobSpec, comm: str, group: int) -> list[int]:
+    """Global ranks of one communicator, in NCCL rank order."""
+    everyone = np.arange(spec.world_size)
+    return everyone[_group_of(spec, comm, everyone) == group].tolist()
+
+
+def comm_hash(spec: JobSpec, comm: str, group: int) -> int:
+    """The u64 NCCL commHash: the same on every member, like a hashed ncclUniqueId."""
+    key = f"{spec.job_id}/{spec.seed}/{comm}/{group}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+def _comm_kinds(spec: JobSpec) -> list[str]:
+    return list(dict.fromkeys(p.comm for p in _phases(spec)))
+
+
+def _rng(spec: JobSpec, *key: int) -> np.random.Generator:
+    return np.random.default_rng([spec.seed & 0xFFFFFFFF, *key])
+
+
+_RANK_STREAM, _NODE_STREAM, _COLL_STREAM = 1, 2, 3
+
+
+# --------------------------------------------------------------------------- clocks
+
+
+def node_clocks(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Per node: offset (ns, at t0) and drift (ppm) of its clock against true time."""
+    offsets = np.empty(spec.nodes)
+    drifts = np.empty(spec.nodes)
+    for node in range(spec.nodes):
+        rng = _rng(spec, _NODE_STREAM, node)
+        offsets[node] = rng.uniform(-spec.max_offset_ns, spec.max_offset_ns)
+        drifts[node] = rng.uniform(-spec.max_drift_ppm, spec.max_drift_ppm)
+    if spec.clock_offsets_ns is not None:
+        offsets = np.asarray(spec.clock_offsets_ns, dtype=float)
+    if spec.clock_drifts_ppm is not None:
+        drifts = np.asarray(spec.clock_drifts_ppm, dtype=float)
+    return np.round(offsets), drifts
+
+
+def _local_ns(true_rel: np.ndarray, offset: float, drift_ppm: float) -> np.ndarray:
+    """A node's clock reading (ns since t0 on that clock) at true times (ns since t0)."""
+    return np.round(true_rel + offset + drift_ppm * 1e-6 * true_rel).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- physics
+
+# Host-side costs (ns): API call durations and CPU->GPU launch latency.
+_LAUNCH_API = (3 * US, 6 * US)
+_HOST_GAP = (5 * US, 25 * US)  # python between the last compute launch and the NCCL call
+_NCCL_API = (12 * US, 20 * US)
+_LAUNCH_LATENCY = 2.5 * US
+_KERNEL_GAP = 1.0 * US
+_SYNC_LATENCY = 8 * US
+_STEP_GAP = (2 * US, 10 * US)
+_SESSION_LEAD = (200 * MS, 230 * MS)  # nsys session start before t0
+_KERNEL_SHARE = np.array([0.35, 0.30, 0.25, 0.10])
+# Bus bandwidth (B/s) and latency (ns) inside a node (NVLink) and across nodes (IB).
+_INTRA = (300e9, 8 * US)
+_INTER = (40e9, 20 * US)
+_TRANSFER_CV = 0.02
+
+
+@dataclass
+class Timeline:
+    """True times (ns since t0, float64) of everything every rank does."""
+
+    phases: tuple[_Phase, ...]
+    session_start: np.ndarray  # (W,)
+    step_start: np.ndarray  # (W, S)
+    step_end: np.ndarray  # (W, S)
+    launch_start: np.ndarray  # (W, S, P, K) compute kernel launch API
+    launch_end: np.ndarray
+    kernel_start: np.ndarray  # (W, S, P, K) compute kernels (NaN where the phase has fewer)
+    kernel_end: np.ndarray
+    api_start: np.ndarray  # (W, S, P) ncclAllReduce NVTX range
+    api_end: np.ndarray
+    cu_start: np.ndarray  # (W, S, P) cuLaunchKernelEx inside it
+    cu_end: np.ndarray
+    arrival: np.ndarray  # (W, S, P) NCCL kernel start
+    end: np.ndarray  # (W, S, P) NCCL kernel end
+    comm_init: np.ndarray  # (W, C, 2) ncclCommInitRank range per communicator kind
+
+
+def _kernel_shares(k: int) -> np.ndarray:
+    shares = np.resize(_KERNEL_SHARE, k)
+    return shares / shares.sum()
+
+
+def _transfer_ns(spec: JobSpec, phase: _Phase, group: int) -> float:
+    ranks = members(spec, phase.comm, group)
+    n = len(ranks)
+    intra = len({r // spec.gpus_per_node for r in ranks}) == 1
+    busbw, latency = _INTRA if intra else _INTER
+    return latency + 2 * (n - 1) / n * phase.nbytes / busbw * 1e9
+
+
+def _rank_draws(spec: JobSpec, rank: int, n_phases: int, k: int) -> dict[str, np.ndarray]:
+    s = spec.steps
+    rng = _rng(spec, _RANK_STREAM, rank)
+    return {
+        "kernel_noise": rng.standard_normal((s, n_phases, k)),
+        "launch_api": rng.uniform(*_LAUNCH_API, (s, n_phases, k)),
+        "host_gap": rng.uniform(*_HOST_GAP, (s, n_phases)),
+        "nccl_api": rng.uniform(*_NCCL_API, (s, n_phases)),
+        "end_jitter": rng.laplace(0.0, 1.0, (s, n_phases)),
+        "step_gap": rng.uniform(*_STEP_GAP, s),
+        "session_lead": rng.uniform(*_SESSION_LEAD, 1),
+    }
+
+
+def _straggler_masks(spec: JobSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(W, S) extra ns per rank and step, for compute and for launch stragglers."""
+    compute = np.zeros((spec.world_size, spec.steps))
+    launch = np.zeros((spec.world_size, spec.steps))
+    steps = np.arange(spec.steps)
+    for s in spec.stragglers:
+        target = compute if s.kind == "compute" else launch
+        target[s.rank] = np.where(steps % s.every == 0, s.extra_ns, 0)
+    return compute, launch
+
+
+@functools.lru_cache(maxsize=4)
+def timeline(spec: JobSpec) -> Timeline:
+    """Simulate the whole job in true time (vectorised over ranks)."""
+    phases = _phases(spec)
+    W, S, P, K = spec.world_size, spec.steps, len(phases), spec.kernels_per_phase
+    ranks = np.arange(W)
+    draws = [_rank_draws(spec, r, P, K) for r in ranks]
+    d = {key: np.stack([x[key] for x in draws]) for key in draws[0]}
+    compute_extra, launch_extra = _straggler_masks(spec)
+
+    groups = [_group_of(spec, ph.comm, ranks) for ph in phases]
+    # Per collective instance: transfer time, with network variance from its own stream.
+    transfer = []
+    for p, ph in enumerate(phases):
+        n_groups = int(groups[p].max()) + 1
+        per_group = np.empty((n_groups, S))
+        for g in range(n_groups):
+            noise = np.abs(_rng(spec, _COLL_STREAM, p, g).normal(0.0, _TRANSFER_CV, S))
+            per_group[g] = _transfer_ns(spec, ph, g) * (1 + noise)
+        transfer.append(per_group)
+
+    shape_k = (W, S, P, K)
+    t = {name: np.full(shape_k, np.nan) for name in ("ls", "le", "ks", "ke")}
+    t.update({name: np.empty((W, S, P)) for name in ("as", "ae", "cs", "ce", "arr", "end")})
+    step_start = np.empty((W, S))
+    step_end = np.empty((W, S))
+
+    host = np.zeros(W)
+    device = np.zeros(W)
+    for s in range(S):
+        step_start[:, s] = host
+        for p, ph in enumerate(phases):
+            base = spec.compute_ns * _kernel_shares(max(ph.kernels, 1))
+            for k in range(ph.kernels):
+                ls = host
+                le = ls + d["launch_api"][:, s, p, k]
+                duration = base[k] + spec.jitter_ns * np.clip(d["kernel_noise"][:, s, p, k], -3, 3)
+                duration = np.maximum(duration, 0.2 * base[k])
+                if p == 0:
+                    duration = duration + compute_extra[:, s] / ph.kernels
+                ks = np.maximum(device + _KERNEL_GAP, le + _LAUNCH_LATENCY)
+                ke = ks + duration
+                t["ls"][:, s, p, k], t["le"][:, s, p, k] = ls, le
+                t["ks"][:, s, p, k], t["ke"][:, s, p, k] = ks, ke
+                host, device = le + 1 * US, ke
+            call = host + d["host_gap"][:, s, p]
+            if p == 0:
+                # A late launch: the host waited for the device, then stalled.
+                late = launch_extra[:, s] > 0
+                call = np.where(late, np.maximum(call, device) + launch_extra[:, s], call)
+            cs = call + 3 * US
+            ce = cs + 5 * US
+            ae = np.maximum(ce + 2 * US, call + d["nccl_api"][:, s, p])
+            arrival = np.maximum(device + _KERNEL_GAP, ce + _LAUNCH_LATENCY)
+            last = np.full(groups[p].max() + 1, -np.inf)
+            np.maximum.at(last, groups[p], arrival)
+            tr = transfer[p][groups[p], s]
+            jitter = np.clip(spec.end_jitter_ns * d["end_jitter"][:, s, p], -0.4 * tr, 0.4 * tr)
+            end = last[groups[p]] + tr + jitter
+            t["as"][:, s, p], t["ae"][:, s, p], t["cs"][:, s, p], t["ce"][:, s, p] = call, ae, cs, ce
+            t["arr"][:, s, p], t["end"][:, s, p] = arrival, end
+            host, device = ae + 2 * US, end
+        # The step ends with a host sync on the device (loss.item(), optimizer step).
+        step_end[:, s] = np.maximum(host, device + _SYNC_LATENCY)
+        host = step_end[:, s] + d["step_gap"][:, s]
+        device = np.maximum(device, host)
+
+    session = -d["session_lead"][:, 0]
+    kinds = _comm_kinds(spec)
+    # Communicators are created one after another between session start and t0.
+    init_start = session[:, None] + (20 + 40 * np.arange(len(kinds)))[None, :] * MS
+    comm_init = np.stack([init_start, init_start + 25 * MS], axis=-1)
+    return Timeline(
+        phases=phases, session_start=session, step_start=step_start, step_end=step_end,
+        launch_start=t["ls"], launch_end=t["le"], kernel_start=t["ks"], kernel_end=t["ke"],
+        api_start=t["as"], api_end=t["ae"], cu_start=t["cs"], cu_end=t["ce"],
+        arrival=t["arr"], end=t["end"], comm_init=comm_init,
+    )
+
+
+# --------------------------------------------------------------------------- truth
+
+
+def lateness(spec: JobSpec) -> np.ndarray:
+    """(W, S, P) true lateness: arrival minus the earliest member's arrival."""
+    tl = timeline(spec)
+    ranks = np.arange(spec.world_size)
+    out = np.empty_like(tl.arrival)
+    for p, ph in enumerate(tl.phases):
+        groups = _group_of(spec, ph.comm, ranks)
+        first = np.full((groups.max() + 1, spec.steps), np.inf)
+        np.minimum.at(first, groups, tl.arrival[:, :, p])
+        out[:, :, p] = tl.arrival[:, :, p] - first[groups]
+    return out
+
+
+def _late_stats(values: np.ndarray) -> dict[str, int]:
+    return {
+        "late_mean_ns": int(round(float(values.mean()))),
+        "late_p99_ns": int(round(float(np.percentile(values, 99)))),
+        "late_max_ns": int(round(float(values.max()))),
+    }
+
+
+def truth(spec: JobSpec) -> dict[str, Any]:
+    """What an analysis of the simulated exports should recover."""
+    tl = timeline(spec)
+    late = lateness(spec)
+    offsets, drifts = node_clocks(spec)
+    ranks = []
+    for r in range(spec.world_size):
+        entry = {"rank": r, "node": r // spec.gpus_per_node, "host": host_name(spec, r // spec.gpus_per_node),
+                 "local_rank": r % spec.gpus_per_node, **_late_stats(late[r])}
+        entry["by_comm"] = {
+            kind: _late_stats(late[r][:, [p for p, ph in enumerate(tl.phases) if ph.comm == kind]])
+            for kind in _comm_kinds(spec)
+        }
+        ranks.append(entry)
+    communicators = []
+    for kind in _comm_kinds(spec):
+        for g in range(int(_group_of(spec, kind, np.arange(spec.world_size)).max()) + 1):
+            h = comm_hash(spec, kind, g)
+            communicators.append({"kind": kind, "comm_hash": h, "comm_hex": f"0x{h:016x}",
+                                  "ranks": members(spec, kind, g)})
+    return {
+        "schema": TRUTH_SCHEMA,
+        "spec": dataclasses.asdict(spec),
+        "t0_utc_ns": spec.start_utc_ns,
+        "clock_model": "local_utc = true_utc + offset_ns + drift_ppm*1e-6*(true_utc - t0_utc_ns)",
+        "nodes": [{"node": n, "host": host_name(spec, n), "offset_ns": int(offsets[n]),
+                   "drift_ppm": float(drifts[n])} for n in range(spec.nodes)],
+        "stragglers": sorted(s.rank for s in spec.stragglers),
+        "collectives_per_step": [{"comm": ph.comm, "op": "allreduce", "bytes": ph.nbytes} for ph in tl.phases],
+        "communicators": communicators,
+        "ranks": ranks,
+    }
+
+
+def write_truth(spec: JobSpec, path: Path | str) -> Path:
+    path = Path(path)
+    _atomic_write_bytes(path, (json.dumps(truth(spec), indent=1) + "\n").encode())
+    return path
+
+
+def read_spec(path: Path | str) -> JobSpec:
+    """The spec recorded in a truth.json."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return JobSpec(**data["spec"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"not a simulator truth file: {exc}", path=path) from exc
+
+
+# --------------------------------------------------------------------------- identities
+
+
+def host_name(spec: JobSpec, node: int) -> str:
+    return f"{spec.job_id}-node{node:03d}"
+
+
+def gpu_uuid(spec: JobSpec, node: int, local: int) -> str:
+    h = hashlib.blake2b(f"{spec.job_id}/gpu/{node}/{local}".encode(), digest_size=16).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _pid(spec: JobSpec, rank: int) -> int:
+    return 4100 + 37 * (rank % spec.gpus_per_node) + (rank // spec.gpus_per_node) % 29
+
+
+def global_pid(pid: int) -> int:
+    """nsys serialized id <HW:8><VM:8><PID:24><TID:24> with VM id 1 (nsys-export.md §4)."""
+    return (1 << 48) | (pid << 24)
+
+
+def export_name(spec: JobSpec, rank: int, fmt: str) -> str:
+    suffix = {"nsys": "sqlite", "kineto": "json"}[fmt]
+    return f"{spec.job_id}_rank{rank:05d}.{suffix}"
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- public entry
+
+
+def simulate(spec: JobSpec, outdir: Path | str, *, nodes: Sequence[int] | None = None,
+             fmt: str = "nsys") -> list[Path]:
+    """Write one export per rank of the chosen nodes (all by default); returns their paths."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"simulate: format {fmt!r} is not one of {', '.join(FORMATS)}")
+    chosen = range(spec.nodes) if nodes is None else list(nodes)
+    for node in chosen:
+        if not 0 <= node < spec.nodes:
+            raise ConfigError(f"simulate: node {node} outside 0..{spec.nodes - 1}")
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    view = _RankView.prepare(spec)
+    write = _write_nsys if fmt == "nsys" else _write_kineto
+    paths = []
+    for node in sorted(set(chosen)):
+        for local in range(spec.gpus_per_node):
+            rank = node * spec.gpus_per_node + local
+            path = outdir / export_name(spec, rank, fmt)
+            write(view.rank(rank), path)
+            paths.append(path)
+    return paths
+
+
+@dataclass
+class _RankTimes:
+    """One rank's events on its node's clock, as int64 ns since t0 on that clock."""
+
+    spec: JobSpec
+    rank: int
+    node: int
+    local: int
+    phases: tuple[_Phase, ...]
+    session_local: int  # the node clock at session start, ns since t0
+    step_start: np.ndarray
+    step_end: np.ndarray
+    launch_start: np.ndarray  # (S, P, K), garbage where ~kernel_valid
+    launch_end: np.ndarray
+    kernel_start: np.ndarray
+    kernel_end: np.ndarray
+    kernel_valid: np.ndarray  # (P, K) bool
+    api_start: np.ndarray  # (S, P)
+    api_end: np.ndarray
+    cu_start: np.ndarray
+    cu_end: np.ndarray
+    arrival: np.ndarray
+    end: np.ndarray
+    comm_init: np.ndarray  # (C, 2)
+    comm_kinds: list[str] = field(default_factory=list)
+
+    @property
+    def session_utc_ns(self) -> int:
+        return self.spec.start_utc_ns + self.session_local
+
+
+@dataclass
+class _RankView:
+    spec: JobSpec
+    tl: Timeline
+    offsets: np.ndarray
+    drifts: np.ndarray
+
+    @classmethod
+    def prepare(cls, spec: JobSpec) -> _RankView:
+        offsets, drifts = node_clocks(spec)
+        return cls(spec, timeline(spec), offsets, drifts)
+
+    def rank(self, rank: int) -> _RankTimes:
+        spec, tl = self.spec, self.tl
+        node = rank // spec.gpus_per_node
+        off, drift = self.offsets[node], self.drifts[node]
+
+        def local(a: np.ndarray) -> np.ndarray:
+            return _local_ns(np.nan_to_num(a[rank]), off, drift)
+
+        valid = np.array([[k < ph.kernels for k in range(spec.kernels_per_phase)] for ph in tl.phases])
+        return _RankTimes(
+            spec=spec, rank=rank, node=node, local=rank % spec.gpus_per_node, phases=tl.phases,
+            session_local=int(_local_ns(tl.session_start[rank:rank + 1], off, drift)[0]),
+            step_start=local(tl.step_start), step_end=local(tl.step_end),
+            launch_start=local(tl.launch_start), launch_end=local(tl.launch_end),
+            kernel_start=local(tl.kernel_start), kernel_end=local(tl.kernel_end), kernel_valid=valid,
+            api_start=local(tl.api_start), api_end=local(tl.api_end),
+            cu_start=local(tl.cu_start), cu_end=local(tl.cu_end),
+            arrival=local(tl.arrival), end=local(tl.end), comm_init=local(tl.comm_init),
+            comm_kinds=_comm_kinds(spec),
+        )
+
+
+# --------------------------------------------------------------------------- nsys SQLite
+
+NSYS_VERSION = "2026.2.1.210"
+NSYS_SCHEMA_VERSION = "3.25.0"
+NCCL_VERSION = "2.27.5"
+NVTX_PUSHPOP = 59
+NVTX_DOMAIN_CREATE = 75
+NCCL_DOMAIN_ID = 1
+# NCCL 2.27 static payload schema ids: 2**24 + NVTX_SID_* (nccl src/include/nvtx.h).
+SCHEMA_STATIC_START = 1 << 24
+SID_COMM_INIT_RANK = SCHEMA_STATIC_START + 0
+SID_ALL_REDUCE = SCHEMA_STATIC_START + 5
+NCCL_REDOP_ENUM = SCHEMA_STATIC_START + 16  # NCCL 2.27 (16777232, as in the 2026.2.1 sample)
+_BLOB_HEADER = 32  # [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64]
+_COMPUTE_STREAM = 7
+_NCCL_STREAM = {"tp": 23, "dp": 27, "world": 31}
+_NCCL_KERNEL = {"tp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                "dp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL128",
+                "world": "ncclDevKernel_AllReduce_Sum_f32_RING_LL"}
+# (shortName, demangledName, mangledName, grid, block, registers, static smem, dynamic smem)
+_COMPUTE_KERNELS = (
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas",
+     None, None, (132, 1, 1), (384, 1, 1), 168, 0, 213248),
+    ("flash_fwd_kernel",
+     "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, false, false, false, false, true, true, false>(Flash_fwd_params)",
+     "_Z16flash_fwd_kernelI23Flash_fwd_kernel_traitsILi128ELi128ELi64ELi4ELb0ELb0EN7cutlass10bfloat16_tEELb0ELb0ELb0ELb0ELb1ELb1ELb0EEv16Flash_fwd_params",
+     (16, 32, 8), (128, 1, 1), 255, 0, 49152),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
+     None, None, (64, 16, 1), (256, 1, 1), 238, 0, 98304),
+    ("vectorized_elementwise_kernel",
+     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)",
+     "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIN3c108BFloat16EEENS_6detail5ArrayIPcLi3EEEEEviT0_T1_",
+     (1024, 1, 1), (128, 1, 1), 28, 0, 0),
+)
+_NCCL_GRID = ((32, 1, 1), (640, 1, 1), 96, 21568, 82240)
+
+# CREATE TABLE statements verbatim from `sqlite3 .schema` of an nsys 2026.2.1 (schema
+# 3.25.0) export (../shared/samples/nsys/schema_3.25.0_nsys2026.2.1.sql). The 3.25.0
+# sample is a cut window that lacks NVTX_PAYLOAD_ENUMS*, TARGET_INFO_GPU: those are
+# from the 3.13.2 dump (schema_3.13.2_nsys2024.5.1.sql); TARGET_INFO_CUDA_DEVICE is in
+# neither dump and is from NVIDIA's SQLite Schema Reference (schema 3.28.1).
+NSYS_DDL = """\
+CREATE TABLE StringIds (
+    -- Consolidation of repetitive string values.
+
+    id                          INTEGER   NOT NULL   PRIMARY KEY,      -- ID reference value.
+    value                       TEXT      NOT NULL                     -- String value.
+);;
+CREATE TABLE NVTX_PAYLOAD_SCHEMAS (
+    -- NVTX payload schema attributes.
+
+    domainId                    INTEGER,                               -- User-controlled ID that can be used to group events.
+    schemaId                    INTEGER,                               -- Identifier of the payload schema.
+    name                        TEXT,                                  -- Schema name.
+    type                        INTEGER,                               -- Schema type.
+    flags                       INTEGER,                               -- Schema flags.
+    numEntries                  INTEGER,                               -- Number of payload schema entries.
+    payloadSize                 INTEGER,                               -- Size of the static payload.
+    alignTo                     INTEGER                                -- Field alignment in bytes.
+);;
+CREATE TABLE NVTX_PAYLOAD_SCHEMA_ENTRIES (
+    -- NVTX payload schema entries.
+
+    domainId                    INTEGER   NOT NULL,                    -- User-controlled ID that can be used to group events.
+    schemaId                    INTEGER   NOT NULL,                    -- Identifier of the payload schema.
+    idx                         INTEGER   NOT NULL,                    -- Index of the entry in the payload schema.
+    flags                       INTEGER,                               -- Payload entry flags.
+    type                        INTEGER,                               -- Payload entry type.
+    name                        TEXT,                                  -- Label of the payload entry.
+    description                 TEXT,                                  -- Description of the payload entry.
+    arrayOrUnionDetail          INTEGER,                               -- Array length (index) or selected union member.
+    offset                      INTEGER                                -- Entry offset in the binary data in bytes.
+);;
+CREATE TABLE TARGET_INFO_SYSTEM_ENV (
+    globalVid                   INTEGER,                               -- Serialized GlobalId.
+    devStateName                TEXT      NOT NULL,                    -- Device state name.
+    name                        TEXT      NOT NULL,                    -- Property name.
+    nameEnum                    INTEGER   NOT NULL,                    -- Property enum value.
+    value                       TEXT      NOT NULL                     -- Property value.
+);;
+CREATE TABLE TARGET_INFO_SESSION_START_TIME (
+    utcEpochNs                  INTEGER,                               -- UTC Epoch timestamp at start of the capture (ns).
+    utcTime                     TEXT,                                  -- Start of the capture in UTC.
+    localTime                   TEXT,                                  -- Start of the capture in local time of target.
+    systemClockNs               INTEGER                                -- Target system clock timestamp at start of the capture (ns).
+);;
+CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (
+    start                       INTEGER   NOT NULL,                    -- Event start timestamp (ns).
+    end                         INTEGER   NOT NULL,                    -- Event end timestamp (ns).
+    deviceId                    INTEGER   NOT NULL,                    -- Device ID.
+    contextId                   INTEGER   NOT NULL,                    -- Context ID.
+    greenContextId              INTEGER,                               -- Green context ID.
+    streamId                    INTEGER   NOT NULL,                    -- Stream ID.
+    correlationId               INTEGER,                               -- REFERENCES CUPTI_ACTIVITY_KIND_RUNTIME(correlationId)
+    globalPid                   INTEGER,                               -- Serialized GlobalId.
+    demangledName               INTEGER   NOT NULL,                    -- REFERENCES StringIds(id) -- Kernel function name w/ templates
+    shortName                   INTEGER   NOT NULL,                    -- REFERENCES StringIds(id) -- Base kernel function name
+    mangledName                 INTEGER,                               -- REFERENCES StringIds(id) -- Raw C++ mangled kernel function name
+    launchType                  INTEGER,                               -- REFERENCES ENUM_CUDA_KERNEL_LAUNCH_TYPE(id)
+    cacheConfig                 INTEGER,                               -- REFERENCES ENUM_CUDA_FUNC_CACHE_CONFIG(id)
+    registersPerThread          INTEGER   NOT NULL,                    -- Number of registers required for each thread executing the kernel.
+    gridX                       INTEGER   NOT NULL,                    -- X-dimension grid size.
+    gridY                       INTEGER   NOT NULL,                    -- Y-dimension grid size.
+    gridZ                       INTEGER   NOT NULL,                    -- Z-dimension grid size.
+    blockX                      INTEGER   NOT NULL,                    -- X-dimension block size.
+    blockY                      INTEGER   NOT NULL,                    -- Y-dimension block size.
+    blockZ                      INTEGER   NOT NULL,                    -- Z-dimension block size.
+    staticSharedMemory          INTEGER   NOT NULL,                    -- Static shared memory allocated for the kernel (B).
+    dynamicSharedMemory         INTEGER   NOT NULL,                    -- Dynamic shared memory reserved for the kernel (B).
+    localMemoryPerThread        INTEGER   NOT NULL,                    -- Amount of local memory reserved for each thread (B).
+    localMemoryTotal            INTEGER   NOT NULL,                    -- Total amount of local memory reserved for the kernel (B).
+    gridId                      INTEGER   NOT NULL,                    -- Unique grid ID of the kernel assigned at runtime.
+    sharedMemoryExecuted        INTEGER,                               -- Shared memory size set by the driver.
+    graphNodeId                 INTEGER,                               -- REFERENCES CUDA_GRAPH_NODE_EVENTS(graphNodeId)
+    sharedMemoryLimitConfig     INTEGER,                               -- REFERENCES ENUM_CUDA_SHARED_MEM_LIMIT_CONFIG(id)
+    qmdBulkReleaseDone          INTEGER,                               -- QMD bulk release done timestamp from CWD events.
+    qmdPreexitDone              INTEGER,                               -- QMD pre-exit done timestamp from CWD events.
+    qmdLastCtaDone              INTEGER,                               -- QMD last CTA done timestamp from CWD events.
+    graphId                     INTEGER,                               -- Kernel graph ID.
+    clusterX                    INTEGER,                               -- Cluster X dimension.
+    clusterY                    INTEGER,                               -- Cluster Y dimension.
+    clusterZ                    INTEGER,                               -- Cluster Z dimension.
+    clusterSchedulingPolicy     INTEGER,                               -- Cluster scheduling policy.
+    maxPotentialClusterSize     INTEGER,                               -- Maximum potential cluster size.
+    maxActiveClusters           INTEGER,                               -- Maximum active clusters.
+    sharedMemoryRequestedPercentage   INTEGER,                         -- Shared memory requested percentage.
+    tensorSizeMinusOneElements   TEXT      NOT NULL                    -- TMA descriptor tensor size minus one elements array.
+);;
+CREATE TABLE PROCESSES (
+    -- Names and identifiers of processes captured in the report.
+
+    globalPid                   INTEGER,                               -- Serialized GlobalId.
+    pid                         INTEGER,                               -- The process ID.
+    name                        TEXT                                   -- The process name.
+);;
+CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (
+    start                       INTEGER   NOT NULL,                    -- Event start timestamp (ns).
+    end                         INTEGER   NOT NULL,                    -- Event end timestamp (ns).
+    eventClass                  INTEGER   NOT NULL,                    -- REFERENCES ENUM_NSYS_EVENT_CLASS(id)
+    globalTid                   INTEGER,                               -- Serialized GlobalId.
+    correlationId               INTEGER,                               -- ID used to identify events that this function call has triggered.
+    nameId                      INTEGER   NOT NULL,                    -- REFERENCES StringIds(id) -- Function name
+    returnValue                 INTEGER   NOT NULL,                    -- Return value of the function call.
+    callchainId                 INTEGER                                -- REFERENCES CUDA_CALLCHAINS(id)
+);;
+CREATE TABLE NVTX_EVENTS (
+    start                       INTEGER   NOT NULL,                    -- Event start timestamp (ns).
+    end                         INTEGER,                               -- Event end timestamp (ns).
+    eventType                   INTEGER   NOT NULL,                    -- REFERENCES ENUM_NSYS_EVENT_TYPE(id)
+    rangeId                     INTEGER,                               -- Correlation ID returned from a nvtxRangeStart call.
+    category                    INTEGER,                               -- User-controlled ID that can be used to group events.
+    color                       INTEGER,                               -- Encoded ARGB color value.
+    text                        TEXT,                                  -- Explicit name/text (non-registered string)
+    globalTid                   INTEGER,                               -- Serialized GlobalId.
+    endGlobalTid                INTEGER,                               -- Serialized GlobalId.
+    textId                      INTEGER,                               -- REFERENCES StringIds(id) -- Registered NVTX domain/string
+    domainId                    INTEGER,                               -- User-controlled ID that can be used to group events.
+    uint64Value                 INTEGER,                               -- One of possible payload value union members.
+    int64Value                  INTEGER,                               -- One of possible payload value union members.
+    doubleValue                 REAL,                                  -- One of possible payload value union members.
+    uint32Value                 INTEGER,                               -- One of possible payload value union members.
+    int32Value                  INTEGER,                               -- One of possible payload value union members.
+    floatValue                  REAL,                                  -- One of possible payload value union members.
+    jsonTextId                  INTEGER,                               -- One of possible payload value union members.
+    jsonText                    TEXT,                                  -- One of possible payload value union members.
+    binaryData                  TEXT                                   -- Binary payload. See docs for format.
+);;
+CREATE TABLE ThreadNames (
+    nameId                      INTEGER   NOT NULL,                    -- REFERENCES StringIds(id) -- Thread name
+    priority                    INTEGER,                               -- Priority of the thread.
+    globalTid                   INTEGER                                -- Serialized GlobalId.
+);;
+CREATE TABLE ENUM_NSYS_EVENT_TYPE (
+    -- Nsys event type labels
+
+    id                          INTEGER   NOT NULL   PRIMARY KEY,      -- Enum numerical value.
+    name                        TEXT,                                  -- Enum symbol name.
+    label                       TEXT                                   -- Enum human name.
+);;
+CREATE TABLE ENUM_NSYS_EVENT_CLASS (
+    -- Nsys event class labels
+
+    id                          INTEGER   NOT NULL   PRIMARY KEY,      -- Enum numerical value.
+    name                        TEXT,                                  -- Enum symbol name.
+    label                       TEXT                                   -- Enum human name.
+);;
+CREATE TABLE META_DATA_CAPTURE (
+    -- information about nsys capture parameters
+
+    name                        TEXT      NOT NULL,                    -- Name of meta-data record
+    value                       TEXT                                   -- Value of meta-data record
+);;
+CREATE TABLE META_DATA_EXPORT (
+    -- information about nsys export process
+
+    name                        TEXT      NOT NULL,                    -- Name of meta-data record
+    value                       TEXT                                   -- Value of meta-data record
+);;
+CREATE TABLE NVTX_PAYLOAD_ENUMS (
+    -- NVTX payload enum attributes.
+
+    domainId                    INTEGER,                               -- User-controlled ID that can be used to group events.
+    schemaId                    INTEGER,                               -- Identifier of the payload schema.
+    name                        TEXT,                                  -- Schema name.
+    numEntries                  INTEGER,                               -- Number of entries in the enum.
+    size                        INTEGER                                -- Size of enumeration type in bytes.
+);;
+CREATE TABLE NVTX_PAYLOAD_ENUM_ENTRIES (
+    -- NVTX payload enum entries.
+
+    domainId                    INTEGER   NOT NULL,                    -- User-controlled ID that can be used to group events.
+    schemaId                    INTEGER   NOT NULL,                    -- Identifier of the payload schema.
+    idx                         INTEGER   NOT NULL,                    -- Index of the entry in the payload schema.
+    name                        TEXT,                                  -- Name of the enum value.
+    value                       INTEGER,                               -- Value of the enum entry.
+    isFlag                      INTEGER                                -- Indicates that the entry sets a specific set of bits, which can be used to define bitsets.
+);;
+CREATE TABLE TARGET_INFO_GPU (
+    vmId                        INTEGER   NOT NULL,                    -- Serialized GlobalId.
+    id                          INTEGER   NOT NULL,                    -- Device ID.
+    name                        TEXT,                                  -- Device name.
+    busLocation                 TEXT,                                  -- PCI bus location.
+    isDiscrete                  INTEGER,                               -- True if discrete, false if integrated.
+    l2CacheSize                 INTEGER,                               -- Size of L2 cache (B).
+    totalMemory                 INTEGER,                               -- Total amount of memory on the device (B).
+    memoryBandwidth             INTEGER,                               -- Amount of memory transferred (B).
+    clockRate                   INTEGER,                               -- Clock frequency (Hz).
+    smCount                     INTEGER,                               -- Number of multiprocessors on the device.
+    pwGpuId                     INTEGER,                               -- PerfWorks GPU ID.
+    uuid                        TEXT,                                  -- Device UUID.
+    luid                        INTEGER,                               -- Device LUID.
+    chipName                    TEXT,                                  -- Chip name.
+    cuDevice                    INTEGER,                               -- CUDA device ID.
+    ctxswDevPath                TEXT,                                  -- GPU context switch device node path.
+    ctrlDevPath                 TEXT,                                  -- GPU control device node path.
+    revision                    INTEGER,                               -- Revision number.
+    nodeMask                    INTEGER,                               -- Device node mask.
+    constantMemory              INTEGER,                               -- Memory available on device for __constant__ variables (B).
+    maxIPC                      INTEGER,                               -- Maximum instructions per count.
+    maxRegistersPerBlock        INTEGER,                               -- Maximum number of 32-bit registers available per block.
+    maxShmemPerBlock            INTEGER,                               -- Maximum optin shared memory per block.
+    maxShmemPerBlockOptin       INTEGER,                               -- Maximum optin shared memory per block.
+    maxShmemPerSm               INTEGER,                               -- Maximum shared memory available per multiprocessor (B).
+    maxRegistersPerSm           INTEGER,                               -- Maximum number of 32-bit registers available per multiprocessor.
+    threadsPerWarp              INTEGER,                               -- Warp size in threads.
+    asyncEngines                INTEGER,                               -- Number of asynchronous engines.
+    maxWarpsPerSm               INTEGER,                               -- Maximum number of warps per multiprocessor.
+    maxBlocksPerSm              INTEGER,                               -- Maximum number of blocks per multiprocessor.
+    maxThreadsPerBlock          INTEGER,                               -- Maximum number of threads per block.
+    maxBlockDimX                INTEGER,                               -- Maximum X-dimension of a block.
+    maxBlockDimY                INTEGER,                               -- Maximum Y-dimension of a block.
+    maxBlockDimZ                INTEGER,                               -- Maximum Z-dimension of a block.
+    maxGridDimX                 INTEGER,                               -- Maximum X-dimension of a grid.
+    maxGridDimY                 INTEGER,                               -- Maximum Y-dimension of a grid.
+    maxGridDimZ                 INTEGER,                               -- Maximum Z-dimension of a grid.
+    computeMajor                INTEGER,                               -- Major compute capability version number.
+    computeMinor                INTEGER,                               -- Minor compute capability version number.
+    smMajor                     INTEGER,                               -- Major multiprocessor version number.
+    smMinor                     INTEGER                                -- Minor multiprocessor version number.
+);;
+CREATE TABLE TARGET_INFO_CUDA_DEVICE (
+    gpuId                       INTEGER,                               -- GPU ID.
+    cudaId                      INTEGER   NOT NULL,                    -- CUDA device ID.
+    pid                         INTEGER   NOT NULL,                    -- Process ID.
+    uuid                        TEXT,                                  -- Device UUID.
+    numMultiprocessors          INTEGER                                -- Number of SMs available on the device.
+);
+"""
+
+
+def _nvtx_payload_rows() -> tuple[list[tuple], list[tuple], list[tuple], list[tuple]]:
+    """NCCL 2.27's schema rows as nsys exports them (zero exported as NULL, §6.1)."""
+    d = NCCL_DOMAIN_ID
+    schemas = [(d, SID_COMM_INIT_RANK, None, 1, None, 4, 24, None),
+               (d, SID_ALL_REDUCE, None, 1, None, 3, 24, None)]
+    entries = [
+        (d, SID_COMM_INIT_RANK, 0, None, 18, "NCCL communicator ID", None, None, None),
+        (d, SID_COMM_INIT_RANK, 1, None, 5, "No. of ranks", None, None, 8),
+        (d, SID_COMM_INIT_RANK, 2, None, 5, "Rank", None, None, 12),
+        (d, SID_COMM_INIT_RANK, 3, None, 5, "CUDA device", None, None, 16),
+        (d, SID_ALL_REDUCE, 0, None, 18, "NCCL communicator ID", None, None, None),
+        (d, SID_ALL_REDUCE, 1, None, 22, "Message size [bytes]", None, None, 8),
+        (d, SID_ALL_REDUCE, 2, None, NCCL_REDOP_ENUM, "Reduction operation", None, None, 16),
+    ]
+    enums = [(d, NCCL_REDOP_ENUM, None, 5, 4)]
+    enum_entries = [(d, NCCL_REDOP_ENUM, i, name, i or None, None)
+                    for i, name in enumerate(("Sum", "Product", "Max", "Min", "Avg"))]
+    return schemas, entries, enums, enum_entries
+
+
+_EVENT_TYPES = [(34, "NvtxMark", "NvtxMark"), (59, "NvtxPushPopRange", "NvtxPushPopRange"),
+                (60, "NvtxStartEndRange", "NvtxStartEndRange"), (75, "NvtxDomainCreate", "NvtxDomainCreate"),
+                (76, "NvtxDomainDestroy", "NvtxDomainDestroy")]
+_EVENT_CLASSES = [(0, "TRACE_PROCESS_EVENT_CUDA_RUNTIME", "CUDA runtime"),
+                  (1, "TRACE_PROCESS_EVENT_CUDA_DRIVER", "CUDA driver")]
+
+
+class _Strings:
+    """StringIds: one id per distinct string, in first-use order."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def __call__(self, value: str) -> int:
+        return self.ids.setdefault(value, len(self.ids) + 1)
+
+    def rows(self) -> list[tuple[int, str]]:
+        return [(i, v) for v, i in self.ids.items()]
+
+
+def _blobs(schema_id: int, payload: np.ndarray) -> list[bytes]:
+    """binaryData as `nsys export --include-blobs=true` writes it: header then payload."""
+    n, size = len(payload), payload.dtype.itemsize
+    header = np.zeros(n, dtype=[("domain", "<u8"), ("schema", "<u8"), ("size", "<u8"), ("offset", "<u8")])
+    header["domain"], header["schema"], header["size"], header["offset"] = NCCL_DOMAIN_ID, schema_id, size, _BLOB_HEADER
+    both = np.empty(n, dtype=[("h", header.dtype), ("p", payload.dtype)])
+    both["h"], both["p"] = header, payload
+    raw = both.tobytes()
+    step = both.dtype.itemsize
+    return [raw[i:i + step] for i in range(0, len(raw), step)]
+
+
+_INIT_PAYLOAD = np.dtype([("comm", "<u8"), ("nranks", "<i4"), ("rank", "<i4"), ("device", "<i4"), ("pad", "<i4")])
+_ALLREDUCE_PAYLOAD = np.dtype([("comm", "<u8"), ("size", "<u8"), ("op", "<i4"), ("pad", "<i4")])
+
+
+def _iso(utc_ns: int) -> str:
+    return dt.datetime.fromtimestamp(utc_ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _write_nsys(rt: _RankTimes, path: Path) -> None:
+    spec = rt.spec
+    base = rt.session_local  # raw timestamps are relative to the session start
+
+    def raw(a: np.ndarray) -> list[int]:
+        return (a - base).ravel().tolist()
+
+    strings = _Strings()
+    pid = _pid(spec, rt.rank)
+    gpid = global_pid(pid)
+    gtid = gpid | pid
+    S, P = rt.arrival.shape
+
+    # Kernel launches in issue order: per (step, phase) the compute kernels, then NCCL.
+    kvalid = np.broadcast_to(rt.kernel_valid, rt.kernel_start.shape)
+    n_k = rt.kernel_valid.shape[1]
+    order_compute = (np.arange(S)[:, None, None] * P + np.arange(P)[None, :, None]) * (n_k + 1) \
+        + np.arange(n_k)[None, None, :]
+    order_nccl = (np.arange(S)[:, None] * P + np.arange(P)[None, :]) * (n_k + 1) + n_k
+    corr_compute = order_compute[kvalid] + 1
+    corr_nccl = order_nccl.ravel() + 1
+
+    ktype = np.broadcast_to(np.arange(n_k) % len(_COMPUTE_KERNELS), rt.kernel_start.shape)[kvalid]
+    kt = [_COMPUTE_KERNELS[i] for i in range(len(_COMPUTE_KERNELS))]
+    short_ids = np.array([strings(k[0]) for k in kt])
+    dem_ids = np.array([strings(k[1] or k[0]) for k in kt])
+    man_ids = np.array([strings(k[2] or k[0]) for k in kt])
+    comm_of_phase = [ph.comm for ph in rt.phases]
+    nccl_names = {c: strings(_NCCL_KERNEL[c]) for c in comm_of_phase}
+    nccl_dem = {c: strings(f"{_NCCL_KERNEL[c]}(ncclDevKernelArgsStorage<(unsigned long)4096>)") for c in comm_of_phase}
+    nccl_man = {c: strings(f"_Z{len(_NCCL_KERNEL[c])}{_NCCL_KERNEL[c]}24ncclDevKernelArgsStorageILm4096EE")
+                for c in comm_of_phase}
+
+    n_compute, n_nccl = len(corr_compute), S * P
+    kernel_cols = {
+        "start": raw(rt.kernel_start[kvalid]) + raw(rt.arrival),
+        "end": raw(rt.kernel_end[kvalid]) + raw(rt.end),
+        "streamId": [_COMPUTE_STREAM] * n_compute + [_NCCL_STREAM[c] for _ in range(S) for c in comm_of_phase],
+        "correlationId": corr_compute.tolist() + corr_nccl.tolist(),
+        "demangledName": dem_ids[ktype].tolist() + [nccl_dem[c] for _ in range(S) for c in comm_of_phase],
+        "shortName": short_ids[ktype].tolist() + [nccl_names[c] for _ in range(S) for c in comm_of_phase],
+        "mangledName": man_ids[ktype].tolist() + [nccl_man[c] for _ in range(S) for c in comm_of_phase],
+    }
+    attrs = np.array([[*k[3], *k[4], k[5], k[6], k[7]] for k in kt] + [[*_NCCL_GRID[0], *_NCCL_GRID[1], *_NCCL_GRID[2:]]])
+    kattr = attrs[np.concatenate([ktype, np.full(n_nccl, len(kt))])].T.tolist()
+    gorder = np.argsort(np.array(kernel_cols["correlationId"]), kind="stable")
+    grid_id = np.empty(len(gorder), dtype=np.int64)
+    grid_id[gorder] = np.arange(len(gorder)) + 1000
+    n_all = n_compute + n_nccl
+    kernel_rows = list(zip(
+        kernel_cols["start"], kernel_cols["end"], [rt.local] * n_all, [1] * n_all, [0] * n_all,
+        kernel_cols["streamId"], kernel_cols["correlationId"], [gpid] * n_all,
+        kernel_cols["demangledName"], kernel_cols["shortName"], kernel_cols["mangledName"],
+        [1] * n_all, [0] * n_all, kattr[6], *kattr[0:6], kattr[7], kattr[8], [0] * n_all, [0] * n_all,
+        grid_id.tolist(), kattr[8], [1] * n_all, ["[]"] * n_all,
+    ))
+
+    launch_id, cu_id = strings("cudaLaunchKernel_v7000"), strings("cuLaunchKernelEx")
+    runtime_rows = list(zip(
+        raw(rt.launch_start[kvalid]) + raw(rt.cu_start),
+        raw(rt.launch_end[kvalid]) + raw(rt.cu_end),
+        [0] * n_compute + [1] * n_nccl, [gtid] * n_all,
+        corr_compute.tolist() + corr_nccl.tolist(),
+        [launch_id] * n_compute + [cu_id] * n_nccl, [0] * n_all,
+    ))
+
+    nvtx_rows = _nvtx_rows(rt, strings, gtid, raw)
+    schemas, entries, enums, enum_entries = _nvtx_payload_rows()
+    host = host_name(spec, rt.node)
+    utc = rt.session_utc_ns
+    session_end = int(rt.end.max()) + 50 * MS
+    meta_capture = _meta_capture(rt, session_end - base)
+    meta_export = _meta_export(rt, path, utc)
+    thread_rows = [(strings("python3"), 20, gtid), (strings("pt_nccl_watchdg"), 20, gpid | (pid + 57))]
+    sys_env = [(1 << 48, "Local (CLI)", name, enum, value) for name, enum, value in (
+        ("CpuCores", 1, "96"), ("NvDriverVersion", 205, "570.124.06"), ("OsDescription", 605, "Ubuntu 22.04.5 LTS"),
+        ("CudaDriverVersion", 611, "12080"), ("Hostname", 619, host), ("SupportsNCCL", 925, "1"))]
+    gpus = [(1 << 48, g, "NVIDIA H100 80GB HBM3", f"0000:{0x18 + 0x10 * g:02x}:00.0", 1, 52428800, 85520809984,
+             3352320000000, 1980000000, 132, g, gpu_uuid(spec, rt.node, g), 0, "GH100", g, None, None, 161, 0,
+             65536, 4, 65536, 49152, 232448, 233472, 65536, 32, 3, 64, 32, 1024, 1024, 1024, 64, 2147483647,
+             65535, 65535, 9, 0, 9, 0) for g in range(spec.gpus_per_node)]
+    cuda_devices = [(g, g, pid, gpu_uuid(spec, rt.node, g), 132) for g in range(spec.gpus_per_node)]
+    session_row = (utc, _iso(utc), _iso(utc), 3_600 * 10**9 + rt.rank * 17 * MS)
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    con = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode=OFF")
+        con.execute("PRAGMA synchronous=OFF")
+        con.execute("BEGIN")
+        for statement in _ddl_statements():
+            con.execute(statement)
+        ins = con.executemany
+        ins("INSERT INTO StringIds VALUES (?,?)", strings.rows())
+        ins("INSERT INTO NVTX_PAYLOAD_SCHEMAS VALUES (?,?,?,?,?,?,?,?)", schemas)
+        ins("INSERT INTO NVTX_PAYLOAD_SCHEMA_ENTRIES VALUES (?,?,?,?,?,?,?,?,?)", entries)
+        ins("INSERT INTO NVTX_PAYLOAD_ENUMS VALUES (?,?,?,?,?)", enums)
+        ins("INSERT INTO NVTX_PAYLOAD_ENUM_ENTRIES VALUES (?,?,?,?,?,?)", enum_entries)
+        ins("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (?,?,?,?,?)", sys_env)
+        con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?,?,?,?)", session_row)
+        ins(f"INSERT INTO TARGET_INFO_GPU VALUES ({','.join('?' * 41)})", gpus)
+        ins("INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (?,?,?,?,?)", cuda_devices)
+        ins("INSERT INTO PROCESSES VALUES (?,?,?)", [(gpid, pid, "python3")])
+        ins("INSERT INTO ThreadNames VALUES (?,?,?)", thread_rows)
+        ins("INSERT INTO ENUM_NSYS_EVENT_TYPE VALUES (?,?,?)", _EVENT_TYPES)
+        ins("INSERT INTO ENUM_NSYS_EVENT_CLASS VALUES (?,?,?)", _EVENT_CLASSES)
+        ins("INSERT INTO META_DATA_CAPTURE VALUES (?,?)", meta_capture)
+        ins("INSERT INTO META_DATA_EXPORT VALUES (?,?)", meta_export)
+        kernel_columns = (
+            "start, end, deviceId, contextId, greenContextId, streamId, correlationId, globalPid, demangledName, "
+            "shortName, mangledName, launchType, cacheConfig, registersPerThread, gridX, gridY, gridZ, blockX, "
+            "blockY, blockZ, staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, "
+            "gridId, sharedMemoryExecuted, sharedMemoryLimitConfig, tensorSizeMinusOneElements")
+        ins(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL ({kernel_columns}) VALUES ({','.join('?' * 28)})", kernel_rows)
+        ins("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, "
+            "returnValue) VALUES (?,?,?,?,?,?,?)", runtime_rows)
+        ins("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId, domainId, binaryData) "
+            "VALUES (?,?,?,?,?,?,?,?)", nvtx_rows)
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    os.replace(tmp, path)
+
+
+def _ddl_statements() -> list[str]:
+    return [s.strip() + "\n" for s in NSYS_DDL.split(";\n") if s.strip()]
+
+
+def _nvtx_rows(rt: _RankTimes, strings: _Strings, gtid: int, raw) -> list[tuple]:
+    spec = rt.spec
+    S, P = rt.arrival.shape
+    me = np.array([rt.rank])
+    rows: list[tuple] = [(int(rt.comm_init[0, 0]) - rt.session_local - 5 * MS, None, NVTX_DOMAIN_CREATE, "NCCL",
+                          gtid, None, NCCL_DOMAIN_ID, None)]
+    init = np.zeros(len(rt.comm_kinds), dtype=_INIT_PAYLOAD)
+    for c, kind in enumerate(rt.comm_kinds):
+        group = int(_group_of(spec, kind, me)[0])
+        init[c] = (comm_hash(spec, kind, group), len(members(spec, kind, group)),
+                   int(_position_in(spec, kind, me)[0]), rt.local, 0)
+    init_text = strings("ncclCommInitRank")
+    rows += zip(raw(rt.comm_init[:, 0]), raw(rt.comm_init[:, 1]), [NVTX_PUSHPOP] * len(init), [None] * len(init),
+                [gtid] * len(init), [init_text] * len(init), [NCCL_DOMAIN_ID] * len(init),
+                _blobs(SID_COMM_INIT_RANK, init))
+    payload = np.zeros((S, P), dtype=_ALLREDUCE_PAYLOAD)
+    for p, ph in enumerate(rt.phases):
+        payload["comm"][:, p] = comm_hash(spec, ph.comm, int(_group_of(spec, ph.comm, me)[0]))
+        payload["size"][:, p] = ph.nbytes
+    n = S * P
+    rows += zip(raw(rt.api_start), raw(rt.api_end), [NVTX_PUSHPOP] * n, [None] * n, [gtid] * n,
+                [strings("ncclAllReduce")] * n, [NCCL_DOMAIN_ID] * n, _blobs(SID_ALL_REDUCE, payload.ravel()))
+    rows += zip(raw(rt.step_start), raw(rt.step_end), [NVTX_PUSHPOP] * S, [f"step {s}" for s in range(S)],
+                [gtid] * S, [None] * S, [0] * S, [None] * S)
+    return rows
+
+
+def _meta_capture(rt: _RankTimes, duration_ns: int) -> list[tuple[str, str]]:
+    spec = rt.spec
+    env = {
+        "RANK": rt.rank, "LOCAL_RANK": rt.local, "WORLD_SIZE": spec.world_size,
+        "LOCAL_WORLD_SIZE": spec.gpus_per_node, "GROUP_RANK": rt.node, "MASTER_ADDR": host_name(spec, 0),
+        "MASTER_PORT": 29500, "SLURM_JOB_ID": spec.job_id, "SLURM_PROCID": rt.rank, "SLURM_LOCALID": rt.local,
+        "SLURM_NODEID": rt.node, "SLURM_NTASKS": spec.world_size, "NCCL_DEBUG": "WARN",
+    }
+    session_uuid = hashlib.blake2b(f"{spec.job_id}/{spec.seed}/{rt.rank}".encode(), digest_size=16).hexdigest()
+    rows = [("DEVICE_ID", "Local (CLI)"), ("CAPTURE_EVENT_TYPE", "NvtxEvents"), ("CAPTURE_EVENT_TYPE", "Cuda"),
+            ("DEVICE_DISPLAY_NAME", host_name(spec, rt.node)), ("PROCESS_0:COMMAND", "python3"),
+            ("PROCESS_0:ARGUMENT_0", "train.py"), ("PROCESS_0:PID", "0"),
+            ("PROCESS_0:COLLECT_NVTX_TRACE", "true"), ("PROCESS_0:COLLECT_CUDA_TRACE", "true")]
+    rows += [("PROCESS_0:ENVIRONMENT_VARIABLE", f'{k}="{v}"') for k, v in env.items()]
+    rows += [("PROFILING_SESSION_UUID", f"{session_uuid[:8]}-{session_uuid[8:12]}-{session_uuid[12:16]}-"
+              f"{session_uuid[16:20]}-{session_uuid[20:]}"), ("RUN_DURATION_MS", str(duration_ns // MS))]
+    return rows
+
+
+def _meta_export(rt: _RankTimes, path: Path, utc: int) -> list[tuple[str, str]]:
+    major, minor, micro = NSYS_SCHEMA_VERSION.split(".")
+    report = path.with_suffix(".nsys-rep").name
+    return [
+        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"), ("EXPORT_PRODUCT_VERSION", NSYS_VERSION),
+        ("EXPORT_SCHEMA_VERSION", NSYS_SCHEMA_VERSION), ("EXPORT_SCHEMA_VERSION_MAJOR", major),
+        ("EXPORT_SCHEMA_VERSION_MINOR", minor), ("EXPORT_SCHEMA_VERSION_MICRO", micro),
+        ("EXPORT_TIME_UTC", _iso(utc + 600 * 10**9)), ("EXPORT_HOST", host_name(rt.spec, rt.node)),
+        ("EXPORT_PARAM_EXPORT_TYPE", "SQLite"), ("EXPORT_PARAM_INPUT_FILE", report),
+        ("EXPORT_PARAM_OUTPUT_FILE", path.name), ("EXPORT_PARAM_LAZY", "true"),
+        ("EXPORT_PARAM_INCLUDE_JSON", "false"), ("EXPORT_PARAM_INCLUDE_BLOBS", "true"),
+        ("EXPORT_PARAM_TIME_NORMALIZE", "false"), ("EXPORT_PARAM_TIME_SHIFT", "0"),
+        ("EXPORT_CONFIG_TIME_SHIFT", "0"),
+    ]
+
+
+# --------------------------------------------------------------------------- Kineto JSON
+
+_PG_DESC = {"world": "default_pg", "tp": "TENSOR_MODEL_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP"}
+
+
+def _pg_name(kind: str, group: int) -> str:
+    # torch numbers process groups in creation order; the default group is "0".
+    return {"world": "0", "tp": f"1.{group}", "dp": f"2.{group}"}[kind]
+
+
+def _write_kineto(rt: _RankTimes, path: Path) -> None:
+    spec = rt.spec
+    S, P = rt.arrival.shape
+    me = np.array([rt.rank])
+    pid = _pid(spec, rt.rank)
+    # Kineto: unix_ns = baseTimeNanoseconds + ts * 1000, ts relative in us.
+    base_local = (rt.session_local + spec.start_utc_ns) // 10**9 * 10**9 - spec.start_utc_ns
+
+    def us(a: np.ndarray | int) -> np.ndarray:
+        return np.round((np.asarray(a, dtype=np.int64) - base_local) / 1e3, 3)
+
+    kinds = rt.comm_kinds
+    # torch always has the default (world) group "0", whether or not it is used.
+    groups = {k: int(_group_of(spec, k, me)[0]) for k in ["world", *kinds]}
+    pg_config = [{"pg_name": _pg_name(k, groups[k]), "pg_desc": _PG_DESC[k], "backend_config": "cuda:nccl",
+                  "pg_size": len(members(spec, k, groups[k])), "ranks": members(spec, k, groups[k])}
+                 for k in groups]
+    events: list[dict] = []
+    for proc, label in ((pid, "CPU"), (rt.local, f"GPU {rt.local}")):
+        events.append({"name": "process_name", "ph": "M", "ts": 0, "pid": proc, "tid": 0, "args": {"name": "python3"}})
+        events.append({"name": "process_labels", "ph": "M", "ts": 0, "pid": proc, "tid": 0, "args": {"labels": label}})
+    step_s, step_e = us(rt.step_start), us(rt.step_end)
+    for s in range(S):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": pid, "tid": pid,
+                       "ts": float(step_s[s]), "dur": round(float(step_e[s] - step_s[s]), 3),
+                       "args": {"External id": s + 1}})
+    ext = S + 1
+    corr = 1
+    seq = {k: 0 for k in kinds}
+    ls, le, ks, ke = us(rt.launch_start), us(rt.launch_end), us(rt.kernel_start), us(rt.kernel_end)
+    as_, ae, cs, ce, arr, end = (us(a) for a in (rt.api_start, rt.api_end, rt.cu_start, rt.cu_end, rt.arrival, rt.end))
+    for s in range(S):
+        for p, ph in enumerate(rt.phases):
+            for k in range(ph.kernels):
+                kernel = _COMPUTE_KERNELS[k % len(_COMPUTE_KERNELS)]
+                events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": pid,
+                               "ts": float(ls[s, p, k]), "dur": round(float(le[s, p, k] - ls[s, p, k]), 3),
+                               "args": {"External id": ext, "correlation": corr}})
+                events.append({"ph": "X", "cat": "kernel", "name": kernel[1] or kernel[0], "pid": rt.local,
+                               "tid": _COMPUTE_STREAM, "ts": float(ks[s, p, k]),
+                               "dur": round(float(ke[s, p, k] - ks[s, p, k]), 3),
+                               "args": {"External id": ext, "device": rt.local, "stream": _COMPUTE_STREAM,
+                                        "correlation": corr, "grid": list(kernel[3]), "block": list(kernel[4])}})
+                ext, corr = ext + 1, corr + 1
+            group_members = members(spec, ph.comm, groups[ph.comm])
+            comm_args = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": ph.nbytes // 4,
+                         "Out msg nelems": ph.nbytes // 4, "Group size": len(group_members),
+                         "In split size": "[]", "Out split size": "[]",
+                         "Process Group Name": _pg_name(ph.comm, groups[ph.comm]),
+                         "Process Group Description": _PG_DESC[ph.comm],
+                         "Process Group Ranks": str(group_members), "Seq": seq[ph.comm]}
+            seq[ph.comm] += 1
+            stream = _NCCL_STREAM[ph.comm]
+            events.append({"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": pid, "tid": pid,
+                           "ts": round(float(as_[s, p]) - 4.0, 3), "dur": round(float(ae[s, p] - as_[s, p]) + 6.0, 3),
+                           "args": {"External id": ext}})
+            events.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": pid, "tid": pid,
+                           "ts": float(as_[s, p]), "dur": round(float(ae[s, p] - as_[s, p]), 3),
+                           "args": {"External id": ext + 1, **comm_args}})
+            events.append({"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "pid": pid, "tid": pid,
+                           "ts": float(cs[s, p]), "dur": round(float(ce[s, p] - cs[s, p]), 3),
+                           "args": {"External id": ext + 1, "correlation": corr}})
+            events.append({"ph": "X", "cat": "kernel", "name": _NCCL_KERNEL[ph.comm], "pid": rt.local, "tid": stream,
+                           "ts": float(arr[s, p]), "dur": round(float(end[s, p] - arr[s, p]), 3),
+                           "args": {"External id": ext + 1, "device": rt.local, "stream": stream,
+                                    "correlation": corr, "grid": list(_NCCL_GRID[0]), "block": list(_NCCL_GRID[1]),
+                                    **comm_args}})
+            ext, corr = ext + 2, corr + 1
+    doc = {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": g, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85520809984,
+                              "computeMajor": 9, "computeMinor": 0, "numSms": 132}
+                             for g in range(spec.gpus_per_node)],
+        "distributedInfo": {"backend": "nccl", "rank": rt.rank, "world_size": spec.world_size,
+                            "pg_count": len(pg_config), "pg_config": pg_config, "nccl_version": NCCL_VERSION},
+        "host_name": host_name(spec, rt.node),
+        "trace_id": hashlib.blake2b(f"{spec.job_id}/{spec.seed}/{rt.rank}".encode(), digest_size=16).hexdigest().upper(),
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": spec.start_utc_ns + base_local,
+        "traceEvents": events,
+        "traceName": path.name,
+    }
+    _atomic_write_bytes(path, json.dumps(doc).encode())
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def parse_straggler(text: str) -> Straggler:
+    """RANK[:compute|launch[:EXTRA_US[:EVERY]]]"""
+    parts = text.split(":")
+    try:
+        if not 1 <= len(parts) <= 4:
+            raise ValueError
+        rank = int(parts[0])
+        kind = parts[1] if len(parts) > 1 and parts[1] else "compute"
+        extra_ns = int(round(float(parts[2]) * US)) if len(parts) > 2 else 2 * MS
+        every = int(parts[3]) if len(parts) > 3 else 1
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad straggler {text!r}: expected RANK[:compute|launch[:EXTRA_US[:EVERY]]]") from None
+    if kind not in STRAGGLER_KINDS:
+        raise argparse.ArgumentTypeError(f"bad straggler {text!r}: kind must be compute or launch")
+    return Straggler(rank=rank, kind=kind, extra_ns=extra_ns, every=every)
+
+
+def _node_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad node list {text!r}: expected e.g. 0,3") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="write simulated per-rank exports of a multi-node job, plus truth.json",
+        description="Write nsys-schema SQLite (or Kineto JSON) exports, one per rank, of a simulated "
+                    "TP/DP training job with injected stragglers and skewed node clocks, and the ground "
+                    "truth (truth.json) beside them.")
+    p.add_argument("outdir", type=Path, metavar="OUTDIR")
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--tp", type=int, default=8, help="tensor-parallel group size (divides --gpus-per-node)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--straggler", type=parse_straggler, action="append", default=[],
+                   metavar="RANK[:compute|launch[:EXTRA_US[:EVERY]]]",
+                   help="inject a straggler (default compute, 2000 us, every step); repeatable")
+    p.add_argument("--max-offset-ms", type=float, default=20.0, help="node clock offsets drawn within +-this")
+    p.add_argument("--max-drift-ppm", type=float, default=50.0, help="node clock drifts drawn within +-this")
+    p.add_argument("--jitter-us", type=float, default=10.0, help="std of each compute kernel's duration")
+    p.add_argument("--tp-collectives", type=int, default=2, help="TP AllReduces per step")
+    p.add_argument("--barrier", action="store_true", help="close each step with a small world AllReduce")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=FORMATS, default="nsys")
+    p.add_argument("--job-id", default="sim")
+    p.add_argument("--only-nodes", type=_node_list, default=None, metavar="N[,N...]",
+                   help="write only these nodes' ranks (same files as a full run)")
+    p.set_defaults(func=_run_cli)
+
+
+def _run_cli(args: argparse.Namespace) -> int:
+    spec = JobSpec(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, tp=args.tp, steps=args.steps,
+        stragglers=tuple(args.straggler), max_offset_ns=int(round(args.max_offset_ms * MS)),
+        max_drift_ppm=args.max_drift_ppm, jitter_ns=int(round(args.jitter_us * US)),
+        tp_collectives=args.tp_collectives, barrier=args.barrier, seed=args.seed, job_id=args.job_id,
+    )
+    paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format)
+    truth_path = write_truth(spec, args.outdir / "truth.json")
+    print(f"wrote {len(paths)} {args.format} exports ({spec.nodes}x{spec.gpus_per_node} ranks, tp={spec.tp}, "
+          f"{spec.steps} steps) to {args.outdir}")
+    print(f"ground truth: {truth_path}")
+    return 0

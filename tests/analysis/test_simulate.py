@@ -1,0 +1,303 @@
+"""The simulator writes real-schema nsys exports of one consistent job, with truth to check against."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.analysis import simulate as sm
+from rankscope.cli import main
+from rankscope.errors import ConfigError
+
+SMALL = dict(nodes=2, gpus_per_node=4, tp=4, steps=4, seed=7, job_id="t")
+EXTRA = 2_000_000
+
+
+def _spec(**kw) -> sm.JobSpec:
+    return sm.JobSpec(**{**SMALL, **kw})
+
+
+def _query(path: Path, sql: str, *params) -> list[tuple]:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
+def _dump_tables(sql_path: Path) -> dict[str, list[str]]:
+    """table -> column names, parsed from a `sqlite3 .schema` dump of a real export."""
+    tables = {}
+    for m in re.finditer(r"CREATE TABLE (\w+) \((.*?)\n\);", sql_path.read_text(), re.S):
+        cols = []
+        for line in m.group(2).splitlines():
+            line = line.split("--")[0].strip()
+            if line and not line.upper().startswith("PRIMARY KEY"):
+                cols.append(line.split()[0])
+        tables[m.group(1)] = cols
+    return tables
+
+
+def _decode(con: sqlite3.Connection, blob: bytes) -> dict[str, int]:
+    """Decode an NVTX payload blob by the schema entries' names, as an ingester must."""
+    domain, schema, size, offset = struct.unpack_from("<4Q", blob)
+    payload = blob[offset:offset + size]
+    entries = con.execute(
+        "SELECT name, type, COALESCE(offset, 0) FROM NVTX_PAYLOAD_SCHEMA_ENTRIES "
+        "WHERE domainId=? AND schemaId=? ORDER BY idx", (domain, schema)).fetchall()
+    fmt = {18: "<Q", 22: "<Q", 5: "<i"}
+    return {name: struct.unpack_from(fmt.get(typ, "<i"), payload, off)[0] for name, typ, off in entries}
+
+
+def test_subset_of_nodes_writes_byte_identical_files(tmp_path):
+    spec = _spec(stragglers=(sm.Straggler(5),))
+    full = sm.simulate(spec, tmp_path / "full")
+    part = sm.simulate(spec, tmp_path / "part", nodes=[1])
+    assert [p.name for p in part] == [p.name for p in full[4:]]
+    for a, b in zip(full[4:], part):
+        assert a.read_bytes() == b.read_bytes()
+    kin_full = sm.simulate(spec, tmp_path / "kfull", fmt="kineto")
+    kin_part = sm.simulate(spec, tmp_path / "kpart", nodes=[0], fmt="kineto")
+    assert [a.read_bytes() for a in kin_full[:4]] == [b.read_bytes() for b in kin_part]
+    # A different seed is a different job.
+    other = sm.simulate(_spec(seed=8, stragglers=(sm.Straggler(5),)), tmp_path / "other", nodes=[1])
+    assert other[0].read_bytes() != part[0].read_bytes()
+
+
+def test_tables_and_columns_are_nsys_own(tmp_path, samples):
+    real = _dump_tables(samples / "nsys" / "schema_3.25.0_nsys2026.2.1.sql")
+    older = _dump_tables(samples / "nsys" / "schema_3.13.2_nsys2024.5.1.sql")
+    path = sm.simulate(_spec(), tmp_path)[0]
+    con = sqlite3.connect(path)
+    names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "StringIds", "TARGET_INFO_SESSION_START_TIME"} <= set(names)
+    for table in names:
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+        if table in real:
+            assert cols == real[table], table
+        elif table in older:  # absent from the cut 3.25.0 sample, present in full exports
+            assert cols == older[table], table
+        else:  # NVIDIA SQLite Schema Reference (3.28.1); in neither sample
+            assert table == "TARGET_INFO_CUDA_DEVICE"
+            assert cols == ["gpuId", "cudaId", "pid", "uuid", "numMultiprocessors"]
+    meta = dict(con.execute("SELECT name, value FROM META_DATA_EXPORT"))
+    assert meta["EXPORT_SCHEMA_VERSION"] == "3.25.0"
+    assert meta["EXPORT_PARAM_INCLUDE_BLOBS"] == "true"
+    assert meta["EXPORT_PARAM_TIME_NORMALIZE"] == "false"
+    con.close()
+
+
+def test_identity_and_ids_follow_nsys_layout(tmp_path):
+    spec = _spec()
+    path = sm.simulate(spec, tmp_path, nodes=[1])[2]  # rank 6
+    env = [v for (v,) in _query(path, "SELECT value FROM META_DATA_CAPTURE "
+                                      "WHERE name='PROCESS_0:ENVIRONMENT_VARIABLE'")]
+    assert 'RANK="6"' in env and 'LOCAL_RANK="2"' in env and 'WORLD_SIZE="8"' in env
+    assert 'SLURM_JOB_ID="t"' in env
+    assert _query(path, "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name='Hostname'") == [("t-node001",)]
+    (gpid, device), = _query(path, "SELECT DISTINCT globalPid, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    pid = (gpid >> 24) & 0xFFFFFF
+    assert _query(path, "SELECT pid FROM PROCESSES") == [(pid,)]
+    tids = {t for (t,) in _query(path, "SELECT DISTINCT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME")}
+    assert tids == {gpid | pid}
+    uuid = _query(path, "SELECT g.uuid FROM TARGET_INFO_CUDA_DEVICE d JOIN TARGET_INFO_GPU g ON g.id=d.gpuId "
+                        "WHERE d.pid=? AND d.cudaId=?", pid, device)
+    assert uuid == [(sm.gpu_uuid(spec, 1, 2),)]
+
+
+def test_clock_model_is_what_the_export_shows(tmp_path):
+    offsets, drifts = (0, 5_000_000), (0.0, 40.0)
+    spec = _spec(clock_offsets_ns=offsets, clock_drifts_ppm=drifts, steps=6)
+    paths = sm.simulate(spec, tmp_path)
+
+    def dp_ends(path: Path) -> np.ndarray:
+        (utc,), = _query(path, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")
+        rows = _query(path, "SELECT k.end FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id=k.shortName "
+                            "WHERE s.value LIKE 'nccl%' AND k.streamId=27 ORDER BY k.start")
+        return np.array([r[0] for r in rows], dtype=np.int64) + utc
+
+    # Rank 1 (node 0) and rank 5 (node 1) are one DP pair: their ends coincide in true time.
+    node0, node1 = dp_ends(paths[1]), dp_ends(paths[5])
+    assert len(node0) == len(node1) == spec.steps
+    since_t0 = (node0 - spec.start_utc_ns).astype(float)  # node 0's clock is true time
+    expected = offsets[1] + drifts[1] * 1e-6 * since_t0
+    assert np.all(np.abs((node1 - node0) - expected) < 5_000)  # end jitter only (Laplace, 1 us)
+    truth = sm.truth(spec)
+    assert [n["offset_ns"] for n in truth["nodes"]] == list(offsets)
+    assert [n["drift_ppm"] for n in truth["nodes"]] == list(drifts)
+
+
+def test_drawn_clocks_stay_within_bounds():
+    spec = _spec(nodes=6, gpus_per_node=2, tp=2, max_offset_ns=3_000_000, max_drift_ppm=10)
+    nodes = sm.truth(spec)["nodes"]
+    assert all(abs(n["offset_ns"]) <= 3_000_000 and abs(n["drift_ppm"]) <= 10 for n in nodes)
+    assert len({n["offset_ns"] for n in nodes}) == 6
+
+
+def test_payload_blobs_decode_by_entry_name(tmp_path):
+    spec = _spec()
+    path = sm.simulate(spec, tmp_path, nodes=[1])[1]  # rank 5: TP group 1 (position 1), DP group 1
+    con = sqlite3.connect(path)
+    (domain,), = con.execute("SELECT domainId FROM NVTX_EVENTS WHERE eventType=75 AND text='NCCL'").fetchall()
+    ranges = con.execute("SELECT s.value, n.start, n.end, n.globalTid, n.binaryData FROM NVTX_EVENTS n "
+                         "JOIN StringIds s ON s.id=n.textId WHERE n.domainId=? AND n.eventType=59 ORDER BY n.start",
+                         (domain,)).fetchall()
+    inits = [_decode(con, blob) for name, *_, blob in ranges if name == "ncclCommInitRank"]
+    tp_hash, dp_hash = sm.comm_hash(spec, "tp", 1), sm.comm_hash(spec, "dp", 1)
+    assert inits == [
+        {"NCCL communicator ID": tp_hash, "No. of ranks": 4, "Rank": 1, "CUDA device": 1},
+        {"NCCL communicator ID": dp_hash, "No. of ranks": 2, "Rank": 1, "CUDA device": 1},
+    ]
+    calls = [(r, _decode(con, r[4])) for r in ranges if r[0] == "ncclAllReduce"]
+    assert len(calls) == spec.steps * 3
+    sizes = {p["NCCL communicator ID"]: p["Message size [bytes]"] for _, p in calls}
+    assert sizes == {tp_hash: spec.tp_bytes, dp_hash: spec.dp_bytes}
+    assert {p["Reduction operation"] for _, p in calls} == {0}
+    (op_name,), = con.execute("SELECT name FROM NVTX_PAYLOAD_ENUM_ENTRIES WHERE schemaId=16777232 "
+                              "AND COALESCE(value, 0)=0").fetchall()
+    assert op_name == "Sum"
+    # Every NCCL kernel was launched inside one ncclAllReduce range on the same thread.
+    launches = con.execute("SELECT r.start, r.end, r.globalTid FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                           "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId=k.correlationId "
+                           "JOIN StringIds s ON s.id=k.shortName WHERE s.value LIKE 'nccl%' ORDER BY r.start").fetchall()
+    assert len(launches) == len(calls)
+    for (start, end, tid), (call, _) in zip(launches, calls):
+        assert call[1] <= start and end <= call[2] and tid == call[3]
+    con.close()
+
+
+def test_step_ranges_enclose_their_device_work(tmp_path):
+    spec = _spec()
+    path = sm.simulate(spec, tmp_path, nodes=[0])[0]
+    steps = _query(path, "SELECT text, start, end FROM NVTX_EVENTS WHERE domainId=0 AND eventType=59 ORDER BY start")
+    assert [s[0] for s in steps] == [f"step {i}" for i in range(spec.steps)]
+    kernels = np.array(_query(path, "SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start"))
+    per_step = len(kernels) // spec.steps
+    for i, (_, start, end) in enumerate(steps):
+        chunk = kernels[i * per_step:(i + 1) * per_step]
+        assert start <= chunk[:, 0].min() and chunk[:, 1].max() <= end
+
+
+def _rank(truth: dict, rank: int) -> dict:
+    return truth["ranks"][rank]
+
+
+@pytest.mark.parametrize("kind", ["compute", "launch"])
+def test_truth_straggler_is_late_by_its_extra(kind):
+    spec = _spec(stragglers=(sm.Straggler(5, kind, EXTRA),))
+    truth = sm.truth(spec)
+    assert truth["stragglers"] == [5]
+    tp = _rank(truth, 5)["by_comm"]["tp"]
+    # Late by the extra at the step's first TP collective, on time at the second; the
+    # rest is compute jitter (4 kernels x 10 us std on each of the 4 members).
+    assert abs(tp["late_max_ns"] - EXTRA) < 200_000
+    assert abs(tp["late_mean_ns"] - EXTRA / 2) < 100_000
+    # Its TP peers were not late in TP, but the whole node reached the DP AllReduce late.
+    for peer in (4, 6, 7):
+        assert _rank(truth, peer)["by_comm"]["tp"]["late_max_ns"] < 150_000
+        assert abs(_rank(truth, peer)["by_comm"]["dp"]["late_mean_ns"] - EXTRA) < 100_000
+    for other in range(4):
+        assert _rank(truth, other)["late_max_ns"] < 150_000
+
+
+def test_straggler_kinds_differ_on_the_device(tmp_path):
+    def gap_and_busy(spec: sm.JobSpec, rank: int) -> tuple[int, int]:
+        path = sm.simulate(spec, tmp_path / spec.stragglers[0].kind, nodes=[rank // 4])[rank % 4]
+        rows = _query(path, "SELECT k.start, k.end, s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                            "JOIN StringIds s ON s.id=k.shortName ORDER BY k.start")
+        first_nccl = next(i for i, r in enumerate(rows) if r[2].startswith("nccl"))
+        busy = sum(e - s for s, e, _ in rows[:first_nccl])
+        return rows[first_nccl][0] - rows[first_nccl - 1][1], busy
+
+    compute = _spec(stragglers=(sm.Straggler(5, "compute", EXTRA),))
+    launch = _spec(stragglers=(sm.Straggler(5, "launch", EXTRA),))
+    gap_c, busy_c = gap_and_busy(compute, 5)
+    gap_l, busy_l = gap_and_busy(launch, 5)
+    assert gap_c < 10_000 and busy_c > compute.compute_ns + EXTRA * 0.9
+    assert gap_l > EXTRA and busy_l < launch.compute_ns * 1.1
+
+
+def test_every_nth_step_only():
+    truth = sm.truth(_spec(steps=6, stragglers=(sm.Straggler(2, "compute", EXTRA, every=3),)))
+    tp = _rank(truth, 2)["by_comm"]["tp"]
+    assert abs(tp["late_max_ns"] - EXTRA) < 100_000
+    assert abs(tp["late_mean_ns"] - EXTRA * 2 / 12) < 50_000  # 2 of 6 steps, 1 of 2 TP calls each
+
+
+def test_balanced_job_has_no_lateness_to_speak_of():
+    truth = sm.truth(_spec(nodes=4, steps=8))
+    assert truth["stragglers"] == []
+    late = [r["late_max_ns"] for r in truth["ranks"]]
+    assert max(late) < 150_000  # kernel jitter only: 10 us per kernel
+    assert all(r["late_mean_ns"] >= 0 for r in truth["ranks"])
+
+
+def test_kineto_export_carries_groups_and_seq(tmp_path):
+    spec = _spec(stragglers=(sm.Straggler(1),))
+    path = sm.simulate(spec, tmp_path, nodes=[0], fmt="kineto")[1]
+    doc = json.loads(path.read_text())
+    info = doc["distributedInfo"]
+    assert (info["rank"], info["world_size"]) == (1, 8)
+    pgs = {pg["pg_desc"]: pg for pg in info["pg_config"]}
+    assert pgs["TENSOR_MODEL_PARALLEL_GROUP"]["ranks"] == [0, 1, 2, 3]
+    assert pgs["DATA_PARALLEL_GROUP"]["ranks"] == [1, 5]
+    events = doc["traceEvents"]
+    comms = [e for e in events if e["name"] == "record_param_comms"]
+    kernels = [e for e in events if e.get("cat") == "kernel" and e["name"].startswith("nccl")]
+    assert len(comms) == len(kernels) == spec.steps * 3
+    for c, k in zip(comms, kernels):
+        assert k["pid"] == 1 and c["args"]["Seq"] == k["args"]["Seq"]
+        assert c["args"]["Process Group Name"] == k["args"]["Process Group Name"]
+        assert c["ts"] < k["ts"]
+    tp_seqs = [c["args"]["Seq"] for c in comms if c["args"]["Process Group Ranks"] == "[0, 1, 2, 3]"]
+    assert tp_seqs == list(range(spec.steps * 2))
+    steps = [e["name"] for e in events if e["name"].startswith("ProfilerStep#")]
+    assert steps == [f"ProfilerStep#{i}" for i in range(spec.steps)]
+    # Same clock as the nsys export of the same rank.
+    nsys = sm.simulate(spec, tmp_path / "nsys", nodes=[0])[1]
+    (utc,), = _query(nsys, "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME")
+    (first,), = _query(nsys, "SELECT MIN(start) FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    kfirst = min(e["ts"] for e in events if e.get("cat") == "kernel")
+    assert abs(doc["baseTimeNanoseconds"] + kfirst * 1000 - (utc + first)) < 2
+
+
+def test_cli_writes_exports_and_truth(tmp_path, capsys):
+    out = tmp_path / "job"
+    rc = main(["simulate", str(out), "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "2",
+               "--straggler", "3:launch:500", "--max-offset-ms", "1", "--seed", "3", "--job-id", "j9"])
+    assert rc == 0
+    assert sorted(p.name for p in out.glob("*.sqlite")) == [f"j9_rank{r:05d}.sqlite" for r in range(4)]
+    truth = json.loads((out / "truth.json").read_text())
+    assert truth["stragglers"] == [3]
+    assert truth["spec"]["stragglers"] == [{"rank": 3, "kind": "launch", "extra_ns": 500_000, "every": 1}]
+    assert sm.read_spec(out / "truth.json") == sm.JobSpec(
+        nodes=2, gpus_per_node=2, tp=2, steps=2, stragglers=(sm.Straggler(3, "launch", 500_000),),
+        max_offset_ns=1_000_000, seed=3, job_id="j9")
+    assert str(out / "truth.json") in capsys.readouterr().out
+    assert not list(out.glob("*.tmp"))
+
+
+def test_cli_rejects_bad_input(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", str(tmp_path), "--straggler", "x:slow"])
+    assert exc.value.code == 2
+    assert main(["simulate", str(tmp_path / "a"), "--gpus-per-node", "4", "--tp", "3"]) == 2
+    assert "tp=3 must divide" in capsys.readouterr().err
+    assert main(["simulate", str(tmp_path / "b"), "--nodes", "1", "--straggler", "9"]) == 2
+
+
+def test_spec_validation():
+    with pytest.raises(ConfigError, match="given twice"):
+        _spec(stragglers=(sm.Straggler(1), sm.Straggler(1, "launch")))
+    with pytest.raises(ConfigError, match="kind"):
+        _spec(stragglers=(sm.Straggler(1, "slow"),))
+    with pytest.raises(ConfigError, match="clock_offsets_ns"):
+        _spec(clock_offsets_ns=(0,))
+    with pytest.raises(ConfigError, match="node 5"):
+        sm.simulate(_spec(), "/nonexistent-never-created", nodes=[5])
