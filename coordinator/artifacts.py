@@ -1,0 +1,311 @@
+"""The artifact store: uploaded files in a local folder, addressed by their sha256.
+
+An upload in progress lives in ``partial/<upload_id>.part`` next to a small
+``<upload_id>.json`` holding its header; the committed offset is the part file's
+size, so it survives a coordinator restart without a separate journal. When the
+last byte lands the whole file's sha256 is checked and the file is renamed to
+``objects/<sha[:2]>/<sha>``. The same bytes uploaded twice are stored once.
+
+Anything refused (a chunk at the wrong offset, a checksum mismatch, a bad name, a
+file over the size limit) raises an :class:`UploadRejected` subclass, and leaves
+nothing new on disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rankscope.errors import RankscopeError, UploadRejected
+
+KINDS = ("digest", "raw")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_HASH_BLOCK = 8 << 20
+
+
+class BadUpload(UploadRejected):
+    """The header is malformed: unsafe name, bad checksum format, unknown kind."""
+
+
+class WrongOffset(UploadRejected):
+    """A chunk does not start at the committed offset (or runs past the declared size)."""
+
+    def __init__(self, message: str, *, committed: int) -> None:
+        self.committed = committed
+        super().__init__(message)
+
+
+class ChecksumMismatch(UploadRejected):
+    """All bytes arrived but their sha256 is not the declared one; the upload is discarded."""
+
+
+class TooLarge(UploadRejected):
+    """The declared size is over the configured limit."""
+
+
+class UploadBusy(RankscopeError):
+    """Another stream is writing this upload right now; retry shortly."""
+
+
+@dataclass(frozen=True)
+class UploadHeader:
+    upload_id: str
+    sweep_id: str
+    node: str
+    name: str
+    size: int
+    sha256: str
+    kind: str  # "digest" | "raw"
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class UploadResult:
+    upload_id: str
+    committed: int
+    complete: bool
+    sha256: str = ""  # verified, when complete
+    deduplicated: bool = False
+
+
+def check_header(header: UploadHeader, max_bytes: int) -> None:
+    """Refuse a header before any byte of its upload is accepted."""
+    for label, value in (("upload id", header.upload_id), ("artifact name", header.name)):
+        if not _SAFE_NAME.fullmatch(value) or ".." in value:
+            raise BadUpload(f"{label} {value!r} is not a plain file name (letters, digits, '._+-'; no '/' or '..')")
+    if not _SHA256.fullmatch(header.sha256):
+        raise BadUpload(f"upload {header.upload_id}: sha256 {header.sha256!r} is not 64 lower-case hex digits")
+    if header.kind not in KINDS:
+        raise BadUpload(f"upload {header.upload_id}: kind {header.kind!r} is not one of {', '.join(KINDS)}")
+    if header.size < 0:
+        raise BadUpload(f"upload {header.upload_id}: negative size {header.size}")
+    if header.size > max_bytes:
+        raise TooLarge(f"upload {header.upload_id}: {header.size} bytes is over the limit of {max_bytes} bytes")
+
+
+class _Partial:
+    """One upload in progress; its lock admits one writing stream at a time."""
+
+    def __init__(self, header: UploadHeader, part: Path) -> None:
+        self.header = header
+        self.part = part
+        self.lock = threading.Lock()
+        self.hasher = hashlib.sha256()
+        self.hashed = 0  # bytes of the part file the hasher has seen
+
+    @property
+    def committed(self) -> int:
+        try:
+            return self.part.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def catch_up_hash(self) -> None:
+        """After a restart the in-memory hash is gone: hash the committed prefix once."""
+        committed = self.committed
+        if self.hashed == committed:
+            return
+        self.hasher, self.hashed = hashlib.sha256(), 0
+        with open(self.part, "rb") as handle:
+            while self.hashed < committed:
+                block = handle.read(min(_HASH_BLOCK, committed - self.hashed))
+                if not block:
+                    break
+                self.hasher.update(block)
+                self.hashed += len(block)
+
+
+class ArtifactStore:
+    def __init__(self, root: Path, *, max_bytes: int) -> None:
+        self.root = Path(root)
+        self.objects = self.root / "objects"
+        self.partial = self.root / "partial"
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.partial.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self._partials: dict[str, _Partial] = {}
+        self._guard = threading.Lock()
+
+    # queries ---------------------------------------------------------------------
+
+    def path_of(self, sha256: str) -> Path:
+        if not _SHA256.fullmatch(sha256):
+            raise BadUpload(f"sha256 {sha256!r} is not 64 lower-case hex digits")
+        return self.objects / sha256[:2] / sha256
+
+    def has(self, sha256: str) -> bool:
+        return _SHA256.fullmatch(sha256) is not None and self.path_of(sha256).is_file()
+
+    def committed(self, upload_id: str) -> tuple[UploadHeader, int] | None:
+        """The header and committed offset of an upload in progress, or None."""
+        partial = self._lookup(upload_id)
+        return None if partial is None else (partial.header, partial.committed)
+
+    # writing ---------------------------------------------------------------------
+
+    def writer(self, header: UploadHeader, *, wait_s: float = 5.0) -> UploadWriter:
+        """Open one stream's writer; use as a context manager (it holds the upload's lock)."""
+        check_header(header, self.max_bytes)
+        with self._guard:
+            partial = self._lookup(header.upload_id)
+            if partial is None or (partial.header != header and not self._begun(partial)):
+                partial = _Partial(header, self.partial / f"{header.upload_id}.part")
+                self._partials[header.upload_id] = partial
+        if partial.header != header:
+            raise WrongOffset(
+                f"upload {header.upload_id} was started with a different header "
+                f"({partial.header.name}, {partial.header.size} bytes, sha256 {partial.header.sha256[:12]}...)",
+                committed=partial.committed,
+            )
+        return UploadWriter(self, partial, wait_s)
+
+    def _lookup(self, upload_id: str) -> _Partial | None:
+        partial = self._partials.get(upload_id)
+        if partial is not None:
+            return partial
+        if not _SAFE_NAME.fullmatch(upload_id) or ".." in upload_id:
+            return None
+        meta = self.partial / f"{upload_id}.json"
+        try:
+            data = json.loads(meta.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise RankscopeError(f"corrupt upload header ({exc})", path=meta) from None
+        header = UploadHeader(**{**data, "ranks": tuple(data.get("ranks", ()))})
+        partial = _Partial(header, self.partial / f"{upload_id}.part")
+        self._partials[upload_id] = partial
+        return partial
+
+    def _begun(self, partial: _Partial) -> bool:
+        return (self.partial / f"{partial.header.upload_id}.json").exists()
+
+    def _forget_unbegun(self, partial: _Partial) -> None:
+        """A stream that stored no byte leaves no trace, not even in memory."""
+        with self._guard:
+            if not self._begun(partial) and self._partials.get(partial.header.upload_id) is partial:
+                del self._partials[partial.header.upload_id]
+
+    def _begin(self, partial: _Partial) -> None:
+        """Persist the header before the first byte, atomically."""
+        meta = self.partial / f"{partial.header.upload_id}.json"
+        if meta.exists():
+            return
+        tmp = meta.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(asdict(partial.header)))
+        tmp.replace(meta)
+
+    def _discard(self, partial: _Partial) -> None:
+        with self._guard:
+            self._partials.pop(partial.header.upload_id, None)
+        partial.part.unlink(missing_ok=True)
+        (self.partial / f"{partial.header.upload_id}.json").unlink(missing_ok=True)
+
+    def _commit(self, partial: _Partial) -> bool:
+        """Move a verified part file to its object path; False if the bytes were already stored."""
+        target = self.path_of(partial.header.sha256)
+        target.parent.mkdir(exist_ok=True)
+        deduplicated = target.exists()
+        if deduplicated:
+            partial.part.unlink(missing_ok=True)
+        else:
+            partial.part.replace(target)
+        self._discard(partial)
+        return not deduplicated
+
+
+class UploadWriter:
+    """Accepts one stream's chunks for an upload, strictly in offset order."""
+
+    def __init__(self, store: ArtifactStore, partial: _Partial, wait_s: float) -> None:
+        self.store = store
+        self.partial = partial
+        self.wait_s = wait_s
+        self._handle = None
+        self._offset = 0
+        self.result: UploadResult | None = None
+
+    def __enter__(self) -> UploadWriter:
+        if not self.partial.lock.acquire(timeout=self.wait_s):
+            raise UploadBusy(f"upload {self.partial.header.upload_id} is being written by another stream")
+        header = self.partial.header
+        self._offset = self.partial.committed
+        if self.store.has(header.sha256):
+            # Stored before, under this or another upload id: nothing to receive.
+            self.store._discard(self.partial)
+            self.result = UploadResult(header.upload_id, header.size, True, header.sha256, deduplicated=True)
+        elif header.size == 0:
+            self._finish()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self._handle is not None:
+                self._handle.flush()
+                os.fsync(self._handle.fileno())
+                self._handle.close()
+        finally:
+            self.store._forget_unbegun(self.partial)
+            self.partial.lock.release()
+
+    @property
+    def committed(self) -> int:
+        return self._offset
+
+    def write(self, offset: int, data: bytes) -> UploadResult | None:
+        """Append ``data`` at ``offset`` (which must be the committed offset); the result once complete."""
+        header = self.partial.header
+        if self.result is not None:
+            if data:
+                raise WrongOffset(f"upload {header.upload_id} is already complete", committed=self._offset)
+            return self.result
+        if offset != self._offset:
+            raise WrongOffset(
+                f"upload {header.upload_id}: chunk at offset {offset}, committed offset is {self._offset}",
+                committed=self._offset,
+            )
+        if offset + len(data) > header.size:
+            raise WrongOffset(
+                f"upload {header.upload_id}: chunk ends at {offset + len(data)}, past the declared size {header.size}",
+                committed=self._offset,
+            )
+        if data:
+            if self._handle is None:
+                self.store._begin(self.partial)
+                self.partial.catch_up_hash()
+                self._handle = open(self.partial.part, "ab")
+            self._handle.write(data)
+            self.partial.hasher.update(data)
+            self._offset += len(data)
+            self.partial.hashed = self._offset
+        if self._offset == header.size:
+            self._finish()
+        return self.result
+
+    def _finish(self) -> None:
+        header = self.partial.header
+        if self._handle is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+            self._handle = None
+        self.partial.catch_up_hash()
+        actual = self.partial.hasher.hexdigest() if header.size else hashlib.sha256().hexdigest()
+        if actual != header.sha256:
+            self.store._discard(self.partial)
+            self._offset = 0
+            raise ChecksumMismatch(
+                f"upload {header.upload_id} ({header.name}): sha256 of the {header.size} bytes received is "
+                f"{actual}, declared {header.sha256}; discarded"
+            )
+        if header.size == 0:
+            self.store._begin(self.partial)
+            self.partial.part.touch()
+        stored = self.store._commit(self.partial)
+        self.result = UploadResult(header.upload_id, header.size, True, actual, deduplicated=not stored)

@@ -1,0 +1,104 @@
+"""The user's side of the coordinator: start sweeps, watch them, list them, fetch reports.
+
+gRPC failures come back as rankscope errors with one-line messages, so the CLI
+prints them like any other user-facing error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import grpc
+
+from rankscope.errors import InputError, RankscopeError, TransportError
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+RPC_TIMEOUT_S = 30.0
+FINAL_STATES = frozenset({pb.SWEEP_STATE_ANALYSED, pb.SWEEP_STATE_PARTIAL, pb.SWEEP_STATE_FAILED})
+_USER_MISTAKES = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+})
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def rpc_error(address: str, exc: grpc.RpcError) -> RankscopeError:
+    """The rankscope error for a failed call, naming the coordinator."""
+    code, details = exc.code(), exc.details() or ""
+    if code in _UNREACHABLE:
+        return TransportError(f"coordinator at {address} unreachable ({code.name.lower()}: {details})")
+    if code in _USER_MISTAKES:
+        return InputError(f"coordinator at {address}: {details}")
+    return RankscopeError(f"coordinator at {address}: {code.name}: {details}")
+
+
+def state_name(state: int) -> str:
+    return pb.SweepState.Name(state).removeprefix("SWEEP_STATE_").lower()
+
+
+def node_state_name(state: int) -> str:
+    return pb.NodeState.Name(state).removeprefix("NODE_STATE_").lower()
+
+
+class SweepClient:
+    def __init__(self, address: str) -> None:
+        if ":" not in address:
+            raise InputError(f"coordinator address {address!r} must be HOST:PORT")
+        self.address = address
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.SweepServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> SweepClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self, *, nodes: Sequence[str] = (), labels: Mapping[str, str] | None = None, everything: bool = False,
+              duration_s: float, backend: str, timeout_s: float = 0.0, options: Mapping[str, str] | None = None,
+              upload_raw: bool = False) -> pb.Sweep:
+        request = pb.StartSweepRequest(
+            targets=pb.Targets(nodes=list(nodes), labels=dict(labels or {}), all=everything),
+            duration_s=duration_s, backend=backend, timeout_s=timeout_s, options=dict(options or {}),
+            upload_raw=upload_raw,
+        )
+        return self._call(self.stub.StartSweep, request)
+
+    def sweeps(self, limit: int = 0) -> list[pb.Sweep]:
+        return list(self._call(self.stub.ListSweeps, pb.ListSweepsRequest(limit=limit)).sweeps)
+
+    def report(self, sweep_id: str) -> pb.ReportReply:
+        return self._call(self.stub.GetReport, pb.GetReportRequest(sweep_id=sweep_id))
+
+    def watch(self, sweep_id: str, *, reconnect_s: float = 120.0) -> Iterator[pb.SweepEvent]:
+        """Progress events until the sweep is final; rides out a coordinator restart of up to ``reconnect_s``."""
+        lost_since: float | None = None
+        while True:
+            try:
+                for event in self.stub.WatchSweep(pb.WatchSweepRequest(sweep_id=sweep_id)):
+                    lost_since = None
+                    yield event
+                    if event.final:
+                        return
+                raise TransportError(f"coordinator at {self.address} ended the watch of sweep {sweep_id} early")
+            except grpc.RpcError as exc:
+                if exc.code() not in _UNREACHABLE:
+                    raise rpc_error(self.address, exc) from None
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since > reconnect_s:
+                    raise rpc_error(self.address, exc) from None
+                log.info("lost the coordinator (%s); watching again", exc.code().name)
+                time.sleep(1.0)
+
+    def _call(self, method, request):
+        try:
+            return method(request, timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            raise rpc_error(self.address, exc) from None

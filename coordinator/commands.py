@@ -1,0 +1,195 @@
+"""`rankscope coordinator`, `capture`, `sweeps` and `report`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rankscope.coordinator.client import SweepClient, node_state_name, state_name
+from rankscope.coordinator.config import resolve
+from rankscope.errors import InputError, TransportError
+from rankscope.proto.v1 import rankscope_pb2 as pb
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*")
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+# Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
+EXIT_PARTIAL = 3
+EXIT_FAILED = 1
+
+
+def parse_duration(text: str) -> float:
+    """'20s', '500ms', '2m', '1h' or plain seconds."""
+    match = _DURATION.fullmatch(text)
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration like 20s, 500ms, 2m")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    labels = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    default_coordinator = os.environ.get("RANKSCOPE_COORDINATOR")
+
+    def add_coordinator(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--coordinator", metavar="HOST:PORT", default=default_coordinator,
+                            required=default_coordinator is None,
+                            help="the coordinator's address (default: $RANKSCOPE_COORDINATOR)")
+
+    serve = subparsers.add_parser("coordinator", help="run the coordinator (gRPC control plane and ingest)")
+    serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 0.0.0.0:7443; port 0 picks one)")
+    serve.add_argument("--data-dir", type=Path, metavar="DIR", help="state and artifacts (default ./rankscope-data)")
+    serve.add_argument("--max-upload-bytes", type=int, metavar="N", help="refuse larger uploads (default 8 GiB)")
+    serve.add_argument("--node-timeout", type=parse_duration, metavar="DURATION",
+                       help="time beyond the capture window before a silent node is given up (default 120s)")
+    serve.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once serving")
+    serve.set_defaults(func=run_coordinator)
+
+    capture = subparsers.add_parser("capture", help="start a fleet-wide capture (a sweep)")
+    add_coordinator(capture)
+    targets = capture.add_mutually_exclusive_group(required=True)
+    targets.add_argument("--nodes", type=lambda s: [n for n in s.split(",") if n], metavar="A,B",
+                         help="these nodes, by agent name")
+    targets.add_argument("--labels", type=parse_labels, metavar="K=V,...", help="connected agents with all these labels")
+    targets.add_argument("--all", action="store_true", help="every connected agent")
+    capture.add_argument("--duration", type=parse_duration, default=20.0, metavar="DURATION",
+                         help="capture window (default 20s)")
+    capture.add_argument("--backend", default="nsys", help="capture backend: nsys, torch or sim (default nsys)")
+    capture.add_argument("--timeout", type=parse_duration, default=0.0, metavar="DURATION",
+                         help="give up on nodes not finished this long after the start (default: duration + the "
+                              "coordinator's node timeout)")
+    capture.add_argument("--option", action="append", default=[], metavar="K=V", help="backend option (repeatable)")
+    capture.add_argument("--upload-raw", action="store_true", help="also upload the raw profiler exports")
+    capture.add_argument("--wait", action="store_true",
+                         help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed")
+    capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait")
+    capture.set_defaults(func=run_capture)
+
+    listing = subparsers.add_parser("sweeps", help="list sweeps, newest first")
+    add_coordinator(listing)
+    listing.add_argument("--limit", type=int, default=20, help="at most this many (0: all)")
+    listing.set_defaults(func=run_sweeps)
+
+    report = subparsers.add_parser("report", help="print a sweep's report")
+    add_coordinator(report)
+    report.add_argument("sweep", metavar="SWEEP")
+    report.add_argument("--format", choices=("table", "json"), default="table")
+    report.set_defaults(func=run_report)
+
+
+# coordinator ---------------------------------------------------------------------------
+
+
+def run_coordinator(args: argparse.Namespace) -> int:
+    from rankscope.coordinator.server import create_server
+
+    config = resolve({"listen": args.listen, "data_dir": args.data_dir, "max_upload_bytes": args.max_upload_bytes,
+                      "node_timeout_s": args.node_timeout})
+    server, port = create_server(config=config)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    server.start()
+    host = config.listen.rsplit(":", 1)[0]
+    if args.port_file:
+        tmp = args.port_file.with_name(f".{args.port_file.name}.tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(args.port_file)
+    print(f"rankscope coordinator listening on {host}:{port} (data in {config.data_dir})", file=sys.stderr, flush=True)
+    stop.wait()
+    print("rankscope coordinator stopping", file=sys.stderr, flush=True)
+    server.stop()
+    return 0
+
+
+# capture / sweeps / report -------------------------------------------------------------
+
+
+def run_capture(args: argparse.Namespace) -> int:
+    options = parse_labels(",".join(args.option)) if args.option else {}
+    with SweepClient(args.coordinator) as client:
+        sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
+                             duration_s=args.duration, backend=args.backend, timeout_s=args.timeout,
+                             options=options, upload_raw=args.upload_raw)
+        names = ", ".join(n.node for n in sweep.nodes)
+        print(f"sweep {sweep.sweep_id} started on {len(sweep.nodes)} node(s): {names}", file=sys.stderr, flush=True)
+        if not args.wait:
+            print(sweep.sweep_id)
+            return 0
+        final = _follow(client, sweep.sweep_id)
+        if final.state == pb.SWEEP_STATE_FAILED:
+            print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
+            return EXIT_FAILED
+        _print_report(client.report(final.sweep_id), args.format)
+        return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
+
+
+def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
+    """Print one line on stderr per node change; return the final sweep."""
+    seen: dict[str, tuple[int, str]] = {}
+    started = time.monotonic()
+    sweep = None
+    for event in client.watch(sweep_id):
+        sweep = event.sweep
+        for node in sweep.nodes:
+            key = (node.state, node.detail)
+            if seen.get(node.node) != key:
+                seen[node.node] = key
+                extra = node.reason or node.detail
+                print(f"  {time.monotonic() - started:6.1f}s  {node.node:<20} {node_state_name(node.state):<13}"
+                      f"{'  ' + extra if extra else ''}", file=sys.stderr, flush=True)
+    if sweep is None:
+        raise TransportError(f"coordinator at {client.address} sent nothing about sweep {sweep_id}")
+    return sweep
+
+
+def _print_report(reply: pb.ReportReply, fmt: str) -> None:
+    if not reply.report_json:
+        raise InputError(f"sweep {reply.sweep_id} has no report yet (state {state_name(reply.state)})")
+    if fmt == "json":
+        print(reply.report_json)
+    else:
+        from rankscope.analysis.report import Report
+
+        print(Report.from_dict(json.loads(reply.report_json)).render_table())
+    if reply.missing:
+        print(f"rankscope: sweep {reply.sweep_id} is partial; missing nodes: {', '.join(reply.missing)}", file=sys.stderr)
+    print(f"report: {reply.path}", file=sys.stderr)
+
+
+def run_sweeps(args: argparse.Namespace) -> int:
+    with SweepClient(args.coordinator) as client:
+        sweeps = client.sweeps(args.limit)
+    if not sweeps:
+        print("no sweeps", file=sys.stderr)
+        return 0
+    rows = [["SWEEP", "STATE", "NODES", "BACKEND", "STARTED (UTC)", "MISSING"]]
+    for sweep in sweeps:
+        done = sum(n.state == pb.NODE_STATE_ANALYSED for n in sweep.nodes)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_ns / 1e9))
+        rows.append([sweep.sweep_id, state_name(sweep.state), f"{done}/{len(sweep.nodes)}", sweep.backend, started,
+                     ",".join(sweep.missing) or "-"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    with SweepClient(args.coordinator) as client:
+        _print_report(client.report(args.sweep), args.format)
+    return 0

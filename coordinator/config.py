@@ -1,0 +1,93 @@
+"""The coordinator's configuration: defaults, then RANKSCOPE_* environment, then flags.
+
+Resolved once into a frozen dataclass and passed explicitly; nothing reads the
+environment later.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from rankscope.errors import ConfigError
+
+ENV_PREFIX = "RANKSCOPE_"
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    listen: str = "0.0.0.0:7443"
+    data_dir: Path = Path("rankscope-data")
+    max_upload_bytes: int = 8 << 30  # one raw nsys report can be several GiB
+    chunk_bytes: int = 1 << 20  # suggested to agents; well under gRPC's 4 MiB receive limit
+    node_timeout_s: float = 120.0  # beyond the capture duration, for export and upload
+    restart_grace_s: float = 60.0  # after a restart, agents get this long to come back
+    heartbeat_interval_s: float = 10.0
+    ping_interval_s: float = 5.0
+    max_workers: int = 128  # each agent holds one thread for its session stream
+    max_concurrent_rpcs: int = 1024
+    grace_s: float = 5.0  # how long a stopping server lets RPCs finish
+
+    @property
+    def state_db(self) -> Path:
+        return self.data_dir / "state.sqlite"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.data_dir / "reports"
+
+
+def resolve(flags: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> CoordinatorConfig:
+    """Defaults, overridden by ``RANKSCOPE_<FIELD>`` variables, overridden by non-None flags."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for field in fields(CoordinatorConfig):
+        raw = environ.get(ENV_PREFIX + field.name.upper())
+        if raw is not None:
+            values[field.name] = _parse(field.name, field.type, raw, f"${ENV_PREFIX}{field.name.upper()}")
+    for name, value in (flags or {}).items():
+        if value is not None:
+            values[name] = _parse(name, _type_of(name), value, f"--{name.replace('_', '-')}")
+    config = replace(CoordinatorConfig(), **values)
+    _check(config)
+    return config
+
+
+def _type_of(name: str) -> str:
+    for field in fields(CoordinatorConfig):
+        if field.name == name:
+            return str(field.type)
+    raise ConfigError(f"unknown coordinator setting {name!r}")
+
+
+def _parse(name: str, kind: Any, raw: Any, where: str) -> Any:
+    kind = str(kind)
+    try:
+        if kind == "Path":
+            return Path(raw)
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {raw!r} is not a valid {kind} for {name}") from None
+
+
+def _check(config: CoordinatorConfig) -> None:
+    if ":" not in config.listen:
+        raise ConfigError(f"listen address {config.listen!r} must be HOST:PORT")
+    if config.max_upload_bytes <= 0:
+        raise ConfigError(f"max_upload_bytes must be positive, got {config.max_upload_bytes}")
+    if not 1 << 10 <= config.chunk_bytes <= 3 << 20:
+        raise ConfigError(f"chunk_bytes {config.chunk_bytes} must be between 1 KiB and 3 MiB (gRPC's limit is 4 MiB)")
+    for name in ("node_timeout_s", "restart_grace_s", "heartbeat_interval_s", "ping_interval_s", "grace_s"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")

@@ -1,0 +1,337 @@
+"""The coordinator's shell around its pure parts: it feeds sweep machines their events
+and carries out what they return (persist, send commands, analyse, notify watchers).
+
+No gRPC here: server.py translates between protobuf and these calls. Everything a
+sweep needs after a restart is in the store and the artifact folder; ``start()``
+picks unfinished sweeps up again.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from rankscope import __version__
+from rankscope.coordinator import reports
+from rankscope.coordinator.artifacts import ArtifactStore, UploadHeader, UploadWriter
+from rankscope.coordinator.config import CoordinatorConfig
+from rankscope.coordinator.registry import (
+    AgentRecord,
+    Connection,
+    Registry,
+    UnknownAgent,
+    clock_sample,
+    select_nodes,
+)
+from rankscope.coordinator.store import Store
+from rankscope.coordinator import sweeps as sw
+from rankscope.errors import RankscopeError
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.25
+
+
+class NotAuthenticated(RankscopeError):
+    """A session or upload without a valid token from registration."""
+
+
+class NotPermitted(RankscopeError):
+    """An agent acting for a node other than its own."""
+
+
+@dataclass(frozen=True)
+class CaptureOrder:
+    """StartCapture for one node (sent again after reconnects and restarts)."""
+
+    sweep_id: str
+    spec: sw.SweepSpec
+
+
+@dataclass(frozen=True)
+class CancelOrder:
+    sweep_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class UploadState:
+    upload_id: str
+    known: bool
+    committed: int = 0
+    complete: bool = False
+    size: int = 0
+    sha256: str = ""
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig, *, analyze: reports.Analyze | None = None,
+                 clock: Callable[[], int] = time.time_ns) -> None:
+        self.config = config
+        self.clock = clock
+        self.analyze = analyze
+        self.store = Store(config.state_db)
+        self.artifacts = ArtifactStore(config.artifacts_dir, max_bytes=config.max_upload_bytes)
+        self.registry = Registry()
+        self._active: dict[str, sw.Sweep] = {}
+        self._lock = threading.RLock()
+        self._watchers: dict[str, list[queue.Queue]] = {}
+        self._analysis = ThreadPoolExecutor(max_workers=1, thread_name_prefix="analysis")
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick_loop, name="sweep-ticker", daemon=True)
+
+    # lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Resume what a previous run left unfinished, then watch deadlines."""
+        now = self.clock()
+        grace = int(self.config.restart_grace_s * 1e9)
+        with self._lock:
+            for sweep in self.store.sweeps(states=(sw.SweepState.RUNNING, sw.SweepState.ANALYSING)):
+                log.info("resuming sweep %s (%s)", sweep.sweep_id, sweep.state.value)
+                self._active[sweep.sweep_id] = sweep
+                self._apply(sweep, sweep.handle(sw.Restarted(now, grace)))
+        self._ticker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.registry.close_all()
+        self._analysis.shutdown(wait=True, cancel_futures=True)
+        self.store.close()
+
+    # agents -------------------------------------------------------------------------
+
+    def register(self, node: str, hostname: str, labels: Mapping[str, str], *, gpus: list[dict],
+                 ranks: list[dict], versions: Mapping[str, str], backends: list[str]) -> tuple[AgentRecord, list[str]]:
+        """Record the node; the same node keeps its id and token across agent restarts."""
+        if not node:
+            raise UnknownAgent("registration without a node name")
+        previous = self.store.agent_by_node(node)
+        now = self.clock()
+        agent = AgentRecord(
+            agent_id=previous.agent_id if previous else f"agent-{secrets.token_hex(6)}",
+            node=node,
+            hostname=hostname or node,
+            # Uploads in flight carry the token, so re-registering must not invalidate it.
+            token=previous.token if previous else secrets.token_urlsafe(24),
+            registered_ns=now,
+            labels=dict(labels),
+            gpus=gpus,
+            ranks=ranks,
+            versions=dict(versions),
+            backends=list(backends),
+            last_seen_ns=now,
+            clock_offset_ns=previous.clock_offset_ns if previous else None,
+            rtt_ns=previous.rtt_ns if previous else None,
+        )
+        self.store.save_agent(agent)
+        warnings = []
+        theirs = versions.get("rankscope", "")
+        if theirs and theirs != __version__:
+            warnings.append(f"agent runs rankscope {theirs}, coordinator {__version__}")
+            log.warning("node %s: %s", node, warnings[-1])
+        return agent, warnings
+
+    def authenticate(self, agent_id: str, token: str) -> AgentRecord:
+        try:
+            agent = self.store.agent_by_token(token)
+        except UnknownAgent:
+            raise NotAuthenticated("unknown session token: register first") from None
+        if agent.agent_id != agent_id:
+            raise NotAuthenticated(f"session token does not belong to agent {agent_id!r}")
+        return agent
+
+    def connect(self, agent: AgentRecord) -> Connection:
+        """A live session: it gets StartCapture for every running sweep still waiting on its node."""
+        connection = self.registry.connect(agent)
+        with self._lock:
+            for sweep in self._active.values():
+                if agent.node in sweep.open_nodes():
+                    connection.send(CaptureOrder(sweep.sweep_id, sweep.spec))
+        log.info("agent %s (%s) connected", agent.node, agent.agent_id)
+        return connection
+
+    def disconnect(self, connection: Connection) -> None:
+        self.registry.disconnect(connection)
+        log.info("agent %s disconnected", connection.node)
+
+    def ping(self, connection: Connection) -> tuple[int, int]:
+        """A new ping's id and send time, remembered for its pong."""
+        ping_id, now = connection.next_ping, self.clock()
+        connection.next_ping += 1
+        connection.pings[ping_id] = now
+        return ping_id, now
+
+    def pong(self, connection: Connection, ping_id: int, agent_ns: int) -> None:
+        sent = connection.pings.pop(ping_id, None)
+        if sent is None:
+            return
+        best = connection.add_sample(clock_sample(sent, agent_ns, self.clock()))
+        agent = connection.agent
+        if (agent.clock_offset_ns, agent.rtt_ns) != (best.offset_ns, best.rtt_ns):
+            connection.agent = replace(agent, clock_offset_ns=best.offset_ns, rtt_ns=best.rtt_ns, last_seen_ns=self.clock())
+            self.store.save_agent(connection.agent)
+
+    def clock_hints(self) -> dict[str, int]:
+        """Host (and node name) -> agent clock minus coordinator clock, where pinged."""
+        hints: dict[str, int] = {}
+        for agent in self.store.agents():
+            if agent.clock_offset_ns is not None:
+                hints[agent.node] = agent.clock_offset_ns
+                hints[agent.hostname] = agent.clock_offset_ns
+        return hints
+
+    def node_reported(self, node: str, event: sw.NodeReported, sweep_id: str) -> None:
+        """An agent's status for one sweep; artifacts it claims must be in the store."""
+        if event.state is sw.NodeState.UPLOADED:
+            absent = [a.name for a in event.artifacts if not self.artifacts.has(a.sha256)]
+            if absent:
+                event = replace(event, state=sw.NodeState.FAILED,
+                                reason=f"reported uploaded, but not stored here: {', '.join(absent)}")
+        with self._lock:
+            sweep = self._active.get(sweep_id)
+            if sweep is None:
+                log.info("node %s reports on sweep %s, which is not running", node, sweep_id)
+                return
+            self._apply(sweep, sweep.handle(event))
+
+    # uploads ------------------------------------------------------------------------
+
+    def query_upload(self, upload_id: str) -> UploadState:
+        done = self.store.completed_upload(upload_id)
+        if done is not None:
+            header, sha256 = done
+            return UploadState(upload_id, True, header.size, True, header.size, sha256)
+        partial = self.artifacts.committed(upload_id)
+        if partial is not None:
+            header, committed = partial
+            return UploadState(upload_id, True, committed, False, header.size, header.sha256)
+        return UploadState(upload_id, False)
+
+    @contextmanager
+    def upload(self, header: UploadHeader, token: str) -> Iterator[UploadWriter]:
+        """One upload stream's writer; a completed upload is recorded when the stream ends."""
+        try:
+            agent = self.store.agent_by_token(token)
+        except UnknownAgent:
+            raise NotAuthenticated(f"upload {header.upload_id}: unknown session token: register first") from None
+        if agent.node != header.node:
+            raise NotPermitted(f"upload {header.upload_id}: agent of node {agent.node!r} cannot upload for {header.node!r}")
+        with self.artifacts.writer(header) as writer:
+            yield writer
+        if writer.result is not None:
+            self.store.record_upload(header, writer.result, self.clock())
+
+    # sweeps -------------------------------------------------------------------------
+
+    def start_sweep(self, spec: sw.SweepSpec, *, names: list[str], labels: Mapping[str, str],
+                    everything: bool) -> sw.Sweep:
+        if spec.timeout_s <= 0:
+            spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
+        with self._lock:
+            nodes = select_nodes(self.store.agents(), self.registry.connected(), names=names, labels=labels,
+                                 everything=everything)
+            sweep, instructions = sw.Sweep.start(spec, nodes, self.clock())
+            self._active[sweep.sweep_id] = sweep
+            self._apply(sweep, instructions)
+            log.info("sweep %s started on %s", sweep.sweep_id, ", ".join(nodes))
+            return copy.deepcopy(sweep)
+
+    def sweep(self, sweep_id: str) -> sw.Sweep:
+        sw.check_sweep_id(sweep_id)
+        with self._lock:
+            active = self._active.get(sweep_id)
+            return copy.deepcopy(active) if active else self.store.sweep(sweep_id)
+
+    def sweeps(self, limit: int = 0) -> list[sw.Sweep]:
+        return self.store.sweeps(limit=limit)
+
+    def watch(self, sweep_id: str, active: Callable[[], bool]) -> Iterator[tuple[sw.Sweep, str]]:
+        """The sweep now, then after each change, until it is final or ``active()`` turns false."""
+        changes: queue.Queue = queue.Queue()
+        with self._lock:
+            current = self.sweep(sweep_id)
+            self._watchers.setdefault(sweep_id, []).append(changes)
+        try:
+            yield current, ""
+            while not current.final and active() and not self._stop.is_set():
+                try:
+                    current, node = changes.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                yield current, node
+        finally:
+            with self._lock:
+                self._watchers[sweep_id].remove(changes)
+                if not self._watchers[sweep_id]:
+                    del self._watchers[sweep_id]
+
+    def report(self, sweep_id: str) -> tuple[sw.Sweep, str, str]:
+        """The sweep, its report JSON and the report's path ("" while there is none)."""
+        sweep = self.sweep(sweep_id)
+        path = self.store.report_path(sweep_id)
+        if path is None:
+            return sweep, "", ""
+        return sweep, reports.read_text(path), str(path)
+
+    # the shell ----------------------------------------------------------------------
+
+    def _apply(self, sweep: sw.Sweep, instructions: list[sw.Instruction]) -> None:
+        """Carry out a machine's instructions; called with the lock held."""
+        changed: list[str] = []
+        for instruction in instructions:
+            if isinstance(instruction, sw.Changed):
+                changed.append(instruction.node)
+            elif isinstance(instruction, sw.SendCapture):
+                self.registry.send(instruction.node, CaptureOrder(sweep.sweep_id, sweep.spec))
+            elif isinstance(instruction, sw.CancelNode):
+                self.registry.send(instruction.node, CancelOrder(sweep.sweep_id, instruction.reason))
+            elif isinstance(instruction, sw.Analyse):
+                self._analysis.submit(self._run_analysis, copy.deepcopy(sweep), instruction.digests)
+        if not changed:
+            return
+        self.store.save_sweep(sweep, None if "" in changed else sorted(set(changed)))
+        if sweep.final:
+            self._active.pop(sweep.sweep_id, None)
+            log.info("sweep %s %s%s", sweep.sweep_id, sweep.state.value,
+                     f" (missing: {', '.join(sweep.missing)})" if sweep.missing else "")
+        snapshot = copy.deepcopy(sweep)
+        for watcher in self._watchers.get(sweep.sweep_id, []):
+            for node in changed:
+                watcher.put((snapshot, node))
+
+    def _run_analysis(self, sweep: sw.Sweep, digests: tuple[sw.ArtifactInfo, ...]) -> None:
+        out = self.config.reports_dir / f"{sweep.sweep_id}.json"
+        try:
+            paths = []
+            for artifact in digests:
+                if not self.artifacts.has(artifact.sha256):
+                    raise RankscopeError(f"digest {artifact.name} ({artifact.sha256[:12]}) is not in the artifact store")
+                paths.append(self.artifacts.path_of(artifact.sha256))
+            reports.build(sweep, paths, self.clock_hints(), out, self.analyze)
+            self.store.save_report(sweep.sweep_id, out, self.clock())
+            event: sw.Event = sw.AnalysisDone(str(out), self.clock())
+        except RankscopeError as exc:
+            event = sw.AnalysisFailed(f"analysis failed: {exc}", self.clock())
+        except Exception as exc:  # a bug in the analysis must not leave the sweep analysing forever
+            log.exception("analysis of sweep %s crashed", sweep.sweep_id)
+            event = sw.AnalysisFailed(f"analysis crashed: {type(exc).__name__}: {exc}", self.clock())
+        with self._lock:
+            live = self._active.get(sweep.sweep_id)
+            if live is not None:
+                self._apply(live, live.handle(event))
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(TICK_S):
+            now = self.clock()
+            with self._lock:
+                for sweep in list(self._active.values()):
+                    self._apply(sweep, sweep.handle(sw.Tick(now)))

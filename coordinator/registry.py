@@ -1,0 +1,156 @@
+"""Agents the coordinator knows: their records, their live sessions, their clocks.
+
+An :class:`AgentRecord` is what registration tells us (persisted in the store); a
+:class:`Connection` is one live session stream with its outbox of commands; the
+:class:`Registry` holds the connections and picks a sweep's nodes. The coarse clock
+offset of each agent comes from round-trip-timed pings (the sample with the
+smallest round trip wins, as in NTP's clock filter); it is only a hint for the
+analysis, which aligns on collectives.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from rankscope.errors import InputError
+
+CLOCK_SAMPLES = 16
+
+
+class UnknownAgent(InputError):
+    """No agent registered under that name, id or token."""
+
+
+@dataclass
+class AgentRecord:
+    agent_id: str
+    node: str
+    hostname: str
+    token: str
+    registered_ns: int
+    labels: dict[str, str] = field(default_factory=dict)
+    gpus: list[dict] = field(default_factory=list)
+    ranks: list[dict] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    backends: list[str] = field(default_factory=list)
+    last_seen_ns: int = 0
+    clock_offset_ns: int | None = None  # agent clock minus coordinator clock
+    rtt_ns: int | None = None  # round trip of the sample the offset comes from
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    offset_ns: int
+    rtt_ns: int
+
+
+def clock_sample(sent_ns: int, agent_ns: int, received_ns: int) -> ClockSample:
+    """Offset assuming the reply was stamped half way through the round trip."""
+    rtt = max(0, received_ns - sent_ns)
+    return ClockSample(offset_ns=agent_ns - (sent_ns + rtt // 2), rtt_ns=rtt)
+
+
+class Connection:
+    """One agent's live session: commands queued here are sent down its stream."""
+
+    def __init__(self, agent: AgentRecord) -> None:
+        self.agent = agent
+        self.outbox: queue.Queue = queue.Queue()
+        self.closed = threading.Event()
+        self.samples: deque[ClockSample] = deque(maxlen=CLOCK_SAMPLES)
+        self.pings: dict[int, int] = {}  # ping id -> coordinator send time
+        self.next_ping = 1
+
+    @property
+    def node(self) -> str:
+        return self.agent.node
+
+    def send(self, command: object) -> None:
+        self.outbox.put(command)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.outbox.put(None)  # wakes the stream's writer
+
+    def add_sample(self, sample: ClockSample) -> ClockSample:
+        """Record one ping's sample; return the current best (smallest round trip)."""
+        self.samples.append(sample)
+        return min(self.samples, key=lambda s: s.rtt_ns)
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._connections: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+
+    def connect(self, agent: AgentRecord) -> Connection:
+        """A new session for this node replaces (and closes) an older one."""
+        connection = Connection(agent)
+        with self._lock:
+            previous = self._connections.get(agent.node)
+            self._connections[agent.node] = connection
+        if previous is not None:
+            previous.close()
+        return connection
+
+    def disconnect(self, connection: Connection) -> None:
+        with self._lock:
+            if self._connections.get(connection.node) is connection:
+                del self._connections[connection.node]
+        connection.close()
+
+    def get(self, node: str) -> Connection | None:
+        with self._lock:
+            return self._connections.get(node)
+
+    def send(self, node: str, command: object) -> bool:
+        connection = self.get(node)
+        if connection is None:
+            return False
+        connection.send(command)
+        return True
+
+    def connected(self) -> set[str]:
+        with self._lock:
+            return set(self._connections)
+
+    def close_all(self) -> None:
+        with self._lock:
+            connections = list(self._connections.values())
+            self._connections.clear()
+        for connection in connections:
+            connection.close()
+
+
+def select_nodes(
+    agents: Iterable[AgentRecord],
+    connected: set[str],
+    *,
+    names: Iterable[str] = (),
+    labels: Mapping[str, str] | None = None,
+    everything: bool = False,
+) -> list[str]:
+    """The nodes a sweep targets: named ones (known, connected or not), else connected ones by label or all."""
+    known = {a.node: a for a in agents}
+    names = list(names)
+    if names:
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise UnknownAgent(f"no agent registered as {', '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})")
+        return sorted(set(names))
+    live = [a for a in known.values() if a.node in connected]
+    if labels:
+        chosen = [a.node for a in live if all(a.labels.get(k) == v for k, v in labels.items())]
+        if not chosen:
+            wanted = ",".join(f"{k}={v}" for k, v in labels.items())
+            raise UnknownAgent(f"no connected agent has labels {wanted}")
+        return sorted(chosen)
+    if not everything:
+        raise InputError("choose the sweep's nodes: by name, by label, or all")
+    if not live:
+        raise UnknownAgent("no agent is connected")
+    return sorted(a.node for a in live)

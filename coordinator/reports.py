@@ -1,0 +1,86 @@
+"""A sweep's report: the analysis of its uploaded digests, stored as JSON.
+
+The file is the analysis' ``rankscope.report/1`` document with the sweep's facts
+added under ``"sweep"`` (id, state, per-node outcome, missing nodes), and a warning
+per missing node, so a partial report says what it lacks wherever it is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from rankscope.analysis import digest
+from rankscope.coordinator.sweeps import Sweep
+from rankscope.errors import InputError
+
+Analyze = Callable[..., Any]  # (digests: pa.Table, *, clock_hints) -> Report
+
+
+def default_analyze() -> Analyze:
+    from rankscope.analysis.pipeline import analyze
+
+    return analyze
+
+
+def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, int], out: Path,
+          analyze: Analyze | None = None) -> Path:
+    """Analyse the digests, write the report atomically to ``out``, return ``out``."""
+    tables: list[pa.Table] = [digest.read(path) for path in digest_paths]
+    digests = digest.concat(tables)
+    digest.check_consistent(digests)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the report carries them in its own warnings list
+        report = (analyze or default_analyze())(digests, clock_hints=dict(clock_hints))
+    data = report.to_dict()
+    data["warnings"] = [*data.get("warnings", []), *missing_notes(sweep)]
+    data["sweep"] = sweep_facts(sweep)
+    write_json(data, out)
+    return out
+
+
+def missing_notes(sweep: Sweep) -> list[str]:
+    return [
+        f"node {name} is missing from this report: {sweep.nodes[name].reason or sweep.nodes[name].state.value}"
+        for name in sweep.missing
+    ]
+
+
+def sweep_facts(sweep: Sweep) -> dict[str, Any]:
+    """As they will stand once this report is stored: the nodes not missing are analysed."""
+    missing = set(sweep.missing)
+    return {
+        "sweep_id": sweep.sweep_id,
+        "state": "partial" if missing else "analysed",
+        "backend": sweep.spec.backend,
+        "duration_s": sweep.spec.duration_s,
+        "nodes": {
+            name: {"state": rec.state.value if name in missing else "analysed", "reason": rec.reason,
+                   "dcgm": rec.dcgm, "digests": [a.sha256 for a in rec.digests]}
+            for name, rec in sorted(sweep.nodes.items())
+        },
+        "missing": list(sweep.missing),
+    }
+
+
+def write_json(data: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, allow_nan=False))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read the report ({exc.strerror})", path=path) from None

@@ -1,0 +1,388 @@
+"""The coordinator's gRPC edge: servicers that translate protobuf to Coordinator calls.
+
+``_STATUS`` is the one place where rankscope errors become gRPC status codes.
+``create_server`` binds (port 0 picks a free one, as tests do) and serves the
+agent and sweep services plus the standard grpc.health.v1 service.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from rankscope.coordinator import artifacts as art
+from rankscope.coordinator import sweeps as sw
+from rankscope.coordinator.config import CoordinatorConfig, resolve
+from rankscope.coordinator.coordinator import (
+    CancelOrder,
+    CaptureOrder,
+    Coordinator,
+    NotAuthenticated,
+    NotPermitted,
+)
+from rankscope.coordinator.registry import Connection, UnknownAgent
+from rankscope.coordinator.reports import Analyze
+from rankscope.errors import (
+    ConfigError,
+    InputError,
+    RankscopeError,
+    ToolError,
+    TransportError,
+    UploadRejected,
+)
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICES = ("rankscope.v1.AgentService", "rankscope.v1.SweepService")
+MAX_MESSAGE_BYTES = 4 << 20  # gRPC's default receive limit; chunks stay at 1 MiB, well below it
+
+# Most specific first: the first matching class decides the status.
+_STATUS: tuple[tuple[type[RankscopeError], grpc.StatusCode], ...] = (
+    (art.WrongOffset, grpc.StatusCode.FAILED_PRECONDITION),
+    (art.ChecksumMismatch, grpc.StatusCode.DATA_LOSS),
+    (art.TooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (art.UploadBusy, grpc.StatusCode.ABORTED),
+    (UploadRejected, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotAuthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (NotPermitted, grpc.StatusCode.PERMISSION_DENIED),
+    (sw.UnknownSweep, grpc.StatusCode.NOT_FOUND),
+    (UnknownAgent, grpc.StatusCode.NOT_FOUND),
+    (InputError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (TransportError, grpc.StatusCode.UNAVAILABLE),
+    (ToolError, grpc.StatusCode.INTERNAL),
+    (RankscopeError, grpc.StatusCode.INTERNAL),
+)
+
+
+def status_of(error: RankscopeError) -> grpc.StatusCode:
+    return next(code for kind, code in _STATUS if isinstance(error, kind))
+
+
+def _mapped(method: Callable) -> Callable:
+    """Abort the RPC with the error's status and one-line message (unary and streaming methods)."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def streaming(self, request, context):
+            try:
+                yield from method(self, request, context)
+            except RankscopeError as exc:
+                context.abort(status_of(exc), str(exc))
+
+        return streaming
+
+    @functools.wraps(method)
+    def unary(self, request, context):
+        try:
+            return method(self, request, context)
+        except RankscopeError as exc:
+            context.abort(status_of(exc), str(exc))
+
+    return unary
+
+
+# protobuf <-> domain ------------------------------------------------------------------
+
+
+def _node_state(value: int) -> sw.NodeState | None:
+    name = pb.NodeState.Name(value).removeprefix("NODE_STATE_").lower()
+    return None if name == "unspecified" else sw.NodeState(name)
+
+
+def _dcgm(value: int) -> str:
+    name = pb.DcgmOutcome.Name(value).removeprefix("DCGM_OUTCOME_").lower()
+    return "" if name == "unspecified" else name
+
+
+def _kind(value: int) -> str:
+    name = pb.ArtifactKind.Name(value).removeprefix("ARTIFACT_KIND_").lower()
+    return "" if name == "unspecified" else name
+
+
+def _header(message: pb.UploadHeader) -> art.UploadHeader:
+    return art.UploadHeader(
+        upload_id=message.upload_id, sweep_id=message.sweep_id, node=message.node, name=message.name,
+        size=message.size, sha256=message.sha256, kind=_kind(message.kind), ranks=tuple(message.ranks),
+    )
+
+
+def _artifact(message: pb.ArtifactRef) -> sw.ArtifactInfo:
+    return sw.ArtifactInfo(name=message.name, sha256=message.sha256, size=message.size, kind=_kind(message.kind),
+                           upload_id=message.upload_id, ranks=tuple(message.ranks))
+
+
+def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
+    return pb.Sweep(
+        sweep_id=sweep.sweep_id,
+        state=pb.SweepState.Value("SWEEP_STATE_" + sweep.state.value.upper()),
+        backend=sweep.spec.backend,
+        duration_s=sweep.spec.duration_s,
+        timeout_s=sweep.spec.timeout_s,
+        created_ns=sweep.created_ns,
+        finished_ns=sweep.finished_ns,
+        nodes=[
+            pb.NodeProgress(
+                node=name,
+                state=pb.NodeState.Value("NODE_STATE_" + rec.state.value.upper()),
+                detail=rec.detail,
+                reason=rec.reason,
+                dcgm=pb.DcgmOutcome.Value("DCGM_OUTCOME_" + rec.dcgm.upper()) if rec.dcgm else 0,
+                artifacts=len(rec.artifacts),
+                updated_ns=rec.updated_ns,
+            )
+            for name, rec in sorted(sweep.nodes.items())
+        ],
+        missing=sweep.missing,
+        report_path=sweep.report_path,
+        error=sweep.error,
+    )
+
+
+def _command(order: object) -> pb.CoordinatorCommand:
+    if isinstance(order, CaptureOrder):
+        spec = order.spec
+        return pb.CoordinatorCommand(start=pb.StartCapture(
+            sweep_id=order.sweep_id, backend=spec.backend, duration_s=spec.duration_s, options=dict(spec.options),
+            upload_raw=spec.upload_raw, timeout_s=spec.timeout_s,
+        ))
+    if isinstance(order, CancelOrder):
+        return pb.CoordinatorCommand(cancel=pb.CancelCapture(sweep_id=order.sweep_id, reason=order.reason))
+    raise TypeError(f"not a command: {order!r}")
+
+
+# servicers ----------------------------------------------------------------------------
+
+
+class AgentServicer(pb_grpc.AgentServiceServicer):
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+        self.config = coordinator.config
+
+    @_mapped
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
+        versions = request.versions
+        agent, warnings = self.coordinator.register(
+            request.node or request.hostname,
+            request.hostname,
+            dict(request.labels),
+            gpus=[{"uuid": g.uuid, "name": g.name, "index": g.index} for g in request.gpus],
+            ranks=[{"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid, "gpu": r.gpu, "backend": r.backend,
+                    "world_size": r.world_size, "job_id": r.job_id} for r in request.ranks],
+            versions={"rankscope": versions.rankscope, "nsys": versions.nsys, "driver": versions.driver,
+                      "dcgm": versions.dcgm, "nccl": versions.nccl},
+            backends=list(request.backends),
+        )
+        return pb.RegisterReply(
+            agent_id=agent.agent_id,
+            session_token=agent.token,
+            coordinator_time_ns=self.coordinator.clock(),
+            heartbeat_interval_ms=int(self.config.heartbeat_interval_s * 1000),
+            max_upload_bytes=self.config.max_upload_bytes,
+            chunk_bytes=self.config.chunk_bytes,
+            warnings=warnings,
+        )
+
+    @_mapped
+    def Session(self, request_iterator: Iterator[pb.AgentEvent], context: grpc.ServicerContext) -> Iterator[pb.CoordinatorCommand]:
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        if first.WhichOneof("event") != "hello":
+            raise NotAuthenticated("a session must open with Hello (agent id and session token)")
+        agent = self.coordinator.authenticate(first.hello.agent_id, first.hello.session_token)
+        connection = self.coordinator.connect(agent)
+        context.add_callback(connection.close)
+        reader = threading.Thread(target=self._read_events, args=(request_iterator, connection),
+                                  name=f"session-{agent.node}", daemon=True)
+        reader.start()
+        try:
+            yield self._ping(connection)  # an early clock sample
+            while not connection.closed.is_set():
+                try:
+                    order = connection.outbox.get(timeout=self.config.ping_interval_s)
+                except queue.Empty:
+                    yield self._ping(connection)
+                    continue
+                if order is None:
+                    break
+                yield _command(order)
+        finally:
+            self.coordinator.disconnect(connection)
+
+    def _ping(self, connection: Connection) -> pb.CoordinatorCommand:
+        ping_id, sent = self.coordinator.ping(connection)
+        return pb.CoordinatorCommand(ping=pb.Ping(ping_id=ping_id, coordinator_time_ns=sent))
+
+    def _read_events(self, events: Iterator[pb.AgentEvent], connection: Connection) -> None:
+        """Agent events up the stream; the session ends when they stop."""
+        try:
+            for event in events:
+                kind = event.WhichOneof("event")
+                if kind == "pong":
+                    self.coordinator.pong(connection, event.pong.ping_id, event.pong.agent_time_ns)
+                elif kind == "status":
+                    self._status(connection, event.status)
+                elif kind == "heartbeat":
+                    connection.agent.last_seen_ns = self.coordinator.clock()
+        except grpc.RpcError:
+            pass  # the agent went away; its sweeps wait for it until their deadline
+        except RankscopeError as exc:
+            log.warning("session of %s: %s", connection.node, exc)
+        finally:
+            connection.close()
+
+    def _status(self, connection: Connection, status: pb.NodeStatus) -> None:
+        state = _node_state(status.state)
+        if state is None:
+            log.warning("node %s sent a status without a state for sweep %s", connection.node, status.sweep_id)
+            return
+        event = sw.NodeReported(
+            node=connection.node, state=state, at_ns=self.coordinator.clock(), detail=status.detail,
+            reason=status.reason, dcgm=_dcgm(status.dcgm), artifacts=tuple(_artifact(a) for a in status.artifacts),
+        )
+        self.coordinator.node_reported(connection.node, event, status.sweep_id)
+
+    @_mapped
+    def Upload(self, request_iterator: Iterator[pb.UploadChunk], context: grpc.ServicerContext) -> pb.UploadReply:
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            raise art.BadUpload("the first upload message must carry the header")
+        header = _header(first.header)
+        with self.coordinator.upload(header, first.header.session_token) as writer:
+            result = writer.write(first.offset, first.data)
+            if result is None:
+                for chunk in request_iterator:
+                    result = writer.write(chunk.offset, chunk.data)
+                    if result is not None:
+                        break
+        if result is None:
+            return pb.UploadReply(upload_id=header.upload_id, committed_offset=writer.committed)
+        return pb.UploadReply(upload_id=header.upload_id, committed_offset=result.committed, complete=True,
+                              sha256=result.sha256, deduplicated=result.deduplicated)
+
+    @_mapped
+    def QueryUpload(self, request: pb.UploadQuery, context: grpc.ServicerContext) -> pb.UploadStatus:
+        state = self.coordinator.query_upload(request.upload_id)
+        return pb.UploadStatus(upload_id=state.upload_id, committed_offset=state.committed, complete=state.complete,
+                               size=state.size, sha256=state.sha256, known=state.known)
+
+
+class SweepServicer(pb_grpc.SweepServiceServicer):
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    @_mapped
+    def StartSweep(self, request: pb.StartSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:
+        if request.duration_s <= 0:
+            raise InputError(f"capture duration must be positive, got {request.duration_s:g}s")
+        if not request.backend:
+            raise InputError("a sweep needs a capture backend (sim, nsys or torch)")
+        targets = request.targets
+        spec = sw.SweepSpec(
+            backend=request.backend, duration_s=request.duration_s, timeout_s=request.timeout_s,
+            options=dict(request.options), upload_raw=request.upload_raw, targets=_describe(targets),
+        )
+        sweep = self.coordinator.start_sweep(spec, names=list(targets.nodes), labels=dict(targets.labels),
+                                             everything=targets.all)
+        return sweep_message(sweep)
+
+    @_mapped
+    def ListSweeps(self, request: pb.ListSweepsRequest, context: grpc.ServicerContext) -> pb.ListSweepsReply:
+        return pb.ListSweepsReply(sweeps=[sweep_message(s) for s in self.coordinator.sweeps(request.limit)])
+
+    @_mapped
+    def WatchSweep(self, request: pb.WatchSweepRequest, context: grpc.ServicerContext) -> Iterator[pb.SweepEvent]:
+        for sweep, node in self.coordinator.watch(request.sweep_id, context.is_active):
+            yield pb.SweepEvent(sweep=sweep_message(sweep), node=node, final=sweep.final)
+
+    @_mapped
+    def GetReport(self, request: pb.GetReportRequest, context: grpc.ServicerContext) -> pb.ReportReply:
+        sweep, text, path = self.coordinator.report(request.sweep_id)
+        return pb.ReportReply(sweep_id=sweep.sweep_id, state=sweep_message(sweep).state, report_json=text, path=path,
+                              missing=sweep.missing)
+
+
+def _describe(targets: pb.Targets) -> str:
+    if targets.nodes:
+        return "nodes " + ",".join(targets.nodes)
+    if targets.labels:
+        return "labels " + ",".join(f"{k}={v}" for k, v in sorted(targets.labels.items()))
+    return "all"
+
+
+# the server ---------------------------------------------------------------------------
+
+
+class CoordinatorServer:
+    """The gRPC server and the coordinator behind it, started and stopped together."""
+
+    def __init__(self, server: grpc.Server, coordinator: Coordinator, health_servicer: health.HealthServicer,
+                 port: int) -> None:
+        self.server = server
+        self.coordinator = coordinator
+        self.health = health_servicer
+        self.port = port
+
+    def start(self) -> None:
+        self.coordinator.start()
+        self.server.start()
+        for service in ("", *SERVICES):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace: float | None = None) -> None:
+        self.health.enter_graceful_shutdown()
+        self.coordinator.registry.close_all()  # session streams end now, not after the grace
+        self.server.stop(self.coordinator.config.grace_s if grace is None else grace).wait()
+        self.coordinator.stop()
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self.server.wait_for_termination(timeout)
+
+
+def create_server(listen: str | None = None, data_dir: str | Path | None = None, *,
+                  config: CoordinatorConfig | None = None, analyze: Analyze | None = None,
+                  **settings: object) -> tuple[CoordinatorServer, int]:
+    """A coordinator bound to ``listen`` (``127.0.0.1:0`` picks a port), not yet started."""
+    config = config or resolve({"listen": listen, "data_dir": data_dir, **settings}, environ={})
+    coordinator = Coordinator(config, analyze=analyze)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc"),
+        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            # Agents keep their session open for days: find dead peers, and accept the agents'
+            # own keepalive pings (deployment.md §4: server minimum interval <= 30 s).
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ],
+    )
+    pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(coordinator), server)
+    pb_grpc.add_SweepServiceServicer_to_server(SweepServicer(coordinator), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in ("", *SERVICES):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    try:
+        port = server.add_insecure_port(config.listen)
+    except RuntimeError as exc:
+        coordinator.stop()
+        raise ConfigError(f"cannot listen on {config.listen} ({exc})") from None
+    if port == 0:
+        coordinator.stop()
+        raise ConfigError(f"cannot listen on {config.listen} (address in use or not local)")
+    return CoordinatorServer(server, coordinator, health_servicer, port), port

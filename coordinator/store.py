@@ -1,0 +1,204 @@
+"""The coordinator's durable state in SQLite: agents, sweeps with their node records, uploads, reports.
+
+WAL mode, one connection guarded by a lock (the server's threads share it); every
+write is its own transaction, so a killed coordinator restarts from the last
+completed change.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import asdict
+from pathlib import Path
+
+from rankscope.coordinator.artifacts import UploadHeader, UploadResult
+from rankscope.coordinator.registry import AgentRecord, UnknownAgent
+from rankscope.coordinator.sweeps import Sweep, SweepState, UnknownSweep
+from rankscope.errors import RankscopeError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS agents (
+    agent_id TEXT PRIMARY KEY,
+    node TEXT NOT NULL UNIQUE,
+    token TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sweeps (
+    sweep_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    created_ns INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    sweep_id TEXT NOT NULL REFERENCES sweeps(sweep_id),
+    node TEXT NOT NULL,
+    state TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (sweep_id, node)
+);
+CREATE TABLE IF NOT EXISTS uploads (
+    upload_id TEXT PRIMARY KEY,
+    sweep_id TEXT NOT NULL,
+    node TEXT NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    ranks TEXT NOT NULL,
+    completed_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reports (
+    sweep_id TEXT PRIMARY KEY REFERENCES sweeps(sweep_id),
+    path TEXT NOT NULL,
+    created_ns INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sweeps_by_time ON sweeps(created_ns);
+"""
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise RankscopeError(f"cannot open the coordinator state ({exc})", path=self.path) from None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, *statements: tuple[str, tuple]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    self._db.execute(sql, params)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    # agents -------------------------------------------------------------------------
+
+    def save_agent(self, agent: AgentRecord) -> None:
+        self._write(
+            ("DELETE FROM agents WHERE node = ? AND agent_id != ?", (agent.node, agent.agent_id)),
+            (
+                "INSERT INTO agents(agent_id, node, token, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(agent_id) DO UPDATE SET node=excluded.node, token=excluded.token, data=excluded.data",
+                (agent.agent_id, agent.node, agent.token, json.dumps(asdict(agent))),
+            ),
+        )
+
+    def agents(self) -> list[AgentRecord]:
+        return [AgentRecord(**json.loads(data)) for (data,) in self._read("SELECT data FROM agents ORDER BY node")]
+
+    def agent_by_node(self, node: str) -> AgentRecord | None:
+        rows = self._read("SELECT data FROM agents WHERE node = ?", (node,))
+        return AgentRecord(**json.loads(rows[0][0])) if rows else None
+
+    def agent_by_token(self, token: str) -> AgentRecord:
+        rows = self._read("SELECT data FROM agents WHERE token = ?", (token,)) if token else []
+        if not rows:
+            raise UnknownAgent("unknown session token: register first")
+        return AgentRecord(**json.loads(rows[0][0]))
+
+    # sweeps -------------------------------------------------------------------------
+
+    def save_sweep(self, sweep: Sweep, nodes: list[str] | None = None) -> None:
+        """Write the sweep, and the given node records (all of them by default)."""
+        data = sweep.to_dict()
+        node_data = data.pop("nodes")
+        names = list(sweep.nodes) if nodes is None else nodes
+        self._write(
+            (
+                "INSERT INTO sweeps(sweep_id, state, created_ns, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(sweep_id) DO UPDATE SET state=excluded.state, data=excluded.data",
+                (sweep.sweep_id, sweep.state.value, sweep.created_ns, json.dumps(data)),
+            ),
+            *(
+                (
+                    "INSERT INTO nodes(sweep_id, node, state, data) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(sweep_id, node) DO UPDATE SET state=excluded.state, data=excluded.data",
+                    (sweep.sweep_id, name, sweep.nodes[name].state.value, json.dumps(node_data[name])),
+                )
+                for name in names
+            ),
+        )
+
+    def sweep(self, sweep_id: str) -> Sweep:
+        rows = self._read("SELECT data FROM sweeps WHERE sweep_id = ?", (sweep_id,))
+        if not rows:
+            raise UnknownSweep(f"no sweep {sweep_id!r}")
+        return self._assemble(sweep_id, rows[0][0])
+
+    def sweeps(self, limit: int = 0, states: tuple[SweepState, ...] = ()) -> list[Sweep]:
+        """Newest first."""
+        sql = "SELECT sweep_id, data FROM sweeps"
+        params: tuple = ()
+        if states:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            params = tuple(s.value for s in states)
+        sql += " ORDER BY created_ns DESC, sweep_id DESC"
+        if limit > 0:
+            sql += f" LIMIT {int(limit)}"
+        return [self._assemble(sweep_id, data) for sweep_id, data in self._read(sql, params)]
+
+    def _assemble(self, sweep_id: str, data: str) -> Sweep:
+        nodes = {node: json.loads(rec) for node, rec in self._read("SELECT node, data FROM nodes WHERE sweep_id = ?", (sweep_id,))}
+        return Sweep.from_dict({**json.loads(data), "nodes": nodes})
+
+    # uploads ------------------------------------------------------------------------
+
+    def record_upload(self, header: UploadHeader, result: UploadResult, at_ns: int) -> None:
+        self._write(
+            (
+                "INSERT OR REPLACE INTO uploads(upload_id, sweep_id, node, name, kind, size, sha256, ranks, completed_ns) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (header.upload_id, header.sweep_id, header.node, header.name, header.kind, header.size,
+                 result.sha256, json.dumps(list(header.ranks)), at_ns),
+            )
+        )
+
+    def completed_upload(self, upload_id: str) -> tuple[UploadHeader, str] | None:
+        """The header and verified sha256 of a completed upload, or None."""
+        rows = self._read(
+            "SELECT upload_id, sweep_id, node, name, size, sha256, kind, ranks FROM uploads WHERE upload_id = ?",
+            (upload_id,),
+        )
+        if not rows:
+            return None
+        upload_id, sweep_id, node, name, size, sha256, kind, ranks = rows[0]
+        return UploadHeader(upload_id, sweep_id, node, name, size, sha256, kind, tuple(json.loads(ranks))), sha256
+
+    def uploads(self, sweep_id: str | None = None) -> list[tuple[str, str, str, str]]:
+        """(upload_id, node, name, sha256) of completed uploads, of one sweep or all."""
+        sql = "SELECT upload_id, node, name, sha256 FROM uploads"
+        params: tuple = ()
+        if sweep_id is not None:
+            sql, params = sql + " WHERE sweep_id = ?", (sweep_id,)
+        return self._read(sql + " ORDER BY upload_id", params)
+
+    # reports ------------------------------------------------------------------------
+
+    def save_report(self, sweep_id: str, path: Path, at_ns: int) -> None:
+        self._write(
+            ("INSERT OR REPLACE INTO reports(sweep_id, path, created_ns) VALUES (?, ?, ?)", (sweep_id, str(path), at_ns))
+        )
+
+    def report_path(self, sweep_id: str) -> Path | None:
+        rows = self._read("SELECT path FROM reports WHERE sweep_id = ?", (sweep_id,))
+        return Path(rows[0][0]) if rows else None

@@ -1,0 +1,335 @@
+"""A sweep (one fleet-wide capture) as a pure state machine.
+
+Each targeted node moves through the states its agent reports (pending, pausing
+DCGM, capturing, exporting, uploading, uploaded, DCGM resumed), and the sweep ends
+when every node has finished, failed or run past the sweep's deadline: then the
+digests of the finished nodes are analysed and the sweep is ANALYSED, or PARTIAL
+with the others named. The machine does no I/O: the coordinator feeds it events
+and carries out the instructions it returns, and it round-trips through plain
+dicts so a restarted coordinator picks it up where it was.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+
+from rankscope.errors import InputError
+
+
+class NodeState(str, enum.Enum):
+    PENDING = "pending"
+    PAUSING_DCGM = "pausing_dcgm"
+    CAPTURING = "capturing"
+    EXPORTING = "exporting"
+    UPLOADING = "uploading"
+    UPLOADED = "uploaded"
+    DCGM_RESUMED = "dcgm_resumed"
+    FAILED = "failed"
+    ANALYSED = "analysed"
+    TIMED_OUT = "timed_out"
+
+
+class SweepState(str, enum.Enum):
+    RUNNING = "running"
+    ANALYSING = "analysing"
+    ANALYSED = "analysed"
+    PARTIAL = "partial"
+    FAILED = "failed"
+
+
+# The agent's states in the order it moves through them; a re-sent earlier state is stale.
+_PROGRESS = [
+    NodeState.PENDING,
+    NodeState.PAUSING_DCGM,
+    NodeState.CAPTURING,
+    NodeState.EXPORTING,
+    NodeState.UPLOADING,
+    NodeState.UPLOADED,
+    NodeState.DCGM_RESUMED,
+]
+_ORDER = {state: i for i, state in enumerate(_PROGRESS)}
+FINAL_SWEEP = frozenset({SweepState.ANALYSED, SweepState.PARTIAL, SweepState.FAILED})
+_SWEEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class UnknownSweep(InputError):
+    """No sweep with that id."""
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    name: str
+    sha256: str
+    size: int
+    kind: str  # "digest" | "raw"
+    upload_id: str = ""
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass
+class NodeRecord:
+    node: str
+    state: NodeState = NodeState.PENDING
+    detail: str = ""
+    reason: str = ""
+    dcgm: str = ""  # DCGM outcome as the agent reported it
+    uploaded: bool = False
+    dcgm_resumed: bool = False
+    artifacts: list[ArtifactInfo] = field(default_factory=list)
+    updated_ns: int = 0
+
+    @property
+    def finished(self) -> bool:
+        """Its data is in and its DCGM is back: it can be analysed."""
+        return self.uploaded and self.dcgm_resumed and self.state is not NodeState.FAILED
+
+    @property
+    def terminal(self) -> bool:
+        return self.finished or self.state in (NodeState.FAILED, NodeState.TIMED_OUT, NodeState.ANALYSED)
+
+    @property
+    def digests(self) -> list[ArtifactInfo]:
+        return [a for a in self.artifacts if a.kind == "digest"]
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    backend: str
+    duration_s: float
+    timeout_s: float  # from the sweep's start; nodes not finished by then are timed out
+    options: Mapping[str, str] = field(default_factory=dict)
+    upload_raw: bool = False
+    targets: str = ""  # how the user chose the nodes, for display
+
+
+# Events: what happened. ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeReported:
+    node: str
+    state: NodeState
+    at_ns: int
+    detail: str = ""
+    reason: str = ""
+    dcgm: str = ""
+    artifacts: tuple[ArtifactInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tick:
+    now_ns: int
+
+
+@dataclass(frozen=True)
+class AnalysisDone:
+    report_path: str
+    at_ns: int
+
+
+@dataclass(frozen=True)
+class AnalysisFailed:
+    error: str
+    at_ns: int
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """The coordinator came back: give agents time to reconnect, redo lost analysis."""
+
+    now_ns: int
+    grace_ns: int
+
+
+Event = NodeReported | Tick | AnalysisDone | AnalysisFailed | Restarted
+
+
+# Instructions: what the coordinator must do next. ----------------------------------
+
+
+@dataclass(frozen=True)
+class SendCapture:
+    node: str
+
+
+@dataclass(frozen=True)
+class CancelNode:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Analyse:
+    digests: tuple[ArtifactInfo, ...]
+
+
+@dataclass(frozen=True)
+class Changed:
+    node: str = ""  # empty: a sweep-level change
+
+
+Instruction = SendCapture | CancelNode | Analyse | Changed
+
+
+@dataclass
+class Sweep:
+    sweep_id: str
+    spec: SweepSpec
+    created_ns: int
+    deadline_ns: int
+    nodes: dict[str, NodeRecord]
+    state: SweepState = SweepState.RUNNING
+    finished_ns: int = 0
+    missing: list[str] = field(default_factory=list)
+    report_path: str = ""
+    error: str = ""
+
+    @classmethod
+    def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None) -> tuple[Sweep, list[Instruction]]:
+        names = sorted(set(nodes))
+        if not names:
+            raise InputError("a sweep needs at least one node")
+        sweep = cls(
+            sweep_id=sweep_id or new_sweep_id(now_ns),
+            spec=spec,
+            created_ns=now_ns,
+            deadline_ns=now_ns + int(spec.timeout_s * 1e9),
+            nodes={n: NodeRecord(n, updated_ns=now_ns) for n in names},
+        )
+        return sweep, [Changed(), *(SendCapture(n) for n in names)]
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_SWEEP
+
+    def open_nodes(self) -> list[str]:
+        """Nodes still expected to report: a (re)connecting agent gets StartCapture for these."""
+        if self.state is not SweepState.RUNNING:
+            return []
+        return [n for n, rec in self.nodes.items() if not rec.terminal]
+
+    def handle(self, event: Event) -> list[Instruction]:
+        if isinstance(event, NodeReported):
+            return self._reported(event)
+        if isinstance(event, Tick):
+            return self._tick(event.now_ns)
+        if isinstance(event, AnalysisDone):
+            return self._analysed(event)
+        if isinstance(event, AnalysisFailed):
+            return self._analysis_failed(event)
+        if isinstance(event, Restarted):
+            return self._restarted(event)
+        raise TypeError(f"not a sweep event: {event!r}")
+
+    # transitions --------------------------------------------------------------------
+
+    def _reported(self, event: NodeReported) -> list[Instruction]:
+        record = self.nodes.get(event.node)
+        if record is None or record.terminal or self.state is not SweepState.RUNNING:
+            return []  # not ours, or too late: a timed-out node stays named as missing
+        if event.state is NodeState.FAILED:
+            record.state, record.reason = NodeState.FAILED, event.reason or event.detail or "agent reported failure"
+        elif event.state in _ORDER:
+            if _ORDER[event.state] >= _ORDER.get(record.state, 0):
+                record.state = event.state
+            if event.state is NodeState.UPLOADED:
+                record.uploaded = True
+                record.artifacts = list(event.artifacts)
+            if event.state is NodeState.DCGM_RESUMED:
+                record.dcgm_resumed = True
+        else:
+            return []  # ANALYSED / TIMED_OUT are the coordinator's to set
+        record.detail = event.detail
+        record.dcgm = event.dcgm or record.dcgm
+        record.updated_ns = event.at_ns
+        return [Changed(event.node), *self._maybe_analyse(event.at_ns)]
+
+    def _tick(self, now_ns: int) -> list[Instruction]:
+        if self.state is not SweepState.RUNNING or now_ns < self.deadline_ns:
+            return []
+        out: list[Instruction] = []
+        for name, record in self.nodes.items():
+            if not record.terminal:
+                reason = f"no answer within {self.spec.timeout_s:g}s (last state: {record.state.value})"
+                record.state, record.reason, record.updated_ns = NodeState.TIMED_OUT, reason, now_ns
+                out += [Changed(name), CancelNode(name, reason)]
+        return out + self._maybe_analyse(now_ns)
+
+    def _maybe_analyse(self, now_ns: int) -> list[Instruction]:
+        if not all(rec.terminal for rec in self.nodes.values()):
+            return []
+        done = {n for n, rec in self.nodes.items() if rec.finished and rec.digests}
+        self.missing = sorted(set(self.nodes) - done)
+        if not done:
+            self.state, self.finished_ns = SweepState.FAILED, now_ns
+            self.error = "no node delivered a digest: " + "; ".join(
+                f"{n}: {self.nodes[n].reason or self.nodes[n].state.value}" for n in self.missing
+            )
+            return [Changed()]
+        self.state = SweepState.ANALYSING
+        return [Changed(), Analyse(self.digests())]
+
+    def digests(self) -> tuple[ArtifactInfo, ...]:
+        return tuple(a for rec in self.nodes.values() if rec.finished for a in rec.digests)
+
+    def _analysed(self, event: AnalysisDone) -> list[Instruction]:
+        if self.state is not SweepState.ANALYSING:
+            return []
+        for name, record in self.nodes.items():
+            if name not in self.missing:
+                record.state, record.updated_ns = NodeState.ANALYSED, event.at_ns
+        self.report_path = event.report_path
+        self.state = SweepState.PARTIAL if self.missing else SweepState.ANALYSED
+        self.finished_ns = event.at_ns
+        return [Changed()]
+
+    def _analysis_failed(self, event: AnalysisFailed) -> list[Instruction]:
+        if self.state is not SweepState.ANALYSING:
+            return []
+        self.state, self.error, self.finished_ns = SweepState.FAILED, event.error, event.at_ns
+        return [Changed()]
+
+    def _restarted(self, event: Restarted) -> list[Instruction]:
+        if self.state is SweepState.RUNNING:
+            self.deadline_ns = max(self.deadline_ns, event.now_ns + event.grace_ns)
+            return [Changed()]
+        if self.state is SweepState.ANALYSING:
+            return [Analyse(self.digests())]
+        return []
+
+    # persistence --------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Sweep:
+        spec = SweepSpec(**data["spec"])
+        nodes = {
+            name: NodeRecord(
+                **{
+                    **rec,
+                    "state": NodeState(rec["state"]),
+                    "artifacts": [ArtifactInfo(**{**a, "ranks": tuple(a["ranks"])}) for a in rec["artifacts"]],
+                }
+            )
+            for name, rec in data["nodes"].items()
+        }
+        return cls(**{**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"])})
+
+
+def new_sweep_id(now_ns: int | None = None) -> str:
+    """Sortable by time, unique without coordination: 20261129T110512Z-3f9a1c."""
+    now_s = (time.time_ns() if now_ns is None else now_ns) / 1e9
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s)) + "-" + secrets.token_hex(3)
+
+
+def check_sweep_id(sweep_id: str) -> str:
+    if not _SWEEP_ID.fullmatch(sweep_id):
+        raise UnknownSweep(f"no sweep {sweep_id!r}")
+    return sweep_id

@@ -1,0 +1,75 @@
+"""Resumable uploads through the real Upload RPC: resume at the committed offset, stored once."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from rankscope.proto.v1 import rankscope_pb2 as pb
+
+DATA = os.urandom(700_000)
+
+
+def broken_after(messages: Iterator[pb.UploadChunk], count: int, stub, upload_id: str = "u1") -> Iterator[pb.UploadChunk]:
+    """The first ``count`` messages, then (once the coordinator has all of them) the client dies mid-stream."""
+    sent = 0
+    for i, message in enumerate(messages):
+        if i == count:
+            while stub.QueryUpload(pb.UploadQuery(upload_id=upload_id), timeout=10).committed_offset < sent:
+                time.sleep(0.01)
+            raise RuntimeError("agent killed")
+        sent = message.offset + len(message.data)
+        yield message
+
+
+def test_upload_resumes_from_the_committed_offset_and_is_stored_once(coordinator, wire) -> None:
+    token = coordinator.register("node-a").session_token
+    head = wire.header(DATA, node="node-a", token=token)
+    with pytest.raises(grpc.RpcError):
+        coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator.agents), timeout=10)  # header + 3 chunks
+
+    status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+    assert status.known and not status.complete
+    assert status.committed_offset == 3 * (64 << 10)
+
+    reply = coordinator.agents.Upload(wire.chunks(head, DATA, start=status.committed_offset), timeout=10)
+    assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
+    assert not reply.deduplicated
+    objects = wire.stored_files(coordinator.data_dir)
+    assert [p.name for p in objects] == [reply.sha256]
+    assert objects[0].read_bytes() == DATA
+
+    again = coordinator.agents.Upload(wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id="u2"), DATA), timeout=10)
+    assert again.complete and again.deduplicated
+    assert wire.stored_files(coordinator.data_dir) == objects
+    done = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+    assert done.complete and done.committed_offset == len(DATA)
+
+
+def test_upload_resumes_after_a_coordinator_restart(tmp_path, wire) -> None:
+    running = wire.start(tmp_path / "data")
+    token = running.register("node-a").session_token
+    head = wire.header(DATA, node="node-a", token=token)
+    with pytest.raises(grpc.RpcError):
+        running.agents.Upload(broken_after(wire.chunks(head, DATA), 6, running.agents), timeout=10)
+    wire.stop(running)
+
+    running = wire.start(tmp_path / "data")
+    try:
+        status = running.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+        assert status.committed_offset == 5 * (64 << 10)
+        reply = running.agents.Upload(wire.chunks(head, DATA, start=status.committed_offset), timeout=10)
+        assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
+        assert [p.read_bytes() for p in wire.stored_files(running.data_dir)] == [DATA]
+    finally:
+        wire.stop(running)
+
+
+def test_unknown_upload_starts_at_zero(coordinator) -> None:
+    status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="never"), timeout=10)
+    assert not status.known and status.committed_offset == 0
