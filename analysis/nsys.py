@@ -532,19 +532,12 @@ def _rank_override(export: _Export, rank_from: str) -> int:
 def _identities(export: _Export, units: pd.DataFrame, nccl: pd.DataFrame, rank_from: str | None) -> pd.DataFrame:
     """Rank, local rank, world size per (pid, device) unit, and where the rank came from."""
     units = units.copy()
-    inits = nccl[nccl["name"].fillna("").str.lower().str.startswith("ncclcomminit") & nccl["comm_rank"].notna()]
-    # The NCCL rank in the process's largest communicator is its global rank.
-    widest = inits.sort_values("nranks", ascending=False).drop_duplicates(["pid", "cuda_device"])
-    by_device = units.merge(
-        widest.rename(columns={"cuda_device": "device"})[["pid", "device", "comm_rank", "nranks"]], on=["pid", "device"], how="left"
-    )
-    by_pid = units[["pid"]].merge(widest.drop_duplicates("pid")[["pid", "comm_rank", "nranks"]], on="pid", how="left")
-    payload_rank = by_device["comm_rank"].fillna(by_pid["comm_rank"])
-    payload_size = by_device["nranks"].fillna(by_pid["nranks"])
+    env_world = _env_int(export.env, WORLD_SIZE_ENV)
+    payload = _payload_ranks(units, nccl, env_world[1] if env_world else None)
+    payload_rank, payload_size = payload["comm_rank"], payload["nranks"]
     single = len(units) == 1
     env_rank = _env_int(export.env, RANK_ENV)
     env_local = _env_int(export.env, LOCAL_RANK_ENV)
-    env_world = _env_int(export.env, WORLD_SIZE_ENV)
     units["local_rank"] = env_local[1] if (single and env_local) else pd.NA
     units["world_size"] = env_world[1] if env_world else pd.NA
     units["world_size"] = units["world_size"].fillna(payload_size)
@@ -566,6 +559,27 @@ def _identities(export: _Export, units: pd.DataFrame, nccl: pd.DataFrame, rank_f
             + " (use --rank-from env:VAR or filename:REGEX)"
         )
     return units
+
+
+def _payload_ranks(units: pd.DataFrame, nccl: pd.DataFrame, world_size: int | None) -> pd.DataFrame:
+    """Per unit, (comm_rank, nranks) of its world communicator from CommInitRank payloads.
+
+    A communicator's rank is the global rank only in a communicator of the whole job:
+    one of ``world_size`` ranks when that is known, else the unit's one strictly widest
+    communicator (TP and DP groups of equal size tie, and then nothing is taken).
+    """
+    inits = nccl[nccl["name"].fillna("").str.lower().str.startswith("ncclcomminit") & nccl["comm_rank"].notna()]
+    inits = inits.drop_duplicates(["pid", "cuda_device", "comm", "nranks", "comm_rank"])
+    mine = units.merge(inits[["pid", "cuda_device", "nranks", "comm_rank"]], on="pid")
+    mine = mine[mine["cuda_device"].isna() | (mine["cuda_device"] == mine["device"])]
+    keys = [mine["pid"], mine["device"]]
+    widest = mine["nranks"] == mine.groupby(keys)["nranks"].transform("max")
+    if world_size is None:
+        chosen = mine[widest & (widest.groupby(keys).transform("sum") == 1)]
+    else:
+        chosen = mine[mine["nranks"] == world_size]
+    chosen = chosen.drop_duplicates(["pid", "device"])[["pid", "device", "comm_rank", "nranks"]]
+    return units[["pid", "device"]].merge(chosen, on=["pid", "device"], how="left")
 
 
 def _gpu_ids(export: _Export, units: pd.DataFrame) -> pd.Series:

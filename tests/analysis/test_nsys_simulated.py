@@ -1,0 +1,86 @@
+"""read_nsys recovers what the simulator put into its nsys-schema exports (plan.md contract)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from rankscope.analysis import digest, nsys
+
+simulate = pytest.importorskip("rankscope.analysis.simulate")
+
+SPEC = dict(nodes=2, gpus_per_node=2, tp=2, steps=3, seed=5, job_id="simjob")
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, list[Path]]:
+    spec = simulate.JobSpec(**SPEC)
+    return spec, simulate.simulate(spec, tmp_path_factory.mktemp("sim"))
+
+
+def _long(table: pa.Table, part: str):
+    column = table.column(part).combine_chunks()
+    frame = pa.Table.from_struct_array(pc.list_flatten(column)).to_pandas()
+    frame.insert(0, "rank", table.column("rank").to_numpy()[pc.list_parent_indices(column).to_numpy()])
+    return frame
+
+
+def test_ranks_hosts_gpus_and_job(job) -> None:
+    spec, paths = job
+    table = digest.concat(nsys.read_nsys(p) for p in paths)
+    assert table.column("rank").to_pylist() == list(range(4))
+    assert set(table.column("rank_source").to_pylist()) == {"env:RANK"}
+    assert table.column("host").to_pylist() == [simulate.host_name(spec, r // 2) for r in range(4)]
+    assert table.column("gpu").to_pylist() == [simulate.gpu_uuid(spec, r // 2, r % 2) for r in range(4)]
+    assert set(table.column("job_id").to_pylist()) == {"simjob"}
+    assert table.column("local_rank").to_pylist() == [0, 1, 0, 1]
+    assert table.column("world_size").to_pylist() == [4] * 4
+    assert all(not ws for ws in table.column("warnings").to_pylist())
+
+
+def test_communicator_ids_and_bytes_from_payloads(job) -> None:
+    spec, paths = job
+    coll = _long(digest.concat(nsys.read_nsys(p) for p in paths), "collectives")
+    expected = {
+        f"{simulate.comm_hash(spec, kind, group):016x}": (kind, simulate.members(spec, kind, group))
+        for kind in ("tp", "dp") for group in range(2)
+    }
+    assert set(coll["comm_id"]) == set(expected)
+    for comm_id, rows in coll.groupby("comm_id"):
+        kind, members = expected[comm_id]
+        assert sorted(rows["rank"].unique().tolist()) == members
+        assert set(rows["bytes"]) == {spec.tp_bytes if kind == "tp" else spec.dp_bytes}
+        assert set(rows["op"]) == {"allreduce"}
+        # Every member sees the same numbered instances.
+        per_rank = rows.groupby("rank")["seq"].apply(sorted)
+        assert all(seqs == per_rank.iloc[0] for seqs in per_rank)
+    assert set(coll["step"]) == set(range(spec.steps))
+
+
+def _without_environment(source: Path, target: Path) -> Path:
+    """As if profiled with --discard-environment=true: no captured env rows."""
+    target.write_bytes(source.read_bytes())
+    with sqlite3.connect(target) as db:
+        db.execute("DELETE FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT_VARIABLE'")
+    return target
+
+
+def test_rank_from_world_communicator_payload_when_environment_was_discarded(tmp_path: Path) -> None:
+    spec = simulate.JobSpec(**{**SPEC, "barrier": True})  # adds a world communicator
+    paths = simulate.simulate(spec, tmp_path / "sim", nodes=[1])
+    table = nsys.read_nsys(_without_environment(paths[1], tmp_path / "no_env.sqlite"))
+    assert table.column("rank").to_pylist() == [3]
+    assert table.column("rank_source").to_pylist() == ["nccl:CommInitRank"]
+    assert table.column("world_size").to_pylist() == [4]
+
+
+def test_equal_sized_tp_and_dp_communicators_do_not_name_the_rank(job, tmp_path: Path) -> None:
+    # Rank 3 is position 1 of both its TP and DP pairs: neither position is its global rank.
+    _, paths = job
+    table = nsys.read_nsys(_without_environment(paths[3], tmp_path / "no_env.sqlite"))
+    assert table.column("rank_source").to_pylist() == ["default"]
+    assert any("--rank-from" in w for w in table.column("warnings")[0].as_py())
