@@ -1,0 +1,286 @@
+"""Whole sweeps with real processes on loopback: one coordinator, several agents (sim backend).
+
+Every process is `python -m rankscope ...`, started and killed here (SIGKILL, as a crash
+would). Waits are bounded; every process is killed in teardown. What each test shows is
+issue 3's "what it must show" 1-4.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rankscope.analysis.report import Report
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+START_S = 60.0  # a cold `python -m rankscope` imports pyarrow, pandas and grpc: slow on a busy CI box
+FINAL = {pb.SWEEP_STATE_ANALYSED, pb.SWEEP_STATE_PARTIAL, pb.SWEEP_STATE_FAILED}
+LISTENING = re.compile(r"listening on \S*:(\d+)", re.IGNORECASE)
+
+
+def sim_options(nodes: int, **extra: str) -> dict[str, str]:
+    return {"sim.nodes": str(nodes), "sim.gpus_per_node": "2", "sim.tp": "2", "sim.steps": "8", "sim.seed": "5",
+            **extra}
+
+
+def wait_for(what: str, predicate: Callable[[], object], timeout: float, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+class Cluster:
+    """Processes of one test; each writes its output to a log file under tmp_path."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self.data_dir = tmp_path / "coordinator"
+        self.port = 0
+        self.channel: grpc.Channel | None = None
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RANKSCOPE_RESTART_GRACE_S": "20",
+                    "RANKSCOPE_PING_INTERVAL_S": "1", "RANKSCOPE_HEARTBEAT_INTERVAL_S": "1"}
+
+    # processes ----------------------------------------------------------------------
+
+    def spawn(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = self.tmp / f"{name}.{len([k for k in self.logs if k.startswith(name)])}.log"
+        self.logs[name] = log
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "rankscope", *argv], stdout=out, stderr=subprocess.STDOUT,
+                                    env={**self.env, **(env or {})}, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        return self.logs[name].read_text(errors="replace")
+
+    def coordinator(self, **env: str) -> str:
+        """Start (or restart, on the same port) the coordinator; returns HOST:PORT once it serves."""
+        listen = f"127.0.0.1:{self.port}"
+        self.spawn("coordinator", "coordinator", "--listen", listen, "--data-dir", str(self.data_dir), env=env)
+
+        def bound() -> int:
+            self._check_alive("coordinator")
+            match = LISTENING.search(self.log("coordinator"))
+            return int(match.group(1)) if match else 0
+
+        self.port = wait_for("the coordinator to listen", bound, START_S)
+        if self.channel is None:
+            self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        return f"127.0.0.1:{self.port}"
+
+    def agent(self, name: str, index: int, *extra: str) -> subprocess.Popen:
+        return self.spawn(
+            name, "agent", "--coordinator", f"127.0.0.1:{self.port}", "--name", name, "--backend", "sim",
+            "--labels", f"sim.node_index={index},test=sweep", "--spool", str(self.tmp / "spool"),
+            "--work-dir", str(self.work_dir(name)), "--dcgm", "none", "--max-backoff", "1", *extra,
+        )
+
+    def work_dir(self, name: str) -> Path:
+        return self.tmp / f"work-{name}"
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+    def _check_alive(self, name: str) -> None:
+        if self.procs[name].poll() is not None:
+            raise AssertionError(f"{name} exited with {self.procs[name].returncode}:\n{self.log(name)[-3000:]}")
+
+    # the user's side of the wire ----------------------------------------------------------
+
+    @property
+    def sweeps(self) -> pb_grpc.SweepServiceStub:
+        return pb_grpc.SweepServiceStub(self.channel)
+
+    @property
+    def agents(self) -> pb_grpc.AgentServiceStub:
+        return pb_grpc.AgentServiceStub(self.channel)
+
+    def start_sweep(self, nodes: list[str], *, duration_s: float, timeout_s: float, upload_raw: bool = False,
+                    options: dict[str, str]) -> str:
+        request = pb.StartSweepRequest(targets=pb.Targets(nodes=nodes), duration_s=duration_s, backend="sim",
+                                       timeout_s=timeout_s, options=options, upload_raw=upload_raw)
+
+        def started() -> str:
+            for name in nodes:
+                self._check_alive(name)
+            try:
+                return self.sweeps.StartSweep(request, timeout=10).sweep_id
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.NOT_FOUND:  # not every agent has registered yet
+                    return ""
+                raise
+
+        return wait_for(f"{nodes} to register", started, START_S, every=0.3)
+
+    def sweep(self, sweep_id: str) -> pb.Sweep | None:
+        try:
+            reply = self.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=5)
+        except grpc.RpcError:
+            return None  # the coordinator is restarting
+        return next((s for s in reply.sweeps if s.sweep_id == sweep_id), None)
+
+    def node_state(self, sweep_id: str, node: str) -> int:
+        sweep = self.sweep(sweep_id)
+        return next((n.state for n in sweep.nodes if n.node == node), 0) if sweep else 0
+
+    def wait_final(self, sweep_id: str, timeout: float) -> pb.Sweep:
+        def final() -> pb.Sweep | None:
+            sweep = self.sweep(sweep_id)
+            return sweep if sweep is not None and sweep.state in FINAL else None
+
+        return wait_for(f"sweep {sweep_id} to end", final, timeout, every=0.3)
+
+    def report(self, sweep_id: str) -> Report:
+        reply = self.sweeps.GetReport(pb.GetReportRequest(sweep_id=sweep_id), timeout=10)
+        return Report.from_dict(json.loads(reply.report_json))
+
+    def stored_objects(self) -> list[Path]:
+        return sorted(p for p in (self.data_dir / "artifacts" / "objects").rglob("*") if p.is_file())
+
+    def partials(self) -> list[Path]:
+        folder = self.data_dir / "artifacts" / "partial"
+        return sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path):
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def states(sweep: pb.Sweep) -> dict[str, str]:
+    return {n.node: pb.NodeState.Name(n.state) for n in sweep.nodes}
+
+
+def assert_stored_once_and_verified(cluster: Cluster, sweep: pb.Sweep, per_node: int) -> None:
+    """Every node's artifacts arrived exactly once, addressed by a sha256 that matches the bytes."""
+    objects = cluster.stored_objects()
+    for path in objects:
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name
+    assert len(objects) == per_node * len(sweep.nodes)
+    assert all(n.artifacts == per_node for n in sweep.nodes), states(sweep)
+    assert cluster.partials() == []
+
+
+def test_a_sweep_over_four_agents_names_the_straggler(cluster: Cluster) -> None:
+    cluster.coordinator()
+    names = [f"n{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        cluster.agent(name, i)
+    sweep_id = cluster.start_sweep(names, duration_s=0.5, timeout_s=90,
+                                   options=sim_options(4, **{"sim.stragglers": "5:compute:3000"}))
+    sweep = cluster.wait_final(sweep_id, 100)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
+    assert set(states(sweep).values()) == {"NODE_STATE_ANALYSED"} and list(sweep.missing) == []
+    assert all(n.dcgm == pb.DCGM_OUTCOME_NOT_NEEDED for n in sweep.nodes)
+    assert_stored_once_and_verified(cluster, sweep, per_node=1)
+    report = cluster.report(sweep_id)
+    assert report.stragglers == [5]
+    assert sorted(r.rank for r in report.ranks) == list(range(8))
+
+
+def _upload_ids(cluster: Cluster, name: str, sweep_id: str) -> list[str]:
+    record = cluster.work_dir(name) / "captures" / sweep_id / "capture.json"
+    try:
+        return list(json.loads(record.read_text()).get("uploads", {}))
+    except (OSError, ValueError):
+        return []
+
+
+def test_an_agent_killed_mid_upload_resumes_from_the_committed_offset(cluster: Cluster) -> None:
+    cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
+    cluster.agent("n0", 0)
+    # 30 kB/s: the raw exports (about 120 kB per rank) take seconds to upload.
+    cluster.agent("n1", 1, "--upload-limit", "0.03")
+    sweep_id = cluster.start_sweep(["n0", "n1"], duration_s=0.2, timeout_s=90, upload_raw=True, options=sim_options(2))
+
+    def partly_committed() -> tuple[str, int] | None:
+        for uid in _upload_ids(cluster, "n1", sweep_id):
+            status = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5)
+            if status.known and 0 < status.committed_offset < status.size:
+                return uid, status.committed_offset
+        return None
+
+    uid, committed = wait_for("n1 to be part-way through an upload", partly_committed, START_S)
+    cluster.kill("n1")
+    # What the coordinator holds now is where the restarted agent must resume.
+    at_kill = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5).committed_offset
+    assert at_kill >= committed > 0
+    cluster.agent("n1", 1)
+    sweep = cluster.wait_final(sweep_id, 100)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
+    resumed = [int(m) for m in re.findall(rf"upload {re.escape(uid)} resumes at committed offset (\d+)", cluster.log("n1"))]
+    assert resumed and resumed[0] >= at_kill > 0
+    status = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5)
+    assert status.complete and status.committed_offset == status.size
+    stored = cluster.data_dir / "artifacts" / "objects" / status.sha256[:2] / status.sha256
+    assert hashlib.sha256(stored.read_bytes()).hexdigest() == status.sha256
+    # One digest and two raw exports per node, each stored once.
+    assert_stored_once_and_verified(cluster, sweep, per_node=3)
+
+
+def test_the_coordinator_killed_mid_sweep_finishes_it_after_restart(cluster: Cluster) -> None:
+    cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
+    names = ["n0", "n1", "n2", "n3"]
+    for i, name in enumerate(names):
+        cluster.agent(name, i, "--upload-limit", "0.2")
+    sweep_id = cluster.start_sweep(names, duration_s=0.5, timeout_s=90, upload_raw=True,
+                                   options=sim_options(4, **{"sim.stragglers": "2:compute:3000"}))
+    wait_for("a node to start uploading",
+             lambda: any(cluster.node_state(sweep_id, n) == pb.NODE_STATE_UPLOADING for n in names), START_S, 0.05)
+    cluster.kill("coordinator")
+    cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
+    sweep = cluster.wait_final(sweep_id, 100)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
+    assert_stored_once_and_verified(cluster, sweep, per_node=3)
+    assert cluster.report(sweep_id).stragglers == [2]
+
+
+def test_an_agent_that_never_comes_back_makes_the_sweep_partial(cluster: Cluster) -> None:
+    cluster.coordinator()
+    names = ["n0", "n1", "n2", "n3"]
+    for i, name in enumerate(names):
+        cluster.agent(name, i)
+    timeout_s = 12.0
+    sweep_id = cluster.start_sweep(names, duration_s=2.0, timeout_s=timeout_s, options=sim_options(4))
+    wait_for("n3 to capture", lambda: cluster.node_state(sweep_id, "n3") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    cluster.kill("n3")
+    sweep = cluster.wait_final(sweep_id, timeout_s + 30)
+    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
+    assert list(sweep.missing) == ["n3"]
+    assert states(sweep)["n3"] == "NODE_STATE_TIMED_OUT"
+    assert {states(sweep)[n] for n in names[:3]} == {"NODE_STATE_ANALYSED"}
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3, 4, 5]
