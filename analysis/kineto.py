@@ -1,0 +1,670 @@
+"""Kineto (PyTorch profiler) JSON traces to digests.
+
+One trace is one rank. What is read, and why (reference/nccl-in-traces.md §4, §6):
+
+- Timestamps: ``ts``/``dur`` are µs with up to three decimals, either absolute Unix-epoch µs
+  or relative to ``baseTimeNanoseconds``. Absolute µs exceed float64's ns precision, so the
+  digits are parsed as text into int64 ns, never through float.
+- NCCL collectives: the ``c10d::<op>`` CPU op (with its ``record_param_comms`` args:
+  ``Collective name``, sizes, ``Process Group Name``/``ID``, ``Seq``) is the identity; its GPU
+  kernels (joined by CUDA correlation to the launch on the same thread, else by ``External
+  id``) give arrival (first kernel start) and end. Kernel names only classify.
+- gloo collectives: ``c10d::<op>`` on the calling thread enqueues; ``gloo:<op>`` on a gloo
+  worker thread is the real work (arrival = worker start). Worker events carry no PG or seq,
+  so each is paired with its enqueue by op and order.
+- communicator = process-group name (the same on every member); instance = ``Seq`` when
+  traced, else the rank's torch hook's per-PG sequence base plus order, else the order
+  within the PG in the window ("ordinal").
+
+Parsing: Kineto writes every complete event with the keys ph, cat, name, pid, tid, ts, dur
+first, in that order; one regex over the bytes reads those heads and only the few events
+that matter have their ``args`` decoded. A file that does not fit this layout is parsed in
+full with the standard library instead (same result, slower).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from rankscope.analysis import digest, intervals, ops
+from rankscope.errors import ExportError, RankscopeWarning
+
+SOURCE_FORMAT = "kineto-json"
+HOOK_KEY = "rankscope"  # top-level metadata written by rankscope's torch hook
+
+_HEAD = re.compile(
+    rb'\{\s*"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"([^"]*)"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"\s*,'
+    rb'\s*"pid"\s*:\s*"?([^,"]*)"?\s*,\s*"tid"\s*:\s*"?([^,"]*)"?\s*,'
+    rb'\s*"ts"\s*:\s*(-?\d+)(?:\.(\d+))?\s*,\s*"dur"\s*:\s*(-?\d+)(?:\.(\d+))?'
+    rb'(?:(?=\s*,\s*"args"\s*:\s*\{\s*"External id"\s*:\s*(\d+)))?'  # first arg, not consumed
+)
+_COMPLETE = re.compile(rb'"ph"\s*:\s*"X"')
+# The profiler's own span ("cat": "Trace") is written with another key order; it is not needed.
+_SPAN = re.compile(rb'"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"Trace"')
+_CORRELATION = re.compile(rb'"correlation"\s*:\s*(\d+)')
+_ARGS = re.compile(r'\s*,\s*"args"\s*:\s*')
+_TOP_KEYS = ("schemaVersion", "distributedInfo", "baseTimeNanoseconds", "host_name", "trace_id", HOOK_KEY)
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_GLOO = "gloo:"
+_C10D = "c10d::"
+_RPC = "record_param_comms"
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+# Bytes per element for record_param_comms `dtype` and `Input type` spellings.
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
+    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8,
+    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2,
+    "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1,
+    "unsigned char": 1, "signed char": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+@dataclass
+class _Trace:
+    top: dict
+    events: pd.DataFrame  # cat, name, pid, tid, ts_ns, dur_ns (absolute epoch ns), corr, ext
+    args: callable  # rows (positions in events) -> list[dict]
+
+
+def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
+    """One digest row for one Kineto trace (plain or gzipped JSON).
+
+    ``rank_from``: None takes the rank from ``distributedInfo`` (or the rankscope hook's
+    metadata); ``"filename"`` or a regex with one group takes it from the file name, which
+    also serves as the fallback when the trace has none.
+    """
+    path = Path(path)
+    trace = _load(path)
+    notes: list[str] = []
+    meta = _meta(path, trace, rank_from, notes)
+    events = trace.events
+    steps = _steps(events)
+    gpu = events[events["cat"].isin(_GPU_CATS)]
+    if len(gpu):
+        busy = _device_busy(gpu)
+        collectives = _nccl_collectives(trace, meta, notes)
+    else:
+        notes.append(
+            "CPU-only trace: no device activity; busy time is the union of top-level CPU ops "
+            "(compute) and gloo worker ops (communication)"
+        )
+        busy = _cpu_busy(events)
+        collectives = _gloo_collectives(trace, meta, notes)
+    collectives = _with_context(collectives, busy, steps, meta["window_start_ns"])
+    communicators = _communicators(trace.top, collectives)
+    meta.update(busy.totals)
+    meta["warnings"] = notes
+    for note in notes:
+        warnings.warn(f"{path}: {note}", RankscopeWarning, stacklevel=2)
+    return digest.digest_row(
+        meta, collectives=collectives, kernels=busy.kernels, steps=steps, communicators=communicators
+    )
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _load(path: Path) -> _Trace:
+    try:
+        raw = path.read_bytes()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise ExportError(f"cannot read Kineto trace ({exc})", path=path) from None
+    heads = list(_HEAD.finditer(raw))
+    if heads and len(heads) == _count(_COMPLETE, raw) - _count(_SPAN, raw):
+        return _fast(path, raw, heads)
+    return _full(path, raw)
+
+
+def _count(pattern: re.Pattern, raw: bytes) -> int:
+    """Occurrences of a pattern; the common compact spellings are counted without regex."""
+    text = pattern.pattern.replace(rb"\s*", b"")
+    spaced = text.replace(b":", b": ").replace(b",", b", ")
+    quick = raw.count(text) + raw.count(spaced)
+    return quick if quick else len(pattern.findall(raw))
+
+
+def _fast(path: Path, raw: bytes, heads: list[re.Match]) -> _Trace:
+    groups = list(zip(*(m.groups() for m in heads)))
+    starts = np.fromiter((m.start() for m in heads), np.int64, len(heads))
+    ends = np.fromiter((m.end() for m in heads), np.int64, len(heads))
+    names = pd.Series(groups[1], dtype=object)
+    escaped = names.map(lambda b: b"\\" in b)
+    names = names.map(bytes.decode)
+    if escaped.any():
+        names[escaped] = names[escaped].map(lambda s: json.loads(f'"{s}"'))
+    top = _top_fast(path, raw, int(starts[0]), int(ends[-1]))
+    frame = pd.DataFrame(
+        {
+            "cat": pd.Series(groups[0]).map(bytes.decode).astype("category"),
+            "name": names,
+            "pid": pd.Series(groups[2]).map(bytes.decode).astype("category"),
+            "tid": pd.Series(groups[3]).map(bytes.decode).astype("category"),
+            "ts_ns": _ns(groups[4], groups[5]),
+            "dur_ns": _ns(groups[6], groups[7]),
+            "corr": _arg_at(raw, _CORRELATION, starts),
+            "ext": pd.array([None if v is None else int(v) for v in groups[8]], dtype="Int64"),
+        }
+    )
+    frame["ts_ns"] += _base(top)
+    def args(rows) -> list[dict]:
+        decoder = json.JSONDecoder()
+        out = []
+        for row in rows:
+            end = int(starts[row + 1]) if row + 1 < len(starts) else len(raw)
+            chunk = raw[int(ends[row]) : end].decode("utf-8", "replace")
+            found = _ARGS.match(chunk)
+            out.append(decoder.raw_decode(chunk, found.end())[0] if found else {})
+        return out
+
+    return _Trace(top, frame, args)
+
+
+def _top_fast(path: Path, raw: bytes, first: int, last: int) -> dict:
+    """Top-level keys, read from the text before the first and after the last event."""
+    decoder = json.JSONDecoder()
+    top: dict = {}
+    for part in (raw[:first], raw[last:]):
+        text = part.decode("utf-8", "replace")
+        for key in _TOP_KEYS:
+            if key in top:
+                continue
+            found = re.search(rf'"{key}"\s*:\s*', text)
+            if found:
+                try:
+                    top[key] = decoder.raw_decode(text, found.end())[0]
+                except ValueError as exc:
+                    raise ExportError(f"unreadable top-level {key!r} ({exc})", path=path) from None
+    return top
+
+
+def _full(path: Path, raw: bytes) -> _Trace:
+    try:
+        data = json.loads(raw, parse_float=str)  # floats stay text: ns survive
+    except ValueError as exc:
+        raise ExportError(f"not a JSON trace ({exc})", path=path) from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ExportError("not a Kineto trace (no traceEvents list)", path=path)
+    complete = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e]
+    ts = [_split(e["ts"]) for e in complete]
+    dur = [_split(e.get("dur", 0)) for e in complete]
+    all_args = [e.get("args") or {} for e in complete]
+    frame = pd.DataFrame(
+        {
+            "cat": pd.Series([str(e.get("cat", "")) for e in complete], dtype="category"),
+            "name": pd.Series([str(e.get("name", "")) for e in complete], dtype=object),
+            "pid": pd.Series([str(e.get("pid", "")) for e in complete], dtype="category"),
+            "tid": pd.Series([str(e.get("tid", "")) for e in complete], dtype="category"),
+            "ts_ns": _ns(*zip(*ts)) if ts else np.zeros(0, np.int64),
+            "dur_ns": _ns(*zip(*dur)) if dur else np.zeros(0, np.int64),
+            "corr": pd.array([a.get("correlation") for a in all_args], dtype="Int64"),
+            "ext": pd.array([a.get("External id") for a in all_args], dtype="Int64"),
+        }
+    )
+    top = {k: data[k] for k in _TOP_KEYS if k in data}
+    frame["ts_ns"] += _base(top)
+    return _Trace(top, frame, lambda rows: [all_args[r] for r in rows])
+
+
+def _split(value) -> tuple[bytes, bytes | None]:
+    text = str(value)
+    if "e" in text or "E" in text:  # exponent notation: exact via Decimal, rare
+        from decimal import Decimal
+
+        text = format(Decimal(text), "f")
+    whole, _, frac = text.partition(".")
+    return whole.encode(), frac.encode() or None
+
+
+def _ns(whole, frac) -> np.ndarray:
+    """µs as text (integer digits, fraction digits or None) -> int64 ns, rounded."""
+    micros = np.array(whole, dtype="S24").astype(np.int64)
+    fraction = np.array([f or b"0" for f in frac], dtype="S24")
+    tenths = np.char.ljust(fraction, 4, b"0").astype("S4").astype(np.int64)  # 0.1 ns units
+    sub = (tenths + 5) // 10
+    return micros * 1000 + np.where(micros < 0, -sub, sub)
+
+
+def _arg_at(raw: bytes, pattern: re.Pattern, starts: np.ndarray) -> pd.arrays.IntegerArray:
+    """An integer arg of each event, found by one regex pass and assigned by position."""
+    hits = list(pattern.finditer(raw))
+    values = pd.array([pd.NA] * len(starts), dtype="Int64")
+    if not hits:
+        return values
+    pos = np.fromiter((m.start() for m in hits), np.int64, len(hits))
+    val = np.array([m.group(1) for m in hits], dtype="S20").astype(np.int64)
+    owner = np.searchsorted(starts, pos, side="right") - 1
+    keep = owner >= 0
+    values[owner[keep]] = val[keep]
+    return values
+
+
+def _base(top: dict) -> int:
+    base = top.get("baseTimeNanoseconds")
+    return int(base) if base is not None else 0
+
+
+# ---------------------------------------------------------------- identity
+
+
+def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) -> dict:
+    top = trace.top
+    info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else None
+    hook = top.get(HOOK_KEY) if isinstance(top.get(HOOK_KEY), dict) else {}
+    rank, source = _rank(path, info, hook, rank_from, notes)
+    world = (info or {}).get("world_size", hook.get("world_size"))
+    host = top.get("host_name") or hook.get("host")
+    if not host:
+        host = f"unknown-host:{path.name}"
+        notes.append(f"no host_name in trace: it is its own clock domain ({host})")
+    events = trace.events
+    if len(events) == 0:
+        raise ExportError("Kineto trace has no complete (ph X) events", path=path)
+    cpu = events[events["cat"] == "cpu_op"]
+    pid = cpu["pid"].mode().iloc[0] if len(cpu) else None
+    return {
+        "rank": rank,
+        "rank_source": source,
+        "local_rank": hook.get("local_rank"),
+        "world_size": world,
+        "host": str(host),
+        "gpu": hook.get("gpu") or None,
+        "pid": int(pid) if pid is not None and str(pid).lstrip("-").isdigit() else None,
+        "job_id": hook.get("job_id") or None,
+        "source_format": SOURCE_FORMAT,
+        "source_file": str(path),
+        "producer": f"kineto schemaVersion {top.get('schemaVersion', '?')}"
+        + (f", torch {hook['torch']}" if hook.get("torch") else ""),
+        "window_start_ns": int(events["ts_ns"].min()),
+        "window_end_ns": int((events["ts_ns"] + events["dur_ns"]).max()),
+        "backend": (info or {}).get("backend"),
+    }
+
+
+def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, notes: list[str]) -> tuple[int, str]:
+    if rank_from is None:
+        if info is not None and isinstance(info.get("rank"), int):
+            return info["rank"], "distributedInfo.rank"
+        if isinstance(hook.get("rank"), int):
+            return hook["rank"], "rankscope hook"
+    pattern = r"rank[-_]?(\d+)" if rank_from in (None, "filename") else rank_from
+    try:
+        found = re.search(pattern, path.name)
+    except re.error as exc:
+        raise ExportError(f"bad rank_from pattern {rank_from!r} ({exc})", path=path) from None
+    if found and found.groups():
+        if rank_from is None:
+            what = "no distributedInfo" if info is None else "distributedInfo has no rank"
+            notes.append(f"{what}: rank {found.group(1)} taken from the file name")
+        return int(found.group(1)), "filename"
+    what = "no distributedInfo" if info is None else "distributedInfo has no rank"
+    raise ExportError(
+        f"{what} and the file name does not give one (pattern {pattern!r}); "
+        "pass the rank explicitly (rank_from) or name the file rank<N>", path=path
+    )
+
+
+# ---------------------------------------------------------------- busy time
+
+
+@dataclass
+class _Busy:
+    compute: intervals.Union
+    everything: intervals.Union
+    kernels: pd.DataFrame
+    totals: dict
+
+
+def _device_busy(gpu: pd.DataFrame) -> _Busy:
+    start = gpu["ts_ns"].to_numpy(np.int64)
+    end = start + gpu["dur_ns"].to_numpy(np.int64)
+    comm = ops.is_comm_kernel(gpu["name"]) & (gpu["cat"] == "kernel").to_numpy()
+    kernels = gpu[gpu["cat"] == "kernel"]
+    return _busy(start, end, comm, _kernel_table(kernels, ops.is_comm_kernel(kernels["name"])))
+
+
+def _cpu_busy(events: pd.DataFrame) -> _Busy:
+    """CPU-only proxy: top-level CPU ops on compute threads, gloo worker ops as comm."""
+    gloo = events["name"].str.startswith(_GLOO) & (events["cat"] == "user_annotation")
+    c10d = events["name"].str.startswith((_C10D, _RPC))
+    callers = set(_thread(events[c10d]))
+    threads = _thread(events)
+    workers = set(threads[gloo.to_numpy()]) - callers  # gloo:send runs on the caller
+    cpu = (events["cat"] == "cpu_op").to_numpy() & ~c10d.to_numpy() & ~np.isin(threads, list(workers))
+    chosen = events[cpu | gloo.to_numpy()]
+    top = chosen[_top_level(chosen)]
+    start = top["ts_ns"].to_numpy(np.int64)
+    end = start + top["dur_ns"].to_numpy(np.int64)
+    comm = top["name"].str.startswith(_GLOO).to_numpy()
+    return _busy(start, end, comm, _kernel_table(top, comm))
+
+
+def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: pd.DataFrame) -> _Busy:
+    compute = intervals.merge(start[~comm], end[~comm])
+    everything = intervals.merge(start, end)
+    total = int((everything.ends - everything.starts).sum())
+    compute_ns = int((compute.ends - compute.starts).sum())
+    comm_ns = intervals.union_length(start[comm], end[comm])
+    overlap = compute_ns + comm_ns - total
+    totals = {
+        "gpu_busy_ns": total,
+        "compute_only_ns": compute_ns - overlap,
+        "comm_only_ns": comm_ns - overlap,
+        "overlap_ns": overlap,
+    }
+    return _Busy(compute, everything, kernels, totals)
+
+
+def _kernel_table(rows: pd.DataFrame, is_comm: np.ndarray) -> pd.DataFrame:
+    frame = pd.DataFrame({"name": rows["name"].to_numpy(), "dur": rows["dur_ns"].to_numpy(), "is_comm": is_comm})
+    table = frame.groupby(["name", "is_comm"], sort=False).agg(count=("dur", "size"), total_ns=("dur", "sum"))
+    return table.reset_index().sort_values("total_ns", ascending=False, kind="stable")
+
+
+def _top_level(rows: pd.DataFrame) -> np.ndarray:
+    """True for events not nested inside an earlier event of the same thread."""
+    order = rows.sort_values(["pid", "tid", "ts_ns", "dur_ns"], ascending=[True, True, True, False])
+    end = order["ts_ns"] + order["dur_ns"]
+    thread = order["pid"].astype(str) + "/" + order["tid"].astype(str)
+    reach = end.groupby(thread, sort=False, observed=True).cummax()
+    previous = reach.groupby(thread, sort=False, observed=True).shift(1)
+    top = previous.isna() | (order["ts_ns"] >= previous)
+    return top.reindex(rows.index).to_numpy(dtype=bool)
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def _calls(events: pd.DataFrame) -> pd.DataFrame:
+    """Host-side collective calls: c10d ops, each with the row of the record_param_comms
+    (``rpc``) and of the ``nccl:<op>`` annotation (``ann``) inside it, -1 where none."""
+    cpu = events["cat"] == "cpu_op"
+    c10d = events[cpu & events["name"].str.startswith(_C10D)]
+    rpc = events[cpu & (events["name"] == _RPC)]
+    ann = events[(events["cat"] == "user_annotation") & events["name"].str.startswith("nccl:")]
+    calls = c10d.assign(op=c10d["name"].map(ops.canonical), rpc=-1, ann=-1)
+    lone = rpc
+    for column, inner in (("rpc", rpc), ("ann", ann)):
+        if len(inner) and len(calls):
+            inside = _containing(inner, calls)
+            found = inside.dropna().astype(int)
+            calls.iloc[found.to_numpy(), calls.columns.get_loc(column)] = found.index.to_numpy()
+            if column == "rpc":
+                lone = rpc[inside.isna()]
+    if len(lone):  # record_param_comms outside any c10d op: a call of its own
+        calls = pd.concat([calls, lone.assign(op=None, rpc=lone.index, ann=-1)])
+    return calls.sort_values("ts_ns", kind="stable")
+
+
+def _containing(inner: pd.DataFrame, outer: pd.DataFrame) -> pd.Series:
+    """For each inner event: the position in ``outer`` of the latest event on the same
+    thread that starts before it and has not ended (NaN where none)."""
+    left = pd.DataFrame(
+        {"ts_ns": inner["ts_ns"].to_numpy(), "thread": _thread(inner), "row": inner.index}
+    ).sort_values("ts_ns", kind="stable")
+    right = pd.DataFrame(
+        {
+            "ts_ns": outer["ts_ns"].to_numpy(),
+            "thread": _thread(outer),
+            "end": (outer["ts_ns"] + outer["dur_ns"]).to_numpy(),
+            "pos": np.arange(len(outer)),
+        }
+    ).sort_values("ts_ns", kind="stable")
+    joined = pd.merge_asof(left, right, on="ts_ns", by="thread", direction="backward")
+    joined.loc[~(joined["ts_ns"] <= joined["end"]), "pos"] = np.nan
+    return joined.set_index("row")["pos"].reindex(inner.index)
+
+
+def _thread(rows: pd.DataFrame) -> np.ndarray:
+    return (rows["pid"].astype(str) + "/" + rows["tid"].astype(str)).to_numpy()
+
+
+def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFrame:
+    events = trace.events
+    kernels = events[(events["cat"] == "kernel")]
+    kernels = kernels[ops.is_comm_kernel(kernels["name"])]
+    if kernels.empty:
+        return pd.DataFrame()
+    calls = _calls(events)
+    call_pos = _kernel_calls(events, kernels, calls)
+    linked = kernels.assign(call=call_pos.to_numpy())
+    orphans = int(linked["call"].isna().sum())
+    if orphans:
+        notes.append(f"{orphans} NCCL kernel(s) with no host-side collective call in the trace: not matched")
+    linked = linked.dropna(subset=["call"])
+    end = linked["ts_ns"] + linked["dur_ns"]
+    per_call = (
+        linked.assign(end=end)
+        .groupby("call")
+        .agg(start_ns=("ts_ns", "min"), end_ns=("end", "max"), kernel_row=("ts_ns", "idxmin"))
+    )
+    chosen = calls.iloc[per_call.index.astype(int)]
+    rows = per_call.assign(cpu_call_ns=chosen["ts_ns"].to_numpy(), call_row=chosen.index, rpc=chosen["rpc"].to_numpy(),
+                           ann=chosen["ann"].to_numpy(), op=chosen["op"].to_numpy())
+    # Identity args: record_param_comms where present, else the first kernel's copy.
+    rpc_rows = rows["rpc"].to_numpy()
+    sources = np.where(rpc_rows >= 0, rpc_rows, rows["kernel_row"].to_numpy())
+    args = trace.args(list(sources))
+    kernel_args = trace.args(list(rows["kernel_row"].to_numpy()))
+    call_args = trace.args(list(rows["call_row"].to_numpy()))
+    ann_args = trace.args([a for a in rows["ann"].to_numpy() if a >= 0])
+    ann_iter = iter(ann_args)
+    ann_args = [next(ann_iter) if a >= 0 else {} for a in rows["ann"].to_numpy()]
+    stream = [str(a.get("stream", "?")) for a in kernel_args]
+    frame = rows.reset_index(drop=True)
+    frame["op"] = [
+        ops.canonical(a.get("Collective name")) or op or ops.canonical(k.get("Collective name"))
+        for a, op, k in zip(args, frame["op"], kernel_args)
+    ]
+    frame["bytes"] = [_bytes(a) or _bytes(n) or _bytes(c) for a, n, c in zip(args, ann_args, call_args)]
+    frame["pg"] = [_pg(a) or _pg(k) for a, k in zip(args, kernel_args)]
+    frame["seq_trace"] = pd.array([_int(a.get("Seq", k.get("Seq"))) for a, k in zip(args, kernel_args)], dtype="Int64")
+    frame["stream"] = stream
+    frame = frame[frame["op"].notna()]
+    return _identify(frame, trace.top, meta, notes, fallback="stream")
+
+
+def _kernel_calls(events: pd.DataFrame, kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
+    """Position in ``calls`` of each kernel's host call: via the CUDA launch that has the
+    kernel's correlation id (enclosed by the call on its thread), else by External id."""
+    runtime = events[(events["cat"] == "cuda_runtime") & events["corr"].notna()]
+    launches = runtime.drop_duplicates("corr").set_index("corr")
+    has = kernels["corr"].isin(launches.index)
+    result = pd.Series(np.nan, index=kernels.index)
+    if has.any():
+        launch = launches.loc[kernels.loc[has, "corr"].to_numpy()]
+        launch.index = kernels.index[has.to_numpy()]
+        result[has] = _containing(launch, calls)
+    missing = result.isna()
+    if missing.any():
+        by_ext = pd.Series(np.arange(len(calls)), index=calls["ext"].to_numpy())
+        rpc_ext = calls["rpc"].map(lambda r: events.at[r, "ext"] if r >= 0 else pd.NA)
+        by_ext = pd.concat([by_ext, pd.Series(np.arange(len(calls)), index=rpc_ext.to_numpy())])
+        by_ext = by_ext[by_ext.index.notna()]
+        by_ext = by_ext[~by_ext.index.duplicated()]
+        result[missing] = kernels.loc[missing, "ext"].map(by_ext).to_numpy(dtype=float, na_value=np.nan)
+    return result
+
+
+def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFrame:
+    events = trace.events
+    work = events[(events["cat"] == "user_annotation") & events["name"].str.startswith(_GLOO)]
+    if work.empty:
+        return pd.DataFrame()
+    work = work.assign(op=work["name"].map(ops.canonical)).dropna(subset=["op"])
+    calls = _calls(events)
+    calls = calls[calls["op"].notna()]
+    paired = _pair_in_order(work, calls)
+    dropped = len(work) - len(paired)
+    if dropped:
+        notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
+    call_rows = [int(r) for r in paired["call_row"]]
+    call_args = [a if r >= 0 else {} for r, a in zip(call_rows, trace.args([max(r, 0) for r in call_rows]))]
+    work_args = trace.args(list(paired["row"]))
+    frame = pd.DataFrame(
+        {
+            "start_ns": paired["ts_ns"].to_numpy(),
+            "end_ns": (paired["ts_ns"] + paired["dur_ns"]).to_numpy(),
+            "cpu_call_ns": pd.array(paired["call_ts"], dtype="Int64"),
+            "op": paired["op"].to_numpy(),
+            "bytes": [_bytes(w) or _bytes(c) for w, c in zip(work_args, call_args)],
+            "pg": [_pg(a) for a in call_args],
+            "seq_trace": pd.array([_int(a.get("Seq")) for a in call_args], dtype="Int64"),
+            "stream": "",
+        }
+    )
+    return _identify(frame, trace.top, meta, notes, fallback="op")
+
+
+def _pair_in_order(work: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """Pair each gloo worker op with its enqueue: the k-th call of an op with the k-th worker
+    op of that op that started after the first such call (FIFO per op). Ops never enqueued
+    in the trace (no c10d events recorded) stay, unpaired."""
+    first = calls.groupby("op")["ts_ns"].min()
+    known = work["op"].isin(first.index)
+    lone = work[~known].assign(row=work.index[~known], call_row=-1, call_ts=pd.NA)
+    if not known.any():
+        return lone
+    work = work[known]
+    work = work[work["ts_ns"] >= work["op"].map(first)]
+    work = work.sort_values("ts_ns", kind="stable")
+    work = work.assign(k=work.groupby("op").cumcount(), row=work.index)
+    calls = calls.assign(k=calls.groupby("op").cumcount(), call_row=calls.index, call_ts=calls["ts_ns"])
+    paired = work.merge(calls[["op", "k", "call_row", "call_ts"]], on=["op", "k"], how="inner")
+    paired = paired[paired["ts_ns"] >= paired["call_ts"]]
+    return pd.concat([paired, lone]) if len(lone) else paired
+
+
+def _identify(frame: pd.DataFrame, top: dict, meta: dict, notes: list[str], fallback: str) -> pd.DataFrame:
+    """comm_id and seq for each instance (see module docstring)."""
+    if frame.empty:
+        return frame
+    frame = frame.assign(order=frame["cpu_call_ns"].fillna(frame["start_ns"]))
+    frame = frame.sort_values("order", kind="stable").reset_index(drop=True)
+    groups = _pg_config(top)
+    missing = frame["pg"].isna()
+    if missing.any():
+        if len(groups) == 1:
+            frame.loc[missing, "pg"] = next(iter(groups))
+        else:
+            key = frame.loc[missing, fallback].astype(str)
+            frame.loc[missing, "pg"] = "unresolved-pg:" + key + (
+                "" if fallback == "op" else ":" + frame.loc[missing, "op"])
+            notes.append(
+                f"{int(missing.sum())} collective(s) carry no process group and the trace lists "
+                f"{len(groups) or 'no'} group(s): grouped by {fallback} and op, ordered within the group"
+            )
+    p2p = frame["op"].isin(ops.P2P_OPS)
+    frame["comm_id"] = np.where(p2p, frame["pg"] + "/p2p", frame["pg"])
+    # Order within the group counts p2p too: the PG's own sequence counter does.
+    ordinal = frame.groupby("pg", sort=False).cumcount() + 1
+    bases = (top.get(HOOK_KEY) or {}).get("pg_seq_base") or {}
+    base = frame["pg"].map(lambda g: bases.get(str(g)))
+    traced = frame["seq_trace"].notna()
+    frame["seq"] = np.where(traced, frame["seq_trace"].fillna(0).astype(np.int64),
+                            np.where(base.notna(), base.fillna(0).astype(np.int64) + ordinal, ordinal))
+    frame["seq_source"] = np.where(traced | base.notna(), "trace", "ordinal")
+    if (~traced & base.isna()).any():
+        notes.append("no collective sequence numbers in trace: instances are numbered by order within "
+                     "each process group inside the capture window")
+    frame["peer"] = pd.NA
+    return frame
+
+
+def _with_context(frame: pd.DataFrame, busy: _Busy, steps: pd.DataFrame, first: int) -> pd.DataFrame:
+    """compute_before / idle_before / compute_overlap and the step of each collective."""
+    if frame.empty:
+        return digest.empty_part("collectives").to_pandas()
+    frame = frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
+    start = frame["start_ns"].to_numpy(np.int64)
+    end = frame["end_ns"].to_numpy(np.int64)
+    gap_start, gap_end = intervals.gaps_before(start, end, first)
+    frame["compute_before_ns"] = intervals.overlap(busy.compute, gap_start, gap_end)
+    frame["idle_before_ns"] = (gap_end - gap_start) - intervals.overlap(busy.everything, gap_start, gap_end)
+    frame["compute_overlap_ns"] = intervals.overlap(busy.compute, start, end)
+    frame["step"] = _step_of(frame["cpu_call_ns"].fillna(frame["start_ns"]).to_numpy(np.int64), steps)
+    return frame
+
+
+def _steps(events: pd.DataFrame) -> pd.DataFrame:
+    found = events["name"].str.extract(_STEP, expand=False)
+    rows = events[found.notna()]
+    return pd.DataFrame(
+        {
+            "step": found[found.notna()].astype(np.int64).to_numpy(),
+            "start_ns": rows["ts_ns"].to_numpy(np.int64),
+            "end_ns": (rows["ts_ns"] + rows["dur_ns"]).to_numpy(np.int64),
+        }
+    ).sort_values("start_ns", kind="stable").drop_duplicates("step")
+
+
+def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.array:
+    out = pd.array([pd.NA] * len(times), dtype="Int64")
+    if steps.empty or len(times) == 0:
+        return out
+    starts = steps["start_ns"].to_numpy()
+    j = np.searchsorted(starts, times, side="right") - 1
+    jj = np.clip(j, 0, None)
+    inside = (j >= 0) & (times < steps["end_ns"].to_numpy()[jj])
+    out[inside] = steps["step"].to_numpy()[jj[inside]]
+    return out
+
+
+def _communicators(top: dict, collectives: pd.DataFrame) -> pd.DataFrame:
+    groups = _pg_config(top)
+    ids = list(dict.fromkeys(collectives["comm_id"])) if len(collectives) else []
+    rows = []
+    for comm in ids:
+        name = comm.removesuffix("/p2p")
+        config = groups.get(name, {})
+        rows.append({"comm_id": comm, "ranks": config.get("ranks"), "name": config.get("pg_desc") or name})
+    return pd.DataFrame(rows, columns=["comm_id", "ranks", "name"])
+
+
+def _pg_config(top: dict) -> dict[str, dict]:
+    info = top.get("distributedInfo") or {}
+    return {str(g.get("pg_name")): g for g in info.get("pg_config") or [] if isinstance(g, dict)}
+
+
+def _pg(args: dict) -> str | None:
+    for key in ("Process Group Name", "Process Group ID"):
+        if args.get(key) is not None and args.get(key) != "":
+            return str(args[key])
+    return None
+
+
+def _int(value) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _bytes(args: dict) -> int | None:
+    """Message size: record_param_comms `In msg nelems` x dtype, else the first input's
+    `Input Dims` x `Input type` (per rank, as sent)."""
+    nelems = _int(args.get("In msg nelems"))
+    dtype = str(args.get("dtype", "")).lower()
+    if nelems is not None and dtype in _DTYPE_BYTES:
+        return nelems * _DTYPE_BYTES[dtype]
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    for shape, kind in zip(dims, types):
+        while isinstance(shape, list) and shape and isinstance(shape[0], list):
+            shape = shape[0]  # a TensorList: its first tensor
+        size = _DTYPE_BYTES.get(str(kind).lower())
+        if isinstance(shape, list) and shape and size:
+            return int(np.prod(shape, dtype=np.int64)) * size
+    return None
