@@ -36,15 +36,29 @@ class Stragglers:
 
 
 def own_delay(events: pd.DataFrame) -> pd.DataFrame:
-    """Matched rows with ``excess``: the gap since the rank's previous collective, minus the
-    median gap of the instance's participants (local clocks only)."""
+    """Matched rows with ``excess``: the gap since the rank's previous collective minus the
+    median gap of the *other* participants, floored at 0 (local clocks only).
+
+    Leaving the rank itself out keeps a two-rank group from splitting the delay between
+    its members; the floor keeps early ranks from looking like the cause of anything.
+    """
     ordered = events.sort_values(["rank", "start_ns"], kind="stable")
     previous_end = ordered.groupby("rank", sort=False)["end_ns"].shift(1)
     ordered = ordered.assign(gap=(ordered["start_ns"] - previous_end).astype("float64"))
     rows = ordered.loc[(ordered["instance"] != UNMATCHED) & ordered["gap"].notna()]
-    peers = rows.groupby("instance")["gap"].transform("median")
-    counted = rows.groupby("instance")["gap"].transform("size") > 1
-    return rows.assign(excess=rows["gap"] - peers).loc[counted]
+    rows = rows.sort_values(["instance", "gap"], kind="stable").reset_index(drop=True)
+    rows = rows.loc[rows.groupby("instance")["gap"].transform("size").to_numpy() > 1].reset_index(drop=True)
+    gap = rows["gap"].to_numpy()
+    instance = rows["instance"].to_numpy()
+    first = np.r_[0, np.flatnonzero(np.diff(instance)) + 1] if len(rows) else np.array([], dtype=np.int64)
+    sizes = np.diff(np.r_[first, len(rows)])
+    base = np.repeat(first, sizes)
+    position = np.arange(len(rows)) - base
+    others = np.repeat(sizes, sizes) - 1
+    lo, hi = (others - 1) // 2, others // 2
+    # index j among the others is index j + (j >= position) in the sorted instance
+    median_others = 0.5 * (gap[base + lo + (lo >= position)] + gap[base + hi + (hi >= position)])
+    return rows.assign(excess=np.maximum(gap - median_others, 0.0))
 
 
 def find(events: pd.DataFrame, ranks: pd.Index) -> Stragglers:

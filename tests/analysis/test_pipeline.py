@@ -1,0 +1,87 @@
+"""analyze() end to end: synthetic digests, and the real nsys samples (issue 2, "must show" 1)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rankscope.analysis import digest
+from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.report import Report
+from rankscope.analysis.testing import SyntheticJob, synthetic_job
+from rankscope.errors import InputError
+
+
+def test_report_contract_on_a_synthetic_job() -> None:
+    digests, truth = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=4, steps=25, stragglers={2: 200_000}, seed=11))
+    report = analyze(digests)
+    data = json.loads(report.to_json())
+    assert data["schema"] == "rankscope.report/1"
+    assert [r["rank"] for r in data["ranks"]] == list(range(8))
+    assert data["stragglers"] == [2]
+    kinds = {c["comm_id"]: c["kind"] for c in data["communicators"]}
+    assert kinds == {"tp0": "tp", "tp1": "tp", **{f"dp{i}": "dp" for i in range(4)}}
+    assert {t["comm_id"] for t in data["tp_overhead"]} == {"tp0", "tp1"}
+    assert data["alignment"]["matched_collectives"] == 25 * (4 * 2 + 4)
+    assert data["alignment"]["happens_before_violations"] == 0
+    rank2 = data["ranks"][2]
+    assert rank2["late_mean_ns"] == pytest.approx(truth.late_mean_ns[2], abs=1_000)
+    assert rank2["nccl_wait_ns"] + rank2["nccl_transfer_ns"] == rank2["nccl_kernel_ns"]
+    assert 0 < rank2["gpu_busy_pct"] <= 100
+
+
+def test_clock_hints_only_change_the_gauge() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=3, gpus_per_node=2, steps=25, seed=12))
+    plain = analyze(digests)
+    hinted = analyze(digests, clock_hints={"node000": 5_000_000, "node001": 0, "node002": 0})
+    late = lambda r: [x.late_mean_ns for x in r.ranks]  # noqa: E731
+    assert np.allclose(late(plain), late(hinted), atol=2)
+    offsets = {h.host: h.offset_ns for h in hinted.alignment.hosts}
+    assert np.mean(list(offsets.values())) == pytest.approx(5_000_000 / 3, abs=10)
+
+
+def test_no_ranks_or_no_collectives_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="no ranks"):
+        analyze(digest.concat([]))
+    row = digest.digest_row(
+        {"rank": 0, "rank_source": "t", "host": "h", "source_format": "t", "source_file": "f",
+         "window_start_ns": 0, "window_end_ns": 1, "gpu_busy_ns": 0, "compute_only_ns": 0, "comm_only_ns": 0,
+         "overlap_ns": 0}
+    )
+    with pytest.raises(InputError, match="no collectives"):
+        analyze(row)
+
+
+def test_dsl_two_node_allreduce(samples) -> None:
+    from rankscope.analysis.sources import load_digests
+
+    report = analyze(load_digests([samples / "nsys" / "dsl_2node_2rank_allreduce"]))
+    hosts = {r.rank: r.host for r in report.ranks}
+    assert hosts == {0: "ault43.cscs.ch", 1: "ault44.cscs.ch"}
+    assert report.alignment.matched_collectives == 1
+    assert report.alignment.happens_before_violations == 0
+    by_rank = {r.rank: r for r in report.ranks}
+    # rank 1 (ault44) started its AllReduce kernel ~1.8 ms after rank 0; ends agree within ~1 us
+    assert by_rank[1].late_mean_ns == pytest.approx(1.79e6, rel=0.02)
+    assert by_rank[0].late_mean_ns == 0
+    assert by_rank[1].last_arrival_share == 1.0 and by_rank[1].blame_ns == pytest.approx(1.79e6, rel=0.02)
+    assert report.late_ranks == [1]
+    assert abs(by_rank[0].clock_offset_ns - by_rank[1].clock_offset_ns) < 5_000
+    table = report.render_table()
+    assert "rank 1 (1.79 ms)" in table
+
+
+def test_torchrun_file_splits_into_two_ranks_with_sendrecv_matched(samples) -> None:
+    from rankscope.analysis.sources import load_digests
+
+    report = analyze(load_digests([samples / "nsys" / "nsysai_2gpu_sendrecv" / "mfu_2gpu_before.sqlite"]))
+    assert [r.rank for r in report.ranks] == [0, 1]
+    assert report.alignment.method == "single host (shared clock)"
+    (comm,) = report.communicators
+    assert comm.ranks == [0, 1] and [o.op for o in comm.ops] == ["sendrecv"]
+    assert report.alignment.matched_collectives == comm.ops[0].instances == 33
+    assert report.alignment.dropped_inconsistent == 0
+    assert all(r.matched == 33 for r in report.ranks)
+    assert Report.from_dict(json.loads(report.to_json())) == report

@@ -1,0 +1,73 @@
+"""The report contract (rankscope.report/1), its round trip and the terminal table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.report import Report, fmt_ns
+from rankscope.analysis.testing import SyntheticJob, synthetic_job
+from rankscope.errors import InputError
+
+RANK_KEYS = {
+    "rank", "host", "clock_offset_ns", "clock_uncertainty_ns", "late_mean_ns", "late_p99_ns", "late_max_ns",
+    "last_arrival_share", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "gpu_busy_pct",
+}
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=25, stragglers={3: 300_000}, seed=21))
+    return analyze(digests)
+
+
+def test_json_has_the_contract_keys(report: Report) -> None:
+    data = json.loads(report.to_json())
+    assert data["schema"] == "rankscope.report/1"
+    for row in data["ranks"]:
+        assert RANK_KEYS <= set(row)
+    assert data["stragglers"] == [3]
+    for comm in data["communicators"]:
+        assert {"ranks", "kind", "ops"} <= set(comm)
+        assert comm["kind"] in {"tp", "dp", "other"}
+        for op in comm["ops"]:
+            assert {"op", "imbalance_cv", "network_cv", "transfer_mean_ns"} <= set(op)
+    for tp in data["tp_overhead"]:
+        assert {"comm_id", "ranks", "exposed_frac", "exposed_wait_frac", "exposed_transfer_frac"} <= set(tp)
+    assert {"method", "matched_collectives", "happens_before_violations"} <= set(data["alignment"])
+    assert isinstance(data["warnings"], list)
+
+
+def test_round_trip(report: Report) -> None:
+    again = Report.from_dict(json.loads(report.to_json()))
+    assert again == report
+    assert again.to_json() == report.to_json()
+
+
+def test_from_dict_refuses_other_documents() -> None:
+    with pytest.raises(InputError, match="not a rankscope.report/1"):
+        Report.from_dict({"schema": "something/2"})
+    with pytest.raises(InputError, match="malformed"):
+        Report.from_dict({"schema": "rankscope.report/1", "ranks": []})
+
+
+def test_table_names_stragglers_first_then_ranks_in_order(report: Report) -> None:
+    lines = report.render_table().splitlines()
+    straggler_line = next(i for i, line in enumerate(lines) if line.startswith("STRAGGLERS"))
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
+    assert straggler_line < header
+    assert lines[straggler_line + 1].strip().startswith("rank 3 on node001")
+    ranks = [line.split()[0] for line in lines[header + 2 : header + 6]]
+    assert ranks == ["0", "1", "2", "3"]
+    assert lines[header + 5].rstrip().endswith("*")  # rank 3 marked
+    assert any(line.startswith("COMMUNICATORS") for line in lines)
+    assert any(line.startswith("TP OVERHEAD") for line in lines)
+
+
+def test_durations_are_printed_with_units() -> None:
+    assert fmt_ns(512) == "512 ns"
+    assert fmt_ns(1_790_000) == "1.79 ms"
+    assert fmt_ns(12_300) == "12.3 µs"
+    assert fmt_ns(None) == "-"
