@@ -368,7 +368,6 @@ def timeline(spec: JobSpec) -> Timeline:
         # The step ends with a host sync on the device (loss.item(), optimizer step).
         step_end[:, s] = np.maximum(host, device + _SYNC_LATENCY)
         host = step_end[:, s] + d["step_gap"][:, s]
-        device = np.maximum(device, host)
 
     session = -d["session_lead"][:, 0]
     kinds = _comm_kinds(spec)
@@ -425,7 +424,8 @@ def truth(spec: JobSpec) -> dict[str, Any]:
     for kind in _comm_kinds(spec):
         for g in range(int(_group_of(spec, kind, np.arange(spec.world_size)).max()) + 1):
             h = comm_hash(spec, kind, g)
-            communicators.append({"kind": kind, "comm_hash": h, "comm_hex": f"0x{h:016x}",
+            # comm_id: the hash as 16 hex digits, the digest's spelling of NCCL's commHash.
+            communicators.append({"kind": kind, "comm_hash": h, "comm_id": f"{h:016x}",
                                   "ranks": members(spec, kind, g)})
     return {
         "schema": TRUTH_SCHEMA,
@@ -909,90 +909,32 @@ def _iso(utc_ns: int) -> str:
     return dt.datetime.fromtimestamp(utc_ns // 10**9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+@dataclass(frozen=True)
+class _Process:
+    """The rank's process and main thread as nsys serializes them (nsys-export.md §4)."""
+
+    pid: int
+    gpid: int
+    gtid: int
+
+    @classmethod
+    def of(cls, spec: JobSpec, rank: int) -> _Process:
+        pid = _pid(spec, rank)
+        gpid = global_pid(pid)
+        return cls(pid, gpid, gpid | pid)
+
+
 def _write_nsys(rt: _RankTimes, path: Path) -> None:
-    spec = rt.spec
-    base = rt.session_local  # raw timestamps are relative to the session start
-
-    def raw(a: np.ndarray) -> list[int]:
-        return (a - base).ravel().tolist()
-
     strings = _Strings()
-    pid = _pid(spec, rt.rank)
-    gpid = global_pid(pid)
-    gtid = gpid | pid
-    S, P = rt.arrival.shape
-
-    # Kernel launches in issue order: per (step, phase) the compute kernels, then NCCL.
-    kvalid = np.broadcast_to(rt.kernel_valid, rt.kernel_start.shape)
-    n_k = rt.kernel_valid.shape[1]
-    order_compute = (np.arange(S)[:, None, None] * P + np.arange(P)[None, :, None]) * (n_k + 1) \
-        + np.arange(n_k)[None, None, :]
-    order_nccl = (np.arange(S)[:, None] * P + np.arange(P)[None, :]) * (n_k + 1) + n_k
-    corr_compute = order_compute[kvalid] + 1
-    corr_nccl = order_nccl.ravel() + 1
-
-    ktype = np.broadcast_to(np.arange(n_k) % len(_COMPUTE_KERNELS), rt.kernel_start.shape)[kvalid]
-    kt = [_COMPUTE_KERNELS[i] for i in range(len(_COMPUTE_KERNELS))]
-    short_ids = np.array([strings(k[0]) for k in kt])
-    dem_ids = np.array([strings(k[1] or k[0]) for k in kt])
-    man_ids = np.array([strings(k[2] or k[0]) for k in kt])
-    comm_of_phase = [ph.comm for ph in rt.phases]
-    nccl_names = {c: strings(_NCCL_KERNEL[c]) for c in comm_of_phase}
-    nccl_dem = {c: strings(f"{_NCCL_KERNEL[c]}(ncclDevKernelArgsStorage<(unsigned long)4096>)") for c in comm_of_phase}
-    nccl_man = {c: strings(f"_Z{len(_NCCL_KERNEL[c])}{_NCCL_KERNEL[c]}24ncclDevKernelArgsStorageILm4096EE")
-                for c in comm_of_phase}
-
-    n_compute, n_nccl = len(corr_compute), S * P
-    kernel_cols = {
-        "start": raw(rt.kernel_start[kvalid]) + raw(rt.arrival),
-        "end": raw(rt.kernel_end[kvalid]) + raw(rt.end),
-        "streamId": [_COMPUTE_STREAM] * n_compute + [_NCCL_STREAM[c] for _ in range(S) for c in comm_of_phase],
-        "correlationId": corr_compute.tolist() + corr_nccl.tolist(),
-        "demangledName": dem_ids[ktype].tolist() + [nccl_dem[c] for _ in range(S) for c in comm_of_phase],
-        "shortName": short_ids[ktype].tolist() + [nccl_names[c] for _ in range(S) for c in comm_of_phase],
-        "mangledName": man_ids[ktype].tolist() + [nccl_man[c] for _ in range(S) for c in comm_of_phase],
+    proc = _Process.of(rt.spec, rt.rank)
+    launches = _launches(rt)
+    tables = {
+        "CUPTI_ACTIVITY_KIND_KERNEL": _kernel_rows(rt, launches, strings, proc),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": _runtime_rows(rt, launches, strings, proc),
+        "NVTX_EVENTS": _nvtx_rows(rt, strings, proc),
+        **_target_rows(rt, strings, proc, path),
     }
-    attrs = np.array([[*k[3], *k[4], k[5], k[6], k[7]] for k in kt] + [[*_NCCL_GRID[0], *_NCCL_GRID[1], *_NCCL_GRID[2:]]])
-    kattr = attrs[np.concatenate([ktype, np.full(n_nccl, len(kt))])].T.tolist()
-    gorder = np.argsort(np.array(kernel_cols["correlationId"]), kind="stable")
-    grid_id = np.empty(len(gorder), dtype=np.int64)
-    grid_id[gorder] = np.arange(len(gorder)) + 1000
-    n_all = n_compute + n_nccl
-    kernel_rows = list(zip(
-        kernel_cols["start"], kernel_cols["end"], [rt.local] * n_all, [1] * n_all, [0] * n_all,
-        kernel_cols["streamId"], kernel_cols["correlationId"], [gpid] * n_all,
-        kernel_cols["demangledName"], kernel_cols["shortName"], kernel_cols["mangledName"],
-        [1] * n_all, [0] * n_all, kattr[6], *kattr[0:6], kattr[7], kattr[8], [0] * n_all, [0] * n_all,
-        grid_id.tolist(), kattr[8], [1] * n_all, ["[]"] * n_all,
-    ))
-
-    launch_id, cu_id = strings("cudaLaunchKernel_v7000"), strings("cuLaunchKernelEx")
-    runtime_rows = list(zip(
-        raw(rt.launch_start[kvalid]) + raw(rt.cu_start),
-        raw(rt.launch_end[kvalid]) + raw(rt.cu_end),
-        [0] * n_compute + [1] * n_nccl, [gtid] * n_all,
-        corr_compute.tolist() + corr_nccl.tolist(),
-        [launch_id] * n_compute + [cu_id] * n_nccl, [0] * n_all,
-    ))
-
-    nvtx_rows = _nvtx_rows(rt, strings, gtid, raw)
-    schemas, entries, enums, enum_entries = _nvtx_payload_rows()
-    host = host_name(spec, rt.node)
-    utc = rt.session_utc_ns
-    session_end = int(rt.end.max()) + 50 * MS
-    meta_capture = _meta_capture(rt, session_end - base)
-    meta_export = _meta_export(rt, path, utc)
-    thread_rows = [(strings("python3"), 20, gtid), (strings("pt_nccl_watchdg"), 20, gpid | (pid + 57))]
-    sys_env = [(1 << 48, "Local (CLI)", name, enum, value) for name, enum, value in (
-        ("CpuCores", 1, "96"), ("NvDriverVersion", 205, "570.124.06"), ("OsDescription", 605, "Ubuntu 22.04.5 LTS"),
-        ("CudaDriverVersion", 611, "12080"), ("Hostname", 619, host), ("SupportsNCCL", 925, "1"))]
-    gpus = [(1 << 48, g, "NVIDIA H100 80GB HBM3", f"0000:{0x18 + 0x10 * g:02x}:00.0", 1, 52428800, 85520809984,
-             3352320000000, 1980000000, 132, g, gpu_uuid(spec, rt.node, g), 0, "GH100", g, None, None, 161, 0,
-             65536, 4, 65536, 49152, 232448, 233472, 65536, 32, 3, 64, 32, 1024, 1024, 1024, 64, 2147483647,
-             65535, 65535, 9, 0, 9, 0) for g in range(spec.gpus_per_node)]
-    cuda_devices = [(g, g, pid, gpu_uuid(spec, rt.node, g), 132) for g in range(spec.gpus_per_node)]
-    session_row = (utc, _iso(utc), _iso(utc), 3_600 * 10**9 + rt.rank * 17 * MS)
-
+    tables = {"StringIds": ([], strings.rows()), **tables}  # complete only now
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
     con = sqlite3.connect(tmp, isolation_level=None)
@@ -1002,32 +944,10 @@ def _write_nsys(rt: _RankTimes, path: Path) -> None:
         con.execute("BEGIN")
         for statement in _ddl_statements():
             con.execute(statement)
-        ins = con.executemany
-        ins("INSERT INTO StringIds VALUES (?,?)", strings.rows())
-        ins("INSERT INTO NVTX_PAYLOAD_SCHEMAS VALUES (?,?,?,?,?,?,?,?)", schemas)
-        ins("INSERT INTO NVTX_PAYLOAD_SCHEMA_ENTRIES VALUES (?,?,?,?,?,?,?,?,?)", entries)
-        ins("INSERT INTO NVTX_PAYLOAD_ENUMS VALUES (?,?,?,?,?)", enums)
-        ins("INSERT INTO NVTX_PAYLOAD_ENUM_ENTRIES VALUES (?,?,?,?,?,?)", enum_entries)
-        ins("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (?,?,?,?,?)", sys_env)
-        con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?,?,?,?)", session_row)
-        ins(f"INSERT INTO TARGET_INFO_GPU VALUES ({','.join('?' * 41)})", gpus)
-        ins("INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (?,?,?,?,?)", cuda_devices)
-        ins("INSERT INTO PROCESSES VALUES (?,?,?)", [(gpid, pid, "python3")])
-        ins("INSERT INTO ThreadNames VALUES (?,?,?)", thread_rows)
-        ins("INSERT INTO ENUM_NSYS_EVENT_TYPE VALUES (?,?,?)", _EVENT_TYPES)
-        ins("INSERT INTO ENUM_NSYS_EVENT_CLASS VALUES (?,?,?)", _EVENT_CLASSES)
-        ins("INSERT INTO META_DATA_CAPTURE VALUES (?,?)", meta_capture)
-        ins("INSERT INTO META_DATA_EXPORT VALUES (?,?)", meta_export)
-        kernel_columns = (
-            "start, end, deviceId, contextId, greenContextId, streamId, correlationId, globalPid, demangledName, "
-            "shortName, mangledName, launchType, cacheConfig, registersPerThread, gridX, gridY, gridZ, blockX, "
-            "blockY, blockZ, staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, "
-            "gridId, sharedMemoryExecuted, sharedMemoryLimitConfig, tensorSizeMinusOneElements")
-        ins(f"INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL ({kernel_columns}) VALUES ({','.join('?' * 28)})", kernel_rows)
-        ins("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid, correlationId, nameId, "
-            "returnValue) VALUES (?,?,?,?,?,?,?)", runtime_rows)
-        ins("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, textId, domainId, binaryData) "
-            "VALUES (?,?,?,?,?,?,?,?)", nvtx_rows)
+        for table, (columns, rows) in tables.items():
+            names = f" ({', '.join(columns)})" if columns else ""
+            width = len(columns) if columns else len(rows[0])
+            con.executemany(f"INSERT INTO {table}{names} VALUES ({','.join('?' * width)})", rows)
         con.execute("COMMIT")
     finally:
         con.close()
@@ -1038,31 +958,152 @@ def _ddl_statements() -> list[str]:
     return [s.strip() + "\n" for s in NSYS_DDL.split(";\n") if s.strip()]
 
 
-def _nvtx_rows(rt: _RankTimes, strings: _Strings, gtid: int, raw) -> list[tuple]:
-    spec = rt.spec
+@dataclass
+class _Launches:
+    """Every kernel of the rank in issue order (per step and phase: compute, then NCCL)."""
+
+    api_start: np.ndarray  # ns on the node clock, relative to the session start
+    api_end: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray  # index into _COMPUTE_KERNELS, or len(_COMPUTE_KERNELS) + phase for NCCL
+
+    @property
+    def nccl(self) -> np.ndarray:
+        return self.kind >= len(_COMPUTE_KERNELS)
+
+
+def _launches(rt: _RankTimes) -> _Launches:
+    S, P, K = rt.kernel_start.shape
+    valid = np.concatenate([np.broadcast_to(rt.kernel_valid, (S, P, K)), np.ones((S, P, 1), bool)], axis=2)
+    kind = np.concatenate([np.broadcast_to(np.arange(K) % len(_COMPUTE_KERNELS), (S, P, K)),
+                           np.broadcast_to(len(_COMPUTE_KERNELS) + np.arange(P)[:, None], (S, P, 1))], axis=2)
+
+    def issued(compute: np.ndarray, nccl: np.ndarray) -> np.ndarray:
+        both = np.concatenate([compute, nccl[:, :, None]], axis=2)
+        return both[valid] - rt.session_local
+
+    return _Launches(api_start=issued(rt.launch_start, rt.cu_start), api_end=issued(rt.launch_end, rt.cu_end),
+                     start=issued(rt.kernel_start, rt.arrival), end=issued(rt.kernel_end, rt.end),
+                     kind=kind[valid])
+
+
+_KERNEL_COLUMNS = (
+    "start", "end", "deviceId", "contextId", "greenContextId", "streamId", "correlationId", "globalPid",
+    "demangledName", "shortName", "mangledName", "launchType", "cacheConfig", "registersPerThread",
+    "gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ", "staticSharedMemory", "dynamicSharedMemory",
+    "localMemoryPerThread", "localMemoryTotal", "gridId", "sharedMemoryExecuted", "sharedMemoryLimitConfig",
+    "tensorSizeMinusOneElements",
+)
+
+
+def _kernel_types(rt: _RankTimes, strings: _Strings) -> list[tuple]:
+    """Per launch kind: (stream, demangled, short, mangled ids, grid, block, regs, smem...)."""
+    types = [(_COMPUTE_STREAM, strings(dem or short), strings(short), strings(man or short), *grid, *block, regs,
+              static, dynamic) for short, dem, man, grid, block, regs, static, dynamic in _COMPUTE_KERNELS]
+    grid, block, regs, static, dynamic = _NCCL_GRID
+    for ph in rt.phases:
+        name = _NCCL_KERNEL[ph.comm]
+        types.append((_NCCL_STREAM[ph.comm], strings(f"{name}(ncclDevKernelArgsStorage<(unsigned long)4096>)"),
+                      strings(name), strings(f"_Z{len(name)}{name}24ncclDevKernelArgsStorageILm4096EE"),
+                      *grid, *block, regs, static, dynamic))
+    return types
+
+
+def _kernel_rows(rt: _RankTimes, launches: _Launches, strings: _Strings,
+                 proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
+    n = len(launches.kind)
+    attrs = np.array(_kernel_types(rt, strings), dtype=np.int64)[launches.kind].T.tolist()
+    stream, dem, short, man, gx, gy, gz, bx, by, bz, regs, static, dynamic = attrs
+    const = [[value] * n for value in (rt.local, 1, 0)]  # deviceId, contextId, greenContextId
+    ids = np.arange(1, n + 1).tolist()
+    rows = list(zip(
+        launches.start.tolist(), launches.end.tolist(), *const, stream, ids, [proc.gpid] * n, dem, short, man,
+        [1] * n, [0] * n, regs, gx, gy, gz, bx, by, bz, static, dynamic, [0] * n, [0] * n,
+        (np.arange(n) + 1000).tolist(), dynamic, [1] * n, ["[]"] * n,
+    ))
+    return _KERNEL_COLUMNS, rows
+
+
+def _runtime_rows(rt: _RankTimes, launches: _Launches, strings: _Strings,
+                  proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
+    n = len(launches.kind)
+    # NCCL 2.27 launches with the driver API (eventClass 1), PyTorch ops with the runtime (0).
+    name = np.where(launches.nccl, strings("cuLaunchKernelEx"), strings("cudaLaunchKernel_v7000"))
+    columns = ("start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue")
+    rows = list(zip(launches.api_start.tolist(), launches.api_end.tolist(), launches.nccl.astype(int).tolist(),
+                    [proc.gtid] * n, range(1, n + 1), name.tolist(), [0] * n))
+    return columns, rows
+
+
+_NVTX_COLUMNS = ("start", "end", "eventType", "text", "globalTid", "textId", "domainId", "binaryData")
+
+
+def _nvtx_rows(rt: _RankTimes, strings: _Strings, proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
+    spec, base = rt.spec, rt.session_local
     S, P = rt.arrival.shape
     me = np.array([rt.rank])
-    rows: list[tuple] = [(int(rt.comm_init[0, 0]) - rt.session_local - 5 * MS, None, NVTX_DOMAIN_CREATE, "NCCL",
-                          gtid, None, NCCL_DOMAIN_ID, None)]
+
+    def ranges(start: np.ndarray, end: np.ndarray, text, text_id, domain, blobs) -> list[tuple]:
+        n = start.size
+        texts = text if isinstance(text, list) else [text] * n
+        return list(zip((start - base).ravel().tolist(), (end - base).ravel().tolist(), [NVTX_PUSHPOP] * n, texts,
+                        [proc.gtid] * n, [text_id] * n, [domain] * n, blobs if blobs is not None else [None] * n))
+
+    # The NCCL domain is created just before the first communicator.
+    rows: list[tuple] = [(int(rt.comm_init[0, 0]) - base - 5 * MS, None, NVTX_DOMAIN_CREATE, "NCCL", proc.gtid,
+                          None, NCCL_DOMAIN_ID, None)]
     init = np.zeros(len(rt.comm_kinds), dtype=_INIT_PAYLOAD)
     for c, kind in enumerate(rt.comm_kinds):
         group = int(_group_of(spec, kind, me)[0])
         init[c] = (comm_hash(spec, kind, group), len(members(spec, kind, group)),
                    int(_position_in(spec, kind, me)[0]), rt.local, 0)
-    init_text = strings("ncclCommInitRank")
-    rows += zip(raw(rt.comm_init[:, 0]), raw(rt.comm_init[:, 1]), [NVTX_PUSHPOP] * len(init), [None] * len(init),
-                [gtid] * len(init), [init_text] * len(init), [NCCL_DOMAIN_ID] * len(init),
-                _blobs(SID_COMM_INIT_RANK, init))
-    payload = np.zeros((S, P), dtype=_ALLREDUCE_PAYLOAD)
+    rows += ranges(rt.comm_init[:, 0], rt.comm_init[:, 1], None, strings("ncclCommInitRank"), NCCL_DOMAIN_ID,
+                   _blobs(SID_COMM_INIT_RANK, init))
+    calls = np.zeros((S, P), dtype=_ALLREDUCE_PAYLOAD)
     for p, ph in enumerate(rt.phases):
-        payload["comm"][:, p] = comm_hash(spec, ph.comm, int(_group_of(spec, ph.comm, me)[0]))
-        payload["size"][:, p] = ph.nbytes
-    n = S * P
-    rows += zip(raw(rt.api_start), raw(rt.api_end), [NVTX_PUSHPOP] * n, [None] * n, [gtid] * n,
-                [strings("ncclAllReduce")] * n, [NCCL_DOMAIN_ID] * n, _blobs(SID_ALL_REDUCE, payload.ravel()))
-    rows += zip(raw(rt.step_start), raw(rt.step_end), [NVTX_PUSHPOP] * S, [f"step {s}" for s in range(S)],
-                [gtid] * S, [None] * S, [0] * S, [None] * S)
-    return rows
+        calls["comm"][:, p] = comm_hash(spec, ph.comm, int(_group_of(spec, ph.comm, me)[0]))
+        calls["size"][:, p] = ph.nbytes
+    rows += ranges(rt.api_start, rt.api_end, None, strings("ncclAllReduce"), NCCL_DOMAIN_ID,
+                   _blobs(SID_ALL_REDUCE, calls.ravel()))
+    rows += ranges(rt.step_start, rt.step_end, [f"step {s}" for s in range(S)], None, 0, None)
+    return _NVTX_COLUMNS, rows
+
+
+def _target_rows(rt: _RankTimes, strings: _Strings, proc: _Process,
+                 path: Path) -> dict[str, tuple[tuple[str, ...], list[tuple]]]:
+    """Payload schemas, target, process and capture metadata (full rows, no column list)."""
+    spec = rt.spec
+    host = host_name(spec, rt.node)
+    utc = rt.session_utc_ns
+    schemas, entries, enums, enum_entries = _nvtx_payload_rows()
+    sys_env = [(1 << 48, "Local (CLI)", name, enum, value) for name, enum, value in (
+        ("CpuCores", 1, "96"), ("NvDriverVersion", 205, "570.124.06"), ("OsDescription", 605, "Ubuntu 22.04.5 LTS"),
+        ("CudaDriverVersion", 611, "12080"), ("Hostname", 619, host), ("SupportsNCCL", 925, "1"))]
+    gpus = [(1 << 48, g, "NVIDIA H100 80GB HBM3", f"0000:{0x18 + 0x10 * g:02x}:00.0", 1, 52428800, 85520809984,
+             3352320000000, 1980000000, 132, g, gpu_uuid(spec, rt.node, g), 0, "GH100", g, None, None, 161, 0,
+             65536, 4, 65536, 49152, 232448, 233472, 65536, 32, 3, 64, 32, 1024, 1024, 1024, 64, 2147483647,
+             65535, 65535, 9, 0, 9, 0) for g in range(spec.gpus_per_node)]
+    # The process sees every GPU of its node (torchrun, no CUDA_VISIBLE_DEVICES) and uses its local rank's.
+    cuda_devices = [(g, g, proc.pid, gpu_uuid(spec, rt.node, g), 132) for g in range(spec.gpus_per_node)]
+    session_end = int(rt.end.max()) + 50 * MS
+    return {name: ((), rows) for name, rows in {
+        "NVTX_PAYLOAD_SCHEMAS": schemas,
+        "NVTX_PAYLOAD_SCHEMA_ENTRIES": entries,
+        "NVTX_PAYLOAD_ENUMS": enums,
+        "NVTX_PAYLOAD_ENUM_ENTRIES": enum_entries,
+        "TARGET_INFO_SYSTEM_ENV": sys_env,
+        "TARGET_INFO_SESSION_START_TIME": [(utc, _iso(utc), _iso(utc), 3_600 * 10**9 + rt.rank * 17 * MS)],
+        "TARGET_INFO_GPU": gpus,
+        "TARGET_INFO_CUDA_DEVICE": cuda_devices,
+        "PROCESSES": [(proc.gpid, proc.pid, "python3")],
+        "ThreadNames": [(strings("python3"), 20, proc.gtid),
+                        (strings("pt_nccl_watchdg"), 20, proc.gpid | (proc.pid + 57))],
+        "ENUM_NSYS_EVENT_TYPE": _EVENT_TYPES,
+        "ENUM_NSYS_EVENT_CLASS": _EVENT_CLASSES,
+        "META_DATA_CAPTURE": _meta_capture(rt, session_end - rt.session_local),
+        "META_DATA_EXPORT": _meta_export(rt, path, utc),
+    }.items()}
 
 
 def _meta_capture(rt: _RankTimes, duration_ns: int) -> list[tuple[str, str]]:
@@ -1102,6 +1143,7 @@ def _meta_export(rt: _RankTimes, path: Path, utc: int) -> list[tuple[str, str]]:
 
 # --------------------------------------------------------------------------- Kineto JSON
 
+KINETO_WARMUP_STEPS = 10
 _PG_DESC = {"world": "default_pg", "tp": "TENSOR_MODEL_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP"}
 
 
@@ -1110,74 +1152,37 @@ def _pg_name(kind: str, group: int) -> str:
     return {"world": "0", "tp": f"1.{group}", "dp": f"2.{group}"}[kind]
 
 
+class _KinetoEvents:
+    """Complete ("X") events with Kineto's relative microsecond times:
+    unix_ns = baseTimeNanoseconds + ts * 1000."""
+
+    def __init__(self, base_local: int) -> None:
+        self.base_local = base_local
+        self.events: list[dict] = []
+
+    def add(self, cat: str, name: str, pid: int, tid: int, start: int, end: int, args: dict) -> None:
+        ts = round((int(start) - self.base_local) / 1e3, 3)
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts,
+                            "dur": round((int(end) - int(start)) / 1e3, 3), "args": args})
+
+
 def _write_kineto(rt: _RankTimes, path: Path) -> None:
     spec = rt.spec
-    S, P = rt.arrival.shape
-    me = np.array([rt.rank])
     pid = _pid(spec, rt.rank)
-    # Kineto: unix_ns = baseTimeNanoseconds + ts * 1000, ts relative in us.
-    base_local = (rt.session_local + spec.start_utc_ns) // 10**9 * 10**9 - spec.start_utc_ns
-
-    def us(a: np.ndarray | int) -> np.ndarray:
-        return np.round((np.asarray(a, dtype=np.int64) - base_local) / 1e3, 3)
-
-    kinds = rt.comm_kinds
+    me = np.array([rt.rank])
     # torch always has the default (world) group "0", whether or not it is used.
-    groups = {k: int(_group_of(spec, k, me)[0]) for k in ["world", *kinds]}
-    pg_config = [{"pg_name": _pg_name(k, groups[k]), "pg_desc": _PG_DESC[k], "backend_config": "cuda:nccl",
-                  "pg_size": len(members(spec, k, groups[k])), "ranks": members(spec, k, groups[k])}
-                 for k in groups]
-    events: list[dict] = []
-    for proc, label in ((pid, "CPU"), (rt.local, f"GPU {rt.local}")):
-        events.append({"name": "process_name", "ph": "M", "ts": 0, "pid": proc, "tid": 0, "args": {"name": "python3"}})
-        events.append({"name": "process_labels", "ph": "M", "ts": 0, "pid": proc, "tid": 0, "args": {"labels": label}})
-    step_s, step_e = us(rt.step_start), us(rt.step_end)
-    for s in range(S):
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": pid, "tid": pid,
-                       "ts": float(step_s[s]), "dur": round(float(step_e[s] - step_s[s]), 3),
-                       "args": {"External id": s + 1}})
-    ext = S + 1
-    corr = 1
-    seq = {k: 0 for k in kinds}
-    ls, le, ks, ke = us(rt.launch_start), us(rt.launch_end), us(rt.kernel_start), us(rt.kernel_end)
-    as_, ae, cs, ce, arr, end = (us(a) for a in (rt.api_start, rt.api_end, rt.cu_start, rt.cu_end, rt.arrival, rt.end))
-    for s in range(S):
-        for p, ph in enumerate(rt.phases):
-            for k in range(ph.kernels):
-                kernel = _COMPUTE_KERNELS[k % len(_COMPUTE_KERNELS)]
-                events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": pid,
-                               "ts": float(ls[s, p, k]), "dur": round(float(le[s, p, k] - ls[s, p, k]), 3),
-                               "args": {"External id": ext, "correlation": corr}})
-                events.append({"ph": "X", "cat": "kernel", "name": kernel[1] or kernel[0], "pid": rt.local,
-                               "tid": _COMPUTE_STREAM, "ts": float(ks[s, p, k]),
-                               "dur": round(float(ke[s, p, k] - ks[s, p, k]), 3),
-                               "args": {"External id": ext, "device": rt.local, "stream": _COMPUTE_STREAM,
-                                        "correlation": corr, "grid": list(kernel[3]), "block": list(kernel[4])}})
-                ext, corr = ext + 1, corr + 1
-            group_members = members(spec, ph.comm, groups[ph.comm])
-            comm_args = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": ph.nbytes // 4,
-                         "Out msg nelems": ph.nbytes // 4, "Group size": len(group_members),
-                         "In split size": "[]", "Out split size": "[]",
-                         "Process Group Name": _pg_name(ph.comm, groups[ph.comm]),
-                         "Process Group Description": _PG_DESC[ph.comm],
-                         "Process Group Ranks": str(group_members), "Seq": seq[ph.comm]}
-            seq[ph.comm] += 1
-            stream = _NCCL_STREAM[ph.comm]
-            events.append({"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": pid, "tid": pid,
-                           "ts": round(float(as_[s, p]) - 4.0, 3), "dur": round(float(ae[s, p] - as_[s, p]) + 6.0, 3),
-                           "args": {"External id": ext}})
-            events.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": pid, "tid": pid,
-                           "ts": float(as_[s, p]), "dur": round(float(ae[s, p] - as_[s, p]), 3),
-                           "args": {"External id": ext + 1, **comm_args}})
-            events.append({"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "pid": pid, "tid": pid,
-                           "ts": float(cs[s, p]), "dur": round(float(ce[s, p] - cs[s, p]), 3),
-                           "args": {"External id": ext + 1, "correlation": corr}})
-            events.append({"ph": "X", "cat": "kernel", "name": _NCCL_KERNEL[ph.comm], "pid": rt.local, "tid": stream,
-                           "ts": float(arr[s, p]), "dur": round(float(end[s, p] - arr[s, p]), 3),
-                           "args": {"External id": ext + 1, "device": rt.local, "stream": stream,
-                                    "correlation": corr, "grid": list(_NCCL_GRID[0]), "block": list(_NCCL_GRID[1]),
-                                    **comm_args}})
-            ext, corr = ext + 2, corr + 1
+    groups = {k: int(_group_of(spec, k, me)[0]) for k in ["world", *rt.comm_kinds]}
+    base_local = (rt.session_local + spec.start_utc_ns) // 10**9 * 10**9 - spec.start_utc_ns
+    out = _KinetoEvents(base_local)
+    for s in range(len(rt.step_start)):
+        out.add("user_annotation", f"ProfilerStep#{s}", pid, pid, rt.step_start[s], rt.step_end[s],
+                {"External id": s + 1})
+    _kineto_kernels(rt, groups, pid, out)
+    metadata = [{"name": key, "ph": "M", "ts": 0, "pid": proc, "tid": 0, "args": {arg: value}}
+                for proc, label in ((pid, "CPU"), (rt.local, f"GPU {rt.local}"))
+                for key, arg, value in (("process_name", "name", "python3"), ("process_labels", "labels", label))]
+    pg_config = [{"pg_name": _pg_name(k, g), "pg_desc": _PG_DESC[k], "backend_config": "cuda:nccl",
+                  "pg_size": len(members(spec, k, g)), "ranks": members(spec, k, g)} for k, g in groups.items()]
     doc = {
         "schemaVersion": 1,
         "deviceProperties": [{"id": g, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85520809984,
@@ -1189,10 +1194,48 @@ def _write_kineto(rt: _RankTimes, path: Path) -> None:
         "trace_id": hashlib.blake2b(f"{spec.job_id}/{spec.seed}/{rt.rank}".encode(), digest_size=16).hexdigest().upper(),
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": spec.start_utc_ns + base_local,
-        "traceEvents": events,
+        "traceEvents": metadata + out.events,
         "traceName": path.name,
     }
     _atomic_write_bytes(path, json.dumps(doc).encode())
+
+
+def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _KinetoEvents) -> None:
+    """Launches and kernels in issue order; each NCCL call as torch records it: c10d op >
+    record_param_comms (the collective's identity, also copied onto the kernel) > launch."""
+    spec = rt.spec
+    S, P = rt.arrival.shape
+    # torch's per-group Seq starts at 1; the capture window opens after warm-up steps.
+    seq = {k: 1 + KINETO_WARMUP_STEPS * sum(ph.comm == k for ph in rt.phases) for k in rt.comm_kinds}
+    ext = S + 1  # External ids after the step annotations'
+    corr = 1
+    for s in range(S):
+        for p, ph in enumerate(rt.phases):
+            for k in range(ph.kernels):
+                short, demangled, _, grid, block, *_ = _COMPUTE_KERNELS[k % len(_COMPUTE_KERNELS)]
+                out.add("cuda_runtime", "cudaLaunchKernel", pid, pid, rt.launch_start[s, p, k],
+                        rt.launch_end[s, p, k], {"External id": ext, "correlation": corr})
+                out.add("kernel", demangled or short, rt.local, _COMPUTE_STREAM, rt.kernel_start[s, p, k],
+                        rt.kernel_end[s, p, k], {"External id": ext, "device": rt.local, "stream": _COMPUTE_STREAM,
+                                                 "correlation": corr, "grid": list(grid), "block": list(block)})
+                ext, corr = ext + 1, corr + 1
+            ranks = members(spec, ph.comm, groups[ph.comm])
+            comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": ph.nbytes // 4,
+                    "Out msg nelems": ph.nbytes // 4, "Group size": len(ranks), "In split size": "[]",
+                    "Out split size": "[]", "Process Group Name": _pg_name(ph.comm, groups[ph.comm]),
+                    "Process Group Description": _PG_DESC[ph.comm], "Process Group Ranks": str(ranks),
+                    "Seq": seq[ph.comm]}
+            seq[ph.comm] += 1
+            stream = _NCCL_STREAM[ph.comm]
+            call, call_end = rt.api_start[s, p], rt.api_end[s, p]
+            out.add("cpu_op", "c10d::allreduce_", pid, pid, call - 4 * US, call_end + 1 * US, {"External id": ext})
+            out.add("cpu_op", "record_param_comms", pid, pid, call, call_end, {"External id": ext + 1, **comm})
+            out.add("cuda_driver", "cuLaunchKernelEx", pid, pid, rt.cu_start[s, p], rt.cu_end[s, p],
+                    {"External id": ext + 1, "correlation": corr})
+            out.add("kernel", _NCCL_KERNEL[ph.comm], rt.local, stream, rt.arrival[s, p], rt.end[s, p],
+                    {"External id": ext + 1, "device": rt.local, "stream": stream, "correlation": corr,
+                     "grid": list(_NCCL_GRID[0]), "block": list(_NCCL_GRID[1]), **comm})
+            ext, corr = ext + 2, corr + 1
 
 
 # --------------------------------------------------------------------------- CLI
