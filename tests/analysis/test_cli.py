@@ -1,0 +1,121 @@
+"""`rankscope digest` and `rankscope analyze` end to end, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rankscope.analysis import digest
+
+DSL = "nsys/dsl_2node_2rank_allreduce"
+TORCHRUN = "nsys/nsysai_2gpu_sendrecv/mfu_2gpu_before.sqlite"
+
+
+def rankscope(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rankscope", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def exports(samples: Path) -> list[Path]:
+    return sorted((samples / DSL).glob("*.sqlite"))
+
+
+def test_digest_writes_a_readable_parquet_digest(exports: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "rank1.parquet"
+    result = rankscope("digest", exports[1], "-o", out)
+    assert result.returncode == 0, result.stderr
+    table = digest.read(out)
+    assert table.column("rank").to_pylist() == [1]
+    assert table.column("host").to_pylist() == ["ault44.cscs.ch"]
+    assert [c["op"] for c in table.column("collectives")[0].as_py()] == ["allreduce"]
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_analyze_two_node_allreduce_names_the_late_rank(samples: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    result = rankscope("analyze", samples / DSL, "--format", "json", "-o", out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["schema"] == "rankscope.report/1"
+    ranks = {row["rank"]: row for row in report["ranks"]}
+    assert {r: row["host"] for r, row in ranks.items()} == {0: "ault43.cscs.ch", 1: "ault44.cscs.ch"}
+    assert report["alignment"]["matched_collectives"] == 1
+    # The kernels end together but rank 1's started ~1.8 ms later: it arrived late.
+    assert ranks[0]["late_max_ns"] == 0
+    assert 1_500_000 < ranks[1]["late_max_ns"] < 2_100_000
+
+
+def test_analyze_torchrun_report_with_digest_input_and_table_output(samples: Path, tmp_path: Path) -> None:
+    digest_file = tmp_path / "torchrun.parquet"
+    assert rankscope("digest", samples / TORCHRUN, "-o", digest_file).returncode == 0
+    result = rankscope("analyze", digest_file)
+    assert result.returncode == 0, result.stderr
+    assert "modal" in result.stdout and "sendrecv" in result.stdout
+    as_json = json.loads(rankscope("analyze", digest_file, "--format", "json").stdout)
+    assert sorted(row["rank"] for row in as_json["ranks"]) == [0, 1]
+    assert all(row["collectives"] == 33 for row in as_json["ranks"])
+
+
+def _bad_inputs(exports: list[Path], tmp: Path) -> dict[str, tuple[list[Path], Path]]:
+    """name -> (inputs, the file the error must name)."""
+    truncated = tmp / "truncated.sqlite"
+    truncated.write_bytes(exports[0].read_bytes()[:600_000])
+    text = tmp / "notes.sqlite"
+    text.write_text("this is a text file\n")
+    no_kernels = tmp / "no_kernels.sqlite"
+    shutil.copy(exports[0], no_kernels)
+    with sqlite3.connect(no_kernels) as db:
+        db.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+    plain = tmp / "plain.sqlite"
+    with sqlite3.connect(plain) as db:
+        db.execute("CREATE TABLE t (x)")
+    twin = tmp / "twin.sqlite"
+    shutil.copy(exports[0], twin)
+    other_job = tmp / "other_job.sqlite"
+    shutil.copy(exports[1], other_job)
+    with sqlite3.connect(other_job) as db:
+        db.execute("UPDATE META_DATA_CAPTURE SET value = 'SLURM_JOB_ID=\"999\"' WHERE value LIKE 'SLURM_JOB_ID=%'")
+    return {
+        "truncated": ([truncated, exports[1]], truncated),
+        "not sqlite": ([exports[0], text], text),
+        "no kernels": ([no_kernels], no_kernels),
+        "not nsys": ([plain], plain),
+        "rank twice": ([exports[0], twin], twin),
+        "other job": ([exports[0], other_job], other_job),
+    }
+
+
+CASES = ["truncated", "not sqlite", "no kernels", "not nsys", "rank twice", "other job"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_one_line_exit_2_no_output(case: str, exports: list[Path], tmp_path: Path) -> None:
+    inputs, culprit = _bad_inputs(exports, tmp_path)[case]
+    out = tmp_path / "report.json"
+    result = rankscope("analyze", *inputs, "--format", "json", "-o", out)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("rankscope: error:"), result.stderr
+    assert str(culprit) in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert not out.exists() and not list(tmp_path.glob(".report.json*"))
+    if len(inputs) == 1:
+        digest_out = tmp_path / "digest.parquet"
+        result = rankscope("digest", inputs[0], "-o", digest_out)
+        assert result.returncode == 2 and str(culprit) in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert not digest_out.exists()
+
+
+def test_bad_rank_from_spec_is_a_usage_error(exports: list[Path], tmp_path: Path) -> None:
+    result = rankscope("digest", exports[0], "-o", tmp_path / "d.parquet", "--rank-from", "hostname")
+    assert result.returncode == 2
+    assert "expected env:VAR or filename:REGEX" in result.stderr and "Traceback" not in result.stderr

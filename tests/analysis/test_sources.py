@@ -1,0 +1,106 @@
+"""Input discovery: folders as nsys leaves them, lone reports, digests, Kineto, refusals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from rankscope.analysis import digest, nsys, sources
+from rankscope.errors import ConsistencyError, ExportError, InputError
+
+DSL = "nsys/dsl_2node_2rank_allreduce"
+
+
+@pytest.fixture(scope="module")
+def dsl(samples: Path) -> Path:
+    return samples / DSL
+
+
+def test_folder_skips_reports_beside_their_exports(dsl: Path) -> None:
+    assert len(list(dsl.glob("*.nsys-rep"))) == 2
+    files = sources.discover([dsl])
+    assert [f.suffix for f in files] == [".sqlite", ".sqlite"]
+    table = sources.load_digests([dsl])
+    assert table.column("rank").to_pylist() == [0, 1]
+    assert table.column("host").to_pylist() == ["ault43.cscs.ch", "ault44.cscs.ch"]
+
+
+def test_same_file_named_twice_is_read_once(dsl: Path) -> None:
+    export = sorted(dsl.glob("*.sqlite"))[0]
+    assert sources.discover([export, dsl]).count(export) == 1
+
+
+def _lone_report(dsl: Path, tmp_path: Path) -> Path:
+    report = tmp_path / "rank0.nsys-rep"
+    shutil.copy(sorted(dsl.glob("*ault43*.nsys-rep"))[0], report)
+    return report
+
+
+def test_lone_report_without_nsys_names_the_command_to_run(dsl: Path, tmp_path: Path, monkeypatch) -> None:
+    report = _lone_report(dsl, tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ExportError) as err:
+        sources.load_digests([tmp_path])
+    message = str(err.value)
+    assert str(report) in message
+    assert f"nsys export --type sqlite --output {tmp_path / 'rank0.sqlite'} {report}" in message
+
+
+def test_lone_report_is_exported_with_nsys_when_installed(dsl: Path, tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "reports").mkdir()
+    report = _lone_report(dsl, tmp_path / "reports")
+    # A stand-in `nsys` that, like `nsys export --type sqlite --output OUT REP`, writes OUT.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nsys"
+    export = sorted(dsl.glob("*ault43*.sqlite"))[0]
+    fake.write_text(
+        "#!/bin/sh\n"
+        '[ "$1 $2 $3 $4" = "export --type sqlite --output" ] || exit 3\n'
+        f'cp "{export}" "$5"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    table = sources.load_digests([report.parent])
+    assert table.column("rank").to_pylist() == [0]
+    assert table.column("source_file").to_pylist() == [str(report)]
+    assert not list(report.parent.glob("*.sqlite"))  # the export went to a temporary folder
+
+
+def test_digests_and_exports_mix(dsl: Path, tmp_path: Path) -> None:
+    exports = sorted(dsl.glob("*.sqlite"))
+    digest.write(nsys.read_nsys(exports[0]), tmp_path / "rank0.parquet")
+    table = sources.load_digests([tmp_path / "rank0.parquet", exports[1]])
+    assert table.column("rank").to_pylist() == [0, 1]
+    assert table.column("source_format").to_pylist() == ["nsys-sqlite", "nsys-sqlite"]
+    direct = nsys.read_nsys(exports[0])
+    assert table.slice(0, 1).drop_columns(["warnings"]).equals(direct.drop_columns(["warnings"]))
+
+
+def test_kineto_traces_go_to_the_kineto_reader(samples: Path) -> None:
+    pytest.importorskip("rankscope.analysis.kineto")
+    folder = samples / "kineto" / "gloo_cpu_torch2.13"
+    table = sources.load_digests([folder / "rank0.json", folder / "rank1.json"])
+    assert table.column("rank").to_pylist() == [0, 1]
+    assert set(table.column("source_format").to_pylist()) == {"kineto-json"}
+
+
+def test_refusals(dsl: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        sources.load_digests([tmp_path / "missing.sqlite"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no exports or digests"):
+        sources.load_digests([tmp_path / "empty"])
+    odd = tmp_path / "notes.txt"
+    odd.write_text("hello")
+    with pytest.raises(ExportError, match="unknown input type"):
+        sources.load_digests([odd])
+    export = sorted(dsl.glob("*ault43*.sqlite"))[0]
+    twin = tmp_path / "twin.sqlite"
+    shutil.copy(export, twin)
+    with pytest.raises(ConsistencyError, match="rank 0 is also claimed"):
+        sources.load_digests([export, twin])
