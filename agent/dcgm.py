@@ -307,7 +307,8 @@ class PauseManager:
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._state = _Journal(engine=control.describe())
-        self._outcomes: dict[str, DcgmOutcome] = {}
+        self._outcomes: dict[str, DcgmOutcome] = {}  # acquire outcome per capture holding no lease yet
+        self._released: dict[str, DcgmOutcome] = {}  # so a repeated release answers the same
         self._timer: threading.Thread | None = None
         self._closed = False
 
@@ -336,16 +337,23 @@ class PauseManager:
 
         Returns RESUMED when this call resumed, PAUSED while other captures still hold it,
         the acquire outcome for a capture that never paused, FAILED if resume kept failing
-        (the timer keeps retrying)."""
+        (the timer keeps retrying), SKIPPED for a capture this process holds nothing for (its
+        lease expired, or a restart's recovery resumed it). Repeating a release answers the
+        same as the first."""
         with self._lock:
+            if capture_id in self._released:  # released already (e.g. early, before export)
+                return self._released[capture_id]
             outcome = self._outcomes.pop(capture_id, None)
             held = self._state.leases.pop(capture_id, None) is not None
             if not held:
                 return outcome or DcgmOutcome.SKIPPED
             if self._state.leases:
                 self._write()
-                return DcgmOutcome.PAUSED
-            return self._resume()
+                outcome = DcgmOutcome.PAUSED
+            else:
+                outcome = self._resume()
+            self._released[capture_id] = outcome
+            return outcome
 
     def recover(self) -> DcgmOutcome | None:
         """At agent start: resume any pause a previous agent process left in the journal.

@@ -146,7 +146,8 @@ def test_paused_for_the_capture_and_resumed_after(engine, tmp_path, kind):
     assert not paused(engine)
     assert journal(tmp_path)["paused"] is False and journal(tmp_path)["leases"] == {}
     assert ops(engine) == ["pause", "resume"]
-    assert m.release("sweep-1") is DcgmOutcome.SKIPPED  # a second release does nothing
+    assert m.release("sweep-1") is DcgmOutcome.RESUMED  # a second release answers the same
+    assert ops(engine) == ["pause", "resume"]  # ... and does nothing
 
 
 def test_overlapping_captures_resume_once_after_the_last(engine, tmp_path):

@@ -1,0 +1,290 @@
+"""Nsight Systems on the node: one argv builder per nsys command, and the ``nsys`` backend.
+
+Every rank runs inside its own named nsys interactive session (``nsys launch
+--session-new=NAME``, started by ``rankscope rank``), so the agent can open and close a
+capture window on demand with ``nsys start/stop --session=NAME`` and export each report
+to SQLite at the edge (reference/nsys-export.md §1, §9, §10). Trace flags belong to
+``launch``; output and GPU-metric flags belong to ``start``.
+
+Every subprocess has a timeout: a wedged nsys becomes a ToolError naming the command,
+never a hung agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rankscope.agent.backend import CaptureBackend, CaptureRequest
+from rankscope.agent.spool import RankInfo
+from rankscope.errors import ToolError
+
+log = logging.getLogger(__name__)
+
+NSYS = os.environ.get("RANKSCOPE_NSYS", "nsys")
+# NCCL's own NVTX ranges ("legacy" NCCL tracing, nccl-in-traces.md §1) are what the
+# ingest reads; nsys's advanced NCCL tracing (-t nccl) turns them off, so it is opt-in.
+DEFAULT_TRACE = ("cuda", "nvtx", "osrt")
+NCCL_MODES = ("legacy", "advanced", "auto")
+REPORT_SUFFIX = ".nsys-rep"
+COMMAND_TIMEOUT_S = 60.0
+EXPORT_TIMEOUT_S = 900.0
+MIN_FREE_BYTES = 64 << 20  # below this, an export is bound to fail: say "disk full" first
+
+_SESSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+# -- argv builders (one per nsys command) --------------------------------------------------
+
+
+def session_name(job_id: str, rank: int, pid: int) -> str:
+    """A session name unique on the node: job, rank and the wrapper's pid."""
+    job = _SESSION_UNSAFE.sub("_", job_id) or "nojob"
+    return f"rankscope_{job}_r{rank}_{pid}"
+
+
+def trace_flag(trace: Sequence[str], nccl: str = "legacy", *, nccl_supported: bool = False) -> str:
+    """``--trace=...``; ``nccl`` added for advanced NCCL tracing where this nsys has it.
+
+    ``nccl``: legacy (NCCL's NVTX ranges only), advanced (require ``-t nccl``), auto
+    (advanced where supported, else legacy)."""
+    if nccl not in NCCL_MODES:
+        raise ValueError(f"unknown NCCL tracing mode {nccl!r} (one of {', '.join(NCCL_MODES)})")
+    kinds = [k for k in trace if k != "nccl"]
+    if nccl == "advanced" and not nccl_supported:
+        raise ToolError("this nsys has no advanced NCCL tracing (--nccl-trace needs nsys >= 2025.6.1); "
+                        "use --nccl-trace legacy")
+    if nccl == "advanced" or (nccl == "auto" and nccl_supported):
+        kinds.append("nccl")
+    if "nvtx" not in kinds:
+        kinds.append("nvtx")  # legacy NCCL ranges and step ranges are NVTX
+    return "--trace=" + ",".join(kinds)
+
+
+def launch_command(session: str, cmd: Sequence[str], *, trace: str = trace_flag(DEFAULT_TRACE),
+                   wait: str = "primary", nsys: str = NSYS) -> list[str]:
+    """``nsys launch --session-new=NAME --trace=... --wait=primary CMD...``: inject, not collecting."""
+    _require_cmd(cmd)
+    return [nsys, "launch", f"--session-new={session}", trace, f"--wait={wait}", *cmd]
+
+
+def start_command(session: str, output: Path, *, gpu_metrics: bool = False, nsys: str = NSYS) -> list[str]:
+    """``nsys start --session=NAME --output=PATH --force-overwrite=true [--gpu-metrics-devices=all]``.
+
+    GPU metrics sample the whole node, so only one session per node asks for them (§10)."""
+    argv = [nsys, "start", f"--session={session}", f"--output={output}", "--force-overwrite=true"]
+    if gpu_metrics:
+        argv.append("--gpu-metrics-devices=all")
+    return argv
+
+
+def stop_command(session: str, *, nsys: str = NSYS) -> list[str]:
+    return [nsys, "stop", f"--session={session}"]
+
+
+def shutdown_command(session: str, *, kill: str = "none", nsys: str = NSYS) -> list[str]:
+    return [nsys, "shutdown", f"--session={session}", f"--kill={kill}"]
+
+
+def sessions_list_command(*, nsys: str = NSYS) -> list[str]:
+    return [nsys, "sessions", "list"]
+
+
+def export_command(report: Path, output: Path, *, type: str = "sqlite", nsys: str = NSYS) -> list[str]:
+    """``nsys export --type=sqlite --include-blobs=true ...``: the blobs carry NCCL's NVTX
+    payloads (communicator id, bytes), without which collectives cannot be matched."""
+    return [nsys, "export", f"--type={type}", f"--output={output}", "--force-overwrite=true",
+            "--include-blobs=true", str(report)]
+
+
+def profile_command(cmd: Sequence[str], output: Path, *, trace: str = trace_flag(DEFAULT_TRACE),
+                    duration_s: float | None = None, capture_range: str | None = None,
+                    gpu_metrics: bool = False, nsys: str = NSYS) -> list[str]:
+    """One-shot ``nsys profile``: a ``--duration`` window or a ``--capture-range``.
+
+    ``--kill=none``: nsys otherwise kills the application when a --duration ends."""
+    _require_cmd(cmd)
+    if (duration_s is None) == (capture_range is None):
+        raise ValueError("one-shot profiling needs exactly one of a duration or a capture range")
+    argv = [nsys, "profile", trace, f"--output={output}", "--force-overwrite=true"]
+    if duration_s is not None:
+        argv += [f"--duration={max(1, round(duration_s))}", "--kill=none"]
+    else:
+        argv.append(f"--capture-range={capture_range}")
+    if gpu_metrics:
+        argv.append("--gpu-metrics-devices=all")
+    return [*argv, *cmd]
+
+
+def help_command(command: str, *, nsys: str = NSYS) -> list[str]:
+    return [nsys, command, "--help"]
+
+
+def _require_cmd(cmd: Sequence[str]) -> None:
+    if not cmd:
+        raise ValueError("no command to run under nsys")
+
+
+# -- running nsys --------------------------------------------------------------------------
+
+
+def find_nsys(nsys: str = NSYS) -> str:
+    """The nsys executable, or a ToolError saying how to get one."""
+    path = shutil.which(nsys)
+    if path is None:
+        raise ToolError(f"nsys not found ({nsys!r} is not on PATH): install Nsight Systems "
+                        "or set RANKSCOPE_NSYS")
+    return path
+
+
+def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run one nsys command; any failure is a ToolError naming the command and nsys's words."""
+    shown = " ".join(map(str, argv))
+    try:
+        done = subprocess.run(list(map(str, argv)), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise ToolError(f"nsys not found: `{shown}` cannot run") from None
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"`{shown}` did not finish within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        raise ToolError(f"`{shown}` failed (exit {done.returncode}): {_last_words(done)}")
+    return done
+
+
+def _last_words(done: subprocess.CompletedProcess) -> str:
+    lines = [line.strip() for line in (done.stderr + "\n" + done.stdout).splitlines() if line.strip()]
+    return " | ".join(lines[-3:]) if lines else "no output"
+
+
+def supports_nccl_trace(*, command: str = "profile", nsys: str = NSYS) -> bool:
+    """Whether this nsys has advanced NCCL tracing (``--nccl-trace`` in its help)."""
+    try:
+        done = subprocess.run(help_command(command, nsys=nsys), capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--nccl-trace" in done.stdout + done.stderr
+
+
+def session_listed(session: str, *, nsys: str = NSYS) -> bool:
+    """Whether ``nsys sessions list`` shows the session (as a whole word)."""
+    try:
+        out = run(sessions_list_command(nsys=nsys)).stdout
+    except ToolError:
+        return False
+    return any(session in line.split() for line in out.splitlines())
+
+
+# -- the backend ---------------------------------------------------------------------------
+
+
+class NsysBackend(CaptureBackend):
+    """Start and stop the nsys sessions of the node's announced ranks, export each to SQLite.
+
+    ``on_counters_released`` is called once every session has stopped and before any
+    export, so the agent resumes DCGM as early as possible (dcgm.md §9.7)."""
+
+    name = "nsys"
+    needs_gpu_counters = True
+
+    def __init__(self, *, nsys: str = NSYS, export_type: str = "sqlite",
+                 timeout_s: float = COMMAND_TIMEOUT_S, export_timeout_s: float = EXPORT_TIMEOUT_S,
+                 report_wait_s: float = COMMAND_TIMEOUT_S,
+                 on_counters_released: Callable[[CaptureRequest], None] | None = None) -> None:
+        self.nsys = nsys
+        self.export_type = export_type
+        self.timeout_s = timeout_s
+        self.export_timeout_s = export_timeout_s
+        self.report_wait_s = report_wait_s
+        self.on_counters_released = on_counters_released
+
+    def start(self, request: CaptureRequest) -> None:
+        exe = find_nsys(self.nsys)
+        ranks = self._ranks(request)
+        request.workdir.mkdir(parents=True, exist_ok=True)
+        gpu_metrics = request.options.get("gpu_metrics", "true").lower() != "false"
+        started: list[RankInfo] = []
+        for info in ranks:
+            argv = start_command(info.session, report_base(request, info), nsys=exe,
+                                 gpu_metrics=gpu_metrics and info.local_rank == 0)
+            try:
+                run(argv, timeout_s=self.timeout_s)
+            except ToolError as exc:
+                self._stop_quietly(exe, started)
+                raise ToolError(f"rank {info.rank}: {exc}") from None
+            started.append(info)
+
+    def stop(self, request: CaptureRequest) -> list[Path]:
+        exe = find_nsys(self.nsys)
+        ranks = self._ranks(request)
+        errors: list[str] = []
+        stopped: list[RankInfo] = []
+        for info in ranks:  # stop them all even if one fails: no session left collecting
+            try:
+                run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
+                stopped.append(info)
+            except ToolError as exc:
+                errors.append(f"rank {info.rank}: {exc}")
+        self.release_counters(request)
+        if errors:
+            raise ToolError("; ".join(errors))
+        return [self._export(exe, request, info) for info in stopped]
+
+    def release_counters(self, request: CaptureRequest) -> None:
+        if self.on_counters_released is not None:
+            self.on_counters_released(request)
+
+    # internals
+
+    def _ranks(self, request: CaptureRequest) -> list[RankInfo]:
+        ranks = [r for r in request.ranks if r.backend == self.name and r.session]
+        if not ranks:
+            raise ToolError("no rank on this node runs under `rankscope rank --backend nsys`")
+        return ranks
+
+    def _export(self, exe: str, request: CaptureRequest, info: RankInfo) -> Path:
+        base = report_base(request, info)
+        report = self._wait_for_report(Path(f"{base}{REPORT_SUFFIX}"), info)
+        free = shutil.disk_usage(request.workdir).free
+        if free < max(MIN_FREE_BYTES, 2 * report.stat().st_size):
+            raise ToolError(f"disk full: {free >> 20} MiB free in {request.workdir}, "
+                            f"cannot export {report.name}")
+        output = Path(f"{base}.{self.export_type}")
+        try:
+            run(export_command(report, output, type=self.export_type, nsys=exe),
+                timeout_s=self.export_timeout_s)
+        except ToolError as exc:
+            raise ToolError(f"rank {info.rank}: {exc}") from None
+        if not output.exists():
+            raise ToolError(f"rank {info.rank}: nsys export reported success but wrote no {output}")
+        report.unlink()  # the export is what we keep; reports are large
+        return output
+
+    def _wait_for_report(self, report: Path, info: RankInfo) -> Path:
+        """nsys writes the report when the session stops; give it a bounded time to appear."""
+        deadline = time.monotonic() + self.report_wait_s
+        while not report.exists():
+            if time.monotonic() > deadline:
+                raise ToolError(f"rank {info.rank}: nsys session {info.session} stopped but wrote "
+                                f"no report at {report} within {self.report_wait_s:g} s")
+            time.sleep(0.1)
+        return report
+
+    def _stop_quietly(self, exe: str, ranks: Sequence[RankInfo]) -> None:
+        for info in ranks:
+            try:
+                run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
+            except ToolError as exc:
+                log.warning("could not stop nsys session %s: %s", info.session, exc)
+
+
+def report_base(request: CaptureRequest, info: RankInfo) -> Path:
+    """Where a rank's report goes (nsys adds ``.nsys-rep``)."""
+    return request.workdir / f"{request.sweep_id}_{info.host}_rank{info.rank}"

@@ -1,0 +1,194 @@
+"""`rankscope rank -- CMD...`: run one rank of a job where the node's agent can profile it.
+
+Users put it in their launch line after the launcher (``srun rankscope rank -- python
+train.py``, torchrun's ``--no-python``, a pod's command). It reads the rank's identity
+from the launcher's environment, runs CMD inside its own nsys interactive session (so
+the agent can start and stop captures later without restarting the job), announces the
+rank in the spool folder, forwards signals, and exits with CMD's exit code. One-shot mode
+(``--one-shot``) runs CMD under ``nsys profile`` for short jobs instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from rankscope.agent import nsys
+from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, withdraw
+from rankscope.analysis import nsys as nsys_ingest
+from rankscope.errors import InputError
+
+log = logging.getLogger(__name__)
+
+# The same variables, in the same order, as the nsys ingest reads back from a report's
+# captured environment, so the rank announced here is the rank the digest says.
+RANK_VARS = nsys_ingest.RANK_ENV
+LOCAL_RANK_VARS = nsys_ingest.LOCAL_RANK_ENV
+WORLD_SIZE_VARS = nsys_ingest.WORLD_SIZE_ENV
+JOB_ID_VARS = ("RANKSCOPE_JOB_ID", *nsys_ingest.JOB_ENV)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+SESSION_WAIT_S = 30.0  # how long nsys may take to list a freshly launched session
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "rank", help="run one rank under nsys (or the torch hook) so the node agent can profile it",
+        description="Run CMD as one rank of a job, inside an nsys interactive session the node's "
+                    "agent starts and stops on demand. Rank identity comes from the launcher's "
+                    "environment (torchrun, Slurm, Open MPI, PMI).",
+    )
+    parser.add_argument("--backend", choices=("nsys", "torch"), default="nsys",
+                        help="profiler the rank runs under (default: nsys)")
+    parser.add_argument("--spool", type=Path, default=DEFAULT_SPOOL,
+                        help=f"the node agent's spool folder (default: {DEFAULT_SPOOL})")
+    parser.add_argument("--nsys", default=nsys.NSYS, help="nsys executable (default: nsys on PATH)")
+    parser.add_argument("--trace", default=",".join(nsys.DEFAULT_TRACE), metavar="LIST",
+                        help="nsys --trace kinds (default: %(default)s)")
+    parser.add_argument("--nccl-trace", choices=nsys.NCCL_MODES, default="legacy",
+                        help="NCCL tracing: legacy = NCCL's NVTX ranges (what rankscope reads; default), "
+                             "advanced = nsys -t nccl, auto = advanced where this nsys has it")
+    parser.add_argument("--one-shot", action="store_true",
+                        help="profile once with `nsys profile` instead of an on-demand session")
+    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                        help="one-shot: how long to collect")
+    parser.add_argument("--capture-range", choices=("cudaProfilerApi", "nvtx", "hotkey"), default=None,
+                        help="one-shot: collect inside this capture range instead of a duration")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the rank's command")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    if not cmd:
+        raise InputError("no command: usage `rankscope rank [options] -- CMD...`")
+    if args.one_shot and (args.duration is None) == (args.capture_range is None):
+        raise InputError("--one-shot needs exactly one of --duration SECONDS or --capture-range")
+    info = rank_info(os.environ, pid=os.getpid(), backend=args.backend)
+    if args.backend == "torch":
+        from rankscope.agent import torch_hook  # provided with the torch backend
+
+        return int(torch_hook.run(info, cmd, args.spool))
+    exe = nsys.find_nsys(args.nsys)
+    nccl = args.nccl_trace
+    supported = nccl != "legacy" and nsys.supports_nccl_trace(
+        command="profile" if args.one_shot else "launch", nsys=exe)
+    trace = nsys.trace_flag(args.trace.split(","), nccl, nccl_supported=supported)
+    if args.one_shot:
+        return run_one_shot(info, cmd, args, exe, trace)
+    session = nsys.session_name(info.job_id, info.rank, info.pid)
+    info = RankInfo(**{**info.__dict__, "session": session})
+    argv = nsys.launch_command(session, cmd, trace=trace, nsys=exe)
+    log.info("rank %d: %s", info.rank, " ".join(argv))
+    return run_in_session(argv, info, args.spool, exe)
+
+
+def rank_info(environ: Mapping[str, str], *, pid: int, backend: str = "nsys") -> RankInfo:
+    """Who this rank is, from the launcher's environment (a lone process is rank 0 of 1)."""
+    rank = _int_var(environ, RANK_VARS, 0)
+    world = _int_var(environ, WORLD_SIZE_VARS, max(rank + 1, 1))
+    local = _int_var(environ, LOCAL_RANK_VARS, None)
+    if local is None:
+        if world > 1:
+            log.warning("no local rank in the environment (%s): assuming 0", ", ".join(LOCAL_RANK_VARS))
+        local = 0
+    if not 0 <= rank < world:
+        raise InputError(f"rank {rank} is outside a world of {world} (check {', '.join(RANK_VARS)})")
+    job_id = next((environ[v] for v in JOB_ID_VARS if environ.get(v)), "")
+    return RankInfo(rank=rank, local_rank=local, world_size=world, pid=pid, host=socket.gethostname(),
+                    job_id=job_id, gpu=_gpu(environ, local), backend=backend)
+
+
+def _int_var(environ: Mapping[str, str], names: Sequence[str], default: int | None) -> int | None:
+    for name in names:
+        value = environ.get(name, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise InputError(f"{name}={value!r} is not an integer") from None
+    return default
+
+
+def _gpu(environ: Mapping[str, str], local_rank: int) -> str:
+    """The rank's GPU as the launcher exposed it: its own entry of CUDA_VISIBLE_DEVICES when the
+    launcher left every GPU visible (torchrun), the only entry when it narrowed them (Slurm)."""
+    visible = [d.strip() for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if len(visible) == 1:
+        return visible[0]
+    if local_rank < len(visible):
+        return visible[local_rank]
+    return ""
+
+
+def supervise(argv: Sequence[str], started: Callable[[subprocess.Popen], object] | None = None) -> int:
+    """Run ``argv`` forwarding the launcher's signals to it; its exit code (128+N if killed by N)."""
+    child = subprocess.Popen(list(argv))
+    previous = {sig: signal.signal(sig, lambda signum, frame: _forward(child, signum))
+                for sig in FORWARDED_SIGNALS}
+    try:
+        if started is not None:
+            started(child)
+        return _exit_code(child.wait())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def run_in_session(argv: Sequence[str], info: RankInfo, spool: Path, exe: str) -> int:
+    """nsys launch; announce the rank once its session is listed; withdraw when it ends."""
+    def started(child: subprocess.Popen) -> None:
+        if _wait_for_session(child, info.session, exe):
+            announce(spool, info)
+
+    try:
+        return supervise(argv, started)
+    finally:
+        withdraw(spool, info.pid)
+
+
+def _wait_for_session(child: subprocess.Popen, session: str, exe: str) -> bool:
+    deadline = time.monotonic() + SESSION_WAIT_S
+    while child.poll() is None:
+        if nsys.session_listed(session, nsys=exe):
+            return True
+        if time.monotonic() > deadline:
+            log.warning("nsys session %s not listed after %g s: announcing anyway", session, SESSION_WAIT_S)
+            return True
+        time.sleep(0.1)
+    return False  # CMD already ended: nothing to announce
+
+
+def _forward(child: subprocess.Popen, signum: int) -> None:
+    if child.poll() is None:
+        child.send_signal(signum)
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_one_shot(info: RankInfo, cmd: Sequence[str], args: argparse.Namespace, exe: str, trace: str) -> int:
+    """``nsys profile`` for the whole run, then the SQLite export beside the report in the spool."""
+    folder = args.spool / "reports"
+    folder.mkdir(parents=True, exist_ok=True)
+    base = folder / f"{nsys.session_name(info.job_id, info.rank, info.pid)}"
+    argv = nsys.profile_command(cmd, base, trace=trace, duration_s=args.duration,
+                                capture_range=args.capture_range, gpu_metrics=info.local_rank == 0, nsys=exe)
+    log.info("rank %d: %s", info.rank, " ".join(map(str, argv)))
+    code = supervise(argv)
+    report = Path(f"{base}{nsys.REPORT_SUFFIX}")
+    if report.exists():
+        nsys.run(nsys.export_command(report, Path(f"{base}.sqlite"), nsys=exe), timeout_s=nsys.EXPORT_TIMEOUT_S)
+    else:
+        log.warning("nsys profile wrote no report at %s", report)
+    return code

@@ -1,0 +1,251 @@
+"""nsys argv builders, feature detection, and the nsys backend against the nsys stand-in
+with real `rankscope rank` processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standins"))
+import standin_nsys  # noqa: E402
+
+from rankscope.agent import nsys  # noqa: E402
+from rankscope.agent.backend import CaptureRequest  # noqa: E402
+from rankscope.agent.spool import local_ranks  # noqa: E402
+from rankscope.analysis import simulate  # noqa: E402
+from rankscope.analysis.sources import load_digests  # noqa: E402
+from rankscope.errors import ToolError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# -- argv builders -----------------------------------------------------------------------------
+
+
+def test_launch_command():
+    assert nsys.launch_command("rankscope_77_r3_999", ["python", "train.py", "--lr", "1"]) == [
+        "nsys", "launch", "--session-new=rankscope_77_r3_999", "--trace=cuda,nvtx,osrt", "--wait=primary",
+        "python", "train.py", "--lr", "1"]
+    with pytest.raises(ValueError):
+        nsys.launch_command("s", [])
+
+
+def test_start_command_asks_for_gpu_metrics_only_when_told():
+    assert nsys.start_command("s", Path("/w/sw_rank0")) == [
+        "nsys", "start", "--session=s", "--output=/w/sw_rank0", "--force-overwrite=true"]
+    assert nsys.start_command("s", Path("/w/x"), gpu_metrics=True, nsys="/opt/nsys")[-1] == "--gpu-metrics-devices=all"
+    assert nsys.start_command("s", Path("/w/x"), gpu_metrics=True, nsys="/opt/nsys")[0] == "/opt/nsys"
+
+
+def test_stop_shutdown_sessions_export_help_commands():
+    assert nsys.stop_command("s") == ["nsys", "stop", "--session=s"]
+    assert nsys.shutdown_command("s") == ["nsys", "shutdown", "--session=s", "--kill=none"]
+    assert nsys.sessions_list_command() == ["nsys", "sessions", "list"]
+    assert nsys.export_command(Path("/w/r.nsys-rep"), Path("/w/r.sqlite")) == [
+        "nsys", "export", "--type=sqlite", "--output=/w/r.sqlite", "--force-overwrite=true",
+        "--include-blobs=true", "/w/r.nsys-rep"]
+    assert nsys.help_command("launch") == ["nsys", "launch", "--help"]
+
+
+def test_profile_command_one_shot():
+    assert nsys.profile_command(["app"], Path("/s/r0"), duration_s=20) == [
+        "nsys", "profile", "--trace=cuda,nvtx,osrt", "--output=/s/r0", "--force-overwrite=true",
+        "--duration=20", "--kill=none", "app"]
+    assert nsys.profile_command(["app", "-x"], Path("/s/r0"), capture_range="cudaProfilerApi", gpu_metrics=True) == [
+        "nsys", "profile", "--trace=cuda,nvtx,osrt", "--output=/s/r0", "--force-overwrite=true",
+        "--capture-range=cudaProfilerApi", "--gpu-metrics-devices=all", "app", "-x"]
+    with pytest.raises(ValueError):
+        nsys.profile_command(["app"], Path("/s/r0"))
+    with pytest.raises(ValueError):
+        nsys.profile_command(["app"], Path("/s/r0"), duration_s=1, capture_range="nvtx")
+
+
+def test_trace_flag_nccl_modes():
+    assert nsys.trace_flag(["cuda", "nvtx", "osrt"]) == "--trace=cuda,nvtx,osrt"
+    assert nsys.trace_flag(["cuda", "nccl"], "legacy") == "--trace=cuda,nvtx"  # NVTX carries legacy NCCL
+    assert nsys.trace_flag(["cuda", "nvtx"], "auto", nccl_supported=True) == "--trace=cuda,nvtx,nccl"
+    assert nsys.trace_flag(["cuda", "nvtx"], "auto", nccl_supported=False) == "--trace=cuda,nvtx"
+    assert nsys.trace_flag(["cuda", "nvtx"], "advanced", nccl_supported=True) == "--trace=cuda,nvtx,nccl"
+    with pytest.raises(ToolError, match="advanced NCCL tracing"):
+        nsys.trace_flag(["cuda"], "advanced", nccl_supported=False)
+    with pytest.raises(ValueError):
+        nsys.trace_flag(["cuda"], "sometimes")
+
+
+def test_session_name_is_safe_and_unique_per_process():
+    assert nsys.session_name("job 7/a", 3, 1234) == "rankscope_job_7_a_r3_1234"
+    assert nsys.session_name("", 0, 1) == "rankscope_nojob_r0_1"
+
+
+def test_feature_detection_reads_the_help(tmp_path, monkeypatch):
+    state = tmp_path / "nsys"
+    for key, value in standin_nsys.env(state).items():
+        monkeypatch.setenv(key, value)
+    assert nsys.supports_nccl_trace() is False
+    standin_nsys.configure(state, nccl_trace=True)
+    assert nsys.supports_nccl_trace() is True
+    assert nsys.supports_nccl_trace(nsys=str(tmp_path / "missing")) is False
+
+
+# -- the backend against the stand-in, with real `rankscope rank` processes --------------------
+
+Node = namedtuple("Node", "state spool env spec procs")
+
+
+@pytest.fixture
+def node(tmp_path):
+    """Two ranks (0 and 1, local ranks 0 and 1) of a simulated job, each under `rankscope rank`."""
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, job_id="j77", seed=3)
+    spec_path = simulate.write_truth(spec, tmp_path / "truth.json")
+    state, spool = tmp_path / "nsys", tmp_path / "spool"
+    env = standin_nsys.env(state, spec_path)
+    procs = []
+    for rank in range(2):
+        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "SLURM_JOB_ID": "77"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "rankscope", "rank", "--spool", str(spool), "--",
+             sys.executable, "-c", "import time; time.sleep(120)"], env=rank_env))
+    deadline = time.monotonic() + 60
+    while len(local_ranks(spool)) < 2:
+        assert time.monotonic() < deadline, "ranks never announced"
+        assert all(p.poll() is None for p in procs), "a rank wrapper exited"
+        time.sleep(0.1)
+    yield Node(state, spool, env, spec, procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(30)
+
+
+def request_for(node: Node, tmp_path: Path, **options) -> CaptureRequest:
+    return CaptureRequest(sweep_id="sw1", duration_s=0.1, workdir=tmp_path / "work",
+                          ranks=tuple(local_ranks(node.spool)), options=options)
+
+
+def use_env(monkeypatch, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_rank_wrapper_launches_each_rank_in_its_own_session(node):
+    ranks = local_ranks(node.spool)
+    assert [(r.rank, r.local_rank, r.world_size, r.job_id, r.backend) for r in ranks] == [
+        (0, 0, 2, "77", "nsys"), (1, 1, 2, "77", "nsys")]
+    launches = [argv for argv in standin_nsys.calls(node.state) if argv[0] == "launch"]
+    assert sorted(launches) == sorted(
+        ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary",
+         sys.executable, "-c", "import time; time.sleep(120)"] for r in ranks)
+    assert {r.session for r in ranks} == set(standin_nsys.sessions(node.state))
+
+
+def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    released = []
+    backend = nsys.NsysBackend(on_counters_released=lambda req: released.append(
+        sum(argv[0] == "export" for argv in standin_nsys.calls(node.state))))
+    request = request_for(node, tmp_path)
+    before = len(standin_nsys.calls(node.state))
+    backend.start(request)
+    exports = backend.stop(request)
+    ranks = local_ranks(node.spool)
+    work = request.workdir
+    expected = []
+    for r in ranks:
+        expected.append(["start", f"--session={r.session}", f"--output={work}/sw1_{r.host}_rank{r.rank}",
+                         "--force-overwrite=true", *(["--gpu-metrics-devices=all"] if r.local_rank == 0 else [])])
+    expected += [["stop", f"--session={r.session}"] for r in ranks]
+    expected += [["export", "--type=sqlite", f"--output={work}/sw1_{r.host}_rank{r.rank}.sqlite",
+                  "--force-overwrite=true", "--include-blobs=true", f"{work}/sw1_{r.host}_rank{r.rank}.nsys-rep"]
+                 for r in ranks]
+    assert standin_nsys.calls(node.state)[before:] == expected
+    assert released == [0]  # DCGM may resume before the first export
+    assert [p.name for p in exports] == [f"sw1_{r.host}_rank{r.rank}.sqlite" for r in ranks]
+    assert not list(work.glob("*.nsys-rep"))  # reports removed once exported
+    digests = load_digests(exports)
+    assert sorted(digests.column("rank").to_pylist()) == [0, 1]
+    assert set(digests.column("job_id").to_pylist()) == {"j77"}
+
+
+def test_gpu_metrics_can_be_turned_off(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    backend = nsys.NsysBackend()
+    request = request_for(node, tmp_path, gpu_metrics="false")
+    backend.start(request)
+    backend.stop(request)
+    assert not any("--gpu-metrics-devices=all" in argv for argv in standin_nsys.calls(node.state))
+
+
+def test_nsys_missing_is_a_tool_error(node, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ToolError, match="nsys not found"):
+        nsys.NsysBackend().start(request_for(node, tmp_path))
+
+
+def test_export_failure_names_the_rank_and_nsys_words(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    standin_nsys.fail(node.state, "export", "No space left on device")
+    backend = nsys.NsysBackend()
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    with pytest.raises(ToolError, match=r"rank 0: `.*nsys export .*` failed \(exit 1\): Error: No space left on device"):
+        backend.stop(request)
+
+
+def test_a_rank_that_died_fails_the_capture_but_every_other_session_is_stopped(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    backend = nsys.NsysBackend()
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    dead = request.ranks[1]
+    app = standin_nsys.sessions(node.state)[dead.session]["app_pid"]
+    os.kill(app, signal.SIGKILL)
+    node.procs[1].wait(30)
+    with pytest.raises(ToolError, match=f"rank 1: .*session '{dead.session}' does not exist"):
+        backend.stop(request)
+    assert ["stop", f"--session={request.ranks[0].session}"] in standin_nsys.calls(node.state)
+    assert standin_nsys.sessions(node.state)[request.ranks[0].session]["state"] == "launched"
+
+
+def test_start_failure_stops_the_sessions_already_started(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    request = request_for(node, tmp_path)
+    second = request.ranks[1].session
+    os.kill(standin_nsys.sessions(node.state)[second]["app_pid"], signal.SIGKILL)
+    node.procs[1].wait(30)
+    with pytest.raises(ToolError, match="rank 1"):
+        nsys.NsysBackend().start(request)
+    assert standin_nsys.calls(node.state)[-1] == ["stop", f"--session={request.ranks[0].session}"]
+
+
+def test_disk_full_is_said_before_exporting(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    backend = nsys.NsysBackend()
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(nsys.shutil, "disk_usage", lambda path: usage._replace(free=1 << 20))
+    with pytest.raises(ToolError, match="disk full: 1 MiB free"):
+        backend.stop(request)
+
+
+def test_a_hung_nsys_times_out(tmp_path):
+    hung = tmp_path / "nsys"
+    hung.write_text("#!/bin/sh\nsleep 30\n")
+    hung.chmod(0o755)
+    with pytest.raises(ToolError, match="did not finish within 0.5 s"):
+        nsys.run(nsys.stop_command("s", nsys=str(hung)), timeout_s=0.5)
+
+
+def test_no_ranks_under_nsys_is_an_error(tmp_path):
+    request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=())
+    with pytest.raises(ToolError, match="no rank on this node"):
+        nsys.NsysBackend(nsys=sys.executable).start(request)
