@@ -295,7 +295,8 @@ def _nccl_ranges(export: _Export) -> pd.DataFrame:
     )
     ranges = export.frame(
         f"""SELECT (n.globalTid >> 24) & 16777215 AS pid, n.globalTid AS tid, n.domainId AS domain,
-                   n.start + ? AS start, n."end" + ? AS "end", {text} AS name, {blob} AS blob
+                   n.start + ? AS start, n."end" + ? AS "end", {text} AS name, {blob} AS blob,
+                   COALESCE(length({blob}), 0) AS blob_len
             FROM NVTX_EVENTS AS n {join}
             WHERE n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND n.domainId != 0
             ORDER BY n.start""",
@@ -313,54 +314,47 @@ def _nccl_ranges(export: _Export) -> pd.DataFrame:
         ranges["is_nccl"] |= guessed
     ranges = ranges[ranges["is_nccl"]].reset_index(drop=True)
     ranges["op"] = ranges["name"].map(ops.from_nccl_api)
-    payload = _decode_payloads(export, ranges["blob"])
-    return pd.concat([ranges.drop(columns=["blob", "is_nccl", "domain"]), payload], axis=1)[result_columns]
+    payload = _decode_payloads(export, ranges["blob"], ranges["blob_len"].to_numpy(np.int64))
+    return pd.concat([ranges.drop(columns=["blob", "blob_len", "is_nccl", "domain"]), payload], axis=1)[result_columns]
 
 
 def _payload_entries(export: _Export) -> pd.DataFrame:
     if not {"schemaId", "name", "type"} <= export.columns("NVTX_PAYLOAD_SCHEMA_ENTRIES"):
-        return pd.DataFrame(columns=["schema", "name", "type", "offset"])
+        return pd.DataFrame(columns=["schema", "name", "type", "offset", "size", "signed"])
     # Schema tables have no process column: dedupe (pitfall 2); NULL offset means 0 (pitfall 1).
-    return export.frame(
+    entries = export.frame(
         """SELECT DISTINCT schemaId AS schema, name, type, COALESCE("offset", 0) AS "offset"
            FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name IS NOT NULL"""
     )
+    layout = entries["type"].map(lambda t: _ENTRY_TYPES.get(t) or (_ENUM_TYPE if t >= 2**24 else (0, False)))
+    entries["size"] = layout.str[0].astype(np.int64)
+    entries["signed"] = layout.str[1].astype(bool)
+    return entries
 
 
-def _decode_payloads(export: _Export, blobs: pd.Series) -> pd.DataFrame:
+def _decode_payloads(export: _Export, blobs: pd.Series, lengths: np.ndarray) -> pd.DataFrame:
     """Payload fields by entry name, vectorised over all blobs; NA where absent."""
-    out = pd.DataFrame({column: pd.array([pd.NA] * len(blobs), dtype="Int64") for column in _PAYLOAD_FIELDS.values()})
-    present = blobs.map(lambda b: isinstance(b, bytes | bytearray | memoryview) and len(b) >= _BLOB_HEADER)
-    if not present.any():
-        return out
-    entries = _payload_entries(export)
-    if entries.empty:
+    n = len(blobs)
+    columns = {column: (np.zeros(n, np.int64), np.ones(n, bool)) for column in _PAYLOAD_FIELDS.values()}
+    index = np.flatnonzero(lengths >= _BLOB_HEADER)
+    entries = _payload_entries(export) if index.size else None
+    if entries is not None and entries.empty:
         export.warn("NVTX payload blobs present but no payload schemas to decode them")
-        return out
-    index = np.flatnonzero(present.to_numpy())
-    chunks = [bytes(b) for b in blobs.iloc[index]]
-    lengths = np.fromiter((len(c) for c in chunks), np.int64, len(chunks))
-    base = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    data = np.frombuffer(b"".join(chunks), np.uint8)
-    schema = _read_ints(data, base + 8, np.full(len(index), 8), np.zeros(len(index), bool))
-    for entry_name, column in _PAYLOAD_FIELDS.items():
-        spec = entries[entries["name"] == entry_name]
-        if spec.empty:
-            continue
-        found = pd.DataFrame({"schema": schema}).merge(
-            spec.drop_duplicates("schema"), on="schema", how="left"
-        )
-        known = found["type"].notna().to_numpy()
-        types = found["type"].fillna(0).astype(np.int64).to_numpy()
-        sizes = np.array([(_ENTRY_TYPES.get(t) or (_ENUM_TYPE if t >= 2**24 else (0, False)))[0] for t in types], np.int64)
-        signed = np.array([(_ENTRY_TYPES.get(t) or (_ENUM_TYPE if t >= 2**24 else (0, False)))[1] for t in types], bool)
-        offsets = _BLOB_HEADER + found["offset"].fillna(0).astype(np.int64).to_numpy()
-        ok = known & (sizes > 0) & (offsets + sizes <= lengths)
-        values = _read_ints(data, base + offsets, np.where(ok, sizes, 1), signed)
-        column_values = pd.array(np.where(ok, values, 0), dtype="Int64")
-        column_values[~ok] = pd.NA
-        out.loc[index, column] = column_values
-    return out
+    if index.size and not entries.empty:
+        lengths = lengths[index]
+        base = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        data = np.frombuffer(b"".join(blobs.iloc[index].tolist()), np.uint8)
+        schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
+        for entry_name, column in _PAYLOAD_FIELDS.items():
+            spec = entries[entries["name"] == entry_name].drop_duplicates("schema")
+            found = pd.DataFrame({"schema": schema}).merge(spec, on="schema", how="left")
+            sizes = found["size"].fillna(0).to_numpy(np.int64)
+            offsets = _BLOB_HEADER + found["offset"].fillna(0).to_numpy(np.int64)
+            ok = (sizes > 0) & (offsets + sizes <= lengths)
+            values = _read_ints(data, base + offsets, np.where(ok, sizes, 1), found["signed"].fillna(False).to_numpy(bool))
+            columns[column][0][index] = np.where(ok, values, 0)
+            columns[column][1][index] = ~ok
+    return pd.DataFrame({column: pd.arrays.IntegerArray(values, mask) for column, (values, mask) in columns.items()})
 
 
 def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signed: np.ndarray) -> np.ndarray:
@@ -438,17 +432,16 @@ def _summarise_calls(served: pd.DataFrame) -> pd.DataFrame:
     """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time."""
     if served.empty:
         return pd.DataFrame(columns=["kernel", "op", "comm", "bytes", "peer", "nranks", "cpu_call_ns"])
-    served = served.sort_values(["kernel", "start"])
-    by = served.groupby("kernel", sort=False)
-    summary = by.agg(
-        op_first=("op", "first"), op_count=("op", "nunique"), comm=("comm", "first"),
-        bytes=("bytes", lambda s: s.sum(min_count=1)), peer_min=("peer", "min"), peer_max=("peer", "max"),
+    served = served.sort_values(["kernel", "start"]).assign(
+        is_p2p=lambda f: f["op"].isin(ops.P2P_OPS), has_bytes=lambda f: f["bytes"].notna()
+    )
+    summary = served.groupby("kernel", sort=False).agg(
+        op_first=("op", "first"), op_count=("op", "nunique"), all_p2p=("is_p2p", "min"), comm=("comm", "first"),
+        bytes=("bytes", "sum"), has_bytes=("has_bytes", "max"), peer_min=("peer", "min"), peer_max=("peer", "max"),
         nranks=("nranks", "first"), cpu_call_ns=("start", "min"),
     )
-    all_p2p = served["op"].isin(ops.P2P_OPS).groupby(served["kernel"], sort=False).all()
-    summary["op"] = np.where(
-        summary["op_count"] == 1, summary["op_first"], np.where(all_p2p.reindex(summary.index), ops.SENDRECV, summary["op_first"])
-    )
+    summary["op"] = summary["op_first"].where((summary["op_count"] == 1) | ~summary["all_p2p"], ops.SENDRECV)
+    summary["bytes"] = summary["bytes"].where(summary["has_bytes"])
     summary["peer"] = summary["peer_min"].where(summary["peer_min"] == summary["peer_max"])
     return summary.reset_index()[["kernel", "op", "comm", "bytes", "peer", "nranks", "cpu_call_ns"]]
 
@@ -458,7 +451,8 @@ def _assign_communicators(export: _Export, out: pd.DataFrame, nccl: pd.DataFrame
     of the communicator if known); seq = call order within comm_id."""
     traced = out["comm"].notna().to_numpy()
     comm = out["comm"].astype("Int64").fillna(0).to_numpy(np.int64).view(np.uint64)
-    comm_hex = np.array([f"{c:016x}" for c in comm], dtype=object)
+    distinct, which = np.unique(comm, return_inverse=True)  # few communicators: format each once
+    comm_hex = np.array([f"{c:016x}" for c in distinct.tolist()], dtype=object)[which]
     inits = nccl[nccl["name"].fillna("").str.lower().str.startswith("ncclcomminit") & nccl["nranks"].notna()]
     nranks = inits.groupby("pid")["nranks"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else pd.NA)
     size = out["nranks"].astype("Int64").fillna(out["pid"].map(nranks).astype("Int64"))
