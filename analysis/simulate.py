@@ -157,8 +157,6 @@ def _phases(spec: JobSpec) -> tuple[_Phase, ...]:
         phases.append(_Phase("dp", spec.dp_bytes, spec.kernels_per_phase))
     if spec.barrier and spec.world_size > 1:
         phases.append(_Phase("world", 4, 0))
-    if phases and phases[0].kernels == 0:
-        return ()
     return tuple(phases)
 
 

@@ -172,6 +172,26 @@ def test_payload_blobs_decode_by_entry_name(tmp_path):
     con.close()
 
 
+@pytest.mark.parametrize("layout", [dict(tp=2), dict(tp=1), dict(tp=4, barrier=True)])
+def test_every_member_names_the_same_communicators(tmp_path, layout):
+    spec = _spec(**layout)
+    truth = sm.truth(spec)
+    expected = {(c["comm_hash"], r): (len(c["ranks"]), c["ranks"].index(r))
+                for c in truth["communicators"] for r in c["ranks"]}
+    seen = {}
+    for rank, path in enumerate(sm.simulate(spec, tmp_path)):
+        con = sqlite3.connect(path)
+        blobs = con.execute("SELECT n.binaryData FROM NVTX_EVENTS n JOIN StringIds s ON s.id=n.textId "
+                            "WHERE s.value='ncclCommInitRank'").fetchall()
+        for (blob,) in blobs:
+            p = _decode(con, blob)
+            seen[(p["NCCL communicator ID"], rank)] = (p["No. of ranks"], p["Rank"])
+        con.close()
+    assert seen == expected
+    kinds = {c["kind"] for c in truth["communicators"]}
+    assert kinds == ({"tp"} if spec.tp > 1 else set()) | {"dp"} | ({"world"} if spec.barrier else set())
+
+
 def test_step_ranges_enclose_their_device_work(tmp_path):
     spec = _spec()
     path = sm.simulate(spec, tmp_path, nodes=[0])[0]
