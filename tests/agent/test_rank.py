@@ -1,0 +1,180 @@
+"""`rankscope rank`: identity from the launcher's environment, the nsys session it runs CMD
+in, announcement and withdrawal, signals and exit codes, one-shot mode, the torch hand-off."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standins"))
+import standin_nsys  # noqa: E402
+
+import rankscope.agent  # noqa: E402
+from rankscope.agent import rank  # noqa: E402
+from rankscope.agent.spool import local_ranks, ranks_dir  # noqa: E402
+from rankscope.analysis import simulate  # noqa: E402
+from rankscope.errors import InputError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "run9",
+      "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, (5, 1, 8, "run9", "1")),
+    ({"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "4242",
+      "CUDA_VISIBLE_DEVICES": "GPU-aaaa"}, (9, 1, 16, "4242", "GPU-aaaa")),
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"},
+     (3, 3, 4, "", "")),
+    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "0", "PMI_SIZE": "3"}, (2, 0, 3, "", "")),
+    ({}, (0, 0, 1, "", "")),  # a lone process
+    ({"RANKSCOPE_JOB_ID": "mine", "SLURM_JOB_ID": "4242", "RANK": "0"}, (0, 0, 1, "mine", "")),
+])
+def test_rank_identity_from_the_launcher_environment(env, expected):
+    info = rank.rank_info(env, pid=77)
+    assert (info.rank, info.local_rank, info.world_size, info.job_id, info.gpu) == expected
+    assert info.pid == 77 and info.backend == "nsys" and info.host
+
+
+def test_torchrun_wins_over_slurm_when_both_are_set():
+    info = rank.rank_info({"RANK": "1", "SLURM_PROCID": "0", "WORLD_SIZE": "2", "SLURM_NTASKS": "1"}, pid=1)
+    assert (info.rank, info.world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "x"}, "RANK='x' is not an integer"),
+    ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is outside a world of 4"),
+])
+def test_bad_rank_environment_is_an_input_error(env, message):
+    with pytest.raises(InputError, match=message):
+        rank.rank_info(env, pid=1)
+
+
+def rankscope(*argv: str, env: dict[str, str], **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rankscope", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.fixture
+def nsys_env(tmp_path):
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, job_id="j1", seed=1)
+    state = tmp_path / "nsys"
+    env = standin_nsys.env(state, simulate.write_truth(spec, tmp_path / "truth.json"))
+    return state, {**env, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "SLURM_JOB_ID": "55"}
+
+
+def test_exit_code_is_the_commands_and_the_rank_is_withdrawn(nsys_env, tmp_path):
+    state, env = nsys_env
+    spool = tmp_path / "spool"
+    proc = rankscope("rank", "--spool", str(spool), "--", sys.executable, "-c", "import sys; sys.exit(7)", env=env)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7, err
+    assert not list(ranks_dir(spool).glob("*.json"))
+    launch = [argv for argv in standin_nsys.calls(state) if argv[0] == "launch"]
+    assert len(launch) == 1
+    session = launch[0][1].removeprefix("--session-new=")
+    assert session == f"rankscope_55_r1_{proc.pid}"
+    assert launch[0] == ["launch", f"--session-new={session}", "--trace=cuda,nvtx,osrt", "--wait=primary",
+                         sys.executable, "-c", "import sys; sys.exit(7)"]
+
+
+def test_signals_reach_the_command_and_the_announcement_lives_as_long_as_it(nsys_env, tmp_path):
+    state, env = nsys_env
+    spool = tmp_path / "spool"
+    marker = tmp_path / "got-term"
+    script = ("import signal, sys, time, pathlib\n"
+              f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('x'), sys.exit(3)))\n"
+              "time.sleep(120)\n")
+    proc = rankscope("rank", "--spool", str(spool), "--", sys.executable, "-c", script, env=env)
+    deadline = time.monotonic() + 60
+    while not local_ranks(spool):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+        time.sleep(0.1)
+    (info,) = local_ranks(spool)
+    assert (info.rank, info.local_rank, info.pid, info.session) == (1, 1, proc.pid, f"rankscope_55_r1_{proc.pid}")
+    assert json.loads((ranks_dir(spool) / f"{proc.pid}.json").read_text())["session"] == info.session
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert marker.exists()  # the command itself got the SIGTERM
+    assert proc.returncode == 3
+    assert local_ranks(spool) == [] and not (ranks_dir(spool) / f"{proc.pid}.json").exists()
+
+
+def test_nsys_missing_fails_before_running_anything(tmp_path):
+    env = {"PATH": str(tmp_path), "RANK": "0"}
+    marker = tmp_path / "ran"
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "rank", "--spool", str(tmp_path / "s"), "--",
+                           sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "rankscope: error: nsys not found" in proc.stderr
+    assert not marker.exists()
+
+
+def test_no_command_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "rank", "--spool", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no command" in proc.stderr
+
+
+def test_advanced_nccl_tracing_where_this_nsys_has_it(nsys_env, tmp_path):
+    state, env = nsys_env
+    standin_nsys.configure(state, nccl_trace=True)
+    proc = rankscope("rank", "--spool", str(tmp_path / "s"), "--nccl-trace", "auto", "--",
+                     sys.executable, "-c", "pass", env=env)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    calls = standin_nsys.calls(state)
+    assert calls[0] == ["launch", "--help"]
+    assert [a for a in calls if a[0] == "launch" and a[1] != "--help"][0][2] == "--trace=cuda,nvtx,osrt,nccl"
+
+
+def test_one_shot_profiles_and_exports_into_the_spool(nsys_env, tmp_path):
+    state, env = nsys_env
+    spool = tmp_path / "spool"
+    proc = rankscope("rank", "--spool", str(spool), "--one-shot", "--duration", "5", "--",
+                     sys.executable, "-c", "import sys; sys.exit(4)", env=env)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 4, err
+    base = spool / "reports" / f"rankscope_55_r1_{proc.pid}"
+    assert standin_nsys.calls(state) == [
+        ["profile", "--trace=cuda,nvtx,osrt", f"--output={base}", "--force-overwrite=true", "--duration=5",
+         "--kill=none", sys.executable, "-c", "import sys; sys.exit(4)"],
+        ["export", "--type=sqlite", f"--output={base}.sqlite", "--force-overwrite=true", "--include-blobs=true",
+         f"{base}.nsys-rep"],
+    ]
+    assert Path(f"{base}.sqlite").stat().st_size > 0
+
+
+def test_one_shot_needs_a_duration_or_a_capture_range(nsys_env, tmp_path):
+    _, env = nsys_env
+    proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--", "true", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--one-shot needs exactly one of" in err
+
+
+def test_torch_backend_is_handed_to_the_torch_hook(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run(info, cmd, spool):
+        seen.update(info=info, cmd=cmd, spool=spool)
+        return 9
+
+    hook = types.SimpleNamespace(run=fake_run)
+    monkeypatch.setitem(sys.modules, "rankscope.agent.torch_hook", hook)
+    monkeypatch.setattr(rankscope.agent, "torch_hook", hook, raising=False)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    parser = argparse.ArgumentParser()
+    rank.register(parser.add_subparsers())
+    args = parser.parse_args(["rank", "--backend", "torch", "--spool", str(tmp_path), "--", "python", "t.py"])
+    assert args.func(args) == 9
+    assert seen["cmd"] == ["python", "t.py"] and seen["spool"] == tmp_path
+    assert (seen["info"].rank, seen["info"].world_size, seen["info"].backend) == (2, 4, "torch")
