@@ -346,12 +346,15 @@ def _decode_payloads(export: _Export, blobs: pd.Series, lengths: np.ndarray) -> 
         data = np.frombuffer(b"".join(blobs.iloc[index].tolist()), np.uint8)
         schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
         for entry_name, column in _PAYLOAD_FIELDS.items():
-            spec = entries[entries["name"] == entry_name].drop_duplicates("schema")
-            found = pd.DataFrame({"schema": schema}).merge(spec, on="schema", how="left")
-            sizes = found["size"].fillna(0).to_numpy(np.int64)
-            offsets = _BLOB_HEADER + found["offset"].fillna(0).to_numpy(np.int64)
+            spec = entries[entries["name"] == entry_name].drop_duplicates("schema").sort_values("schema")
+            if spec.empty:
+                continue
+            schemas = spec["schema"].to_numpy(np.int64)
+            at = np.clip(np.searchsorted(schemas, schema), 0, schemas.size - 1)
+            sizes = np.where(schemas[at] == schema, spec["size"].to_numpy(np.int64)[at], 0)
+            offsets = _BLOB_HEADER + spec["offset"].to_numpy(np.int64)[at]
             ok = (sizes > 0) & (offsets + sizes <= lengths)
-            values = _read_ints(data, base + offsets, np.where(ok, sizes, 1), found["signed"].fillna(False).to_numpy(bool))
+            values = _read_ints(data, base + offsets, np.where(ok, sizes, 1), spec["signed"].to_numpy(bool)[at])
             columns[column][0][index] = np.where(ok, values, 0)
             columns[column][1][index] = ~ok
     return pd.DataFrame({column: pd.arrays.IntegerArray(values, mask) for column, (values, mask) in columns.items()})
@@ -430,20 +433,33 @@ def _group_calls(nccl: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _summarise_calls(served: pd.DataFrame) -> pd.DataFrame:
     """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time."""
+    names = ["kernel", "op", "comm", "bytes", "peer", "nranks", "cpu_call_ns"]
     if served.empty:
-        return pd.DataFrame(columns=["kernel", "op", "comm", "bytes", "peer", "nranks", "cpu_call_ns"])
-    served = served.sort_values(["kernel", "start"]).assign(
-        is_p2p=lambda f: f["op"].isin(ops.P2P_OPS), has_bytes=lambda f: f["bytes"].notna()
-    )
-    summary = served.groupby("kernel", sort=False).agg(
-        op_first=("op", "first"), op_count=("op", "nunique"), all_p2p=("is_p2p", "min"), comm=("comm", "first"),
-        bytes=("bytes", "sum"), has_bytes=("has_bytes", "max"), peer_min=("peer", "min"), peer_max=("peer", "max"),
-        nranks=("nranks", "first"), cpu_call_ns=("start", "min"),
-    )
-    summary["op"] = summary["op_first"].where((summary["op_count"] == 1) | ~summary["all_p2p"], ops.SENDRECV)
-    summary["bytes"] = summary["bytes"].where(summary["has_bytes"])
-    summary["peer"] = summary["peer_min"].where(summary["peer_min"] == summary["peer_max"])
-    return summary.reset_index()[["kernel", "op", "comm", "bytes", "peer", "nranks", "cpu_call_ns"]]
+        return pd.DataFrame(columns=names)
+    served = served.sort_values(["kernel", "start"], kind="stable")
+    kernel = served["kernel"].to_numpy(np.int64)
+    first = np.flatnonzero(np.r_[True, kernel[1:] != kernel[:-1]])
+    codes, _ = pd.factorize(served["op"])
+    op = served["op"].to_numpy(dtype=object)
+    one_op = np.minimum.reduceat(codes, first) == np.maximum.reduceat(codes, first)
+    all_p2p = np.minimum.reduceat(served["op"].isin(ops.P2P_OPS).to_numpy(), first)
+    size = served["bytes"]
+    has_bytes = np.maximum.reduceat(size.notna().to_numpy(), first)
+    total = np.add.reduceat(size.fillna(0).to_numpy(np.int64), first)
+    peer = served["peer"]
+    known_peer = peer.notna().to_numpy()
+    peer_low = np.minimum.reduceat(peer.fillna(np.iinfo(np.int64).max).to_numpy(np.int64), first)
+    peer_high = np.maximum.reduceat(peer.fillna(np.iinfo(np.int64).min).to_numpy(np.int64), first)
+    single_peer = np.minimum.reduceat(known_peer, first) & (peer_low == peer_high)
+    return pd.DataFrame({
+        "kernel": kernel[first],
+        "op": np.where(one_op | ~all_p2p, op[first], ops.SENDRECV),
+        "comm": served["comm"].array[first],
+        "bytes": pd.arrays.IntegerArray(total, ~has_bytes),
+        "peer": pd.arrays.IntegerArray(np.where(single_peer, peer_low, 0), ~single_peer),
+        "nranks": served["nranks"].array[first],
+        "cpu_call_ns": served["start"].to_numpy(np.int64)[first],  # sorted: the first call
+    })
 
 
 def _assign_communicators(export: _Export, out: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
@@ -708,12 +724,15 @@ def _step_of(times: pd.Series, steps: pd.DataFrame) -> pd.Series:
 
 
 def _kernel_part(kernels: pd.DataFrame) -> pd.DataFrame:
-    summary = (
-        kernels.assign(duration=kernels["end"] - kernels["start"])
-        .groupby("name", as_index=False)
-        .agg(count=("duration", "size"), total_ns=("duration", "sum"), is_comm=("is_comm", "first"))
-    )
-    return summary.sort_values("total_ns", ascending=False)
+    codes, names = pd.factorize(kernels["name"])
+    duration = (kernels["end"] - kernels["start"]).to_numpy(np.int64)
+    total = np.zeros(len(names), np.int64)
+    np.add.at(total, codes, duration)  # int64 throughout: no float rounding
+    is_comm = np.zeros(len(names), bool)
+    is_comm[codes] = kernels["is_comm"].to_numpy(bool)
+    summary = pd.DataFrame({"name": np.asarray(names, dtype=object), "count": np.bincount(codes, minlength=len(names)),
+                            "total_ns": total, "is_comm": is_comm})
+    return summary.sort_values("total_ns", ascending=False, kind="stable")
 
 
 def _communicator_part(collectives: pd.DataFrame) -> pd.DataFrame:
