@@ -94,7 +94,11 @@ def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
 
 
 def _read_report(path: Path, rank_from: str | None) -> pa.Table:
-    """Export a lone `.nsys-rep` to SQLite in a temporary folder and read that."""
+    """Read the report's SQLite export: the one beside it, else one nsys makes now in a
+    temporary folder."""
+    beside = path.with_suffix(SQLITE)
+    if beside.is_file():
+        return nsys.read_nsys(beside, rank_from=rank_from)
     nsys_bin = shutil.which("nsys")
     command = f"nsys export --type sqlite --output {path.with_suffix(SQLITE)} {path}"
     if nsys_bin is None:

@@ -29,6 +29,14 @@ def test_folder_skips_reports_beside_their_exports(dsl: Path) -> None:
     assert table.column("host").to_pylist() == ["ault43.cscs.ch", "ault44.cscs.ch"]
 
 
+def test_a_report_named_alone_reads_the_export_beside_it(dsl: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nsys needed
+    report = sorted(dsl.glob("*ault44*.nsys-rep"))[0]
+    table = sources.load_digests([report])
+    assert table.column("rank").to_pylist() == [1]
+    assert table.column("source_file").to_pylist() == [str(report.with_suffix(".sqlite"))]
+
+
 def test_same_file_named_twice_is_read_once(dsl: Path) -> None:
     export = sorted(dsl.glob("*.sqlite"))[0]
     assert sources.discover([export, dsl]).count(export) == 1
