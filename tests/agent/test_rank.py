@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standins"))
 import standin_nsys  # noqa: E402
 
-import rankscope.agent  # noqa: E402
+import rankscope.agent as agent_package  # noqa: E402
 from rankscope.agent import rank  # noqa: E402
 from rankscope.agent.spool import local_ranks, ranks_dir  # noqa: E402
 from rankscope.analysis import simulate  # noqa: E402
@@ -169,7 +169,7 @@ def test_torch_backend_is_handed_to_the_torch_hook(monkeypatch, tmp_path):
 
     hook = types.SimpleNamespace(run=fake_run)
     monkeypatch.setitem(sys.modules, "rankscope.agent.torch_hook", hook)
-    monkeypatch.setattr(rankscope.agent, "torch_hook", hook, raising=False)
+    monkeypatch.setattr(agent_package, "torch_hook", hook, raising=False)
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
     parser = argparse.ArgumentParser()
