@@ -934,14 +934,12 @@ def _write_nsys(rt: _RankTimes, path: Path) -> None:
     }
     tables = {"StringIds": ([], strings.rows()), **tables}  # complete only now
     tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
+    tmp.write_bytes(_empty_export())
     con = sqlite3.connect(tmp, isolation_level=None)
     try:
         con.execute("PRAGMA journal_mode=OFF")
         con.execute("PRAGMA synchronous=OFF")
         con.execute("BEGIN")
-        for statement in _ddl_statements():
-            con.execute(statement)
         for table, (columns, rows) in tables.items():
             names = f" ({', '.join(columns)})" if columns else ""
             width = len(columns) if columns else len(rows[0])
@@ -952,8 +950,17 @@ def _write_nsys(rt: _RankTimes, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _ddl_statements() -> list[str]:
-    return [s.strip() + "\n" for s in NSYS_DDL.split(";\n") if s.strip()]
+@functools.lru_cache(maxsize=1)
+def _empty_export() -> bytes:
+    """An SQLite file holding just the tables, built once: parsing the DDL per file costs more."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for statement in NSYS_DDL.split(";\n"):
+            if statement.strip():
+                con.execute(statement)
+        return con.serialize()
+    finally:
+        con.close()
 
 
 @dataclass
@@ -1207,6 +1214,7 @@ def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _Kine
     seq = {k: 1 + KINETO_WARMUP_STEPS * sum(ph.comm == k for ph in rt.phases) for k in rt.comm_kinds}
     ext = S + 1  # External ids after the step annotations'
     corr = 1
+    group_ranks = {k: members(spec, k, groups[k]) for k in rt.comm_kinds}
     for s in range(S):
         for p, ph in enumerate(rt.phases):
             for k in range(ph.kernels):
@@ -1217,7 +1225,7 @@ def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _Kine
                         rt.kernel_end[s, p, k], {"External id": ext, "device": rt.local, "stream": _COMPUTE_STREAM,
                                                  "correlation": corr, "grid": list(grid), "block": list(block)})
                 ext, corr = ext + 1, corr + 1
-            ranks = members(spec, ph.comm, groups[ph.comm])
+            ranks = group_ranks[ph.comm]
             comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": ph.nbytes // 4,
                     "Out msg nelems": ph.nbytes // 4, "Group size": len(ranks), "In split size": "[]",
                     "Out split size": "[]", "Process Group Name": _pg_name(ph.comm, groups[ph.comm]),
