@@ -1,0 +1,121 @@
+"""The `torch` capture backend: PyTorch-profiler windows on the ranks run under the torch hook.
+
+The agent and each rank's hook talk through files in the rank's spool
+(``captures/<sweep>/``, see torch_hook.py): start writes ``start.json`` naming the ranks'
+wrapper pids and waits until each hook says its profiler runs; stop writes ``stop.json``,
+waits (bounded) for every started rank's Kineto trace, and moves the traces into the
+capture's work folder for the digest step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from rankscope.agent import torch_hook
+from rankscope.agent.backend import CaptureBackend, CaptureRequest
+from rankscope.agent.spool import RankInfo
+from rankscope.errors import ToolError
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 30.0  # a hook imports torch on its first window: seconds on a cold node
+STOP_TIMEOUT_S = 120.0  # stopping writes the trace; large windows take a while
+POLL_S = 0.05
+
+
+class TorchBackend(CaptureBackend):
+    """Kineto traces from every local rank launched with ``rankscope rank --backend torch``."""
+
+    name = "torch"
+    # CPU activity and CUPTI activity tracing do not use the GPU performance counters
+    # DCGM profiling holds, so DCGM keeps running.
+    needs_gpu_counters = False
+
+    def start(self, request: CaptureRequest) -> None:
+        ranks = _torch_ranks(request)
+        for folder, group in _by_folder(request, ranks).items():
+            folder.mkdir(parents=True, exist_ok=True)
+            torch_hook.write_atomic(folder / "start.json", json.dumps({"pids": [r.pid for r in group]}))
+        started, failed = _wait(request, ranks, lambda f, r: f / f"{r.pid}.started", START_TIMEOUT_S)
+        if not started:
+            raise ToolError(f"no torch rank started its profiler within {START_TIMEOUT_S:g} s: {_why(failed)}")
+        if failed:
+            log.warning("ranks %s did not start recording: %s", [r.rank for _, r in failed], _why(failed))
+
+    def stop(self, request: CaptureRequest) -> list[Path]:
+        ranks = _torch_ranks(request)
+        folders = _by_folder(request, ranks)
+        for folder in folders:
+            torch_hook.write_atomic(folder / "stop.json", "{}")
+        recording = [r for r in ranks if (_folder(request, r) / f"{r.pid}.started").exists()]
+        done, failed = _wait(request, recording, _trace, STOP_TIMEOUT_S)
+        if failed:
+            log.warning("no trace from ranks %s: %s", [r.rank for _, r in failed], _why(failed))
+        if not done:
+            raise ToolError(f"no torch rank wrote its trace within {STOP_TIMEOUT_S:g} s: {_why(failed)}")
+        out = request.workdir / "exports"
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for rank in done:
+            source = _trace(_folder(request, rank), rank)
+            target = out / source.name
+            shutil.move(source, target)
+            paths.append(target)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        return paths
+
+
+def _torch_ranks(request: CaptureRequest) -> list[RankInfo]:
+    ranks = [r for r in request.ranks if r.backend == TorchBackend.name and r.session]
+    if not ranks:
+        raise ToolError("no rank on this node runs under `rankscope rank --backend torch`")
+    return ranks
+
+
+def _folder(request: CaptureRequest, rank: RankInfo) -> Path:
+    return torch_hook.captures_dir(Path(rank.session)) / request.sweep_id
+
+
+def _by_folder(request: CaptureRequest, ranks: list[RankInfo]) -> dict[Path, list[RankInfo]]:
+    folders: dict[Path, list[RankInfo]] = {}
+    for rank in ranks:
+        folders.setdefault(_folder(request, rank), []).append(rank)
+    return folders
+
+
+def _trace(folder: Path, rank: RankInfo) -> Path:
+    return folder / torch_hook.trace_name(rank.rank, rank.pid)
+
+
+def _wait(request: CaptureRequest, ranks: list[RankInfo], marker, timeout_s: float):
+    """Ranks whose ``marker`` file appeared in time; the others with their error (or None)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(ranks)
+    done: list[RankInfo] = []
+    failed: list[tuple[str | None, RankInfo]] = []
+    while pending:
+        for rank in list(pending):
+            folder = _folder(request, rank)
+            error = folder / f"{rank.pid}.error"
+            if marker(folder, rank).exists():
+                done.append(rank)
+                pending.remove(rank)
+            elif error.exists():
+                failed.append((error.read_text(), rank))
+                pending.remove(rank)
+        if pending and time.monotonic() > deadline:
+            failed.extend((None, r) for r in pending)
+            break
+        if pending:
+            time.sleep(POLL_S)
+    return done, failed
+
+
+def _why(failed: list[tuple[str | None, RankInfo]]) -> str:
+    return "; ".join(f"rank {r.rank}: {error or 'no answer (is the rank a Python process?)'}"
+                     for error, r in failed) or "no ranks"

@@ -1,0 +1,196 @@
+"""The PyTorch-profiler hook: record a ``torch.profiler`` window on demand, no script change.
+
+``rankscope rank --backend torch -- python train.py`` runs the command with a
+``sitecustomize`` on ``PYTHONPATH`` that installs this hook in the rank's Python process
+(and only there: the hook removes its environment variable, so the rank's own
+subprocesses start without it). The hook's daemon thread watches the spool's
+``captures/<sweep>/`` folders that the agent's torch backend writes:
+
+    start.json            {"pids": [wrapper pids]}      the agent asks these ranks to record
+    <pid>.started         the hook's reply once its profiler runs
+    stop.json             the agent ends the window
+    rank<R>.<pid>.pt.trace.json   the Kineto trace, written atomically
+    <pid>.error           the reason, if this rank could not record
+
+The profiler records every thread (gloo's worker threads do the real work) with CPU
+activity, and CUDA too where a GPU is present. gloo events carry no process group or
+sequence number (nccl-in-traces.md §4), so at stop the hook adds the Flight Recorder's
+entries for the window — (PG, ``collective_seq_id``, op, creation time) — to the trace's
+metadata; the Kineto ingest joins them to the ``c10d::`` calls by time. The Flight
+Recorder is switched on through ``TORCH_FR_BUFFER_SIZE`` unless the user set it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from rankscope.agent.spool import RankInfo, announce, withdraw
+
+ENV = "RANKSCOPE_TORCH_HOOK"
+FR_BUFFER = "20000"  # Flight Recorder entries kept per process (a ring buffer)
+POLL_S = 0.05
+MAX_WINDOW_S = 3600.0  # a window whose stop never comes ends here, so a lost agent cannot leak a profiler
+SITECUSTOMIZE = """\
+import os, sys
+if os.environ.get("RANKSCOPE_TORCH_HOOK"):
+    try:
+        from rankscope.agent.torch_hook import install
+        install()
+    except Exception as exc:  # the job must run even when the hook cannot
+        sys.stderr.write(f"rankscope: torch hook not installed ({exc})\\n")
+"""
+
+
+def captures_dir(spool: Path) -> Path:
+    return Path(spool) / "captures"
+
+
+def trace_name(rank: int, pid: int) -> str:
+    return f"rank{rank}.{pid}.pt.trace.json"
+
+
+def run(info: RankInfo, cmd: list[str], spool: Path) -> int:
+    """Run ``cmd`` as one rank with the hook installed; announce it to the node's agent."""
+    from rankscope.agent.rank import supervise
+
+    spool = Path(spool)
+    info = replace(info, backend="torch", session=str(spool))
+    boot = spool / "torch_hook"
+    boot.mkdir(parents=True, exist_ok=True)
+    write_atomic(boot / "sitecustomize.py", SITECUSTOMIZE)
+    os.environ[ENV] = json.dumps({"spool": str(spool), **asdict(info)})
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), os.environ.get("PYTHONPATH", "")) if p)
+    announce(spool, info)
+    try:
+        return supervise(cmd)
+    finally:
+        withdraw(spool, info.pid)
+
+
+def install() -> None:
+    """Start the hook's watcher thread in this process (called from sitecustomize)."""
+    config = json.loads(os.environ.pop(ENV))
+    hook = _Hook(Path(config.pop("spool")), RankInfo(**config))
+    threading.Thread(target=hook.watch, name="rankscope-torch-hook", daemon=True).start()
+
+
+class _Hook:
+    def __init__(self, spool: Path, info: RankInfo) -> None:
+        self.root = captures_dir(spool)
+        self.info = info
+        self.seen: set[str] = set()
+        self.installed = time.time()
+
+    def watch(self) -> None:
+        while True:
+            time.sleep(POLL_S)
+            for start in sorted(self.root.glob("*/start.json")):
+                folder = start.parent
+                if folder.name in self.seen:
+                    continue
+                self.seen.add(folder.name)
+                try:
+                    request = json.loads(start.read_text())
+                except (OSError, ValueError):
+                    self.seen.discard(folder.name)  # being written: try again next turn
+                    continue
+                if self.info.pid in request.get("pids", []) and start.stat().st_mtime >= self.installed - 1:
+                    self.capture(folder)
+
+    def capture(self, folder: Path) -> None:
+        try:
+            window = _Window(self.info)
+            (folder / f"{self.info.pid}.started").write_text(str(time.time_ns()))
+            deadline = time.monotonic() + MAX_WINDOW_S
+            while not (folder / "stop.json").exists() and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            window.finish(folder / trace_name(self.info.rank, self.info.pid))
+        except Exception as exc:  # reported to the agent, never raised into the user's job
+            write_atomic(folder / f"{self.info.pid}.error", f"{type(exc).__name__}: {exc}")
+
+
+class _Window:
+    """One profiler window, started and ended on the hook's thread (Kineto requires one thread)."""
+
+    def __init__(self, info: RankInfo) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        self.info = info
+        self.torch = torch
+        self.started_ns = time.time_ns()
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        # The hook's thread is not the training thread: record all threads.
+        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        self.profiler = profile(activities=activities, record_shapes=False, experimental_config=config)
+        self.profiler.start()
+
+    def finish(self, path: Path) -> None:
+        meta = {
+            "rank": self.info.rank,
+            "local_rank": self.info.local_rank,
+            "world_size": self.info.world_size,
+            "host": self.info.host,
+            "job_id": self.info.job_id,
+            "gpu": self.info.gpu,
+            "torch": self.torch.__version__,
+            "flight_recorder": _flight_recorder(self.started_ns),
+        }
+        self.profiler.add_metadata_json("rankscope", json.dumps(meta))
+        self.profiler.stop()
+        tmp = path.with_name(f".{path.name}.tmp")
+        self.profiler.export_chrome_trace(str(tmp))
+        tmp.replace(path)
+
+
+def _flight_recorder(since_ns: int) -> dict[str, Any] | None:
+    """Flight Recorder entries created since ``since_ns``: columns + rows, or None."""
+    from torch._C import _distributed_c10d as c10d
+
+    dump = getattr(c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return None
+    try:
+        entries = json.loads(dump()).get("entries", [])
+    except Exception:  # no process group, or the recorder is off
+        return None
+    columns = ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes"]
+    rows = [
+        [e["process_group"][0], e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"],
+         e.get("profiling_name"), e["time_created_ns"], bool(e.get("is_p2p")), _bytes(e)]
+        for e in entries
+        if e.get("time_created_ns", 0) >= since_ns
+    ]
+    return {"columns": columns, "rows": rows}
+
+
+def _bytes(entry: dict) -> int | None:
+    """Size of the first input tensor, as the trace's own args would give it."""
+    import torch
+
+    sizes, dtypes = entry.get("input_sizes") or [], entry.get("input_dtypes") or []
+    if not sizes or not dtypes:
+        return None
+    dtype = getattr(torch, str(dtypes[0]).lower(), None)
+    if not isinstance(dtype, torch.dtype):
+        return None
+    numel = 1
+    for dim in sizes[0]:
+        numel *= int(dim)
+    return numel * dtype.itemsize
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
