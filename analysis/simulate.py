@@ -114,8 +114,8 @@ def _validate(spec: JobSpec) -> None:
         raise bad("nodes, gpus_per_node and steps must be >= 1")
     if spec.tp < 1 or spec.gpus_per_node % spec.tp:
         raise bad(f"tp={spec.tp} must divide gpus_per_node={spec.gpus_per_node} (TP groups are intra-node)")
-    if spec.kernels_per_phase < 1 or spec.compute_ns <= 0:
-        raise bad("kernels_per_phase and compute_ns must be positive")
+    if spec.kernels_per_phase < 1 or spec.compute_ns <= 0 or spec.tp_collectives < 0:
+        raise bad("kernels_per_phase and compute_ns must be positive, tp_collectives >= 0")
     if spec.jitter_ns < 0 or spec.end_jitter_ns < 0 or spec.max_offset_ns < 0 or spec.max_drift_ppm < 0:
         raise bad("jitter, offset and drift bounds must be >= 0")
     for name in ("clock_offsets_ns", "clock_drifts_ppm"):

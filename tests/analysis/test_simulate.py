@@ -13,7 +13,7 @@ import pytest
 
 from rankscope.analysis import simulate as sm
 from rankscope.cli import main
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, InputError
 
 SMALL = dict(nodes=2, gpus_per_node=4, tp=4, steps=4, seed=7, job_id="t")
 EXTRA = 2_000_000
@@ -322,3 +322,12 @@ def test_spec_validation():
         _spec(clock_offsets_ns=(0,))
     with pytest.raises(ConfigError, match="node 5"):
         sm.simulate(_spec(), "/nonexistent-never-created", nodes=[5])
+
+
+def test_truth_round_trips_the_spec(tmp_path):
+    spec = _spec(clock_offsets_ns=(1, -2), clock_drifts_ppm=(0.5, -3.0), barrier=True,
+                 stragglers=(sm.Straggler(3, "launch", 10_000, every=2),))
+    assert sm.read_spec(sm.write_truth(spec, tmp_path / "truth.json")) == spec
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(InputError, match="bad.json"):
+        sm.read_spec(tmp_path / "bad.json")
