@@ -47,6 +47,7 @@ JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID", "FLU
 # NVTX event types (same ids in 3.13.2 and 3.25.0, nsys-export.md §3).
 _PUSH_POP_RANGE, _START_END_RANGE, _DOMAIN_CREATE = 59, 60, 75
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_MAX_SESSION_NS = 7 * 24 * 3600 * 10**9
 # Payload blob: [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64] payload.
 _BLOB_HEADER = 32
 # NVTX payload entry type -> (bytes, signed) for the integer types NCCL uses
@@ -210,10 +211,16 @@ def _time_offset(export: _Export, kernels: pd.DataFrame) -> int:
         # Not recorded: judge by magnitude (session-relative times are far below epoch ns).
         normalized = "true" if int(kernels["start"].min()) > utc_epoch // 2 else "false"
         export.warn(f"export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look {'normalized' if normalized == 'true' else 'session-relative'}")
+    by_flag = 0 if normalized == "true" else utc_epoch
     shift = export.meta.get("EXPORT_CONFIG_TIME_SHIFT")
-    if shift is not None and shift.lstrip("-").isdigit():
-        return utc_epoch - int(shift)
-    return 0 if normalized == "true" else utc_epoch
+    if shift is None or not shift.lstrip("-").isdigit():
+        return by_flag
+    by_shift = utc_epoch - int(shift)
+    # Events lie within the capture (minutes to hours) of the session start.
+    if abs(int(kernels["start"].min()) + by_shift - utc_epoch) > _MAX_SESSION_NS:
+        export.warn(f"EXPORT_CONFIG_TIME_SHIFT {shift} does not fit the timestamps; used EXPORT_PARAM_TIME_NORMALIZE={normalized}")
+        return by_flag
+    return by_shift
 
 
 # ---------------------------------------------------------------- GPU activity
@@ -298,7 +305,7 @@ def _nccl_ranges(export: _Export) -> pd.DataFrame:
                    n.start + ? AS start, n."end" + ? AS "end", {text} AS name, {blob} AS blob,
                    COALESCE(length({blob}), 0) AS blob_len
             FROM NVTX_EVENTS AS n {join}
-            WHERE n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND n.domainId != 0
+            WHERE n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND n.domainId != 0 AND n."end" IS NOT NULL
             ORDER BY n.start""",
         (export.offset, export.offset),
     )

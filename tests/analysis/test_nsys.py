@@ -226,3 +226,21 @@ def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path])
         db.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
     with pytest.raises(ExportError, match="no CUDA kernels"):
         nsys.read_nsys(no_kernels)
+
+
+@pytest.mark.parametrize(
+    ("edit", "warning"),
+    [
+        ("UPDATE META_DATA_EXPORT SET value = '1779782330176752435' WHERE name = 'EXPORT_CONFIG_TIME_SHIFT'", "does not fit"),
+        ("DELETE FROM META_DATA_EXPORT WHERE name IN ('EXPORT_PARAM_TIME_NORMALIZE', 'EXPORT_CONFIG_TIME_SHIFT')", "look session-relative"),
+    ],
+)
+def test_time_base_survives_missing_or_inconsistent_export_metadata(torchrun: Path, tmp_path: Path, edit: str, warning: str) -> None:
+    expected = nsys.read_nsys(torchrun).column("window_start_ns").to_pylist()
+    copy = tmp_path / "edited.sqlite"
+    shutil.copy(torchrun, copy)
+    with sqlite3.connect(copy) as db:
+        db.execute(edit)
+    table = nsys.read_nsys(copy)
+    assert table.column("window_start_ns").to_pylist() == expected
+    assert any(warning in w for w in table.column("warnings")[0].as_py())
