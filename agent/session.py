@@ -110,7 +110,9 @@ class Session:
                 failures = 0
                 self._serve(registration)
             except grpc.RpcError as exc:
-                log.warning("coordinator session: %s: %s", exc.code().name, exc.details())
+                # Loud once per outage, quiet while it lasts.
+                log.log(logging.INFO if failures else logging.WARNING, "coordinator session: %s: %s",
+                        exc.code().name, exc.details())
             finally:
                 self._close_outbox()
             if self.stop.is_set():

@@ -127,10 +127,10 @@ class Uploader:
                 offset = status.committed_offset if status.known else 0
                 if first_offset is None:
                     first_offset = offset
-                    if offset:
-                        log.warning("upload %s resumes at committed offset %d of %d", uid, offset, size)
                 if status.known and status.complete:
                     return self._done(uid, artifact, size, digest, status.sha256, first_offset)
+                if offset:
+                    log.warning("upload %s resumes at committed offset %d of %d", uid, offset, size)
                 reply = self.stub.Upload(self._chunks(artifact.path, header, offset, size),
                                          timeout=self._deadline(size - offset))
                 if reply.complete:

@@ -54,7 +54,8 @@ class Cluster:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
         self.procs: dict[str, subprocess.Popen] = {}
-        self.logs: dict[str, Path] = {}
+        self.logs: dict[str, Path] = {}  # the latest process of each name
+        self.starts: dict[str, int] = {}
         self.data_dir = tmp_path / "coordinator"
         self.port = 0
         self.channel: grpc.Channel | None = None
@@ -64,7 +65,8 @@ class Cluster:
     # processes ----------------------------------------------------------------------
 
     def spawn(self, name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = self.tmp / f"{name}.{len([k for k in self.logs if k.startswith(name)])}.log"
+        self.starts[name] = self.starts.get(name, -1) + 1
+        log = self.tmp / f"{name}.{self.starts[name]}.log"
         self.logs[name] = log
         with open(log, "wb") as out:
             proc = subprocess.Popen([sys.executable, "-m", "rankscope", *argv], stdout=out, stderr=subprocess.STDOUT,
@@ -220,21 +222,29 @@ def _upload_ids(cluster: Cluster, name: str, sweep_id: str) -> list[str]:
         return []
 
 
+def partly_committed(cluster: Cluster, names: list[str], sweep_id: str) -> tuple[str, str, int] | None:
+    """(node, upload id, committed offset) of an upload the coordinator holds only part of."""
+    for name in names:
+        for uid in _upload_ids(cluster, name, sweep_id):
+            status = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5)
+            if status.known and 0 < status.committed_offset < status.size:
+                return name, uid, status.committed_offset
+    return None
+
+
+def resumed_offsets(cluster: Cluster, name: str, uid: str) -> list[int]:
+    return [int(m) for m in re.findall(rf"upload {re.escape(uid)} resumes at committed offset (\d+)", cluster.log(name))]
+
+
 def test_an_agent_killed_mid_upload_resumes_from_the_committed_offset(cluster: Cluster) -> None:
     cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
     cluster.agent("n0", 0)
-    # 30 kB/s: the raw exports (about 120 kB per rank) take seconds to upload.
+    # 30 kB/s in 16 KiB chunks: the digest (about 16 kB) and the raw exports (about 120 kB per rank)
+    # take seconds to upload, so the kill lands part-way through one of them.
     cluster.agent("n1", 1, "--upload-limit", "0.03")
     sweep_id = cluster.start_sweep(["n0", "n1"], duration_s=0.2, timeout_s=90, upload_raw=True, options=sim_options(2))
-
-    def partly_committed() -> tuple[str, int] | None:
-        for uid in _upload_ids(cluster, "n1", sweep_id):
-            status = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5)
-            if status.known and 0 < status.committed_offset < status.size:
-                return uid, status.committed_offset
-        return None
-
-    uid, committed = wait_for("n1 to be part-way through an upload", partly_committed, START_S)
+    _, uid, committed = wait_for("n1 to be part-way through an upload",
+                                 lambda: partly_committed(cluster, ["n1"], sweep_id), START_S, 0.05)
     cluster.kill("n1")
     # What the coordinator holds now is where the restarted agent must resume.
     at_kill = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5).committed_offset
@@ -242,8 +252,7 @@ def test_an_agent_killed_mid_upload_resumes_from_the_committed_offset(cluster: C
     cluster.agent("n1", 1)
     sweep = cluster.wait_final(sweep_id, 100)
     assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
-    resumed = [int(m) for m in re.findall(rf"upload {re.escape(uid)} resumes at committed offset (\d+)", cluster.log("n1"))]
-    assert resumed and resumed[0] >= at_kill > 0
+    assert resumed_offsets(cluster, "n1", uid)[:1] == [at_kill]
     status = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5)
     assert status.complete and status.committed_offset == status.size
     stored = cluster.data_dir / "artifacts" / "objects" / status.sha256[:2] / status.sha256
@@ -256,15 +265,18 @@ def test_the_coordinator_killed_mid_sweep_finishes_it_after_restart(cluster: Clu
     cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
     names = ["n0", "n1", "n2", "n3"]
     for i, name in enumerate(names):
-        cluster.agent(name, i, "--upload-limit", "0.2")
+        cluster.agent(name, i, "--upload-limit", "0.05")
     sweep_id = cluster.start_sweep(names, duration_s=0.5, timeout_s=90, upload_raw=True,
                                    options=sim_options(4, **{"sim.stragglers": "2:compute:3000"}))
-    wait_for("a node to start uploading",
-             lambda: any(cluster.node_state(sweep_id, n) == pb.NODE_STATE_UPLOADING for n in names), START_S, 0.05)
+    node, uid, committed = wait_for("an upload to be part-way", lambda: partly_committed(cluster, names, sweep_id),
+                                    START_S, 0.05)
     cluster.kill("coordinator")
     cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
     sweep = cluster.wait_final(sweep_id, 100)
     assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
+    # The interrupted upload went on from what the coordinator had committed, not from 0 ...
+    assert resumed_offsets(cluster, node, uid) and min(resumed_offsets(cluster, node, uid)) >= committed
+    # ... and nothing is lost or stored twice: 4 nodes x (1 digest + 2 raw exports), no partial left.
     assert_stored_once_and_verified(cluster, sweep, per_node=3)
     assert cluster.report(sweep_id).stragglers == [2]
 
