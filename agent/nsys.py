@@ -215,7 +215,7 @@ class NsysBackend(CaptureBackend):
             argv = start_command(info.session, report_base(request, info), nsys=exe,
                                  gpu_metrics=gpu_metrics and info.local_rank == 0)
             try:
-                run(argv, timeout_s=self.timeout_s)
+                self._start_rank(exe, argv, info)
             except ToolError as exc:
                 self._stop_quietly(exe, started)
                 raise ToolError(f"rank {info.rank}: {exc}") from None
@@ -242,6 +242,19 @@ class NsysBackend(CaptureBackend):
             self.on_counters_released(request)
 
     # internals
+
+    def _start_rank(self, exe: str, argv: list[str], info: RankInfo) -> None:
+        """Start collecting; if that fails, stop a collection an agent that died mid-capture
+        may have left open in the session, and try once more."""
+        try:
+            run(argv, timeout_s=self.timeout_s)
+        except ToolError as first:
+            try:
+                run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
+            except ToolError:
+                raise first from None
+            log.warning("rank %d: stopped a collection left open in nsys session %s", info.rank, info.session)
+            run(argv, timeout_s=self.timeout_s)
 
     def _ranks(self, request: CaptureRequest) -> list[RankInfo]:
         ranks = [r for r in request.ranks if r.backend == self.name and r.session]

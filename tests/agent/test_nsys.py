@@ -249,3 +249,18 @@ def test_no_ranks_under_nsys_is_an_error(tmp_path):
     request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=())
     with pytest.raises(ToolError, match="no rank on this node"):
         nsys.NsysBackend(nsys=sys.executable).start(request)
+
+
+def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    orphan = request_for(node, tmp_path)
+    nsys.NsysBackend().start(orphan)  # ... and the agent dies here, never stopping
+    request = CaptureRequest(sweep_id="sw2", duration_s=0.1, workdir=tmp_path / "work2", ranks=orphan.ranks)
+    before = len(standin_nsys.calls(node.state))
+    backend = nsys.NsysBackend()
+    backend.start(request)
+    first = request.ranks[0]
+    start = ["start", f"--session={first.session}", f"--output={tmp_path}/work2/sw2_{first.host}_rank0",
+             "--force-overwrite=true", "--gpu-metrics-devices=all"]
+    assert standin_nsys.calls(node.state)[before:before + 3] == [start, ["stop", f"--session={first.session}"], start]
+    assert len(backend.stop(request)) == 2
