@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,9 +81,70 @@ def stored_files(data_dir: Path) -> list[Path]:
     return sorted(p for p in (data_dir / "artifacts").rglob("*") if p.is_file())
 
 
+class FakeAgent:
+    """An agent speaking the wire with bare stubs: the test decides every event it sends."""
+
+    def __init__(self, running: Running, node: str, *, clock_skew_ns: int = 0, **labels: str) -> None:
+        reply = running.register(node, **labels)
+        self.running, self.node, self.skew = running, node, clock_skew_ns
+        self.token, self.agent_id = reply.session_token, reply.agent_id
+        self.events: queue.Queue = queue.Queue()
+        self.commands: queue.Queue = queue.Queue()
+        self.events.put(pb.AgentEvent(hello=pb.Hello(agent_id=self.agent_id, session_token=self.token)))
+        self.call = running.agents.Session(self._drain())
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _drain(self) -> Iterator[pb.AgentEvent]:
+        while (event := self.events.get()) is not None:
+            yield event
+
+    def _read(self) -> None:
+        try:
+            for command in self.call:
+                if command.HasField("ping"):
+                    self.events.put(pb.AgentEvent(pong=pb.Pong(
+                        ping_id=command.ping.ping_id, coordinator_time_ns=command.ping.coordinator_time_ns,
+                        agent_time_ns=time.time_ns() + self.skew)))
+                else:
+                    self.commands.put(command)
+        except grpc.RpcError:
+            pass
+
+    def next_command(self, timeout: float = 20.0) -> pb.CoordinatorCommand:
+        return self.commands.get(timeout=timeout)
+
+    def status(self, sweep_id: str, state: int, **fields) -> None:
+        self.events.put(pb.AgentEvent(status=pb.NodeStatus(sweep_id=sweep_id, state=state, **fields)))
+
+    def upload(self, sweep_id: str, name: str, data: bytes) -> pb.ArtifactRef:
+        head = header(data, node=self.node, token=self.token, name=name, upload_id=f"{sweep_id}.{self.node}.{name}")
+        head.sweep_id = sweep_id
+        reply = self.running.agents.Upload(chunks(head, data), timeout=20)
+        assert reply.complete
+        return pb.ArtifactRef(name=name, sha256=reply.sha256, size=len(data), kind=pb.ARTIFACT_KIND_DIGEST,
+                              upload_id=head.upload_id)
+
+    def finish(self, sweep_id: str, digest_bytes: bytes) -> None:
+        """The states of a whole capture, with the digest uploaded between them."""
+        for state in (pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING,
+                      pb.NODE_STATE_EXPORTING, pb.NODE_STATE_UPLOADING):
+            self.status(sweep_id, state)
+        ref = self.upload(sweep_id, f"{self.node}.digest.parquet", digest_bytes)
+        self.status(sweep_id, pb.NODE_STATE_UPLOADED, artifacts=[ref])
+        self.status(sweep_id, pb.NODE_STATE_DCGM_RESUMED, dcgm=pb.DCGM_OUTCOME_NOT_NEEDED)
+
+    def close(self) -> None:
+        """Half-close, so every queued event reaches the coordinator before the session ends."""
+        self.events.put(None)
+        self.reader.join(timeout=10)
+        self.call.cancel()
+
+
 @pytest.fixture
 def wire():
     """The helpers above, for test modules (importlib mode cannot import conftest)."""
     import types
 
-    return types.SimpleNamespace(header=header, chunks=chunks, start=start, stop=stop, stored_files=stored_files)
+    return types.SimpleNamespace(header=header, chunks=chunks, start=start, stop=stop, stored_files=stored_files,
+                                 FakeAgent=FakeAgent)

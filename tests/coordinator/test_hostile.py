@@ -1,0 +1,99 @@
+"""Hostile uploads are refused with a clear status, and nothing of them is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import grpc
+import pytest
+
+from rankscope.proto.v1 import rankscope_pb2 as pb
+
+DATA = os.urandom(300_000)
+
+
+def refused(coordinator, messages) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.agents.Upload(iter(list(messages)), timeout=10)
+    return caught.value
+
+
+@pytest.fixture
+def token(coordinator) -> str:
+    return coordinator.register("node-a").session_token
+
+
+def test_first_chunk_at_a_wrong_offset(coordinator, wire, token) -> None:
+    head = wire.header(DATA, node="node-a", token=token)
+    error = refused(coordinator, [pb.UploadChunk(header=head, offset=4096, data=DATA[4096:8192])])
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "offset 4096, committed offset is 0" in error.details()
+    assert wire.stored_files(coordinator.data_dir) == []
+    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
+
+
+def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, wire, token) -> None:
+    head = wire.header(DATA, node="node-a", token=token)
+    messages = list(wire.chunks(head, DATA, size=1000))
+    del messages[3]  # the chunk at offset 2000 never arrives
+    error = refused(coordinator, messages)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "offset 3000, committed offset is 2000" in error.details()
+    status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+    assert status.committed_offset == 2000 and not status.complete
+    assert [p.name for p in wire.stored_files(coordinator.data_dir)] == ["u1.json", "u1.part"]
+
+
+def test_checksum_mismatch(coordinator, wire, token) -> None:
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, sha256=wrong), DATA))
+    assert error.code() == grpc.StatusCode.DATA_LOSS
+    assert f"declared {wrong}" in error.details()
+    assert wire.stored_files(coordinator.data_dir) == []
+    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
+
+
+@pytest.mark.parametrize("name", ["../escape.parquet", "a/b.parquet", "..", "/etc/passwd", "x..y", ""])
+def test_unsafe_artifact_name(coordinator, wire, token, name: str) -> None:
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, name=name), DATA))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a plain file name" in error.details()
+    assert wire.stored_files(coordinator.data_dir) == []
+
+
+def test_unsafe_upload_id(coordinator, wire, token) -> None:
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id="../u"), DATA))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert wire.stored_files(coordinator.data_dir) == []
+
+
+def test_upload_over_the_size_limit(coordinator, wire, token) -> None:
+    big = os.urandom((1 << 20) + 1)  # the fixture's limit is 1 MiB
+    error = refused(coordinator, wire.chunks(wire.header(big, node="node-a", token=token), big))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "over the limit of 1048576 bytes" in error.details()
+    assert wire.stored_files(coordinator.data_dir) == []
+
+
+def test_more_bytes_than_declared(coordinator, wire, token) -> None:
+    head = wire.header(DATA, node="node-a", token=token, size=1000, sha256=hashlib.sha256(DATA[:1000]).hexdigest())
+    error = refused(coordinator, [pb.UploadChunk(header=head, offset=0), pb.UploadChunk(offset=0, data=DATA[:4096])])
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "past the declared size 1000" in error.details()
+    assert wire.stored_files(coordinator.data_dir) == []
+
+
+def test_upload_without_a_valid_token_or_for_another_node(coordinator, wire, token) -> None:
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token="forged"), DATA))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    coordinator.register("node-b")
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-b", token=token), DATA))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert wire.stored_files(coordinator.data_dir) == []
+
+
+def test_first_message_without_a_header(coordinator, wire) -> None:
+    error = refused(coordinator, [pb.UploadChunk(offset=0, data=DATA[:10])])
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert wire.stored_files(coordinator.data_dir) == []

@@ -1,0 +1,160 @@
+"""The coordinator over real gRPC on loopback, driven by bare-stubs agents (no agent processes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pyarrow.compute as pc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rankscope.analysis import digest
+from rankscope.analysis.report import Report
+from rankscope.analysis.testing import SyntheticJob, host_name, synthetic_job
+from rankscope.cli import main
+from rankscope.coordinator.client import SweepClient
+from rankscope.coordinator.store import Store
+from rankscope.errors import InputError
+from rankscope.proto.v1 import rankscope_pb2 as pb
+
+STRAGGLER = 1
+
+
+@pytest.fixture(scope="module")
+def digests(tmp_path_factory) -> dict[str, bytes]:
+    """Per node, the Parquet digest of its ranks in one synthetic 2-node job with a straggler."""
+    table, truth = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=20, stragglers={STRAGGLER: 400_000}))
+    assert truth.stragglers == [STRAGGLER]
+    out = {}
+    for node in range(2):
+        path = tmp_path_factory.mktemp("digests") / f"{host_name(node)}.parquet"
+        digest.write(table.filter(pc.equal(table.column("host"), host_name(node))), path)
+        out[host_name(node)] = path.read_bytes()
+    return out
+
+
+def started_capture(agent) -> pb.StartCapture:
+    command = agent.next_command()
+    assert command.HasField("start"), command
+    return command.start
+
+
+def final(client: SweepClient, sweep_id: str) -> pb.Sweep:
+    events = list(client.watch(sweep_id))
+    assert events[-1].final
+    return events[-1].sweep
+
+
+def test_health_service_answers_serving(coordinator) -> None:
+    stub = health_pb2_grpc.HealthStub(coordinator.channel)
+    for service in ("", "rankscope.v1.AgentService", "rankscope.v1.SweepService"):
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_sweep_runs_to_a_stored_report_naming_the_straggler(coordinator, wire, digests, capsys) -> None:
+    agents = [wire.FakeAgent(coordinator, name, pool="train") for name in digests]
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(labels={"pool": "train"}, duration_s=2.0, backend="sim", options={"sim.seed": "5"})
+        assert sorted(n.node for n in sweep.nodes) == sorted(digests)
+        for agent in agents:
+            start = started_capture(agent)
+            assert (start.sweep_id, start.backend, start.duration_s, dict(start.options)) == \
+                (sweep.sweep_id, "sim", 2.0, {"sim.seed": "5"})
+            agent.finish(sweep.sweep_id, digests[agent.node])
+        done = final(client, sweep.sweep_id)
+        assert done.state == pb.SWEEP_STATE_ANALYSED and not done.missing
+        assert {n.state for n in done.nodes} == {pb.NODE_STATE_ANALYSED}
+        reply = client.report(sweep.sweep_id)
+    report = json.loads(reply.report_json)
+    assert Report.from_dict(report).stragglers == [STRAGGLER]
+    assert report["sweep"]["sweep_id"] == sweep.sweep_id and report["sweep"]["missing"] == []
+    assert json.loads(Path(reply.path).read_text()) == report
+
+    assert main(["report", sweep.sweep_id, "--coordinator", coordinator.address, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == report
+    assert main(["sweeps", "--coordinator", coordinator.address]) == 0
+    listing = capsys.readouterr().out
+    assert sweep.sweep_id in listing and "analysed" in listing and "2/2" in listing
+    for agent in agents:
+        agent.close()
+
+
+def test_a_silent_node_makes_the_sweep_partial_with_it_named(coordinator, wire, digests) -> None:
+    talking, silent = (wire.FakeAgent(coordinator, name) for name in digests)
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
+        talking.finish(started_capture(talking).sweep_id, digests[talking.node])
+        started_capture(silent)  # and never a word back
+        done = final(client, sweep.sweep_id)
+        report = json.loads(client.report(sweep.sweep_id).report_json)
+    assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == [silent.node]
+    reasons = {n.node: (n.state, n.reason) for n in done.nodes}
+    assert reasons[silent.node] == (pb.NODE_STATE_TIMED_OUT, "no answer within 3s (last state: pending)")
+    assert reasons[talking.node][0] == pb.NODE_STATE_ANALYSED
+    assert report["sweep"]["missing"] == [silent.node]
+    assert any(silent.node in w and "missing" in w for w in report["warnings"])
+    assert {r["host"] for r in report["ranks"]} == {talking.node}
+    cancel = silent.next_command()
+    assert cancel.HasField("cancel") and cancel.cancel.sweep_id == sweep.sweep_id
+    talking.close()
+    silent.close()
+
+
+def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, digests) -> None:
+    first, second = sorted(digests)
+    running = wire.start(tmp_path / "data")
+    a, b = wire.FakeAgent(running, first), wire.FakeAgent(running, second)
+    with SweepClient(running.address) as client:
+        sweep_id = client.start(everything=True, duration_s=1.0, backend="sim", timeout_s=20.0).sweep_id
+    a.finish(started_capture(a).sweep_id, digests[first])
+    started_capture(b)
+    b.status(sweep_id, pb.NODE_STATE_CAPTURING)
+    b.close()
+    a.close()
+    wire.stop(running)
+
+    running = wire.start(tmp_path / "data")
+    try:
+        with SweepClient(running.address) as client:
+            assert [s.state for s in client.sweeps()] == [pb.SWEEP_STATE_RUNNING]
+            b = wire.FakeAgent(running, second)  # reconnects: gets the capture again
+            assert started_capture(b).sweep_id == sweep_id
+            b.finish(sweep_id, digests[second])
+            done = final(client, sweep_id)
+        assert done.state == pb.SWEEP_STATE_ANALYSED and not done.missing
+        uploads = Store(tmp_path / "data" / "state.sqlite").uploads(sweep_id)
+        assert sorted(node for _, node, _, _ in uploads) == [first, second]
+        b.close()
+    finally:
+        wire.stop(running)
+
+
+def test_pings_estimate_the_agent_clock_offset(coordinator, wire) -> None:
+    agent = wire.FakeAgent(coordinator, "skewed", clock_skew_ns=5_000_000_000)
+    store = Store(coordinator.data_dir / "state.sqlite")
+    record = None
+    for _ in range(200):
+        record = store.agent_by_node("skewed")
+        if record.clock_offset_ns is not None:
+            break
+        agent.reader.join(0.05)
+    assert record.clock_offset_ns is not None and record.rtt_ns >= 0
+    assert abs(record.clock_offset_ns - 5_000_000_000) <= record.rtt_ns // 2 + 50_000_000
+    agent.close()
+
+
+def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
+    wire.FakeAgent(coordinator, "node-a", pool="a").close()
+    with SweepClient(coordinator.address) as client:
+        with pytest.raises(InputError, match="no agent registered as node-z"):
+            client.start(nodes=["node-z"], duration_s=1.0, backend="sim")
+        with pytest.raises(InputError, match="no connected agent has labels pool=b"):
+            client.start(labels={"pool": "b"}, duration_s=1.0, backend="sim")
+        with pytest.raises(InputError, match="no sweep 'nope'"):
+            client.report("nope")

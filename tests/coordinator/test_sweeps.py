@@ -1,0 +1,143 @@
+"""The sweep state machine on its own: events in, instructions out, no network."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rankscope.coordinator import sweeps as sw
+from rankscope.errors import InputError
+
+S = 1_000_000_000
+T0 = 1_764_000_000 * S
+SPEC = sw.SweepSpec(backend="sim", duration_s=5.0, timeout_s=30.0)
+DIGEST = sw.ArtifactInfo("rank0.parquet", "a" * 64, 10, "digest", "u-a", (0, 1))
+
+
+def started(*nodes: str) -> sw.Sweep:
+    sweep, instructions = sw.Sweep.start(SPEC, nodes, T0, sweep_id="s1")
+    assert [i for i in instructions if isinstance(i, sw.SendCapture)] == [sw.SendCapture(n) for n in sorted(nodes)]
+    return sweep
+
+
+def finish(sweep: sw.Sweep, node: str, at: int = T0 + S, artifacts=(DIGEST,)) -> list[sw.Instruction]:
+    out: list[sw.Instruction] = []
+    for state in (sw.NodeState.PENDING, sw.NodeState.CAPTURING, sw.NodeState.UPLOADING):
+        out += sweep.handle(sw.NodeReported(node, state, at))
+    out += sweep.handle(sw.NodeReported(node, sw.NodeState.UPLOADED, at, artifacts=tuple(artifacts)))
+    out += sweep.handle(sw.NodeReported(node, sw.NodeState.DCGM_RESUMED, at, dcgm="resumed"))
+    return out
+
+
+def analyses(instructions: list[sw.Instruction]) -> list[sw.Analyse]:
+    return [i for i in instructions if isinstance(i, sw.Analyse)]
+
+
+def test_every_node_finished_is_analysed() -> None:
+    sweep = started("a", "b")
+    assert analyses(finish(sweep, "a")) == []
+    assert sweep.state is sw.SweepState.RUNNING and sweep.nodes["a"].finished
+    out = finish(sweep, "b")
+    assert analyses(out) == [sw.Analyse((DIGEST, DIGEST))]
+    assert sweep.state is sw.SweepState.ANALYSING
+    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 2 * S))
+    assert sweep.state is sw.SweepState.ANALYSED and sweep.missing == []
+    assert {rec.state for rec in sweep.nodes.values()} == {sw.NodeState.ANALYSED}
+    assert sweep.report_path == "/r/s1.json" and sweep.final
+
+
+def test_uploaded_without_dcgm_resumed_is_not_finished() -> None:
+    sweep = started("a")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADED, T0, artifacts=(DIGEST,)))
+    assert sweep.state is sw.SweepState.RUNNING and not sweep.nodes["a"].finished
+    assert sweep.open_nodes() == ["a"]
+
+
+def test_a_stale_earlier_state_does_not_move_a_node_back() -> None:
+    sweep = started("a")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADING, T0))
+    sweep.handle(sw.NodeReported("a", sw.NodeState.CAPTURING, T0))
+    assert sweep.nodes["a"].state is sw.NodeState.UPLOADING
+
+
+def test_a_silent_node_times_out_and_the_sweep_is_partial_with_it_named() -> None:
+    sweep = started("a", "b")
+    finish(sweep, "a")
+    sweep.handle(sw.NodeReported("b", sw.NodeState.CAPTURING, T0 + S))
+    assert sweep.handle(sw.Tick(T0 + 29 * S)) == []
+    out = sweep.handle(sw.Tick(T0 + 30 * S))
+    assert sw.CancelNode("b", "no answer within 30s (last state: capturing)") in out
+    assert analyses(out) == [sw.Analyse((DIGEST,))]
+    assert sweep.nodes["b"].state is sw.NodeState.TIMED_OUT
+    assert sweep.missing == ["b"]
+    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 31 * S))
+    assert sweep.state is sw.SweepState.PARTIAL
+    assert sweep.nodes["a"].state is sw.NodeState.ANALYSED
+    # Too late: a timed-out node stays missing from a report already made.
+    assert sweep.handle(sw.NodeReported("b", sw.NodeState.UPLOADED, T0 + 32 * S, artifacts=(DIGEST,))) == []
+    assert sweep.nodes["b"].state is sw.NodeState.TIMED_OUT
+
+
+def test_a_failed_node_is_missing_with_its_reason() -> None:
+    sweep = started("a", "b")
+    finish(sweep, "a")
+    out = sweep.handle(sw.NodeReported("b", sw.NodeState.FAILED, T0 + S, reason="nsys exited 1"))
+    assert analyses(out) == [sw.Analyse((DIGEST,))]
+    assert sweep.missing == ["b"] and sweep.nodes["b"].reason == "nsys exited 1"
+
+
+def test_a_node_with_no_digest_is_missing() -> None:
+    sweep = started("a", "b")
+    finish(sweep, "a")
+    raw = sw.ArtifactInfo("rank2.nsys-rep", "b" * 64, 10, "raw")
+    out = finish(sweep, "b", artifacts=(raw,))
+    assert analyses(out) == [sw.Analyse((DIGEST,))] and sweep.missing == ["b"]
+
+
+def test_no_node_finishing_fails_the_sweep_without_analysis() -> None:
+    sweep = started("a", "b")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.FAILED, T0, reason="no GPUs"))
+    out = sweep.handle(sw.Tick(T0 + 30 * S))
+    assert analyses(out) == []
+    assert sweep.state is sw.SweepState.FAILED and sweep.missing == ["a", "b"]
+    assert "a: no GPUs" in sweep.error and "b: no answer within 30s" in sweep.error
+
+
+def test_failed_analysis_fails_the_sweep() -> None:
+    sweep = started("a")
+    finish(sweep, "a")
+    sweep.handle(sw.AnalysisFailed("analysis failed: no collectives", T0 + 2 * S))
+    assert sweep.state is sw.SweepState.FAILED and sweep.error == "analysis failed: no collectives"
+
+
+def test_reports_from_nodes_outside_the_sweep_are_ignored() -> None:
+    sweep = started("a")
+    assert sweep.handle(sw.NodeReported("z", sw.NodeState.UPLOADED, T0)) == []
+    assert list(sweep.nodes) == ["a"]
+
+
+def test_restart_gives_agents_grace_and_redoes_a_lost_analysis() -> None:
+    sweep = started("a", "b")
+    sweep.handle(sw.Restarted(T0 + 25 * S, 20 * S))
+    assert sweep.deadline_ns == T0 + 45 * S
+    assert sweep.handle(sw.Tick(T0 + 35 * S)) == []
+    finish(sweep, "a")
+    finish(sweep, "b")
+    assert sweep.state is sw.SweepState.ANALYSING
+    assert analyses(sweep.handle(sw.Restarted(T0 + 50 * S, 20 * S))) == [sw.Analyse((DIGEST, DIGEST))]
+
+
+def test_round_trips_through_json_mid_sweep() -> None:
+    sweep = started("a", "b")
+    finish(sweep, "a")
+    sweep.handle(sw.NodeReported("b", sw.NodeState.EXPORTING, T0 + S, detail="1/2 ranks"))
+    again = sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict())))
+    assert again == sweep
+    finish(again, "b")
+    assert again.state is sw.SweepState.ANALYSING
+
+
+def test_a_sweep_needs_nodes() -> None:
+    with pytest.raises(InputError):
+        sw.Sweep.start(SPEC, [], T0)
