@@ -62,6 +62,7 @@ DCGM_OUTCOMES = {
     dcgm_mod.DcgmOutcome.PAUSED: pb.DCGM_OUTCOME_PAUSED,
     dcgm_mod.DcgmOutcome.RESUMED: pb.DCGM_OUTCOME_RESUMED,
 }
+RECORD_KEEP_S = 7 * 86400.0  # a finished capture's record answers a repeated StartCapture this long
 LEASE_MARGIN_S = 120.0  # beyond the window: stop and release may take a while on a busy node
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -189,10 +190,13 @@ class Agent:
         )
 
     def on_connect(self, registration: Registration) -> None:
-        """Re-report every capture: the coordinator may have missed changes while we were apart."""
+        """Re-report captures in flight: the coordinator may have missed changes while we were apart.
+
+        Finished ones are re-reported when the coordinator sends their StartCapture again."""
         self.registered.set()
         for run in list(self.runs.values()):
-            run.report_latest()
+            if not run.capture.done:
+                run.report_latest()
 
     def on_command(self, command: pb.CoordinatorCommand) -> None:
         if command.HasField("start"):
@@ -225,6 +229,7 @@ class Agent:
             self.channel,
             session_token=lambda: self.session.registration.session_token,
             chunk_bytes=reg.chunk_bytes or 1 << 20,
+            max_bytes=reg.max_upload_bytes,
             rate_limit_bps=self.config.upload_limit_bps,
             stop=run.cancelled,
             on_progress=run.note_upload,
@@ -244,6 +249,7 @@ class CaptureRun:
         self.cancelled = threading.Event()
         self.cancel_reason = ""
         self.backend: CaptureBackend | None = None
+        self._request: CaptureRequest | None = None
         self._thread: threading.Thread | None = None
         self._status_lock = threading.Lock()
         self._persist_lock = threading.Lock()
@@ -273,12 +279,19 @@ class CaptureRun:
 
     @classmethod
     def load_all(cls, agent: Agent) -> list[CaptureRun]:
+        """Captures a previous agent process left; records of long-finished ones are dropped."""
         runs = []
+        expired = time.time() - RECORD_KEEP_S
         for path in sorted((agent.config.work_dir / "captures").glob("*/capture.json")):
             try:
-                runs.append(cls(agent, json.loads(path.read_text())))
+                run = cls(agent, json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("%s: unreadable capture record, ignored (%s)", path, exc)
+                continue
+            if run.capture.done and path.stat().st_mtime < expired:
+                shutil.rmtree(path.parent, ignore_errors=True)
+                continue
+            runs.append(run)
         return runs
 
     # driving --------------------------------------------------------------------------
@@ -360,10 +373,13 @@ class CaptureRun:
         raise TypeError(f"unknown instruction {instruction!r}")
 
     def request(self) -> CaptureRequest:
-        return CaptureRequest(
-            sweep_id=self.sweep_id, duration_s=self.record["duration_s"], workdir=self.folder,
-            ranks=tuple(local_ranks(self.agent.config.spool)), options=self.record["options"],
-        )
+        """The same request for start, stop and release: ranks are read from the spool once."""
+        if self._request is None:
+            self._request = CaptureRequest(
+                sweep_id=self.sweep_id, duration_s=self.record["duration_s"], workdir=self.folder,
+                ranks=tuple(local_ranks(self.agent.config.spool)), options=self.record["options"],
+            )
+        return self._request
 
     # steps --------------------------------------------------------------------------
 

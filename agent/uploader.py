@@ -35,10 +35,12 @@ FINAL = frozenset(
         grpc.StatusCode.PERMISSION_DENIED,
         grpc.StatusCode.UNAUTHENTICATED,
         grpc.StatusCode.DATA_LOSS,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.UNIMPLEMENTED,
     }
 )
+# RESOURCE_EXHAUSTED is both "over the size limit" (final) and "server busy" (retry):
+# the agent checks the size limit itself first, so a few retries tell the two apart.
+BUSY_RETRIES = 3
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")  # dots only join parts: no "..", no "/"
 
 
@@ -97,6 +99,7 @@ class Uploader:
         max_backoff_s: float = 10.0,
         min_rate_bps: float = 1 << 20,
         rate_limit_bps: float | None = None,
+        max_bytes: int = 0,
         stop: threading.Event | None = None,
         on_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
@@ -109,6 +112,7 @@ class Uploader:
         self.max_backoff_s = max_backoff_s
         self.min_rate_bps = min_rate_bps
         self.rate_limit_bps = rate_limit_bps  # keep uploads from starving the training job's network
+        self.max_bytes = max_bytes  # the coordinator's limit (0: none known)
         self.stop = stop or threading.Event()
         self.on_progress = on_progress
 
@@ -116,7 +120,11 @@ class Uploader:
         size = artifact.path.stat().st_size
         digest = sha256_of(artifact.path)
         uid = upload_id(artifact, digest)
+        if self.max_bytes and size > self.max_bytes:
+            raise UploadRejected(f"{size} bytes is over the coordinator's upload limit of {self.max_bytes}",
+                                 path=artifact.path)
         first_offset: int | None = None
+        busy = 0
         for attempt in range(self.max_attempts):
             header = pb.UploadHeader(
                 upload_id=uid, sweep_id=artifact.sweep_id, node=artifact.node, name=artifact.name, size=size,
@@ -138,7 +146,8 @@ class Uploader:
                 log.info("upload %s ended at %d of %d without completing; retrying", uid, reply.committed_offset, size)
             except grpc.RpcError as exc:
                 code = exc.code()
-                if code in FINAL:
+                busy += code is grpc.StatusCode.RESOURCE_EXHAUSTED
+                if code in FINAL or busy > BUSY_RETRIES:
                     raise UploadRejected(f"coordinator refused upload {uid}: {code.name}: {exc.details()}",
                                          path=artifact.path) from None
                 log.info("upload %s attempt %d: %s: %s", uid, attempt + 1, code.name, exc.details())

@@ -29,6 +29,8 @@ class Store(pb_grpc.AgentServiceServicer):
         self.complete: dict[str, str] = {}
         self.break_after: list[int] = []  # per Upload call: abort after this many data chunks
         self.first_offsets: list[int] = []
+        self.busy = 0  # answer this many Upload calls with RESOURCE_EXHAUSTED
+        self.calls = 0
         self.lock = threading.Lock()
 
     def QueryUpload(self, request, context):
@@ -41,6 +43,10 @@ class Store(pb_grpc.AgentServiceServicer):
                                    sha256=self.complete.get(uid, ""))
 
     def Upload(self, request_iterator, context):
+        self.calls += 1
+        if self.busy:
+            self.busy -= 1
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many concurrent RPCs")
         limit = self.break_after.pop(0) if self.break_after else None
         first = next(request_iterator)
         header = first.header
@@ -147,3 +153,21 @@ def test_unreachable_coordinator_gives_up_with_a_transport_error(blob: Path) -> 
     channel = grpc.insecure_channel("127.0.0.1:1")
     with pytest.raises(TransportError, match="did not complete after 2 attempts"):
         Uploader(channel, max_attempts=2, backoff_s=0.01).upload(Artifact(blob, "s", "n"))
+
+
+def test_over_the_coordinators_limit_is_refused_before_sending(server, blob: Path) -> None:
+    store, channel = server
+    with pytest.raises(UploadRejected, match="over the coordinator's upload limit"):
+        Uploader(channel, max_bytes=1000).upload(Artifact(blob, "s", "n"))
+    assert store.calls == 0
+
+
+def test_a_busy_coordinator_is_retried_but_not_forever(server, blob: Path) -> None:
+    store, channel = server
+    store.busy = 2
+    done = Uploader(channel, chunk_bytes=65536, backoff_s=0.01).upload(Artifact(blob, "s", "n"))
+    assert store.calls == 3 and bytes(store.data[done.upload_id]) == blob.read_bytes()
+    store.busy = 100
+    with pytest.raises(UploadRejected, match="RESOURCE_EXHAUSTED"):
+        Uploader(channel, backoff_s=0.01).upload(Artifact(blob, "s2", "n"))
+    assert store.calls == 3 + 4
