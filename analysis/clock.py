@@ -30,6 +30,8 @@ HUBER_K = 1.345
 NTP_UNCERTAINTY_NS = 10_000_000.0
 HINT_UNCERTAINTY_NS = 1_000_000.0
 MAD_TO_SIGMA = 1.4826
+# Beyond this a ping-based hint and the collective fit cannot both be right.
+HINT_TOLERANCE_NS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -90,12 +92,16 @@ def fit(events: pd.DataFrame, hosts: list[str], hints: Mapping[str, int] | None 
         model.method = "single host (shared clock)"
         return model
     values = ends.to_numpy(dtype=np.float64) - t0
-    for component in _components(values):
+    components = _components(values)
+    for component in components:
         names = [ends.index[i] for i in component]
-        target = float(np.mean([hints[h] for h in names])) if all(h in hints for h in names) else 0.0
+        hinted = all(h in hints for h in names)
+        target = float(np.mean([hints[h] for h in names])) if hinted else 0.0
         prior = np.array([hints.get(h, 0.0) for h in names], dtype=np.float64)
         model.hosts.update(_fit_component(names, values[component], prior, target))
-    if len(_components(values)) > 1:
+        if hinted:
+            model.warnings += _hint_disagreements(model, names, hints)
+    if len(components) > 1:
         model.warnings.append(
             "hosts fall into groups that share no collective; each group is aligned on its own and "
             "cross-group lateness has only NTP quality"
@@ -110,6 +116,18 @@ def fit(events: pd.DataFrame, hosts: list[str], hints: Mapping[str, int] | None 
     methods = {c.method for c in model.hosts.values()}
     model.method = "collective-anchored " + "/".join(sorted(methods)) if methods & {"offset+drift", "offset"} else "/".join(sorted(methods))
     return model
+
+
+def _hint_disagreements(model: ClockModel, names: list[str], hints: Mapping[str, int]) -> list[str]:
+    """A fit far from the coordinator's ping-based offsets means mismatched collectives
+    (e.g. ordinals shifted by a capture window), not a bad clock."""
+    return [
+        f"host {h}: collective-fitted clock offset differs from the coordinator's by "
+        f"{abs(model.hosts[h].offset_ns - hints[h]) / 1e6:.1f} ms; cross-host collectives may be matched "
+        "one call off (capture windows starting mid-sequence)"
+        for h in names
+        if abs(model.hosts[h].offset_ns - hints[h]) > HINT_TOLERANCE_NS
+    ]
 
 
 def _components(values: np.ndarray) -> list[np.ndarray]:

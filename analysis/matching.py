@@ -95,6 +95,7 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
     ordinals = order.loc[~order["op"].isin(P2P_OPS)].groupby(["rank", "comm_id"], sort=False).cumcount()
     events.loc[use_ordinal, "_key_seq"] = ordinals.reindex(events.index[use_ordinal]).to_numpy()
     warnings += _ordinal_count_warnings(events.loc[use_ordinal], members)
+    _shift_ordinals_on_shared_clocks(events, use_ordinal, warnings)
 
     peer = _p2p_peers(events, members, is_p2p, warnings)
     events["_lo"] = np.where(is_p2p, np.minimum(events["rank"], peer), -1)
@@ -161,6 +162,55 @@ def _ordinal_count_warnings(rows: pd.DataFrame, members: dict[str, tuple[int, ..
         "on every instance but a capture window that starts mid-sequence can shift it"
         for comm, (lo, hi) in uneven.iterrows()
     ]
+
+
+def _shift_ordinals_on_shared_clocks(events: pd.DataFrame, use_ordinal: np.ndarray, warnings: list[str]) -> None:
+    """Re-align ordinals of ranks whose capture started or stopped a few calls off.
+
+    Members on one host share a clock, so the k-th call's end must coincide with the
+    host's reference member (the one with most calls); where it does not, try shifts
+    of a few calls and keep one that makes ends coincide. Cross-host members cannot be
+    checked this way (their clocks differ by more than a call period).
+    """
+    rows = events.loc[use_ordinal, ["comm_id", "host", "rank", "_key_seq", "end_ns"]]
+    counts = rows.groupby(["comm_id", "host", "rank"]).size().rename("n").reset_index()
+    counts = counts.sort_values(["comm_id", "host", "n", "rank"], ascending=[True, True, False, True])
+    refs = counts.drop_duplicates(["comm_id", "host"]).rename(columns={"rank": "ref"})[["comm_id", "host", "ref"]]
+    ref_rows = rows.merge(refs, left_on=["comm_id", "host", "rank"], right_on=["comm_id", "host", "ref"])
+    ref_ends = ref_rows[["comm_id", "host", "_key_seq", "end_ns"]].rename(columns={"end_ns": "ref_end"})
+    paired = rows.merge(ref_ends, on=["comm_id", "host", "_key_seq"])
+    paired["miss"] = (paired["end_ns"] - paired["ref_end"]).abs()
+    spacing = ref_rows.sort_values("_key_seq").groupby(["comm_id", "host"])["end_ns"].agg(
+        lambda e: float(np.median(np.diff(e.to_numpy()))) if len(e) > 1 else np.inf
+    )
+    miss = paired.groupby(["comm_id", "host", "rank"])["miss"].median().reset_index()
+    miss["spacing"] = miss.set_index(["comm_id", "host"]).index.map(spacing)
+    suspect = miss[miss["miss"] > miss["spacing"] / 4]
+    for comm_id, host, rank in suspect[["comm_id", "host", "rank"]].itertuples(index=False):
+        mine = rows.loc[(rows["comm_id"] == comm_id) & (rows["rank"] == rank)].sort_values("_key_seq")["end_ns"].to_numpy()
+        ref = ref_ends.loc[(ref_ends["comm_id"] == comm_id) & (ref_ends["host"] == host)].sort_values("_key_seq")["ref_end"].to_numpy()
+        shift = _best_shift(mine, ref, spacing[(comm_id, host)])
+        if shift is None:
+            warnings.append(f"communicator {comm_id}: rank {rank}'s calls do not line up with its host's other members")
+            continue
+        events.loc[use_ordinal & (events["comm_id"] == comm_id).to_numpy() & (events["rank"] == rank).to_numpy(), "_key_seq"] += shift
+        warnings.append(
+            f"communicator {comm_id}: rank {rank}'s capture is {abs(shift)} call(s) "
+            f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
+        )
+
+
+def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, widest: int = 8) -> int | None:
+    """The shift s (mine[k] ~ ref[k + s]) whose ends coincide, if one clearly does."""
+    best, best_miss = None, np.inf
+    for shift in range(-widest, widest + 1):
+        k = np.arange(max(0, -shift), min(len(mine), len(ref) - shift))
+        if len(k) < max(1, min(len(mine), len(ref)) // 2):
+            continue
+        miss = float(np.median(np.abs(mine[k] - ref[k + shift])))
+        if miss < best_miss:
+            best, best_miss = shift, miss
+    return best if best_miss < spacing / 4 else None
 
 
 def _check_instances(

@@ -102,3 +102,11 @@ def test_happens_before_violations_are_counted() -> None:
     # instance 1: rank B starts at 150 after rank A ended at 100; broadcast is not N-to-N
     assert (hb.checked, hb.violations) == (2, 1)
     assert hb.rate == pytest.approx(0.5)
+
+
+def test_fit_far_from_the_coordinator_hints_is_warned() -> None:
+    job = SyntheticJob(nodes=3, gpus_per_node=1, steps=30, offsets_ns=[0, 8_000_000, 0], drift_ppm=[0, 0, 0])
+    agreeing, _, _ = _fit(job, {"node000": 0, "node001": 8_000_000, "node002": 0})
+    assert not any("differs from the coordinator" in w for w in agreeing.warnings)
+    wrong, _, _ = _fit(job, {"node000": 0, "node001": 0, "node002": 0})
+    assert any(w.startswith("host node001: collective-fitted clock offset differs") for w in wrong.warnings)

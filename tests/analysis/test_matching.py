@@ -111,3 +111,17 @@ def test_uneven_ordinal_counts_warn() -> None:
     )
     m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
     assert any("captured 1 to 2 calls" in w for w in m.warnings)
+
+
+def test_rank_whose_capture_started_one_call_late_is_realigned_on_its_host_clock() -> None:
+    # ranks 0 and 1 share host h0; rank 1 missed the first call, so ordinal k on rank 1 is k+1 on rank 0
+    ends = [1_000, 2_000, 3_000, 4_000]
+    rows = _rows(
+        [(0, "c", k, "ordinal", "allreduce", 64, None, e - 100) for k, e in enumerate(ends)]
+        + [(1, "c", k, "ordinal", "allreduce", 64, None, e - 100) for k, e in enumerate(ends[1:])]
+    )
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert any("1 call(s) behind" in w for w in m.warnings)
+    assert m.instances == 3 and m.dropped_incomplete == 1
+    ev = m.events[m.events["instance"] != UNMATCHED]
+    assert (ev.groupby("instance")["start_ns"].nunique() == 1).all()  # each instance pairs equal times
