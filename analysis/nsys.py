@@ -325,18 +325,23 @@ def _nccl_ranges(export: _Export) -> pd.DataFrame:
     return pd.concat([ranges.drop(columns=["blob", "blob_len", "is_nccl", "domain"]), payload], axis=1)[result_columns]
 
 
-def _payload_entries(export: _Export) -> pd.DataFrame:
+def _payload_layouts(export: _Export) -> dict[str, tuple[np.ndarray, ...]]:
+    """Per wanted entry name: (schema ids sorted, byte offset, size, signed) arrays."""
     if not {"schemaId", "name", "type"} <= export.columns("NVTX_PAYLOAD_SCHEMA_ENTRIES"):
-        return pd.DataFrame(columns=["schema", "name", "type", "offset", "size", "signed"])
+        return {}
     # Schema tables have no process column: dedupe (pitfall 2); NULL offset means 0 (pitfall 1).
-    entries = export.frame(
-        """SELECT DISTINCT schemaId AS schema, name, type, COALESCE("offset", 0) AS "offset"
-           FROM NVTX_PAYLOAD_SCHEMA_ENTRIES WHERE name IS NOT NULL"""
-    )
-    layout = entries["type"].map(lambda t: _ENTRY_TYPES.get(t) or (_ENUM_TYPE if t >= 2**24 else (0, False)))
-    entries["size"] = layout.str[0].astype(np.int64)
-    entries["signed"] = layout.str[1].astype(bool)
-    return entries
+    rows = export.db.execute(
+        """SELECT DISTINCT name, schemaId, COALESCE("offset", 0), type FROM NVTX_PAYLOAD_SCHEMA_ENTRIES
+           WHERE name IS NOT NULL ORDER BY name, schemaId"""
+    ).fetchall()
+    layouts: dict[str, list[tuple[int, int, int, bool]]] = {}
+    for name, schema, offset, kind in rows:  # a few dozen schema entries, not events
+        if name in _PAYLOAD_FIELDS and kind is not None:
+            size, signed = _ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False))
+            entries = layouts.setdefault(name, [])
+            if not entries or entries[-1][0] != schema:
+                entries.append((schema, _BLOB_HEADER + offset, size, signed))
+    return {name: tuple(np.array(column) for column in zip(*entries)) for name, entries in layouts.items()}
 
 
 def _decode_payloads(export: _Export, blobs: pd.Series, lengths: np.ndarray) -> pd.DataFrame:
@@ -344,24 +349,20 @@ def _decode_payloads(export: _Export, blobs: pd.Series, lengths: np.ndarray) -> 
     n = len(blobs)
     columns = {column: (np.zeros(n, np.int64), np.ones(n, bool)) for column in _PAYLOAD_FIELDS.values()}
     index = np.flatnonzero(lengths >= _BLOB_HEADER)
-    entries = _payload_entries(export) if index.size else None
-    if entries is not None and entries.empty:
-        export.warn("NVTX payload blobs present but no payload schemas to decode them")
-    if index.size and not entries.empty:
+    layouts = _payload_layouts(export) if index.size else {}
+    if index.size and not layouts:
+        export.warn("NVTX payload blobs present but no NCCL payload schemas to decode them")
+    if layouts:
         lengths = lengths[index]
         base = np.concatenate(([0], np.cumsum(lengths)[:-1]))
         data = np.frombuffer(b"".join(blobs.iloc[index].tolist()), np.uint8)
         schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
-        for entry_name, column in _PAYLOAD_FIELDS.items():
-            spec = entries[entries["name"] == entry_name].drop_duplicates("schema").sort_values("schema")
-            if spec.empty:
-                continue
-            schemas = spec["schema"].to_numpy(np.int64)
+        for entry_name, (schemas, offsets, sizes, signed) in layouts.items():
             at = np.clip(np.searchsorted(schemas, schema), 0, schemas.size - 1)
-            sizes = np.where(schemas[at] == schema, spec["size"].to_numpy(np.int64)[at], 0)
-            offsets = _BLOB_HEADER + spec["offset"].to_numpy(np.int64)[at]
-            ok = (sizes > 0) & (offsets + sizes <= lengths)
-            values = _read_ints(data, base + offsets, np.where(ok, sizes, 1), spec["signed"].to_numpy(bool)[at])
+            size = np.where(schemas[at] == schema, sizes[at], 0)
+            ok = (size > 0) & (offsets[at] + size <= lengths)
+            values = _read_ints(data, base + offsets[at], np.where(ok, size, 1), signed[at])
+            column = _PAYLOAD_FIELDS[entry_name]
             columns[column][0][index] = np.where(ok, values, 0)
             columns[column][1][index] = ~ok
     return pd.DataFrame({column: pd.arrays.IntegerArray(values, mask) for column, (values, mask) in columns.items()})
@@ -550,21 +551,24 @@ def _identities(export: _Export, units: pd.DataFrame, nccl: pd.DataFrame, rank_f
     """Rank, local rank, world size per (pid, device) unit, and where the rank came from."""
     units = units.copy()
     env_world = _env_int(export.env, WORLD_SIZE_ENV)
-    payload = _payload_ranks(units, nccl, env_world[1] if env_world else None)
-    payload_rank, payload_size = payload["comm_rank"], payload["nranks"]
     single = len(units) == 1
     env_rank = _env_int(export.env, RANK_ENV)
     env_local = _env_int(export.env, LOCAL_RANK_ENV)
     units["local_rank"] = env_local[1] if (single and env_local) else pd.NA
-    units["world_size"] = env_world[1] if env_world else pd.NA
-    units["world_size"] = units["world_size"].fillna(payload_size)
+    if env_world and (rank_from is not None or (single and env_rank)):
+        payload_rank = None  # not needed: skip the work
+        units["world_size"] = env_world[1]
+    else:
+        payload = _payload_ranks(units, nccl, env_world[1] if env_world else None)
+        payload_rank = payload["comm_rank"]
+        units["world_size"] = env_world[1] if env_world else payload["nranks"]
     if rank_from is not None:
         if not single:
             raise InputError(f"--rank-from cannot name the ranks of {export.path}: it holds {len(units)} processes/GPUs")
         units["rank"], units["rank_source"] = _rank_override(export, rank_from), f"override:{rank_from}"
     elif single and env_rank:
         units["rank"], units["rank_source"] = env_rank[1], f"env:{env_rank[0]}"
-    elif payload_rank.notna().all() and payload_rank.nunique() == len(units):
+    elif payload_rank is not None and payload_rank.notna().all() and payload_rank.nunique() == len(units):
         units["rank"], units["rank_source"] = payload_rank.astype(np.int64).to_numpy(), "nccl:CommInitRank"
     else:
         units["rank"] = np.arange(len(units))
