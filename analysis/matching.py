@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.ops import P2P_OPS, RECV, SEND
+from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
 
@@ -231,6 +231,8 @@ def _check_instances(
     # send and recv are one operation seen from its two ends.
     rows["send_recv"] = rows["op"].isin([SEND, RECV])
     rows["kind"] = rows["op"].where(~rows["send_recv"], "send/recv")
+    # AllToAll(v) legitimately moves different amounts per rank; every other op agrees on size.
+    rows.loc[rows["op"] == ALLTOALL, "bytes"] = np.nan
     per = rows.groupby("instance").agg(
         comm_id=("comm_id", "first"),
         seq=("_key_seq", "first"),

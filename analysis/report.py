@@ -242,7 +242,7 @@ def _render(report: Report) -> list[str]:
     out.append("")
     out.append("COMMUNICATORS (imbalance = CV of per-rank NCCL time; network = CV of transfer over time)")
     comm_rows = [
-        [c.comm_id[:16], c.kind, _ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
+        [_short(c.comm_id), c.kind, _ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
          fmt_ns(o.transfer_mean_ns), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv), _num(o.network_cv)]
         for c in report.communicators
         for o in c.ops
@@ -252,7 +252,7 @@ def _render(report: Report) -> list[str]:
         out.append("")
         out.append("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)")
         tp_rows = [
-            [t.comm_id[:16], _ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
+            [_short(t.comm_id), _ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
              _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
             for t in report.tp_overhead
         ]
@@ -269,6 +269,10 @@ def _render(report: Report) -> list[str]:
         out.append("WARNINGS")
         out += [f"  - {w}" for w in report.warnings]
     return out
+
+
+def _short(text: str, width: int = 28) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _ranks_text(ranks: list[int]) -> str:

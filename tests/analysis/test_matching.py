@@ -125,3 +125,8 @@ def test_rank_whose_capture_started_one_call_late_is_realigned_on_its_host_clock
     assert m.instances == 3 and m.dropped_incomplete == 1
     ev = m.events[m.events["instance"] != UNMATCHED]
     assert (ev.groupby("instance")["start_ns"].nunique() == 1).all()  # each instance pairs equal times
+
+
+def test_alltoall_sizes_may_differ_per_rank() -> None:
+    rows = _rows([(0, "c", 0, "trace", "alltoall", 64, None, 100), (1, "c", 0, "trace", "alltoall", 96, None, 100)])
+    assert match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1}).instances == 1
