@@ -1,0 +1,203 @@
+"""Upload throughput over loopback: the coordinator's Upload RPC against a plain TCP socket.
+
+One artifact (1 GiB by default) goes from this process to another process, three ways:
+
+- ``grpc upload``: one Upload RPC to a real ``rankscope coordinator`` process, header then
+  1 MiB chunks from the file as the agent sends them; the coordinator appends each to the
+  part file, hashes it, and at the end fsyncs, verifies sha256 and stores it by hash;
+- ``tcp, recv only``: the same bytes through a plain socket into a receiver that keeps
+  nothing, the transport's ceiling;
+- ``agent Uploader``: the same through the agent's Uploader, its sha256 of the file included;
+- ``tcp + disk + sha256``: the same socket with the receiver doing the coordinator's
+  work (append to a file, hash, fsync), the fair comparison of protocol overhead.
+
+Prints MB/s of each and the ratios.
+
+Usage: python bench/upload_throughput.py [--size-mib 1024] [--chunk-kib 1024] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing import Process, Queue
+from pathlib import Path
+
+import grpc
+
+from rankscope.agent.uploader import Artifact, Uploader, sha256_of
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+MIB = 1 << 20
+
+
+def make_artifact(path: Path, size: int) -> None:
+    """Incompressible bytes: 64 MiB of random data, repeated, with each block tagged so no two match."""
+    block = os.urandom(64 * MIB)
+    with open(path, "wb") as out:
+        written = 0
+        while written < size:
+            piece = block[: min(len(block), size - written)]
+            out.write(written.to_bytes(8, "little") + piece[8:])
+            written += len(piece)
+
+
+# plain TCP --------------------------------------------------------------------------
+
+
+def _receiver(port_q: Queue, size: int, chunk: int, sink: str | None) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port_q.put(server.getsockname()[1])
+        conn, _ = server.accept()
+        with conn:
+            buffer = bytearray(chunk)
+            view = memoryview(buffer)
+            hasher = hashlib.sha256() if sink else None
+            out = open(sink, "wb") if sink else None
+            received = 0
+            while received < size:
+                n = conn.recv_into(view, min(chunk, size - received))
+                if n == 0:
+                    break
+                if out is not None:
+                    out.write(view[:n])
+                    hasher.update(view[:n])
+                received += n
+            if out is not None:
+                out.flush()
+                os.fsync(out.fileno())
+                out.close()
+            conn.sendall(b"\x01" if received == size else b"\x00")
+
+
+def tcp_upload(path: Path, size: int, chunk: int, sink: Path | None) -> float:
+    """Seconds to send the file through a socket until the receiver confirms it has everything."""
+    port_q: Queue = Queue()
+    receiver = Process(target=_receiver, args=(port_q, size, chunk, str(sink) if sink else None))
+    receiver.start()
+    port = port_q.get(timeout=30)
+    with socket.create_connection(("127.0.0.1", port)) as conn, open(path, "rb") as handle:
+        started = time.perf_counter()
+        while data := handle.read(chunk):
+            conn.sendall(data)
+        ok = conn.recv(1)
+        elapsed = time.perf_counter() - started
+    receiver.join(timeout=60)
+    if ok != b"\x01":
+        raise SystemExit("tcp receiver did not get every byte")
+    if sink:
+        sink.unlink()
+    return elapsed
+
+
+# gRPC -------------------------------------------------------------------------------
+
+
+def start_coordinator(data_dir: Path, max_bytes: int) -> tuple[subprocess.Popen, str]:
+    port_file = data_dir.parent / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir),
+         "--max-upload-bytes", str(max_bytes), "--port-file", str(port_file)],
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the coordinator did not start")
+        time.sleep(0.1)
+    return proc, f"127.0.0.1:{port_file.read_text().strip()}"
+
+
+def _stream(path: Path, header: pb.UploadHeader, chunk: int):
+    yield pb.UploadChunk(header=header, offset=0)
+    offset = 0
+    with open(path, "rb") as handle:
+        while data := handle.read(chunk):
+            yield pb.UploadChunk(offset=offset, data=data)
+            offset += len(data)
+
+
+def grpc_upload(address: str, path: Path, size: int, digest: str, chunk: int, upload_id: str) -> float:
+    """Seconds for one Upload RPC to get the file stored and verified (header + chunks, as the agent sends)."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.AgentServiceStub(channel)
+        token = stub.Register(pb.RegisterRequest(node="bench", hostname="bench"), timeout=30).session_token
+        header = pb.UploadHeader(upload_id=upload_id, sweep_id="bench", node="bench", name=path.name, size=size,
+                                 sha256=digest, kind=pb.ARTIFACT_KIND_RAW, session_token=token)
+        started = time.perf_counter()
+        reply = stub.Upload(_stream(path, header, chunk), timeout=600)
+        elapsed = time.perf_counter() - started
+    if not reply.complete or reply.deduplicated or reply.sha256 != digest:
+        raise SystemExit(f"unexpected upload reply {reply}")
+    return elapsed
+
+
+def uploader_upload(address: str, path: Path, chunk: int, sweep_id: str) -> float:
+    """Seconds for the agent's Uploader end to end, its own sha256 of the file included."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.AgentServiceStub(channel)
+        token = stub.Register(pb.RegisterRequest(node="bench", hostname="bench"), timeout=30).session_token
+        uploader = Uploader(channel, session_token=token, chunk_bytes=chunk, max_attempts=1)
+        started = time.perf_counter()
+        result = uploader.upload(Artifact(path=path, sweep_id=sweep_id, node="bench", kind=pb.ARTIFACT_KIND_RAW))
+        elapsed = time.perf_counter() - started
+    if result.resumed_from != 0:
+        raise SystemExit(f"unexpected upload result {result}")
+    return elapsed
+
+
+def _clear_objects(data_dir: Path) -> None:
+    """So each run stores the bytes afresh instead of deduplicating them."""
+    for old in (data_dir / "artifacts" / "objects").rglob("*"):
+        if old.is_file():
+            old.unlink()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--chunk-kib", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=2, help="best of N runs per method")
+    args = parser.parse_args()
+    size, chunk = args.size_mib * MIB, args.chunk_kib * 1024
+
+    with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
+        tmp_path = Path(tmp)
+        artifact = tmp_path / "artifact.bin"
+        make_artifact(artifact, size)
+        proc, address = start_coordinator(tmp_path / "coordinator", 2 * size)
+        try:
+            digest = sha256_of(artifact)
+            times: dict[str, list[float]] = {"grpc upload": [], "tcp, recv only": [], "tcp + disk + sha256": [],
+                                             "agent Uploader": []}
+            for attempt in range(args.repeat):
+                _clear_objects(tmp_path / "coordinator")
+                times["grpc upload"].append(grpc_upload(address, artifact, size, digest, chunk, f"bench{attempt}"))
+                _clear_objects(tmp_path / "coordinator")
+                times["agent Uploader"].append(uploader_upload(address, artifact, chunk, f"bench{attempt}"))
+                times["tcp, recv only"].append(tcp_upload(artifact, size, chunk, None))
+                times["tcp + disk + sha256"].append(tcp_upload(artifact, size, chunk, tmp_path / "sink.bin"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    rate = {name: size / MIB / min(values) for name, values in times.items()}
+    print(f"artifact {args.size_mib} MiB, chunks {args.chunk_kib} KiB, best of {args.repeat}, loopback, "
+          f"{os.cpu_count()} CPUs")
+    for name, value in rate.items():
+        print(f"  {name:<22} {value:8.0f} MB/s   ({min(times[name]):.2f} s)")
+    print("  (agent Uploader includes the agent's sha256 of the file before it sends)")
+    print(f"  ratio grpc / tcp recv only       {rate['grpc upload'] / rate['tcp, recv only']:.2f}  (aim >= 0.5)")
+    print(f"  ratio grpc / tcp + disk + sha256 {rate['grpc upload'] / rate['tcp + disk + sha256']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Durable state on its own: the SQLite store across a reopen, the artifact store's rules, the config."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import pytest
+
+from rankscope.coordinator import artifacts as art
+from rankscope.coordinator import sweeps as sw
+from rankscope.coordinator.config import CoordinatorConfig, resolve
+from rankscope.coordinator.registry import AgentRecord, clock_sample
+from rankscope.coordinator.store import Store
+from rankscope.errors import ConfigError
+
+T0 = 1_764_000_000_000_000_000
+
+
+def test_store_keeps_agents_sweeps_uploads_and_reports_across_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite"
+    store = Store(path)
+    agent = AgentRecord("agent-1", "node-a", "host-a", "tok", T0, labels={"pool": "x"}, clock_offset_ns=-42, rtt_ns=7)
+    store.save_agent(agent)
+    sweep, _ = sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0, {"k": "v"}), ["node-a", "node-b"], T0, sweep_id="s1")
+    sweep.handle(sw.NodeReported("node-a", sw.NodeState.CAPTURING, T0 + 1, detail="2 ranks"))
+    store.save_sweep(sweep)
+    header = art.UploadHeader("u1", "s1", "node-a", "d.parquet", 3, "c" * 64, "digest", (0, 1))
+    store.record_upload(header, art.UploadResult("u1", 3, True, "c" * 64), T0 + 2)
+    store.save_report("s1", tmp_path / "s1.json", T0 + 3)
+    store.close()
+
+    again = Store(path)
+    assert again.agents() == [agent]
+    assert again.agent_by_token("tok") == agent
+    assert again.sweep("s1") == sweep
+    assert [s.sweep_id for s in again.sweeps(states=(sw.SweepState.RUNNING,))] == ["s1"]
+    assert again.completed_upload("u1") == (header, "c" * 64)
+    assert again.uploads("s1") == [("u1", "node-a", "d.parquet", "c" * 64)]
+    assert again.report_path("s1") == tmp_path / "s1.json"
+    with pytest.raises(sw.UnknownSweep):
+        again.sweep("s2")
+
+
+def test_a_node_re_registering_under_a_new_id_replaces_its_old_record(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.sqlite")
+    store.save_agent(AgentRecord("agent-1", "node-a", "host-a", "tok1", T0))
+    store.save_agent(AgentRecord("agent-2", "node-a", "host-a", "tok2", T0 + 1))
+    assert [a.agent_id for a in store.agents()] == ["agent-2"]
+
+
+def _header(data: bytes, **fields) -> art.UploadHeader:
+    values = dict(upload_id="u1", sweep_id="s", node="n", name="a.bin", size=len(data),
+                  sha256=hashlib.sha256(data).hexdigest(), kind="raw")
+    return art.UploadHeader(**{**values, **fields})
+
+
+def test_artifact_store_accepts_an_empty_file_and_stores_it_by_hash(tmp_path: Path) -> None:
+    store = art.ArtifactStore(tmp_path, max_bytes=10)
+    with store.writer(_header(b"")) as writer:
+        assert writer.result is not None and writer.result.complete
+    assert store.path_of(hashlib.sha256(b"").hexdigest()).read_bytes() == b""
+
+
+def test_a_second_stream_on_the_same_upload_is_refused_while_the_first_writes(tmp_path: Path) -> None:
+    store = art.ArtifactStore(tmp_path, max_bytes=100)
+    data = b"x" * 50
+    with store.writer(_header(data)) as first:
+        first.write(0, data[:10])
+        errors = []
+        thread = threading.Thread(target=lambda: errors.append(_try_open(store, _header(data))))
+        thread.start()
+        thread.join()
+        assert isinstance(errors[0], art.UploadBusy)
+    with store.writer(_header(data), wait_s=0) as second:
+        assert second.committed == 10
+        assert second.write(10, data[10:]).complete
+
+
+def _try_open(store: art.ArtifactStore, header: art.UploadHeader) -> Exception | None:
+    try:
+        with store.writer(header, wait_s=0.05):
+            return None
+    except art.UploadBusy as exc:
+        return exc
+
+
+def test_a_resumed_upload_must_keep_its_header(tmp_path: Path) -> None:
+    store = art.ArtifactStore(tmp_path, max_bytes=100)
+    data = b"y" * 40
+    with store.writer(_header(data)) as writer:
+        writer.write(0, data[:20])
+    with pytest.raises(art.WrongOffset, match="different header"):
+        store.writer(_header(data, name="other.bin"))
+
+
+def test_clock_sample_assumes_the_reply_half_way() -> None:
+    sample = clock_sample(sent_ns=1_000, agent_ns=5_000_600, received_ns=2_000)
+    assert sample.rtt_ns == 1_000 and sample.offset_ns == 5_000_600 - 1_500
+
+
+def test_config_from_defaults_environment_and_flags() -> None:
+    assert resolve(environ={}) == CoordinatorConfig()
+    config = resolve({"listen": "127.0.0.1:0", "node_timeout_s": None},
+                     environ={"RANKSCOPE_NODE_TIMEOUT_S": "7.5", "RANKSCOPE_LISTEN": "0.0.0.0:1"})
+    assert config.listen == "127.0.0.1:0" and config.node_timeout_s == 7.5
+    with pytest.raises(ConfigError, match="RANKSCOPE_MAX_UPLOAD_BYTES"):
+        resolve(environ={"RANKSCOPE_MAX_UPLOAD_BYTES": "lots"})
+    with pytest.raises(ConfigError, match="HOST:PORT"):
+        resolve({"listen": "7443"}, environ={})
