@@ -329,21 +329,31 @@ class CaptureRun:
 
     def _drive(self, instructions: list) -> None:
         pending = deque(instructions)
-        while pending:
-            if self.cancelled.is_set() and not self.capture.done and not self.agent.stop.is_set():
-                pending.extend(self._handle(cap.Failed(self.cancel_reason)))
-            instruction = pending.popleft()
-            try:
-                event = self._execute(instruction)
-            except RankscopeError as exc:
-                event = cap.Failed(self.cancel_reason if self.cancelled.is_set() else str(exc))
-            except Exception as exc:  # a backend bug must still end the node, resumed, with a reason
-                log.exception("capture %s: %s failed", self.sweep_id, type(instruction).__name__)
-                event = cap.Failed(f"{type(instruction).__name__}: {type(exc).__name__}: {exc}")
-            if event is not None:
+        try:
+            while pending:
+                if self.cancelled.is_set() and not self.capture.done and not self.agent.stop.is_set():
+                    pending = deque(self._handle(cap.Failed(self.cancel_reason)))
+                    continue
+                instruction = pending.popleft()
+                event = self._attempt(instruction)
+                if event is None:
+                    continue
                 if self.agent.stop.is_set() and not isinstance(event, cap.DcgmResumed):
                     return  # stopping: leave the record as it is, a restart carries on from here
-                pending.extend(self._handle(event))
+                followups = self._handle(event)
+                # A failure replaces the plan: what was still queued belongs to the old one.
+                pending = deque(followups) if isinstance(event, cap.Failed) else deque([*pending, *followups])
+        except cap.TransitionError:
+            log.exception("capture %s: the agent fed its capture machine an impossible event", self.sweep_id)
+
+    def _attempt(self, instruction):
+        try:
+            return self._execute(instruction)
+        except RankscopeError as exc:
+            return cap.Failed(self.cancel_reason if self.cancelled.is_set() else str(exc))
+        except Exception as exc:  # a backend bug must still end the node, resumed, with a reason
+            log.exception("capture %s: %s failed", self.sweep_id, type(instruction).__name__)
+            return cap.Failed(f"{type(instruction).__name__}: {type(exc).__name__}: {exc}")
 
     def _handle(self, event) -> list:
         instructions = self.capture.handle(event)
@@ -362,6 +372,9 @@ class CaptureRun:
         if isinstance(instruction, cap.StopCapture):
             self.cancelled.wait(self.record["duration_s"])
             return cap.CaptureStopped(tuple(str(p) for p in self.backend.stop(self.request())))
+        if isinstance(instruction, cap.AbortCapture):
+            self._abort()
+            return None
         if isinstance(instruction, cap.ResumeDcgm):
             return self._resume(instruction)
         if isinstance(instruction, cap.Export):
@@ -390,6 +403,15 @@ class CaptureRun:
         if not outcome.capture_may_proceed:
             return cap.Failed(f"DCGM pause failed: {self.agent.pauses.error}")
         return cap.DcgmPaused(outcome.value, self.agent.pauses.error)
+
+    def _abort(self) -> None:
+        """Stop the ranks' recording after a failure; its output is not used, its errors only logged."""
+        try:
+            if self.backend is None:  # a restarted agent: the ranks may still be recording
+                self.backend = load_backend(self.record["backend"])()
+            self.backend.stop(self.request())
+        except Exception as exc:  # the node is failing already; the reason stays the first one
+            log.warning("capture %s: stopping the window after a failure: %s", self.sweep_id, exc)
 
     def _resume(self, instruction: cap.ResumeDcgm):
         if self.backend is not None:

@@ -112,6 +112,11 @@ class StopCapture:
 
 
 @dataclass(frozen=True)
+class AbortCapture:
+    """End an open capture window on a failure: the ranks stop recording, the output is dropped."""
+
+
+@dataclass(frozen=True)
 class ResumeDcgm:
     """Release the backend's counters, then resume DCGM where this capture paused it."""
 
@@ -128,7 +133,7 @@ class Upload:
     artifacts: tuple[str, ...]
 
 
-Instruction = Report | PauseDcgm | StartCapture | StopCapture | ResumeDcgm | Export | Upload
+Instruction = Report | PauseDcgm | StartCapture | StopCapture | AbortCapture | ResumeDcgm | Export | Upload
 
 
 class TransitionError(Exception):
@@ -143,6 +148,7 @@ class Capture:
     state: State = State.PENDING
     dcgm_mode: str = ""
     dcgm_resumed: bool = False
+    window_open: bool = False  # the backend started recording and has not been stopped
     exports: list[str] = field(default_factory=list)
     artifacts: list[str] = field(default_factory=list)
     reason: str = ""
@@ -157,7 +163,7 @@ class Capture:
         return self.dcgm_mode == PAUSED and not self.dcgm_resumed
 
     def handle(self, event: Event) -> list[Instruction]:
-        if isinstance(event, Failed):
+        if isinstance(event, Failed):  # replaces whatever the agent still had to do
             return self._fail(event.reason)
         if isinstance(event, Restarted):
             return self._restart()
@@ -184,9 +190,11 @@ class Capture:
         return [*self._enter(State.CAPTURING, f"dcgm {event.mode}{': ' + event.detail if event.detail else ''}"), StartCapture()]
 
     def _capture_started(self, event: CaptureStarted) -> list[Instruction]:
+        self.window_open = True
         return [StopCapture()]
 
     def _capture_stopped(self, event: CaptureStopped) -> list[Instruction]:
+        self.window_open = False
         self.exports = list(event.exports)
         if self.dcgm_mode == PAUSED:
             return [ResumeDcgm(pause=True)]
@@ -215,6 +223,9 @@ class Capture:
         if self.done:
             return []
         out: list[Instruction] = []
+        if self.window_open:  # stop recording before the counters go back to DCGM
+            self.window_open = False
+            out.append(AbortCapture())
         if self.owes_resume:
             out.append(ResumeDcgm(pause=True))
         self.reason = reason

@@ -302,3 +302,21 @@ def test_labels_and_backends_are_checked() -> None:
     config = commands.config_from_args(args)
     assert config.work_dir == Path("/s/agent-x") and config.backends == ("sim",)
     assert safe_name("../a/b..c") == "a_b.c"
+
+
+def test_cancel_ends_the_window_early_fails_the_node_and_resumes_dcgm(coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="s4", backend="fake",
+                                                                          duration_s=600)))
+        servicer.statuses("s4", pb.NODE_STATE_CAPTURING)
+        servicer.commands.put(pb.CoordinatorCommand(cancel=pb.CancelCapture(sweep_id="s4", reason="timed out")))
+        seen = servicer.statuses("s4", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "timed out"
+        # The ranks' recording was stopped, not abandoned, and DCGM given back; nothing exported.
+        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
+    finally:
+        agent.close()
+        thread.join(10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rankscope.agent.capture import (
+    AbortCapture,
     Begin,
     Capture,
     CaptureStarted,
@@ -85,12 +86,19 @@ def _paused_capture() -> Capture:
 
 def test_failure_while_paused_resumes_dcgm_first() -> None:
     c = _paused_capture()
-    c.handle(CaptureStarted())
     out = c.handle(Failed("nsys: session not found"))
     assert out[0] == ResumeDcgm(pause=True)
     assert reports(out) == [State.FAILED] and c.reason == "nsys: session not found"
     assert c.handle(DcgmResumed()) == [] and not c.owes_resume
     assert c.handle(Failed("again")) == []  # a terminal capture stays as it ended
+
+
+def test_failure_with_the_window_open_stops_recording_before_resuming() -> None:
+    c = _paused_capture()
+    c.handle(CaptureStarted())
+    out = c.handle(Failed("cancelled"))
+    assert out == [AbortCapture(), ResumeDcgm(pause=True), Report(State.FAILED, "cancelled")]
+    assert not c.window_open
 
 
 def test_failure_after_resume_does_not_resume_twice() -> None:
