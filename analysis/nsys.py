@@ -420,21 +420,24 @@ def _group_calls(nccl: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     frame = nccl.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
     lower = frame["name"].fillna("").str.lower()
     delta = np.where(lower == "ncclgroupstart", 1, np.where(lower == "ncclgroupend", -1, 0))
-    frame["delta"] = delta
-    running = frame.groupby("tid")["delta"].cumsum()
-    # An ncclGroupEnd whose start was before the capture window drives the count below 0.
-    floor = running.clip(upper=0).groupby(frame["tid"]).cummin()
+    # Per-thread running depth, as whole-array numpy: offsets restart each thread's sums.
+    tid = frame["tid"].to_numpy(np.int64)
+    first = np.r_[True, tid[1:] != tid[:-1]] if tid.size else np.zeros(0, bool)
+    thread = np.cumsum(first) - 1
+    total = np.cumsum(delta)
+    running = total - (total - delta)[first][thread]
+    # An ncclGroupEnd whose start was before the capture window drives the count below 0;
+    # the floor is the per-thread running minimum (threads shifted apart so none leaks).
+    spread = np.int64(len(frame) + 1) * thread
+    floor = np.minimum.accumulate(np.minimum(running, 0) - spread) + spread
     depth = running - floor
-    before = depth.groupby(frame["tid"]).shift(fill_value=0)
-    outer_start = (delta == 1) & (before == 0)
-    group = pd.Series(outer_start.astype(np.int64)).groupby(frame["tid"]).cumsum()
-    row = np.arange(len(frame), dtype=np.int64)
+    before = np.where(first, 0, np.r_[0, depth[:-1]])
+    group = np.cumsum((delta == 1) & (before == 0))  # outermost group starts, numbered globally
     is_call = frame["op"].notna().to_numpy()
-    grouped = is_call & (depth.to_numpy() > 0)
-    closes = (delta == -1) & (before.to_numpy() >= 1) & (depth.to_numpy() == 0)
+    grouped = is_call & (depth > 0)
+    closes = (delta == -1) & (before >= 1) & (depth == 0)
     # Ungrouped calls form their own call group (negative ids cannot clash with groups).
-    key = np.where(grouped | closes, group.to_numpy(), -1 - row)
-    frame["call_group"] = frame.assign(key=key).groupby(["tid", "key"], sort=False).ngroup().astype(np.int64)
+    frame["call_group"] = np.where(grouped | closes, group, -1 - np.arange(len(frame), dtype=np.int64))
     launchers = frame[(is_call & ~grouped) | closes]
     return frame[is_call], launchers
 
@@ -603,30 +606,33 @@ def _payload_ranks(units: pd.DataFrame, nccl: pd.DataFrame, world_size: int | No
     return units[["pid", "device"]].merge(chosen, on=["pid", "device"], how="left")
 
 
-def _gpu_ids(export: _Export, units: pd.DataFrame) -> pd.Series:
-    """Physical GPU UUID per unit where the export says; else "pid:<pid>/cuda:<ordinal>"."""
-    fallback = "pid:" + units["pid"].astype(str) + "/cuda:" + units["device"].astype(str)
+def _gpu_id(export: _Export, pid: int, device: int) -> str:
+    """Physical GPU UUID of a process's CUDA ordinal where the export says; else
+    "pid:<pid>/cuda:<ordinal>"."""
+    fallback = f"pid:{pid}/cuda:{device}"
     if {"cudaId", "pid", "uuid"} <= export.columns("TARGET_INFO_CUDA_DEVICE"):
-        table = export.frame("SELECT pid, cudaId AS device, uuid FROM TARGET_INFO_CUDA_DEVICE").drop_duplicates(["pid", "device"])
-        found = units.merge(table, on=["pid", "device"], how="left")["uuid"]
-        return found.fillna(fallback)
+        row = export.db.execute(
+            "SELECT uuid FROM TARGET_INFO_CUDA_DEVICE WHERE pid = ? AND cudaId = ? AND uuid IS NOT NULL", (pid, device)
+        ).fetchone()
+        return str(row[0]) if row else fallback
     gpu_columns = export.columns("TARGET_INFO_GPU")
     if "uuid" not in gpu_columns:
         return fallback
     ordinal = "cuDevice" if "cuDevice" in gpu_columns else "id"
-    gpus = export.frame(f"SELECT DISTINCT {ordinal} AS ordinal, uuid FROM TARGET_INFO_GPU")
+    gpus = export.db.execute(f"SELECT DISTINCT CAST({ordinal} AS TEXT), uuid FROM TARGET_INFO_GPU").fetchall()
     if len(gpus) == 1:
-        return pd.Series([gpus["uuid"].iloc[0]] * len(units))
-    # deviceId is process-local (pitfall 7): CUDA_VISIBLE_DEVICES maps it to the host's ordinal.
+        return str(gpus[0][1])
+    # deviceId is process-local (pitfall 7): CUDA_VISIBLE_DEVICES maps it to the host's
+    # ordinal (or names the GPU by UUID).
     visible = [v.strip() for v in export.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    uuids = []
-    for device, default in zip(units["device"], fallback):
-        entry = visible[device] if device < len(visible) else (str(device) if not visible else None)
-        hit = gpus[gpus["ordinal"].astype(str) == entry] if entry is not None and entry.isdigit() else gpus.iloc[0:0]
-        if entry is not None and not entry.isdigit():
-            hit = gpus[gpus["uuid"].str.lower().str.endswith(entry.lower().removeprefix("gpu-"))]
-        uuids.append(hit["uuid"].iloc[0] if len(hit) == 1 else default)
-    return pd.Series(uuids)
+    entry = visible[device] if device < len(visible) else (None if visible else str(device))
+    if entry is None:
+        return fallback
+    if entry.isdigit():
+        hits = [uuid for number, uuid in gpus if number == entry]
+    else:
+        hits = [uuid for _, uuid in gpus if str(uuid).lower().endswith(entry.lower().removeprefix("gpu-"))]
+    return str(hits[0]) if len(hits) == 1 else fallback
 
 
 def _job_id(env: dict[str, str]) -> str | None:
@@ -668,14 +674,13 @@ def _digest_row(export: _Export, unit, kernels: pd.DataFrame, copies: pd.DataFra
         np.concatenate([compute.starts, comm.starts]), np.concatenate([compute.ends, comm.ends])
     )
     either_ns = int(intervals.overlap(both, *window)[0])
-    gpus = _gpu_ids(export, pd.DataFrame({"pid": [unit.pid], "device": [unit.device]}))
     meta = {
         "rank": int(unit.rank),
         "rank_source": unit.rank_source,
         "local_rank": None if pd.isna(unit.local_rank) else int(unit.local_rank),
         "world_size": None if pd.isna(unit.world_size) else int(unit.world_size),
         "host": _host(export),
-        "gpu": gpus.iloc[0],
+        "gpu": _gpu_id(export, int(unit.pid), int(unit.device)),
         "pid": int(unit.pid),
         "job_id": _job_id(export.env),
         "source_format": SOURCE_FORMAT,
@@ -717,21 +722,19 @@ def _collective_part(frame: pd.DataFrame, compute: intervals.Union, busy: interv
         "idle_before_ns": (gap_end - gap_start) - intervals.overlap(busy, gap_start, gap_end),
         "compute_overlap_ns": intervals.overlap(compute, start, end),
     })
-    part["step"] = _step_of(part["cpu_call_ns"].fillna(part["start_ns"]).astype(np.int64), steps)
+    part["step"] = _step_of(part["cpu_call_ns"].fillna(part["start_ns"]).to_numpy(np.int64), steps)
     return part
 
 
-def _step_of(times: pd.Series, steps: pd.DataFrame) -> pd.Series:
+def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.arrays.IntegerArray:
     """The step whose range contains each time (host-side call time), else NA."""
-    result = pd.Series(pd.array([pd.NA] * len(times), dtype="Int64"))
-    if steps.empty or times.empty:
-        return result
     ordered = steps.sort_values("start_ns")
-    probe = pd.DataFrame({"t": times.to_numpy(), "i": np.arange(len(times))}).sort_values("t")
-    hit = pd.merge_asof(probe, ordered.astype({"start_ns": np.int64, "end_ns": np.int64}), left_on="t", right_on="start_ns")
-    inside = hit["step"].notna() & (hit["t"] <= hit["end_ns"])
-    result.iloc[hit.loc[inside, "i"].to_numpy()] = hit.loc[inside, "step"].astype(np.int64).to_numpy()
-    return result
+    starts = ordered["start_ns"].to_numpy(np.int64)
+    at = np.searchsorted(starts, times, side="right") - 1
+    safe = np.clip(at, 0, None)
+    inside = (at >= 0) & (times <= ordered["end_ns"].to_numpy(np.int64)[safe]) if starts.size else np.zeros(len(times), bool)
+    numbers = ordered["step"].to_numpy(np.int64)[safe] if starts.size else np.zeros(len(times), np.int64)
+    return pd.arrays.IntegerArray(np.where(inside, numbers, 0), ~inside)
 
 
 def _kernel_part(kernels: pd.DataFrame) -> pd.DataFrame:

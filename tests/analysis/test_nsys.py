@@ -244,3 +244,20 @@ def test_time_base_survives_missing_or_inconsistent_export_metadata(torchrun: Pa
     table = nsys.read_nsys(copy)
     assert table.column("window_start_ns").to_pylist() == expected
     assert any(warning in w for w in table.column("warnings")[0].as_py())
+
+
+def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
+    rows = [  # (tid, start, name)
+        (1, 0, "ncclGroupEnd"),  # its ncclGroupStart was before the capture window
+        (1, 10, "ncclGroupStart"), (1, 11, "ncclGroupStart"), (1, 12, "ncclSend"), (1, 13, "ncclGroupEnd"),
+        (1, 14, "ncclRecv"), (1, 15, "ncclGroupEnd"),  # nested: launches at the outer end
+        (1, 20, "ncclAllReduce"),  # ungrouped: launches inside its own range
+        (2, 12, "ncclGroupStart"), (2, 13, "ncclSend"), (2, 16, "ncclGroupEnd"),  # another thread
+    ]
+    nccl = pd.DataFrame(rows, columns=["tid", "start", "name"]).assign(end=lambda f: f["start"] + 1)
+    nccl["op"] = nccl["name"].map(nsys.ops.from_nccl_api)
+    calls, launchers = nsys._group_calls(nccl)
+    launch = dict(zip(zip(launchers["tid"], launchers["start"]), launchers["call_group"]))
+    assert sorted(launch) == [(1, 15), (1, 20), (2, 16)]
+    served = {key: sorted(calls.loc[calls["call_group"] == group, "name"]) for key, group in launch.items()}
+    assert served == {(1, 15): ["ncclRecv", "ncclSend"], (1, 20): ["ncclAllReduce"], (2, 16): ["ncclSend"]}
