@@ -307,7 +307,7 @@ class PauseManager:
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._state = _Journal(engine=control.describe())
-        self._outcomes: dict[str, DcgmOutcome] = {}  # acquire outcome per capture holding no lease yet
+        self._outcomes: dict[str, DcgmOutcome] = {}  # acquire outcome per capture not yet released
         self._released: dict[str, DcgmOutcome] = {}  # so a repeated release answers the same
         self._timer: threading.Thread | None = None
         self._closed = False
@@ -317,6 +317,7 @@ class PauseManager:
     def acquire(self, capture_id: str, lease_s: float) -> DcgmOutcome:
         """Pause DCGM for one capture, holding it at most ``lease_s`` seconds."""
         with self._lock:
+            self._released.pop(capture_id, None)
             self._state.leases[capture_id] = self.clock() + lease_s
             self._write()  # journal first: a crash inside Pause is still recovered
             outcome = self.control.pause()
