@@ -156,12 +156,9 @@ def _fit_component(
     offset = prior.copy()
     for _ in range(ROUNDS):
         consensus = np.nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
-        for h in range(len(names)):
-            seen = ~np.isnan(y[h])
-            if drifting[h]:
-                rate[h], offset[h] = _huber_line(consensus[seen], y[h, seen])
-            else:
-                offset[h] = np.median(y[h, seen] - consensus[seen])
+        slope, intercept = _huber_lines(consensus, y)
+        rate = np.where(drifting, slope, 1.0)
+        offset = np.where(drifting, intercept, np.nanmedian(y - consensus[None, :], axis=1))
         # Re-gauge: E' = k E + m leaves every observation unchanged.
         k = rate.mean()
         rate /= k
@@ -183,28 +180,31 @@ def _fit_component(
     return clocks
 
 
-def _huber_line(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[float, float]:
-    """Slope and intercept of y on x by IRLS with Huber weights and a MAD scale."""
-    xm = x.mean()
-    xc = x - xm
-    weights = np.ones_like(x)
-    slope, intercept = 1.0, float(np.median(y - x))
+def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``y`` (NaN = not observed): slope and intercept on ``x`` by IRLS with
+    Huber weights and a MAD scale, all hosts at once."""
+    seen = ~np.isnan(y)
+    xs = np.where(seen, x[None, :], np.nan)
+    xm = np.nanmean(xs, axis=1, keepdims=True)
+    xc = np.where(seen, xs - xm, 0.0)
+    yy = np.where(seen, y, 0.0)
+    weights = seen.astype(np.float64)
+    slope = np.ones(len(y))
+    intercept = np.zeros(len(y))
     for _ in range(iterations):
-        w_sum = weights.sum()
-        x_bar = (weights * xc).sum() / w_sum
-        y_bar = (weights * y).sum() / w_sum
-        spread = (weights * (xc - x_bar) ** 2).sum()
-        if spread <= 0:
-            return 1.0, float(np.median(y - x))
-        slope = float((weights * (xc - x_bar) * (y - y_bar)).sum() / spread)
-        intercept = float(y_bar - slope * x_bar)
-        residual = y - (slope * xc + intercept)
-        scale = MAD_TO_SIGMA * np.median(np.abs(residual - np.median(residual)))
-        if scale <= 0:
-            break
-        u = np.abs(residual) / (HUBER_K * scale)
-        weights = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
-    return slope, intercept - slope * xm
+        w_sum = np.maximum(weights.sum(axis=1), 1e-300)
+        x_bar = (weights * xc).sum(axis=1) / w_sum
+        y_bar = (weights * yy).sum(axis=1) / w_sum
+        spread = (weights * (xc - x_bar[:, None]) ** 2).sum(axis=1)
+        cov = (weights * (xc - x_bar[:, None]) * (yy - y_bar[:, None])).sum(axis=1)
+        slope = np.divide(cov, spread, out=np.ones_like(cov), where=spread > 0)
+        intercept = y_bar - slope * x_bar
+        residual = np.where(seen, yy - (slope[:, None] * xc + intercept[:, None]), np.nan)
+        centre = np.nanmedian(residual, axis=1, keepdims=True)
+        scale = MAD_TO_SIGMA * np.nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
+        u = np.abs(np.nan_to_num(residual)) / np.maximum(HUBER_K * scale, 1e-9)
+        weights = np.where(seen, np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12)), 0.0)
+    return slope, intercept - slope * xm[:, 0]
 
 
 @dataclass(frozen=True)

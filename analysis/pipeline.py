@@ -133,11 +133,11 @@ def _rank_rows(
     frame["clock_uncertainty_ns"] = frame["host"].map({h: c.uncertainty_ns for h, c in model.hosts.items()})
     frame["own_delay_ns"] = found.own_delay_ns
     frame["straggler_score"] = found.score
-    top = metrics.top_kernels(kernels) if len(kernels) else kernels
-    top_by_rank = {
-        int(rank): group[["name", "count", "total_ns", "is_comm"]].to_dict("records")
-        for rank, group in top.groupby("rank")
-    }
+    top_by_rank: dict[int, list[dict]] = {}
+    if len(kernels):
+        top = metrics.top_kernels(kernels)
+        for record in top[["rank", "name", "count", "total_ns", "is_comm"]].to_dict("records"):
+            top_by_rank.setdefault(int(record.pop("rank")), []).append(record)
     frame = frame.reset_index().replace({np.nan: None})
     names = [n for n in field_names(RankRow) if n != "top_kernels"]
     integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
