@@ -54,7 +54,9 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p) in _KNOWN))
+            found = sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p) in _KNOWN)
+            # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
+            files.extend(p for p in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p))
         elif path.is_file():
             files.append(path)
         else:

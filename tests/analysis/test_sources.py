@@ -89,6 +89,19 @@ def test_digests_and_exports_mix(dsl: Path, tmp_path: Path) -> None:
     assert table.slice(0, 1).drop_columns(["warnings"]).equals(direct.drop_columns(["warnings"]))
 
 
+def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    digest.write(nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]), tmp_path / "rank0.parquet")
+    tables = tmp_path / "report_pqtdir"
+    tables.mkdir()
+    pq.write_table(pa.table({"start": [1, 2]}), tables / "CUPTI_ACTIVITY_KIND_KERNEL.parquet")
+    assert sources.discover([tmp_path]) == [tmp_path / "rank0.parquet"]
+    with pytest.raises(ExportError, match="not a rankscope digest"):
+        sources.load_digests([tables / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"])
+
+
 def test_kineto_traces_go_to_the_kineto_reader(samples: Path) -> None:
     pytest.importorskip("rankscope.analysis.kineto")
     folder = samples / "kineto" / "gloo_cpu_torch2.13"
