@@ -81,6 +81,7 @@ class _Export:
     meta: dict[str, str]
     env: dict[str, str]
     offset: int = 0  # add to exported timestamps to get UTC epoch ns
+    kernel_name_column: str = "shortName"
     warnings: list[str] = field(default_factory=list)
 
     def columns(self, table: str) -> set[str]:
@@ -236,7 +237,7 @@ def _kernels(export: _Export) -> pd.DataFrame:
         raise ExportError(f"{table} lacks kernel names or globalPid", path=export.path)
     frame = export.frame(
         f"""SELECT k.start AS start, k."end" AS "end", (k.globalPid >> 24) & 16777215 AS pid,
-                   k.deviceId AS device, k.correlationId AS correlation, s.value AS name
+                   k.deviceId AS device, k.correlationId AS correlation, k.{name_column} AS name_id, s.value AS name
             FROM {table} AS k LEFT JOIN StringIds AS s ON s.id = k.{name_column}
             ORDER BY k.start"""
     )
@@ -246,6 +247,7 @@ def _kernels(export: _Export) -> pd.DataFrame:
     for column in ("start", "end", "pid", "device"):
         frame[column] = frame[column].astype(np.int64)
     frame["is_comm"] = ops.is_comm_kernel(frame["name"])
+    export.kernel_name_column = name_column
     return frame
 
 
@@ -271,14 +273,14 @@ def _launches(export: _Export, kernels: pd.DataFrame) -> pd.DataFrame:
     empty = pd.DataFrame(columns=["correlation", "pid", "tid", "launch_ns"])
     if comm.empty or not {"start", "globalTid", "correlationId"} <= export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"):
         return empty
-    # Correlation ids only from NCCL kernels: the IN list keeps the scan's output small.
-    correlations = ",".join(str(int(c)) for c in comm["correlation"].dropna().unique())
-    if not correlations:
-        return empty
+    # Only the calls that launched NCCL kernels (few distinct names): SQLite does the join.
+    name_ids = ",".join(str(int(i)) for i in comm["name_id"].dropna().unique())
     frame = export.frame(
         f"""SELECT correlationId AS correlation, (globalTid >> 24) & 16777215 AS pid, globalTid AS tid,
                    start + ? AS launch_ns
-            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN ({correlations})""",
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME
+            WHERE correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL
+                                    WHERE {export.kernel_name_column} IN ({name_ids}))""",
         (export.offset,),
     )
     return frame.drop_duplicates(["correlation", "pid"])
