@@ -133,6 +133,7 @@ def _rank_rows(
     frame["clock_uncertainty_ns"] = frame["host"].map({h: c.uncertainty_ns for h, c in model.hosts.items()})
     frame["own_delay_ns"] = found.own_delay_ns
     frame["straggler_score"] = found.score
+    frame["late_cause"] = pd.Series(found.causes, dtype=object)
     top_by_rank: dict[int, list[dict]] = {}
     if len(kernels):
         top = metrics.top_kernels(kernels)

@@ -37,6 +37,7 @@ class RankRow:
     matched: int = 0
     own_delay_ns: float | None = None  # mean excess gap before arrival vs peers (straggler signal)
     straggler_score: float | None = None  # robust z-score of own_delay_ns
+    late_cause: str | None = None  # stragglers: "compute" (busy until arrival) or "launch/host" (idle)
     top_kernels: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -210,7 +211,7 @@ def _render(report: Report) -> list[str]:
         for rank in report.stragglers:
             r = by_rank[rank]
             out.append(
-                f"  rank {rank} on {r.host}: own delay {fmt_ns(r.own_delay_ns)} per collective, "
+                f"  rank {rank} on {r.host}: {r.late_cause or 'cause unknown'}, own delay {fmt_ns(r.own_delay_ns)} per collective, "
                 f"late {fmt_ns(r.late_mean_ns)} mean / {fmt_ns(r.late_max_ns)} max, "
                 f"last in {_pct(r.last_arrival_share)}, blame {fmt_ns(r.blame_ns)}"
             )

@@ -33,6 +33,7 @@ class Stragglers:
     own_delay_ns: pd.Series  # mean excess gap per rank (index rank)
     score: pd.Series  # robust z-score per rank
     min_effect_ns: float
+    causes: dict[int, str]  # straggler -> "compute" or "launch/host"
 
 
 def own_delay(events: pd.DataFrame) -> pd.DataFrame:
@@ -68,7 +69,21 @@ def find(events: pd.DataFrame, ranks: pd.Index) -> Stragglers:
     durations = events["end_ns"] - events["start_ns"]
     min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * float(durations.median())) if len(events) else MIN_EFFECT_NS
     flagged, score = stands_out(delay, min_effect)
-    return Stragglers(flagged, delay, score, min_effect)
+    return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
+
+
+def _causes(events: pd.DataFrame, flagged: list[int]) -> dict[int, str]:
+    """Busy with compute until the late arrival, or idle (launch, host, data loading)?
+    Whichever of the two stands further above the median rank (reference §7, late cause)."""
+    columns = ["compute_before_ns", "idle_before_ns"]
+    if not flagged or events[columns].isna().all().any():
+        return {}
+    per_rank = events.groupby("rank")[columns].mean()
+    excess = per_rank - per_rank.median()
+    return {
+        r: "compute" if excess.at[r, "compute_before_ns"] >= excess.at[r, "idle_before_ns"] else "launch/host"
+        for r in flagged
+    }
 
 
 def stands_out(values: pd.Series, min_effect: float) -> tuple[list[int], pd.Series]:

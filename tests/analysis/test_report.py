@@ -58,7 +58,7 @@ def test_table_names_stragglers_first_then_ranks_in_order(report: Report) -> Non
     straggler_line = next(i for i, line in enumerate(lines) if line.startswith("STRAGGLERS"))
     header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
     assert straggler_line < header
-    assert lines[straggler_line + 1].strip().startswith("rank 3 on node001")
+    assert lines[straggler_line + 1].strip().startswith("rank 3 on node001: compute")
     ranks = [line.split()[0] for line in lines[header + 2 : header + 6]]
     assert ranks == ["0", "1", "2", "3"]
     assert lines[header + 5].rstrip().endswith("*")  # rank 3 marked

@@ -38,6 +38,8 @@ def test_exactly_the_two_stragglers_are_flagged(with_stragglers) -> None:
     report, truth = with_stragglers
     assert truth["stragglers"] == [13, 42]
     assert report.stragglers == [13, 42]
+    causes = {r.rank: r.late_cause for r in report.ranks if r.rank in report.stragglers}
+    assert causes == {13: "compute", 42: "launch/host"}
     # their TP groups arrive late at the DP collectives too, yet are not root causes
     assert {8, 9, 10, 11, 12, 14, 15} <= set(report.late_ranks)
 
