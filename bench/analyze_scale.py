@@ -5,7 +5,8 @@ two fresh subprocesses time, on the same files:
   analysis  rankscope.analysis.sources.load_digests + pipeline.analyze (shown split)
   floor     sqlite3 alone reading the rows the ingest needs (kernels with names, copies,
             runtime calls, NVTX events with names and payloads), fetched into Python
-and report their ratio (aim: <= 1.5) and peak RSS (aim: linear in ranks).
+and report their ratio (aim: <= 1.5; also shown for pipeline.analyze alone, the part after
+ingest) and peak RSS (aim: linear in ranks).
 
     .venv/bin/python bench/analyze_scale.py [--sizes 8 16 32 64 128 256 512] [--steps 20]
 """
@@ -95,7 +96,7 @@ def main() -> int:
         return 0
     from rankscope.analysis import simulate as sim
 
-    print(f"{'ranks':>6} {'MB files':>9} {'analysis s':>11} {'(load':>7} {'analyze)':>9} {'floor s':>8} {'ratio':>6} "
+    print(f"{'ranks':>6} {'MB files':>9} {'analysis s':>11} {'(load':>7} {'analyze)':>9} {'floor s':>8} {'ratio':>6} {'analyze/floor':>13} "
           f"{'peak MB':>8} {'+MB':>7} {'+MB/rank':>9} {'floor peak MB':>14}")
     for size in args.sizes:
         spec = sim.JobSpec(nodes=max(1, size // 8), gpus_per_node=min(8, size), tp=min(8, size), steps=args.steps,
@@ -110,7 +111,7 @@ def main() -> int:
         grown = an["peak_mb"] - an["baseline_mb"]
         print(f"{spec.world_size:>6} {megabytes:>9.1f} {an['seconds']:>11.2f} {an['load_s']:>7.2f} {an['analyze_s']:>9.2f} "
               f"{fl['seconds']:>8.2f} "
-              f"{an['seconds'] / fl['seconds']:>6.2f} {an['peak_mb']:>8.0f} {grown:>7.0f} {grown / spec.world_size:>9.2f} "
+              f"{an['seconds'] / fl['seconds']:>6.2f} {an['analyze_s'] / fl['seconds']:>13.2f} {an['peak_mb']:>8.0f} {grown:>7.0f} {grown / spec.world_size:>9.2f} "
               f"{fl['peak_mb']:>14.0f}", flush=True)
     return 0
 
