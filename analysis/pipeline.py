@@ -1,9 +1,15 @@
 """From digests to a report: match, align, measure, find stragglers.
 
-Stages follow the architecture's map/reduce split so each could run as a Ray task:
-per-rank map (explode the rank's digest row: its collectives, kernels, steps),
-per-communicator reduce (matching), per-host reduce (clock fit; hosts independent
-inside each round), then per-rank and per-communicator metrics on the aligned rows.
+Every stage is a function of long tables whose rows partition by one key, so the
+work splits along the architecture's map/reduce lines (ARCHITECTURE.md) when one
+process is not enough:
+- per rank (map): exploding the digest row, kernel and busy figures, the own-delay
+  gaps (stragglers.own_delay orders each rank's rows on its own clock);
+- per communicator (reduce): matching.match: instances never span communicators;
+- per host (reduce): the clock fit's per-host lines (one vectorised step over hosts
+  per round; the consensus between rounds is the only all-host exchange);
+- per instance / per communicator: metrics on the aligned rows.
+Today all stages run in this process on whole-job tables (0.85 s for 512 ranks).
 """
 
 from __future__ import annotations
