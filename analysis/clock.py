@@ -30,6 +30,11 @@ HUBER_K = 1.345
 NTP_UNCERTAINTY_NS = 10_000_000.0
 HINT_UNCERTAINTY_NS = 1_000_000.0
 MAD_TO_SIGMA = 1.4826
+# With one or two anchors the fitted offset absorbs the residuals, so their spread says
+# nothing; assume the end-coincidence spread of real exports instead (reference §2: ~1 us
+# for nsys, hundreds of us for Kineto) at a conservative 10 us.
+MIN_SPREAD_ANCHORS = 3
+SPARSE_UNCERTAINTY_NS = 10_000.0
 # Beyond this a ping-based hint and the collective fit cannot both be right.
 HINT_TOLERANCE_NS = 2_000_000
 
@@ -168,7 +173,9 @@ def _fit_component(
     clocks = {}
     for h, name in enumerate(names):
         r = residual[h, ~np.isnan(residual[h])]
-        sigma = MAD_TO_SIGMA * float(np.median(np.abs(r - np.median(r)))) if len(r) > 1 else float(np.abs(r).max())
+        sigma = MAD_TO_SIGMA * float(np.median(np.abs(r - np.median(r)))) if len(r) > 1 else 0.0
+        if len(r) < MIN_SPREAD_ANCHORS:
+            sigma = max(sigma, SPARSE_UNCERTAINTY_NS)
         clocks[name] = HostClock(
             name,
             float(offset[h]),

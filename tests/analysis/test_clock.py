@@ -110,3 +110,10 @@ def test_fit_far_from_the_coordinator_hints_is_warned() -> None:
     assert not any("differs from the coordinator" in w for w in agreeing.warnings)
     wrong, _, _ = _fit(job, {"node000": 0, "node001": 0, "node002": 0})
     assert any(w.startswith("host node001: collective-fitted clock offset differs") for w in wrong.warnings)
+
+
+def test_one_anchor_gives_no_false_confidence() -> None:
+    events = pd.DataFrame({"instance": [0, 0], "op": ["allreduce"] * 2, "host": ["a", "b"], "end_ns": [1_000, 3_000]})
+    model = clock.fit(events, ["a", "b"])
+    assert model.hosts["b"].offset_ns - model.hosts["a"].offset_ns == pytest.approx(2_000)
+    assert model.hosts["a"].uncertainty_ns == clock.SPARSE_UNCERTAINTY_NS
