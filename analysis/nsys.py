@@ -401,7 +401,9 @@ def _link(export: _Export, comm: pd.DataFrame, launches: pd.DataFrame, nccl: pd.
     matched = matched[matched["call_group"].notna() & (matched["end"] >= matched["launch_ns"])]
     served = matched[["kernel", "call_group"]].astype(np.int64).merge(calls, on="call_group")
     per_kernel = _summarise_calls(served)
-    out = kernels.merge(per_kernel, on="kernel", how="left")
+    out = kernels.merge(per_kernel, on="kernel", how="left") if len(per_kernel) else kernels.assign(
+        **{column: pd.Series(pd.NA, index=kernels.index, dtype="object") for column in per_kernel.columns if column != "kernel"}
+    )
     unlinked = out["op"].isna()
     if unlinked.any():
         export.warn(
@@ -476,27 +478,35 @@ def _summarise_calls(served: pd.DataFrame) -> pd.DataFrame:
 
 
 def _assign_communicators(export: _Export, out: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
-    """comm_id from the payload; else inferred from what every member agrees on (op, size
-    of the communicator if known); seq = call order within comm_id."""
+    """comm_id from the payload, else inferred; seq = call order within comm_id (the NCCL
+    schemas carry no sequence field, and every member calls a communicator's collectives
+    in the same order)."""
     traced = out["comm"].notna().to_numpy()
     comm = out["comm"].astype("Int64").fillna(0).to_numpy(np.int64).view(np.uint64)
     distinct, which = np.unique(comm, return_inverse=True)  # few communicators: format each once
-    comm_hex = np.array([f"{c:016x}" for c in distinct.tolist()], dtype=object)[which]
-    inits = nccl[nccl["name"].fillna("").str.lower().str.startswith("ncclcomminit") & nccl["nranks"].notna()]
-    nranks = inits.groupby("pid")["nranks"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else pd.NA)
-    size = out["nranks"].astype("Int64").fillna(out["pid"].map(nranks).astype("Int64"))
-    suffix = np.where(size.notna().to_numpy(), ":n" + size.astype("string").fillna("").to_numpy(dtype=object), "")
-    inferred = "inferred:" + out["op"].astype(str).to_numpy(dtype=object) + suffix
-    out["comm_id"] = np.where(traced, comm_hex, inferred)
-    if (~traced).any():
+    comm_id = np.array([f"{c:016x}" for c in distinct.tolist()], dtype=object)[which]
+    if not traced.all():
+        comm_id = np.where(traced, comm_id, _inferred_comm_ids(out, nccl))
         export.warn(
             f"{int((~traced).sum())} of {len(traced)} NCCL kernels carry no communicator id (needs NCCL >= 2.25.1 and nsys export --include-blobs=true); "
             "those collectives are grouped by operation as 'inferred:<op>' and numbered by call order"
         )
+    out["comm_id"] = comm_id
     out = out.sort_values(["pid", "device", "start"], kind="stable").reset_index(drop=True)
-    out["seq"] = out.groupby(["pid", "device", "comm_id"]).cumcount().astype(np.int64)
+    out["seq"] = out.groupby(["pid", "device", "comm_id"], sort=False).cumcount().astype(np.int64)
     out["seq_source"] = "ordinal"
     return out
+
+
+def _inferred_comm_ids(out: pd.DataFrame, nccl: pd.DataFrame) -> np.ndarray:
+    """What every member of an untraced communicator agrees on: the op, and the
+    communicator size when the process initialised communicators of a single size."""
+    inits = nccl[nccl["name"].fillna("").str.lower().str.startswith("ncclcomminit") & nccl["nranks"].notna()]
+    sizes = inits.groupby("pid")["nranks"].agg(["min", "max"])
+    one_size = sizes["min"].where(sizes["min"] == sizes["max"])
+    size = out["nranks"].astype("Int64").fillna(out["pid"].map(one_size).astype("Int64"))
+    suffix = np.where(size.notna().to_numpy(), ":n" + size.astype("string").fillna("").to_numpy(dtype=object), "")
+    return "inferred:" + out["op"].astype(str).to_numpy(dtype=object) + suffix
 
 
 # ---------------------------------------------------------------- steps and identity

@@ -261,3 +261,19 @@ def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
     assert sorted(launch) == [(1, 15), (1, 20), (2, 16)]
     served = {key: sorted(calls.loc[calls["call_group"] == group, "name"]) for key, group in launch.items()}
     assert served == {(1, 15): ["ncclRecv", "ncclSend"], (1, 20): ["ncclAllReduce"], (2, 16): ["ncclSend"]}
+
+
+def test_without_nvtx_the_kernel_name_is_only_a_hint_and_said_so(dsl: list[Path], tmp_path: Path) -> None:
+    copy = tmp_path / "no_nvtx.sqlite"
+    shutil.copy(dsl[1], copy)
+    with sqlite3.connect(copy) as db:
+        db.execute("DROP TABLE NVTX_EVENTS")
+        launch = db.execute(
+            "SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_KERNEL k USING (correlationId)"
+        ).fetchone()[0]
+    table = nsys.read_nsys(copy)
+    coll = _collectives(table)
+    assert coll["op"].tolist() == ["allreduce"]  # from ncclKernel_AllReduce_RING_LL_Sum_float
+    assert coll["cpu_call_ns"].tolist() == [launch]  # normalized export: no shift
+    assert coll["comm_id"].tolist() == ["inferred:allreduce"]
+    assert any("no NCCL API range" in w for w in table.column("warnings")[0].as_py())
