@@ -211,7 +211,8 @@ def _time_offset(export: _Export, kernels: pd.DataFrame) -> int:
     if normalized not in ("true", "false"):
         # Not recorded: judge by magnitude (session-relative times are far below epoch ns).
         normalized = "true" if int(kernels["start"].min()) > utc_epoch // 2 else "false"
-        export.warn(f"export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look {'normalized' if normalized == 'true' else 'session-relative'}")
+        looks = "normalized" if normalized == "true" else "session-relative"
+        export.warn(f"export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look {looks}")
     by_flag = 0 if normalized == "true" else utc_epoch
     shift = export.meta.get("EXPORT_CONFIG_TIME_SHIFT")
     if shift is None or not shift.lstrip("-").isdigit():
@@ -295,8 +296,7 @@ def _nccl_ranges(export: _Export) -> pd.DataFrame:
     result_columns = ["pid", "tid", "start", "end", "name", "op", *_PAYLOAD_FIELDS.values()]
     if not {"start", "end", "eventType", "globalTid", "domainId"} <= columns:
         return pd.DataFrame(columns=result_columns)
-    text = "COALESCE(n.text, s.value)" if "text" in columns else "s.value"
-    join = "LEFT JOIN StringIds AS s ON s.id = n.textId" if "textId" in columns else "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"
+    text, join = _nvtx_name_sql(columns)
     blob = "CAST(n.binaryData AS BLOB)" if "binaryData" in columns else "NULL"
     domains = export.frame(
         f"""SELECT DISTINCT (n.globalTid >> 24) & 16777215 AS pid, n.domainId AS domain
@@ -325,6 +325,14 @@ def _nccl_ranges(export: _Export) -> pd.DataFrame:
     ranges["op"] = ranges["name"].map(ops.from_nccl_api)
     payload = _decode_payloads(export, ranges["blob"], ranges["blob_len"].to_numpy(np.int64))
     return pd.concat([ranges.drop(columns=["blob", "blob_len", "is_nccl", "domain"]), payload], axis=1)[result_columns]
+
+
+def _nvtx_name_sql(columns: set[str]) -> tuple[str, str]:
+    """(expression, join) for an NVTX event's name: inline `text` or registered `textId`."""
+    text = "COALESCE(n.text, s.value)" if "text" in columns else "s.value"
+    if "textId" in columns:
+        return text, "LEFT JOIN StringIds AS s ON s.id = n.textId"
+    return text, "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"
 
 
 def _payload_layouts(export: _Export) -> dict[str, tuple[np.ndarray, ...]]:
@@ -488,8 +496,9 @@ def _assign_communicators(export: _Export, out: pd.DataFrame, nccl: pd.DataFrame
     if not traced.all():
         comm_id = np.where(traced, comm_id, _inferred_comm_ids(out, nccl))
         export.warn(
-            f"{int((~traced).sum())} of {len(traced)} NCCL kernels carry no communicator id (needs NCCL >= 2.25.1 and nsys export --include-blobs=true); "
-            "those collectives are grouped by operation as 'inferred:<op>' and numbered by call order"
+            f"{int((~traced).sum())} of {len(traced)} NCCL kernels carry no communicator id "
+            "(needs NCCL >= 2.25.1 and nsys export --include-blobs=true); those collectives are grouped "
+            "by operation as 'inferred:<op>' and numbered by call order"
         )
     out["comm_id"] = comm_id
     out = out.sort_values(["pid", "device", "start"], kind="stable").reset_index(drop=True)
@@ -518,8 +527,7 @@ def _steps(export: _Export) -> pd.DataFrame:
     empty = pd.DataFrame(columns=["pid", "step", "start_ns", "end_ns"])
     if not {"start", "end", "eventType", "globalTid"} <= columns:
         return empty
-    text = "COALESCE(n.text, s.value)" if "text" in columns else "s.value"
-    join = "LEFT JOIN StringIds AS s ON s.id = n.textId" if "textId" in columns else "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"
+    text, join = _nvtx_name_sql(columns)
     frame = export.frame(
         f"""SELECT (n.globalTid >> 24) & 16777215 AS pid, n.start + ? AS start_ns, n."end" + ? AS end_ns, {text} AS name
             FROM NVTX_EVENTS AS n {join}
