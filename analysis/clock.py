@@ -30,6 +30,9 @@ HUBER_K = 1.345
 NTP_UNCERTAINTY_NS = 10_000_000.0
 HINT_UNCERTAINTY_NS = 1_000_000.0
 MAD_TO_SIGMA = 1.4826
+MAX_WINDOWS = 10
+WINDOW_ANCHORS = 20  # anchors per window, at least
+WINDOW_SIGNIFICANCE = 5.0
 # With one or two anchors the fitted offset absorbs the residuals, so their spread says
 # nothing; assume the end-coincidence spread of real exports instead (reference §2: ~1 us
 # for nsys, hundreds of us for Kineto) at a conservative 10 us.
@@ -47,6 +50,15 @@ class HostClock:
     uncertainty_ns: float  # 1-sigma alignment error of one event (residual MAD)
     anchors: int
     method: str  # "offset+drift", "offset", "shared clock", "coordinator hint", "utc (NTP quality)"
+    # Non-linear remainder (§3.4): windowed median residuals at window centres (aligned
+    # ns since t0), interpolated; empty when the line explains the anchors.
+    window_centres: tuple[float, ...] = ()
+    window_residuals: tuple[float, ...] = ()
+
+    def correction(self, aligned_rel: np.ndarray) -> np.ndarray:
+        if not self.window_centres:
+            return np.zeros_like(aligned_rel)
+        return np.interp(aligned_rel, self.window_centres, self.window_residuals)
 
 
 @dataclass
@@ -61,12 +73,19 @@ class ClockModel:
         """Local int64 ns on each row's host -> aligned int64 ns (vectorised)."""
         offset, rate = self._per_row(hosts)
         relative = (np.asarray(times, dtype=np.int64) - self.t0_ns).astype(np.float64)
-        return self.t0_ns + np.rint((relative - offset) / rate).astype(np.int64)
+        aligned = (relative - offset) / rate
+        names = hosts.to_numpy()
+        for host, clock in self.hosts.items():
+            if clock.window_centres:
+                rows = names == host
+                aligned[rows] -= clock.correction(aligned[rows]) / rate[rows]
+        return self.t0_ns + np.rint(aligned).astype(np.int64)
 
     def local_minus_aligned(self, host: str, aligned_ns: int) -> float:
         """How far the host's clock reads ahead of the aligned base at one instant."""
         clock = self.hosts[host]
-        return clock.offset_ns + clock.drift_ppm * 1e-6 * (aligned_ns - self.t0_ns)
+        rel = float(aligned_ns - self.t0_ns)
+        return clock.offset_ns + clock.drift_ppm * 1e-6 * rel + float(clock.correction(np.array([rel]))[0])
 
     def uncertainty(self, hosts: pd.Series) -> np.ndarray:
         return hosts.map({h: c.uncertainty_ns for h, c in self.hosts.items()}).to_numpy(dtype=np.float64)
@@ -119,7 +138,8 @@ def fit(events: pd.DataFrame, hosts: list[str], hints: Mapping[str, int] | None 
                 model.hosts[host] = HostClock(host, 0.0, 0.0, NTP_UNCERTAINTY_NS, 0, "utc (NTP quality)")
             model.warnings.append(f"host {host}: no collective shared with other hosts; clock is {model.hosts[host].method}")
     methods = {c.method for c in model.hosts.values()}
-    model.method = "collective-anchored " + "/".join(sorted(methods)) if methods & {"offset+drift", "offset"} else "/".join(sorted(methods))
+    fitted = any(m.startswith("offset") for m in methods)
+    model.method = ("collective-anchored " if fitted else "") + "/".join(sorted(methods))
     return model
 
 
@@ -170,6 +190,12 @@ def _fit_component(
         offset -= rate * (offset.mean() - target)
     consensus = np.nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
     residual = y - (rate[:, None] * consensus[None, :] + offset[:, None])
+    windows = [_windows(consensus, residual[h]) if drifting[h] else ((), ()) for h in range(len(names))]
+    if any(w[0] for w in windows):
+        bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
+        consensus = np.nanmedian((y - bend - offset[:, None]) / rate[:, None], axis=0)
+        bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
+        residual = y - bend - (rate[:, None] * consensus[None, :] + offset[:, None])
     clocks = {}
     for h, name in enumerate(names):
         r = residual[h, ~np.isnan(residual[h])]
@@ -182,9 +208,30 @@ def _fit_component(
             float((rate[h] - 1.0) * 1e6),
             sigma,
             int(counts[h]),
-            "offset+drift" if drifting[h] else "offset",
+            "offset+drift" + (" (windowed)" if windows[h][0] else "") if drifting[h] else "offset",
+            *windows[h],
         )
     return clocks
+
+
+def _windows(consensus: np.ndarray, residual: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Windowed medians of one host's residuals, if they wander beyond their noise (a clock
+    whose rate changed mid-capture, e.g. an NTP slew); else nothing."""
+    seen = ~np.isnan(residual)
+    x, r = consensus[seen], residual[seen]
+    count = min(MAX_WINDOWS, len(r) // WINDOW_ANCHORS)
+    if count < 3:
+        return (), ()
+    order = np.argsort(x)
+    chunks = np.array_split(order, count)
+    centres = np.array([np.median(x[c]) for c in chunks])
+    medians = np.array([np.median(r[c]) for c in chunks])
+    sigma = MAD_TO_SIGMA * np.median(np.abs(r - np.median(r)))
+    # standard error of a median ~ 1.25 sigma / sqrt(n); demand a clear excess
+    noise = 1.2533 * sigma / np.sqrt(min(len(c) for c in chunks))
+    if np.abs(medians - np.median(medians)).max() <= WINDOW_SIGNIFICANCE * noise:
+        return (), ()
+    return tuple(centres.tolist()), tuple(medians.tolist())
 
 
 def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:

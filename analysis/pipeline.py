@@ -89,7 +89,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
             method=model.method,
             matching=matched.method,
             t0_ns=model.t0_ns,
-            hosts=[HostClockRow(**vars(model.hosts[h])) for h in hosts],
+            hosts=[_host_row(model.hosts[h]) for h in hosts],
             collectives=int(len(events)),
             matched_collectives=matched.instances,
             dropped_incomplete=matched.dropped_incomplete,
@@ -101,6 +101,14 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         ),
         top_kernels=metrics.job_top_kernels(kernels).to_dict("records") if len(kernels) else [],
         warnings=all_warnings,
+    )
+
+
+def _host_row(clock_: clock.HostClock) -> HostClockRow:
+    return HostClockRow(
+        host=clock_.host, offset_ns=clock_.offset_ns, drift_ppm=clock_.drift_ppm, uncertainty_ns=clock_.uncertainty_ns,
+        anchors=clock_.anchors, method=clock_.method,
+        nonlinear_ns=float(np.abs(clock_.window_residuals).max()) if clock_.window_residuals else 0.0,
     )
 
 

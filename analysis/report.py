@@ -88,6 +88,7 @@ class HostClockRow:
     uncertainty_ns: float
     anchors: int
     method: str
+    nonlinear_ns: float = 0.0  # largest windowed correction beyond the line (0: linear clock)
 
 
 @dataclass

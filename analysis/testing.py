@@ -38,6 +38,7 @@ class SyntheticJob:
     max_drift_ppm: float = 50.0
     offsets_ns: list[int] | None = None  # per node, overrides max_offset_ns
     drift_ppm: list[float] | None = None
+    rate_steps: dict[int, tuple[int, float]] = field(default_factory=dict)  # node -> (true ns, extra ppm after it)
     seq_source: str = "trace"
     named_comms: bool = False
     job_id: str = "synthetic"
@@ -52,9 +53,13 @@ class Truth:
     stragglers: list[int]
     t0_ns: int
 
+    rate_steps: dict[str, tuple[int, float]] = field(default_factory=dict)
+
     def clock_at(self, host: str, true_ns: int) -> float:
         """How far the host's clock reads ahead of true time at one instant."""
-        return self.offsets_ns[host] + self.drift_ppm[host] * 1e-6 * (true_ns - self.t0_ns)
+        rel = true_ns - self.t0_ns
+        at, ppm = self.rate_steps.get(host, (rel, 0.0))
+        return self.offsets_ns[host] + self.drift_ppm[host] * 1e-6 * rel + ppm * 1e-6 * max(rel - at, 0)
 
 
 def host_name(node: int) -> str:
@@ -102,10 +107,17 @@ def synthetic_job(job: SyntheticJob) -> tuple[pa.Table, Truth]:
         late_mean_ns={int(r): float(v) for r, v in late.items()},
         stragglers=sorted(job.stragglers),
         t0_ns=T0_NS,
+        rate_steps={host_name(n): v for n, v in job.rate_steps.items()},
     )
+
+    steps_at = np.full(job.nodes, np.inf)
+    steps_ppm = np.zeros(job.nodes)
+    for node, (at, ppm) in job.rate_steps.items():
+        steps_at[node], steps_ppm[node] = at, ppm
 
     def local(true: np.ndarray, rank_nodes: np.ndarray) -> np.ndarray:
         skew = offsets[rank_nodes] + drifts[rank_nodes] * 1e-6 * true
+        skew = skew + steps_ppm[rank_nodes] * 1e-6 * np.maximum(true - steps_at[rank_nodes], 0.0)
         return T0_NS + np.rint(true + skew).astype(np.int64)
 
     frame["start_ns"] = local(frame["true_start"].to_numpy(), node_of[frame["rank"]])

@@ -117,3 +117,16 @@ def test_one_anchor_gives_no_false_confidence() -> None:
     model = clock.fit(events, ["a", "b"])
     assert model.hosts["b"].offset_ns - model.hosts["a"].offset_ns == pytest.approx(2_000)
     assert model.hosts["a"].uncertainty_ns == clock.SPARSE_UNCERTAINTY_NS
+
+
+def test_clock_rate_change_mid_capture_is_followed_by_windows() -> None:
+    # node001's clock speeds up by 30 ppm halfway through a ~2.6 s capture
+    job = SyntheticJob(nodes=3, gpus_per_node=1, steps=400, tp_calls=1, compute_ns=3_000_000,
+                       drift_ppm=[0.0, 0.0, 0.0], rate_steps={1: (1_300_000_000, 30.0)}, seed=6)
+    model, truth, events = _fit(job)
+    assert model.hosts["node001"].method == "offset+drift (windowed)"
+    times = events["end_ns"].quantile([0.1, 0.3, 0.5, 0.7, 0.9]).astype("int64")
+    worst = max(_relative_error(model, truth, int(t)).max() for t in times)
+    assert worst < 3_000  # a straight line is off by ~10 us at the ends and the bend
+    steady, _, _ = _fit(SyntheticJob(nodes=3, gpus_per_node=1, steps=400, tp_calls=1, compute_ns=3_000_000, seed=6))
+    assert not any("windowed" in c.method for c in steady.hosts.values())
