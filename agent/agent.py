@@ -422,7 +422,7 @@ class CaptureRun:
             return None
         outcome = self.agent.pauses.release(self.sweep_id)
         if outcome is dcgm_mod.DcgmOutcome.SKIPPED:  # no lease left: the restart's recovery resumed it
-            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "resumed from the pause journal at agent restart")
+            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "resumed when the previous agent process ended or by its pause journal")
         elif outcome is dcgm_mod.DcgmOutcome.PAUSED:
             self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "released; another capture on this node still holds the pause")
         elif outcome is dcgm_mod.DcgmOutcome.FAILED:

@@ -320,3 +320,29 @@ def test_cancel_ends_the_window_early_fails_the_node_and_resumes_dcgm(coordinato
     finally:
         agent.close()
         thread.join(10)
+
+
+def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordinator, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="s5", backend="fake", duration_s=600)))
+    servicer.statuses("s5", pb.NODE_STATE_CAPTURING)
+    # The agent stops mid-capture (a service restart): the record keeps the window open for the next one.
+    agent.stop.set()
+    agent.session.close()
+    thread.join(10)
+    import json
+
+    record = json.loads((tmp_path / "work" / "captures" / "s5" / "capture.json").read_text())
+    assert record["capture"]["state"] == "capturing" and record["capture"]["window_open"]
+    log.calls.clear()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        seen = servicer.statuses("s5", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and "restarted while capturing" in seen[-1].reason
+        assert "backend.stop" in log.calls and "backend.start" not in log.calls
+    finally:
+        agent.close()
+        thread.join(10)
