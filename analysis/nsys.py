@@ -247,9 +247,17 @@ def _kernels(export: _Export) -> pd.DataFrame:
     frame["name"] = frame["name"].fillna("<unnamed>")
     for column in ("start", "end", "pid", "device"):
         frame[column] = frame[column].astype(np.int64)
-    frame["is_comm"] = ops.is_comm_kernel(frame["name"])
+    codes, names = pd.factorize(frame["name"])  # classify each distinct name once
+    frame["is_comm"] = ops.is_comm_kernel(pd.Series(names))[codes]
     export.kernel_name_column = name_column
     return frame
+
+
+def _per_name(names: pd.Series, fn) -> pd.Series:
+    """``fn`` applied once per distinct name (few), spread back over all rows (many)."""
+    codes, distinct = pd.factorize(names)
+    mapped = np.array([fn(name) for name in distinct] + [None], dtype=object)
+    return pd.Series(mapped[codes], index=names.index, dtype=object)  # code -1 (missing) -> None
 
 
 def _copies(export: _Export) -> pd.DataFrame:
@@ -322,7 +330,7 @@ def _nccl_ranges(export: _Export) -> pd.DataFrame:
             export.warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
         ranges["is_nccl"] |= guessed
     ranges = ranges[ranges["is_nccl"]].reset_index(drop=True)
-    ranges["op"] = ranges["name"].map(ops.from_nccl_api)
+    ranges["op"] = _per_name(ranges["name"], ops.from_nccl_api)
     payload = _decode_payloads(export, ranges["blob"], ranges["blob_len"].to_numpy(np.int64))
     return pd.concat([ranges.drop(columns=["blob", "blob_len", "is_nccl", "domain"]), payload], axis=1)[result_columns]
 
@@ -418,7 +426,7 @@ def _link(export: _Export, comm: pd.DataFrame, launches: pd.DataFrame, nccl: pd.
             f"{int(unlinked.sum())} of {len(out)} NCCL kernels have no NCCL API range around their launch "
             "(NVTX not traced or cut by the capture window); their op is guessed from the kernel name"
         )
-        out.loc[unlinked, "op"] = out.loc[unlinked, "name"].map(ops.from_kernel_name).fillna(ops.UNKNOWN)
+        out.loc[unlinked, "op"] = _per_name(out.loc[unlinked, "name"], ops.from_kernel_name).fillna(ops.UNKNOWN)
     out["cpu_call_ns"] = out["cpu_call_ns"].fillna(out["launch_ns"])
     return _assign_communicators(export, out, nccl)
 
