@@ -33,7 +33,7 @@ from rankscope.coordinator.registry import (
 )
 from rankscope.coordinator.store import Store
 from rankscope.coordinator import sweeps as sw
-from rankscope.errors import RankscopeError
+from rankscope.errors import InputError, RankscopeError
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,13 @@ class Coordinator:
                 self._apply(sweep, sweep.handle(sw.Restarted(now, grace)))
         self._ticker.start()
 
-    def stop(self) -> None:
+    def closing(self) -> None:
+        """End session and watch streams now, so a stopping server need not wait out its grace."""
         self._stop.set()
         self.registry.close_all()
+
+    def stop(self) -> None:
+        self.closing()
         self._analysis.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
@@ -237,8 +241,13 @@ class Coordinator:
         if spec.timeout_s <= 0:
             spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
         with self._lock:
-            nodes = select_nodes(self.store.agents(), self.registry.connected(), names=names, labels=labels,
-                                 everything=everything)
+            agents = self.store.agents()
+            nodes = select_nodes(agents, self.registry.connected(), names=names, labels=labels, everything=everything)
+            lacking = [a for a in agents if a.node in nodes and a.backends and spec.backend not in a.backends]
+            if lacking:
+                raise InputError("; ".join(
+                    f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
+                ))
             sweep, instructions = sw.Sweep.start(spec, nodes, self.clock())
             self._active[sweep.sweep_id] = sweep
             self._apply(sweep, instructions)

@@ -343,7 +343,7 @@ class CoordinatorServer:
 
     def stop(self, grace: float | None = None) -> None:
         self.health.enter_graceful_shutdown()
-        self.coordinator.registry.close_all()  # session streams end now, not after the grace
+        self.coordinator.closing()
         self.server.stop(self.coordinator.config.grace_s if grace is None else grace).wait()
         self.coordinator.stop()
 

@@ -92,8 +92,10 @@ class FakeAgent:
         self.commands: queue.Queue = queue.Queue()
         self.events.put(pb.AgentEvent(hello=pb.Hello(agent_id=self.agent_id, session_token=self.token)))
         self.call = running.agents.Session(self._drain())
+        self.connected = threading.Event()  # the coordinator pings as soon as the session is live
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        assert self.connected.wait(20), f"{node}: no session"
 
     def _drain(self) -> Iterator[pb.AgentEvent]:
         while (event := self.events.get()) is not None:
@@ -103,6 +105,7 @@ class FakeAgent:
         try:
             for command in self.call:
                 if command.HasField("ping"):
+                    self.connected.set()
                     self.events.put(pb.AgentEvent(pong=pb.Pong(
                         ping_id=command.ping.ping_id, coordinator_time_ns=command.ping.coordinator_time_ns,
                         agent_time_ns=time.time_ns() + self.skew)))

@@ -158,3 +158,7 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
             client.start(labels={"pool": "b"}, duration_s=1.0, backend="sim")
         with pytest.raises(InputError, match="no sweep 'nope'"):
             client.report("nope")
+        coordinator.agents.Register(pb.RegisterRequest(node="gpu-1", backends=["nsys", "sim"]), timeout=10)
+        with pytest.raises(InputError, match="node gpu-1 offers capture backends nsys, sim, not 'torch'"):
+            client.start(nodes=["gpu-1"], duration_s=1.0, backend="torch")
+        assert client.sweeps() == []
