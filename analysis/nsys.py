@@ -236,19 +236,22 @@ def _kernels(export: _Export) -> pd.DataFrame:
     name_column = next((c for c in ("shortName", "demangledName", "mangledName") if c in columns), None)
     if name_column is None or "globalPid" not in columns:
         raise ExportError(f"{table} lacks kernel names or globalPid", path=export.path)
-    frame = export.frame(
-        f"""SELECT k.start AS start, k."end" AS "end", (k.globalPid >> 24) & 16777215 AS pid,
-                   k.deviceId AS device, k.correlationId AS correlation, k.{name_column} AS name_id, s.value AS name
-            FROM {table} AS k LEFT JOIN StringIds AS s ON s.id = k.{name_column}
-            ORDER BY k.start"""
-    )
-    if frame.empty:
+    # Integers only per row (names resolved once per distinct id): the bulk of an export.
+    rows = export.db.execute(
+        f"""SELECT start, "end", (globalPid >> 24) & 16777215, deviceId, COALESCE(correlationId, -1),
+                   COALESCE({name_column}, -1) FROM {table}"""
+    ).fetchall()
+    if not rows:
         raise ExportError("export has no CUDA kernels", path=export.path)
-    frame["name"] = frame["name"].fillna("<unnamed>")
-    for column in ("start", "end", "pid", "device"):
-        frame[column] = frame[column].astype(np.int64)
-    codes, names = pd.factorize(frame["name"])  # classify each distinct name once
-    frame["is_comm"] = ops.is_comm_kernel(pd.Series(names))[codes]
+    data = np.array(rows, dtype=np.int64)
+    strings = dict(export.db.execute(f"SELECT id, value FROM StringIds WHERE id IN (SELECT DISTINCT {name_column} FROM {table})"))
+    distinct, codes = np.unique(data[:, 5], return_inverse=True)
+    labels = np.array([strings.get(i) or "<unnamed>" for i in distinct.tolist()], dtype=object)
+    frame = pd.DataFrame({
+        "start": data[:, 0], "end": data[:, 1], "pid": data[:, 2], "device": data[:, 3],
+        "correlation": data[:, 4], "name_id": data[:, 5], "name": labels[codes],
+    })
+    frame["is_comm"] = ops.is_comm_kernel(pd.Series(labels))[codes]  # each distinct name once
     export.kernel_name_column = name_column
     return frame
 
