@@ -420,9 +420,12 @@ def _link(export: _Export, comm: pd.DataFrame, launches: pd.DataFrame, nccl: pd.
     matched = matched[matched["call_group"].notna() & (matched["end"] >= matched["launch_ns"])]
     served = matched[["kernel", "call_group"]].astype(np.int64).merge(calls, on="call_group")
     per_kernel = _summarise_calls(served)
-    out = kernels.merge(per_kernel, on="kernel", how="left") if len(per_kernel) else kernels.assign(
-        **{column: pd.Series(pd.NA, index=kernels.index, dtype="object") for column in per_kernel.columns if column != "kernel"}
-    )
+    out = kernels
+    at = per_kernel["kernel"].to_numpy(np.int64)  # kernel = row position in `kernels`
+    for column in per_kernel.columns.drop("kernel"):
+        values = pd.Series(pd.NA, index=kernels.index, dtype=object)
+        values.iloc[at] = per_kernel[column].to_numpy(dtype=object)
+        out[column] = values
     unlinked = out["op"].isna()
     if unlinked.any():
         export.warn(
