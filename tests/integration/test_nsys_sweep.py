@@ -1,0 +1,240 @@
+"""Whole sweeps with the nsys backend: real coordinator and agents on loopback, each rank a
+real `rankscope rank` process under the nsys stand-in, each node with its own stand-in DCGM
+host engine (fake bindings on one node, `dcgmi` on the other). Issue 4's "what it must show".
+
+Each simulated node has its own nsys state folder, spool and DCGM engine, as separate
+machines would. Every process is killed in teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standins"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_sweep: the cluster harness
+import standin_dcgm  # noqa: E402
+import standin_nsys  # noqa: E402
+from test_sweep import START_S, Cluster, states, wait_for  # noqa: E402
+
+from rankscope.agent.spool import local_ranks  # noqa: E402
+from rankscope.analysis import simulate  # noqa: E402
+from rankscope.proto.v1 import rankscope_pb2 as pb  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+GPUS = 2
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+class NsysCluster(Cluster):
+    """Nodes whose ranks run under `rankscope rank` with the nsys stand-in."""
+
+    def __init__(self, tmp_path: Path, nodes: int) -> None:
+        super().__init__(tmp_path)
+        spec = simulate.JobSpec(nodes=nodes, gpus_per_node=GPUS, tp=2, steps=4, job_id="j4", seed=11)
+        self.spec = simulate.write_truth(spec, tmp_path / "truth.json")
+        self.agent_args: dict[str, list[str]] = {}
+
+    def nsys_state(self, name: str) -> Path:
+        return self.tmp / f"nsys-{name}"
+
+    def spool(self, name: str) -> Path:
+        return self.tmp / f"spool-{name}"
+
+    def engine(self, name: str) -> Path:
+        return self.tmp / f"dcgm-{name}.json"
+
+    def node_env(self, name: str) -> dict[str, str]:
+        env = standin_nsys.env(self.nsys_state(name), self.spec, base=self.env)
+        return {**env, "RANKSCOPE_STANDIN_DCGM_STATE": str(self.engine(name))}
+
+    def node(self, name: str, index: int, *, dcgm: str = "bindings", agent_env: dict[str, str] | None = None,
+             **engine: object) -> None:
+        """The node's DCGM engine, its ranks under `rankscope rank`, then its agent."""
+        standin_dcgm.configure(self.engine(name), **engine)
+        for local in range(GPUS):
+            rank = index * GPUS + local
+            env = {**self.node_env(name), "RANK": str(rank), "LOCAL_RANK": str(local),
+                   "WORLD_SIZE": str(GPUS * 2), "SLURM_JOB_ID": "4"}
+            self.spawn(f"{name}-rank{rank}", "rank", "--spool", str(self.spool(name)), "--", *SLEEPER, env=env)
+        wait_for(f"{name}'s ranks to announce", lambda: len(local_ranks(self.spool(name))) == GPUS, START_S)
+        dcgm_args = {"bindings": ["--dcgm", "bindings", "--dcgm-bindings", str(standin_dcgm.BINDINGS)],
+                     "dcgmi": ["--dcgm", "dcgmi"], "none": ["--dcgm", "none"]}[dcgm]
+        self.agent_args[name] = [
+            "agent", "--coordinator", f"127.0.0.1:{self.port}", "--name", name, "--backend", "nsys",
+            "--spool", str(self.spool(name)), "--work-dir", str(self.work_dir(name)), "--max-backoff", "1",
+            *dcgm_args]
+        self.start_agent(name, agent_env)
+
+    def start_agent(self, name: str, agent_env: dict[str, str] | None = None) -> None:
+        self.spawn(name, *self.agent_args[name], env={**self.node_env(name), **(agent_env or {})})
+
+    def capture(self, nodes: list[str], *, duration_s: float, timeout_s: float = 120) -> str:
+        request = pb.StartSweepRequest(targets=pb.Targets(nodes=nodes), duration_s=duration_s, backend="nsys",
+                                       timeout_s=timeout_s)
+
+        def started() -> str:
+            for name in nodes:
+                self._check_alive(name)
+            try:
+                return self.sweeps.StartSweep(request, timeout=10).sweep_id
+            except grpc.RpcError as exc:
+                if exc.code() is grpc.StatusCode.NOT_FOUND:
+                    return ""
+                raise
+
+        return wait_for(f"{nodes} to register", started, START_S, every=0.3)
+
+    def paused(self, name: str) -> bool:
+        return standin_dcgm.read(self.engine(name))["paused"]
+
+    def dcgm_calls(self, name: str) -> list[dict]:
+        return [c for c in standin_dcgm.calls(self.engine(name)) if c["code"] == 0]
+
+    def nsys_calls(self, name: str, command: str | None = None) -> list[dict]:
+        log = self.nsys_state(name) / "calls.jsonl"
+        calls = [json.loads(line) for line in log.read_text().splitlines()]
+        return [c for c in calls if command is None or c["argv"][0] == command]
+
+    def report_json(self, sweep_id: str) -> dict:
+        return json.loads(self.sweeps.GetReport(pb.GetReportRequest(sweep_id=sweep_id), timeout=10).report_json)
+
+
+@pytest.fixture()
+def make_cluster(tmp_path: Path):
+    made = []
+
+    def make(nodes: int) -> NsysCluster:
+        made.append(NsysCluster(tmp_path, nodes))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def capture_folder(cluster: NsysCluster, name: str, sweep_id: str) -> Path:
+    return cluster.work_dir(name) / "captures" / sweep_id
+
+
+def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
+    cluster = make_cluster(2)
+    cluster.coordinator()
+    cluster.node("n0", 0, dcgm="bindings")
+    cluster.node("n1", 1, dcgm="dcgmi")
+    sweep_id = cluster.capture(["n0", "n1"], duration_s=0.5)
+    sweep = cluster.wait_final(sweep_id, 150)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep), [n.reason for n in sweep.nodes])
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+    report = cluster.report_json(sweep_id)
+    for index, name in enumerate(["n0", "n1"]):
+        ranks = local_ranks(cluster.spool(name))
+        assert [r.rank for r in ranks] == [index * GPUS, index * GPUS + 1]
+        folder = capture_folder(cluster, name, sweep_id)
+        base = [f"{folder}/{sweep_id}_{r.host}_rank{r.rank}" for r in ranks]
+        # Each rank's session: launched by its wrapper, then started, stopped and exported by the agent.
+        assert sorted(c["argv"] for c in cluster.nsys_calls(name, "launch")) == sorted(
+            ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary", *SLEEPER]
+            for r in ranks)
+        agent_calls = [c for c in cluster.nsys_calls(name) if c["argv"][0] in ("start", "stop", "export")]
+        assert [c["argv"] for c in agent_calls] == [
+            ["start", f"--session={ranks[0].session}", f"--output={base[0]}", "--force-overwrite=true",
+             "--gpu-metrics-devices=all"],
+            ["start", f"--session={ranks[1].session}", f"--output={base[1]}", "--force-overwrite=true"],
+            ["stop", f"--session={ranks[0].session}"],
+            ["stop", f"--session={ranks[1].session}"],
+            *(["export", "--type=sqlite", f"--output={b}.sqlite", "--force-overwrite=true", "--include-blobs=true",
+               f"{b}.nsys-rep"] for b in base),
+        ]
+        # DCGM paused before the first start, resumed after the last stop, exactly once each.
+        dcgm_calls = cluster.dcgm_calls(name)
+        assert [c["op"] for c in dcgm_calls] == ["pause", "resume"]
+        assert dcgm_calls[0]["via"] == ("bindings" if name == "n0" else "dcgmi")
+        assert dcgm_calls[0]["t"] < agent_calls[0]["t"] and dcgm_calls[1]["t"] > agent_calls[3]["t"]
+        assert not cluster.paused(name)
+        assert report["sweep"]["nodes"][name]["dcgm"] == "resumed"
+        # The node keeps nothing it uploaded.
+        assert not list(folder.glob("*.sqlite")) and not list(folder.glob("*.nsys-rep"))
+    assert {n.dcgm for n in sweep.nodes} == {pb.DCGM_OUTCOME_RESUMED}
+
+
+def test_not_supported_and_no_dcgm_let_the_capture_proceed_and_the_report_says_which(make_cluster) -> None:
+    cluster = make_cluster(2)
+    cluster.coordinator()
+    cluster.node("n0", 0, dcgm="bindings", gpm=True)  # Hopper: DCGM_ST_NOT_SUPPORTED
+    cluster.node("n1", 1, dcgm="none")
+    sweep_id = cluster.capture(["n0", "n1"], duration_s=0.3)
+    sweep = cluster.wait_final(sweep_id, 150)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep), [n.reason for n in sweep.nodes])
+    assert {n.node: n.dcgm for n in sweep.nodes} == {"n0": pb.DCGM_OUTCOME_NOT_SUPPORTED,
+                                                     "n1": pb.DCGM_OUTCOME_NOT_PRESENT}
+    nodes = cluster.report_json(sweep_id)["sweep"]["nodes"]
+    assert (nodes["n0"]["dcgm"], nodes["n1"]["dcgm"]) == ("not_supported", "not_present")
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+    assert standin_dcgm.calls(cluster.engine("n0"))[0]["code"] == -6 and not cluster.paused("n0")
+
+
+def test_nsys_missing_or_an_export_failing_fails_that_node_with_the_reason(make_cluster) -> None:
+    cluster = make_cluster(3)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    standin_nsys.fail(cluster.nsys_state("n0"), "export", "No space left on device")
+    cluster.node("n1", 1, agent_env={"RANKSCOPE_NSYS": str(cluster.tmp / "no" / "nsys")})
+    cluster.node("n2", 2)
+    sweep_id = cluster.capture(["n0", "n1", "n2"], duration_s=0.3)
+    sweep = cluster.wait_final(sweep_id, 150)
+    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
+    nodes = {n.node: n for n in sweep.nodes}
+    assert nodes["n0"].state == pb.NODE_STATE_FAILED and "No space left on device" in nodes["n0"].reason
+    assert "nsys export" in nodes["n0"].reason
+    assert nodes["n1"].state == pb.NODE_STATE_FAILED and "nsys not found" in nodes["n1"].reason
+    assert nodes["n2"].state == pb.NODE_STATE_ANALYSED
+    assert sorted(sweep.missing) == ["n0", "n1"]
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [4, 5]
+    for name in ("n0", "n1", "n2"):  # every node's DCGM is back, failed or not
+        wait_for(f"{name}'s DCGM to resume", lambda: not cluster.paused(name), 30)
+
+
+def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -> None:
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=30)
+    wait_for("n0 to capture", lambda: cluster.node_state(sweep_id, "n0") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    assert cluster.paused("n0")
+    cluster.kill("n0")
+    time.sleep(1.0)
+    assert cluster.paused("n0")  # DCGM never resumes by itself
+    restarted = time.time()
+    cluster.start_agent("n0")
+    wait_for("the restarted agent to resume DCGM", lambda: not cluster.paused("n0"), START_S, 0.05)
+    resumed = [c for c in cluster.dcgm_calls("n0") if c["op"] == "resume"]
+    assert len(resumed) == 1
+    assert resumed[0]["t"] - restarted < 5, "DCGM resumed more than 5 s after the agent restarted"
+    # The collection the dead agent left open does not block the next capture.
+    first = cluster.wait_final(sweep_id, 60)
+    assert first.state in (pb.SWEEP_STATE_FAILED, pb.SWEEP_STATE_PARTIAL), states(first)
+    again = cluster.wait_final(cluster.capture(["n0"], duration_s=0.3), 120)
+    assert again.state == pb.SWEEP_STATE_ANALYSED, (again.error, states(again), [n.reason for n in again.nodes])
+    assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume", "pause", "resume"]
+
+
+def test_dcgm_is_resumed_with_the_coordinator_unreachable(make_cluster) -> None:
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    sweep_id = cluster.capture(["n0"], duration_s=3)
+    wait_for("n0 to capture", lambda: cluster.node_state(sweep_id, "n0") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    assert cluster.paused("n0")
+    cluster.kill("coordinator")
+    wait_for("n0 to resume DCGM on its own", lambda: not cluster.paused("n0"), 60)
+    assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume"]
+    assert os.path.exists(cluster.work_dir("n0") / "dcgm-journal.json")
+    assert json.loads((cluster.work_dir("n0") / "dcgm-journal.json").read_text())["leases"] == {}
