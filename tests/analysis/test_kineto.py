@@ -1,0 +1,269 @@
+"""Kineto ingest against every real trace in ../shared/samples/kineto, plus the cases
+those traces cannot show (ns timestamps, key order, the torch hook's Flight Recorder)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.analysis import digest
+from rankscope.analysis.kineto import read_kineto
+from rankscope.errors import ExportError
+
+GLOO = "kineto/gloo_cpu_torch2.13"
+HTA = "kineto/hta"
+
+
+def _read(path: Path, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return read_kineto(path, **kwargs)
+
+
+def _row(table) -> dict:
+    assert table.num_rows == 1
+    return table.to_pylist()[0]
+
+
+def _collectives(table):
+    return digest.explode(table, "collectives")
+
+
+# ------------------------------------------------------------------ every real sample
+
+
+@pytest.mark.parametrize(
+    "name, rank, world, ops, comms",
+    [
+        (f"{GLOO}/rank0.json", 0, 2, {"allreduce", "broadcast", "allgather", "barrier", "alltoall", "send"}, {"0", "0/p2p"}),
+        (f"{GLOO}/rank1.json", 1, 2, {"allreduce", "broadcast", "allgather", "barrier", "alltoall", "recv"}, {"0", "0/p2p"}),
+        (f"{GLOO}/rc_rank0.json", 0, 2, {"allreduce"}, {"unresolved-pg:allreduce"}),
+        (f"{HTA}/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 34, 300, {"allreduce"},
+         {"unresolved-pg:allreduce"}),
+        (f"{HTA}/nccl_parser_config/nccl_data.json.gz", 0, 2, {"allreduce", "broadcast"}, {"0"}),
+        (f"{HTA}/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 0, 1, set(), set()),
+        (f"{HTA}/df_index_resolver/df_index_resolver.json.gz", 1, 2, {"allreduce"}, None),
+        (f"{HTA}/negative_queue_length_values_check/rank0.json.gz", 0, 16, None, None),
+        (f"{HTA}/trace_diff/control/control.json.gz", 3, 8, {"allreduce"}, None),
+        (f"{HTA}/trace_diff/test/test.json.gz", 1, 2, {"allreduce"}, None),
+        (f"{HTA}/trace_filter/sampled_rank-0.json.gz", 0, 128, {"allreduce", "alltoall", "allgather"}, None),
+    ],
+)
+def test_every_sample_ingests(samples, name, rank, world, ops, comms):
+    table = _read(samples / name)
+    row = _row(table)
+    assert (row["rank"], row["world_size"], row["rank_source"]) == (rank, world, "distributedInfo.rank")
+    assert row["source_format"] == "kineto-json"
+    # Epoch ns on the rank's clock: 2022..2027, int64, never through float.
+    assert 1.6e18 < row["window_start_ns"] < row["window_end_ns"] < 1.9e18
+    assert row["gpu_busy_ns"] > 0
+    assert row["compute_only_ns"] + row["comm_only_ns"] + row["overlap_ns"] == row["gpu_busy_ns"]
+    coll = _collectives(table)
+    if ops is not None:
+        assert set(coll["op"]) == ops
+    if comms is not None:
+        assert set(coll["comm_id"]) == comms
+    if len(coll):
+        assert (coll["end_ns"] >= coll["start_ns"]).all()
+        assert (coll["start_ns"] >= row["window_start_ns"]).all()
+        # (comm_id, seq) is an identity: unique within the rank.
+        assert not coll.duplicated(["comm_id", "seq"]).any()
+
+
+@pytest.mark.parametrize(
+    "name, what",
+    [
+        (f"{HTA}/distributed_info_unavailable/distributed_info_not_found.json.gz", "no distributedInfo"),
+        (f"{HTA}/rank_unavailable/rank_not_found.json.gz", "distributedInfo has no rank"),
+    ],
+)
+def test_missing_rank_is_a_clear_error_naming_the_file_then_file_name_fallback(samples, tmp_path, name, what):
+    source = samples / name
+    with pytest.raises(ExportError) as err:
+        _read(source)
+    assert str(source) in str(err.value) and what in str(err.value)
+    # Named like the profiler's own output, the file gives the rank, with a warning.
+    renamed = tmp_path / "rank-7.Apr_03.pt.trace.json.gz"
+    shutil.copy(source, renamed)
+    with pytest.warns(UserWarning, match="taken from the file name"):
+        row = _row(read_kineto(renamed))
+    assert (row["rank"], row["rank_source"]) == (7, "filename")
+    # An explicit pattern wins over distributedInfo.
+    row = _row(_read(samples / f"{GLOO}/rank1.json", rank_from=r"rank(\d)"))
+    assert (row["rank"], row["rank_source"]) == (1, "filename")
+
+
+def test_gloo_pair_matches_instance_by_instance(samples):
+    """torch 2.13 gloo: worker op = arrival; both ranks see the same ops in the same order
+    per process group, and every instance ends within a few ms on the shared clock."""
+    a, b = (_collectives(_read(samples / f"{GLOO}/rank{r}.json")) for r in (0, 1))
+    both = a.merge(b, on=["comm_id", "seq"], suffixes=("_0", "_1"))
+    assert len(both) == len(a) == len(b) == 14
+    n_to_n = both[both["comm_id"] == "0"]
+    assert (n_to_n["op_0"] == n_to_n["op_1"]).all()
+    assert (n_to_n["bytes_0"].fillna(-1) == n_to_n["bytes_1"].fillna(-1)).all()
+    assert set(both.loc[both["comm_id"] == "0/p2p", "op_0"]) == {"send"}
+    assert set(both.loc[both["comm_id"] == "0/p2p", "op_1"]) == {"recv"}
+    assert (abs(n_to_n["end_ns_0"] - n_to_n["end_ns_1"]) < 5_000_000).all()
+    # Worker start is later than the enqueue on the main thread.
+    assert (a["start_ns"] >= a["cpu_call_ns"]).all()
+    assert set(a["step"]) == {1, 2}
+
+
+def test_nccl_args_give_bytes_pg_and_exclude_wait(samples):
+    table = _read(samples / f"{HTA}/nccl_parser_config/nccl_data.json.gz")
+    coll = _collectives(table)
+    assert len(coll) == 21  # 15 allreduce + 6 broadcast; the 6 `wait` records are not collectives
+    assert (coll["bytes"] % 4 == 0).all() and coll["bytes"].min() > 0  # In msg nelems x Float
+    assert list(coll["seq"]) == list(range(1, 22)) and set(coll["seq_source"]) == {"ordinal"}
+    comms = digest.explode(table, "communicators")
+    assert comms.loc[0, "comm_id"] == "0" and list(comms.loc[0, "ranks"]) == [0, 1]
+    kernels = digest.explode(table, "kernels")
+    assert kernels.loc[kernels["name"].str.startswith("ncclKernel_"), "is_comm"].all()
+
+
+def test_sampled_pair_is_numbered_per_group_not_by_global_index(samples):
+    """The trace_filter pair (ranks 0 and 1 of one job) issues collectives in a different
+    global order on each rank. Numbering per group (here: stream and op, the trace names
+    no PG) pairs the instances that really are one collective: they end within 0.5 ms
+    of each other, where global-index pairing is off by up to 164 ms. The pair was
+    *sampled* (events filtered out), so the allreduce and alltoall groups lost different
+    instances on each rank; those ordinals cannot pair and carry different sizes, which
+    the matcher's op/size check has to reject."""
+    r0, r1 = (_collectives(_read(samples / f"{HTA}/trace_filter/sampled_rank-{r}.json.gz")) for r in (0, 1))
+    global_index = np.abs(r0.sort_values("cpu_call_ns")["end_ns"].to_numpy()
+                          - r1.sort_values("cpu_call_ns")["end_ns"].to_numpy())
+    assert global_index.max() > 100_000_000
+    both = r0.merge(r1, on=["comm_id", "seq"], suffixes=("_0", "_1"))
+    assert (both["op_0"] == both["op_1"]).all()
+    gather = both[both["op_0"] == "allgather"]
+    assert len(gather) == 2
+    assert (gather["bytes_0"] == gather["bytes_1"]).all()
+    assert (abs(gather["end_ns_0"] - gather["end_ns_1"]) < 500_000).all()
+    same_size = both[(both["op_0"] == "allreduce") & (both["bytes_0"] == both["bytes_1"])]
+    assert len(same_size) == 2
+    assert (abs(same_size["end_ns_0"] - same_size["end_ns_1"]) < 500_000).all()
+
+
+# ------------------------------------------------------------------ timestamps and parsing
+
+
+def _trace(events, **top) -> dict:
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 3, "world_size": 4}, **top,
+            "traceEvents": events}
+
+
+def _event(name, ts, dur, *, cat="cpu_op", tid=1, args=None) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur, "args": args or {}}
+
+
+def _gloo_events(ts_call: str, ts_work: str) -> list:
+    return [
+        _event("c10d::allreduce_", ts_call, "5.5", tid=1),
+        _event("gloo:all_reduce", ts_work, "1000.25", cat="user_annotation", tid=2,
+               args={"Input Dims": [[1024]], "Input type": ["float"]}),
+        _event("aten::mm", "100.0", "50.000", tid=1),
+    ]
+
+
+def _write(path: Path, data: dict, *, compact=False, gz=False) -> Path:
+    # ts as raw decimal text, exactly as a profiler writes it (no float round trip).
+    text = json.dumps(data, separators=(",", ":") if compact else (", ", ": "))
+    text = text.replace('"ts": "', '"ts": ').replace('"ts":"', '"ts":')
+    text = text.replace('"dur": "', '"dur": ').replace('"dur":"', '"dur":')
+    for field in ("ts", "dur"):
+        import re
+
+        text = re.sub(rf'("{field}":\s?)(-?[\d.]+)"', r"\1\2", text)
+    raw = text.encode()
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return path
+
+
+def test_absolute_microseconds_keep_nanoseconds(tmp_path):
+    """1712195495520871.123 µs has 19 significant digits: float64 would lose the ns."""
+    path = _write(tmp_path / "abs.json", _trace(_gloo_events("1712195495520871.123", "1712195495520880.0005")))
+    coll = _collectives(_read(path))
+    assert coll.loc[0, "cpu_call_ns"] == 1712195495520871123
+    assert coll.loc[0, "start_ns"] == 1712195495520880001  # 0.5 ns rounds half up
+    assert coll.loc[0, "end_ns"] == 1712195495520880001 + 1000250
+    assert float(1712195495520871.123) * 1000 != 1712195495520871123  # the trap this avoids
+
+
+def test_relative_microseconds_with_base_and_gzip(tmp_path):
+    base = 1790857026000000000
+    data = _trace(_gloo_events("5089065858023.077", "5089065858128.380"), baseTimeNanoseconds=base)
+    coll = _collectives(_read(_write(tmp_path / "rel.json.gz", data, gz=True)))
+    assert coll.loc[0, "cpu_call_ns"] == base + 5089065858023077
+    assert coll.loc[0, "start_ns"] == base + 5089065858128380
+
+
+@pytest.mark.parametrize("layout", ["compact", "reordered"])
+def test_other_layouts_give_the_same_digest(samples, tmp_path, layout):
+    """The fast path reads Kineto's own key order; compact re-serialisations take it too,
+    other key orders fall back to the full parser. All give the same digest."""
+    source = samples / f"{GLOO}/rank0.json"
+    data = json.loads(source.read_text(), parse_float=str)
+    if layout == "reordered":
+        data["traceEvents"] = [dict(reversed(list(e.items()))) for e in data["traceEvents"]]
+    path = _write(tmp_path / "rank0.json", data, compact=layout == "compact")
+    expected, got = _read(source), _read(path)
+    for column in ("collectives", "kernels", "steps", "communicators", "gpu_busy_ns", "window_start_ns"):
+        assert got.column(column).to_pylist() == expected.column(column).to_pylist(), column
+
+
+def test_not_a_trace_is_an_export_error(tmp_path):
+    bad = tmp_path / "rank0.json"
+    bad.write_text("{not json")
+    with pytest.raises(ExportError, match="rank0.json"):
+        read_kineto(bad)
+    bad.write_text('{"traceEvents": []}')
+    with pytest.raises(ExportError, match="no complete"):
+        _read(bad)
+
+
+def test_flight_recorder_from_the_hook_gives_pg_and_seq(tmp_path):
+    """The torch hook adds the Flight Recorder's (PG, seq) created inside each c10d call."""
+    base = 1790857026000000000
+    events = []
+    rows = []
+    for i in range(3):
+        t = 1000.0 + i * 100
+        events.append(_event("c10d::allreduce_", f"{t:.3f}", "20.000", tid=1))
+        events.append(_event("gloo:all_reduce", f"{t + 30:.3f}", "40.000", cat="user_annotation", tid=2))
+        rows.append(["tp", 41 + i, "gloo:all_reduce", base + int(t * 1000) + 10_000, False, 4096])
+    hook = {"rank": 3, "host": "node-a", "job_id": "j1", "flight_recorder": {
+        "columns": ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes"], "rows": rows}}
+    data = _trace(events, baseTimeNanoseconds=base, rankscope=hook)
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}, {"pg_name": "tp", "ranks": [2, 3]}]
+    table = _read(_write(tmp_path / "t.json", data))
+    coll = _collectives(table)
+    assert list(coll["comm_id"]) == ["tp"] * 3
+    assert list(coll["seq"]) == [41, 42, 43] and set(coll["seq_source"]) == {"trace"}
+    assert set(coll["bytes"]) == {4096}
+    row = _row(table)
+    assert (row["host"], row["job_id"]) == ("node-a", "j1")
+    comms = digest.explode(table, "communicators")
+    assert list(comms.loc[0, "ranks"]) == [2, 3]
+
+
+# ------------------------------------------------------------------ simulator output
+
+
+def test_simulated_kineto_job_ingests_and_names_its_straggler(tmp_path):
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.simulate import JobSpec, Straggler, simulate, truth
+
+    spec = JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=4, stragglers=[Straggler(rank=3, extra_ns=3_000_000)])
+    paths = simulate(spec, tmp_path, fmt="kineto")
+    table = digest.concat([_read(p) for p in paths])
+    assert sorted(table.column("rank").to_pylist()) == [0, 1, 2, 3]
+    coll = _collectives(table)
+    assert set(coll["seq_source"]) == {"trace"}  # the simulator writes Seq as torch 2026 does
+    assert analyze(table).stragglers == truth(spec)["stragglers"] == [3]
