@@ -47,6 +47,7 @@ def job(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-rank", type=int, default=-1, help="this rank computes longer (-1: none)")
     parser.add_argument("--extra-ms", type=float, default=30.0, help="the slow rank's extra compute per step")
     parser.add_argument("--max-seconds", type=float, default=300.0, help="end anyway after this long")
+    parser.add_argument("--ready-dir", type=Path, default=None, help="touch <dir>/<rank> once collectives run")
     args = parser.parse_args(argv)
 
     import torch
@@ -60,6 +61,10 @@ def job(argv: list[str] | None = None) -> int:
     compute_s = args.compute_ms / 1e3 + (args.extra_ms / 1e3 if rank == args.slow_rank else 0.0)
     deadline = time.monotonic() + args.max_seconds
     stop = torch.zeros(1)
+    dist.all_reduce(stop)
+    if args.ready_dir is not None:
+        args.ready_dir.mkdir(parents=True, exist_ok=True)
+        (args.ready_dir / str(rank)).touch()
     while True:
         _busy(weights, compute_s)
         dist.all_reduce(grads)

@@ -1,0 +1,85 @@
+"""The torch backend and hook with one real Python process (no process group)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rankscope.agent.backend import CaptureRequest
+from rankscope.agent.spool import RankInfo, local_ranks
+from rankscope.agent.torch_backend import TorchBackend
+from rankscope.analysis import digest
+from rankscope.analysis.kineto import read_kineto
+from rankscope.errors import ToolError
+
+pytest.importorskip("torch")
+
+SCRIPT = """
+import sys, time, torch
+from pathlib import Path
+x = torch.randn(64, 64)
+Path(sys.argv[1]).touch()
+while not Path(sys.argv[2]).exists():
+    x = (x @ x).tanh_()
+    time.sleep(0.001)
+"""
+
+
+def test_no_torch_rank_is_a_tool_error(tmp_path):
+    nsys_rank = RankInfo(rank=0, local_rank=0, world_size=1, pid=os.getpid(), host="h", backend="nsys", session="s")
+    request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=(nsys_rank,))
+    with pytest.raises(ToolError, match="--backend torch"):
+        TorchBackend().start(request)
+
+
+def test_a_rank_that_never_answers_fails_the_start_and_says_why(tmp_path, monkeypatch):
+    from rankscope.agent import torch_backend
+
+    monkeypatch.setattr(torch_backend, "START_TIMEOUT_S", 0.3)
+    silent = RankInfo(rank=3, local_rank=0, world_size=4, pid=os.getpid(), host="h", backend="torch",
+                      session=str(tmp_path / "spool"))
+    request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=(silent,))
+    with pytest.raises(ToolError, match="rank 3: no answer"):
+        TorchBackend().start(request)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_hook_records_a_window_of_an_unchanged_script(tmp_path):
+    spool, ready, stop = tmp_path / "spool", tmp_path / "ready", tmp_path / "stop"
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", RANKSCOPE_JOB_ID="job-9")
+    proc = subprocess.Popen([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool),
+                             "--", sys.executable, str(script), str(ready), str(stop)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        ranks = tuple(local_ranks(spool))
+        assert [(r.rank, r.backend, r.session) for r in ranks] == [(0, "torch", str(spool))]
+        request = CaptureRequest(sweep_id="w1", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
+        backend = TorchBackend()
+        backend.start(request)
+        time.sleep(1.0)
+        paths = backend.stop(request)
+    finally:
+        stop.touch()
+        assert proc.wait(timeout=60) == 0
+    assert [p.parent for p in paths] == [tmp_path / "work" / "exports"]
+    assert not local_ranks(spool)  # withdrawn when the rank ended
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = read_kineto(paths[0]).to_pylist()[0]
+    # No process group: identity comes from the hook's metadata, not distributedInfo.
+    assert (row["rank"], row["rank_source"], row["job_id"]) == (0, "rankscope hook", "job-9")
+    kernels = {k["name"] for k in row["kernels"]}
+    assert "aten::matmul" in kernels or "aten::mm" in kernels
+    assert row["window_end_ns"] - row["window_start_ns"] >= 500_000_000
