@@ -40,6 +40,7 @@ class NsysCluster(Cluster):
         super().__init__(tmp_path)
         spec = simulate.JobSpec(nodes=nodes, gpus_per_node=GPUS, tp=2, steps=4, job_id="j4", seed=11)
         self.spec = simulate.write_truth(spec, tmp_path / "truth.json")
+        self.world = nodes * GPUS
         self.agent_args: dict[str, list[str]] = {}
 
     def nsys_state(self, name: str) -> Path:
@@ -62,9 +63,14 @@ class NsysCluster(Cluster):
         for local in range(GPUS):
             rank = index * GPUS + local
             env = {**self.node_env(name), "RANK": str(rank), "LOCAL_RANK": str(local),
-                   "WORLD_SIZE": str(GPUS * 2), "SLURM_JOB_ID": "4"}
+                   "WORLD_SIZE": str(self.world), "SLURM_JOB_ID": "4"}
             self.spawn(f"{name}-rank{rank}", "rank", "--spool", str(self.spool(name)), "--", *SLEEPER, env=env)
-        wait_for(f"{name}'s ranks to announce", lambda: len(local_ranks(self.spool(name))) == GPUS, START_S)
+        def announced() -> bool:
+            for local in range(GPUS):
+                self._check_alive(f"{name}-rank{index * GPUS + local}")
+            return len(local_ranks(self.spool(name))) == GPUS
+
+        wait_for(f"{name}'s ranks to announce", announced, START_S)
         dcgm_args = {"bindings": ["--dcgm", "bindings", "--dcgm-bindings", str(standin_dcgm.BINDINGS)],
                      "dcgmi": ["--dcgm", "dcgmi"], "none": ["--dcgm", "none"]}[dcgm]
         self.agent_args[name] = [
