@@ -204,6 +204,9 @@ class NsysBackend(CaptureBackend):
         self.export_timeout_s = export_timeout_s
         self.report_wait_s = report_wait_s
         self.on_counters_released = on_counters_released
+        # The ranks each capture started: a rank that dies mid-capture drops out of the spool,
+        # and must fail the capture rather than silently go missing from it.
+        self._started: dict[str, list[RankInfo]] = {}
 
     def start(self, request: CaptureRequest) -> None:
         exe = find_nsys(self.nsys)
@@ -220,10 +223,11 @@ class NsysBackend(CaptureBackend):
                 self._stop_quietly(exe, started)
                 raise ToolError(f"rank {info.rank}: {exc}") from None
             started.append(info)
+        self._started[request.sweep_id] = started
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         exe = find_nsys(self.nsys)
-        ranks = self._ranks(request)
+        ranks = self._started.pop(request.sweep_id, None) or self._ranks(request)
         errors: list[str] = []
         stopped: list[RankInfo] = []
         for info in ranks:  # stop them all even if one fails: no session left collecting
