@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -95,6 +96,8 @@ DIGEST_SCHEMA = pa.schema(
     ],
     metadata={b"rankscope.schema": DIGEST_VERSION.encode()},
 )
+
+_NULLABLE_INT = {t: pd.Int64Dtype() for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64())}
 
 _LIST_PARTS = {"communicators": COMMUNICATOR, "collectives": COLLECTIVE, "kernels": KERNEL, "steps": STEP}
 
@@ -183,15 +186,24 @@ def is_digest(path: str | Path) -> bool:
 
 
 def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:
-    """Flatten one list column to a long DataFrame with ``keep`` columns repeated per row."""
+    """Flatten one list column to a long DataFrame with ``keep`` columns repeated per row.
+
+    Integer columns holding nulls become pandas' nullable ``Int64``: through float64
+    epoch-ns values would lose their last digits.
+    """
     column = digests.column(part).combine_chunks()
     parents = pc.list_parent_indices(column)
     flat = pc.list_flatten(column)
-    columns = {name: pc.take(digests.column(name), parents).to_numpy(zero_copy_only=False) for name in keep}
+    columns = {name: _to_pandas(pc.take(digests.column(name), parents)) for name in keep}
     for i, field in enumerate(_LIST_PARTS[part]):
-        columns[field.name] = flat.field(i).to_numpy(zero_copy_only=False)
-    frame = pd.DataFrame(columns)
-    return frame
+        columns[field.name] = _to_pandas(flat.field(i))
+    return pd.DataFrame(columns)
+
+
+def _to_pandas(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensions.ExtensionArray:
+    if pa.types.is_integer(array.type) and array.null_count:
+        return array.to_pandas(types_mapper=_NULLABLE_INT.get).array
+    return array.to_numpy(zero_copy_only=False)
 
 
 def check_consistent(digests: pa.Table) -> None:

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 
 from rankscope import __version__
@@ -41,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    # Inferred or skipped input is worth a line, not a source-code excerpt.
+    print(f"rankscope: warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -48,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    logging.captureWarnings(True)
+    warnings.showwarning = _show_warning
     try:
         return int(args.func(args) or 0)
     except RankscopeError as exc:
