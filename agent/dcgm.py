@@ -297,12 +297,14 @@ class PauseManager:
 
     def __init__(self, control: DcgmControl, journal: Path, *,
                  clock: Callable[[], float] = time.time, resume_retries: int = 3,
-                 retry_delay_s: float = 0.5) -> None:
+                 retry_delay_s: float = 0.5, reassert_s: float = 30.0) -> None:
         self.control = control
         self.journal = Path(journal)
         self.clock = clock
         self.resume_retries = resume_retries
         self.retry_delay_s = retry_delay_s
+        self.reassert_s = reassert_s
+        self._asserted = 0.0  # when Pause was last called
         self.error = ""  # reason behind the last FAILED / NOT_SUPPORTED / NO_DCGM
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -324,6 +326,7 @@ class PauseManager:
             self.error = self.control.error
             if outcome is DcgmOutcome.PAUSED:
                 self._state.paused = True
+                self._asserted = self.clock()
             else:
                 del self._state.leases[capture_id]
             self._write()
@@ -411,8 +414,13 @@ class PauseManager:
         return outcome
 
     def _expire(self) -> None:
-        """Release leases past their expiry and retry a resume that failed earlier."""
+        """Release leases past their expiry, retry a resume that failed earlier, and re-assert
+        a held pause now and then: any client's Resume clears DCGM's one flag (dcgm.md §9.6)."""
         now = self.clock()
+        if self._state.paused and self._state.leases and now - self._asserted >= self.reassert_s:
+            self._asserted = now
+            if self.control.pause() is not DcgmOutcome.PAUSED:
+                log.warning("re-asserting the DCGM pause failed: %s", self.control.error)
         expired = [cid for cid, until in self._state.leases.items() if until <= now]
         for cid in expired:
             log.warning("DCGM pause lease of %s expired: releasing it", cid)
@@ -425,7 +433,8 @@ class PauseManager:
 
     def _next_wake(self) -> float | None:
         if self._state.leases:
-            return max(0.0, min(self._state.leases.values()) - self.clock())
+            until = min(min(self._state.leases.values()), self._asserted + self.reassert_s)
+            return max(0.0, until - self.clock())
         if self._state.paused:  # a resume failed: retry
             return self.retry_delay_s * 4
         return None

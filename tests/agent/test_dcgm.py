@@ -173,6 +173,17 @@ def test_acquire_reasserts_a_pause_someone_else_resumed(engine, tmp_path):
     assert not paused(engine)
 
 
+def test_a_held_pause_is_reasserted_after_someone_else_resumes(engine, tmp_path):
+    m = manager(tmp_path, reassert_s=0.2)
+    m.acquire("a", 60)
+    controls("dcgmi").resume()  # e.g. an operator's `dcgmi profile --resume`
+    deadline = time.monotonic() + 10
+    while not paused(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert paused(engine)
+    assert m.release("a") is DcgmOutcome.RESUMED and not paused(engine)
+
+
 def test_lease_expiry_resumes_without_anyone_releasing(engine, tmp_path):
     m = manager(tmp_path)
     assert m.acquire("lost-coordinator", lease_s=0.5) is DcgmOutcome.PAUSED
