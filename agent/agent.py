@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -314,18 +314,16 @@ class CaptureRun:
             first = self._handle(cap.Restarted())
         else:
             self._report(cap.Report(cap.State.PENDING, "capture accepted"))
-            try:
-                self.backend = load_backend(self.record["backend"])()
-                first = self._handle(cap.Begin(self._check_backend().needs_gpu_counters))
-            except RankscopeError as exc:
-                first = self._handle(cap.Failed(str(exc)))
+            failed = self._attempt("backend", self._prepare)
+            first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters))
         self._drive(first)
 
-    def _check_backend(self) -> CaptureBackend:
-        if self.record["backend"] not in self.agent.config.backends:
-            raise ConfigError(f"backend {self.record['backend']!r} is not enabled on this agent "
+    def _prepare(self) -> None:
+        name = self.record["backend"]
+        if name not in self.agent.config.backends:
+            raise ConfigError(f"backend {name!r} is not enabled on this agent "
                               f"(--backend {','.join(self.agent.config.backends)})")
-        return self.backend
+        self.backend = load_backend(name)()
 
     def _drive(self, instructions: list) -> None:
         pending = deque(instructions)
@@ -335,7 +333,7 @@ class CaptureRun:
                     pending = deque(self._handle(cap.Failed(self.cancel_reason)))
                     continue
                 instruction = pending.popleft()
-                event = self._attempt(instruction)
+                event = self._attempt(type(instruction).__name__, lambda: self._execute(instruction))
                 if event is None:
                     continue
                 if self.agent.stop.is_set() and not isinstance(event, cap.DcgmResumed):
@@ -346,14 +344,15 @@ class CaptureRun:
         except cap.TransitionError:
             log.exception("capture %s: the agent fed its capture machine an impossible event", self.sweep_id)
 
-    def _attempt(self, instruction):
+    def _attempt(self, step: str, action: Callable[[], object]):
+        """Run one step; any error becomes the Failed event that ends the node, resumed, with a reason."""
         try:
-            return self._execute(instruction)
+            return action()
         except RankscopeError as exc:
             return cap.Failed(self.cancel_reason if self.cancelled.is_set() else str(exc))
-        except Exception as exc:  # a backend bug must still end the node, resumed, with a reason
-            log.exception("capture %s: %s failed", self.sweep_id, type(instruction).__name__)
-            return cap.Failed(f"{type(instruction).__name__}: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a backend bug must not leave the node hanging
+            log.exception("capture %s: %s failed", self.sweep_id, step)
+            return cap.Failed(f"{step}: {type(exc).__name__}: {exc}")
 
     def _handle(self, event) -> list:
         instructions = self.capture.handle(event)
@@ -422,7 +421,8 @@ class CaptureRun:
             return None
         outcome = self.agent.pauses.release(self.sweep_id)
         if outcome is dcgm_mod.DcgmOutcome.SKIPPED:  # no lease left: the restart's recovery resumed it
-            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "resumed when the previous agent process ended or by its pause journal")
+            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED,
+                           "resumed when the previous agent process ended or by its pause journal")
         elif outcome is dcgm_mod.DcgmOutcome.PAUSED:
             self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "released; another capture on this node still holds the pause")
         elif outcome is dcgm_mod.DcgmOutcome.FAILED:

@@ -148,7 +148,7 @@ class Capture:
     state: State = State.PENDING
     dcgm_mode: str = ""
     dcgm_resumed: bool = False
-    window_open: bool = False  # the backend started recording and has not been stopped
+    window_open: bool = False  # the backend may be recording: asked to start, not yet stopped
     exports: list[str] = field(default_factory=list)
     artifacts: list[str] = field(default_factory=list)
     reason: str = ""
@@ -187,10 +187,10 @@ class Capture:
 
     def _paused(self, event: DcgmPaused) -> list[Instruction]:
         self.dcgm_mode = event.mode
+        self.window_open = True  # from the moment we ask: a crash inside start may leave ranks recording
         return [*self._enter(State.CAPTURING, f"dcgm {event.mode}{': ' + event.detail if event.detail else ''}"), StartCapture()]
 
     def _capture_started(self, event: CaptureStarted) -> list[Instruction]:
-        self.window_open = True
         return [StopCapture()]
 
     def _capture_stopped(self, event: CaptureStopped) -> list[Instruction]:
