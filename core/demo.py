@@ -14,9 +14,18 @@ appears (agreed by all ranks through a tiny all_reduce, so none is left waiting)
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+
+from rankscope.errors import InputError, RankscopeError, ToolError
 
 GRAD_ELEMENTS = 1 << 16  # 256 KiB of float32 gradients per step
 
@@ -28,15 +37,193 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp folder)")
     parser.add_argument("--ranks-per-node", type=int, default=4, help="ranks on each of the two nodes (default 4)")
-    parser.add_argument("--slow-rank", type=int, default=None, help="the rank given extra compute (default: 5)")
+    parser.add_argument("--slow-rank", type=int, default=None,
+                        help="the rank given extra compute (default: the second rank of the second node)")
     parser.add_argument("--duration", type=float, default=4.0, help="capture window in seconds (default 4)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rankscope.errors import ToolError
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rankscope-demo-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    per_node = args.ranks_per_node
+    if per_node < 1:
+        raise InputError("--ranks-per-node must be at least 1")
+    world = len(NODES) * per_node
+    slow = min(per_node + 1, world - 1) if args.slow_rank is None else args.slow_rank
+    if not 0 <= slow < world:
+        raise InputError(f"--slow-rank {slow} is not a rank of the {world}-rank job")
+    started = time.monotonic()
+    with _Processes(workdir) as procs:
+        _say(started, f"work folder {workdir}")
+        address = procs.coordinator()
+        _say(started, f"coordinator on {address} (SQLite state and artifacts in {workdir / 'coordinator'})")
+        for name in NODES:
+            procs.agent(name, address)
+        _say(started, f"agents {', '.join(NODES)} started (one per simulated node, --backend torch)")
+        procs.job(per_node, slow)
+        _say(started, f"PyTorch job: {world} ranks (gloo, {len(NODES)} nodes x {per_node}), rank {slow} computes "
+                      f"{EXTRA_MS:g} ms more per step; each rank under `rankscope rank --backend torch`")
+        procs.wait_ready(world)
+        _say(started, "job running; capturing through the coordinator")
+        reply = _sweep(address, args.duration, started, on_captured=procs.end_job)
+        procs.stop_job()
+    from rankscope.analysis.report import Report
 
-    raise ToolError("the demo's control-plane part is not wired yet")
+    report = Report.from_dict(json.loads(reply.report_json))
+    print(report.render_table())
+    verdict = (f"rankscope named rank {report.stragglers[0]} as the straggler (the demo slowed rank {slow})"
+               if report.stragglers == [slow] else
+               f"rankscope flagged {report.stragglers or 'no rank'}; the demo slowed rank {slow}")
+    print(f"\n{verdict}\nfull report: {reply.path}\ndone in {time.monotonic() - started:.0f} s")
+    return 0 if report.stragglers == [slow] else 1
+
+
+NODES = ("node-a", "node-b")
+EXTRA_MS = 30.0
+START_S = 120.0  # cold imports of torch/pyarrow/grpc in many processes on a small machine
+
+
+def _say(started: float, text: str) -> None:
+    print(f"[{time.monotonic() - started:5.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+def _sweep(address: str, duration: float, started: float, on_captured) -> object:
+    """Run one torch sweep on both nodes; ``on_captured`` once no node is capturing any more."""
+    from rankscope.coordinator.client import SweepClient, node_state_name
+    from rankscope.proto.v1 import rankscope_pb2 as pb
+
+    with SweepClient(address) as client:
+        deadline = time.monotonic() + START_S
+        while True:  # the agents may still be dialling in
+            try:
+                sweep = client.start(nodes=NODES, duration_s=duration, backend="torch")
+                break
+            except RankscopeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        _say(started, f"sweep {sweep.sweep_id}: {duration:g} s window on {', '.join(NODES)}")
+        seen: dict[str, int] = {}
+        final = None
+        windows = {pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING}
+        for event in client.watch(sweep.sweep_id):
+            final = event.sweep
+            for node in final.nodes:
+                if seen.get(node.node) != node.state:
+                    seen[node.node] = node.state
+                    _say(started, f"  {node.node}: {node_state_name(node.state)} {node.reason or node.detail}".rstrip())
+            if not any(node.state in windows for node in final.nodes):
+                on_captured()  # the job is no longer needed: its CPU goes to the digests
+        if final is None or final.state == pb.SWEEP_STATE_FAILED:
+            raise ToolError(f"sweep {sweep.sweep_id} failed: {final.error if final else 'no news'}")
+        return client.report(sweep.sweep_id)
+
+
+class _Processes:
+    """Every process the demo starts, each in its own process group, all stopped on exit."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen] = []
+        self.ranks: list[subprocess.Popen] = []
+        self.logs = workdir / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.stop_file = workdir / "stop"
+        self.ready = workdir / "ready"
+        self.stop_file.unlink(missing_ok=True)
+        shutil.rmtree(self.ready, ignore_errors=True)
+
+    def __enter__(self) -> _Processes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_job()
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.procs.append(proc)
+        return proc
+
+    def coordinator(self) -> str:
+        port_file = self.workdir / "coordinator.port"
+        port_file.unlink(missing_ok=True)
+        proc = self.spawn("coordinator", [*RANKSCOPE, "coordinator", "--listen", "127.0.0.1:0", "--data-dir",
+                                          str(self.workdir / "coordinator"), "--port-file", str(port_file)])
+        deadline = time.monotonic() + START_S
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ToolError(f"the coordinator did not start: see {self.logs / 'coordinator.log'}")
+            time.sleep(0.1)
+        return f"127.0.0.1:{int(port_file.read_text())}"
+
+    def agent(self, name: str, address: str) -> None:
+        self.spawn(f"agent-{name}", [*RANKSCOPE, "agent", "--coordinator", address, "--name", name, "--backend",
+                                     "torch", "--spool", str(self.spool(name)), "--work-dir",
+                                     str(self.workdir / f"work-{name}"), "--dcgm", "none", "--max-backoff", "1"])
+
+    def spool(self, node: str) -> Path:
+        return self.workdir / f"spool-{node}"
+
+    def job(self, per_node: int, slow: int) -> None:
+        port = _free_port()
+        world = len(NODES) * per_node
+        for index, node in enumerate(NODES):
+            for local in range(per_node):
+                rank = index * per_node + local
+                env = {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANKSCOPE_JOB_ID": "demo"}
+                self.ranks.append(self.spawn(f"rank{rank}", [
+                    *RANKSCOPE, "rank", "--backend", "torch", "--spool", str(self.spool(node)), "--",
+                    sys.executable, "-m", "rankscope.demo", "--stop-file", str(self.stop_file),
+                    "--ready-dir", str(self.ready), "--slow-rank", str(slow), "--extra-ms", str(EXTRA_MS),
+                    "--max-seconds", "600"], env))
+
+    def wait_ready(self, world: int) -> None:
+        deadline = time.monotonic() + START_S
+        while len(list(self.ready.glob("*"))) < world:
+            dead = [i for i, p in enumerate(self.ranks) if p.poll() is not None]
+            if dead:
+                raise ToolError(f"rank {dead[0]} of the demo job exited: see {self.logs / f'rank{dead[0]}.log'}")
+            if time.monotonic() > deadline:
+                raise ToolError(f"the demo job did not start within {START_S:g} s: see {self.logs}")
+            time.sleep(0.2)
+
+    def end_job(self) -> None:
+        """Ask the job to end (it agrees on the step through an all_reduce); do not wait."""
+        self.stop_file.touch()
+
+    def stop_job(self) -> None:
+        if not self.ranks:
+            return
+        self.end_job()
+        for proc in self.ranks:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.ranks = []
+
+
+RANKSCOPE = [sys.executable, "-m", "rankscope"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def job(argv: list[str] | None = None) -> int:
@@ -57,7 +244,7 @@ def job(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     grads = torch.ones(GRAD_ELEMENTS)
-    weights = torch.randn(64, 64)
+    weights = torch.randn(128, 128) / 128**0.5  # ~1 ms per matmul: a small trace
     compute_s = args.compute_ms / 1e3 + (args.extra_ms / 1e3 if rank == args.slow_rank else 0.0)
     deadline = time.monotonic() + args.max_seconds
     stop = torch.zeros(1)
