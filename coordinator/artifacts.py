@@ -13,13 +13,17 @@ nothing new on disk.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from rankscope.errors import RankscopeError, UploadRejected
 
@@ -27,6 +31,7 @@ KINDS = ("digest", "raw")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _HASH_BLOCK = 8 << 20
+_PIPELINE_DEPTH = 8  # chunks in flight per stage: bounds an upload's memory to a few MiB
 
 
 class BadUpload(UploadRejected):
@@ -220,6 +225,42 @@ class ArtifactStore:
         return not deduplicated
 
 
+class _Stage:
+    """One background step applied to a stream's chunks in order (append to disk, or hash).
+
+    The disk write and the sha256 both release the GIL, so with a stage each they run
+    alongside the receipt of the next chunk instead of after it.
+    """
+
+    def __init__(self, name: str, work: Callable[[bytes], object]) -> None:
+        self.work = work
+        self.queue: queue.Queue = queue.Queue(maxsize=_PIPELINE_DEPTH)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def put(self, data: bytes) -> None:
+        self._raise()
+        self.queue.put(data)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        self._raise()
+
+    def _run(self) -> None:
+        while (data := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.work(data)
+                except BaseException as exc:  # handed to the receiving thread
+                    self.error = exc
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RankscopeError(f"cannot store the upload ({self.error})") from self.error
+
+
 class UploadWriter:
     """Accepts one stream's chunks for an upload, strictly in offset order."""
 
@@ -227,7 +268,8 @@ class UploadWriter:
         self.store = store
         self.partial = partial
         self.wait_s = wait_s
-        self._handle = None
+        self._handle: BinaryIO | None = None
+        self._stages: list[_Stage] = []
         self._offset = 0
         self.result: UploadResult | None = None
 
@@ -244,12 +286,13 @@ class UploadWriter:
             self._finish()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
         try:
-            if self._handle is not None:
-                self._handle.flush()
-                os.fsync(self._handle.fileno())
-                self._handle.close()
+            if exc_type is None:
+                self._drain()
+            else:
+                with contextlib.suppress(RankscopeError):
+                    self._drain()  # keep what was accepted, so a retry resumes after it
         finally:
             self.store._forget_unbegun(self.partial)
             self.partial.lock.release()
@@ -277,24 +320,40 @@ class UploadWriter:
             )
         if data:
             if self._handle is None:
-                self.store._begin(self.partial)
-                self.partial.catch_up_hash()
-                self._handle = open(self.partial.part, "ab")
-            self._handle.write(data)
-            self.partial.hasher.update(data)
+                self._open()
+            for stage in self._stages:
+                stage.put(data)
             self._offset += len(data)
-            self.partial.hashed = self._offset
         if self._offset == header.size:
             self._finish()
         return self.result
 
+    def _open(self) -> None:
+        self.store._begin(self.partial)
+        self.partial.catch_up_hash()
+        self._handle = open(self.partial.part, "ab")
+        upload_id = self.partial.header.upload_id
+        self._stages = [_Stage(f"disk-{upload_id}", self._handle.write),
+                        _Stage(f"sha256-{upload_id}", self.partial.hasher.update)]
+
+    def _drain(self) -> None:
+        """Wait for the stages; make what they wrote durable."""
+        if self._handle is None:
+            return
+        handle, stages = self._handle, self._stages
+        self._handle, self._stages = None, []
+        try:
+            for stage in stages:
+                stage.close()
+            handle.flush()
+            os.fsync(handle.fileno())
+        finally:
+            handle.close()
+        self.partial.hashed = self._offset
+
     def _finish(self) -> None:
         header = self.partial.header
-        if self._handle is not None:
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
-            self._handle.close()
-            self._handle = None
+        self._drain()
         self.partial.catch_up_hash()
         actual = self.partial.hasher.hexdigest() if header.size else hashlib.sha256().hexdigest()
         if actual != header.sha256:
