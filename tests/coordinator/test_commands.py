@@ -1,0 +1,135 @@
+"""The user's commands against a live coordinator: capture --wait, its exit codes, and the server command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pyarrow.compute as pc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rankscope.analysis import digest
+from rankscope.analysis.testing import SyntheticJob, host_name, synthetic_job
+from rankscope.cli import main
+from rankscope.coordinator.commands import EXIT_PARTIAL, parse_duration
+
+
+@pytest.fixture(scope="module")
+def digests(tmp_path_factory) -> dict[str, bytes]:
+    table, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=20, stragglers={1: 400_000}))
+    out = {}
+    for node in range(2):
+        path = tmp_path_factory.mktemp("digests") / f"{host_name(node)}.parquet"
+        digest.write(table.filter(pc.equal(table.column("host"), host_name(node))), path)
+        out[host_name(node)] = path.read_bytes()
+    return out
+
+
+def answer(agent, data: bytes | None) -> threading.Thread:
+    """In the background: take the agent's StartCapture and finish it (or, with no data, stay silent)."""
+
+    def run() -> None:
+        start = agent.next_command().start
+        if data is not None:
+            agent.finish(start.sweep_id, data)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_capture_wait_shows_progress_and_prints_the_report(coordinator, wire, digests, capsys) -> None:
+    agents = [wire.FakeAgent(coordinator, name) for name in digests]
+    threads = [answer(agent, digests[agent.node]) for agent in agents]
+    code = main(["capture", "--coordinator", coordinator.address, "--all", "--duration", "1s", "--backend", "sim",
+                 "--wait"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "STRAGGLERS" in out and "rank 1 on node000" in out
+    for name in digests:
+        assert any(name in line and "dcgm_resumed" in line for line in err.splitlines())
+        assert any(name in line and "analysed" in line for line in err.splitlines())
+    report_line = [line for line in err.splitlines() if line.startswith("report: ")]
+    assert report_line and Path(report_line[0].removeprefix("report: ")).is_file()
+    for agent, thread in zip(agents, threads):
+        thread.join(10)
+        agent.close()
+
+
+def test_capture_wait_exits_partial_naming_the_missing_node(coordinator, wire, digests, capsys) -> None:
+    talking, silent = (wire.FakeAgent(coordinator, name) for name in digests)
+    threads = [answer(talking, digests[talking.node]), answer(silent, None)]
+    code = main(["capture", "--coordinator", coordinator.address, "--nodes", f"{talking.node},{silent.node}",
+                 "--duration", "1s", "--timeout", "3s", "--backend", "sim", "--wait", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_PARTIAL, err
+    assert f"missing nodes: {silent.node}" in err
+    assert f"{silent.node}" in out and '"missing": [' in out
+    for agent, thread in zip((talking, silent), threads):
+        thread.join(10)
+        agent.close()
+
+
+def test_capture_without_wait_prints_the_sweep_id(coordinator, wire, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim"]) == 0
+    sweep_id = capsys.readouterr().out.strip()
+    assert agent.next_command().start.sweep_id == sweep_id
+    agent.close()
+
+
+def test_capture_refusal_is_one_line(coordinator, capsys) -> None:
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "ghost", "--backend", "sim"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rankscope: error: coordinator at {coordinator.address}: no agent registered as ghost (known: none)"]
+
+
+def test_unreachable_coordinator_is_one_line(capsys) -> None:
+    assert main(["sweeps", "--coordinator", "127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "coordinator at 127.0.0.1:1 unreachable" in err[0]
+
+
+@pytest.mark.parametrize("text, seconds", [("20s", 20.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("7", 7.0)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0s", "-1s", "5d", "soon"])
+def test_parse_duration_refuses(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_duration(text)
+
+
+@pytest.mark.slow
+def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "coordinator", "--listen", "127.0.0.1:0", "--data-dir",
+         str(tmp_path / "data"), "--port-file", str(port_file)],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        port = int(port_file.read_text())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert (tmp_path / "data" / "state.sqlite").is_file()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert f"listening on 127.0.0.1:{port}" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
