@@ -27,7 +27,9 @@ class CoordinatorConfig:
     restart_grace_s: float = 60.0  # after a restart, agents get this long to come back
     heartbeat_interval_s: float = 10.0
     ping_interval_s: float = 5.0
-    max_workers: int = 128  # each agent holds one thread for its session stream
+    # The sync gRPC server holds one worker thread per open stream: every connected agent's
+    # session, every upload and every watching user. Size it to the fleet plus headroom.
+    max_workers: int = 256
     max_concurrent_rpcs: int = 1024
     grace_s: float = 5.0  # how long a stopping server lets RPCs finish
 

@@ -117,7 +117,7 @@ class Coordinator:
                  ranks: list[dict], versions: Mapping[str, str], backends: list[str]) -> tuple[AgentRecord, list[str]]:
         """Record the node; the same node keeps its id and token across agent restarts."""
         if not node:
-            raise UnknownAgent("registration without a node name")
+            raise InputError("registration without a node name or hostname")
         previous = self.store.agent_by_node(node)
         now = self.clock()
         agent = AgentRecord(
