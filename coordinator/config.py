@@ -28,9 +28,9 @@ class CoordinatorConfig:
     heartbeat_interval_s: float = 10.0
     ping_interval_s: float = 5.0
     # The sync gRPC server holds one worker thread per open stream: every connected agent's
-    # session, every upload and every watching user. Size it to the fleet plus headroom.
+    # session, every upload and every watching user. Size it to the fleet plus headroom; calls
+    # beyond it are refused at once (RESOURCE_EXHAUSTED) rather than queued behind sessions.
     max_workers: int = 256
-    max_concurrent_rpcs: int = 1024
     grace_s: float = 5.0  # how long a stopping server lets RPCs finish
 
     @property

@@ -359,7 +359,7 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
     coordinator = Coordinator(config, analyze=analyze)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc"),
-        maximum_concurrent_rpcs=config.max_concurrent_rpcs,
+        maximum_concurrent_rpcs=config.max_workers,
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
