@@ -150,6 +150,8 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
             if seen.get(node.node) != key:
                 seen[node.node] = key
                 extra = node.reason or node.detail
+                if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
+                    extra = f"dcgm {pb.DcgmOutcome.Name(node.dcgm).removeprefix('DCGM_OUTCOME_').lower()}"
                 print(f"  {time.monotonic() - started:6.1f}s  {node.node:<20} {node_state_name(node.state):<13}"
                       f"{'  ' + extra if extra else ''}", file=sys.stderr, flush=True)
     if sweep is None:

@@ -234,8 +234,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                     self.coordinator.pong(connection, event.pong.ping_id, event.pong.agent_time_ns)
                 elif kind == "status":
                     self._status(connection, event.status)
-                elif kind == "heartbeat":
-                    connection.agent.last_seen_ns = self.coordinator.clock()
+                # Heartbeats only keep the stream busy through proxies; pings measure the agent.
         except grpc.RpcError:
             pass  # the agent went away; its sweeps wait for it until their deadline
         except RankscopeError as exc:
