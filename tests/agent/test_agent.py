@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from rankscope.agent import commands, dcgm
 from rankscope.agent.agent import Agent, AgentConfig, load_backend, parse_labels, safe_name
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.sim_backend import SimBackend
-from rankscope.analysis import digest
+from rankscope.analysis import digest, sources
 from rankscope.errors import ConfigError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -167,9 +168,6 @@ def coordinator():
 def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, **backend) -> tuple[Agent, threading.Thread]:
     monkeypatch.setattr(agent_mod, "load_backend", lambda name: make_backend(log, **backend))
     monkeypatch.setattr(dcgm, "discover", lambda config=None: RecordingDcgm(log))
-    real_load = None
-    import rankscope.analysis.sources as sources
-
     real_load = sources.load_digests
 
     def load_digests(paths, **kw):
@@ -263,8 +261,6 @@ def test_agent_restarted_mid_upload_finishes_it(coordinator, tmp_path: Path, mon
     thread.join(10)
     record_path = tmp_path / "work" / "captures" / "s3" / "capture.json"
     # Rewind the record to "uploading" with its digest back on disk, and forget the upload.
-    import json
-
     record = json.loads(record_path.read_text())
     artifact = Path(tmp_path / "work" / "captures" / "s3" / "n0.digest.parquet")
     fake_digest(artifact, 0, "n0")
@@ -333,8 +329,6 @@ def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordin
     agent.stop.set()
     agent.session.close()
     thread.join(10)
-    import json
-
     record = json.loads((tmp_path / "work" / "captures" / "s5" / "capture.json").read_text())
     assert record["capture"]["state"] == "capturing" and record["capture"]["window_open"]
     log.calls.clear()
