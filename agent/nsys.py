@@ -122,6 +122,11 @@ def profile_command(cmd: Sequence[str], output: Path, *, trace: str = trace_flag
     return [*argv, *cmd]
 
 
+def gpu_metrics_devices_command(*, nsys: str = NSYS) -> list[str]:
+    """``nsys profile --gpu-metrics-devices=help``: lists the GPUs, and which are held."""
+    return [nsys, "profile", "--gpu-metrics-devices=help"]
+
+
 def help_command(command: str, *, nsys: str = NSYS) -> list[str]:
     return [nsys, command, "--help"]
 
@@ -173,6 +178,17 @@ def supports_nccl_trace(*, command: str = "profile", nsys: str = NSYS) -> bool:
     return "--nccl-trace" in done.stdout + done.stderr
 
 
+def gpu_metrics_held(*, nsys: str = NSYS) -> bool:
+    """Whether another tool holds the GPU counters: nsys lists such a GPU as ``Already under
+    profiling`` (dcgm.md §7), e.g. a DCGM engine that was not (or could not be) paused."""
+    try:
+        done = subprocess.run(gpu_metrics_devices_command(nsys=nsys), capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "already under profiling" in (done.stdout + done.stderr).lower()
+
+
 def session_listed(session: str, *, nsys: str = NSYS) -> bool:
     """Whether ``nsys sessions list`` shows the session (as a whole word)."""
     try:
@@ -213,6 +229,11 @@ class NsysBackend(CaptureBackend):
         ranks = self._ranks(request)
         request.workdir.mkdir(parents=True, exist_ok=True)
         gpu_metrics = request.options.get("gpu_metrics", "true").lower() != "false"
+        if gpu_metrics and any(r.local_rank == 0 for r in ranks) and gpu_metrics_held(nsys=exe):
+            # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
+            log.warning("GPU counters are held by another tool (DCGM not paused?): "
+                        "capturing without GPU metrics")
+            gpu_metrics = False
         started: list[RankInfo] = []
         for info in ranks:
             argv = start_command(info.session, report_base(request, info), nsys=exe,

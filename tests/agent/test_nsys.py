@@ -53,6 +53,7 @@ def test_stop_shutdown_sessions_export_help_commands():
         "nsys", "export", "--type=sqlite", "--output=/w/r.sqlite", "--force-overwrite=true",
         "--include-blobs=true", "/w/r.nsys-rep"]
     assert nsys.help_command("launch") == ["nsys", "launch", "--help"]
+    assert nsys.gpu_metrics_devices_command() == ["nsys", "profile", "--gpu-metrics-devices=help"]
 
 
 def test_profile_command_one_shot():
@@ -158,7 +159,7 @@ def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch
     exports = backend.stop(request)
     ranks = local_ranks(node.spool)
     work = request.workdir
-    expected = []
+    expected = [["profile", "--gpu-metrics-devices=help"]]  # counters free? (nobody holds them here)
     for r in ranks:
         expected.append(["start", f"--session={r.session}", f"--output={work}/sw1_{r.host}_rank{r.rank}",
                          "--force-overwrite=true", *(["--gpu-metrics-devices=all"] if r.local_rank == 0 else [])])
@@ -182,6 +183,25 @@ def test_gpu_metrics_can_be_turned_off(node, tmp_path, monkeypatch):
     backend.start(request)
     backend.stop(request)
     assert not any("--gpu-metrics-devices=all" in argv for argv in standin_nsys.calls(node.state))
+    assert ["profile", "--gpu-metrics-devices=help"] not in standin_nsys.calls(node.state)
+
+
+def test_gpu_metrics_are_dropped_when_an_unpaused_dcgm_holds_the_counters(node, tmp_path, monkeypatch):
+    import standin_dcgm
+
+    use_env(monkeypatch, node.env)
+    engine = tmp_path / "engine.json"
+    standin_dcgm.configure(engine)  # profiling, not paused, pre-Hopper
+    monkeypatch.setenv("RANKSCOPE_STANDIN_DCGM_STATE", str(engine))
+    assert nsys.gpu_metrics_held() is True
+    backend = nsys.NsysBackend()
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    starts = [argv for argv in standin_nsys.calls(node.state) if argv[0] == "start"]
+    assert len(starts) == 2 and not any("--gpu-metrics-devices=all" in argv for argv in starts)
+    assert len(backend.stop(request)) == 2  # the trace itself is complete
+    standin_dcgm.configure(engine, paused=True)
+    assert nsys.gpu_metrics_held() is False
 
 
 def test_nsys_missing_is_a_tool_error(node, tmp_path, monkeypatch):
@@ -262,7 +282,9 @@ def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node,
     backend = nsys.NsysBackend()
     backend.start(request)
     first = request.ranks[0]
+    # The orphan still held the GPU counters when they were checked: this capture goes without them.
     start = ["start", f"--session={first.session}", f"--output={tmp_path}/work2/sw2_{first.host}_rank0",
-             "--force-overwrite=true", "--gpu-metrics-devices=all"]
-    assert standin_nsys.calls(node.state)[before:before + 3] == [start, ["stop", f"--session={first.session}"], start]
+             "--force-overwrite=true"]
+    assert standin_nsys.calls(node.state)[before + 1:before + 4] == [
+        start, ["stop", f"--session={first.session}"], start]
     assert len(backend.stop(request)) == 2

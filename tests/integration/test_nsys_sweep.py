@@ -159,9 +159,13 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
             *(["export", "--type=sqlite", f"--output={b}.sqlite", "--force-overwrite=true", "--include-blobs=true",
                f"{b}.nsys-rep"] for b in base),
         ]
-        # DCGM paused before the first start, resumed after the last stop, exactly once each.
+        # DCGM paused before the counters are checked and the first start, resumed after the
+        # last stop, exactly once each.
+        (check,) = cluster.nsys_calls(name, "profile")
+        assert check["argv"] == ["profile", "--gpu-metrics-devices=help"] and check["t"] < agent_calls[0]["t"]
         dcgm_calls = cluster.dcgm_calls(name)
         assert [c["op"] for c in dcgm_calls] == ["pause", "resume"]
+        assert dcgm_calls[0]["t"] < check["t"]
         assert dcgm_calls[0]["via"] == ("bindings" if name == "n0" else "dcgmi")
         assert dcgm_calls[0]["t"] < agent_calls[0]["t"] and dcgm_calls[1]["t"] > agent_calls[3]["t"]
         assert not cluster.paused(name)
