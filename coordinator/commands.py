@@ -152,8 +152,8 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
                 extra = node.reason or node.detail
                 if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
                     extra = f"dcgm {pb.DcgmOutcome.Name(node.dcgm).removeprefix('DCGM_OUTCOME_').lower()}"
-                print(f"  {time.monotonic() - started:6.1f}s  {node.node:<20} {node_state_name(node.state):<13}"
-                      f"{'  ' + extra if extra else ''}", file=sys.stderr, flush=True)
+                line = f"  {time.monotonic() - started:6.1f}s  {node.node:<20} {node_state_name(node.state):<13} {extra}"
+                print(line.rstrip(), file=sys.stderr, flush=True)
     if sweep is None:
         raise TransportError(f"coordinator at {client.address} sent nothing about sweep {sweep_id}")
     return sweep

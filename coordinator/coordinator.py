@@ -75,7 +75,8 @@ class UploadState:
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, *, analyze: reports.Analyze | None = None,
                  clock: Callable[[], int] = time.time_ns) -> None:
-        self.config = config
+        # Report paths go to users on other hosts: absolute, so they mean something there.
+        self.config = config = replace(config, data_dir=config.data_dir.absolute())
         self.clock = clock
         self.analyze = analyze
         self.store = Store(config.state_db)
