@@ -324,6 +324,8 @@ class CaptureRun:
             raise ConfigError(f"backend {name!r} is not enabled on this agent "
                               f"(--backend {','.join(self.agent.config.backends)})")
         self.backend = load_backend(name)()
+        if hasattr(self.backend, "on_counters_released"):  # nsys: DCGM resumes before the export
+            self.backend.on_counters_released = lambda request: self.agent.pauses.release(self.sweep_id)
 
     def _drive(self, instructions: list) -> None:
         pending = deque(instructions)

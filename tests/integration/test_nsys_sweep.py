@@ -160,14 +160,15 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
                f"{b}.nsys-rep"] for b in base),
         ]
         # DCGM paused before the counters are checked and the first start, resumed after the
-        # last stop, exactly once each.
+        # last stop and before the first export, exactly once each.
         (check,) = cluster.nsys_calls(name, "profile")
         assert check["argv"] == ["profile", "--gpu-metrics-devices=help"] and check["t"] < agent_calls[0]["t"]
         dcgm_calls = cluster.dcgm_calls(name)
         assert [c["op"] for c in dcgm_calls] == ["pause", "resume"]
         assert dcgm_calls[0]["t"] < check["t"]
         assert dcgm_calls[0]["via"] == ("bindings" if name == "n0" else "dcgmi")
-        assert dcgm_calls[0]["t"] < agent_calls[0]["t"] and dcgm_calls[1]["t"] > agent_calls[3]["t"]
+        assert dcgm_calls[0]["t"] < agent_calls[0]["t"]
+        assert agent_calls[3]["t"] < dcgm_calls[1]["t"] < agent_calls[4]["t"]  # resumed before exporting
         assert not cluster.paused(name)
         assert report["sweep"]["nodes"][name]["dcgm"] == "resumed"
         # The node keeps nothing it uploaded.
