@@ -149,10 +149,10 @@ def _fast(path: Path, raw: bytes, heads: list[re.Match]) -> _Trace:
     top = _top_fast(path, raw, int(starts[0]), int(ends[-1]))
     frame = pd.DataFrame(
         {
-            "cat": pd.Series(groups[0]).map(bytes.decode).astype("category"),
+            "cat": pd.Series(groups[0]).map(bytes.decode),
             "name": names,
-            "pid": pd.Series(groups[2]).map(bytes.decode).astype("category"),
-            "tid": pd.Series(groups[3]).map(bytes.decode).astype("category"),
+            "pid": pd.Series(groups[2]).map(bytes.decode),
+            "tid": pd.Series(groups[3]).map(bytes.decode),
             "ts_ns": _ns(groups[4], groups[5]),
             "dur_ns": _ns(groups[6], groups[7]),
             "corr": _arg_at(raw, _CORRELATION, starts),
@@ -160,6 +160,8 @@ def _fast(path: Path, raw: bytes, heads: list[re.Match]) -> _Trace:
         }
     )
     frame["ts_ns"] += _base(top)
+    frame["thread"] = _thread_codes(frame)
+
     def args(rows) -> list[dict]:
         decoder = json.JSONDecoder()
         out = []
@@ -204,10 +206,10 @@ def _full(path: Path, raw: bytes) -> _Trace:
     all_args = [e.get("args") or {} for e in complete]
     frame = pd.DataFrame(
         {
-            "cat": pd.Series([str(e.get("cat", "")) for e in complete], dtype="category"),
+            "cat": pd.Series([str(e.get("cat", "")) for e in complete], dtype=object),
             "name": pd.Series([str(e.get("name", "")) for e in complete], dtype=object),
-            "pid": pd.Series([str(e.get("pid", "")) for e in complete], dtype="category"),
-            "tid": pd.Series([str(e.get("tid", "")) for e in complete], dtype="category"),
+            "pid": pd.Series([str(e.get("pid", "")) for e in complete], dtype=object),
+            "tid": pd.Series([str(e.get("tid", "")) for e in complete], dtype=object),
             "ts_ns": _ns(*zip(*ts)) if ts else np.zeros(0, np.int64),
             "dur_ns": _ns(*zip(*dur)) if dur else np.zeros(0, np.int64),
             "corr": pd.array([a.get("correlation") for a in all_args], dtype="Int64"),
@@ -216,7 +218,15 @@ def _full(path: Path, raw: bytes) -> _Trace:
     )
     top = {k: data[k] for k in _TOP_KEYS if k in data}
     frame["ts_ns"] += _base(top)
+    frame["thread"] = _thread_codes(frame)
     return _Trace(top, frame, lambda rows: [all_args[r] for r in rows])
+
+
+def _thread_codes(frame: pd.DataFrame) -> np.ndarray:
+    """One integer per (pid, tid): threads are compared many times, strings once."""
+    pid, _ = pd.factorize(frame["pid"])
+    tid, tids = pd.factorize(frame["tid"])
+    return pid.astype(np.int64) * (len(tids) + 1) + tid
 
 
 def _split(value) -> tuple[bytes, bytes | None]:
@@ -370,17 +380,18 @@ def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: pd.Data
 
 def _kernel_table(rows: pd.DataFrame, is_comm: np.ndarray) -> pd.DataFrame:
     frame = pd.DataFrame({"name": rows["name"].to_numpy(), "dur": rows["dur_ns"].to_numpy(), "is_comm": is_comm})
-    table = frame.groupby(["name", "is_comm"], sort=False).agg(count=("dur", "size"), total_ns=("dur", "sum"))
+    table = frame.groupby(["name", "is_comm"], sort=False)["dur"].agg(["size", "sum"])
+    table = table.rename(columns={"size": "count", "sum": "total_ns"})
     return table.reset_index().sort_values("total_ns", ascending=False, kind="stable")
 
 
 def _top_level(rows: pd.DataFrame) -> np.ndarray:
     """True for events not nested inside an earlier event of the same thread."""
-    order = rows.sort_values(["pid", "tid", "ts_ns", "dur_ns"], ascending=[True, True, True, False])
+    order = rows.sort_values(["thread", "ts_ns", "dur_ns"], ascending=[True, True, False])
     end = order["ts_ns"] + order["dur_ns"]
-    thread = order["pid"].astype(str) + "/" + order["tid"].astype(str)
-    reach = end.groupby(thread, sort=False, observed=True).cummax()
-    previous = reach.groupby(thread, sort=False, observed=True).shift(1)
+    thread = order["thread"]
+    reach = end.groupby(thread, sort=False).cummax()
+    previous = reach.groupby(thread, sort=False).shift(1)
     top = previous.isna() | (order["ts_ns"] >= previous)
     return top.reindex(rows.index).to_numpy(dtype=bool)
 
@@ -460,7 +471,7 @@ def _containing(inner: pd.DataFrame, outer: pd.DataFrame) -> pd.Series:
 
 
 def _thread(rows: pd.DataFrame) -> np.ndarray:
-    return (rows["pid"].astype(str) + "/" + rows["tid"].astype(str)).to_numpy()
+    return rows["thread"].to_numpy()
 
 
 def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFrame:
@@ -477,11 +488,12 @@ def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
         notes.append(f"{orphans} NCCL kernel(s) with no host-side collective call in the trace: not matched")
     linked = linked.dropna(subset=["call"])
     end = linked["ts_ns"] + linked["dur_ns"]
-    per_call = (
-        linked.assign(end=end)
-        .groupby("call")
-        .agg(start_ns=("ts_ns", "min"), end_ns=("end", "max"), kernel_row=("ts_ns", "idxmin"))
-    )
+    first = linked.sort_values("ts_ns", kind="stable").drop_duplicates("call")
+    per_call = pd.DataFrame(
+        {"start_ns": first["ts_ns"].to_numpy(), "kernel_row": first.index.to_numpy()},
+        index=first["call"].to_numpy(),
+    ).sort_index()
+    per_call["end_ns"] = end.groupby(linked["call"]).max().reindex(per_call.index).to_numpy()
     chosen = calls.iloc[per_call.index.astype(int)]
     rows = per_call.assign(cpu_call_ns=chosen["ts_ns"].to_numpy(), call_row=chosen.index, rpc=chosen["rpc"].to_numpy(),
                            ann=chosen["ann"].to_numpy(), op=chosen["op"].to_numpy(),
