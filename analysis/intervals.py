@@ -4,6 +4,9 @@ Busy time, compute-before-collective and compute-overlap all reduce to "how much
 [a, b) does a union of intervals cover". Merging the union once and keeping a prefix
 sum of its lengths answers each query with two binary searches, so a rank with
 millions of kernels and thousands of collectives costs O((n + q) log n), no loops.
+
+Every operation also works per *group* (e.g. one union per rank of a batch of exports,
+all at once): pass ``groups`` and each interval or query only meets its own group.
 """
 
 from __future__ import annotations
@@ -18,53 +21,94 @@ class Union(NamedTuple):
 
     starts: np.ndarray
     ends: np.ndarray
-    before: np.ndarray  # covered length of all merged intervals before index i
+    before: np.ndarray  # covered length of the merged intervals before index i (in its group)
+    groups: np.ndarray | None = None  # group of each merged interval (ascending) when grouped
 
 
 def _i64(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
-def merge(starts, ends) -> Union:
-    """Union of intervals [start, end) (empty or reversed ones ignored) as a :class:`Union`."""
+def running_max(values, groups=None) -> np.ndarray:
+    """Cumulative maximum of ``values``, restarting at each group (``groups`` ascending)."""
+    values = _i64(values)
+    if groups is None or values.size == 0:
+        return np.maximum.accumulate(values) if values.size else values
+    # Epoch ns leave no room to offset groups apart: rank the values densely instead.
+    distinct, rank = np.unique(values, return_inverse=True)
+    shift = _i64(groups) * distinct.size
+    return distinct[np.maximum.accumulate(shift + rank) - shift]
+
+
+def last_at_or_before(groups, values, q_groups, q_values) -> np.ndarray:
+    """Per query: index of the last entry of its group whose value is <= the query's
+    (entries sorted by group, then value); -1 where there is none."""
+    groups, values = _i64(groups), _i64(values)
+    q_groups, q_values = _i64(q_groups), _i64(q_values)
+    distinct, rank = np.unique(np.concatenate([values, q_values]), return_inverse=True)
+    width = max(distinct.size, 1)
+    keys = groups * width + rank[: values.size]
+    at = np.searchsorted(keys, q_groups * width + rank[values.size :], side="right") - 1
+    ok = at >= 0
+    ok[ok] = groups[at[ok]] == q_groups[ok]
+    return np.where(ok, at, -1)
+
+
+def merge(starts, ends, groups=None) -> Union:
+    """Union of intervals [start, end) (empty or reversed ones ignored) as a :class:`Union`,
+    one per group when ``groups`` is given."""
     starts, ends = _i64(starts), _i64(ends)
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
+    group = None if groups is None else _i64(groups)[keep]
     if starts.size == 0:
         empty = np.zeros(0, np.int64)
-        return Union(empty, empty, empty)
-    order = np.argsort(starts, kind="stable")
+        return Union(empty, empty, empty, None if group is None else empty)
+    order = np.argsort(starts, kind="stable") if group is None else np.lexsort((starts, group))
     starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    # A new merged interval begins where a start lies beyond everything seen so far.
     new = np.empty(starts.size, dtype=bool)
     new[0] = True
-    new[1:] = starts[1:] > reach[:-1]
-    group = np.cumsum(new) - 1
-    merged_starts = starts[new]
-    merged_ends = np.zeros(merged_starts.size, np.int64)
-    np.maximum.at(merged_ends, group, reach)
+    if group is not None:
+        group = group[order]
+        new[1:] = group[1:] != group[:-1]
+    else:
+        new[1:] = False
+    reach = running_max(ends, group)
+    # A new merged interval begins where a start lies beyond everything seen so far.
+    new[1:] |= starts[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    merged_starts = starts[first]
+    merged_ends = reach[np.append(first[1:] - 1, starts.size - 1)]
     lengths = merged_ends - merged_starts
-    before = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
-    return Union(merged_starts, merged_ends, before)
+    before = np.cumsum(lengths) - lengths
+    merged_groups = None
+    if group is not None:
+        merged_groups = group[first]
+        opens = np.flatnonzero(np.r_[True, merged_groups[1:] != merged_groups[:-1]])
+        before = before - np.repeat(before[opens], np.diff(np.append(opens, merged_groups.size)))
+    return Union(merged_starts, merged_ends, before, merged_groups)
 
 
-def covered_until(union: Union, t) -> np.ndarray:
-    """Covered length of ``union`` in (-inf, t), per element of ``t``."""
+def covered_until(union: Union, t, groups=None) -> np.ndarray:
+    """Covered length of ``union`` in (-inf, t), per element of ``t`` (in its group)."""
     t = _i64(t)
     if union.starts.size == 0:
         return np.zeros(t.shape, np.int64)
-    j = np.searchsorted(union.starts, t, side="right") - 1
+    if union.groups is None:
+        j = np.searchsorted(union.starts, t, side="right") - 1
+    else:
+        j = last_at_or_before(union.groups, union.starts, groups, t)
     jj = np.clip(j, 0, None)
     inside = np.clip(t - union.starts[jj], 0, union.ends[jj] - union.starts[jj])
     return np.where(j >= 0, union.before[jj] + inside, 0)
 
 
-def overlap(union: Union, q_start, q_end) -> np.ndarray:
-    """Per query [q_start, q_end): length covered by ``union`` (0 for empty queries)."""
+def overlap(union: Union, q_start, q_end, groups=None) -> np.ndarray:
+    """Per query [q_start, q_end): length covered by ``union`` (0 for empty queries);
+    ``groups`` names each query's group when the union is grouped."""
     q_start, q_end = _i64(q_start), _i64(q_end)
     q_end = np.maximum(q_end, q_start)
-    return covered_until(union, q_end) - covered_until(union, q_start)
+    return covered_until(union, q_end, groups) - covered_until(union, q_start, groups)
 
 
 def overlap_with(a_start, a_end, b_start, b_end) -> np.ndarray:
@@ -80,12 +124,27 @@ def union_length(starts, ends, window: tuple[int, int] | None = None) -> int:
     return int(overlap(union, [window[0]], [window[1]])[0])
 
 
-def gaps_before(q_start, q_end, first: int) -> tuple[np.ndarray, np.ndarray]:
-    """For queries sorted by start: the gap from the previous query's end (``first`` for
-    the first query) to each start, as (gap_start, gap_end) with gap_end >= gap_start."""
+def length_by_group(union: Union, n_groups: int) -> np.ndarray:
+    """Covered length of a grouped union, per group 0 .. n_groups - 1."""
+    total = np.zeros(n_groups, np.int64)
+    np.add.at(total, union.groups, union.ends - union.starts)
+    return total
+
+
+def gaps_before(q_start, q_end, first, groups=None) -> tuple[np.ndarray, np.ndarray]:
+    """For queries sorted by start (by group, then start when grouped): the gap from the
+    previous query's end (``first``, a value or one per query, for a group's first query)
+    to each start, as (gap_start, gap_end) with gap_end >= gap_start."""
     q_start, q_end = _i64(q_start), _i64(q_end)
     if q_start.size == 0:
         return q_start, q_start
-    previous_end = np.concatenate(([first], np.maximum.accumulate(q_end)[:-1]))
+    opens = np.ones(q_start.size, bool)
+    if groups is not None:
+        groups = _i64(groups)
+        opens[1:] = groups[1:] != groups[:-1]
+    else:
+        opens[1:] = False
+    reach = running_max(q_end, groups)
+    previous_end = np.where(opens, np.broadcast_to(_i64(first), q_start.shape), np.r_[0, reach[:-1]])
     gap_start = np.minimum(previous_end, q_start)
     return gap_start, q_start
