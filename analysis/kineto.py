@@ -80,8 +80,8 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     """One digest row for one Kineto trace (plain or gzipped JSON).
 
     ``rank_from``: None takes the rank from ``distributedInfo`` (or the rankscope hook's
-    metadata); ``"filename"`` or a regex with one group takes it from the file name, which
-    also serves as the fallback when the trace has none.
+    metadata), falling back to the file name with a warning; ``filename[:REGEX]`` takes it
+    from the file name.
     """
     path = Path(path)
     trace = _load(path)
@@ -305,25 +305,33 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
 
 
 def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, notes: list[str]) -> tuple[int, str]:
+    """``rank_from`` as for every export (sources.py): ``filename:REGEX`` (first group, else
+    the whole match, searched in the file name) or ``filename`` (``rank<N>``/``rank-<N>``).
+    Without it: distributedInfo, the rankscope hook's metadata, then the file name with a
+    warning; else an error naming the file."""
+    what = "no distributedInfo" if info is None else "distributedInfo has no rank"
     if rank_from is None:
         if info is not None and isinstance(info.get("rank"), int):
             return info["rank"], "distributedInfo.rank"
         if isinstance(hook.get("rank"), int):
             return hook["rank"], "rankscope hook"
-    pattern = r"rank[-_]?(\d+)" if rank_from in (None, "filename") else rank_from
+    kind, _, pattern = (rank_from or "filename").partition(":")
+    if kind != "filename":
+        raise ExportError(f"rank_from {rank_from!r}: a Kineto trace can only take its rank from "
+                          "filename[:REGEX] (it records no environment)", path=path)
+    pattern = pattern or r"rank[-_]?(\d+)"
     try:
         found = re.search(pattern, path.name)
     except re.error as exc:
-        raise ExportError(f"bad rank_from pattern {rank_from!r} ({exc})", path=path) from None
-    if found and found.groups():
+        raise ExportError(f"bad rank_from pattern {pattern!r} ({exc})", path=path) from None
+    text = (found.group(1) if found.groups() else found.group(0)) if found else ""
+    if text.isdigit():
         if rank_from is None:
-            what = "no distributedInfo" if info is None else "distributedInfo has no rank"
-            notes.append(f"{what}: rank {found.group(1)} taken from the file name")
-        return int(found.group(1)), "filename"
-    what = "no distributedInfo" if info is None else "distributedInfo has no rank"
+            notes.append(f"{what}: rank {text} taken from the file name")
+        return int(text), "filename"
     raise ExportError(
-        f"{what} and the file name does not give one (pattern {pattern!r}); "
-        "pass the rank explicitly (rank_from) or name the file rank<N>", path=path
+        f"{what if rank_from is None else 'rank_from ' + repr(rank_from)}: the file name gives no rank "
+        f"(pattern {pattern!r}); pass --rank-from filename:REGEX or name the file rank<N>", path=path
     )
 
 

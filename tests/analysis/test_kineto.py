@@ -95,8 +95,10 @@ def test_missing_rank_is_a_clear_error_naming_the_file_then_file_name_fallback(s
         row = _row(read_kineto(renamed))
     assert (row["rank"], row["rank_source"]) == (7, "filename")
     # An explicit pattern wins over distributedInfo.
-    row = _row(_read(samples / f"{GLOO}/rank1.json", rank_from=r"rank(\d)"))
+    row = _row(_read(samples / f"{GLOO}/rank1.json", rank_from=r"filename:rank(\d)"))
     assert (row["rank"], row["rank_source"]) == (1, "filename")
+    with pytest.raises(ExportError, match="only take its rank from"):
+        _read(samples / f"{GLOO}/rank1.json", rank_from="env:RANK")
 
 
 def test_gloo_pair_matches_instance_by_instance(samples):
