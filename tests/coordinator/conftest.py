@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from rankscope.coordinator.server import CoordinatorServer, create_server
+from rankscope.coordinator.store import Store
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -79,6 +80,15 @@ def chunks(head: pb.UploadHeader, data: bytes, start: int = 0, size: int = 64 <<
 def stored_files(data_dir: Path) -> list[Path]:
     """Every file under the artifact store (objects and partial uploads)."""
     return sorted(p for p in (data_dir / "artifacts").rglob("*") if p.is_file())
+
+
+def recorded_uploads(data_dir: Path) -> list[tuple[str, str, str, str]]:
+    """Completed uploads in the coordinator's state."""
+    store = Store(data_dir / "state.sqlite")
+    try:
+        return store.uploads()
+    finally:
+        store.close()
 
 
 class FakeAgent:
@@ -150,4 +160,5 @@ def wire():
     import types
 
     return types.SimpleNamespace(header=header, chunks=chunks, start=start, stop=stop, stored_files=stored_files,
+                                 recorded_uploads=recorded_uploads,
                                  FakeAgent=FakeAgent)

@@ -30,6 +30,7 @@ def test_first_chunk_at_a_wrong_offset(coordinator, wire, token) -> None:
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "offset 4096, committed offset is 0" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
     assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
 
 
@@ -51,6 +52,7 @@ def test_checksum_mismatch(coordinator, wire, token) -> None:
     assert error.code() == grpc.StatusCode.DATA_LOSS
     assert f"declared {wrong}" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
     assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
 
 
@@ -60,12 +62,14 @@ def test_unsafe_artifact_name(coordinator, wire, token, name: str) -> None:
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a plain file name" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
 def test_unsafe_upload_id(coordinator, wire, token) -> None:
     error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id="../u"), DATA))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
 def test_upload_over_the_size_limit(coordinator, wire, token) -> None:
@@ -74,6 +78,7 @@ def test_upload_over_the_size_limit(coordinator, wire, token) -> None:
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "over the limit of 1048576 bytes" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
 def test_more_bytes_than_declared(coordinator, wire, token) -> None:
@@ -82,6 +87,7 @@ def test_more_bytes_than_declared(coordinator, wire, token) -> None:
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "past the declared size 1000" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
 def test_upload_without_a_valid_token_or_for_another_node(coordinator, wire, token) -> None:
@@ -91,9 +97,11 @@ def test_upload_without_a_valid_token_or_for_another_node(coordinator, wire, tok
     error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-b", token=token), DATA))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
 def test_first_message_without_a_header(coordinator, wire) -> None:
     error = refused(coordinator, [pb.UploadChunk(offset=0, data=DATA[:10])])
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
