@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -108,12 +109,25 @@ def _wait(request: CaptureRequest, ranks: list[RankInfo], marker, timeout_s: flo
             elif error.exists():
                 failed.append((error.read_text(), rank))
                 pending.remove(rank)
+            elif not _alive(rank.pid):
+                failed.append(("the rank exited", rank))
+                pending.remove(rank)
         if pending and time.monotonic() > deadline:
             failed.extend((None, r) for r in pending)
             break
         if pending:
             time.sleep(POLL_S)
     return done, failed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _why(failed: list[tuple[str | None, RankInfo]]) -> str:

@@ -38,6 +38,18 @@ def test_no_torch_rank_is_a_tool_error(tmp_path):
         TorchBackend().start(request)
 
 
+def test_a_rank_that_exited_fails_at_once(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    rank = RankInfo(rank=1, local_rank=1, world_size=2, pid=gone.pid, host="h", backend="torch",
+                    session=str(tmp_path / "spool"))
+    request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=(rank,))
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="rank 1: the rank exited"):
+        TorchBackend().start(request)
+    assert time.monotonic() - started < 10  # not the full start timeout
+
+
 def test_a_rank_that_never_answers_fails_the_start_and_says_why(tmp_path, monkeypatch):
     from rankscope.agent import torch_backend
 
