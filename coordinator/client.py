@@ -87,15 +87,16 @@ class SweepClient:
                     yield event
                     if event.final:
                         return
-                raise TransportError(f"coordinator at {self.address} ended the watch of sweep {sweep_id} early")
+                lost: RankscopeError = TransportError(f"coordinator at {self.address} ended the watch of {sweep_id} early")
             except grpc.RpcError as exc:
                 if exc.code() not in _UNREACHABLE:
                     raise rpc_error(self.address, exc) from None
-                lost_since = lost_since or time.monotonic()
-                if time.monotonic() - lost_since > reconnect_s:
-                    raise rpc_error(self.address, exc) from None
-                log.info("lost the coordinator (%s); watching again", exc.code().name)
-                time.sleep(1.0)
+                lost = rpc_error(self.address, exc)
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > reconnect_s:
+                raise lost
+            log.info("%s; watching again", lost)
+            time.sleep(1.0)
 
     def _call(self, method, request):
         try:

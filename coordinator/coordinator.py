@@ -33,7 +33,7 @@ from rankscope.coordinator.registry import (
 )
 from rankscope.coordinator.store import Store
 from rankscope.coordinator import sweeps as sw
-from rankscope.errors import InputError, RankscopeError
+from rankscope.errors import InputError, RankscopeError, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,9 @@ class Coordinator:
             self._watchers.setdefault(sweep_id, []).append(changes)
         try:
             yield current, ""
-            while not current.final and active() and not self._stop.is_set():
+            while not current.final and active():
+                if self._stop.is_set():
+                    raise TransportError("the coordinator is shutting down; watch again once it is back")
                 try:
                     current, node = changes.get(timeout=0.5)
                 except queue.Empty:

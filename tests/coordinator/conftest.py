@@ -42,8 +42,8 @@ class Running:
         return self.agents.Register(pb.RegisterRequest(node=node, hostname=node, labels=labels), timeout=10)
 
 
-def start(data_dir: Path, **settings) -> Running:
-    server, port = create_server("127.0.0.1:0", data_dir, **settings)
+def start(data_dir: Path, listen: str = "127.0.0.1:0", **settings) -> Running:
+    server, port = create_server(listen, data_dir, **settings)
     server.start()
     return Running(server, port, data_dir, grpc.insecure_channel(f"127.0.0.1:{port}"))
 

@@ -162,3 +162,27 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
         with pytest.raises(InputError, match="node gpu-1 offers capture backends nsys, sim, not 'torch'"):
             client.start(nodes=["gpu-1"], duration_s=1.0, backend="torch")
         assert client.sweeps() == []
+
+
+def test_watching_rides_out_a_coordinator_restart(tmp_path, wire, digests) -> None:
+    (name, data), = list(digests.items())[:1]
+    running = wire.start(tmp_path / "data")
+    agent = wire.FakeAgent(running, name)
+    client = SweepClient(running.address)
+    sweep_id = client.start(nodes=[name], duration_s=1.0, backend="sim", timeout_s=30.0).sweep_id
+    started_capture(agent)
+    events = client.watch(sweep_id)
+    assert next(events).sweep.state == pb.SWEEP_STATE_RUNNING
+    agent.close()
+    wire.stop(running)
+
+    running = wire.start(tmp_path / "data", listen=f"127.0.0.1:{running.port}")
+    try:
+        agent = wire.FakeAgent(running, name)
+        agent.finish(started_capture(agent).sweep_id, data)
+        last = list(events)[-1]
+        assert last.final and last.sweep.state == pb.SWEEP_STATE_ANALYSED
+        agent.close()
+    finally:
+        client.close()
+        wire.stop(running)
