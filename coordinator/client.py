@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
+from rankscope.coordinator.tls import TlsFiles, channel
 from rankscope.errors import InputError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -45,11 +46,11 @@ def node_state_name(state: int) -> str:
 
 
 class SweepClient:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TlsFiles | None = None) -> None:
         if ":" not in address:
             raise InputError(f"coordinator address {address!r} must be HOST:PORT")
         self.address = address
-        self.channel = grpc.insecure_channel(address)
+        self.channel = channel(address, tls)
         self.stub = pb_grpc.SweepServiceStub(self.channel)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
+from rankscope.coordinator.tls import TlsFiles
 from rankscope.errors import InputError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
@@ -49,6 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--coordinator", metavar="HOST:PORT", default=default_coordinator,
                             required=default_coordinator is None,
                             help="the coordinator's address (default: $RANKSCOPE_COORDINATOR)")
+        tls = parser.add_argument_group("TLS (default: plaintext; each also from $RANKSCOPE_TLS_CA/_CERT/_KEY)")
+        tls.add_argument("--tls-ca", type=Path, default=_env_path("RANKSCOPE_TLS_CA"), metavar="PEM",
+                         help="CA that signed the coordinator's certificate")
+        tls.add_argument("--tls-cert", type=Path, default=_env_path("RANKSCOPE_TLS_CERT"), metavar="PEM",
+                         help="this client's certificate, where the coordinator requires one")
+        tls.add_argument("--tls-key", type=Path, default=_env_path("RANKSCOPE_TLS_KEY"), metavar="PEM",
+                         help="this client's private key")
 
     serve = subparsers.add_parser("coordinator", help="run the coordinator (gRPC control plane and ingest)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 0.0.0.0:7443; port 0 picks one)")
@@ -57,6 +65,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--node-timeout", type=parse_duration, metavar="DURATION",
                        help="time beyond the capture window before a silent node is given up (default 120s)")
     serve.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once serving")
+    serve.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve TLS with this certificate (and --tls-key)")
+    serve.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
+    serve.add_argument("--tls-client-ca", type=Path, metavar="PEM",
+                       help="require client certificates signed by this CA (mTLS)")
     serve.set_defaults(func=run_coordinator)
 
     capture = subparsers.add_parser("capture", help="start a fleet-wide capture (a sweep)")
@@ -91,6 +103,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.set_defaults(func=run_report)
 
 
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def _client(args: argparse.Namespace) -> SweepClient:
+    return SweepClient(args.coordinator, TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca))
+
+
 # coordinator ---------------------------------------------------------------------------
 
 
@@ -98,7 +119,8 @@ def run_coordinator(args: argparse.Namespace) -> int:
     from rankscope.coordinator.server import create_server
 
     config = resolve({"listen": args.listen, "data_dir": args.data_dir, "max_upload_bytes": args.max_upload_bytes,
-                      "node_timeout_s": args.node_timeout})
+                      "node_timeout_s": args.node_timeout, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+                      "tls_client_ca": args.tls_client_ca})
     server, port = create_server(config=config)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -121,7 +143,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
 def run_capture(args: argparse.Namespace) -> int:
     options = parse_labels(",".join(args.option)) if args.option else {}
-    with SweepClient(args.coordinator) as client:
+    with _client(args) as client:
         sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
                              duration_s=args.duration, backend=args.backend, timeout_s=args.timeout,
                              options=options, upload_raw=args.upload_raw)
@@ -174,7 +196,7 @@ def _print_report(reply: pb.ReportReply, fmt: str) -> None:
 
 
 def run_sweeps(args: argparse.Namespace) -> int:
-    with SweepClient(args.coordinator) as client:
+    with _client(args) as client:
         sweeps = client.sweeps(args.limit)
     if not sweeps:
         print("no sweeps", file=sys.stderr)
@@ -192,6 +214,6 @@ def run_sweeps(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    with SweepClient(args.coordinator) as client:
+    with _client(args) as client:
         _print_report(client.report(args.sweep), args.format)
     return 0

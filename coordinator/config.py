@@ -32,6 +32,9 @@ class CoordinatorConfig:
     # beyond it are refused at once (RESOURCE_EXHAUSTED) rather than queued behind sessions.
     max_workers: int = 256
     grace_s: float = 5.0  # how long a stopping server lets RPCs finish
+    tls_cert: Path | None = None  # PEM; with tls_key the port speaks TLS
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # PEM; set, clients must present a certificate it signed (mTLS)
 
     @property
     def state_db(self) -> Path:
@@ -72,7 +75,7 @@ def _type_of(name: str) -> str:
 def _parse(name: str, kind: Any, raw: Any, where: str) -> Any:
     kind = str(kind)
     try:
-        if kind == "Path":
+        if kind in ("Path", "Path | None"):
             return Path(raw)
         if kind == "int":
             return int(raw)
@@ -84,6 +87,10 @@ def _parse(name: str, kind: Any, raw: Any, where: str) -> Any:
 
 
 def _check(config: CoordinatorConfig) -> None:
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and --tls-key)")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise ConfigError("--tls-client-ca needs the server's own --tls-cert and --tls-key")
     if ":" not in config.listen:
         raise ConfigError(f"listen address {config.listen!r} must be HOST:PORT")
     if config.max_upload_bytes <= 0:

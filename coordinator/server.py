@@ -31,6 +31,7 @@ from rankscope.coordinator.coordinator import (
 )
 from rankscope.coordinator.registry import Connection, UnknownAgent
 from rankscope.coordinator.reports import Analyze
+from rankscope.coordinator.tls import TlsFiles, server_credentials
 from rankscope.errors import (
     ConfigError,
     InputError,
@@ -377,7 +378,14 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
     for service in ("", *SERVICES):
         health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     try:
-        port = server.add_insecure_port(config.listen)
+        if config.tls_cert is not None:
+            files = TlsFiles(cert=config.tls_cert, key=config.tls_key, ca=config.tls_client_ca)
+            port = server.add_secure_port(config.listen, server_credentials(files))
+        else:
+            port = server.add_insecure_port(config.listen)
+    except ConfigError:
+        coordinator.stop()
+        raise
     except RuntimeError as exc:
         coordinator.stop()
         raise ConfigError(f"cannot listen on {config.listen} ({exc})") from None

@@ -1,0 +1,75 @@
+"""The coordinator's port with TLS and client certificates (mTLS), certificates made by openssl."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rankscope.coordinator.client import SweepClient
+from rankscope.coordinator.tls import TlsFiles, channel
+from rankscope.errors import ConfigError, TransportError
+from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+             "-subj", "/CN=rankscope test CA", cwd=d)
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={name}", cwd=d)
+        extra = ["-extfile", "server.ext"] if name == "server" else []
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "2", *extra, cwd=d)
+    return d
+
+
+@pytest.fixture
+def secure(tmp_path, wire, pki):
+    running = wire.start(tmp_path / "data", tls_cert=pki / "server.pem", tls_key=pki / "server.key",
+                         tls_client_ca=pki / "ca.pem")
+    yield running
+    wire.stop(running)
+
+
+def test_a_client_with_a_certificate_from_the_ca_is_served(secure, pki) -> None:
+    files = TlsFiles(cert=pki / "client.pem", key=pki / "client.key", ca=pki / "ca.pem")
+    with SweepClient(secure.address, files) as client:
+        assert client.sweeps() == []
+    with channel(secure.address, files) as ch:
+        reply = pb_grpc.AgentServiceStub(ch).Register(pb.RegisterRequest(node="node-a"), timeout=10)
+    assert reply.agent_id and reply.session_token
+
+
+def test_a_client_without_a_certificate_is_refused(secure, pki) -> None:
+    with SweepClient(secure.address, TlsFiles(ca=pki / "ca.pem")) as client:
+        with pytest.raises(TransportError, match="unreachable"):
+            client.sweeps()
+
+
+def test_a_plaintext_client_is_refused(secure) -> None:
+    with grpc.insecure_channel(secure.address) as ch:
+        with pytest.raises(grpc.RpcError) as caught:
+            pb_grpc.SweepServiceStub(ch).ListSweeps(pb.ListSweepsRequest(), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_tls_settings_must_come_in_pairs(tmp_path, wire, pki) -> None:
+    with pytest.raises(ConfigError, match="both a certificate and its private key"):
+        wire.start(tmp_path / "data", tls_cert=pki / "server.pem")
+    with pytest.raises(ConfigError, match="cannot read the TLS private key"):
+        wire.start(tmp_path / "data", tls_cert=pki / "server.pem", tls_key=tmp_path / "missing.key")
