@@ -331,7 +331,7 @@ def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, note
         return int(text), "filename"
     raise ExportError(
         f"{what if rank_from is None else 'rank_from ' + repr(rank_from)}: the file name gives no rank "
-        f"(pattern {pattern!r}); pass --rank-from filename:REGEX or name the file rank<N>", path=path
+        f"(pattern '{pattern}'); pass --rank-from filename:REGEX or name the file rank<N>", path=path
     )
 
 
