@@ -213,14 +213,15 @@ def _nvtx_name_sql(columns: set[str]) -> tuple[str, str]:
 def _nvtx_sql(columns: set[str]) -> str:
     """NCCL domain creations, ranges in NCCL's domain (or, for a process without one,
     non-default ranges named nccl*, pitfall 5) with their payload blobs, and step ranges
-    in any domain; each row tagged with what it is."""
+    in any domain: (pid, tid, start, end, blob length, kind, name, blob) rows, ``kind``
+    saying which."""
     text, join = _nvtx_name_sql(columns)
     pid = "(n.globalTid >> 24) & 16777215"
     ranges = f'n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND n."end" IS NOT NULL'
     step = "name LIKE 'step%' OR name LIKE 'ProfilerStep#%'"
     if "domainId" not in columns:
         return (
-            f'SELECT pid, tid, start, "end", name, NULL, 0, {_OTHER_RANGE} FROM ('
+            f'SELECT pid, tid, start, "end", 0, {_OTHER_RANGE}, name, NULL FROM ('
             f'SELECT {pid} AS pid, n.globalTid AS tid, n.start AS start, n."end" AS "end", {text} AS name '
             f"FROM NVTX_EVENTS AS n {join} WHERE {ranges}) WHERE {step}"
         )
@@ -228,9 +229,9 @@ def _nvtx_sql(columns: set[str]) -> str:
     nccl = f"n.eventType = {_DOMAIN_CREATE} AND {text} = 'NCCL'"
     return f"""
         WITH nccl AS (SELECT DISTINCT {pid} AS pid, n.domainId AS domain FROM NVTX_EVENTS AS n {join} WHERE {nccl})
-        SELECT pid, tid, start, "end", name,
-               CASE WHEN kind IN ({_NCCL_RANGE}, {_NCCL_NAMED}) THEN blob END,
-               CASE WHEN kind IN ({_NCCL_RANGE}, {_NCCL_NAMED}) THEN COALESCE(length(blob), 0) ELSE 0 END, kind
+        SELECT pid, tid, start, "end",
+               CASE WHEN kind IN ({_NCCL_RANGE}, {_NCCL_NAMED}) THEN COALESCE(length(blob), 0) ELSE 0 END, kind, name,
+               CASE WHEN kind IN ({_NCCL_RANGE}, {_NCCL_NAMED}) THEN blob END
         FROM (SELECT {pid} AS pid, n.globalTid AS tid, COALESCE(n.start, 0) AS start, COALESCE(n."end", 0) AS "end",
                      {text} AS name, {blob} AS blob,
                      CASE WHEN n.eventType = {_DOMAIN_CREATE} THEN {_NCCL_DOMAIN}
@@ -253,7 +254,7 @@ def _open(path: Path) -> Iterator[sqlite3.Connection]:
     if magic != _SQLITE_MAGIC:
         raise ExportError("not an SQLite export (file is not a database)", path=path)
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise ExportError(f"cannot open the SQLite export ({exc})", path=path) from None
     with closing(db):
@@ -265,25 +266,29 @@ def _open(path: Path) -> Iterator[sqlite3.Connection]:
 
 @dataclass
 class _File:
-    """One export's rows as numpy columns (times in UTC epoch ns) and its metadata."""
+    """One export's rows as fetched (integer columns as int64 arrays, timestamps as
+    exported) and its metadata; `_build` does everything else for a batch at once."""
 
     path: Path
     meta: dict[str, str]
     env: dict[str, str]
-    host: str
     cuda_devices: dict[tuple[int, int], str] | None  # (pid, CUDA ordinal) -> GPU uuid, where exported
     gpus: list[tuple[str, str]] | None  # (host ordinal, uuid) where only TARGET_INFO_GPU says
-    kernels: Columns  # start, end, pid, device, correlation, name (index into kernel_names)
-    kernel_names: np.ndarray
-    copies: Columns  # start, end, pid, device
-    launches: Columns  # correlation, pid, tid, launch_ns
-    nccl: Columns  # pid, tid, start, end, name, and the payload fields (value, mask)
-    steps: Columns  # pid, name, start, end
+    kernels: np.ndarray  # start, end, pid, device, correlation, name id
+    kernel_names: list[tuple[int, str]]  # (id, name) of the name ids used
+    copies: np.ndarray  # start, end, pid, device
+    launches: np.ndarray  # correlation, pid, tid, start
+    nvtx: np.ndarray  # pid, tid, start, end, blob length, kind
+    nvtx_names: tuple
+    nvtx_blobs: tuple
+    payload_entries: list[tuple]  # (entry name, schema id, offset, type)
+    host: str = ""
+    offset: int = 0  # add to exported timestamps to get UTC epoch ns
     warnings: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return sum(len(part["pid"]) for part in (self.kernels, self.copies, self.launches, self.nccl, self.steps))
+        return len(self.kernels) + len(self.copies) + len(self.launches) + len(self.nvtx)
 
     def warn(self, message: str) -> None:
         # Kept in the digest (the report shows them); logged only with --verbose so a
@@ -319,37 +324,30 @@ def _ints(rows: list[tuple], width: int) -> np.ndarray:
 
 
 def _parse(path: Path, rows: dict[str, list[tuple]]) -> _File:
-    meta = dict(rows.get("export", ()))
+    """Metadata, checks and the time offset; rows stay as fetched (one array per table)."""
+    nvtx = list(zip(*rows.get("nvtx", ()))) or [()] * 8
     capture = rows.get("capture", [])
     export = _File(
-        path=path, meta=meta, env=_captured_env(capture), host="",
+        path=path, meta=dict(rows.get("export", ())), env=_captured_env(capture),
         cuda_devices=None if "cuda_devices" not in rows else {},
         gpus=None if "gpus" not in rows else [(str(o), str(u)) for o, u in rows["gpus"]],
-        kernels={}, kernel_names=np.zeros(0, object), copies={}, launches={}, nccl={}, steps={},
+        kernels=_ints(rows.get("kernels", []), 6), kernel_names=rows.get("kernel_names", []),
+        copies=_ints(rows.get("copies", []), 4), launches=_ints(rows.get("launches", []), 4),
+        nvtx=np.array(nvtx[:6], dtype=np.int64).reshape(6, -1).T, nvtx_names=nvtx[6], nvtx_blobs=nvtx[7],
+        payload_entries=rows.get("payload_entries", []),
     )
     for pid, ordinal, uuid in rows.get("cuda_devices", []):
         export.cuda_devices.setdefault((pid, ordinal), str(uuid))
     _check_schema(export)
-    kernels = _ints(rows.get("kernels", []), 6)
-    if not len(kernels):
+    if not len(export.kernels):
         raise ExportError("export has no CUDA kernels", path=path)
-    if kernels[:, 3].min() < 0 or kernels[:, 3].max() >= _MAX_DEVICE:
+    devices = export.kernels[:, 3]
+    if devices.min() < 0 or devices.max() >= _MAX_DEVICE:
         raise ExportError(f"{KERNEL_TABLE}.deviceId outside 0..{_MAX_DEVICE - 1}", path=path)
     session = rows.get("session") or [(None,)]
     if session[0][0] is None:
         raise ExportError("export has no session start time (utcEpochNs)", path=path)
-    offset = _time_offset(export, int(session[0][0]), int(kernels[:, 0].min()))
-    strings = dict(rows.get("kernel_names", ()))
-    distinct, codes = np.unique(kernels[:, 5], return_inverse=True)
-    export.kernel_names = np.array([strings.get(i) or "<unnamed>" for i in distinct.tolist()], dtype=object)
-    export.kernels = {"start": kernels[:, 0] + offset, "end": kernels[:, 1] + offset, "pid": kernels[:, 2],
-                      "device": kernels[:, 3], "correlation": kernels[:, 4], "name": codes.astype(np.int64)}
-    copies = _ints(rows.get("copies", []), 4)
-    export.copies = {"start": copies[:, 0] + offset, "end": copies[:, 1] + offset, "pid": copies[:, 2], "device": copies[:, 3]}
-    launches = _ints(rows.get("launches", []), 4)
-    export.launches = {"correlation": launches[:, 0], "pid": launches[:, 1], "tid": launches[:, 2],
-                       "launch_ns": launches[:, 3] + offset}
-    _nvtx(export, rows.get("nvtx", []), rows.get("payload_entries", []), offset)
+    export.offset = _time_offset(export, int(session[0][0]), int(export.kernels[:, 0].min()))
     export.host = _host(export, capture, rows.get("hostname", []))
     return export
 
@@ -414,65 +412,6 @@ def _host(export: _File, capture: list[tuple], hostname: list[tuple]) -> str:
     return f"file:{export.path.name}"
 
 
-def _nvtx(export: _File, rows: list[tuple], entries: list[tuple], offset: int) -> None:
-    """NCCL ranges (with decoded payload fields) and step ranges of one export."""
-    columns = list(zip(*rows)) or [()] * 8
-    pid, tid, start, end = (np.array(column, dtype=np.int64) for column in columns[:4])
-    name, blob = (np.array(column, dtype=object) for column in columns[4:6])
-    length, kind = (np.array(column, dtype=np.int64) for column in columns[6:])
-    start, end = start + offset, end + offset
-    with_domain = np.unique(pid[kind == _NCCL_DOMAIN])
-    named = (kind == _NCCL_NAMED) & ~np.isin(pid, with_domain)
-    if named.any():
-        # Capture started after NCCL created its domain (pitfall 5): fall back on names.
-        pids = ", ".join(str(p) for p in np.unique(pid[named]).tolist())
-        export.warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
-    nccl = (kind == _NCCL_RANGE) | named
-    export.nccl = {"pid": pid[nccl], "tid": tid[nccl], "start": start[nccl], "end": end[nccl], "name": name[nccl],
-                   **_decode_payloads(export, blob[nccl], length[nccl], entries)}
-    steps = kind == _OTHER_RANGE
-    export.steps = {"pid": pid[steps], "name": name[steps], "start": start[steps], "end": end[steps]}
-
-
-def _payload_layouts(entries: list[tuple]) -> dict[str, tuple[np.ndarray, ...]]:
-    """Per wanted entry name: (schema ids sorted, byte offset, size, signed) arrays."""
-    layouts: dict[str, list[tuple[int, int, int, bool]]] = {}
-    for name, schema, offset, kind in entries:  # a few dozen schema entries, not events
-        size, signed = _ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False))
-        found = layouts.setdefault(name, [])
-        if not found or found[-1][0] != schema:
-            found.append((schema, _BLOB_HEADER + offset, size, signed))
-    return {name: tuple(np.array(column) for column in zip(*found)) for name, found in layouts.items()}
-
-
-def _decode_payloads(export: _File, blobs: np.ndarray, lengths: np.ndarray, entries: list[tuple]) -> Columns:
-    """Payload fields by entry name, vectorised over all blobs: per field a value column
-    and a ``<field>_na`` mask (True where absent)."""
-    n = len(blobs)
-    columns = {column: (np.zeros(n, np.int64), np.ones(n, bool)) for column in _PAYLOAD_FIELDS.values()}
-    index = np.flatnonzero(lengths >= _BLOB_HEADER)
-    layouts = _payload_layouts(entries) if index.size else {}
-    if index.size and not layouts:
-        export.warn("NVTX payload blobs present but no NCCL payload schemas to decode them")
-    if layouts:
-        lengths = lengths[index]
-        base = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        data = np.frombuffer(b"".join(blobs[index].tolist()), np.uint8)
-        schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
-        for entry_name, (schemas, offsets, sizes, signed) in layouts.items():
-            at = np.clip(np.searchsorted(schemas, schema), 0, schemas.size - 1)
-            size = np.where(schemas[at] == schema, sizes[at], 0)
-            ok = (size > 0) & (offsets[at] + size <= lengths)
-            values = _read_ints(data, base + offsets[at], np.where(ok, size, 1), signed[at])
-            column = _PAYLOAD_FIELDS[entry_name]
-            columns[column][0][index] = np.where(ok, values, 0)
-            columns[column][1][index] = ~ok
-    out: Columns = {}
-    for column, (values, mask) in columns.items():
-        out[column], out[f"{column}_na"] = values, mask
-    return out
-
-
 def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signed: np.ndarray) -> np.ndarray:
     """Little-endian integers of per-row width (1, 2, 4, 8 bytes) at byte positions."""
     sizes = np.asarray(sizes, np.int64)
@@ -535,11 +474,17 @@ def _take(values: np.ndarray, index: np.ndarray, fill) -> np.ndarray:
     return np.where(index >= 0, values[np.clip(index, 0, None)], fill)
 
 
-def _concat(files: list[_File], part: str) -> Columns:
-    """One part of every file's rows, with the file's index in a ``file`` column."""
-    parts = [getattr(export, part) for export in files]
-    out = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-    out["file"] = np.repeat(np.arange(len(files), dtype=np.int64), [len(p["pid"]) for p in parts])
+def _columns(files: list[_File], part: str, names: tuple[str, ...], times: tuple[str, ...] = ()) -> Columns:
+    """One table of every file's rows as named columns, with the file's index in a
+    ``file`` column and the ``times`` columns moved to UTC epoch ns."""
+    arrays = [getattr(export, part) for export in files]
+    data = np.concatenate(arrays)
+    out = {name: np.ascontiguousarray(data[:, i]) for i, name in enumerate(names)}
+    out["file"] = np.repeat(np.arange(len(files), dtype=np.int64), [len(a) for a in arrays])
+    if times:
+        shift = np.array([export.offset for export in files], np.int64)[out["file"]]
+        for name in times:
+            out[name] += shift
     return out
 
 
@@ -554,17 +499,85 @@ def _per_name(names: np.ndarray, fn, dtype=object) -> np.ndarray:
     return np.array([fn(name) for name in distinct], dtype=dtype)[codes] if codes.size else np.zeros(0, dtype)
 
 
+# ---------------------------------------------------------------- a batch: rows
+
+
+def _kernel_names(files: list[_File], kernels: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct names, name of each kernel as an index into them); each file's name
+    ids resolved through its own StringIds rows."""
+    file = np.array([i for i, export in enumerate(files) for _ in export.kernel_names], np.int64)
+    ids = np.array([key for export in files for key, _ in export.kernel_names], np.int64)
+    labels = [value or "<unnamed>" for export in files for _, value in export.kernel_names]
+    codes, names = pd.factorize(np.array([*labels, "<unnamed>"], dtype=object))
+    at = _first_match((file, ids), (kernels["file"], kernels["name"]))  # -1: the last label
+    return np.asarray(names, dtype=object), codes[at]
+
+
+def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
+    """(NCCL ranges with their payload fields, step ranges) of all files."""
+    rows = _columns(files, "nvtx", ("pid", "tid", "start", "end", "length", "kind"), ("start", "end"))
+    rows["process"] = _process(rows)
+    rows["name"] = np.array([name for export in files for name in export.nvtx_names], dtype=object)
+    kind = rows["kind"]
+    with_domain = np.unique(rows["process"][kind == _NCCL_DOMAIN])
+    named = (kind == _NCCL_NAMED) & ~np.isin(rows["process"], with_domain)
+    for i in np.unique(rows["file"][named]).tolist():
+        # Capture started after NCCL created its domain (pitfall 5): fall back on names.
+        pids = ", ".join(str(p) for p in np.unique(rows["pid"][named & (rows["file"] == i)]).tolist())
+        files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
+    is_nccl = (kind == _NCCL_RANGE) | named
+    nccl = {key: values[is_nccl] for key, values in rows.items()}
+    blobs = np.array([blob for export in files for blob in export.nvtx_blobs], dtype=object)
+    nccl.update(_decode_payloads(files, nccl["file"], blobs[is_nccl], nccl["length"]))
+    is_step = kind == _OTHER_RANGE
+    return nccl, {key: values[is_step] for key, values in rows.items()}
+
+
+def _decode_payloads(files: list[_File], file: np.ndarray, blobs: np.ndarray, lengths: np.ndarray) -> Columns:
+    """Payload fields by entry name (each file's schemas), vectorised over all blobs:
+    per field a value column and a ``<field>_na`` mask (True where absent)."""
+    n = len(blobs)
+    out: Columns = {}
+    for column in _PAYLOAD_FIELDS.values():
+        out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
+    index = np.flatnonzero(lengths >= _BLOB_HEADER)
+    entries = [(i, *entry) for i, export in enumerate(files) for entry in export.payload_entries]
+    described = {entry[0] for entry in entries}
+    for i in np.unique(file[index]).tolist():
+        if i not in described:
+            files[i].warn("NVTX payload blobs present but no NCCL payload schemas to decode them")
+    if not index.size or not entries:
+        return out
+    e_file, e_name, e_schema, e_offset, e_type = (np.array(column) for column in zip(*entries))
+    # Entry type -> (bytes, signed); a few dozen schema entries, not events.
+    layout = [_ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False)) for kind in e_type.tolist()]
+    e_size, e_signed = np.array([size for size, _ in layout], np.int64), np.array([sign for _, sign in layout], bool)
+    e_offset = e_offset.astype(np.int64) + _BLOB_HEADER
+    lengths, file = lengths[index], file[index]
+    base = np.cumsum(lengths) - lengths
+    data = np.frombuffer(b"".join(blobs[index].tolist()), np.uint8)
+    schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
+    for entry_name, column in _PAYLOAD_FIELDS.items():
+        mine = np.flatnonzero(e_name == entry_name)
+        if not mine.size:
+            continue
+        row = _first_match((e_file[mine], e_schema[mine].astype(np.int64)), (file, schema))
+        pick = mine[np.clip(row, 0, None)]
+        size = np.where(row >= 0, e_size[pick], 0)
+        ok = (size > 0) & (e_offset[pick] + size <= lengths)
+        values = _read_ints(data, base + e_offset[pick], np.where(ok, size, 1), e_signed[pick])
+        out[column][index] = np.where(ok, values, 0)
+        out[f"{column}_na"][index] = ~ok
+    return out
+
+
 # ---------------------------------------------------------------- a batch: digests
 
 
 def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     """Digest rows of a batch of exports: every rank (file, process, device) at once."""
-    kernels = _concat(files, "kernels")
-    labels = np.concatenate([export.kernel_names for export in files])
-    first_label = np.cumsum([0] + [len(export.kernel_names) for export in files])
-    codes, names = pd.factorize(labels)
-    kernels["name"] = codes[first_label[kernels["file"]] + kernels["name"]]
-    names = np.asarray(names, dtype=object)
+    kernels = _columns(files, "kernels", ("start", "end", "pid", "device", "correlation", "name"), ("start", "end"))
+    names, kernels["name"] = _kernel_names(files, kernels)
     comm_name = ops.is_comm_kernel(pd.Series(names, dtype=object))  # each distinct name once
     is_comm = comm_name[kernels["name"]]
     unit_keys, unit = np.unique(_process(kernels) * _MAX_DEVICE + kernels["device"], return_inverse=True)
@@ -572,7 +585,7 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     units["file"], units["pid"] = units["process"] >> 24, units["process"] & 0xFFFFFF
     n = unit_keys.size
 
-    copies = _concat(files, "copies")
+    copies = _columns(files, "copies", ("start", "end", "pid", "device"), ("start", "end"))
     copy_keys = _process(copies) * _MAX_DEVICE + copies["device"]
     copy_unit = np.clip(np.searchsorted(unit_keys, copy_keys), 0, n - 1)
     mine = unit_keys[copy_unit] == copy_keys  # copies of processes/devices without kernels: no rank
@@ -589,10 +602,9 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     comm_ns = intervals.length_by_group(intervals.merge(kernels["start"][is_comm], kernels["end"][is_comm], unit[is_comm]), n)
     either_ns = intervals.length_by_group(intervals.merge(kernels["start"], kernels["end"], unit), n)
 
-    nccl = _concat(files, "nccl")
-    nccl["process"] = _process(nccl)
+    nccl, steps = _nvtx(files)
     collectives = _collectives(files, kernels, is_comm, unit, names, nccl)
-    steps = _steps(files)
+    steps = _steps(steps)
     facts = _collective_facts(collectives, compute, busy, window_start, steps)
     summary = _kernel_summary(unit, kernels["name"], kernels["end"] - kernels["start"], comm_name)
     identity = _identities(files, units, nccl, rank_from)
@@ -617,7 +629,7 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     rows = np.flatnonzero(is_comm)
     out = {key: kernels[key][rows] for key in ("file", "pid", "start", "end", "correlation", "name")}
     out["unit"], out["process"] = unit[rows], _process(out)
-    launches = _concat(files, "launches")
+    launches = _columns(files, "launches", ("correlation", "pid", "tid", "launch_ns"), ("launch_ns",))
     threads = _codes(np.concatenate([launches["file"], nccl["file"]]), np.concatenate([launches["tid"], nccl["tid"]]))
     launches["thread"], nccl["thread"] = threads[: launches["tid"].size], threads[launches["tid"].size :]
     launch = _first_match((launches["file"], launches["pid"], launches["correlation"]),
@@ -649,68 +661,78 @@ def _warn_per_file(files: list[_File], file: np.ndarray, flagged: np.ndarray, te
         files[i].warn(template.format(int(counts[i]), int(totals[i])))
 
 
-def _group_calls(nccl: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(calls, launchers): API calls keyed by ``call_group``; the ranges kernels launch in.
+def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(calls, launchers): API calls keyed by ``call_group``; the ranges kernels launch in,
+    sorted by thread then start.
 
     An ungrouped call launches inside its own range; grouped calls (between the outermost
     ncclGroupStart and its ncclGroupEnd on one thread) launch inside the ncclGroupEnd.
     """
-    frame = nccl.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
-    lower = frame["name"].fillna("").str.lower()
-    delta = np.where(lower == "ncclgroupstart", 1, np.where(lower == "ncclgroupend", -1, 0))
+    order = np.lexsort((np.asarray(nccl["start"], np.int64), np.asarray(nccl["tid"], np.int64)))
+    frame = {key: np.asarray(values)[order] for key, values in nccl.items()}
+    delta = _per_name(frame["name"], _group_step, np.int64)
     # Per-thread running depth, as whole-array numpy: offsets restart each thread's sums.
-    tid = frame["tid"].to_numpy(np.int64)
+    tid = frame["tid"].astype(np.int64)
     first = np.r_[True, tid[1:] != tid[:-1]] if tid.size else np.zeros(0, bool)
     thread = np.cumsum(first) - 1
     total = np.cumsum(delta)
     running = total - (total - delta)[first][thread]
     # An ncclGroupEnd whose start was before the capture window drives the count below 0;
     # the floor is the per-thread running minimum (threads shifted apart so none leaks).
-    spread = np.int64(len(frame) + 1) * thread
+    spread = np.int64(tid.size + 1) * thread
     floor = np.minimum.accumulate(np.minimum(running, 0) - spread) + spread
     depth = running - floor
     before = np.where(first, 0, np.r_[0, depth[:-1]])
     group = np.cumsum((delta == 1) & (before == 0))  # outermost group starts, numbered globally
-    is_call = frame["op"].notna().to_numpy()
+    is_call = ~pd.isna(frame["op"])
     grouped = is_call & (depth > 0)
     closes = (delta == -1) & (before >= 1) & (depth == 0)
     # Ungrouped calls form their own call group (negative ids cannot clash with groups).
-    frame["call_group"] = np.where(grouped | closes, group, -1 - np.arange(len(frame), dtype=np.int64))
-    launchers = frame[(is_call & ~grouped) | closes]
-    return frame[is_call], launchers
+    frame["call_group"] = np.where(grouped | closes, group, -1 - np.arange(tid.size, dtype=np.int64))
+    frame = pd.DataFrame(frame)
+    return frame[is_call], frame[(is_call & ~grouped) | closes]
 
 
-def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np.ndarray) -> pd.DataFrame:
+def _group_step(name: str | None) -> int:
+    """+1 for ncclGroupStart, -1 for ncclGroupEnd, else 0."""
+    lower = (name or "").lower()
+    return 1 if lower == "ncclgroupstart" else -1 if lower == "ncclgroupend" else 0
+
+
+def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np.ndarray) -> Columns:
     """(kernel, start, op, row) of every API call each launched kernel serves: the calls
     of the range on its launching thread that encloses the launch."""
-    frame = pd.DataFrame({"tid": nccl["thread"], "start": nccl["start"], "end": nccl["end"], "name": nccl["name"],
-                          "op": nccl["op"], "row": np.arange(nccl["start"].size)})
-    calls, launchers = _group_calls(frame)
-    launchers = launchers.sort_values(["tid", "start"], kind="stable")
-    tid, start = launchers["tid"].to_numpy(np.int64), launchers["start"].to_numpy(np.int64)
+    calls, launchers = _group_calls({"tid": nccl["thread"], "start": nccl["start"], "end": nccl["end"],
+                                     "name": nccl["name"], "op": nccl["op"], "row": np.arange(nccl["start"].size)})
+    tid, start, end, group = (launchers[c].to_numpy(np.int64) for c in ("tid", "start", "end", "call_group"))
     at = intervals.last_at_or_before(tid, start, thread, launch_ns)
     hit = at >= 0
-    hit[hit] = launchers["end"].to_numpy(np.int64)[at[hit]] >= launch_ns[hit]
-    matched = pd.DataFrame({"kernel": kernel[hit], "call_group": launchers["call_group"].to_numpy(np.int64)[at[hit]]})
-    return matched.merge(calls[["call_group", "start", "op", "row"]], on="call_group")
+    hit[hit] = end[at[hit]] >= launch_ns[hit]
+    wanted = group[at[hit]]
+    call_group = calls["call_group"].to_numpy(np.int64)
+    by_group = np.argsort(call_group, kind="stable")
+    low = np.searchsorted(call_group[by_group], wanted, side="left")
+    counts = np.searchsorted(call_group[by_group], wanted, side="right") - low
+    served = by_group[_expand(low, counts)]
+    return {"kernel": np.repeat(kernel[hit], counts), "start": calls["start"].to_numpy(np.int64)[served],
+            "op": calls["op"].to_numpy(object)[served], "row": calls["row"].to_numpy(np.int64)[served]}
 
 
-def _summarise_calls(served: pd.DataFrame, nccl: Columns, n: int) -> Columns:
+def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time;
     each with a ``_na`` mask. Kernels serving no call get op None."""
     out: Columns = {"op": np.full(n, None, object)}
     for column in ("comm", "bytes", "peer", "nranks", "cpu_call_ns"):
         out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
-    if served.empty:
+    if not served["kernel"].size:
         return out
-    served = served.sort_values(["kernel", "start"], kind="stable")
-    kernel, row = served["kernel"].to_numpy(np.int64), served["row"].to_numpy(np.int64)
+    order = np.lexsort((served["start"], served["kernel"]))
+    kernel, row, op = served["kernel"][order], served["row"][order], served["op"][order]
     first = np.flatnonzero(np.r_[True, kernel[1:] != kernel[:-1]])
     at, lead = kernel[first], row[first]
-    op = served["op"].to_numpy(dtype=object)
     codes, _ = pd.factorize(op)
     one_op = np.minimum.reduceat(codes, first) == np.maximum.reduceat(codes, first)
-    all_p2p = np.minimum.reduceat(served["op"].isin(list(ops.P2P_OPS)).to_numpy(), first)
+    all_p2p = np.minimum.reduceat(_per_name(op, ops.P2P_OPS.__contains__, bool), first)
     out["op"][at] = np.where(one_op | ~all_p2p, op[first], ops.SENDRECV)
     known = ~nccl["bytes_na"][row]
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
@@ -722,7 +744,7 @@ def _summarise_calls(served: pd.DataFrame, nccl: Columns, n: int) -> Columns:
     out["peer"][at], out["peer_na"][at] = np.where(single, low, 0), ~single
     for column in ("comm", "nranks"):
         out[column][at], out[f"{column}_na"][at] = nccl[column][lead], nccl[f"{column}_na"][lead]
-    out["cpu_call_ns"][at] = served["start"].to_numpy(np.int64)[first]  # sorted: the first call
+    out["cpu_call_ns"][at] = served["start"][order][first]  # sorted: the first call
     out["cpu_call_ns_na"][at] = False
     return out
 
@@ -772,13 +794,12 @@ def _step_number(name: str | None) -> int:
     return int(match.group(1)) if match else -1
 
 
-def _steps(files: list[_File]) -> Columns:
+def _steps(rows: Columns) -> Columns:
     """`step N` / `ProfilerStep#N` ranges per process (any domain): each step's first
     start and last end, sorted by process then step."""
-    rows = _concat(files, "steps")
     number = _per_name(rows["name"], _step_number, np.int64)
     keep = number >= 0
-    process, number = _process(rows)[keep], number[keep]
+    process, number = rows["process"][keep], number[keep]
     group = _codes(process, number)
     size = int(group.max(initial=-1)) + 1
     out = {"process": np.zeros(size, np.int64), "step": np.zeros(size, np.int64),

@@ -2,28 +2,37 @@
 
 A folder is read as nsys and the profilers leave it: `.nsys-rep` reports beside their
 `.sqlite` exports are skipped (the export is what we read); a lone `.nsys-rep` is
-exported with nsys where it is installed. Every file becomes digest rows through the
-reader for its format; the result is checked for one rank twice or mixed jobs.
+exported with nsys where it is installed; other JSON met on a walk (Flight Recorder
+dumps, configs) is skipped with a warning. Every file becomes digest rows through the
+reader for its format, nsys exports in batches (one vectorised build per batch); the
+result is checked for one rank twice or mixed jobs.
 """
 
 from __future__ import annotations
 
+import gzip
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
 from rankscope.analysis import digest, engine, nsys
-from rankscope.errors import ExportError, InputError, ToolError
+from rankscope.errors import ExportError, InputError, RankscopeWarning, ToolError
 
 NSYS_REPORT = ".nsys-rep"
 SQLITE = ".sqlite"
 KINETO_SUFFIXES = (".json", ".json.gz")
 DIGEST_SUFFIX = ".parquet"
 _KNOWN = (NSYS_REPORT, SQLITE, DIGEST_SUFFIX, *KINETO_SUFFIXES)
+# Files per read task: one nsys batch build each. Locally big batches amortise the build;
+# on Ray smaller ones spread the files over the workers.
+LOCAL_CHUNK = 256
+TASK_CHUNK = 32
+_KINETO_KEY = b'"traceEvents"'
 
 
 def load_digests(
@@ -39,9 +48,11 @@ def load_digests(
     if not files:
         raise InputError("no exports or digests found in " + ", ".join(str(p) for p in paths))
     runner = map_engine or engine.LocalEngine()
-    results = runner.map(_Reader(rank_from), files)
+    size = LOCAL_CHUNK if isinstance(runner, engine.LocalEngine) else TASK_CHUNK
+    chunks = [files[i : i + size] for i in range(0, len(files), size)]
+    results = runner.map(_Reader(rank_from), chunks)
     if progress:
-        results = engine.with_progress(results, len(files), "reading exports")
+        results = engine.with_progress(results, len(chunks), f"reading exports ({size} per batch)")
     digests = digest.concat(list(results))
     digest.check_consistent(digests)
     return digests
@@ -56,7 +67,8 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p) in _KNOWN)
             # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
-            files.extend(p for p in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p))
+            found = [p for p in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p)]
+            files.extend(p for p in found if _suffix(p) not in KINETO_SUFFIXES or _kineto_or_warn(p))
         elif path.is_file():
             files.append(path)
         else:
@@ -66,14 +78,56 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
     return list(dict.fromkeys(kept))
 
 
+def _kineto_or_warn(path: Path) -> bool:
+    """True for a Kineto trace (it has a "traceEvents" key, near the top as the profiler
+    writes it); other JSON found on a folder walk is skipped with a warning. A file that
+    cannot be read counts as a trace, so its reader reports the problem."""
+    opener = gzip.open if _suffix(path) == ".json.gz" else open
+    seen = b""
+    try:
+        with opener(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                if _KINETO_KEY in seen + chunk:
+                    return True
+                seen = chunk[-len(_KINETO_KEY) :]
+    except (OSError, EOFError, gzip.BadGzipFile):
+        return True
+    warnings.warn(f"{path}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder dump); skipped",
+                  RankscopeWarning, stacklevel=3)
+    return False
+
+
 class _Reader:
-    """Picklable per-file reader (Ray ships it to tasks)."""
+    """Picklable reader of a chunk of files (Ray ships it to tasks): digest rows in file
+    order, consecutive nsys exports read as one batch."""
 
     def __init__(self, rank_from: str | None) -> None:
         self.rank_from = rank_from
 
-    def __call__(self, path: Path) -> pa.Table:
-        return read_one(path, rank_from=self.rank_from)
+    def __call__(self, paths: Sequence[Path]) -> pa.Table:
+        tables, exports = [], []
+        for path in paths:
+            export = _export_of(path)
+            if export is not None:
+                exports.append(export)
+                continue
+            if exports:
+                tables.append(nsys.read_many(exports, rank_from=self.rank_from))
+                exports = []
+            tables.append(read_one(path, rank_from=self.rank_from))
+        if exports:
+            tables.append(nsys.read_many(exports, rank_from=self.rank_from))
+        return digest.concat(tables)
+
+
+def _export_of(path: Path) -> Path | None:
+    """The SQLite export to read for ``path``: itself, or the one beside a report."""
+    suffix = _suffix(path)
+    if suffix == SQLITE:
+        return path
+    if suffix == NSYS_REPORT and path.with_suffix(SQLITE).is_file():
+        return path.with_suffix(SQLITE)
+    return None
 
 
 def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
@@ -98,8 +152,8 @@ def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
 def _read_report(path: Path, rank_from: str | None) -> pa.Table:
     """Read the report's SQLite export: the one beside it, else one nsys makes now in a
     temporary folder."""
-    beside = path.with_suffix(SQLITE)
-    if beside.is_file():
+    beside = _export_of(path)
+    if beside is not None:
         return nsys.read_nsys(beside, rank_from=rank_from)
     nsys_bin = shutil.which("nsys")
     command = f"nsys export --type sqlite --output {path.with_suffix(SQLITE)} {path}"
