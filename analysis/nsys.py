@@ -30,6 +30,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -517,7 +518,7 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
     """(NCCL ranges with their payload fields, step ranges) of all files."""
     rows = _columns(files, "nvtx", ("pid", "tid", "start", "end", "length", "kind"), ("start", "end"))
     rows["process"] = _process(rows)
-    rows["name"] = np.array([name for export in files for name in export.nvtx_names], dtype=object)
+    rows["name"] = np.array(list(chain.from_iterable(export.nvtx_names for export in files)), dtype=object)
     kind = rows["kind"]
     with_domain = np.unique(rows["process"][kind == _NCCL_DOMAIN])
     named = (kind == _NCCL_NAMED) & ~np.isin(rows["process"], with_domain)
@@ -527,7 +528,7 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
         files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
     is_nccl = (kind == _NCCL_RANGE) | named
     nccl = {key: values[is_nccl] for key, values in rows.items()}
-    blobs = np.array([blob for export in files for blob in export.nvtx_blobs], dtype=object)
+    blobs = np.array(list(chain.from_iterable(export.nvtx_blobs for export in files)), dtype=object)
     nccl.update(_decode_payloads(files, nccl["file"], blobs[is_nccl], nccl["length"]))
     is_step = kind == _OTHER_RANGE
     return nccl, {key: values[is_step] for key, values in rows.items()}
@@ -689,7 +690,9 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataF
     closes = (delta == -1) & (before >= 1) & (depth == 0)
     # Ungrouped calls form their own call group (negative ids cannot clash with groups).
     frame["call_group"] = np.where(grouped | closes, group, -1 - np.arange(tid.size, dtype=np.int64))
-    frame = pd.DataFrame(frame)
+    # Object columns stay object (no string inference: they are only looked up by row).
+    frame = pd.DataFrame({key: pd.Series(values, dtype=object) if values.dtype == object else values
+                          for key, values in frame.items()})
     return frame[is_call], frame[(is_call & ~grouped) | closes]
 
 
