@@ -105,18 +105,23 @@ def export_command(report: Path, output: Path, *, type: str = "sqlite", nsys: st
 
 def profile_command(cmd: Sequence[str], output: Path, *, trace: str = trace_flag(DEFAULT_TRACE),
                     duration_s: float | None = None, capture_range: str | None = None,
-                    gpu_metrics: bool = False, nsys: str = NSYS) -> list[str]:
-    """One-shot ``nsys profile``: a ``--duration`` window or a ``--capture-range``.
+                    nvtx_capture: str | None = None, gpu_metrics: bool = False, nsys: str = NSYS) -> list[str]:
+    """One-shot ``nsys profile``: a ``--duration`` window or a ``--capture-range``
+    (``nvtx`` names its range with ``--nvtx-capture=RANGE@DOMAIN``).
 
     ``--kill=none``: nsys otherwise kills the application when a --duration ends."""
     _require_cmd(cmd)
     if (duration_s is None) == (capture_range is None):
         raise ValueError("one-shot profiling needs exactly one of a duration or a capture range")
+    if (capture_range == "nvtx") != (nvtx_capture is not None):
+        raise ValueError("--capture-range=nvtx goes with --nvtx-capture=RANGE@DOMAIN, and only with it")
     argv = [nsys, "profile", trace, f"--output={output}", "--force-overwrite=true"]
     if duration_s is not None:
         argv += [f"--duration={max(1, round(duration_s))}", "--kill=none"]
     else:
         argv.append(f"--capture-range={capture_range}")
+        if nvtx_capture is not None:
+            argv.append(f"--nvtx-capture={nvtx_capture}")
     if gpu_metrics:
         argv.append("--gpu-metrics-devices=all")
     return [*argv, *cmd]

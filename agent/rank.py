@@ -58,8 +58,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="profile once with `nsys profile` instead of an on-demand session")
     parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                         help="one-shot: how long to collect")
-    parser.add_argument("--capture-range", choices=("cudaProfilerApi", "nvtx", "hotkey"), default=None,
+    parser.add_argument("--capture-range", choices=("cudaProfilerApi", "nvtx"), default=None,
                         help="one-shot: collect inside this capture range instead of a duration")
+    parser.add_argument("--nvtx-capture", default=None, metavar="RANGE@DOMAIN",
+                        help="one-shot with --capture-range nvtx: the NVTX range that opens the capture")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the rank's command")
     parser.set_defaults(func=run)
 
@@ -70,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("no command: usage `rankscope rank [options] -- CMD...`")
     if args.one_shot and (args.duration is None) == (args.capture_range is None):
         raise InputError("--one-shot needs exactly one of --duration SECONDS or --capture-range")
+    if (args.capture_range == "nvtx") != (args.nvtx_capture is not None):
+        raise InputError("--capture-range nvtx needs --nvtx-capture RANGE@DOMAIN (and only it takes one)")
     info = rank_info(os.environ, pid=os.getpid(), backend=args.backend)
     if args.backend == "torch":
         from rankscope.agent import torch_hook  # provided with the torch backend
@@ -183,7 +187,8 @@ def run_one_shot(info: RankInfo, cmd: Sequence[str], args: argparse.Namespace, e
     folder.mkdir(parents=True, exist_ok=True)
     base = folder / f"{nsys.session_name(info.job_id, info.rank, info.pid)}"
     argv = nsys.profile_command(cmd, base, trace=trace, duration_s=args.duration,
-                                capture_range=args.capture_range, gpu_metrics=info.local_rank == 0, nsys=exe)
+                                capture_range=args.capture_range, nvtx_capture=args.nvtx_capture,
+                                gpu_metrics=info.local_rank == 0, nsys=exe)
     log.info("rank %d: %s", info.rank, " ".join(map(str, argv)))
     code = supervise(argv)
     report = Path(f"{base}{nsys.REPORT_SUFFIX}")

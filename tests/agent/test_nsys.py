@@ -65,8 +65,12 @@ def test_profile_command_one_shot():
         "--capture-range=cudaProfilerApi", "--gpu-metrics-devices=all", "app", "-x"]
     with pytest.raises(ValueError):
         nsys.profile_command(["app"], Path("/s/r0"))
+    assert nsys.profile_command(["app"], Path("/s/r0"), capture_range="nvtx", nvtx_capture="step 3@*")[5:7] == [
+        "--capture-range=nvtx", "--nvtx-capture=step 3@*"]
     with pytest.raises(ValueError):
-        nsys.profile_command(["app"], Path("/s/r0"), duration_s=1, capture_range="nvtx")
+        nsys.profile_command(["app"], Path("/s/r0"), duration_s=1, capture_range="cudaProfilerApi")
+    with pytest.raises(ValueError, match="nvtx-capture"):
+        nsys.profile_command(["app"], Path("/s/r0"), capture_range="nvtx")
 
 
 def test_trace_flag_nccl_modes():

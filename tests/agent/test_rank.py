@@ -178,3 +178,10 @@ def test_torch_backend_is_handed_to_the_torch_hook(monkeypatch, tmp_path):
     assert args.func(args) == 9
     assert seen["cmd"] == ["python", "t.py"] and seen["spool"] == tmp_path
     assert (seen["info"].rank, seen["info"].world_size, seen["info"].backend) == (2, 4, "torch")
+
+
+def test_one_shot_nvtx_capture_range_needs_its_range(nsys_env, tmp_path):
+    _, env = nsys_env
+    proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--capture-range", "nvtx", "--", "true", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "--nvtx-capture" in err
