@@ -215,12 +215,10 @@ class NsysBackend(CaptureBackend):
     name = "nsys"
     needs_gpu_counters = True
 
-    def __init__(self, *, nsys: str = NSYS, export_type: str = "sqlite",
-                 timeout_s: float = COMMAND_TIMEOUT_S, export_timeout_s: float = EXPORT_TIMEOUT_S,
+    def __init__(self, *, nsys: str = NSYS, timeout_s: float = COMMAND_TIMEOUT_S, export_timeout_s: float = EXPORT_TIMEOUT_S,
                  report_wait_s: float = COMMAND_TIMEOUT_S,
                  on_counters_released: Callable[[CaptureRequest], None] | None = None) -> None:
         self.nsys = nsys
-        self.export_type = export_type
         self.timeout_s = timeout_s
         self.export_timeout_s = export_timeout_s
         self.report_wait_s = report_wait_s
@@ -299,9 +297,9 @@ class NsysBackend(CaptureBackend):
         if free < max(MIN_FREE_BYTES, 2 * report.stat().st_size):
             raise ToolError(f"disk full: {free >> 20} MiB free in {request.workdir}, "
                             f"cannot export {report.name}")
-        output = Path(f"{base}.{self.export_type}")
+        output = Path(f"{base}.sqlite")  # what the ingest reads (analysis/nsys.py)
         try:
-            run(export_command(report, output, type=self.export_type, nsys=exe),
+            run(export_command(report, output, nsys=exe),
                 timeout_s=self.export_timeout_s)
         except ToolError as exc:
             raise ToolError(f"rank {info.rank}: {exc}") from None
