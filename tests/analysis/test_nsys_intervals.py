@@ -43,3 +43,31 @@ def test_gaps_before_start_at_previous_end_and_never_go_negative() -> None:
     gap_start, gap_end = intervals.gaps_before([10, 30, 35], [20, 40, 50], first=0)
     assert gap_start.tolist() == [0, 20, 35]  # third overlaps the second: empty gap
     assert gap_end.tolist() == [10, 30, 35]
+
+
+def test_grouped_operations_match_each_group_alone() -> None:
+    rng = np.random.default_rng(11)
+    base = 1_779_782_390_288_293_742
+    groups = rng.integers(0, 5, 300)
+    starts = base + rng.integers(0, 5_000, 300)
+    ends = starts + rng.integers(-20, 200, 300)  # some empty or reversed: ignored
+    union = intervals.merge(starts, ends, groups)
+    q_group = rng.integers(0, 6, 80)  # group 5 has no intervals
+    q_start = base + rng.integers(-100, 5_100, 80)
+    q_end = q_start + rng.integers(0, 400, 80)
+    got = intervals.overlap(union, q_start, q_end, q_group)
+    for g in range(6):
+        alone = intervals.merge(starts[groups == g], ends[groups == g])
+        mine = q_group == g
+        assert got[mine].tolist() == intervals.overlap(alone, q_start[mine], q_end[mine]).tolist()
+    totals = intervals.length_by_group(union, 6)
+    assert totals.tolist() == [intervals.union_length(starts[groups == g], ends[groups == g]) for g in range(6)]
+
+
+def test_grouped_gaps_and_running_max_restart_per_group() -> None:
+    groups = np.array([0, 0, 0, 1, 1])
+    gap_start, gap_end = intervals.gaps_before([10, 30, 35, 5, 50], [20, 40, 50, 60, 70], first=np.array([0, 0, 0, 3, 3]), groups=groups)
+    assert gap_start.tolist() == [0, 20, 35, 3, 50]
+    assert gap_end.tolist() == [10, 30, 35, 5, 50]
+    assert intervals.running_max([5, 1, 7, 2, 1], [0, 0, 0, 1, 1]).tolist() == [5, 5, 7, 2, 2]
+    assert intervals.last_at_or_before([0, 0, 1], [10, 20, 5], [0, 0, 1, 1, 2], [9, 25, 5, 4, 100]).tolist() == [-1, 1, 2, -1, -1]

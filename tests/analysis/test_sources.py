@@ -125,3 +125,37 @@ def test_refusals(dsl: Path, tmp_path: Path) -> None:
     shutil.copy(export, twin)
     with pytest.raises(ConsistencyError, match="rank 0 is also claimed"):
         sources.load_digests([export, twin])
+
+
+def test_folder_walk_skips_json_that_is_not_a_kineto_trace(samples: Path, tmp_path: Path) -> None:
+    pytest.importorskip("rankscope.analysis.kineto")
+    import gzip
+
+    from rankscope.errors import RankscopeWarning
+
+    source = samples / "kineto" / "gloo_cpu_torch2.13"
+    for name in ("rank0.json", "rank1.json", "fr_rank0.json"):
+        shutil.copy(source / name, tmp_path / name)
+    # A Flight Recorder dump as the profiler's users often keep it: gzipped, beside the traces.
+    (tmp_path / "fr_rank1.json.gz").write_bytes(gzip.compress((source / "fr_rank1.json").read_bytes()))
+    with pytest.warns(RankscopeWarning, match="not a Kineto trace") as caught:
+        files = sources.discover([tmp_path])
+    assert [f.name for f in files] == ["rank0.json", "rank1.json"]
+    skipped = {Path(str(w.message).split(": ")[0]).name for w in caught if "not a Kineto trace" in str(w.message)}
+    assert skipped == {"fr_rank0.json", "fr_rank1.json.gz"}
+    table = sources.load_digests([tmp_path])
+    assert table.column("rank").to_pylist() == [0, 1]
+    # Named explicitly, it is still read, and refused with a clear one-line error.
+    with pytest.raises(ExportError, match="not a Kineto trace") as err:
+        sources.load_digests([tmp_path / "fr_rank0.json"])
+    assert str(tmp_path / "fr_rank0.json") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_exports_read_in_batches_match_one_file_at_a_time(samples: Path, monkeypatch) -> None:
+    exports = [*sorted((samples / DSL).glob("*.sqlite")), samples / "nsys" / "nsysai_2gpu_sendrecv" / "mfu_2gpu_after.sqlite"]
+    one_by_one = digest.concat(nsys.read_nsys(path) for path in exports)
+    assert one_by_one.column("rank").to_pylist() == [0, 1, 0, 1]
+    together = nsys.read_many(exports)  # one batch: three files' rows built at once
+    assert together.equals(one_by_one)
+    monkeypatch.setattr(nsys, "BATCH_ROWS", 1)  # a batch per file
+    assert nsys.read_many(exports).equals(one_by_one)
