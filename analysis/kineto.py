@@ -41,8 +41,9 @@ from rankscope.errors import ExportError, RankscopeWarning
 SOURCE_FORMAT = "kineto-json"
 HOOK_KEY = "rankscope"  # top-level metadata written by rankscope's torch hook
 
+# Starts at the literal "ph" (not the brace) so the regex engine can scan for it quickly.
 _HEAD = re.compile(
-    rb'\{\s*"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"([^"]*)"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"\s*,'
+    rb'"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"([^"]*)"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"\s*,'
     rb'\s*"pid"\s*:\s*"?([^,"]*)"?\s*,\s*"tid"\s*:\s*"?([^,"]*)"?\s*,'
     rb'\s*"ts"\s*:\s*(-?\d+)(?:\.(\d+))?\s*,\s*"dur"\s*:\s*(-?\d+)(?:\.(\d+))?'
     rb'(?:(?=\s*,\s*"args"\s*:\s*\{\s*"External id"\s*:\s*(\d+)))?'  # first arg, not consumed
