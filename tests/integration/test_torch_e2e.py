@@ -47,7 +47,7 @@ def _capture(tmp: Path, slow_rank: int) -> tuple[list[Path], list[int]]:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool), "--",
                  sys.executable, "-m", "rankscope.demo", "--stop-file", str(stop), "--ready-dir", str(ready),
-                 "--slow-rank", str(slow_rank), "--compute-ms", "10", "--extra-ms", "25", "--max-seconds", "240"],
+                 "--slow-rank", str(slow_rank), "--compute-ms", "10", "--extra-ms", "40", "--max-seconds", "240"],
                 env=env))
         deadline = time.monotonic() + 180
         while len(list(ready.glob("*"))) < WORLD:
