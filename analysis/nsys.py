@@ -58,11 +58,13 @@ _TABLES = (
     "TARGET_INFO_CUDA_DEVICE", "TARGET_INFO_GPU", KERNEL_TABLE, RUNTIME_TABLE, *COPY_TABLES,
     "NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMA_ENTRIES", "StringIds",
 )
-# Tables and columns in one statement (what `queries` is built from).
-SCHEMA_QUERY = (
-    "SELECT m.name, p.name FROM sqlite_master AS m JOIN pragma_table_info(m.name) AS p "
-    f"WHERE m.type = 'table' AND m.name IN ({', '.join(repr(t) for t in _TABLES)})"
-)
+_WANTED = f"m.type = 'table' AND m.name IN ({', '.join(repr(t) for t in _TABLES)})"
+# The wanted tables' CREATE statements, and (slower) their columns: what `queries` is built from.
+SCHEMA_QUERY = f"SELECT m.name, m.sql FROM sqlite_master AS m WHERE {_WANTED} ORDER BY m.name"
+COLUMNS_QUERY = f"SELECT m.name, p.name FROM sqlite_master AS m JOIN pragma_table_info(m.name) AS p WHERE {_WANTED}"
+# Exports of one nsys version share their schema: columns looked up once per schema seen.
+_COLUMNS_BY_SCHEMA: dict[tuple, dict[str, frozenset[str]]] = {}
+_SCHEMAS_KEPT = 64
 
 # NVTX event types (same ids in 3.13.2 and 3.25.0, nsys-export.md §3).
 _PUSH_POP_RANGE, _START_END_RANGE, _DOMAIN_CREATE = 59, 60, 75
@@ -131,15 +133,21 @@ def read_many(paths: Iterable[str | Path], *, rank_from: str | None = None) -> p
 # ---------------------------------------------------------------- one file: SQL
 
 
-def table_columns(db: sqlite3.Connection) -> dict[str, set[str]]:
+def table_columns(db: sqlite3.Connection) -> dict[str, frozenset[str]]:
     """The tables the ingest uses that this export has, with their columns."""
-    columns: dict[str, set[str]] = {}
-    for table, column in db.execute(SCHEMA_QUERY):
-        columns.setdefault(table, set()).add(column)
-    return columns
+    schema = tuple(db.execute(SCHEMA_QUERY).fetchall())
+    known = _COLUMNS_BY_SCHEMA.get(schema)
+    if known is None:
+        found: dict[str, set[str]] = {}
+        for table, column in db.execute(COLUMNS_QUERY):
+            found.setdefault(table, set()).add(column)
+        if len(_COLUMNS_BY_SCHEMA) >= _SCHEMAS_KEPT:
+            _COLUMNS_BY_SCHEMA.clear()
+        known = _COLUMNS_BY_SCHEMA[schema] = {table: frozenset(columns) for table, columns in found.items()}
+    return known
 
 
-def queries(columns: Mapping[str, set[str]]) -> dict[str, str]:
+def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     """Every statement the ingest runs on an export with these tables and columns: one
     per table, SQLite doing the joins and filters (names only for the distinct ids used,
     launches only of NCCL kernels, NVTX only NCCL-domain and step ranges). The benchmark's
@@ -154,15 +162,15 @@ def queries(columns: Mapping[str, set[str]]) -> dict[str, str]:
         )
     if "utcEpochNs" in columns.get("TARGET_INFO_SESSION_START_TIME", ()):
         sql["session"] = "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME"
-    if {"name", "value"} <= columns.get("TARGET_INFO_SYSTEM_ENV", set()):
+    if {"name", "value"} <= columns.get("TARGET_INFO_SYSTEM_ENV", frozenset()):
         sql["hostname"] = "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'"
-    gpu = columns.get("TARGET_INFO_GPU", set())
-    if {"cudaId", "pid", "uuid"} <= columns.get("TARGET_INFO_CUDA_DEVICE", set()):
+    gpu = columns.get("TARGET_INFO_GPU", frozenset())
+    if {"cudaId", "pid", "uuid"} <= columns.get("TARGET_INFO_CUDA_DEVICE", frozenset()):
         sql["cuda_devices"] = "SELECT pid, cudaId, uuid FROM TARGET_INFO_CUDA_DEVICE WHERE uuid IS NOT NULL ORDER BY rowid"
     elif "uuid" in gpu:
         ordinal = "cuDevice" if "cuDevice" in gpu else "id"
         sql["gpus"] = f"SELECT DISTINCT CAST({ordinal} AS TEXT), uuid FROM TARGET_INFO_GPU"
-    name = _kernel_name_column(columns.get(KERNEL_TABLE, set()))
+    name = _kernel_name_column(columns.get(KERNEL_TABLE, frozenset()))
     if name and "globalPid" in columns[KERNEL_TABLE]:
         # Integers only per row (names resolved once per distinct id): the bulk of an export.
         sql["kernels"] = (
@@ -171,7 +179,7 @@ def queries(columns: Mapping[str, set[str]]) -> dict[str, str]:
         used = f"SELECT DISTINCT {name} FROM {KERNEL_TABLE}"
         if "StringIds" in columns:
             sql["kernel_names"] = f"SELECT id, value FROM StringIds WHERE id IN ({used})"
-            if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, set()):
+            if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
                 nccl_names = f"SELECT id FROM StringIds WHERE id IN ({used}) AND value LIKE 'nccl%'"
                 sql["launches"] = (
                     f"SELECT correlationId, (globalTid >> 24) & 16777215, globalTid, start FROM {RUNTIME_TABLE} "
@@ -180,14 +188,14 @@ def queries(columns: Mapping[str, set[str]]) -> dict[str, str]:
     copies = [
         f'SELECT start, "end", {_PID}, deviceId FROM {table}'
         for table in COPY_TABLES
-        if {"start", "end", "deviceId", "globalPid"} <= columns.get(table, set())
+        if {"start", "end", "deviceId", "globalPid"} <= columns.get(table, frozenset())
     ]
     if copies:
         sql["copies"] = " UNION ALL ".join(copies)
-    nvtx = columns.get("NVTX_EVENTS", set())
+    nvtx = columns.get("NVTX_EVENTS", frozenset())
     if {"start", "end", "eventType", "globalTid"} <= nvtx:
         sql["nvtx"] = _nvtx_sql(nvtx)
-    entries = columns.get("NVTX_PAYLOAD_SCHEMA_ENTRIES", set())
+    entries = columns.get("NVTX_PAYLOAD_SCHEMA_ENTRIES", frozenset())
     if {"schemaId", "name", "type"} <= entries:
         # Schema tables have no process column: dedupe (pitfall 2); NULL offset means 0 (pitfall 1).
         offset = 'COALESCE("offset", 0)' if "offset" in entries else "0"
@@ -199,11 +207,11 @@ def queries(columns: Mapping[str, set[str]]) -> dict[str, str]:
     return sql
 
 
-def _kernel_name_column(columns: set[str]) -> str | None:
+def _kernel_name_column(columns: frozenset[str]) -> str | None:
     return next((c for c in ("shortName", "demangledName", "mangledName") if c in columns), None)
 
 
-def _nvtx_name_sql(columns: set[str]) -> tuple[str, str]:
+def _nvtx_name_sql(columns: frozenset[str]) -> tuple[str, str]:
     """(expression, join) for an NVTX event's name: inline `text` or registered `textId`."""
     text = "COALESCE(n.text, s.value)" if "text" in columns else "s.value"
     if "textId" in columns:
@@ -211,7 +219,7 @@ def _nvtx_name_sql(columns: set[str]) -> tuple[str, str]:
     return text, "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"
 
 
-def _nvtx_sql(columns: set[str]) -> str:
+def _nvtx_sql(columns: frozenset[str]) -> str:
     """NCCL domain creations, ranges in NCCL's domain (or, for a process without one,
     non-default ranges named nccl*, pitfall 5) with their payload blobs, and step ranges
     in any domain: (pid, tid, start, end, blob length, kind, name, blob) rows, ``kind``
@@ -309,7 +317,7 @@ def _read_file(path: Path) -> _File:
     return _parse(path, rows)
 
 
-def _check_tables(path: Path, columns: Mapping[str, set[str]]) -> None:
+def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
     if "TARGET_INFO_SESSION_START_TIME" not in columns:
         raise ExportError("not an nsys export (no TARGET_INFO_SESSION_START_TIME table)", path=path)
     if "utcEpochNs" not in columns["TARGET_INFO_SESSION_START_TIME"]:
