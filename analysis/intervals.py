@@ -11,6 +11,7 @@ all at once): pass ``groups`` and each interval or query only meets its own grou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -29,15 +30,46 @@ def _i64(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
+def _group_keys(groups: list[np.ndarray], values: list[np.ndarray]) -> tuple[list[np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+    """One int64 key per (group, value) pair, ordered by group then value, and the map
+    from a key back to its value. Each group's values are shifted above all earlier
+    groups' (linear time); where int64 cannot hold that (epoch ns leave ~2**62 of room),
+    the values' dense ranks are spread apart instead (a sort)."""
+    size = max((int(g.max()) + 1 for g in groups if g.size), default=0)
+    count = sum(g.size for g in groups)
+    if size > 2 * count + 1024 or min((int(g.min()) for g in groups if g.size), default=0) < 0:
+        # Sparse group ids (e.g. packed keys): number them densely, in the same order.
+        distinct, dense = np.unique(np.concatenate(groups), return_inverse=True)
+        bounds = np.cumsum([0] + [g.size for g in groups])
+        groups = [dense[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+        size = distinct.size
+    low = np.full(size, np.iinfo(np.int64).max)
+    high = np.full(size, np.iinfo(np.int64).min)
+    for group, value in zip(groups, values):
+        np.minimum.at(low, group, value)
+        np.maximum.at(high, group, value)
+    present = high >= low
+    span = np.where(present, high.astype(object) - low.astype(object) + 1, 0) if size else np.zeros(0, object)
+    if sum(span.tolist()) < 2**62:
+        span = span.astype(np.int64)
+        shift = np.where(present, np.cumsum(span) - span - low, 0)
+        keys = [value + shift[group] for group, value in zip(groups, values)]
+        return keys, lambda key: key - shift[np.searchsorted(np.cumsum(span), key, side="right")]
+    distinct, rank = np.unique(np.concatenate(values), return_inverse=True)
+    bounds = np.cumsum([0] + [v.size for v in values])
+    keys = [group * distinct.size + rank[lo:hi] for group, lo, hi in zip(groups, bounds[:-1], bounds[1:])]
+    return keys, lambda key: distinct[key % distinct.size]
+
+
 def running_max(values, groups=None) -> np.ndarray:
     """Cumulative maximum of ``values``, restarting at each group (``groups`` ascending)."""
     values = _i64(values)
-    if groups is None or values.size == 0:
-        return np.maximum.accumulate(values) if values.size else values
-    # Epoch ns leave no room to offset groups apart: rank the values densely instead.
-    distinct, rank = np.unique(values, return_inverse=True)
-    shift = _i64(groups) * distinct.size
-    return distinct[np.maximum.accumulate(shift + rank) - shift]
+    if values.size == 0:
+        return values
+    if groups is None:
+        return np.maximum.accumulate(values)
+    (keys,), value_of = _group_keys([_i64(groups)], [values])
+    return value_of(np.maximum.accumulate(keys))
 
 
 def last_at_or_before(groups, values, q_groups, q_values) -> np.ndarray:
@@ -45,10 +77,8 @@ def last_at_or_before(groups, values, q_groups, q_values) -> np.ndarray:
     (entries sorted by group, then value); -1 where there is none."""
     groups, values = _i64(groups), _i64(values)
     q_groups, q_values = _i64(q_groups), _i64(q_values)
-    distinct, rank = np.unique(np.concatenate([values, q_values]), return_inverse=True)
-    width = max(distinct.size, 1)
-    keys = groups * width + rank[: values.size]
-    at = np.searchsorted(keys, q_groups * width + rank[values.size :], side="right") - 1
+    (keys, q_keys), _ = _group_keys([groups, q_groups], [values, q_values])
+    at = np.searchsorted(keys, q_keys, side="right") - 1
     ok = at >= 0
     ok[ok] = groups[at[ok]] == q_groups[ok]
     return np.where(ok, at, -1)
@@ -64,18 +94,22 @@ def merge(starts, ends, groups=None) -> Union:
     if starts.size == 0:
         empty = np.zeros(0, np.int64)
         return Union(empty, empty, empty, None if group is None else empty)
-    order = np.argsort(starts, kind="stable") if group is None else np.lexsort((starts, group))
-    starts, ends = starts[order], ends[order]
+    if group is None:
+        start_key, end_key, value_of = starts, ends, None
+    else:
+        (start_key, end_key), value_of = _group_keys([group, group], [starts, ends])
+    order = np.argsort(start_key, kind="stable")
+    starts, ends, start_key = starts[order], ends[order], start_key[order]
+    reach_key = np.maximum.accumulate(end_key[order])  # keys keep groups apart
+    reach = reach_key if value_of is None else value_of(reach_key)
     new = np.empty(starts.size, dtype=bool)
     new[0] = True
+    # A new merged interval begins where a start lies beyond everything seen so far
+    # (in its group: an earlier group's keys all lie below).
+    new[1:] = start_key[1:] > reach_key[:-1]
     if group is not None:
         group = group[order]
-        new[1:] = group[1:] != group[:-1]
-    else:
-        new[1:] = False
-    reach = running_max(ends, group)
-    # A new merged interval begins where a start lies beyond everything seen so far.
-    new[1:] |= starts[1:] > reach[:-1]
+        new[1:] |= group[1:] != group[:-1]
     first = np.flatnonzero(new)
     merged_starts = starts[first]
     merged_ends = reach[np.append(first[1:] - 1, starts.size - 1)]

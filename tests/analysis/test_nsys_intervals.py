@@ -71,3 +71,21 @@ def test_grouped_gaps_and_running_max_restart_per_group() -> None:
     assert gap_end.tolist() == [10, 30, 35, 5, 50]
     assert intervals.running_max([5, 1, 7, 2, 1], [0, 0, 0, 1, 1]).tolist() == [5, 5, 7, 2, 2]
     assert intervals.last_at_or_before([0, 0, 1], [10, 20, 5], [0, 0, 1, 1, 2], [9, 25, 5, 4, 100]).tolist() == [-1, 1, 2, -1, -1]
+
+
+def test_grouped_operations_when_groups_cannot_be_shifted_apart_in_int64() -> None:
+    # Spans this wide leave int64 no room to lay groups side by side: ranks are used.
+    far = 2**62
+    groups = np.array([0, 0, 1, 1, 2])
+    starts = np.array([-far, far, -far + 10, 0, 7])
+    ends = starts + np.array([100, 100, 100, 100, 100])
+    union = intervals.merge(starts, ends, groups)
+    assert intervals.length_by_group(union, 3).tolist() == [200, 200, 100]
+    assert intervals.overlap(union, [far + 50, -far + 60, 0], [far + 500, -far + 70, 1000], [0, 1, 2]).tolist() == [50, 10, 100]
+    assert intervals.running_max([far, -far, 3, -far], [0, 0, 1, 1]).tolist() == [far, far, 3, 3]
+
+
+def test_sparse_group_ids_work_like_dense_ones() -> None:
+    sparse = np.array([5 << 40, 5 << 40, 9 << 40])  # packed (file, pid) keys
+    assert intervals.last_at_or_before(sparse, [10, 20, 5], [5 << 40, 9 << 40, 7], [15, 6, 1]).tolist() == [0, 2, -1]
+    assert intervals.running_max([3, 1, 2], sparse).tolist() == [3, 3, 2]
