@@ -63,14 +63,14 @@ def local_ranks(spool: Path) -> list[RankInfo]:
             info = RankInfo(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError) as exc:
             raise InputError(f"unreadable rank announcement ({exc})", path=path) from None
-        if _alive(info.pid):
+        if alive(info.pid):
             found.append(info)
         else:
             path.unlink(missing_ok=True)
     return sorted(found, key=lambda r: (r.local_rank, r.rank))
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
 
 from rankscope.agent import torch_hook
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
-from rankscope.agent.spool import RankInfo
+from rankscope.agent.spool import RankInfo, alive
 from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,7 @@ def _wait(request: CaptureRequest, ranks: list[RankInfo], marker, timeout_s: flo
             elif error.exists():
                 failed.append((error.read_text(), rank))
                 pending.remove(rank)
-            elif not _alive(rank.pid):
+            elif not alive(rank.pid):
                 failed.append(("the rank exited", rank))
                 pending.remove(rank)
         if pending and time.monotonic() > deadline:
@@ -118,16 +117,6 @@ def _wait(request: CaptureRequest, ranks: list[RankInfo], marker, timeout_s: flo
         if pending:
             time.sleep(POLL_S)
     return done, failed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _why(failed: list[tuple[str | None, RankInfo]]) -> str:
