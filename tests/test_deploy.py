@@ -1,0 +1,87 @@
+"""Every rankscope command line in deploy/ parses with today's CLI.
+
+Deployment material drifts silently when a flag is renamed; these tests read the
+Slurm scripts, the systemd unit and the Kubernetes manifests and run each
+`rankscope ...` invocation through the real argument parser.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rankscope.cli import build_parser
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+CODE = [Path(__file__).resolve().parent.parent / d for d in ("core", "agent", "analysis", "coordinator")]
+
+
+def _substitute(text: str) -> str:
+    """Shell and Kubernetes variables become plain words the parser accepts."""
+    text = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+    text = re.sub(r"\$\{[A-Z_]+[^}]*\}|\$[A-Z_]+|\$\([A-Z_]+\)", "x", text)
+    return re.sub(r"\$\(date[^)]*\)", "now", text)
+
+
+def _shell_invocations(path: Path) -> list[list[str]]:
+    joined = path.read_text().replace("\\\n", " ")
+    found = []
+    for line in joined.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if line.startswith("#") or "rankscope " not in line:
+            continue
+        words = shlex.split(_substitute(line))
+        start = next((i for i, w in enumerate(words) if w == "rankscope" or w.endswith("/rankscope")), None)
+        if start is None:
+            continue
+        end = next((i for i, w in enumerate(words) if w in {">", "&", "|", "&&"} and i > start), len(words))
+        found.append(words[start + 1 : end])
+    return found
+
+
+def _manifest_invocations(path: Path) -> list[list[str]]:
+    found = []
+    for doc in yaml.safe_load_all(path.read_text()):
+        for container in _containers(doc):
+            command, args = container.get("command", []), container.get("args", [])
+            if command[:1] == ["rankscope"]:
+                found.append([_substitute(a) for a in command[1:] + args])
+            elif container.get("image", "").startswith("rankscope:"):
+                found.append([_substitute(a) for a in args])
+    return found
+
+
+def _containers(node: object) -> list[dict]:
+    if isinstance(node, dict):
+        own = node.get("containers", []) if isinstance(node.get("containers"), list) else []
+        return own + [c for v in node.values() for c in _containers(v)]
+    if isinstance(node, list):
+        return [c for v in node for c in _containers(v)]
+    return []
+
+
+SHELL = sorted([*DEPLOY.glob("slurm/*"), *DEPLOY.glob("systemd/*")])
+MANIFESTS = sorted(DEPLOY.glob("kubernetes/*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHELL + MANIFESTS, ids=lambda p: p.name)
+def test_each_rankscope_command_line_parses(path: Path) -> None:
+    invocations = _manifest_invocations(path) if path.suffix == ".yaml" else _shell_invocations(path)
+    assert invocations, f"{path} names no rankscope command"
+    parser = build_parser()
+    for argv in invocations:
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{path.name}: `rankscope {' '.join(argv)}` does not parse")
+
+
+def test_environment_variables_named_in_deploy_are_read_by_the_code() -> None:
+    code = "\n".join(p.read_text() for d in CODE for p in d.rglob("*.py"))
+    named = {v for p in DEPLOY.rglob("*") if p.is_file() for v in re.findall(r"RANKSCOPE_[A-Z_]+", p.read_text())}
+    unread = {v for v in named if v not in code}
+    assert not unread, f"deploy/ sets variables no code reads: {sorted(unread)}"
