@@ -16,21 +16,23 @@ One trace is one rank. What is read, and why (reference/nccl-in-traces.md §4, �
   traced, else the rank's torch hook's per-PG sequence base plus order, else the order
   within the PG in the window ("ordinal").
 
-Parsing: Kineto writes every complete event with the keys ph, cat, name, pid, tid, ts, dur
-first, in that order; one regex over the bytes reads those heads and only the few events
-that matter have their ``args`` decoded. A file that does not fit this layout is parsed in
-full with the standard library instead (same result, slower).
+Parsing: msgspec decodes ``traceEvents`` into structs holding only the fields read, with
+``ts``/``dur`` kept as their decimal text (converted to ns all at once, exactly) and
+``args`` left undecoded; the ids that link events are decoded in one call for the events
+that are linked, and full ``args`` only for the few events whose identity they carry.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
 import re
 import warnings
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -41,24 +43,13 @@ from rankscope.errors import ExportError, RankscopeWarning
 SOURCE_FORMAT = "kineto-json"
 HOOK_KEY = "rankscope"  # top-level metadata written by rankscope's torch hook
 
-# Starts at the literal "ph" (not the brace) so the regex engine can scan for it quickly.
-_HEAD = re.compile(
-    rb'"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"([^"]*)"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"\s*,'
-    rb'\s*"pid"\s*:\s*"?([^,"]*)"?\s*,\s*"tid"\s*:\s*"?([^,"]*)"?\s*,'
-    rb'\s*"ts"\s*:\s*(-?\d+)(?:\.(\d+))?\s*,\s*"dur"\s*:\s*(-?\d+)(?:\.(\d+))?'
-    rb'(?:(?=\s*,\s*"args"\s*:\s*\{\s*"External id"\s*:\s*(\d+)))?'  # first arg, not consumed
-)
-_COMPLETE = re.compile(rb'"ph"\s*:\s*"X"')
-# The profiler's own span ("cat": "Trace") is written with another key order; it is not needed.
-_SPAN = re.compile(rb'"ph"\s*:\s*"X"\s*,\s*"cat"\s*:\s*"Trace"')
-_CORRELATION = re.compile(rb'"correlation"\s*:\s*(\d+)')
-_ARGS = re.compile(r'\s*,\s*"args"\s*:\s*')
 _TOP_KEYS = ("schemaVersion", "distributedInfo", "baseTimeNanoseconds", "host_name", "trace_id", HOOK_KEY)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GLOO = "gloo:"
 _C10D = "c10d::"
 _RPC = "record_param_comms"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_EMPTY = msgspec.Raw(b"")
 
 # Bytes per element for record_param_comms `dtype` and `Input type` spellings.
 _DTYPE_BYTES = {
@@ -115,112 +106,98 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
 # ---------------------------------------------------------------- parsing
 
 
+class _Event(msgspec.Struct, gc=False):
+    """One trace event, only the fields read. ``ts``/``dur`` stay as their exact decimal
+    text; ``args`` stays undecoded until an event's args are needed."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = ""
+    tid: int | str = ""
+    ts: msgspec.Raw = _EMPTY
+    dur: msgspec.Raw = _EMPTY
+    args: msgspec.Raw = _EMPTY
+
+
+class _Document(msgspec.Struct, gc=False):
+    traceEvents: list[_Event] | None = None
+    schemaVersion: Any = None
+    distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
+    host_name: Any = None
+    trace_id: Any = None
+    hook: Any = msgspec.field(default=None, name=HOOK_KEY)
+
+
+class _Ids(msgspec.Struct, gc=False):
+    """The two args that link events: CUDA correlation and the profiler's External id."""
+
+    correlation: int | None = None
+    external: int | None = msgspec.field(default=None, name="External id")
+
+
+_DOCUMENT = msgspec.json.Decoder(_Document)
+_IDS = msgspec.json.Decoder(list[_Ids])
+_ARGS = msgspec.json.Decoder()
+# Events whose ids are read: kernels and their launches, and the host collective calls.
+_LINKED_CATS = ("kernel", "cuda_runtime", "cuda_driver")
+
+
 def _load(path: Path) -> _Trace:
     try:
         raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
+        document = _DOCUMENT.decode(raw)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise ExportError(f"cannot read Kineto trace ({exc})", path=path) from None
-    heads = list(_HEAD.finditer(raw))
-    complete = _count(_COMPLETE, raw)
-    # Every complete event read, the profiler's own span (written in either order) aside.
-    if heads and complete - _count(_SPAN, raw) <= len(heads) <= complete:
-        return _fast(path, raw, heads)
-    return _full(path, raw)
-
-
-def _count(pattern: re.Pattern, raw: bytes) -> int:
-    """Occurrences of a pattern; the common compact spellings are counted without regex."""
-    text = pattern.pattern.replace(rb"\s*", b"")
-    spaced = text.replace(b":", b": ").replace(b",", b", ")
-    quick = raw.count(text) + raw.count(spaced)
-    return quick if quick else len(pattern.findall(raw))
-
-
-def _fast(path: Path, raw: bytes, heads: list[re.Match]) -> _Trace:
-    groups = list(zip(*(m.groups() for m in heads)))
-    starts = np.fromiter((m.start() for m in heads), np.int64, len(heads))
-    ends = np.fromiter((m.end() for m in heads), np.int64, len(heads))
-    names = pd.Series(groups[1], dtype=object)
-    escaped = names.map(lambda b: b"\\" in b)
-    names = names.map(bytes.decode)
-    if escaped.any():
-        names[escaped] = names[escaped].map(lambda s: json.loads(f'"{s}"'))
-    top = _top_fast(path, raw, int(starts[0]), int(ends[-1]))
-    frame = pd.DataFrame(
-        {
-            "cat": pd.Series(groups[0]).map(bytes.decode),
-            "name": names,
-            "pid": pd.Series(groups[2]).map(bytes.decode),
-            "tid": pd.Series(groups[3]).map(bytes.decode),
-            "ts_ns": _ns(groups[4], groups[5]),
-            "dur_ns": _ns(groups[6], groups[7]),
-            "corr": _arg_at(raw, _CORRELATION, starts),
-            "ext": pd.array([None if v is None else int(v) for v in groups[8]], dtype="Int64"),
-        }
-    )
-    frame["ts_ns"] += _base(top)
-    frame["thread"] = _thread_codes(frame)
-
-    def args(rows) -> list[dict]:
-        decoder = json.JSONDecoder()
-        out = []
-        for row in rows:
-            end = int(starts[row + 1]) if row + 1 < len(starts) else len(raw)
-            chunk = raw[int(ends[row]) : end].decode("utf-8", "replace")
-            found = _ARGS.match(chunk)
-            out.append(decoder.raw_decode(chunk, found.end())[0] if found else {})
-        return out
-
-    return _Trace(top, frame, args)
-
-
-def _top_fast(path: Path, raw: bytes, first: int, last: int) -> dict:
-    """Top-level keys, read from the text before the first and after the last event."""
-    decoder = json.JSONDecoder()
-    top: dict = {}
-    for part in (raw[:first], raw[last:]):
-        text = part.decode("utf-8", "replace")
-        for key in _TOP_KEYS:
-            if key in top:
-                continue
-            found = re.search(rf'"{key}"\s*:\s*', text)
-            if found:
-                try:
-                    top[key] = decoder.raw_decode(text, found.end())[0]
-                except ValueError as exc:
-                    raise ExportError(f"unreadable top-level {key!r} ({exc})", path=path) from None
-    return top
-
-
-def _full(path: Path, raw: bytes) -> _Trace:
-    try:
-        data = json.loads(raw, parse_float=str)  # floats stay text: ns survive
-    except ValueError as exc:
-        raise ExportError(f"not a JSON trace ({exc})", path=path) from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+    except msgspec.DecodeError as exc:
+        raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
+    if document.traceEvents is None:
         raise ExportError("not a Kineto trace (no traceEvents list)", path=path)
-    complete = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e]
-    ts = [_split(e["ts"]) for e in complete]
-    dur = [_split(e.get("dur", 0)) for e in complete]
-    all_args = [e.get("args") or {} for e in complete]
+    top = {key: value for key, value in zip(_TOP_KEYS, (
+        document.schemaVersion, document.distributedInfo, document.baseTimeNanoseconds,
+        document.host_name, document.trace_id, document.hook)) if value is not None}
+    complete = [e for e in document.traceEvents if e.ph == "X" and e.ts]
+    del document, raw
     frame = pd.DataFrame(
         {
-            "cat": pd.Series([str(e.get("cat", "")) for e in complete], dtype=object),
-            "name": pd.Series([str(e.get("name", "")) for e in complete], dtype=object),
-            "pid": pd.Series([str(e.get("pid", "")) for e in complete], dtype=object),
-            "tid": pd.Series([str(e.get("tid", "")) for e in complete], dtype=object),
-            "ts_ns": _ns(*zip(*ts)) if ts else np.zeros(0, np.int64),
-            "dur_ns": _ns(*zip(*dur)) if dur else np.zeros(0, np.int64),
-            "corr": pd.array([a.get("correlation") for a in all_args], dtype="Int64"),
-            "ext": pd.array([a.get("External id") for a in all_args], dtype="Int64"),
+            "cat": np.array([e.cat for e in complete], dtype=object),
+            "name": np.array([e.name for e in complete], dtype=object),
+            "pid": np.array([e.pid for e in complete], dtype=object),
+            "tid": np.array([e.tid for e in complete], dtype=object),
+            "ts_ns": _ns([e.ts for e in complete]) + _base(path, top),
+            "dur_ns": _ns([e.dur for e in complete]),
         }
     )
-    top = {k: data[k] for k in _TOP_KEYS if k in data}
-    frame["ts_ns"] += _base(top)
+    args = [e.args for e in complete]
+    del complete
+    frame["corr"], frame["ext"] = _ids(path, frame, args)
     frame["thread"] = _thread_codes(frame)
-    return _Trace(top, frame, lambda rows: [all_args[r] for r in rows])
+
+    def decode(rows) -> list[dict]:
+        found = [_ARGS.decode(args[row]) if args[row] else {} for row in rows]
+        return [a if isinstance(a, dict) else {} for a in found]
+
+    return _Trace(top, frame, decode)
+
+
+def _ids(path: Path, frame: pd.DataFrame, args: list) -> tuple[pd.arrays.IntegerArray, pd.arrays.IntegerArray]:
+    """Correlation and External id of the events that are linked, decoded in one call."""
+    names = frame["name"]
+    wanted = frame["cat"].isin(_LINKED_CATS) | names.str.startswith(_C10D) | (names == _RPC)
+    rows = np.flatnonzero(wanted.to_numpy())
+    text = b"[" + b",".join([args[r] or b"{}" for r in rows]) + b"]"
+    try:
+        ids = _IDS.decode(text)
+    except msgspec.DecodeError as exc:
+        raise ExportError(f"unreadable event args ({exc})", path=path) from None
+    corr = pd.array(np.full(len(frame), pd.NA), dtype="Int64")
+    ext = pd.array(np.full(len(frame), pd.NA), dtype="Int64")
+    corr[rows] = pd.array([i.correlation for i in ids], dtype="Int64")
+    ext[rows] = pd.array([i.external for i in ids], dtype="Int64")
+    return corr, ext
 
 
 def _thread_codes(frame: pd.DataFrame) -> np.ndarray:
@@ -230,42 +207,46 @@ def _thread_codes(frame: pd.DataFrame) -> np.ndarray:
     return pid.astype(np.int64) * (len(tids) + 1) + tid
 
 
-def _split(value) -> tuple[bytes, bytes | None]:
-    text = str(value)
-    if "e" in text or "E" in text:  # exponent notation: exact via Decimal, rare
-        from decimal import Decimal
-
-        text = format(Decimal(text), "f")
-    whole, _, frac = text.partition(".")
-    return whole.encode(), frac.encode() or None
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_DIGIT, _DOT, _MINUS, _GAP = ord("0"), ord("."), ord("-"), ord(" ")
 
 
-def _ns(whole, frac) -> np.ndarray:
-    """µs as text (integer digits, fraction digits or None) -> int64 ns, rounded."""
-    micros = np.array(whole, dtype="S24").astype(np.int64)
-    fraction = np.array([f or b"0" for f in frac], dtype="S24")
-    tenths = np.char.ljust(fraction, 4, b"0").astype("S4").astype(np.int64)  # 0.1 ns units
-    sub = (tenths + 5) // 10
-    return micros * 1000 + np.where(micros < 0, -sub, sub)
+def _ns(numbers: list) -> np.ndarray:
+    """JSON numbers of µs (decimal text; empty = 0) -> int64 ns, exact: the digits are
+    summed as integers, all numbers at once, never through float64. Sub-ns digits round
+    half up at the 0.1 ns digit. Exponent forms (never written by Kineto) go through
+    Decimal."""
+    if not numbers:
+        return np.zeros(0, np.int64)
+    text = np.frombuffer(b" ".join(numbers) + b" ", np.uint8)
+    gap = text == _GAP
+    ends = np.flatnonzero(gap)  # each number's terminating gap
+    starts = np.r_[0, ends[:-1] + 1]
+    number = np.cumsum(gap) - gap  # number index of each character
+    dots = np.flatnonzero(text == _DOT)
+    point = ends.copy()
+    point[number[dots]] = dots
+    digit = (text >= _DIGIT) & (text <= _DIGIT + 9)
+    value = np.where(digit, text.astype(np.int64) - _DIGIT, 0)
+    place = point[number] - np.arange(text.size)  # 1: units digit, -1: first decimal
+    whole = np.where(digit & (place >= 1), value * _POW10[np.clip(place - 1, 0, 18)], 0)
+    tenth_ns = np.where(digit & (place <= -1) & (place >= -4), value * _POW10[np.clip(place + 4, 0, 3)], 0)
+    micros = np.add.reduceat(whole, starts)
+    sub = (np.add.reduceat(tenth_ns, starts) + 5) // 10
+    ns = micros * 1000 + sub
+    ns = np.where(text[starts] == _MINUS, -ns, ns)
+    odd = ~(digit | gap | (text == _DOT) | (text == _MINUS))
+    for i in np.unique(number[odd]).tolist():
+        ns[i] = int((Decimal(bytes(numbers[i]).decode()) * 1000).quantize(Decimal(1), ROUND_HALF_UP))
+    return ns
 
 
-def _arg_at(raw: bytes, pattern: re.Pattern, starts: np.ndarray) -> pd.arrays.IntegerArray:
-    """An integer arg of each event, found by one regex pass and assigned by position."""
-    hits = list(pattern.finditer(raw))
-    values = pd.array([pd.NA] * len(starts), dtype="Int64")
-    if not hits:
-        return values
-    pos = np.fromiter((m.start() for m in hits), np.int64, len(hits))
-    val = np.array([m.group(1) for m in hits], dtype="S20").astype(np.int64)
-    owner = np.searchsorted(starts, pos, side="right") - 1
-    keep = owner >= 0
-    values[owner[keep]] = val[keep]
-    return values
-
-
-def _base(top: dict) -> int:
+def _base(path: Path, top: dict) -> int:
     base = top.get("baseTimeNanoseconds")
-    return int(base) if base is not None else 0
+    try:
+        return int(base) if base is not None else 0
+    except (TypeError, ValueError):
+        raise ExportError(f"baseTimeNanoseconds {base!r} is not an integer", path=path) from None
 
 
 # ---------------------------------------------------------------- identity

@@ -206,10 +206,28 @@ def test_relative_microseconds_with_base_and_gzip(tmp_path):
     assert coll.loc[0, "start_ns"] == base + 5089065858128380
 
 
+def test_timestamp_text_converts_exactly_like_decimal():
+    """All numbers at once, digit by digit: every spelling JSON allows, no float64 loss."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    import msgspec
+
+    from rankscope.analysis.kineto import _ns
+
+    rng = np.random.default_rng(3)
+    texts = ["0", "17", "-3", "-0.5", "0.0005", "12.3", "1712195495520871.123", "5089065858023.0774",
+             "1.5e3", "2E-4", "-1.25e+2", ""]
+    texts += [f"{w}.{f:0{n}d}" for w, f, n in zip(rng.integers(0, 2**52, 200), rng.integers(0, 999, 200),
+                                                    rng.integers(3, 5, 200))]
+    got = _ns([msgspec.Raw(t.encode()) for t in texts])
+    want = [int((Decimal(t or "0") * 1000).quantize(Decimal(1), ROUND_HALF_UP)) for t in texts]
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
 @pytest.mark.parametrize("layout", ["compact", "reordered"])
 def test_other_layouts_give_the_same_digest(samples, tmp_path, layout):
-    """The fast path reads Kineto's own key order; compact re-serialisations take it too,
-    other key orders fall back to the full parser. All give the same digest."""
+    """Kineto's own key order, a compact re-serialisation and reversed keys in every
+    event give the same digest."""
     source = samples / f"{GLOO}/rank0.json"
     data = json.loads(source.read_text(), parse_float=str)
     if layout == "reordered":
