@@ -425,15 +425,15 @@ def _host(export: _File, capture: list[tuple], hostname: list[tuple]) -> str:
 def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signed: np.ndarray) -> np.ndarray:
     """Little-endian integers of per-row width (1, 2, 4, 8 bytes) at byte positions."""
     sizes = np.asarray(sizes, np.int64)
-    span = np.arange(8)
-    take = np.clip(positions[:, None] + span, 0, max(len(data) - 1, 0))
-    raw = np.where(span < sizes[:, None], data[take], 0).astype(np.uint64)
-    unsigned = (raw << (span.astype(np.uint64) * np.uint64(8))).sum(axis=1, dtype=np.uint64)
-    bits = (sizes * 8).astype(np.uint64)
-    sign_bit = np.uint64(1) << (bits - np.uint64(1))
-    negative = signed & (sizes < 8) & ((unsigned & sign_bit) != 0)
+    take = np.clip(positions[:, None] + np.arange(8), 0, max(len(data) - 1, 0))
+    raw = np.ascontiguousarray(data[take]).view("<u8")[:, 0]  # 8 bytes from each position
+    short = sizes < 8
+    bits = (np.where(short, sizes, 0) * 8).astype(np.uint64)  # 0 for full width: no mask, no sign fix
+    unsigned = np.where(short, raw & ((np.uint64(1) << bits) - np.uint64(1)), raw)
+    sign_bit = np.uint64(1) << np.maximum(bits, np.uint64(1)) - np.uint64(1)
+    negative = signed & short & ((unsigned & sign_bit) != 0)
     as_int = unsigned.view(np.int64)
-    return np.where(negative, as_int - (np.int64(1) << (bits.astype(np.int64) % 64)), as_int)
+    return np.where(negative, as_int - (np.int64(1) << bits.astype(np.int64)), as_int)
 
 
 # ---------------------------------------------------------------- a batch: grouping tools
@@ -594,7 +594,27 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     units = {"process": unit_keys // _MAX_DEVICE, "device": unit_keys % _MAX_DEVICE}
     units["file"], units["pid"] = units["process"] >> 24, units["process"] & 0xFFFFFF
     n = unit_keys.size
+    scalars, compute, busy = _activity(files, kernels, is_comm, unit, unit_keys)
+    nccl, steps = _nvtx(files)
+    collectives = _collectives(files, kernels, is_comm, unit, names, nccl)
+    steps = _steps(steps)
+    facts = _collective_facts(collectives, compute, busy, scalars["window_start_ns"], steps)
+    summary = _kernel_summary(unit, kernels["name"], kernels["end"] - kernels["start"], comm_name)
+    identity = _identities(files, units, nccl, rank_from)
+    parts = {
+        "collectives": _collective_part(collectives, facts, n),
+        "kernels": _kernel_part(summary, names, n),
+        "steps": _step_part(steps, units["process"]),
+        "communicators": _communicator_part(collectives, n),
+    }
+    return _table(files, units, identity, scalars, parts)
 
+
+def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: np.ndarray,
+              unit_keys: np.ndarray) -> tuple[Columns, intervals.Union, intervals.Union]:
+    """Per rank: capture window, GPU busy time (kernels and copies) and its compute /
+    communication split; with the compute and busy unions the collectives' facts need."""
+    n = unit_keys.size
     copies = _columns(files, "copies", ("start", "end", "pid", "device"), ("start", "end"))
     copy_keys = _process(copies) * _MAX_DEVICE + copies["device"]
     copy_unit = np.clip(np.searchsorted(unit_keys, copy_keys), 0, n - 1)
@@ -611,25 +631,12 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     compute_ns = intervals.length_by_group(compute, n)
     comm_ns = intervals.length_by_group(intervals.merge(kernels["start"][is_comm], kernels["end"][is_comm], unit[is_comm]), n)
     either_ns = intervals.length_by_group(intervals.merge(kernels["start"], kernels["end"], unit), n)
-
-    nccl, steps = _nvtx(files)
-    collectives = _collectives(files, kernels, is_comm, unit, names, nccl)
-    steps = _steps(steps)
-    facts = _collective_facts(collectives, compute, busy, window_start, steps)
-    summary = _kernel_summary(unit, kernels["name"], kernels["end"] - kernels["start"], comm_name)
-    identity = _identities(files, units, nccl, rank_from)
     scalars = {
         "window_start_ns": window_start, "window_end_ns": window_end, "gpu_busy_ns": intervals.length_by_group(busy, n),
         "compute_only_ns": either_ns - comm_ns, "comm_only_ns": either_ns - compute_ns,
         "overlap_ns": compute_ns + comm_ns - either_ns,
     }
-    parts = {
-        "collectives": _collective_part(collectives, facts, n),
-        "kernels": _kernel_part(summary, names, n),
-        "steps": _step_part(steps, units["process"]),
-        "communicators": _communicator_part(collectives, n),
-    }
-    return _table(files, units, identity, scalars, parts)
+    return scalars, compute, busy
 
 
 def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: np.ndarray,
