@@ -43,7 +43,8 @@ def load_digests(
     map_engine: engine.Engine | None = None,
 ) -> pa.Table:
     """Digest rows for every rank found in ``paths`` (files or folders), checked for
-    consistency. ``map_engine`` runs the per-file reads (local by default, or Ray)."""
+    consistency. ``map_engine`` runs the reads, a chunk of files per call (local by
+    default, or one Ray task per chunk); each chunk's nsys exports are built as a batch."""
     files = discover(paths)
     if not files:
         raise InputError("no exports or digests found in " + ", ".join(str(p) for p in paths))
@@ -60,7 +61,8 @@ def load_digests(
 
 def discover(paths: Sequence[Path | str]) -> list[Path]:
     """The input files named by ``paths``, folders walked (sorted), reports that have an
-    export beside them dropped."""
+    export beside them dropped; on a walk, JSON that is not a Kineto trace is skipped
+    with a warning (a file named explicitly is always read)."""
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
