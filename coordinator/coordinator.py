@@ -109,6 +109,8 @@ class Coordinator:
 
     def stop(self) -> None:
         self.closing()
+        if self._ticker.is_alive():
+            self._ticker.join()
         self._analysis.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 
