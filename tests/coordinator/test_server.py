@@ -186,3 +186,18 @@ def test_watching_rides_out_a_coordinator_restart(tmp_path, wire, digests) -> No
     finally:
         client.close()
         wire.stop(running)
+
+
+def test_an_unreadable_digest_fails_the_sweep_with_the_reason(coordinator, wire) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(nodes=["node-a"], duration_s=1.0, backend="sim").sweep_id
+        agent.finish(started_capture(agent).sweep_id, b"not parquet at all")
+        done = final(client, sweep_id)
+        reply = client.report(sweep_id)
+        with pytest.raises(InputError, match="no sweep 'nope'"):
+            list(client.watch("nope"))
+    assert done.state == pb.SWEEP_STATE_FAILED
+    assert done.error.startswith("analysis failed: ") and "not a readable Parquet digest" in done.error
+    assert reply.report_json == "" and not (coordinator.data_dir / "reports").exists()
+    agent.close()
