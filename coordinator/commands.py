@@ -43,6 +43,14 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
+def parse_option(text: str) -> tuple[str, str]:
+    """One backend option, K=V; the value may hold commas (a list of ranks, say)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not key=value")
+    return key.strip(), value.strip()
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     default_coordinator = os.environ.get("RANKSCOPE_COORDINATOR")
 
@@ -84,7 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     capture.add_argument("--timeout", type=parse_duration, default=0.0, metavar="DURATION",
                          help="give up on nodes not finished this long after the start (default: duration + the "
                               "coordinator's node timeout)")
-    capture.add_argument("--option", action="append", default=[], metavar="K=V", help="backend option (repeatable)")
+    capture.add_argument("--option", type=parse_option, action="append", default=[], metavar="K=V",
+                         help="backend option (repeatable)")
     capture.add_argument("--upload-raw", action="store_true", help="also upload the raw profiler exports")
     capture.add_argument("--wait", action="store_true",
                          help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed")
@@ -131,7 +140,9 @@ def run_coordinator(args: argparse.Namespace) -> int:
         tmp = args.port_file.with_name(f".{args.port_file.name}.tmp")
         tmp.write_text(f"{port}\n")
         tmp.replace(args.port_file)
-    print(f"rankscope coordinator listening on {host}:{port} (data in {config.data_dir})", file=sys.stderr, flush=True)
+    security = "mTLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext"
+    print(f"rankscope coordinator listening on {host}:{port} ({security}; data in {config.data_dir})",
+          file=sys.stderr, flush=True)
     stop.wait()
     print("rankscope coordinator stopping", file=sys.stderr, flush=True)
     server.stop()
@@ -142,7 +153,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
 
 def run_capture(args: argparse.Namespace) -> int:
-    options = parse_labels(",".join(args.option)) if args.option else {}
+    options = dict(args.option)
     with _client(args) as client:
         sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
                              duration_s=args.duration, backend=args.backend, timeout_s=args.timeout,

@@ -80,9 +80,12 @@ def test_capture_wait_exits_partial_naming_the_missing_node(coordinator, wire, d
 
 def test_capture_without_wait_prints_the_sweep_id(coordinator, wire, capsys) -> None:
     agent = wire.FakeAgent(coordinator, "node-a")
-    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim"]) == 0
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim",
+                 "--option", "sim.stragglers=1,3", "--option", "sim.seed=5"]) == 0
     sweep_id = capsys.readouterr().out.strip()
-    assert agent.next_command().start.sweep_id == sweep_id
+    start = agent.next_command().start
+    assert start.sweep_id == sweep_id
+    assert dict(start.options) == {"sim.stragglers": "1,3", "sim.seed": "5"}
     agent.close()
 
 
