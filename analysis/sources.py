@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import shutil
-import subprocess
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -153,23 +152,21 @@ def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
 
 def _read_report(path: Path, rank_from: str | None) -> pa.Table:
     """Read the report's SQLite export: the one beside it, else one nsys makes now in a
-    temporary folder."""
+    temporary folder, with the same command line the agent uses."""
+    from rankscope.agent import nsys as nsys_cli  # the one place nsys command lines are built
+
     beside = _export_of(path)
     if beside is not None:
         return nsys.read_nsys(beside, rank_from=rank_from)
-    nsys_bin = shutil.which("nsys")
-    command = f"nsys export --type sqlite --output {path.with_suffix(SQLITE)} {path}"
-    if nsys_bin is None:
-        raise ExportError(f"an nsys report without its SQLite export and no nsys here; run: {command}", path=path)
+    suggestion = " ".join(nsys_cli.export_command(path, path.with_suffix(SQLITE)))
+    if shutil.which(nsys_cli.NSYS) is None:
+        raise ExportError(f"an nsys report without its SQLite export and no nsys here; run: {suggestion}", path=path)
     with tempfile.TemporaryDirectory(prefix="rankscope-export-") as tmp:
         output = Path(tmp) / (path.stem + SQLITE)
-        result = subprocess.run(
-            [nsys_bin, "export", "--type", "sqlite", "--output", str(output), str(path)],
-            capture_output=True, text=True, check=False,
-        )
-        if result.returncode != 0 or not output.is_file():
-            detail = (result.stderr or result.stdout).strip().splitlines()
-            raise ToolError(f"nsys export failed ({detail[-1] if detail else f'exit {result.returncode}'}); try: {command}", path=path)
+        try:
+            nsys_cli.run(nsys_cli.export_command(path, output))
+        except ToolError as exc:
+            raise ToolError(f"{exc}; try: {suggestion}", path=path) from None
         table = nsys.read_nsys(output, rank_from=rank_from)
     # The temporary export is gone: name the report the user gave.
     return table.set_column(table.schema.get_field_index("source_file"), "source_file", pa.array([str(path)] * table.num_rows))

@@ -55,21 +55,22 @@ def test_lone_report_without_nsys_names_the_command_to_run(dsl: Path, tmp_path: 
         sources.load_digests([tmp_path])
     message = str(err.value)
     assert str(report) in message
-    assert f"nsys export --type sqlite --output {tmp_path / 'rank0.sqlite'} {report}" in message
+    command = f"nsys export --type=sqlite --output={tmp_path / 'rank0.sqlite'} --force-overwrite=true --include-blobs=true {report}"
+    assert message.endswith(f"run: {command}")
 
 
 def test_lone_report_is_exported_with_nsys_when_installed(dsl: Path, tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "reports").mkdir()
     report = _lone_report(dsl, tmp_path / "reports")
-    # A stand-in `nsys` that, like `nsys export --type sqlite --output OUT REP`, writes OUT.
+    # A stand-in `nsys` that, like `nsys export --type=sqlite --output=OUT ... REP`, writes OUT.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "nsys"
     export = sorted(dsl.glob("*ault43*.sqlite"))[0]
     fake.write_text(
         "#!/bin/sh\n"
-        '[ "$1 $2 $3 $4" = "export --type sqlite --output" ] || exit 3\n'
-        f'cp "{export}" "$5"\n'
+        '[ "$1 $2 $5" = "export --type=sqlite --include-blobs=true" ] || exit 3\n'
+        f'cp "{export}" "${{3#--output=}}"\n'
     )
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
