@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,ray]' torch==2.13.0  # the CPU build the samples were made with
+	$(BIN)/python -m pip install -q -e '.[dev,ray,plot]' torch==2.13.0  # the CPU build the samples were made with
 	touch $@
 
 demo: $(STAMP)

@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     analyze_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
     analyze_parser.add_argument("--engine", choices=("local", "ray"), default="local", help="where per-file reads run (default: local)")
     analyze_parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to join with --engine ray (default: start a local one)")
+    analyze_parser.add_argument("--plot", type=Path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     analyze_parser.set_defaults(func=run_analyze)
 
 
@@ -55,8 +56,9 @@ def run_digest(args: argparse.Namespace) -> int:
 def run_analyze(args: argparse.Namespace) -> int:
     from rankscope.analysis import pipeline  # heavy: only when analysing
 
-    if args.output is not None:
-        _check_output(args.output)
+    for path in (args.output, args.plot):
+        if path is not None:
+            _check_output(path)
     map_engine = engine.create(args.engine, address=args.ray_address)
     files = sources.discover(args.paths)
     digests = sources.load_digests(
@@ -70,6 +72,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         write_text_atomic(args.output, text)
+    if args.plot is not None:
+        from rankscope.analysis import plot
+
+        plot.save(report, args.plot)
     return 0
 
 

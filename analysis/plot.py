@@ -1,0 +1,73 @@
+"""The report as a picture: who arrives late, who waits, who is busy.
+
+Rendering only; it reads a finished :class:`Report` and computes nothing new, so the
+analysis stays free of plotting (style.md §4.4). Needs matplotlib
+(``pip install 'rankscope[plot]'``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rankscope.analysis.report import Report
+from rankscope.errors import ConfigError
+
+STRAGGLER = "#c0392b"
+PEER = "#7f8c8d"
+WAIT = "#e67e22"
+TRANSFER = "#2980b9"
+
+
+def save(report: Report, path: str | Path) -> Path:
+    """Write a three-panel per-rank figure (PNG, SVG or PDF by suffix), atomically."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("plots need matplotlib: pip install 'rankscope[plot]'") from None
+    path = Path(path)
+    ranks = sorted(report.ranks, key=lambda r: r.rank)
+    x = np.arange(len(ranks))
+    labels = [str(r.rank) for r in ranks]
+    flagged = set(report.stragglers)
+    colors = [STRAGGLER if r.rank in flagged else PEER for r in ranks]
+
+    fig, (late, nccl, busy) = plt.subplots(3, 1, sharex=True, figsize=(max(6.0, 0.25 * len(ranks) + 3), 8))
+    title = "rankscope: " + (f"stragglers {sorted(flagged)}" if flagged else "no straggler flagged")
+    fig.suptitle(title)
+
+    late.bar(x, [_us(r.late_mean_ns) for r in ranks], color=colors)
+    late.set_ylabel("mean lateness (µs)")
+    late.set_title("arrival lateness per collective (aligned clocks)", fontsize=9, loc="left")
+
+    wait = np.array([r.nccl_wait_ns for r in ranks], dtype=float) / 1e6
+    transfer = np.array([r.nccl_transfer_ns for r in ranks], dtype=float) / 1e6
+    nccl.bar(x, wait, color=WAIT, label="waiting for peers")
+    nccl.bar(x, transfer, bottom=wait, color=TRANSFER, label="transfer")
+    nccl.set_ylabel("collective time (ms)")
+    nccl.legend(fontsize=8, loc="upper right")
+
+    busy.bar(x, [r.gpu_busy_pct or 0.0 for r in ranks], color=colors)
+    busy.set_ylabel("busy %")
+    busy.set_ylim(0, 100)
+    busy.set_xlabel("rank")
+    busy.set_xticks(x, labels, fontsize=7 if len(ranks) > 32 else 9)
+
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _us(value: float | None) -> float:
+    # Lateness hidden below the clock uncertainty is reported as None: draw it as 0.
+    return 0.0 if value is None else value / 1e3

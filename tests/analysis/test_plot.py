@@ -1,0 +1,35 @@
+"""The per-rank picture is drawn from a real analysis and written whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.testing import SyntheticJob, synthetic_job
+from rankscope.cli import main
+
+pytest.importorskip("matplotlib", reason="plots need the [plot] extra")
+from rankscope.analysis import plot  # noqa: E402
+
+
+def test_plot_is_a_png_titled_with_the_stragglers(tmp_path: Path) -> None:
+    digests, truth = synthetic_job(SyntheticJob(stragglers={5: 300_000}))
+    report = analyze(digests)
+    out = plot.save(report, tmp_path / "ranks.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.stragglers == truth.stragglers == [5]
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def test_analyze_plot_flag_writes_the_figure(tmp_path: Path, samples: Path) -> None:
+    dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
+    assert main(["analyze", str(dsl), "--plot", str(tmp_path / "ranks.svg"), "-o", str(tmp_path / "r.txt")]) == 0
+    assert "<svg" in (tmp_path / "ranks.svg").read_text()
+
+
+def test_plot_into_a_missing_folder_fails_before_any_work(tmp_path: Path, samples: Path, capsys) -> None:
+    dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
+    assert main(["analyze", str(dsl), "--plot", str(tmp_path / "nope" / "ranks.png")]) == 2
+    assert "output folder does not exist" in capsys.readouterr().err
