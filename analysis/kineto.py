@@ -24,11 +24,11 @@ that are linked, and full ``args`` only for the few events whose identity they c
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 import warnings
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rankscope.analysis import digest, intervals, ops
 from rankscope.errors import ExportError, RankscopeWarning
@@ -65,7 +66,7 @@ _DTYPE_BYTES = {
 class _Trace:
     top: dict
     events: pd.DataFrame  # cat, name, pid, tid, ts_ns, dur_ns (absolute epoch ns), corr, ext
-    args: callable  # rows (positions in events) -> list[dict]
+    args: callable  # rows (positions in events, -1 for none) -> list[_Args]
 
 
 def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
@@ -133,15 +134,32 @@ class _Document(msgspec.Struct, gc=False):
 class _Ids(msgspec.Struct, gc=False):
     """The two args that link events: CUDA correlation and the profiler's External id."""
 
-    correlation: int | None = None
-    external: int | None = msgspec.field(default=None, name="External id")
+    correlation: int = -1
+    external: int = msgspec.field(default=-1, name="External id")
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The args that carry a collective's identity and size (record_param_comms, c10d
+    calls, NCCL kernels, gloo worker ops); every other arg is skipped unread."""
+
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    dtype: Any = None
+    dims: Any = msgspec.field(default=None, name="Input Dims")
+    types: Any = msgspec.field(default=None, name="Input type")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    stream: Any = None
 
 
 _DOCUMENT = msgspec.json.Decoder(_Document)
 _IDS = msgspec.json.Decoder(list[_Ids])
-_ARGS = msgspec.json.Decoder()
+_ARGS = msgspec.json.Decoder(list[_Args])
 # Events whose ids are read: kernels and their launches, and the host collective calls.
-_LINKED_CATS = ("kernel", "cuda_runtime", "cuda_driver")
+# Kernel launches: runtime API (cudaLaunchKernel) or driver API (cuLaunchKernelEx, NCCL >= 2.19).
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+_LINKED_CATS = ("kernel", *_LAUNCH_CATS)
 
 
 def _load(path: Path) -> _Trace:
@@ -161,14 +179,18 @@ def _load(path: Path) -> _Trace:
         document.host_name, document.trace_id, document.hook)) if value is not None}
     complete = [e for e in document.traceEvents if e.ph == "X" and e.ts]
     del document, raw
+    try:
+        ts_ns, dur_ns = _ns([e.ts for e in complete]) + _base(path, top), _ns([e.dur for e in complete])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ExportError(f"unreadable event time ({exc})", path=path) from None
     frame = pd.DataFrame(
         {
-            "cat": np.array([e.cat for e in complete], dtype=object),
-            "name": np.array([e.name for e in complete], dtype=object),
-            "pid": np.array([e.pid for e in complete], dtype=object),
-            "tid": np.array([e.tid for e in complete], dtype=object),
-            "ts_ns": _ns([e.ts for e in complete]) + _base(path, top),
-            "dur_ns": _ns([e.dur for e in complete]),
+            "cat": _categorical([e.cat for e in complete]),
+            "name": _categorical([e.name for e in complete]),
+            "pid": pd.Series([e.pid for e in complete], dtype=object),
+            "tid": pd.Series([e.tid for e in complete], dtype=object),
+            "ts_ns": ts_ns,
+            "dur_ns": dur_ns,
         }
     )
     args = [e.args for e in complete]
@@ -176,11 +198,19 @@ def _load(path: Path) -> _Trace:
     frame["corr"], frame["ext"] = _ids(path, frame, args)
     frame["thread"] = _thread_codes(frame)
 
-    def decode(rows) -> list[dict]:
-        found = [_ARGS.decode(args[row]) if args[row] else {} for row in rows]
-        return [a if isinstance(a, dict) else {} for a in found]
+    def decode(rows) -> list[_Args]:
+        """Args of the given rows (-1: none), decoded in one call."""
+        return _decode_many(path, _ARGS, [args[row] if row >= 0 else b"" for row in rows])
 
     return _Trace(top, frame, decode)
+
+
+def _decode_many(path: Path, decoder: msgspec.json.Decoder, texts: list) -> list:
+    """Many JSON objects (empty text: {}) decoded in one call, as one JSON array."""
+    try:
+        return decoder.decode(b"[" + b",".join([t or b"{}" for t in texts]) + b"]")
+    except msgspec.DecodeError as exc:
+        raise ExportError(f"unreadable event args ({exc})", path=path) from None
 
 
 def _ids(path: Path, frame: pd.DataFrame, args: list) -> tuple[pd.arrays.IntegerArray, pd.arrays.IntegerArray]:
@@ -188,16 +218,18 @@ def _ids(path: Path, frame: pd.DataFrame, args: list) -> tuple[pd.arrays.Integer
     names = frame["name"]
     wanted = frame["cat"].isin(_LINKED_CATS) | names.str.startswith(_C10D) | (names == _RPC)
     rows = np.flatnonzero(wanted.to_numpy())
-    text = b"[" + b",".join([args[r] or b"{}" for r in rows]) + b"]"
-    try:
-        ids = _IDS.decode(text)
-    except msgspec.DecodeError as exc:
-        raise ExportError(f"unreadable event args ({exc})", path=path) from None
-    corr = pd.array(np.full(len(frame), pd.NA), dtype="Int64")
-    ext = pd.array(np.full(len(frame), pd.NA), dtype="Int64")
-    corr[rows] = pd.array([i.correlation for i in ids], dtype="Int64")
-    ext[rows] = pd.array([i.external for i in ids], dtype="Int64")
-    return corr, ext
+    ids = _decode_many(path, _IDS, [args[r] for r in rows])
+    corr = np.full(len(frame), -1, np.int64)
+    ext = np.full(len(frame), -1, np.int64)
+    corr[rows] = np.fromiter([i.correlation for i in ids], np.int64, len(ids))
+    ext[rows] = np.fromiter([i.external for i in ids], np.int64, len(ids))
+    return pd.arrays.IntegerArray(corr, corr < 0), pd.arrays.IntegerArray(ext, ext < 0)
+
+
+def _categorical(values: list) -> pd.Categorical:
+    """Few distinct values repeated on every step: string tests run once per distinct value."""
+    codes, distinct = pd.factorize(np.array(values, dtype=object))
+    return pd.Categorical.from_codes(codes, pd.Index(distinct, dtype=object))
 
 
 def _thread_codes(frame: pd.DataFrame) -> np.ndarray:
@@ -207,38 +239,24 @@ def _thread_codes(frame: pd.DataFrame) -> np.ndarray:
     return pid.astype(np.int64) * (len(tids) + 1) + tid
 
 
-_POW10 = 10 ** np.arange(19, dtype=np.int64)
-_DIGIT, _DOT, _MINUS, _GAP = ord("0"), ord("."), ord("-"), ord(" ")
+# µs with up to 18 decimals and 20 integer digits; rounding to 3 decimals gives whole ns.
+_MICROS = pa.decimal128(38, 18)
+_NANOS_AS_MICROS = pa.decimal128(38, 3)
 
 
 def _ns(numbers: list) -> np.ndarray:
-    """JSON numbers of µs (decimal text; empty = 0) -> int64 ns, exact: the digits are
-    summed as integers, all numbers at once, never through float64. Sub-ns digits round
-    half up at the 0.1 ns digit. Exponent forms (never written by Kineto) go through
-    Decimal."""
-    if not numbers:
-        return np.zeros(0, np.int64)
-    text = np.frombuffer(b" ".join(numbers) + b" ", np.uint8)
-    gap = text == _GAP
-    ends = np.flatnonzero(gap)  # each number's terminating gap
-    starts = np.r_[0, ends[:-1] + 1]
-    number = np.cumsum(gap) - gap  # number index of each character
-    dots = np.flatnonzero(text == _DOT)
-    point = ends.copy()
-    point[number[dots]] = dots
-    digit = (text >= _DIGIT) & (text <= _DIGIT + 9)
-    value = np.where(digit, text.astype(np.int64) - _DIGIT, 0)
-    place = point[number] - np.arange(text.size)  # 1: units digit, -1: first decimal
-    whole = np.where(digit & (place >= 1), value * _POW10[np.clip(place - 1, 0, 18)], 0)
-    tenth_ns = np.where(digit & (place <= -1) & (place >= -4), value * _POW10[np.clip(place + 4, 0, 3)], 0)
-    micros = np.add.reduceat(whole, starts)
-    sub = (np.add.reduceat(tenth_ns, starts) + 5) // 10
-    ns = micros * 1000 + sub
-    ns = np.where(text[starts] == _MINUS, -ns, ns)
-    odd = ~(digit | gap | (text == _DOT) | (text == _MINUS))
-    for i in np.unique(number[odd]).tolist():
-        ns[i] = int((Decimal(bytes(numbers[i]).decode()) * 1000).quantize(Decimal(1), ROUND_HALF_UP))
-    return ns
+    """JSON numbers of µs (their exact decimal text) -> int64 ns, rounded half away from
+    zero, all at once in Arrow: the texts become one string array without copies per
+    number, are cast to decimal, and the decimal's unscaled integer at 3 decimals is the
+    ns. Never through float64."""
+    texts = [n or b"0" for n in numbers]
+    offsets = np.zeros(len(texts) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)), out=offsets[1:])
+    strings = pa.Array.from_buffers(pa.large_string(), len(texts),
+                                    [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(texts))])
+    micros = pc.round(strings.cast(_MICROS), 3, round_mode="half_towards_infinity").cast(_NANOS_AS_MICROS)
+    nanos = pa.Array.from_buffers(pa.decimal128(38, 0), len(micros), micros.buffers())
+    return nanos.cast(pa.int64()).to_numpy()
 
 
 def _base(path: Path, top: dict) -> int:
@@ -397,7 +415,7 @@ def _calls(events: pd.DataFrame, top: dict, notes: list[str]) -> pd.DataFrame:
     c10d = events[cpu & events["name"].str.startswith(_C10D)]
     rpc = events[cpu & (events["name"] == _RPC)]
     ann = events[(events["cat"] == "user_annotation") & events["name"].str.startswith("nccl:")]
-    calls = c10d.assign(op=c10d["name"].map(ops.canonical), rpc=-1, ann=-1)
+    calls = c10d.assign(op=c10d["name"].map(_canonical).astype(object), rpc=-1, ann=-1)
     lone = rpc
     for column, inner in (("rpc", rpc), ("ann", ann)):
         if len(inner) and len(calls):
@@ -422,7 +440,7 @@ def _with_flight_recorder(calls: pd.DataFrame, top: dict, notes: list[str]) -> p
     if not recorder or not recorder.get("rows") or calls.empty:
         return calls
     entries = pd.DataFrame(recorder["rows"], columns=recorder["columns"])
-    entries["op"] = entries["profiling_name"].map(ops.canonical)
+    entries["op"] = entries["profiling_name"].map(_canonical)
     entries = entries.dropna(subset=["op"]).astype({"time_created_ns": np.int64}).sort_values("time_created_ns")
     known = calls[calls["op"].notna()]
     right = pd.DataFrame({"ts_ns": known["ts_ns"].to_numpy(np.int64), "op": known["op"].to_numpy(object),
@@ -495,19 +513,17 @@ def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     args = trace.args(list(sources))
     kernel_args = trace.args(list(rows["kernel_row"].to_numpy()))
     call_args = trace.args(list(rows["call_row"].to_numpy()))
-    ann_args = trace.args([a for a in rows["ann"].to_numpy() if a >= 0])
-    ann_iter = iter(ann_args)
-    ann_args = [next(ann_iter) if a >= 0 else {} for a in rows["ann"].to_numpy()]
-    stream = [str(a.get("stream", "?")) for a in kernel_args]
+    ann_args = trace.args(list(rows["ann"].to_numpy()))
+    stream = ["?" if k.stream is None else str(k.stream) for k in kernel_args]
     frame = rows.reset_index(drop=True)
     frame["op"] = [
-        ops.canonical(a.get("Collective name")) or op or ops.canonical(k.get("Collective name"))
+        _canonical(a.collective) or op or _canonical(k.collective)
         for a, op, k in zip(args, frame["op"], kernel_args)
     ]
     frame["bytes"] = [_first(_bytes(a), _bytes(n), _bytes(c), _int(f))
                       for a, n, c, f in zip(args, ann_args, call_args, frame["fr_bytes"])]
     frame["pg"] = [_first(_pg(a), _pg(k), f) for a, k, f in zip(args, kernel_args, frame["fr_pg"])]
-    frame["seq_trace"] = pd.array([_first(_int(a.get("Seq", k.get("Seq"))), _int(f))
+    frame["seq_trace"] = pd.array([_first(_int(_first(a.seq, k.seq)), _int(f))
                                    for a, k, f in zip(args, kernel_args, frame["fr_seq"])], dtype="Int64")
     frame["stream"] = stream
     frame = frame[frame["op"].notna()]
@@ -517,7 +533,7 @@ def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
 def _kernel_calls(events: pd.DataFrame, kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
     """Position in ``calls`` of each kernel's host call: via the CUDA launch that has the
     kernel's correlation id (enclosed by the call on its thread), else by External id."""
-    runtime = events[(events["cat"] == "cuda_runtime") & events["corr"].notna()]
+    runtime = events[events["cat"].isin(_LAUNCH_CATS) & events["corr"].notna()]
     launches = runtime.drop_duplicates("corr").set_index("corr")
     has = kernels["corr"].isin(launches.index)
     result = pd.Series(np.nan, index=kernels.index)
@@ -528,8 +544,10 @@ def _kernel_calls(events: pd.DataFrame, kernels: pd.DataFrame, calls: pd.DataFra
     missing = result.isna()
     if missing.any():
         by_ext = pd.Series(np.arange(len(calls)), index=calls["ext"].to_numpy())
-        rpc_ext = calls["rpc"].map(lambda r: events.at[r, "ext"] if r >= 0 else pd.NA)
-        by_ext = pd.concat([by_ext, pd.Series(np.arange(len(calls)), index=rpc_ext.to_numpy())])
+        rpc = calls["rpc"].to_numpy(np.int64)
+        rpc_ext = events["ext"].array[np.maximum(rpc, 0)].copy()
+        rpc_ext[rpc < 0] = pd.NA
+        by_ext = pd.concat([by_ext, pd.Series(np.arange(len(calls)), index=rpc_ext)])
         by_ext = by_ext[by_ext.index.notna()]
         by_ext = by_ext[~by_ext.index.duplicated()]
         result[missing] = kernels.loc[missing, "ext"].map(by_ext).to_numpy(dtype=float, na_value=np.nan)
@@ -541,7 +559,7 @@ def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     work = events[(events["cat"] == "user_annotation") & events["name"].str.startswith(_GLOO)]
     if work.empty:
         return pd.DataFrame()
-    work = work.assign(op=work["name"].map(ops.canonical)).dropna(subset=["op"])
+    work = work.assign(op=work["name"].map(_canonical).astype(object)).dropna(subset=["op"])
     calls = _calls(events, trace.top, notes)
     calls = calls[calls["op"].notna()]
     paired = _pair_in_order(work, calls)
@@ -549,7 +567,7 @@ def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
     call_rows = [int(r) for r in paired["call_row"]]
-    call_args = [a if r >= 0 else {} for r, a in zip(call_rows, trace.args([max(r, 0) for r in call_rows]))]
+    call_args = trace.args(call_rows)
     work_args = trace.args(list(paired["row"]))
     frame = pd.DataFrame(
         {
@@ -560,7 +578,7 @@ def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
             "bytes": [_first(_int(f), _bytes(w), _bytes(c))
                       for w, c, f in zip(work_args, call_args, paired["fr_bytes"])],
             "pg": [_first(_pg(a), f if isinstance(f, str) else None) for a, f in zip(call_args, paired["fr_pg"])],
-            "seq_trace": pd.array([_first(_int(a.get("Seq")), _int(f)) for a, f in zip(call_args, paired["fr_seq"])],
+            "seq_trace": pd.array([_first(_int(a.seq), _int(f)) for a, f in zip(call_args, paired["fr_seq"])],
                                   dtype="Int64"),
             "stream": "",
         }
@@ -637,8 +655,9 @@ def _with_context(frame: pd.DataFrame, busy: _Busy, steps: pd.DataFrame, first: 
 
 
 def _steps(events: pd.DataFrame) -> pd.DataFrame:
-    found = events["name"].str.extract(_STEP, expand=False)
-    rows = events[found.notna()]
+    named = events[events["name"].str.startswith("ProfilerStep#")]  # cheap test before the regex
+    found = named["name"].str.extract(_STEP, expand=False)
+    rows = named[found.notna()]
     return pd.DataFrame(
         {
             "step": found[found.notna()].astype(np.int64).to_numpy(),
@@ -676,11 +695,17 @@ def _pg_config(top: dict) -> dict[str, dict]:
     return {str(g.get("pg_name")): g for g in info.get("pg_config") or [] if isinstance(g, dict)}
 
 
-def _pg(args: dict) -> str | None:
-    for key in ("Process Group Name", "Process Group ID"):
-        if args.get(key) is not None and args.get(key) != "":
-            return str(args[key])
+def _pg(args: _Args) -> str | None:
+    for value in (args.pg_name, args.pg_id):
+        if value is not None and value != "":
+            return str(value)
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical(name) -> str | None:
+    """ops.canonical, once per distinct spelling (the same names recur every step)."""
+    return ops.canonical(name) if isinstance(name, str) else None
 
 
 def _first(*values):
@@ -694,14 +719,14 @@ def _int(value) -> int | None:
         return None
 
 
-def _bytes(args: dict) -> int | None:
+def _bytes(args: _Args) -> int | None:
     """Message size: record_param_comms `In msg nelems` x dtype, else the first input's
     `Input Dims` x `Input type` (per rank, as sent)."""
-    nelems = _int(args.get("In msg nelems"))
-    dtype = str(args.get("dtype", "")).lower()
+    nelems = _int(args.nelems)
+    dtype = str(args.dtype or "").lower()
     if nelems is not None and dtype in _DTYPE_BYTES:
         return nelems * _DTYPE_BYTES[dtype]
-    dims, types = args.get("Input Dims"), args.get("Input type")
+    dims, types = args.dims, args.types
     if not isinstance(dims, list) or not isinstance(types, list):
         return None
     for shape, kind in zip(dims, types):
