@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from rankscope.analysis.groups import Groups, codes
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
+_RANK_SPAN = 1 << 32  # (communicator, rank) pairs as one int64 key
 
 
 @dataclass
@@ -46,17 +48,19 @@ def communicator_members(
     communicator or call collectives on it (said in a warning).
     """
     warnings: list[str] = []
-    reporters = pd.concat(
-        [communicators[["comm_id", "rank"]], collectives[["comm_id", "rank"]]], ignore_index=True
-    ).drop_duplicates()
-    reported = reporters.groupby("comm_id")["rank"].agg(lambda s: frozenset(s.tolist()))
+    comm, comm_ids = codes(np.concatenate([communicators["comm_id"].to_numpy(object), collectives["comm_id"].to_numpy(object)]))
+    rank = np.concatenate([communicators["rank"].to_numpy(np.int64), collectives["rank"].to_numpy(np.int64)])
+    pairs = Groups(comm, rank)
+    comm_of, rank_of = pairs.keys
+    bounds = np.r_[0, np.flatnonzero(np.diff(comm_of)) + 1, len(comm_of)]
+    reported = {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
     declared: dict[str, set[frozenset[int]]] = {}
-    for comm_id, ranks in zip(communicators["comm_id"], communicators["ranks"]):
+    names: dict[str, str] = {}
+    for comm_id, ranks, name in zip(communicators["comm_id"], communicators["ranks"], communicators["name"]):
         if ranks is not None and len(ranks):
             declared.setdefault(comm_id, set()).add(frozenset(int(r) for r in ranks))
-    names = (
-        communicators.dropna(subset=["name"]).drop_duplicates("comm_id").set_index("comm_id")["name"].to_dict()
-    )
+        if isinstance(name, str) and comm_id not in names:
+            names[comm_id] = name
     members: dict[str, tuple[int, ...]] = {}
     inferred: list[str] = []
     for comm_id, seen in reported.items():
@@ -83,43 +87,52 @@ def communicator_members(
 def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[int]) -> Matching:
     """Assign an instance id to every collective row that belongs to a complete, consistent instance."""
     members, names, warnings = communicator_members(communicators, collectives, present)
-    events = collectives.reset_index(drop=True).copy()
-    size = events["comm_id"].map({c: len(m) for c, m in members.items()}).to_numpy()
-    is_p2p = events["op"].isin(P2P_OPS).to_numpy()
+    events = collectives.reset_index(drop=True)
+    comm, comm_ids = codes(events["comm_id"].to_numpy(object))
+    rank = events["rank"].to_numpy(np.int64)
+    start = events["start_ns"].to_numpy(np.int64)
+    op = events["op"].to_numpy(object)
+    size = np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm]
+    is_p2p = np.isin(op, list(P2P_OPS))
 
     # A communicator is matched by trace seq only if every one of its rows carries one.
-    ordinal_comms = set(events.loc[events["seq_source"].ne("trace"), "comm_id"])
-    use_ordinal = events["comm_id"].isin(ordinal_comms).to_numpy() & ~is_p2p
-    events["_key_seq"] = events["seq"].to_numpy()
-    order = events.sort_values(["rank", "comm_id", "start_ns"], kind="stable")
-    ordinals = order.loc[~order["op"].isin(P2P_OPS)].groupby(["rank", "comm_id"], sort=False).cumcount()
-    events.loc[use_ordinal, "_key_seq"] = ordinals.reindex(events.index[use_ordinal]).to_numpy()
-    warnings += _ordinal_count_warnings(events.loc[use_ordinal], members)
-    _shift_ordinals_on_shared_clocks(events, use_ordinal, warnings)
+    ordinal_comm = np.zeros(len(comm_ids), dtype=bool)
+    ordinal_comm[comm[events["seq_source"].to_numpy(object) != "trace"]] = True
+    use_ordinal = ordinal_comm[comm] & ~is_p2p
+    seq = events["seq"].to_numpy(np.int64)
+    collective = ~is_p2p
+    ordinal = np.zeros_like(seq)
+    ordinal[collective] = Groups(rank[collective], comm[collective], within=start[collective]).cumcount()
+    key_seq = np.where(use_ordinal, ordinal, seq)
+    warnings += _ordinal_count_warnings(comm[use_ordinal], rank[use_ordinal], comm_ids)
+    host, _ = codes(events["host"].to_numpy(object))
+    _shift_ordinals_on_shared_clocks(
+        key_seq, use_ordinal, comm, comm_ids, host, rank, events["end_ns"].to_numpy(np.int64), warnings
+    )
 
     peer = _p2p_peers(events, members, is_p2p, warnings)
-    events["_lo"] = np.where(is_p2p, np.minimum(events["rank"], peer), -1)
-    events["_hi"] = np.where(is_p2p, np.maximum(events["rank"], peer), -1)
+    lo = np.where(is_p2p, np.minimum(rank, peer), -1)
+    hi = np.where(is_p2p, np.maximum(rank, peer), -1)
     p2p_rows = is_p2p & (peer >= 0)
-    p2p_order = events.loc[p2p_rows].sort_values(["rank", "comm_id", "_hi", "_lo", "start_ns"], kind="stable")
-    events.loc[p2p_rows, "_key_seq"] = p2p_order.groupby(["rank", "comm_id", "_lo", "_hi"], sort=False).cumcount()
+    key_seq[p2p_rows] = Groups(
+        rank[p2p_rows], comm[p2p_rows], lo[p2p_rows], hi[p2p_rows], within=start[p2p_rows]
+    ).cumcount()
 
     keyed = ~is_p2p | p2p_rows
-    keys = events.loc[keyed, ["comm_id", "_lo", "_hi", "_key_seq"]]
     group = np.full(len(events), UNMATCHED, dtype=np.int64)
-    group[keyed] = keys.groupby(["comm_id", "_lo", "_hi", "_key_seq"], sort=False).ngroup().to_numpy()
-    events["instance"] = group
+    group[keyed] = Groups(comm[keyed], lo[keyed], hi[keyed], key_seq[keyed]).first_seen()
 
     expected = np.where(is_p2p, 2, size)
-    ok, incomplete, bad = _check_instances(events, expected, keyed, members, warnings)
-    events["instance"] = np.where(np.isin(events["instance"].to_numpy(), ok), events["instance"], UNMATCHED)
-    # Renumber densely so instance ids index arrays directly.
-    matched = events["instance"].to_numpy() != UNMATCHED
-    events.loc[matched, "instance"] = pd.factorize(events.loc[matched, "instance"], sort=True)[0]
-    events = events.drop(columns=["_key_seq", "_lo", "_hi"])
-    sources = set(events.loc[~events["op"].isin(P2P_OPS), "comm_id"]) - ordinal_comms
+    ok, incomplete, bad = _check_instances(
+        group, keyed, comm, comm_ids, rank, op, events["bytes"], key_seq, expected, members, warnings
+    )
+    # Renumber densely (in first-seen order) so instance ids index arrays directly.
+    dense = np.full(int(group.max()) + 2 if len(group) else 1, UNMATCHED, dtype=np.int64)
+    dense[ok] = np.arange(len(ok))
+    events = events.assign(instance=dense[group])
+    sources = set(comm_ids[np.unique(comm[collective])]) - set(comm_ids[ordinal_comm])
     method = " + ".join(
-        m for m, used in (("trace seq", bool(sources)), ("ordinal", bool(ordinal_comms))) if used
+        m for m, used in (("trace seq", bool(sources)), ("ordinal", bool(ordinal_comm.any()))) if used
     ) or "ordinal"
     if is_p2p.any():
         method += " (p2p: per-pair ordinal)"
@@ -153,49 +166,81 @@ def _p2p_peers(
     return np.where(np.isnan(peer), -1, peer).astype(np.int64)
 
 
-def _ordinal_count_warnings(rows: pd.DataFrame, members: dict[str, tuple[int, ...]]) -> list[str]:
+def _ordinal_count_warnings(comm: np.ndarray, rank: np.ndarray, comm_ids: np.ndarray) -> list[str]:
     """Ordinal matching is only sound when every member captured the same calls."""
-    counts = rows.groupby(["comm_id", "rank"]).size().groupby(level="comm_id").agg(["min", "max"])
-    uneven = counts[counts["min"] != counts["max"]]
+    per_rank = Groups(comm, rank)
+    per_comm = Groups(per_rank.keys[0])
+    lo, hi = per_comm.min(per_rank.size), per_comm.max(per_rank.size)
     return [
-        f"communicator {comm}: members captured {lo} to {hi} calls; ordinal matching checks op and size "
+        f"communicator {comm_ids[c]}: members captured {low} to {high} calls; ordinal matching checks op and size "
         "on every instance but a capture window that starts mid-sequence can shift it"
-        for comm, (lo, hi) in uneven.iterrows()
+        for c, low, high in zip(per_comm.keys[0].tolist(), lo.tolist(), hi.tolist())
+        if low != high
     ]
 
 
-def _shift_ordinals_on_shared_clocks(events: pd.DataFrame, use_ordinal: np.ndarray, warnings: list[str]) -> None:
-    """Re-align ordinals of ranks whose capture started or stopped a few calls off.
+def _shift_ordinals_on_shared_clocks(
+    key_seq: np.ndarray,
+    use_ordinal: np.ndarray,
+    comm: np.ndarray,
+    comm_ids: np.ndarray,
+    host: np.ndarray,
+    rank: np.ndarray,
+    end: np.ndarray,
+    warnings: list[str],
+) -> None:
+    """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a few calls off.
 
     Members on one host share a clock, so the k-th call's end must coincide with the
     host's reference member (the one with most calls); where it does not, try shifts
     of a few calls and keep one that makes ends coincide. Cross-host members cannot be
     checked this way (their clocks differ by more than a call period).
     """
-    rows = events.loc[use_ordinal, ["comm_id", "host", "rank", "_key_seq", "end_ns"]]
-    counts = rows.groupby(["comm_id", "host", "rank"]).size().rename("n").reset_index()
-    counts = counts.sort_values(["comm_id", "host", "n", "rank"], ascending=[True, True, False, True])
-    refs = counts.drop_duplicates(["comm_id", "host"]).rename(columns={"rank": "ref"})[["comm_id", "host", "ref"]]
-    ref_rows = rows.merge(refs, left_on=["comm_id", "host", "rank"], right_on=["comm_id", "host", "ref"])
-    ref_ends = ref_rows[["comm_id", "host", "_key_seq", "end_ns"]].rename(columns={"end_ns": "ref_end"})
-    paired = rows.merge(ref_ends, on=["comm_id", "host", "_key_seq"])
-    paired["miss"] = (paired["end_ns"] - paired["ref_end"]).abs()
-    spacing = ref_rows.sort_values("_key_seq").groupby(["comm_id", "host"])["end_ns"].agg(
-        lambda e: float(np.median(np.diff(e.to_numpy()))) if len(e) > 1 else np.inf
-    )
-    miss = paired.groupby(["comm_id", "host", "rank"])["miss"].median().reset_index()
-    miss["spacing"] = miss.set_index(["comm_id", "host"]).index.map(spacing)
-    suspect = miss[miss["miss"] > miss["spacing"] / 4]
-    for comm_id, host, rank in suspect[["comm_id", "host", "rank"]].itertuples(index=False):
-        mine = rows.loc[(rows["comm_id"] == comm_id) & (rows["rank"] == rank)].sort_values("_key_seq")["end_ns"].to_numpy()
-        ref = ref_ends.loc[(ref_ends["comm_id"] == comm_id) & (ref_ends["host"] == host)].sort_values("_key_seq")["ref_end"].to_numpy()
-        shift = _best_shift(mine, ref, spacing[(comm_id, host)])
-        if shift is None:
-            warnings.append(f"communicator {comm_id}: rank {rank}'s calls do not line up with its host's other members")
+    rows = np.flatnonzero(use_ordinal)
+    if not len(rows):
+        return
+    c, h, r, k, e = comm[rows], host[rows], rank[rows], key_seq[rows], end[rows]
+    per_rank = Groups(c, h, r)
+    rc, rh, rr = per_rank.keys
+    # The reference of each (comm, host): most calls, then the lowest rank.
+    by_count = np.lexsort((rr, -per_rank.size, rh, rc))
+    pair_start = np.r_[True, (rc[by_count][1:] != rc[by_count][:-1]) | (rh[by_count][1:] != rh[by_count][:-1])]
+    is_ref = np.zeros(per_rank.count, dtype=bool)
+    is_ref[by_count[pair_start]] = True
+    ref_row = per_rank.broadcast(is_ref)
+    # Each row's reference end: the reference's row with the same (comm, host, ordinal).
+    slot = Groups(np.r_[c[ref_row], c], np.r_[h[ref_row], h], np.r_[k[ref_row], k])
+    ref_end = np.full(slot.count, np.nan)
+    ref_end[slot.id[: ref_row.sum()]] = e[ref_row]
+    row_ref_end = ref_end[slot.id[ref_row.sum():]]
+    paired = ~np.isnan(row_ref_end)
+    ref_host = Groups(c[ref_row], h[ref_row], within=k[ref_row])
+    ref_sorted = e[ref_row][ref_host.order]
+    gaps = np.diff(ref_sorted).astype(np.float64)
+    same = ref_host.id[ref_host.order][1:] == ref_host.id[ref_host.order][:-1]
+    spacing = np.full(ref_host.count, np.inf)
+    spaced = Groups(ref_host.id[ref_host.order][1:][same])
+    spacing[spaced.keys[0]] = spaced.median(gaps[same])
+    misses = Groups(c[paired], h[paired], r[paired])
+    miss = misses.median(np.abs(e[paired] - row_ref_end[paired]))
+    mc, mh, mr = misses.keys
+    host_of = {(a, b): i for i, (a, b) in enumerate(zip(ref_host.keys[0].tolist(), ref_host.keys[1].tolist()))}
+    for i in range(misses.count):
+        pair = host_of[(int(mc[i]), int(mh[i]))]
+        if not miss[i] > spacing[pair] / 4:
             continue
-        events.loc[use_ordinal & (events["comm_id"] == comm_id).to_numpy() & (events["rank"] == rank).to_numpy(), "_key_seq"] += shift
+        mine_rows = rows[(c == mc[i]) & (r == mr[i])]
+        mine = end[mine_rows][np.argsort(key_seq[mine_rows], kind="stable")]
+        ref_rows = ref_row & (c == mc[i]) & (h == mh[i])
+        ref = e[ref_rows][np.argsort(k[ref_rows], kind="stable")]
+        shift = _best_shift(mine, ref, spacing[pair])
+        comm_id = comm_ids[mc[i]]
+        if shift is None:
+            warnings.append(f"communicator {comm_id}: rank {mr[i]}'s calls do not line up with its host's other members")
+            continue
+        key_seq[mine_rows] += shift
         warnings.append(
-            f"communicator {comm_id}: rank {rank}'s capture is {abs(shift)} call(s) "
+            f"communicator {comm_id}: rank {mr[i]}'s capture is {abs(shift)} call(s) "
             f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
         )
 
@@ -214,55 +259,60 @@ def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, widest: int =
 
 
 def _check_instances(
-    events: pd.DataFrame,
-    expected: np.ndarray,
+    instance: np.ndarray,
     keyed: np.ndarray,
+    comm: np.ndarray,
+    comm_ids: np.ndarray,
+    rank: np.ndarray,
+    op: np.ndarray,
+    size_bytes: pd.Series,
+    key_seq: np.ndarray,
+    expected: np.ndarray,
     members: dict[str, tuple[int, ...]],
     warnings: list[str],
 ) -> tuple[np.ndarray, int, int]:
-    """Instances that hold each expected participant once and agree on op and size."""
-    rows = events.loc[keyed, ["instance", "comm_id", "rank", "op", "bytes", "_key_seq"]].copy()
-    rows["expected"] = expected[keyed]
-    member_pairs = pd.DataFrame(
-        [(c, r) for c, ranks in members.items() for r in ranks], columns=["comm_id", "rank"]
-    ).assign(is_member=True)
-    rows = rows.merge(member_pairs, on=["comm_id", "rank"], how="left")
-    rows["stranger"] = rows["is_member"].isna().astype(np.int64)
+    """Instances (ascending ids) that hold each expected participant once and agree on op and size."""
+    rows = np.flatnonzero(keyed)
+    per = Groups(instance[rows])
+    comm, rank, op = comm[rows], rank[rows], op[rows]
+    member_keys = np.array(
+        [c * _RANK_SPAN + r for c, comm_id in enumerate(comm_ids) for r in members[comm_id]], dtype=np.int64
+    )
+    strangers = per.sum(~np.isin(comm * _RANK_SPAN + rank, member_keys))
+    op_code, ops = codes(op)
     # send and recv are one operation seen from its two ends.
-    rows["send_recv"] = rows["op"].isin([SEND, RECV])
-    rows["kind"] = rows["op"].where(~rows["send_recv"], "send/recv")
+    send_recv = np.isin(ops, [SEND, RECV])[op_code]
+    kind = np.where(send_recv, -1, op_code)
     # AllToAll(v) legitimately moves different amounts per rank; every other op agrees on size.
-    rows.loc[rows["op"] == ALLTOALL, "bytes"] = np.nan
-    per = rows.groupby("instance").agg(
-        comm_id=("comm_id", "first"),
-        seq=("_key_seq", "first"),
-        n=("rank", "size"),
-        distinct=("rank", "nunique"),
-        strangers=("stranger", "sum"),
-        kinds=("kind", "nunique"),
-        ops=("op", "nunique"),
-        sizes=("bytes", "nunique"),
-        expected=("expected", "first"),
-        send_recv=("send_recv", "first"),
-    )
+    sizes = size_bytes.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+    sizes[op == ALLTOALL] = np.nan
+    n = per.size
+    pair = per.first(send_recv)
+    distinct = np.bincount(Groups(per.id, rank).keys[0], minlength=per.count)
     inconsistent = (
-        (per["distinct"] < per["n"])
-        | (per["strangers"] > 0)
-        | (per["kinds"] > 1)
-        | (per["sizes"] > 1)
-        | (per["send_recv"] & (per["n"] == 2) & (per["ops"] != 2))  # two sends, or two recvs
+        (distinct < n)
+        | (strangers > 0)
+        | (per.nunique(kind) > 1)
+        | (per.nunique(sizes) > 1)
+        | (pair & (n == 2) & (per.nunique(op_code) != 2))  # two sends, or two recvs
     )
-    incomplete = ~inconsistent & (per["n"] < per["expected"])
-    single = per["expected"] < 2  # a communicator with one member present: nothing to compare
-    ok = per.index[~inconsistent & ~incomplete & ~single].to_numpy()
-    for comm_id, bad in per[inconsistent].groupby("comm_id"):
-        first = bad["seq"].min()
-        warnings.append(
-            f"communicator {comm_id}: {len(bad)} of {int((per['comm_id'] == comm_id).sum())} instances disagree "
-            f"on op, size or participants (first at #{first}); dropped"
-        )
-    for comm_id, short in per[incomplete].groupby("comm_id"):
-        warnings.append(
-            f"communicator {comm_id}: {len(short)} instance(s) missing a participant (capture window edges?); dropped"
-        )
+    incomplete = ~inconsistent & (n < per.first(expected[rows]))
+    single = per.first(expected[rows]) < 2  # a communicator with one member present: nothing to compare
+    ok = per.keys[0][~inconsistent & ~incomplete & ~single]
+    comm_of = per.first(comm)
+    total = np.bincount(comm_of, minlength=len(comm_ids))
+    if inconsistent.any():
+        bad = Groups(comm_of[inconsistent])
+        first = bad.min(per.first(key_seq[rows])[inconsistent])
+        warnings += [
+            f"communicator {comm_ids[c]}: {count} of {total[c]} instances disagree "
+            f"on op, size or participants (first at #{lowest}); dropped"
+            for c, count, lowest in zip(bad.keys[0].tolist(), bad.size.tolist(), first.tolist())
+        ]
+    if incomplete.any():
+        short = Groups(comm_of[incomplete])
+        warnings += [
+            f"communicator {comm_ids[c]}: {count} instance(s) missing a participant (capture window edges?); dropped"
+            for c, count in zip(short.keys[0].tolist(), short.size.tolist())
+        ]
     return ok, int(incomplete.sum()), int(inconsistent.sum())

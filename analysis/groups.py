@@ -1,0 +1,122 @@
+"""Rows grouped by integer keys: one stable sort, then per-group reductions in numpy.
+
+The analysis groups a few ten thousand rows many times over (per instance, per rank,
+per communicator); pandas' groupby costs milliseconds of fixed overhead per call,
+which dominated the analysis. Keys are integer codes (``codes`` factorizes strings
+once); groups are numbered 0 .. n-1 in ascending key order, like a sorted groupby.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def codes(values) -> tuple[np.ndarray, np.ndarray]:
+    """Dense int64 codes in sorted order of the distinct values, and those values."""
+    labels, uniques = pd.factorize(values, sort=True)
+    return labels.astype(np.int64, copy=False), np.asarray(uniques)
+
+
+class Groups:
+    """Rows grouped by one or more integer key arrays (equal length, no missing keys).
+
+    ``within`` orders the rows inside each group (stable: ties keep input order), for
+    ``cumcount``; otherwise rows keep their input order inside a group.
+    """
+
+    def __init__(self, *keys: np.ndarray, within: np.ndarray | None = None) -> None:
+        keys = tuple(np.asarray(k, dtype=np.int64) for k in keys)
+        self.rows = len(keys[0]) if keys else 0
+        sort_keys = keys if within is None else (*keys, np.asarray(within))
+        # np.lexsort sorts by its last key first, and is stable.
+        self.order = np.lexsort(sort_keys[::-1]) if self.rows else np.zeros(0, dtype=np.int64)
+        sorted_keys = [k[self.order] for k in keys]
+        change = np.zeros(self.rows, dtype=bool)
+        if self.rows:
+            change[0] = True
+            for k in sorted_keys:
+                change[1:] |= k[1:] != k[:-1]
+        self.starts = np.flatnonzero(change)
+        self.size = np.diff(np.r_[self.starts, self.rows])
+        self.count = len(self.starts)
+        sorted_id = np.cumsum(change) - 1
+        self.id = np.empty(self.rows, dtype=np.int64)  # group of each row, in input order
+        self.id[self.order] = sorted_id
+        self.keys = [k[self.starts] for k in sorted_keys]  # each group's key values
+
+    def first_seen(self) -> np.ndarray:
+        """Group ids renumbered by first appearance in the input (pandas' ``sort=False``)."""
+        first_row = np.minimum.reduceat(self.order, self.starts) if self.rows else self.starts
+        rank = np.empty(self.count, dtype=np.int64)
+        rank[np.argsort(first_row, kind="stable")] = np.arange(self.count)
+        return rank[self.id]
+
+    def _sorted(self, values) -> np.ndarray:
+        return np.asarray(values)[self.order]
+
+    def sum(self, values) -> np.ndarray:
+        """Sum per group: exact int64 for integers, float64 otherwise."""
+        values = np.asarray(values)
+        if values.dtype.kind in "biu":
+            if not self.rows:
+                return np.zeros(0, dtype=np.int64)
+            return np.add.reduceat(values[self.order].astype(np.int64, copy=False), self.starts)
+        return np.bincount(self.id, weights=values, minlength=self.count)
+
+    def mean(self, values) -> np.ndarray:
+        return self.sum(np.asarray(values, dtype=np.float64)) / self.size
+
+    def max(self, values) -> np.ndarray:
+        return np.maximum.reduceat(self._sorted(values), self.starts) if self.rows else np.zeros(0)
+
+    def min(self, values) -> np.ndarray:
+        return np.minimum.reduceat(self._sorted(values), self.starts) if self.rows else np.zeros(0)
+
+    def first(self, values) -> np.ndarray:
+        return self._sorted(values)[self.starts]
+
+    def any(self, mask) -> np.ndarray:
+        return np.bincount(self.id, weights=np.asarray(mask, dtype=np.float64), minlength=self.count) > 0
+
+    def all(self, mask) -> np.ndarray:
+        return ~self.any(~np.asarray(mask, dtype=bool))
+
+    def nunique(self, values) -> np.ndarray:
+        """Distinct values per group, NaN not counted (as pandas' nunique)."""
+        values = np.asarray(values, dtype=np.float64)
+        seen = ~np.isnan(values)
+        if not seen.any():
+            return np.zeros(self.count, dtype=np.int64)
+        within = Groups(self.id[seen], codes(values[seen])[0])
+        return np.bincount(within.keys[0], minlength=self.count)
+
+    def broadcast(self, per_group: np.ndarray) -> np.ndarray:
+        """Each row's group value, in input order."""
+        return np.asarray(per_group)[self.id]
+
+    def cumcount(self) -> np.ndarray:
+        """Position of each row within its group, in the order of the sort keys."""
+        position = np.arange(self.rows) - np.repeat(self.starts, self.size)
+        out = np.empty(self.rows, dtype=np.int64)
+        out[self.order] = position
+        return out
+
+    def quantile(self, values, q: float) -> np.ndarray:
+        """Linear-interpolated quantile per group (NaN-free values)."""
+        values = np.asarray(values, dtype=np.float64)
+        ranked = values[np.lexsort((values, self.id))]
+        position = q * (self.size - 1)
+        lo = np.floor(position).astype(np.int64)
+        hi = np.minimum(lo + 1, self.size - 1)
+        frac = position - lo
+        low, high = ranked[self.starts + lo], ranked[self.starts + hi]
+        return low + (high - low) * frac
+
+    def median(self, values) -> np.ndarray:
+        """Median per group (NaN-free values): the mean of the two middle values."""
+        values = np.asarray(values, dtype=np.float64)
+        ranked = values[np.lexsort((values, self.id))]
+        low = ranked[self.starts + (self.size - 1) // 2]
+        high = ranked[self.starts + self.size // 2]
+        return (low + high) / 2
