@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.ops import N_TO_N_OPS
+from rankscope.analysis.groups import Groups, codes
 from rankscope.analysis.matching import UNMATCHED
+from rankscope.analysis.ops import N_TO_N_OPS
 
 MIN_DRIFT_ANCHORS = 20
 ROUNDS = 5
@@ -71,13 +72,15 @@ class ClockModel:
 
     def align(self, hosts: pd.Series, times: np.ndarray) -> np.ndarray:
         """Local int64 ns on each row's host -> aligned int64 ns (vectorised)."""
-        offset, rate = self._per_row(hosts)
+        host, names = pd.factorize(hosts)
+        clocks = [self.hosts[h] for h in names]
+        offset = np.array([c.offset_ns for c in clocks], dtype=np.float64)[host]
+        rate = 1.0 + np.array([c.drift_ppm for c in clocks], dtype=np.float64)[host] * 1e-6
         relative = (np.asarray(times, dtype=np.int64) - self.t0_ns).astype(np.float64)
         aligned = (relative - offset) / rate
-        names = hosts.to_numpy()
-        for host, clock in self.hosts.items():
+        for code, clock in enumerate(clocks):
             if clock.window_centres:
-                rows = names == host
+                rows = host == code
                 aligned[rows] -= clock.correction(aligned[rows]) / rate[rows]
         return self.t0_ns + np.rint(aligned).astype(np.int64)
 
@@ -88,21 +91,25 @@ class ClockModel:
         return clock.offset_ns + clock.drift_ppm * 1e-6 * rel + float(clock.correction(np.array([rel]))[0])
 
     def uncertainty(self, hosts: pd.Series) -> np.ndarray:
-        return hosts.map({h: c.uncertainty_ns for h, c in self.hosts.items()}).to_numpy(dtype=np.float64)
-
-    def _per_row(self, hosts: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-        offset = hosts.map({h: c.offset_ns for h, c in self.hosts.items()}).to_numpy(dtype=np.float64)
-        rate = 1.0 + hosts.map({h: c.drift_ppm for h, c in self.hosts.items()}).to_numpy(dtype=np.float64) * 1e-6
-        return offset, rate
+        host, names = pd.factorize(hosts)
+        return np.array([self.hosts[h].uncertainty_ns for h in names], dtype=np.float64)[host]
 
 
 def anchor_ends(events: pd.DataFrame) -> pd.DataFrame:
     """Hosts x anchor instances: each host's median end (int64 local ns) of N-to-N instances spanning hosts."""
-    rows = events.loc[(events["instance"] != UNMATCHED) & events["op"].isin(N_TO_N_OPS), ["instance", "host", "end_ns"]]
-    per_host = rows.groupby(["instance", "host"], sort=False)["end_ns"].median()
-    spans = per_host.groupby(level="instance").size()
-    per_host = per_host[per_host.index.get_level_values("instance").isin(spans.index[spans > 1])]
-    return per_host.unstack("instance")
+    rows = (events["instance"].to_numpy() != UNMATCHED) & np.isin(events["op"].to_numpy(object), list(N_TO_N_OPS))
+    instance = events["instance"].to_numpy(np.int64)[rows]
+    host, names = codes(events["host"].to_numpy(object)[rows])
+    per_host = Groups(instance, host)
+    median_end = per_host.median(events["end_ns"].to_numpy(np.int64)[rows])
+    anchor, anchor_host = per_host.keys
+    anchors, column = np.unique(anchor, return_inverse=True)
+    spans = np.bincount(column, minlength=len(anchors)) > 1
+    kept = spans[column]
+    used = np.unique(anchor_host[kept])
+    table = np.full((len(used), int(spans.sum())), np.nan)
+    table[np.searchsorted(used, anchor_host[kept]), (np.cumsum(spans) - 1)[column[kept]]] = median_end[kept]
+    return pd.DataFrame(table, index=pd.Index(names[used], name="host"), columns=pd.Index(anchors[spans], name="instance"))
 
 
 def fit(events: pd.DataFrame, hosts: list[str], hints: Mapping[str, int] | None = None) -> ClockModel:
@@ -180,20 +187,20 @@ def _fit_component(
     rate = np.ones(len(names))
     offset = prior.copy()
     for _ in range(ROUNDS):
-        consensus = np.nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
+        consensus = _nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
         slope, intercept = _huber_lines(consensus, y)
         rate = np.where(drifting, slope, 1.0)
-        offset = np.where(drifting, intercept, np.nanmedian(y - consensus[None, :], axis=1))
+        offset = np.where(drifting, intercept, _nanmedian(y - consensus[None, :], axis=1))
         # Re-gauge: E' = k E + m leaves every observation unchanged.
         k = rate.mean()
         rate /= k
         offset -= rate * (offset.mean() - target)
-    consensus = np.nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
+    consensus = _nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
     residual = y - (rate[:, None] * consensus[None, :] + offset[:, None])
     windows = [_windows(consensus, residual[h]) if drifting[h] else ((), ()) for h in range(len(names))]
     if any(w[0] for w in windows):
         bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
-        consensus = np.nanmedian((y - bend - offset[:, None]) / rate[:, None], axis=0)
+        consensus = _nanmedian((y - bend - offset[:, None]) / rate[:, None], axis=0)
         bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
         residual = y - bend - (rate[:, None] * consensus[None, :] + offset[:, None])
     clocks = {}
@@ -254,8 +261,8 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
         slope = np.divide(cov, spread, out=np.ones_like(cov), where=spread > 0)
         intercept = y_bar - slope * x_bar
         residual = np.where(seen, yy - (slope[:, None] * xc + intercept[:, None]), np.nan)
-        centre = np.nanmedian(residual, axis=1, keepdims=True)
-        scale = MAD_TO_SIGMA * np.nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
+        centre = _nanmedian(residual, axis=1, keepdims=True)
+        scale = MAD_TO_SIGMA * _nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
         u = np.abs(np.nan_to_num(residual)) / np.maximum(HUBER_K * scale, 1e-9)
         weights = np.where(seen, np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12)), 0.0)
     return slope, intercept - slope * xm[:, 0]
@@ -273,6 +280,19 @@ class HappensBefore:
 
 def happens_before(aligned: pd.DataFrame) -> HappensBefore:
     """N-to-N instances where some rank ended before the last one started (aligned times)."""
-    rows = aligned.loc[(aligned["instance"] != UNMATCHED) & aligned["op"].isin(N_TO_N_OPS)]
-    per = rows.groupby("instance").agg(last_start=("start", "max"), first_end=("end", "min"))
-    return HappensBefore(int(len(per)), int((per["last_start"] > per["first_end"]).sum()))
+    rows = (aligned["instance"].to_numpy() != UNMATCHED) & np.isin(aligned["op"].to_numpy(object), list(N_TO_N_OPS))
+    per = Groups(aligned["instance"].to_numpy(np.int64)[rows])
+    last_start = per.max(aligned["start"].to_numpy()[rows])
+    first_end = per.min(aligned["end"].to_numpy()[rows])
+    return HappensBefore(int(per.count), int((last_start > first_end).sum()))
+
+
+def _nanmedian(values: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
+    """np.nanmedian (same values, NaN where nothing is observed) by one sort, without its
+    per-row masked-array path, which dominated the fit."""
+    ranked = np.sort(values, axis=axis)  # NaN sort last
+    seen = (~np.isnan(values)).sum(axis=axis, keepdims=True)
+    low = np.take_along_axis(ranked, np.maximum((seen - 1) // 2, 0), axis)
+    high = np.take_along_axis(ranked, np.minimum(seen // 2, values.shape[axis] - 1), axis)
+    median = np.where(seen > 0, (low + high) / 2, np.nan)
+    return median if keepdims else np.squeeze(median, axis)
