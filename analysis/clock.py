@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes
+from rankscope.analysis.groups import Groups, codes, isin
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.ops import N_TO_N_OPS
 
@@ -97,9 +97,9 @@ class ClockModel:
 
 def anchor_ends(events: pd.DataFrame) -> pd.DataFrame:
     """Hosts x anchor instances: each host's median end (int64 local ns) of N-to-N instances spanning hosts."""
-    rows = (events["instance"].to_numpy() != UNMATCHED) & np.isin(events["op"].to_numpy(object), list(N_TO_N_OPS))
+    rows = (events["instance"].to_numpy() != UNMATCHED) & isin(events["op"], N_TO_N_OPS)
     instance = events["instance"].to_numpy(np.int64)[rows]
-    host, names = codes(events["host"].to_numpy(object)[rows])
+    host, names = codes(events["host"][rows])
     per_host = Groups(instance, host)
     median_end = per_host.median(events["end_ns"].to_numpy(np.int64)[rows])
     anchor, anchor_host = per_host.keys
@@ -280,7 +280,7 @@ class HappensBefore:
 
 def happens_before(aligned: pd.DataFrame) -> HappensBefore:
     """N-to-N instances where some rank ended before the last one started (aligned times)."""
-    rows = (aligned["instance"].to_numpy() != UNMATCHED) & np.isin(aligned["op"].to_numpy(object), list(N_TO_N_OPS))
+    rows = (aligned["instance"].to_numpy() != UNMATCHED) & isin(aligned["op"], N_TO_N_OPS)
     per = Groups(aligned["instance"].to_numpy(np.int64)[rows])
     last_start = per.max(aligned["start"].to_numpy()[rows])
     first_end = per.min(aligned["end"].to_numpy()[rows])

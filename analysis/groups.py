@@ -13,9 +13,18 @@ import pandas as pd
 
 
 def codes(values) -> tuple[np.ndarray, np.ndarray]:
-    """Dense int64 codes in sorted order of the distinct values, and those values."""
+    """Dense int64 codes in sorted order of the distinct values, and those values.
+
+    Pass pandas Series as they are: converting Arrow strings to objects first costs more
+    than the factorization."""
     labels, uniques = pd.factorize(values, sort=True)
     return labels.astype(np.int64, copy=False), np.asarray(uniques)
+
+
+def isin(values, allowed) -> np.ndarray:
+    """Boolean mask of ``values`` found in ``allowed``, tested once per distinct value."""
+    labels, uniques = codes(values)
+    return np.isin(uniques, list(allowed))[labels] if len(labels) else np.zeros(0, dtype=bool)
 
 
 class Groups:

@@ -48,7 +48,7 @@ def communicator_members(
     communicator or call collectives on it (said in a warning).
     """
     warnings: list[str] = []
-    comm, comm_ids = codes(np.concatenate([communicators["comm_id"].to_numpy(object), collectives["comm_id"].to_numpy(object)]))
+    comm, comm_ids = codes(pd.concat([communicators["comm_id"], collectives["comm_id"]], ignore_index=True))
     rank = np.concatenate([communicators["rank"].to_numpy(np.int64), collectives["rank"].to_numpy(np.int64)])
     pairs = Groups(comm, rank)
     comm_of, rank_of = pairs.keys
@@ -88,16 +88,16 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
     """Assign an instance id to every collective row that belongs to a complete, consistent instance."""
     members, names, warnings = communicator_members(communicators, collectives, present)
     events = collectives.reset_index(drop=True)
-    comm, comm_ids = codes(events["comm_id"].to_numpy(object))
+    comm, comm_ids = codes(events["comm_id"])
     rank = events["rank"].to_numpy(np.int64)
     start = events["start_ns"].to_numpy(np.int64)
-    op = events["op"].to_numpy(object)
+    op, ops = codes(events["op"])
     size = np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm]
-    is_p2p = np.isin(op, list(P2P_OPS))
+    is_p2p = np.isin(ops, list(P2P_OPS))[op]
 
     # A communicator is matched by trace seq only if every one of its rows carries one.
     ordinal_comm = np.zeros(len(comm_ids), dtype=bool)
-    ordinal_comm[comm[events["seq_source"].to_numpy(object) != "trace"]] = True
+    ordinal_comm[comm[(events["seq_source"] != "trace").to_numpy(bool)]] = True
     use_ordinal = ordinal_comm[comm] & ~is_p2p
     seq = events["seq"].to_numpy(np.int64)
     collective = ~is_p2p
@@ -105,7 +105,7 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
     ordinal[collective] = Groups(rank[collective], comm[collective], within=start[collective]).cumcount()
     key_seq = np.where(use_ordinal, ordinal, seq)
     warnings += _ordinal_count_warnings(comm[use_ordinal], rank[use_ordinal], comm_ids)
-    host, _ = codes(events["host"].to_numpy(object))
+    host, _ = codes(events["host"])
     _shift_ordinals_on_shared_clocks(
         key_seq, use_ordinal, comm, comm_ids, host, rank, events["end_ns"].to_numpy(np.int64), warnings
     )
@@ -124,7 +124,7 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
 
     expected = np.where(is_p2p, 2, size)
     ok, incomplete, bad = _check_instances(
-        group, keyed, comm, comm_ids, rank, op, events["bytes"], key_seq, expected, members, warnings
+        group, keyed, comm, comm_ids, rank, op, ops, events["bytes"], key_seq, expected, members, warnings
     )
     # Renumber densely (in first-seen order) so instance ids index arrays directly.
     dense = np.full(int(group.max()) + 2 if len(group) else 1, UNMATCHED, dtype=np.int64)
@@ -265,6 +265,7 @@ def _check_instances(
     comm_ids: np.ndarray,
     rank: np.ndarray,
     op: np.ndarray,
+    ops: np.ndarray,
     size_bytes: pd.Series,
     key_seq: np.ndarray,
     expected: np.ndarray,
@@ -279,13 +280,12 @@ def _check_instances(
         [c * _RANK_SPAN + r for c, comm_id in enumerate(comm_ids) for r in members[comm_id]], dtype=np.int64
     )
     strangers = per.sum(~np.isin(comm * _RANK_SPAN + rank, member_keys))
-    op_code, ops = codes(op)
     # send and recv are one operation seen from its two ends.
-    send_recv = np.isin(ops, [SEND, RECV])[op_code]
-    kind = np.where(send_recv, -1, op_code)
+    send_recv = np.isin(ops, [SEND, RECV])[op]
+    kind = np.where(send_recv, -1, op)
     # AllToAll(v) legitimately moves different amounts per rank; every other op agrees on size.
     sizes = size_bytes.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
-    sizes[op == ALLTOALL] = np.nan
+    sizes[(ops == ALLTOALL)[op]] = np.nan
     n = per.size
     pair = per.first(send_recv)
     distinct = np.bincount(Groups(per.id, rank).keys[0], minlength=per.count)
@@ -294,7 +294,7 @@ def _check_instances(
         | (strangers > 0)
         | (per.nunique(kind) > 1)
         | (per.nunique(sizes) > 1)
-        | (pair & (n == 2) & (per.nunique(op_code) != 2))  # two sends, or two recvs
+        | (pair & (n == 2) & (per.nunique(op) != 2))  # two sends, or two recvs
     )
     incomplete = ~inconsistent & (n < per.first(expected[rows]))
     single = per.first(expected[rows]) < 2  # a communicator with one member present: nothing to compare
