@@ -80,16 +80,6 @@ class AgentConfig:
     max_backoff_s: float = 30.0
 
 
-def parse_labels(text: str) -> dict[str, str]:
-    labels = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--labels: {item!r} is not key=value")
-        labels[key.strip()] = value.strip()
-    return labels
-
-
 def load_backend(name: str) -> type[CaptureBackend]:
     """The CaptureBackend subclass registered under ``name``, imported on first use."""
     module_name = BACKENDS.get(name)

@@ -10,8 +10,9 @@ import socket
 from pathlib import Path
 
 from rankscope.agent import dcgm
-from rankscope.agent.agent import BACKENDS, Agent, AgentConfig, parse_labels
+from rankscope.agent.agent import BACKENDS, Agent, AgentConfig
 from rankscope.agent.spool import DEFAULT_SPOOL
+from rankscope.cli import parse_labels
 from rankscope.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="coordinator address")
     parser.add_argument("--name", default=None, help="node name in the fleet (default: the hostname)")
-    parser.add_argument("--labels", default="", metavar="K=V,...", help="labels sweeps can target")
+    parser.add_argument("--labels", type=parse_labels, default={}, metavar="K=V,...", help="labels sweeps can target")
     parser.add_argument("--spool", type=Path, default=DEFAULT_SPOOL,
                         help=f"folder where rank wrappers announce themselves (default: {DEFAULT_SPOOL})")
     parser.add_argument("--work-dir", type=Path, default=None,
@@ -53,7 +54,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     return AgentConfig(
         coordinator=args.coordinator,
         name=name,
-        labels=parse_labels(args.labels),
+        labels=args.labels,
         spool=args.spool,
         work_dir=args.work_dir or args.spool / f"agent-{name}",
         backends=backends,

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from rankscope.cli import parse_labels
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
 from rankscope.coordinator.tls import TlsFiles
@@ -31,16 +32,6 @@ def parse_duration(text: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration like 20s, 500ms, 2m")
     return float(match.group(1)) * _UNITS[match.group(2)]
-
-
-def parse_labels(text: str) -> dict[str, str]:
-    labels = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
-        labels[key.strip()] = value.strip()
-    return labels
 
 
 def parse_option(text: str) -> tuple[str, str]:

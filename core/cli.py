@@ -42,6 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_labels(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` as given to --labels (agents and sweeps share the syntax)."""
+    labels = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
 def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
     # Inferred or skipped input is worth a line, not a source-code excerpt.
     print(f"rankscope: warning: {message}", file=sys.stderr)

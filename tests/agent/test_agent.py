@@ -23,7 +23,8 @@ import pytest
 
 from rankscope.agent import agent as agent_mod
 from rankscope.agent import commands, dcgm
-from rankscope.agent.agent import Agent, AgentConfig, load_backend, parse_labels, safe_name
+from rankscope.agent.agent import Agent, AgentConfig, load_backend, safe_name
+from rankscope.cli import parse_labels
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.sim_backend import SimBackend
 from rankscope.analysis import digest, sources
@@ -283,7 +284,7 @@ def test_agent_restarted_mid_upload_finishes_it(coordinator, tmp_path: Path, mon
 
 def test_labels_and_backends_are_checked() -> None:
     assert parse_labels("a=1, b = x,") == {"a": "1", "b": "x"}
-    with pytest.raises(ConfigError, match="not key=value"):
+    with pytest.raises(argparse.ArgumentTypeError, match="not key=value"):
         parse_labels("oops")
     assert load_backend("sim") is SimBackend
     with pytest.raises(ConfigError, match="unknown capture backend 'gpu'"):
