@@ -232,6 +232,11 @@ def _categorical(values: list) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, pd.Index(distinct, dtype=object))
 
 
+def _is_comm(names: pd.Series) -> np.ndarray:
+    """ops.is_comm_kernel, tested once per distinct name."""
+    return ops.is_comm_kernel(pd.Series(names.cat.categories, dtype=object))[names.cat.codes.to_numpy()]
+
+
 def _thread_codes(frame: pd.DataFrame) -> np.ndarray:
     """One integer per (pid, tid): threads are compared many times, strings once."""
     pid, _ = pd.factorize(frame["pid"])
@@ -349,9 +354,9 @@ class _Busy:
 def _device_busy(gpu: pd.DataFrame) -> _Busy:
     start = gpu["ts_ns"].to_numpy(np.int64)
     end = start + gpu["dur_ns"].to_numpy(np.int64)
-    comm = ops.is_comm_kernel(gpu["name"]) & (gpu["cat"] == "kernel").to_numpy()
+    comm = _is_comm(gpu["name"]) & (gpu["cat"] == "kernel").to_numpy()
     kernels = gpu[gpu["cat"] == "kernel"]
-    return _busy(start, end, comm, _kernel_table(kernels, ops.is_comm_kernel(kernels["name"])))
+    return _busy(start, end, comm, _kernel_table(kernels, _is_comm(kernels["name"])))
 
 
 def _cpu_busy(events: pd.DataFrame) -> _Busy:
@@ -485,7 +490,7 @@ def _thread(rows: pd.DataFrame) -> np.ndarray:
 def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFrame:
     events = trace.events
     kernels = events[(events["cat"] == "kernel")]
-    kernels = kernels[ops.is_comm_kernel(kernels["name"])]
+    kernels = kernels[_is_comm(kernels["name"])]
     if kernels.empty:
         return pd.DataFrame()
     calls = _calls(events, trace.top, notes)
@@ -505,27 +510,21 @@ def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     chosen = calls.iloc[per_call.index.astype(int)]
     rows = per_call.assign(cpu_call_ns=chosen["ts_ns"].to_numpy(), call_row=chosen.index, rpc=chosen["rpc"].to_numpy(),
                            ann=chosen["ann"].to_numpy(), op=chosen["op"].to_numpy(),
-                           fr_pg=chosen["fr_pg"].to_numpy(), fr_seq=chosen["fr_seq"].to_numpy(),
-                           fr_bytes=chosen["fr_bytes"].to_numpy())
-    # Identity args: record_param_comms where present, else the first kernel's copy.
-    rpc_rows = rows["rpc"].to_numpy()
-    sources = np.where(rpc_rows >= 0, rpc_rows, rows["kernel_row"].to_numpy())
-    args = trace.args(list(sources))
-    kernel_args = trace.args(list(rows["kernel_row"].to_numpy()))
-    call_args = trace.args(list(rows["call_row"].to_numpy()))
-    ann_args = trace.args(list(rows["ann"].to_numpy()))
-    stream = ["?" if k.stream is None else str(k.stream) for k in kernel_args]
+                           fr_pg=chosen["fr_pg"].to_numpy(), fr_seq=chosen["fr_seq"].array,
+                           fr_bytes=chosen["fr_bytes"].array)
     frame = rows.reset_index(drop=True)
-    frame["op"] = [
-        _canonical(a.collective) or op or _canonical(k.collective)
-        for a, op, k in zip(args, frame["op"], kernel_args)
-    ]
-    frame["bytes"] = [_first(_bytes(a), _bytes(n), _bytes(c), _int(f))
-                      for a, n, c, f in zip(args, ann_args, call_args, frame["fr_bytes"])]
-    frame["pg"] = [_first(_pg(a), _pg(k), f) for a, k, f in zip(args, kernel_args, frame["fr_pg"])]
-    frame["seq_trace"] = pd.array([_first(_int(_first(a.seq, k.seq)), _int(f))
-                                   for a, k, f in zip(args, kernel_args, frame["fr_seq"])], dtype="Int64")
-    frame["stream"] = stream
+    # Identity args: record_param_comms where present, else the first kernel's copy.
+    kernel_args = trace.args(list(frame["kernel_row"]))
+    kernel = _arg_frame(kernel_args)
+    has_rpc = np.broadcast_to((frame["rpc"].to_numpy() >= 0)[:, None], kernel.shape)
+    own = _arg_frame(trace.args(list(frame["rpc"]))).where(has_rpc, kernel)
+    call = _arg_frame(trace.args(list(frame["call_row"])))
+    annotation = _arg_frame(trace.args(list(frame["ann"])))
+    frame["op"] = _coalesce(own["op"], frame["op"], kernel["op"])
+    frame["bytes"] = _coalesce(own["bytes"], annotation["bytes"], call["bytes"], frame["fr_bytes"])
+    frame["pg"] = _coalesce(own["pg"], kernel["pg"], frame["fr_pg"])
+    frame["seq_trace"] = _coalesce(own["seq"], kernel["seq"], frame["fr_seq"])
+    frame["stream"] = ["?" if k.stream is None else str(k.stream) for k in kernel_args]
     frame = frame[frame["op"].notna()]
     return _identify(frame, trace.top, meta, notes, fallback="stream")
 
@@ -566,20 +565,18 @@ def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     dropped = len(work) - len(paired)
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
-    call_rows = [int(r) for r in paired["call_row"]]
-    call_args = trace.args(call_rows)
-    work_args = trace.args(list(paired["row"]))
+    call = _arg_frame(trace.args([int(r) for r in paired["call_row"]]))
+    work = _arg_frame(trace.args(list(paired["row"])))
+    fr_pg = pd.Series([f if isinstance(f, str) else None for f in paired["fr_pg"]], dtype=object)
     frame = pd.DataFrame(
         {
             "start_ns": paired["ts_ns"].to_numpy(),
             "end_ns": (paired["ts_ns"] + paired["dur_ns"]).to_numpy(),
             "cpu_call_ns": pd.array(paired["call_ts"], dtype="Int64"),
             "op": paired["op"].to_numpy(),
-            "bytes": [_first(_int(f), _bytes(w), _bytes(c))
-                      for w, c, f in zip(work_args, call_args, paired["fr_bytes"])],
-            "pg": [_first(_pg(a), f if isinstance(f, str) else None) for a, f in zip(call_args, paired["fr_pg"])],
-            "seq_trace": pd.array([_first(_int(a.seq), _int(f)) for a, f in zip(call_args, paired["fr_seq"])],
-                                  dtype="Int64"),
+            "bytes": _coalesce(_ints(list(paired["fr_bytes"])), work["bytes"], call["bytes"]).array,
+            "pg": _coalesce(call["pg"], fr_pg).array,
+            "seq_trace": _coalesce(call["seq"], _ints(list(paired["fr_seq"]))).array,
             "stream": "",
         }
     )
@@ -708,8 +705,32 @@ def _canonical(name) -> str | None:
     return ops.canonical(name) if isinstance(name, str) else None
 
 
-def _first(*values):
-    return next((v for v in values if v is not None), None)
+def _arg_frame(args: list[_Args]) -> pd.DataFrame:
+    """The identity args of events as columns (null where absent): op, bytes, pg, seq."""
+    return pd.DataFrame(
+        {
+            "op": pd.Series([_canonical(a.collective) for a in args], dtype=object),
+            "bytes": _sizes(args),
+            "pg": pd.Series([_pg(a) for a in args], dtype=object),
+            "seq": _ints([a.seq for a in args]),
+        }
+    )
+
+
+def _coalesce(*columns: pd.Series) -> pd.Series:
+    """Per row, the first non-null value of the columns (all on one index)."""
+    out = columns[0]
+    for column in columns[1:]:
+        out = out.where(out.notna(), column)
+    return out
+
+
+def _ints(values: list) -> pd.Series:
+    """Integer args (ints or their text) as nullable int64; anything else is null."""
+    clean = [v if type(v) is int else _int(v) for v in values]
+    missing = np.fromiter((v is None for v in clean), bool, len(clean))
+    data = np.fromiter((0 if v is None else v for v in clean), np.int64, len(clean))
+    return pd.Series(pd.arrays.IntegerArray(data, missing))
 
 
 def _int(value) -> int | None:
@@ -719,20 +740,30 @@ def _int(value) -> int | None:
         return None
 
 
-def _bytes(args: _Args) -> int | None:
+@functools.lru_cache(maxsize=256)
+def _element_size(dtype) -> int:
+    return _DTYPE_BYTES.get(dtype.lower(), 0) if isinstance(dtype, str) else 0
+
+
+def _sizes(args: list[_Args]) -> pd.Series:
     """Message size: record_param_comms `In msg nelems` x dtype, else the first input's
     `Input Dims` x `Input type` (per rank, as sent)."""
-    nelems = _int(args.nelems)
-    dtype = str(args.dtype or "").lower()
-    if nelems is not None and dtype in _DTYPE_BYTES:
-        return nelems * _DTYPE_BYTES[dtype]
-    dims, types = args.dims, args.types
+    nelems = _ints([a.nelems for a in args])
+    unit = np.fromiter((_element_size(a.dtype) for a in args), np.int64, len(args))
+    sizes = (nelems * unit).where(unit > 0).astype("Int64")
+    lacking = np.flatnonzero(sizes.isna().to_numpy()).tolist()
+    if lacking:
+        sizes.iloc[lacking] = _ints([_input_bytes(args[row].dims, args[row].types) for row in lacking]).array
+    return sizes
+
+
+def _input_bytes(dims, types) -> int | None:
     if not isinstance(dims, list) or not isinstance(types, list):
         return None
     for shape, kind in zip(dims, types):
         while isinstance(shape, list) and shape and isinstance(shape[0], list):
             shape = shape[0]  # a TensorList: its first tensor
-        size = _DTYPE_BYTES.get(str(kind).lower())
+        size = _element_size(kind)
         if isinstance(shape, list) and shape and size:
             return int(np.prod(shape, dtype=np.int64)) * size
     return None
