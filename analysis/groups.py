@@ -74,7 +74,24 @@ class Groups:
         return np.bincount(self.id, weights=values, minlength=self.count)
 
     def mean(self, values) -> np.ndarray:
-        return self.sum(np.asarray(values, dtype=np.float64)) / self.size
+        """Mean per group, NaN skipped (NaN where a group has no value, as pandas)."""
+        values = np.asarray(values, dtype=np.float64)
+        seen = ~np.isnan(values)
+        if seen.all():
+            return self.sum(values) / self.size
+        total = np.bincount(self.id, weights=np.where(seen, values, 0.0), minlength=self.count)
+        count = np.bincount(self.id, weights=seen, minlength=self.count)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / count, np.nan)
+
+    def std(self, values) -> np.ndarray:
+        """Sample standard deviation per group (ddof 1), NaN skipped; NaN below two values."""
+        values = np.asarray(values, dtype=np.float64)
+        seen = ~np.isnan(values)
+        count = np.bincount(self.id, weights=seen, minlength=self.count)
+        centred = np.where(seen, values - self.broadcast(self.mean(values)), 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 1, np.sqrt(np.bincount(self.id, weights=centred**2, minlength=self.count) / (count - 1)), np.nan)
 
     def max(self, values) -> np.ndarray:
         return np.maximum.reduceat(self._sorted(values), self.starts) if self.rows else np.zeros(0)
@@ -84,6 +101,15 @@ class Groups:
 
     def first(self, values) -> np.ndarray:
         return self._sorted(values)[self.starts]
+
+    def first_valid(self, values) -> np.ndarray:
+        """First non-NaN value per group (NaN if none), as pandas' ``first``."""
+        ranked = np.asarray(values, dtype=np.float64)[self.order]
+        if not self.rows:
+            return ranked
+        position = np.where(np.isnan(ranked), self.rows, np.arange(self.rows))
+        found = np.minimum.reduceat(position, self.starts)
+        return np.where(found < self.rows, ranked[np.minimum(found, self.rows - 1)], np.nan)
 
     def any(self, mask) -> np.ndarray:
         return np.bincount(self.id, weights=np.asarray(mask, dtype=np.float64), minlength=self.count) > 0

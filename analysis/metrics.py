@@ -15,6 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from rankscope.analysis.groups import Groups, codes, isin
 from rankscope.analysis.matching import UNMATCHED
 
 SIGMAS = 3.0
@@ -27,56 +28,63 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
     """Matched rows with per-instance stats and per-row lateness, wait, blame, transfer.
 
     ``aligned`` has columns instance, rank, host, start, end (aligned ns), duration (ns)
-    and sigma (host clock uncertainty ns).
+    and sigma (host clock uncertainty ns). ``row`` is each row's position in ``aligned``.
     """
-    rows = aligned.loc[aligned["instance"] != UNMATCHED].sort_values(["instance", "start"], kind="stable")
-    rows = rows.reset_index(drop=True)
-    instance = rows["instance"].to_numpy()
+    instance_all = aligned["instance"].to_numpy(np.int64)
+    matched = np.flatnonzero(instance_all != UNMATCHED)
+    order = matched[np.lexsort((aligned["start"].to_numpy(np.int64)[matched], instance_all[matched]))]
+    rows = aligned.take(order).reset_index(drop=True)
+    rows["row"] = order
+    instance = instance_all[order]
     start = rows["start"].to_numpy(dtype=np.int64)
-    first = np.r_[0, np.flatnonzero(np.diff(instance)) + 1] if len(rows) else np.array([], dtype=np.int64)
-    last = np.r_[first[1:] - 1, len(rows) - 1] if len(rows) else first
-    sizes = last - first + 1
+    per = Groups(instance)
+    first, sizes = per.starts, per.size
+    last = first + sizes - 1
     min_start, max_start, second = start[first], start[last], start[np.maximum(last - 1, first)]
     host = pd.factorize(rows["host"])[0]
     sigma = rows["sigma"].to_numpy(dtype=np.float64)
-    median_end = rows.groupby("instance", sort=True)["end"].median().to_numpy()
+    median_end = per.median(rows["end"].to_numpy(np.int64))
 
     pair_sigma = np.where(host == np.repeat(host[first], sizes), 0.0, np.hypot(sigma, np.repeat(sigma[first], sizes)))
     lateness = start - np.repeat(min_start, sizes)
-    rows["lateness"] = np.where(lateness > SIGMAS * pair_sigma, lateness, 0)
     duration = rows["duration"].to_numpy(dtype=np.int64)
-    rows["wait"] = np.clip(np.repeat(max_start, sizes) - start, 0, duration)
     is_last = np.zeros(len(rows), dtype=bool)
     is_last[last] = True
     skew = max_start - min_start
     skew_sigma = np.where(host[last] == host[first], 0.0, np.hypot(sigma[last], sigma[first]))
     real_last = np.zeros(len(rows), dtype=bool)
     real_last[last] = skew > SIGMAS * skew_sigma
-    rows["is_last"] = is_last & real_last
-    rows["blame"] = np.where(rows["is_last"], np.repeat(max_start - second, sizes), 0)
-    rows["skew"] = np.repeat(skew, sizes)
-    rows["transfer_c"] = np.repeat(np.maximum(median_end - max_start, 0.0), sizes)
-    return rows
+    is_last &= real_last
+    return rows.assign(
+        lateness=np.where(lateness > SIGMAS * pair_sigma, lateness, 0),
+        wait=np.clip(np.repeat(max_start, sizes) - start, 0, duration),
+        is_last=is_last,
+        blame=np.where(is_last, np.repeat(max_start - second, sizes), 0),
+        skew=np.repeat(skew, sizes),
+        transfer_c=np.repeat(np.maximum(median_end - max_start, 0.0), sizes),
+    )
 
 
 def rank_lateness(inst: pd.DataFrame) -> pd.DataFrame:
     """Per rank: lateness mean/p50/p99/max, last-arrival share, blame, wait and transfer sums."""
-    grouped = inst.groupby("rank")
-    late = grouped["lateness"]
-    frame = pd.DataFrame(
+    rank, ranks = codes(inst["rank"])
+    per = Groups(rank)
+    late = inst["lateness"].to_numpy()
+    wait = inst["wait"].to_numpy()
+    return pd.DataFrame(
         {
-            "late_mean_ns": late.mean(),
-            "late_p50_ns": late.quantile(0.5),
-            "late_p99_ns": late.quantile(0.99),
-            "late_max_ns": late.max(),
-            "last_arrival_share": grouped["is_last"].mean(),
-            "blame_ns": grouped["blame"].sum(),
-            "nccl_wait_ns": grouped["wait"].sum(),
-            "matched": grouped.size(),
-        }
+            "late_mean_ns": per.mean(late),
+            "late_p50_ns": per.quantile(late, 0.5),
+            "late_p99_ns": per.quantile(late, 0.99),
+            "late_max_ns": per.max(late),
+            "last_arrival_share": per.mean(inst["is_last"].to_numpy()),
+            "blame_ns": per.sum(inst["blame"].to_numpy()),
+            "nccl_wait_ns": per.sum(wait),
+            "matched": per.size,
+            "nccl_transfer_ns": per.sum(inst["duration"].to_numpy() - wait),
+        },
+        index=pd.Index(ranks, name="rank"),
     )
-    frame["nccl_transfer_ns"] = (inst["duration"] - inst["wait"]).groupby(inst["rank"]).sum()
-    return frame
 
 
 def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
@@ -85,8 +93,10 @@ def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> 
     window = (meta["window_end_ns"] - meta["window_start_ns"]).to_numpy(dtype=np.float64)
     busy = np.where(window > 0, 100.0 * meta["gpu_busy_ns"].to_numpy(dtype=np.float64) / np.where(window > 0, window, 1), np.nan)
     frame["gpu_busy_pct"] = pd.Series(busy, index=meta["rank"].to_numpy())
-    frame["collectives"] = events.groupby("rank").size()
-    frame["nccl_kernel_ns"] = events.groupby("rank")["duration"].sum()
+    rank, ranks = codes(events["rank"])
+    per = Groups(rank)
+    frame["collectives"] = pd.Series(per.size, index=ranks)
+    frame["nccl_kernel_ns"] = pd.Series(per.sum(events["duration"].to_numpy()), index=ranks)
     frame = frame.join(rank_lateness(inst))
     counts = ["collectives", "matched", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "blame_ns"]
     frame[counts] = frame[counts].fillna(0)
@@ -95,13 +105,23 @@ def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> 
 
 def top_kernels(kernels: pd.DataFrame, limit: int = TOP_KERNELS) -> pd.DataFrame:
     """Kernels by total time: per rank (``rank`` column kept) when given per-rank rows."""
-    ordered = kernels.sort_values(["rank", "total_ns"], ascending=[True, False], kind="stable")
-    return ordered.groupby("rank", sort=False).head(limit)
+    rank = kernels["rank"].to_numpy(np.int64)
+    per = Groups(rank, within=-kernels["total_ns"].to_numpy(np.int64))
+    kept = per.cumcount() < limit
+    return kernels.take(per.order[kept[per.order]])
 
 
 def job_top_kernels(kernels: pd.DataFrame, limit: int = 10) -> pd.DataFrame:
-    total = kernels.groupby("name").agg(
-        count=("count", "sum"), total_ns=("total_ns", "sum"), is_comm=("is_comm", "first"), ranks=("rank", "nunique")
+    name, names = codes(kernels["name"])
+    per = Groups(name)
+    total = pd.DataFrame(
+        {
+            "count": per.sum(kernels["count"].to_numpy()),
+            "total_ns": per.sum(kernels["total_ns"].to_numpy()),
+            "is_comm": per.first(kernels["is_comm"].to_numpy()),
+            "ranks": np.bincount(Groups(per.id, kernels["rank"].to_numpy(np.int64)).keys[0], minlength=per.count),
+        },
+        index=pd.Index(names, name="name"),
     )
     return total.sort_values("total_ns", ascending=False).head(limit).reset_index()
 
@@ -125,27 +145,59 @@ def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[i
 
 def op_spread(events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     """Per (comm_id, op): instances, size, duration, imbalance CV across ranks, transfer CV over time."""
-    per_rank = events.groupby(["comm_id", "op", "rank"])["duration"].sum()
-    imbalance = per_rank.groupby(level=["comm_id", "op"]).agg(lambda s: _cv(s.to_numpy()))
-    per_instance = inst.groupby("instance").agg(
-        comm_id=("comm_id", "first"), op=("op", "first"), bytes=("bytes", "first"),
-        transfer=("transfer_c", "first"), skew=("skew", "first"),
+    comm, comm_ids = codes(events["comm_id"])
+    op, ops = codes(events["op"])
+    duration = events["duration"].to_numpy()
+    per_op = Groups(comm, op)
+    per_rank = Groups(comm, op, events["rank"].to_numpy(np.int64))
+    rank_total = per_rank.sum(duration).astype(np.float64)
+    # imbalance: CV (population std / mean) across ranks of each rank's total time
+    of_op = Groups(per_rank.keys[0], per_rank.keys[1])
+    mean = of_op.mean(rank_total)
+    spread_ = np.sqrt(of_op.sum((rank_total - of_op.broadcast(mean)) ** 2) / of_op.size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        imbalance = np.where((of_op.size > 1) & (mean > 0), spread_ / mean, np.nan)
+    out = pd.DataFrame(
+        {
+            "comm_id": comm_ids[per_op.keys[0]],
+            "op": ops[per_op.keys[1]],
+            "calls": per_op.size,
+            "duration_mean_ns": per_op.mean(duration),
+            "imbalance_cv": imbalance,
+        }
     )
+    instances = Groups(inst["instance"].to_numpy(np.int64))
+    first = inst.take(instances.order[instances.starts])
+    i_comm = np.searchsorted(comm_ids, first["comm_id"].to_numpy(object))
+    i_op = np.searchsorted(ops, first["op"].to_numpy(object))
+    size = instances.first_valid(inst["bytes"].to_numpy(dtype=np.float64, na_value=np.nan))
+    transfer = first["transfer_c"].to_numpy(np.float64)
+    skew = first["skew"].to_numpy(np.float64)
     # Network variance: transfer over time within a size class, so mixed sizes do not count.
-    per_instance["size_class"] = np.floor(np.log2(per_instance["bytes"].astype(float).clip(lower=1))).fillna(-1)
-    typical = per_instance.groupby(["comm_id", "op", "size_class"])["transfer"].transform("median")
-    per_instance["relative"] = per_instance["transfer"] / typical.where(typical > 0)
-    spread = per_instance.groupby(["comm_id", "op"]).agg(
-        instances=("transfer", "size"),
-        bytes_median=("bytes", "median"),
-        transfer_mean_ns=("transfer", "mean"),
-        network_cv=("relative", "std"),
-        skew_mean_ns=("skew", "mean"),
-        skew_p99_ns=("skew", lambda s: float(np.quantile(s, 0.99))),
+    size_class = np.floor(np.log2(np.clip(size, 1, None)))
+    size_class = np.where(np.isnan(size_class), -1, size_class).astype(np.int64)
+    typical = Groups(i_comm, i_op, size_class)
+    median = typical.broadcast(typical.median(transfer))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        relative = transfer / np.where(median > 0, median, np.nan)
+    per_instance = Groups(i_comm, i_op)
+    sized = ~np.isnan(size)
+    bytes_median = np.full(per_instance.count, np.nan)
+    if sized.any():
+        with_size = Groups(per_instance.id[sized])
+        bytes_median[with_size.keys[0]] = with_size.median(size[sized])
+    spread = pd.DataFrame(
+        {
+            "instances": per_instance.size,
+            "bytes_median": bytes_median,
+            "transfer_mean_ns": per_instance.mean(transfer),
+            "network_cv": per_instance.std(relative),
+            "skew_mean_ns": per_instance.mean(skew),
+            "skew_p99_ns": per_instance.quantile(skew, 0.99),
+        },
+        index=pd.MultiIndex.from_arrays([comm_ids[per_instance.keys[0]], ops[per_instance.keys[1]]], names=["comm_id", "op"]),
     )
-    out = events.groupby(["comm_id", "op"]).agg(calls=("duration", "size"), duration_mean_ns=("duration", "mean"))
-    out["imbalance_cv"] = imbalance
-    out = out.join(spread)
+    out = out.set_index(["comm_id", "op"]).join(spread)
     out["instances"] = out["instances"].fillna(0)
     return out.reset_index()
 
@@ -157,29 +209,34 @@ def tp_overhead(events: pd.DataFrame, steps: pd.DataFrame, meta: pd.DataFrame, t
     Steps are used where the rank traced them (collectives inside steps, time = sum of
     step lengths); otherwise the capture window.
     """
-    rows = events.loc[events["comm_id"].isin(tp_comms)].copy()
-    stepped = set(steps["rank"].unique())
-    in_scope = ~rows["rank"].isin(stepped) | rows["step"].notna()
-    rows = rows.loc[in_scope]
-    overlap = rows["compute_overlap_ns"].fillna(0).to_numpy(dtype=np.float64)
-    exposed = np.clip(rows["duration"].to_numpy(dtype=np.float64) - overlap, 0, None)
-    rows["exposed"] = exposed
-    rows["exposed_wait"] = np.minimum(rows["wait"].to_numpy(dtype=np.float64), exposed)
-    per_rank = rows.groupby(["comm_id", "rank"])[["exposed", "exposed_wait"]].sum().reset_index()
+    rank_all = events["rank"].to_numpy(np.int64)
+    stepped = np.unique(steps["rank"].to_numpy(np.int64))
+    in_scope = isin(events["comm_id"], tp_comms) & (
+        ~np.isin(rank_all, stepped) | events["step"].notna().to_numpy(bool)
+    )
+    rows = np.flatnonzero(in_scope)
+    comm, comm_ids = codes(events["comm_id"].take(rows))
+    rank = rank_all[rows]
+    overlap = np.nan_to_num(events["compute_overlap_ns"].to_numpy(dtype=np.float64, na_value=np.nan)[rows])
+    exposed = np.clip(events["duration"].to_numpy(dtype=np.float64)[rows] - overlap, 0, None)
+    exposed_wait = np.minimum(events["wait"].to_numpy(dtype=np.float64)[rows], exposed)
+    per_rank = Groups(comm, rank)
+    ranks_of = per_rank.keys[1]
     step_time = (steps["end_ns"] - steps["start_ns"]).groupby(steps["rank"]).sum()
     window = (meta["window_end_ns"] - meta["window_start_ns"]).set_axis(meta["rank"])
-    per_rank["time"] = per_rank["rank"].map(step_time).fillna(per_rank["rank"].map(window))
-    per_rank["stepped"] = per_rank["rank"].isin(stepped)
-    out = per_rank.groupby("comm_id").agg(
-        exposed_ns=("exposed", "mean"), exposed_wait_ns=("exposed_wait", "mean"),
-        step_time_ns=("time", "mean"), stepped=("stepped", "all"),
+    time = step_time.reindex(ranks_of).fillna(window.reindex(ranks_of)).to_numpy(np.float64)
+    per_comm = Groups(per_rank.keys[0])
+    out = pd.DataFrame(
+        {
+            "comm_id": comm_ids[per_comm.keys[0]],
+            "exposed_ns": per_comm.mean(per_rank.sum(exposed)),
+            "exposed_wait_ns": per_comm.mean(per_rank.sum(exposed_wait)),
+            "step_time_ns": per_comm.mean(time),
+            "stepped": per_comm.all(np.isin(ranks_of, stepped)),
+        }
     )
     out["exposed_transfer_ns"] = out["exposed_ns"] - out["exposed_wait_ns"]
     for part in ("exposed", "exposed_wait", "exposed_transfer"):
         out[f"{part}_frac"] = out[f"{part}_ns"] / out["step_time_ns"].where(out["step_time_ns"] > 0)
-    return out.reset_index()
+    return out
 
-
-def _cv(values: np.ndarray) -> float:
-    mean = values.mean() if len(values) else 0.0
-    return float(values.std() / mean) if len(values) > 1 and mean > 0 else float("nan")

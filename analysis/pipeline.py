@@ -67,8 +67,9 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         )
 
     inst = metrics.instance_frame(events)
-    events = events.merge(inst[["instance", "rank", "wait"]], on=["instance", "rank"], how="left")
-    events["wait"] = events["wait"].fillna(0)
+    wait = np.zeros(len(events), dtype=np.int64)
+    wait[inst["row"].to_numpy()] = inst["wait"].to_numpy()
+    events["wait"] = wait
     per_rank = metrics.rank_frame(meta, events, inst)
     found = stragglers.find(events, per_rank.index)
     all_warnings = matched.warnings + model.warnings + notes
