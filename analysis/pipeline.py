@@ -167,19 +167,18 @@ def _rank_rows(
 def _communicator_rows(
     matched: matching.Matching, kinds: dict[str, str], hosts_of: dict[int, str], spread: pd.DataFrame
 ) -> list[CommunicatorRow]:
-    spread = spread.replace({np.nan: None})
     op_fields = field_names(OpSpread)
-    by_comm = {c: g for c, g in spread.groupby("comm_id")}
+    by_comm: dict[str, list[OpSpread]] = {}
+    for record in spread.replace({np.nan: None}).to_dict("records"):
+        op = OpSpread(**{k: record[k] for k in op_fields})
+        op.calls, op.instances = int(op.calls), int(op.instances)
+        by_comm.setdefault(record["comm_id"], []).append(op)
     rows = []
     for comm_id, ranks in sorted(matched.members.items(), key=lambda item: (min(item[1], default=0), item[0])):
-        group = by_comm.get(comm_id)
-        ops = [] if group is None else [OpSpread(**{k: r[k] for k in op_fields}) for r in group.to_dict("records")]
-        for op in ops:
-            op.calls, op.instances = int(op.calls), int(op.instances)
         rows.append(
             CommunicatorRow(
                 comm_id=comm_id, name=matched.names.get(comm_id), kind=kinds[comm_id], ranks=list(ranks),
-                hosts=len({hosts_of.get(r) for r in ranks}), ops=ops,
+                hosts=len({hosts_of.get(r) for r in ranks}), ops=by_comm.get(comm_id, []),
             )
         )
     return rows
