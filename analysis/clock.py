@@ -197,23 +197,23 @@ def _fit_component(
         offset -= rate * (offset.mean() - target)
     consensus = _nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
     residual = y - (rate[:, None] * consensus[None, :] + offset[:, None])
-    windows = [_windows(consensus, residual[h]) if drifting[h] else ((), ()) for h in range(len(names))]
+    windows = _windows(consensus, residual, drifting)
     if any(w[0] for w in windows):
         bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
         consensus = _nanmedian((y - bend - offset[:, None]) / rate[:, None], axis=0)
         bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
         residual = y - bend - (rate[:, None] * consensus[None, :] + offset[:, None])
+    seen = (~np.isnan(residual)).sum(axis=1)
+    mad = _nanmedian(np.abs(residual - _nanmedian(residual, axis=1, keepdims=True)), axis=1)
+    sigmas = np.where(seen > 1, MAD_TO_SIGMA * mad, 0.0)
+    sigmas = np.where(seen < MIN_SPREAD_ANCHORS, np.maximum(sigmas, SPARSE_UNCERTAINTY_NS), sigmas)
     clocks = {}
     for h, name in enumerate(names):
-        r = residual[h, ~np.isnan(residual[h])]
-        sigma = MAD_TO_SIGMA * float(np.median(np.abs(r - np.median(r)))) if len(r) > 1 else 0.0
-        if len(r) < MIN_SPREAD_ANCHORS:
-            sigma = max(sigma, SPARSE_UNCERTAINTY_NS)
         clocks[name] = HostClock(
             name,
             float(offset[h]),
             float((rate[h] - 1.0) * 1e6),
-            sigma,
+            float(sigmas[h]),
             int(counts[h]),
             "offset+drift" + (" (windowed)" if windows[h][0] else "") if drifting[h] else "offset",
             *windows[h],
@@ -221,24 +221,47 @@ def _fit_component(
     return clocks
 
 
-def _windows(consensus: np.ndarray, residual: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Windowed medians of one host's residuals, if they wander beyond their noise (a clock
-    whose rate changed mid-capture, e.g. an NTP slew); else nothing."""
+def _windows(
+    consensus: np.ndarray, residual: np.ndarray, drifting: np.ndarray
+) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+    """Per host: windowed medians of its residuals, if they wander beyond their noise (a
+    clock whose rate changed mid-capture, e.g. an NTP slew); else nothing.
+
+    A host's anchors are ordered by consensus time and split into ``count`` windows as
+    np.array_split does (the first ``n % count`` windows one longer); all hosts at once.
+    """
+    none: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
     seen = ~np.isnan(residual)
-    x, r = consensus[seen], residual[seen]
-    count = min(MAX_WINDOWS, len(r) // WINDOW_ANCHORS)
-    if count < 3:
-        return (), ()
-    order = np.argsort(x)
-    chunks = np.array_split(order, count)
-    centres = np.array([np.median(x[c]) for c in chunks])
-    medians = np.array([np.median(r[c]) for c in chunks])
-    sigma = MAD_TO_SIGMA * np.median(np.abs(r - np.median(r)))
+    n = seen.sum(axis=1)
+    count = np.minimum(MAX_WINDOWS, n // WINDOW_ANCHORS)
+    hosts = np.flatnonzero(drifting & (count >= 3))
+    windows = [none] * len(residual)
+    if not len(hosts):
+        return windows
+    by_time = np.argsort(consensus, kind="stable")
+    ordered = seen[hosts][:, by_time]
+    host, column = np.nonzero(ordered)  # per host, its anchors in time order
+    anchor = by_time[column]
+    position = np.cumsum(ordered, axis=1)[host, column] - 1
+    size, extra = n[hosts][host] // count[hosts][host], n[hosts][host] % count[hosts][host]
+    long_part = extra * (size + 1)
+    window = np.where(position < long_part, position // (size + 1), extra + (position - long_part) // np.maximum(size, 1))
+    x, r = consensus[anchor], residual[hosts[host], anchor]
+    per_window = Groups(host, window)
+    centres, medians = per_window.median(x), per_window.median(r)
+    per_host = Groups(host)
+    centre = per_host.median(r)
+    sigma = MAD_TO_SIGMA * per_host.median(np.abs(r - per_host.broadcast(centre)))
     # standard error of a median ~ 1.25 sigma / sqrt(n); demand a clear excess
-    noise = 1.2533 * sigma / np.sqrt(min(len(c) for c in chunks))
-    if np.abs(medians - np.median(medians)).max() <= WINDOW_SIGNIFICANCE * noise:
-        return (), ()
-    return tuple(centres.tolist()), tuple(medians.tolist())
+    noise = 1.2533 * sigma / np.sqrt(n[hosts] // count[hosts])
+    of_host = per_window.keys[0]
+    typical = Groups(of_host).median(medians)
+    wander = Groups(of_host).max(np.abs(medians - typical[of_host]))
+    for i, h in enumerate(hosts.tolist()):
+        if wander[i] > WINDOW_SIGNIFICANCE * noise[i]:
+            mine = of_host == i
+            windows[h] = (tuple(centres[mine].tolist()), tuple(medians[mine].tolist()))
+    return windows
 
 
 def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:
