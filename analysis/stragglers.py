@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from rankscope.analysis.groups import Groups
 from rankscope.analysis.matching import UNMATCHED
 
 Z_MIN = 6.0
@@ -43,12 +44,20 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
     Leaving the rank itself out keeps a two-rank group from splitting the delay between
     its members; the floor keeps early ranks from looking like the cause of anything.
     """
-    ordered = events.sort_values(["rank", "start_ns"], kind="stable")
-    previous_end = ordered.groupby("rank", sort=False)["end_ns"].shift(1)
-    ordered = ordered.assign(gap=(ordered["start_ns"] - previous_end).astype("float64"))
-    rows = ordered.loc[(ordered["instance"] != UNMATCHED) & ordered["gap"].notna()]
-    rows = rows.sort_values(["instance", "gap"], kind="stable").reset_index(drop=True)
-    rows = rows.loc[rows.groupby("instance")["gap"].transform("size").to_numpy() > 1].reset_index(drop=True)
+    rank = events["rank"].to_numpy(np.int64)
+    start = events["start_ns"].to_numpy(np.int64)
+    ordered = np.lexsort((start, rank))
+    previous = np.r_[False, rank[ordered][1:] == rank[ordered][:-1]]
+    gap_sorted = np.full(len(ordered), np.nan)
+    gap_sorted[previous] = (
+        start[ordered][1:].astype(np.float64) - events["end_ns"].to_numpy(np.int64)[ordered][:-1].astype(np.float64)
+    )[previous[1:]]
+    instance_sorted = events["instance"].to_numpy(np.int64)[ordered]
+    kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
+    kept = kept[np.lexsort((gap_sorted[kept], instance_sorted[kept]))]
+    per = Groups(instance_sorted[kept])
+    kept = kept[per.broadcast(per.size) > 1]
+    rows = events.take(ordered[kept]).reset_index(drop=True).assign(gap=gap_sorted[kept])
     gap = rows["gap"].to_numpy()
     instance = rows["instance"].to_numpy()
     first = np.r_[0, np.flatnonzero(np.diff(instance)) + 1] if len(rows) else np.array([], dtype=np.int64)
@@ -65,9 +74,10 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
 def find(events: pd.DataFrame, ranks: pd.Index) -> Stragglers:
     """Flag ranks whose own delay stands out; ``ranks`` lists every rank analysed."""
     rows = own_delay(events)
-    delay = rows.groupby("rank")["excess"].mean().reindex(ranks)
-    durations = events["end_ns"] - events["start_ns"]
-    min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * float(durations.median())) if len(events) else MIN_EFFECT_NS
+    per = Groups(rows["rank"].to_numpy(np.int64))
+    delay = pd.Series(per.mean(rows["excess"].to_numpy()), index=per.keys[0]).reindex(ranks)
+    durations = events["end_ns"].to_numpy(np.int64) - events["start_ns"].to_numpy(np.int64)
+    min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * float(np.median(durations))) if len(events) else MIN_EFFECT_NS
     flagged, score = stands_out(delay, min_effect)
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
@@ -75,15 +85,16 @@ def find(events: pd.DataFrame, ranks: pd.Index) -> Stragglers:
 def _causes(events: pd.DataFrame, flagged: list[int]) -> dict[int, str]:
     """Busy with compute until the late arrival, or idle (launch, host, data loading)?
     Whichever of the two stands further above the median rank (reference §7, late cause)."""
-    columns = ["compute_before_ns", "idle_before_ns"]
-    if not flagged or events[columns].isna().all().any():
+    if not flagged:
         return {}
-    per_rank = events.groupby("rank")[columns].mean()
-    excess = per_rank - per_rank.median()
-    return {
-        r: "compute" if excess.at[r, "compute_before_ns"] >= excess.at[r, "idle_before_ns"] else "launch/host"
-        for r in flagged
-    }
+    compute, idle = (events[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in ("compute_before_ns", "idle_before_ns"))
+    if np.isnan(compute).all() or np.isnan(idle).all():
+        return {}
+    per = Groups(events["rank"].to_numpy(np.int64))
+    compute, idle = per.mean(compute), per.mean(idle)
+    compute_excess, idle_excess = compute - np.nanmedian(compute), idle - np.nanmedian(idle)
+    at = dict(zip(per.keys[0].tolist(), range(per.count)))
+    return {r: "compute" if compute_excess[at[r]] >= idle_excess[at[r]] else "launch/host" for r in flagged}
 
 
 def stands_out(values: pd.Series, min_effect: float) -> tuple[list[int], pd.Series]:
