@@ -38,7 +38,7 @@ class Stragglers:
 
 
 def own_delay(events: pd.DataFrame) -> pd.DataFrame:
-    """Matched rows with ``excess``: the gap since the rank's previous collective minus the
+    """Matched rows (rank, instance, gap) with ``excess``: the gap since the rank's previous collective minus the
     median gap of the *other* participants, floored at 0 (local clocks only).
 
     Leaving the rank itself out keeps a two-rank group from splitting the delay between
@@ -57,7 +57,7 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
     kept = kept[np.lexsort((gap_sorted[kept], instance_sorted[kept]))]
     per = Groups(instance_sorted[kept])
     kept = kept[per.broadcast(per.size) > 1]
-    rows = events.take(ordered[kept]).reset_index(drop=True).assign(gap=gap_sorted[kept])
+    rows = events[["rank", "instance"]].take(ordered[kept]).reset_index(drop=True).assign(gap=gap_sorted[kept])
     gap = rows["gap"].to_numpy()
     instance = rows["instance"].to_numpy()
     first = np.r_[0, np.flatnonzero(np.diff(instance)) + 1] if len(rows) else np.array([], dtype=np.int64)
