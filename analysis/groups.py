@@ -27,6 +27,19 @@ def isin(values, allowed) -> np.ndarray:
     return np.isin(uniques, list(allowed))[labels] if len(labels) else np.zeros(0, dtype=bool)
 
 
+def lookup(keys, values, queries) -> np.ndarray:
+    """For each query, the value at the equal key (keys unique), as float64; NaN where absent."""
+    keys, queries = np.asarray(keys), np.asarray(queries)
+    out = np.full(len(queries), np.nan)
+    if not len(keys):
+        return out
+    order = np.argsort(keys, kind="stable")
+    at = np.minimum(np.searchsorted(keys[order], queries), len(keys) - 1)
+    found = keys[order][at] == queries
+    out[found] = np.asarray(values, dtype=np.float64)[order][at[found]]
+    return out
+
+
 class Groups:
     """Rows grouped by one or more integer key arrays (equal length, no missing keys).
 

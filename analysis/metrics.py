@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes, isin
+from rankscope.analysis.groups import Groups, codes, isin, lookup
 from rankscope.analysis.matching import UNMATCHED
 
 SIGMAS = 3.0
@@ -154,18 +154,9 @@ def op_spread(events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     # imbalance: CV (population std / mean) across ranks of each rank's total time
     of_op = Groups(per_rank.keys[0], per_rank.keys[1])
     mean = of_op.mean(rank_total)
-    spread_ = np.sqrt(of_op.sum((rank_total - of_op.broadcast(mean)) ** 2) / of_op.size)
+    std = np.sqrt(of_op.sum((rank_total - of_op.broadcast(mean)) ** 2) / of_op.size)
     with np.errstate(invalid="ignore", divide="ignore"):
-        imbalance = np.where((of_op.size > 1) & (mean > 0), spread_ / mean, np.nan)
-    out = pd.DataFrame(
-        {
-            "comm_id": comm_ids[per_op.keys[0]],
-            "op": ops[per_op.keys[1]],
-            "calls": per_op.size,
-            "duration_mean_ns": per_op.mean(duration),
-            "imbalance_cv": imbalance,
-        }
-    )
+        imbalance = np.where((of_op.size > 1) & (mean > 0), std / mean, np.nan)
     instances = Groups(inst["instance"].to_numpy(np.int64))
     first = inst.take(instances.order[instances.starts])
     i_comm = np.searchsorted(comm_ids, first["comm_id"].to_numpy(object))
@@ -186,20 +177,29 @@ def op_spread(events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     if sized.any():
         with_size = Groups(per_instance.id[sized])
         bytes_median[with_size.keys[0]] = with_size.median(size[sized])
-    spread = pd.DataFrame(
+    # every (comm, op) with instances also has calls: place its figures on that row
+    at = np.searchsorted(per_op.keys[0] * len(ops) + per_op.keys[1], per_instance.keys[0] * len(ops) + per_instance.keys[1])
+
+    def on_rows(values: np.ndarray) -> np.ndarray:
+        placed = np.full(per_op.count, np.nan)
+        placed[at] = values
+        return placed
+
+    return pd.DataFrame(
         {
-            "instances": per_instance.size,
-            "bytes_median": bytes_median,
-            "transfer_mean_ns": per_instance.mean(transfer),
-            "network_cv": per_instance.std(relative),
-            "skew_mean_ns": per_instance.mean(skew),
-            "skew_p99_ns": per_instance.quantile(skew, 0.99),
-        },
-        index=pd.MultiIndex.from_arrays([comm_ids[per_instance.keys[0]], ops[per_instance.keys[1]]], names=["comm_id", "op"]),
+            "comm_id": comm_ids[per_op.keys[0]],
+            "op": ops[per_op.keys[1]],
+            "calls": per_op.size,
+            "duration_mean_ns": per_op.mean(duration),
+            "imbalance_cv": imbalance,
+            "instances": np.bincount(at, weights=per_instance.size, minlength=per_op.count).astype(np.int64),
+            "bytes_median": on_rows(bytes_median),
+            "transfer_mean_ns": on_rows(per_instance.mean(transfer)),
+            "network_cv": on_rows(per_instance.std(relative)),
+            "skew_mean_ns": on_rows(per_instance.mean(skew)),
+            "skew_p99_ns": on_rows(per_instance.quantile(skew, 0.99)),
+        }
     )
-    out = out.set_index(["comm_id", "op"]).join(spread)
-    out["instances"] = out["instances"].fillna(0)
-    return out.reset_index()
 
 
 def tp_overhead(events: pd.DataFrame, steps: pd.DataFrame, meta: pd.DataFrame, tp_comms: list[str]) -> pd.DataFrame:
@@ -222,9 +222,11 @@ def tp_overhead(events: pd.DataFrame, steps: pd.DataFrame, meta: pd.DataFrame, t
     exposed_wait = np.minimum(events["wait"].to_numpy(dtype=np.float64)[rows], exposed)
     per_rank = Groups(comm, rank)
     ranks_of = per_rank.keys[1]
-    step_time = (steps["end_ns"] - steps["start_ns"]).groupby(steps["rank"]).sum()
-    window = (meta["window_end_ns"] - meta["window_start_ns"]).set_axis(meta["rank"])
-    time = step_time.reindex(ranks_of).fillna(window.reindex(ranks_of)).to_numpy(np.float64)
+    step_rank, step_ranks = codes(steps["rank"])
+    step_time = Groups(step_rank).sum((steps["end_ns"] - steps["start_ns"]).to_numpy(np.int64))
+    window = (meta["window_end_ns"] - meta["window_start_ns"]).to_numpy(np.int64)
+    time = lookup(step_ranks, step_time, ranks_of)
+    time = np.where(np.isnan(time), lookup(meta["rank"].to_numpy(np.int64), window, ranks_of), time)
     per_comm = Groups(per_rank.keys[0])
     out = pd.DataFrame(
         {
