@@ -1,11 +1,19 @@
 """rankscope vs HolisticTraceAnalysis (HTA) on the same multi-rank Kineto traces, in one run.
 
-For each trace set (the real matched pairs in ../shared/samples/kineto, and larger jobs
-the simulator writes as Kineto JSON with a known straggler) both tools run in a fresh
-process each: load every rank's trace and find stragglers (rankscope: digests + analyze;
-HTA: TraceAnalysis + get_potential_stragglers). Printed per set: wall time of
-load+analysis (imports excluded), peak RSS of the process and its growth over the
-post-import baseline, the ratios, and whom each named against the truth where known.
+Trace sets: the real matched pairs in ../shared/samples/kineto, and larger jobs the simulator
+writes as Kineto JSON with one known straggler. For each set each tool runs in a fresh
+process of its own: load every rank's trace and find the stragglers (rankscope:
+``load_digests`` + ``analyze``; HTA: ``TraceAnalysis`` + ``get_potential_stragglers``).
+
+Measured per run, imports excluded:
+- wall time of load + analysis, and CPU time (the process and any workers it forks: HTA
+  parses ranks in a multiprocessing pool, rankscope in one process);
+- peak memory of the whole process tree: the sum of PSS (shared pages counted once) over
+  the process and its children, sampled every 20 ms, and its growth over the process's
+  memory after imports.
+Printed: both tools' numbers, the ratios HTA/rankscope for time and rankscope/HTA for
+memory, and whom each named against the truth where it is known. Other load on the
+machine slows both; the CPU-time ratio is the steadier one.
 
 HTA is not a rankscope dependency: install it in a separate environment and point
 ``--hta-python`` at that interpreter, e.g.
@@ -17,25 +25,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT.parent / "shared" / "samples" / "kineto"
 
-# Each child prints one JSON line: seconds, peak and baseline RSS (MiB), stragglers.
+# Each child prints one JSON line: times, its memory after imports, stragglers named.
 _MEASURE = """
-import json, resource, sys, time, warnings
+import json, os, resource, sys, time, warnings
 warnings.simplefilter("ignore")
-def rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 {imports}
-base = rss_mib()
-t0 = time.perf_counter()
+with open("/proc/self/statm") as f:
+    base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def cpu():
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+c0, t0 = cpu(), time.perf_counter()
 {load}
 t1 = time.perf_counter()
 try:
@@ -44,13 +55,13 @@ try:
 except Exception as exc:  # e.g. HTA finding no communication kernels
     stragglers, error = None, f"{{type(exc).__name__}}: {{exc}}"[:160]
 t2 = time.perf_counter()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({{"load_s": t1 - t0, "analysis_s": t2 - t1, "seconds": t2 - t0, "peak_mib": peak,
-                  "growth_mib": peak - base, "stragglers": stragglers, "analysis_error": error}}))
+print(json.dumps({{"load_s": t1 - t0, "analysis_s": t2 - t1, "seconds": t2 - t0, "cpu_s": cpu() - c0,
+                  "base_mib": base, "stragglers": stragglers, "analysis_error": error}}))
 """
 
 RANKSCOPE = _MEASURE.format(
-    imports="from rankscope.analysis.sources import load_digests\nfrom rankscope.analysis.pipeline import analyze",
+    imports="from rankscope.analysis import kineto\nfrom rankscope.analysis.sources import load_digests\n"
+            "from rankscope.analysis.pipeline import analyze",
     load="digests = load_digests([sys.argv[1]])",
     analyse="    stragglers = [int(r) for r in analyze(digests).stragglers]",
 )
@@ -61,13 +72,66 @@ HTA = _MEASURE.format(
 )
 
 
-def measure(python: str, script: str, folder: Path) -> dict:
-    done = subprocess.run([python, "-c", script, str(folder)], capture_output=True, text=True, timeout=1800)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+def _tree(pid: int) -> list[int]:
+    """The process and all its descendants (Linux /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _pss_mib(pids: list[int]) -> float:
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def measure(python: str, script: str, folder: Path, timeout_s: float) -> dict:
+    """Run one tool on one trace set in a fresh process; its JSON line plus the tree's peak PSS."""
+    child = subprocess.Popen([python, "-c", script, str(folder)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    peak, done = [0.0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _pss_mib(_tree(child.pid)))
+            done.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for p in reversed(_tree(child.pid)):
+            try:
+                os.kill(p, 9)
+            except OSError:
+                pass
+        child.communicate()
+        return {"error": f"did not finish within {timeout_s:.0f} s (killed)"}
+    finally:
+        done.set()
+        sampler.join()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if child.returncode != 0 or not lines:
+        tail = (err or out).strip().splitlines()[-1:] or ["no output"]
         return {"error": tail[0][:160]}
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    result["peak_mib"] = peak[0]
+    result["growth_mib"] = peak[0] - result["base_mib"]
+    return result
 
 
 def real_sets(workdir: Path) -> list[tuple[str, Path, list[int] | None]]:
@@ -86,23 +150,28 @@ def real_sets(workdir: Path) -> list[tuple[str, Path, list[int] | None]]:
         folder.mkdir()
         for f in files:
             shutil.copy(SAMPLES / f, folder / Path(f).name)
-        sets.append((label, folder, None))
+        size = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
+        sets.append((f"{label}, {size:.1f} MiB", folder, None))
     return sets
 
 
-def simulated_sets(workdir: Path, sizes: list[tuple[int, int, int]]) -> list[tuple[str, Path, list[int]]]:
+def simulated_sets(workdir: Path, sizes: list[tuple[int, ...]]) -> list[tuple[str, Path, list[int]]]:
+    """Jobs with one compute straggler. Traces grow by kernels per step, not by steps: a
+    profiling window holds a few steps, and HTA's per-event step lookup scans every step
+    (many-step windows would measure that quadratic term, not parsing)."""
     from rankscope.analysis.simulate import JobSpec, Straggler, simulate, truth
 
     sets = []
-    for nodes, gpus, steps in sizes:
+    for nodes, gpus, steps, kernels in sizes:
         world = nodes * gpus
-        spec = JobSpec(nodes=nodes, gpus_per_node=gpus, tp=min(gpus, 4), steps=steps, seed=7,
-                       stragglers=[Straggler(rank=world // 2 + 1, kind="compute", extra_ns=3_000_000)])
-        folder = workdir / f"sim{world}x{steps}"
+        spec = JobSpec(nodes=nodes, gpus_per_node=gpus, tp=min(gpus, 4), steps=steps, kernels_per_phase=kernels,
+                       seed=7, stragglers=[Straggler(rank=world // 2 + 1, kind="compute", extra_ns=3_000_000)])
+        folder = workdir / f"sim{world}x{steps}x{kernels}"
         simulate(spec, folder, fmt="kineto")
-        raw_mib = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
-        sets.append((f"simulated: {world} ranks x {steps} steps ({raw_mib:.0f} MiB JSON)", folder,
-                     truth(spec)["stragglers"]))
+        files = list(folder.iterdir())
+        total = sum(p.stat().st_size for p in files) / 2**20
+        sets.append((f"simulated: {world} ranks x {steps} steps x {kernels} kernels per collective, {total:.0f} MiB JSON "
+                     f"({total / len(files):.1f} MiB per rank)", folder, truth(spec)["stragglers"]))
     return sets
 
 
@@ -117,12 +186,35 @@ def verdict(result: dict, truth: list[int] | None) -> str:
     return f"named {named}: {'correct' if sorted(named) == sorted(truth) else 'WRONG'} (truth {truth})"
 
 
+def report(label: str, ours: dict, theirs: dict, truth: list[int] | None) -> str | None:
+    """Print one set's block; return its one-line summary."""
+    print(f"\n{label}")
+    for name, result in (("rankscope", ours), ("HTA", theirs)):
+        if "error" in result:
+            print(f"  {name:<9} {verdict(result, truth)}")
+            continue
+        print(f"  {name:<9} load {result['load_s']:7.2f} s + analysis {result['analysis_s']:6.2f} s"
+              f" = {result['seconds']:7.2f} s (CPU {result['cpu_s']:7.2f} s)   peak {result['peak_mib']:6.0f} MiB"
+              f" (growth {result['growth_mib']:6.0f})   {verdict(result, truth)}")
+    if "error" in ours or "error" in theirs:
+        return None
+    time_ratio = theirs["seconds"] / ours["seconds"]
+    cpu_ratio = theirs["cpu_s"] / ours["cpu_s"]
+    peak_ratio = ours["peak_mib"] / theirs["peak_mib"]
+    growth_ratio = ours["growth_mib"] / max(theirs["growth_mib"], 1e-9)
+    print(f"  ratio     HTA/rankscope time {time_ratio:.1f}x (CPU {cpu_ratio:.1f}x, load "
+          f"{theirs['load_s'] / ours['load_s']:.1f}x)   rankscope/HTA peak {peak_ratio:.2f}, growth {growth_ratio:.2f}")
+    return f"{time_ratio:6.1f}x {cpu_ratio:6.1f}x {peak_ratio:6.2f} {growth_ratio:7.2f}  {label.split(',')[0]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hta-python", default="/tmp/hta-venv/bin/python",
                         help="a Python with holistictraceanalysis installed")
-    parser.add_argument("--sizes", default="2x4x20,4x8x20", metavar="NODESxGPUSxSTEPS,...",
-                        help="simulated jobs (default: %(default)s)")
+    parser.add_argument("--sizes", default="2x4x40x300,8x4x40x300", metavar="NODESxGPUSxSTEPSxKERNELS,...",
+                        help="simulated jobs, KERNELS compute kernels before each of a step's 3 "
+                             "collectives (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per tool run (default: %(default)s)")
     parser.add_argument("--keep", type=Path, default=None, help="write the traces here and keep them")
     args = parser.parse_args()
     if not Path(args.hta_python).exists():
@@ -130,30 +222,24 @@ def main() -> int:
         return 2
     hta_version = subprocess.run([args.hta_python, "-c", "import importlib.metadata as m; "
                                   "print(m.version('holistictraceanalysis'))"], capture_output=True, text=True)
-    print(f"HTA {hta_version.stdout.strip() or '?'} ({args.hta_python}) vs rankscope ({sys.executable})")
+    print(f"HTA {hta_version.stdout.strip() or '?'} ({args.hta_python}) vs rankscope ({sys.executable}); "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     sizes = [tuple(int(x) for x in item.split("x")) for item in args.sizes.split(",") if item]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="rankscope-vs-hta-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    summary = []
     try:
         for label, folder, truth in real_sets(workdir) + simulated_sets(workdir, sizes):
-            ours = measure(sys.executable, RANKSCOPE, folder)
-            theirs = measure(args.hta_python, HTA, folder)
-            print(f"\n{label}")
-            for name, result in (("rankscope", ours), ("HTA", theirs)):
-                if "error" not in result:
-                    print(f"  {name:<9} load {result['load_s']:6.2f} s + analysis {result['analysis_s']:6.2f} s"
-                          f" = {result['seconds']:6.2f} s   peak {result['peak_mib']:5.0f} MiB"
-                          f" (growth {result['growth_mib']:5.0f})   {verdict(result, truth)}")
-                else:
-                    print(f"  {name:<9} {verdict(result, truth)}")
-            if "error" not in ours and "error" not in theirs:
-                print(f"  ratio     HTA/rankscope time {theirs['seconds'] / ours['seconds']:.1f}x "
-                      f"(load {theirs['load_s'] / ours['load_s']:.1f}x)   rankscope/HTA peak "
-                      f"{ours['peak_mib'] / theirs['peak_mib']:.2f}, growth "
-                      f"{ours['growth_mib'] / max(theirs['growth_mib'], 1e-9):.2f}")
+            ours = measure(sys.executable, RANKSCOPE, folder, args.timeout)
+            theirs = measure(args.hta_python, HTA, folder, args.timeout)
+            line = report(label, ours, theirs, truth)
+            if line:
+                summary.append(line)
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
+    print("\nHTA/rankscope time (wall, CPU), rankscope/HTA memory (peak, growth); aim: time >= 10x, memory <= 0.33")
+    print("\n".join(summary))
     return 0
 
 
