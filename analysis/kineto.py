@@ -29,6 +29,7 @@ import gzip
 import re
 import warnings
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -179,21 +180,25 @@ def _load(path: Path) -> _Trace:
         document.host_name, document.trace_id, document.hook)) if value is not None}
     complete = [e for e in document.traceEvents if e.ph == "X" and e.ts]
     del document, raw
+
+    def column(field: str) -> list:
+        return list(map(attrgetter(field), complete))
+
     try:
-        ts_ns, dur_ns = _ns([e.ts for e in complete]) + _base(path, top), _ns([e.dur for e in complete])
+        ts_ns, dur_ns = _ns(column("ts")) + _base(path, top), _ns(column("dur"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExportError(f"unreadable event time ({exc})", path=path) from None
     frame = pd.DataFrame(
         {
-            "cat": _categorical([e.cat for e in complete]),
-            "name": _categorical([e.name for e in complete]),
-            "pid": pd.Series([e.pid for e in complete], dtype=object),
-            "tid": pd.Series([e.tid for e in complete], dtype=object),
+            "cat": _categorical(column("cat")),
+            "name": _categorical(column("name")),
+            "pid": pd.Series(column("pid"), dtype=object),
+            "tid": pd.Series(column("tid"), dtype=object),
             "ts_ns": ts_ns,
             "dur_ns": dur_ns,
         }
     )
-    args = [e.args for e in complete]
+    args = column("args")
     del complete
     frame["corr"], frame["ext"] = _ids(path, frame, args)
     frame["thread"] = _thread_codes(frame)
@@ -466,21 +471,16 @@ def _with_flight_recorder(calls: pd.DataFrame, top: dict, notes: list[str]) -> p
 
 def _containing(inner: pd.DataFrame, outer: pd.DataFrame) -> pd.Series:
     """For each inner event: the position in ``outer`` of the latest event on the same
-    thread that starts before it and has not ended (NaN where none)."""
-    left = pd.DataFrame(
-        {"ts_ns": inner["ts_ns"].to_numpy(), "thread": _thread(inner), "row": inner.index}
-    ).sort_values("ts_ns", kind="stable")
-    right = pd.DataFrame(
-        {
-            "ts_ns": outer["ts_ns"].to_numpy(),
-            "thread": _thread(outer),
-            "end": (outer["ts_ns"] + outer["dur_ns"]).to_numpy(),
-            "pos": np.arange(len(outer)),
-        }
-    ).sort_values("ts_ns", kind="stable")
-    joined = pd.merge_asof(left, right, on="ts_ns", by="thread", direction="backward")
-    joined.loc[~(joined["ts_ns"] <= joined["end"]), "pos"] = np.nan
-    return joined.set_index("row")["pos"].reindex(inner.index)
+    thread that starts at or before it and has not ended (NaN where none)."""
+    if outer.empty:
+        return pd.Series(np.nan, index=inner.index)
+    thread, start = _thread(outer), outer["ts_ns"].to_numpy(np.int64)
+    order = np.lexsort((start, thread))  # by thread, then start; ties keep their order
+    at = intervals.last_at_or_before(thread[order], start[order], _thread(inner), inner["ts_ns"].to_numpy(np.int64))
+    pos = order[np.maximum(at, 0)]
+    end = start[pos] + outer["dur_ns"].to_numpy(np.int64)[pos]
+    inside = (at >= 0) & (inner["ts_ns"].to_numpy(np.int64) <= end)
+    return pd.Series(np.where(inside, pos, np.nan), index=inner.index)
 
 
 def _thread(rows: pd.DataFrame) -> np.ndarray:
