@@ -8,11 +8,15 @@ once); groups are numbered 0 .. n-1 in ascending key order, like a sorted groupb
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import pandas as pd
 
+ArrayLike = np.ndarray | pd.Series
 
-def codes(values) -> tuple[np.ndarray, np.ndarray]:
+
+def codes(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Dense int64 codes in sorted order of the distinct values, and those values.
 
     Pass pandas Series as they are: converting Arrow strings to objects first costs more
@@ -21,13 +25,13 @@ def codes(values) -> tuple[np.ndarray, np.ndarray]:
     return labels.astype(np.int64, copy=False), np.asarray(uniques)
 
 
-def isin(values, allowed) -> np.ndarray:
+def isin(values: ArrayLike, allowed: Iterable) -> np.ndarray:
     """Boolean mask of ``values`` found in ``allowed``, tested once per distinct value."""
     labels, uniques = codes(values)
     return np.isin(uniques, list(allowed))[labels] if len(labels) else np.zeros(0, dtype=bool)
 
 
-def lookup(keys, values, queries) -> np.ndarray:
+def lookup(keys: ArrayLike, values: ArrayLike, queries: ArrayLike) -> np.ndarray:
     """For each query, the value at the equal key (keys unique), as float64; NaN where absent."""
     keys, queries = np.asarray(keys), np.asarray(queries)
     out = np.full(len(queries), np.nan)
@@ -47,25 +51,28 @@ class Groups:
     ``cumcount``; otherwise rows keep their input order inside a group.
     """
 
-    def __init__(self, *keys: np.ndarray, within: np.ndarray | None = None) -> None:
+    def __init__(self, *keys: ArrayLike, within: ArrayLike | None = None) -> None:
         keys = tuple(np.asarray(k, dtype=np.int64) for k in keys)
         self.rows = len(keys[0]) if keys else 0
-        sort_keys = keys if within is None else (*keys, np.asarray(within))
-        # np.lexsort sorts by its last key first, and is stable.
-        self.order = np.lexsort(sort_keys[::-1]) if self.rows else np.zeros(0, dtype=np.int64)
-        sorted_keys = [k[self.order] for k in keys]
-        change = np.zeros(self.rows, dtype=bool)
+        key = _combined(keys)
+        if key is None:  # key ranges too wide to pack into one int64
+            sort_keys = keys if within is None else (*keys, np.asarray(within))
+            # np.lexsort sorts by its last key first, and is stable.
+            self.order = np.lexsort(sort_keys[::-1])
+            change = np.zeros(self.rows, dtype=bool)
+            for k in keys:
+                change[1:] |= k[self.order][1:] != k[self.order][:-1]
+        else:
+            self.order = np.argsort(key, kind="stable") if within is None else np.lexsort((np.asarray(within), key))
+            change = np.r_[False, key[self.order][1:] != key[self.order][:-1]]
         if self.rows:
             change[0] = True
-            for k in sorted_keys:
-                change[1:] |= k[1:] != k[:-1]
         self.starts = np.flatnonzero(change)
         self.size = np.diff(np.r_[self.starts, self.rows])
         self.count = len(self.starts)
-        sorted_id = np.cumsum(change) - 1
         self.id = np.empty(self.rows, dtype=np.int64)  # group of each row, in input order
-        self.id[self.order] = sorted_id
-        self.keys = [k[self.starts] for k in sorted_keys]  # each group's key values
+        self.id[self.order] = np.cumsum(change) - 1
+        self.keys = [k[self.order[self.starts]] for k in keys]  # each group's key values
 
     def first_seen(self) -> np.ndarray:
         """Group ids renumbered by first appearance in the input (pandas' ``sort=False``)."""
@@ -74,10 +81,10 @@ class Groups:
         rank[np.argsort(first_row, kind="stable")] = np.arange(self.count)
         return rank[self.id]
 
-    def _sorted(self, values) -> np.ndarray:
+    def _sorted(self, values: ArrayLike) -> np.ndarray:
         return np.asarray(values)[self.order]
 
-    def sum(self, values) -> np.ndarray:
+    def sum(self, values: ArrayLike) -> np.ndarray:
         """Sum per group: exact int64 for integers, float64 otherwise."""
         values = np.asarray(values)
         if values.dtype.kind in "biu":
@@ -86,7 +93,7 @@ class Groups:
             return np.add.reduceat(values[self.order].astype(np.int64, copy=False), self.starts)
         return np.bincount(self.id, weights=values, minlength=self.count)
 
-    def mean(self, values) -> np.ndarray:
+    def mean(self, values: ArrayLike) -> np.ndarray:
         """Mean per group, NaN skipped (NaN where a group has no value, as pandas)."""
         values = np.asarray(values, dtype=np.float64)
         seen = ~np.isnan(values)
@@ -97,7 +104,7 @@ class Groups:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(count > 0, total / count, np.nan)
 
-    def std(self, values) -> np.ndarray:
+    def std(self, values: ArrayLike) -> np.ndarray:
         """Sample standard deviation per group (ddof 1), NaN skipped; NaN below two values."""
         values = np.asarray(values, dtype=np.float64)
         seen = ~np.isnan(values)
@@ -106,16 +113,16 @@ class Groups:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(count > 1, np.sqrt(np.bincount(self.id, weights=centred**2, minlength=self.count) / (count - 1)), np.nan)
 
-    def max(self, values) -> np.ndarray:
+    def max(self, values: ArrayLike) -> np.ndarray:
         return np.maximum.reduceat(self._sorted(values), self.starts) if self.rows else np.zeros(0)
 
-    def min(self, values) -> np.ndarray:
+    def min(self, values: ArrayLike) -> np.ndarray:
         return np.minimum.reduceat(self._sorted(values), self.starts) if self.rows else np.zeros(0)
 
-    def first(self, values) -> np.ndarray:
+    def first(self, values: ArrayLike) -> np.ndarray:
         return self._sorted(values)[self.starts]
 
-    def first_valid(self, values) -> np.ndarray:
+    def first_valid(self, values: ArrayLike) -> np.ndarray:
         """First non-NaN value per group (NaN if none), as pandas' ``first``."""
         ranked = np.asarray(values, dtype=np.float64)[self.order]
         if not self.rows:
@@ -124,13 +131,13 @@ class Groups:
         found = np.minimum.reduceat(position, self.starts)
         return np.where(found < self.rows, ranked[np.minimum(found, self.rows - 1)], np.nan)
 
-    def any(self, mask) -> np.ndarray:
+    def any(self, mask: ArrayLike) -> np.ndarray:
         return np.bincount(self.id, weights=np.asarray(mask, dtype=np.float64), minlength=self.count) > 0
 
-    def all(self, mask) -> np.ndarray:
+    def all(self, mask: ArrayLike) -> np.ndarray:
         return ~self.any(~np.asarray(mask, dtype=bool))
 
-    def nunique(self, values) -> np.ndarray:
+    def nunique(self, values: ArrayLike) -> np.ndarray:
         """Distinct values per group, NaN not counted (as pandas' nunique)."""
         values = np.asarray(values, dtype=np.float64)
         seen = ~np.isnan(values)
@@ -144,16 +151,21 @@ class Groups:
         return np.asarray(per_group)[self.id]
 
     def cumcount(self) -> np.ndarray:
-        """Position of each row within its group, in the order of the sort keys."""
+        """Position of each row within its group, in ``within`` order (else input order)."""
         position = np.arange(self.rows) - np.repeat(self.starts, self.size)
         out = np.empty(self.rows, dtype=np.int64)
         out[self.order] = position
         return out
 
-    def quantile(self, values, q: float) -> np.ndarray:
-        """Linear-interpolated quantile per group (NaN-free values)."""
+    def _ranked(self, values: ArrayLike) -> np.ndarray:
+        """Values sorted by group, then by value (ties are equal values: order is moot)."""
         values = np.asarray(values, dtype=np.float64)
-        ranked = values[np.lexsort((values, self.id))]
+        by_value = np.argsort(values)
+        return values[by_value[np.argsort(self.id[by_value], kind="stable")]]
+
+    def quantile(self, values: ArrayLike, q: float) -> np.ndarray:
+        """Linear-interpolated quantile per group (NaN-free values), as pandas' groupby quantile."""
+        ranked = self._ranked(values)
         position = q * (self.size - 1)
         lo = np.floor(position).astype(np.int64)
         hi = np.minimum(lo + 1, self.size - 1)
@@ -161,10 +173,25 @@ class Groups:
         low, high = ranked[self.starts + lo], ranked[self.starts + hi]
         return low + (high - low) * frac
 
-    def median(self, values) -> np.ndarray:
+    def median(self, values: ArrayLike) -> np.ndarray:
         """Median per group (NaN-free values): the mean of the two middle values."""
-        values = np.asarray(values, dtype=np.float64)
-        ranked = values[np.lexsort((values, self.id))]
+        ranked = self._ranked(values)
         low = ranked[self.starts + (self.size - 1) // 2]
         high = ranked[self.starts + self.size // 2]
         return (low + high) / 2
+
+
+def _combined(keys: tuple[np.ndarray, ...]) -> np.ndarray | None:
+    """The keys packed into one int64 with the same order, if their ranges fit."""
+    if not keys or not len(keys[0]):
+        return np.zeros(0, dtype=np.int64) if keys else None
+    packed = np.zeros(len(keys[0]), dtype=np.int64)
+    capacity = 1
+    for k in keys:
+        low = int(k.min())
+        span = int(k.max()) - low + 1
+        capacity *= span
+        if capacity >= 1 << 62:
+            return None
+        packed = packed * span + (k - low)
+    return packed
