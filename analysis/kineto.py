@@ -233,8 +233,8 @@ def _ids(path: Path, frame: pd.DataFrame, args: list) -> tuple[pd.arrays.Integer
 
 def _categorical(values: list) -> pd.Categorical:
     """Few distinct values repeated on every step: string tests run once per distinct value."""
-    codes, distinct = pd.factorize(np.array(values, dtype=object))
-    return pd.Categorical.from_codes(codes, pd.Index(distinct, dtype=object))
+    encoded = pa.array(values, pa.string()).dictionary_encode()
+    return pd.Categorical.from_codes(encoded.indices.to_numpy(), pd.Index(encoded.dictionary.to_pylist(), dtype=object))
 
 
 def _is_comm(names: pd.Series) -> np.ndarray:
@@ -264,7 +264,10 @@ def _ns(numbers: list) -> np.ndarray:
     np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)), out=offsets[1:])
     strings = pa.Array.from_buffers(pa.large_string(), len(texts),
                                     [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(texts))])
-    micros = pc.round(strings.cast(_MICROS), 3, round_mode="half_towards_infinity").cast(_NANOS_AS_MICROS)
+    try:
+        micros = strings.cast(_NANOS_AS_MICROS)  # Kineto writes at most 3 decimals: exact
+    except pa.ArrowInvalid:  # more decimals: round them to whole ns
+        micros = pc.round(strings.cast(_MICROS), 3, round_mode="half_towards_infinity").cast(_NANOS_AS_MICROS)
     nanos = pa.Array.from_buffers(pa.decimal128(38, 0), len(micros), micros.buffers())
     return nanos.cast(pa.int64()).to_numpy()
 
