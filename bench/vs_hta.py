@@ -39,11 +39,11 @@ SAMPLES = ROOT.parent / "shared" / "samples" / "kineto"
 
 # Each child prints one JSON line: times, its memory after imports, stragglers named.
 _MEASURE = """
-import json, os, resource, sys, time, warnings
+import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
 {imports}
-with open("/proc/self/statm") as f:
-    base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+with open("/proc/self/smaps_rollup") as f:  # PSS, as the peak is measured
+    base = next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 c0, t0 = cpu(), time.perf_counter()
