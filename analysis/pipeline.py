@@ -144,24 +144,32 @@ def _rank_rows(
     per_rank: pd.DataFrame, model: clock.ClockModel, found: stragglers.Stragglers, kernels: pd.DataFrame
 ) -> list[RankRow]:
     frame = per_rank.copy()
-    frame["clock_offset_ns"] = frame["host"].map({h: c.offset_ns for h, c in model.hosts.items()})
-    frame["clock_uncertainty_ns"] = frame["host"].map({h: c.uncertainty_ns for h, c in model.hosts.items()})
+    clocks = [model.hosts[h] for h in frame["host"].tolist()]
+    frame["clock_offset_ns"] = [c.offset_ns for c in clocks]
+    frame["clock_uncertainty_ns"] = [c.uncertainty_ns for c in clocks]
     frame["own_delay_ns"] = found.own_delay_ns
     frame["straggler_score"] = found.score
     frame["late_cause"] = pd.Series(found.causes, dtype=object)
     top_by_rank: dict[int, list[dict]] = {}
     if len(kernels):
         top = metrics.top_kernels(kernels)
-        for record in top[["rank", "name", "count", "total_ns", "is_comm"]].to_dict("records"):
-            top_by_rank.setdefault(int(record.pop("rank")), []).append(record)
-    frame = frame.reset_index().replace({np.nan: None})
+        for rank, record in zip(top["rank"].tolist(), _records(top, ["name", "count", "total_ns", "is_comm"])):
+            top_by_rank.setdefault(rank, []).append(record)
+    frame = frame.reset_index()
     names = [n for n in field_names(RankRow) if n != "top_kernels"]
     integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
     rows = []
-    for record in frame[names].to_dict("records"):
+    for record in _records(frame, names):
         values = {k: (int(v) if k in integers and v is not None else v) for k, v in record.items()}
         rows.append(RankRow(**values, top_kernels=top_by_rank.get(values["rank"], [])))
     return rows
+
+
+def _records(frame: pd.DataFrame, names: list[str]) -> list[dict]:
+    """Rows as dicts of plain Python values, NaN as None (what the report holds); one
+    conversion per column rather than per cell."""
+    columns = [[None if v is pd.NA or (isinstance(v, float) and v != v) else v for v in frame[n].tolist()] for n in names]
+    return [dict(zip(names, values)) for values in zip(*columns)]
 
 
 def _communicator_rows(
@@ -169,7 +177,7 @@ def _communicator_rows(
 ) -> list[CommunicatorRow]:
     op_fields = field_names(OpSpread)
     by_comm: dict[str, list[OpSpread]] = {}
-    for record in spread.replace({np.nan: None}).to_dict("records"):
+    for record in _records(spread, list(spread.columns)):
         op = OpSpread(**{k: record[k] for k in op_fields})
         op.calls, op.instances = int(op.calls), int(op.instances)
         by_comm.setdefault(record["comm_id"], []).append(op)
@@ -186,7 +194,7 @@ def _communicator_rows(
 
 def _tp_rows(frame: pd.DataFrame, matched: matching.Matching) -> list[TpOverhead]:
     rows = []
-    for record in frame.replace({np.nan: None}).to_dict("records"):
+    for record in _records(frame, list(frame.columns)):
         comm_id = record["comm_id"]
         rows.append(
             TpOverhead(
