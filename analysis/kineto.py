@@ -498,35 +498,39 @@ def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
         return pd.DataFrame()
     calls = _calls(events, trace.top, notes)
     call_pos = _kernel_calls(events, kernels, calls)
-    linked = kernels.assign(call=call_pos.to_numpy())
-    orphans = int(linked["call"].isna().sum())
+    call = call_pos.to_numpy()
+    linked = ~np.isnan(call)
+    orphans = int((~linked).sum())
     if orphans:
         notes.append(f"{orphans} NCCL kernel(s) with no host-side collective call in the trace: not matched")
-    linked = linked.dropna(subset=["call"])
-    end = linked["ts_ns"] + linked["dur_ns"]
-    first = linked.sort_values("ts_ns", kind="stable").drop_duplicates("call")
-    per_call = pd.DataFrame(
-        {"start_ns": first["ts_ns"].to_numpy(), "kernel_row": first.index.to_numpy()},
-        index=first["call"].to_numpy(),
-    ).sort_index()
-    per_call["end_ns"] = end.groupby(linked["call"]).max().reindex(per_call.index).to_numpy()
-    chosen = calls.iloc[per_call.index.astype(int)]
-    rows = per_call.assign(cpu_call_ns=chosen["ts_ns"].to_numpy(), call_row=chosen.index, rpc=chosen["rpc"].to_numpy(),
-                           ann=chosen["ann"].to_numpy(), op=chosen["op"].to_numpy(),
-                           fr_pg=chosen["fr_pg"].to_numpy(), fr_seq=chosen["fr_seq"].array,
-                           fr_bytes=chosen["fr_bytes"].array)
-    frame = rows.reset_index(drop=True)
+    # Per call: its first kernel (by start; ties in trace order) gives arrival, the last end its end.
+    call = call[linked].astype(np.int64)
+    start = kernels["ts_ns"].to_numpy(np.int64)[linked]
+    end = start + kernels["dur_ns"].to_numpy(np.int64)[linked]
+    order = np.lexsort((start, call))
+    calls_of, first = np.unique(call[order], return_index=True)
+    kernel_rows = kernels.index.to_numpy()[linked][order][first]
+    chosen = calls.iloc[calls_of]
+    rpc = chosen["rpc"].to_numpy(np.int64)
+    frame = pd.DataFrame(
+        {
+            "start_ns": start[order][first],
+            "end_ns": np.maximum.reduceat(end[order], first) if len(first) else end[:0],
+            "cpu_call_ns": chosen["ts_ns"].to_numpy(np.int64),
+        }
+    )
     # Identity args: record_param_comms where present, else the first kernel's copy.
-    kernel_args = trace.args(list(frame["kernel_row"]))
-    kernel = _arg_frame(kernel_args)
-    has_rpc = np.broadcast_to((frame["rpc"].to_numpy() >= 0)[:, None], kernel.shape)
-    own = _arg_frame(trace.args(list(frame["rpc"]))).where(has_rpc, kernel)
-    call = _arg_frame(trace.args(list(frame["call_row"])))
-    annotation = _arg_frame(trace.args(list(frame["ann"])))
-    frame["op"] = _coalesce(own["op"], frame["op"], kernel["op"])
-    frame["bytes"] = _coalesce(own["bytes"], annotation["bytes"], call["bytes"], frame["fr_bytes"])
-    frame["pg"] = _coalesce(own["pg"], kernel["pg"], frame["fr_pg"])
-    frame["seq_trace"] = _coalesce(own["seq"], kernel["seq"], frame["fr_seq"])
+    kernel_args = trace.args(kernel_rows.tolist())
+    kernel = _arg_columns(kernel_args)
+    own = _arg_columns(trace.args(rpc.tolist()))
+    own = {key: np.where(rpc >= 0, own[key], kernel[key]) for key in own}
+    host = _arg_columns(trace.args(chosen.index.tolist()))
+    annotation = _arg_columns(trace.args(chosen["ann"].tolist()))
+    frame["op"] = _coalesce(own["op"], chosen["op"].to_numpy(object), kernel["op"])
+    frame["bytes"] = _nullable(_coalesce(own["bytes"], annotation["bytes"], host["bytes"],
+                                         chosen["fr_bytes"].to_numpy(object)))
+    frame["pg"] = _coalesce(own["pg"], kernel["pg"], chosen["fr_pg"].to_numpy(object))
+    frame["seq_trace"] = _nullable(_coalesce(own["seq"], kernel["seq"], chosen["fr_seq"].to_numpy(object)))
     frame["stream"] = ["?" if k.stream is None else str(k.stream) for k in kernel_args]
     frame = frame[frame["op"].notna()]
     return _identify(frame, trace.top, meta, notes, fallback="stream")
@@ -568,18 +572,18 @@ def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     dropped = len(work) - len(paired)
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
-    call = _arg_frame(trace.args([int(r) for r in paired["call_row"]]))
-    work = _arg_frame(trace.args(list(paired["row"])))
-    fr_pg = pd.Series([f if isinstance(f, str) else None for f in paired["fr_pg"]], dtype=object)
+    host = _arg_columns(trace.args([int(r) for r in paired["call_row"]]))
+    work = _arg_columns(trace.args(list(paired["row"])))
+    fr_pg = np.array([f if isinstance(f, str) else None for f in paired["fr_pg"]], dtype=object)
     frame = pd.DataFrame(
         {
             "start_ns": paired["ts_ns"].to_numpy(),
             "end_ns": (paired["ts_ns"] + paired["dur_ns"]).to_numpy(),
             "cpu_call_ns": pd.array(paired["call_ts"], dtype="Int64"),
             "op": paired["op"].to_numpy(),
-            "bytes": _coalesce(_ints(list(paired["fr_bytes"])), work["bytes"], call["bytes"]).array,
-            "pg": _coalesce(call["pg"], fr_pg).array,
-            "seq_trace": _coalesce(call["seq"], _ints(list(paired["fr_seq"]))).array,
+            "bytes": _nullable(_coalesce(_ints(list(paired["fr_bytes"])), work["bytes"], host["bytes"])),
+            "pg": _coalesce(host["pg"], fr_pg),
+            "seq_trace": _nullable(_coalesce(host["seq"], _ints(list(paired["fr_seq"])))),
             "stream": "",
         }
     )
@@ -708,32 +712,31 @@ def _canonical(name) -> str | None:
     return ops.canonical(name) if isinstance(name, str) else None
 
 
-def _arg_frame(args: list[_Args]) -> pd.DataFrame:
-    """The identity args of events as columns (null where absent): op, bytes, pg, seq."""
-    return pd.DataFrame(
-        {
-            "op": pd.Series([_canonical(a.collective) for a in args], dtype=object),
-            "bytes": _sizes(args),
-            "pg": pd.Series([_pg(a) for a in args], dtype=object),
-            "seq": _ints([a.seq for a in args]),
-        }
-    )
+def _arg_columns(args: list[_Args]) -> dict[str, np.ndarray]:
+    """The identity args of events as object columns (None where absent): op, bytes, pg, seq."""
+    return {
+        "op": np.array([_canonical(a.collective) for a in args], dtype=object),
+        "bytes": _sizes(args),
+        "pg": np.array([_pg(a) for a in args], dtype=object),
+        "seq": _ints([a.seq for a in args]),
+    }
 
 
-def _coalesce(*columns: pd.Series) -> pd.Series:
-    """Per row, the first non-null value of the columns (all on one index)."""
+def _coalesce(*columns: np.ndarray) -> np.ndarray:
+    """Per row, the first non-null value of the columns (object arrays of one length)."""
     out = columns[0]
     for column in columns[1:]:
-        out = out.where(out.notna(), column)
+        out = np.where(pd.isna(out), column, out)
     return out
 
 
-def _ints(values: list) -> pd.Series:
-    """Integer args (ints or their text) as nullable int64; anything else is null."""
-    clean = [v if type(v) is int else _int(v) for v in values]
-    missing = np.fromiter((v is None for v in clean), bool, len(clean))
-    data = np.fromiter((0 if v is None else v for v in clean), np.int64, len(clean))
-    return pd.Series(pd.arrays.IntegerArray(data, missing))
+def _nullable(values: np.ndarray) -> pd.arrays.IntegerArray:
+    return pd.array([None if pd.isna(v) else int(v) for v in values], dtype="Int64")
+
+
+def _ints(values: list) -> np.ndarray:
+    """Integer args (ints or their text) as an object array; anything else is None."""
+    return np.array([v if type(v) is int else _int(v) for v in values], dtype=object)
 
 
 def _int(value) -> int | None:
@@ -748,16 +751,11 @@ def _element_size(dtype) -> int:
     return _DTYPE_BYTES.get(dtype.lower(), 0) if isinstance(dtype, str) else 0
 
 
-def _sizes(args: list[_Args]) -> pd.Series:
+def _sizes(args: list[_Args]) -> np.ndarray:
     """Message size: record_param_comms `In msg nelems` x dtype, else the first input's
     `Input Dims` x `Input type` (per rank, as sent)."""
-    nelems = _ints([a.nelems for a in args])
-    unit = np.fromiter((_element_size(a.dtype) for a in args), np.int64, len(args))
-    sizes = (nelems * unit).where(unit > 0).astype("Int64")
-    lacking = np.flatnonzero(sizes.isna().to_numpy()).tolist()
-    if lacking:
-        sizes.iloc[lacking] = _ints([_input_bytes(args[row].dims, args[row].types) for row in lacking]).array
-    return sizes
+    return _ints([n * size if (n := _int(a.nelems)) is not None and (size := _element_size(a.dtype))
+                  else _input_bytes(a.dims, a.types) for a in args])
 
 
 def _input_bytes(dims, types) -> int | None:
