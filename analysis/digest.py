@@ -185,18 +185,26 @@ def is_digest(path: str | Path) -> bool:
     return metadata.get(b"rankscope.schema", b"").startswith(b"rankscope.digest/")
 
 
-def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:
+def explode(
+    digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host"), *, categorical: bool = False
+) -> pd.DataFrame:
     """Flatten one list column to a long DataFrame with ``keep`` columns repeated per row.
 
     Integer columns holding nulls become pandas' nullable ``Int64``: through float64
-    epoch-ns values would lose their last digits.
+    epoch-ns values would lose their last digits. ``categorical``: string columns become
+    Categoricals with sorted categories (few distinct values, compared and grouped many
+    times over: the analysis), encoded in Arrow rather than through Python strings.
     """
     column = digests.column(part).combine_chunks()
     parents = pc.list_parent_indices(column)
     flat = pc.list_flatten(column)
-    columns = {name: _to_pandas(pc.take(digests.column(name), parents)) for name in keep}
+    convert = _to_categorical if categorical else _to_pandas
+    if categorical:  # encode the per-rank values once, then repeat their codes
+        columns = {name: convert(digests.column(name)).take(parents.to_numpy()) for name in keep}
+    else:
+        columns = {name: convert(pc.take(digests.column(name), parents)) for name in keep}
     for i, field in enumerate(_LIST_PARTS[part]):
-        columns[field.name] = _to_pandas(flat.field(i))
+        columns[field.name] = convert(flat.field(i))
     return pd.DataFrame(columns)
 
 
@@ -204,6 +212,15 @@ def _to_pandas(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensi
     if pa.types.is_integer(array.type) and array.null_count:
         return array.to_pandas(types_mapper=_NULLABLE_INT.get).array
     return array.to_numpy(zero_copy_only=False)
+
+
+def _to_categorical(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensions.ExtensionArray:
+    if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        return _to_pandas(array)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    values = array.dictionary_encode().to_pandas().array
+    return values.reorder_categories(values.categories.sort_values())
 
 
 def check_consistent(digests: pa.Table) -> None:

@@ -43,13 +43,13 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     if digests.num_rows == 0:
         raise InputError("no ranks to analyse")
     meta = digests.select(_META).to_pandas()
-    collectives = explode(digests, "collectives")
+    collectives = explode(digests, "collectives", categorical=True)
     if collectives.empty:
         raise InputError("no collectives in any rank: nothing to align")
     collectives["duration"] = collectives["end_ns"] - collectives["start_ns"]
-    communicators = explode(digests, "communicators")
-    kernels = explode(digests, "kernels")
-    steps = explode(digests, "steps")
+    communicators = explode(digests, "communicators", categorical=True)
+    kernels = explode(digests, "kernels", categorical=True)
+    steps = explode(digests, "steps", categorical=True)
     notes = _rank_notes(meta["rank"].tolist(), digests.column("warnings").to_pylist())
 
     matched = matching.match(collectives, communicators, set(meta["rank"].tolist()))
