@@ -155,10 +155,14 @@ def real_sets(workdir: Path) -> list[tuple[str, Path, list[int] | None]]:
     return sets
 
 
-def simulated_sets(workdir: Path, sizes: list[tuple[int, ...]]) -> list[tuple[str, Path, list[int]]]:
+def simulated_sets(workdir: Path, sizes: list[tuple[int, ...]], old_names: bool) -> list[tuple[str, Path, list[int]]]:
     """Jobs with one compute straggler. Traces grow by kernels per step, not by steps: a
     profiling window holds a few steps, and HTA's per-event step lookup scans every step
-    (many-step windows would measure that quadratic term, not parsing)."""
+    (many-step windows would measure that quadratic term, not parsing).
+
+    ``old_names``: NCCL kernels renamed to the pre-2.19 spelling (``ncclKernel_...``), the
+    only one HTA 0.5.0's straggler analysis recognises (it finds no communication kernels
+    in ``ncclDevKernel_...``); rankscope reads both."""
     from rankscope.analysis.simulate import JobSpec, Straggler, simulate, truth
 
     sets = []
@@ -167,8 +171,9 @@ def simulated_sets(workdir: Path, sizes: list[tuple[int, ...]]) -> list[tuple[st
         spec = JobSpec(nodes=nodes, gpus_per_node=gpus, tp=min(gpus, 4), steps=steps, kernels_per_phase=kernels,
                        seed=7, stragglers=[Straggler(rank=world // 2 + 1, kind="compute", extra_ns=3_000_000)])
         folder = workdir / f"sim{world}x{steps}x{kernels}"
-        simulate(spec, folder, fmt="kineto")
-        files = list(folder.iterdir())
+        files = simulate(spec, folder, fmt="kineto")
+        for path in files if old_names else ():
+            path.write_bytes(path.read_bytes().replace(b'"ncclDevKernel_', b'"ncclKernel_'))
         total = sum(p.stat().st_size for p in files) / 2**20
         sets.append((f"simulated: {world} ranks x {steps} steps x {kernels} kernels per collective, {total:.0f} MiB JSON "
                      f"({total / len(files):.1f} MiB per rank)", folder, truth(spec)["stragglers"]))
@@ -214,6 +219,9 @@ def main() -> int:
     parser.add_argument("--sizes", default="2x4x40x300,8x4x40x300", metavar="NODESxGPUSxSTEPSxKERNELS,...",
                         help="simulated jobs, KERNELS compute kernels before each of a step's 3 "
                              "collectives (default: %(default)s)")
+    parser.add_argument("--nccl-names", choices=("old", "new"), default="old",
+                        help="NCCL kernel names in simulated traces: old (ncclKernel_*, which HTA's straggler "
+                             "analysis needs) or new (ncclDevKernel_*, NCCL >= 2.19) (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per tool run (default: %(default)s)")
     parser.add_argument("--keep", type=Path, default=None, help="write the traces here and keep them")
     args = parser.parse_args()
@@ -229,7 +237,7 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     summary = []
     try:
-        for label, folder, truth in real_sets(workdir) + simulated_sets(workdir, sizes):
+        for label, folder, truth in real_sets(workdir) + simulated_sets(workdir, sizes, args.nccl_names == "old"):
             ours = measure(sys.executable, RANKSCOPE, folder, args.timeout)
             theirs = measure(args.hta_python, HTA, folder, args.timeout)
             line = report(label, ours, theirs, truth)
