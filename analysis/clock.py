@@ -286,7 +286,7 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
         residual = np.where(seen, yy - (slope[:, None] * xc + intercept[:, None]), np.nan)
         centre = _nanmedian(residual, axis=1, keepdims=True)
         scale = MAD_TO_SIGMA * _nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
-        u = np.abs(np.nan_to_num(residual)) / np.maximum(HUBER_K * scale, 1e-9)
+        u = np.abs(np.where(seen, residual, 0.0)) / np.maximum(HUBER_K * scale, 1e-9)
         weights = np.where(seen, np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12)), 0.0)
     return slope, intercept - slope * xm[:, 0]
 
@@ -313,9 +313,15 @@ def happens_before(aligned: pd.DataFrame) -> HappensBefore:
 def _nanmedian(values: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
     """np.nanmedian (same values, NaN where nothing is observed) by one sort, without its
     per-row masked-array path, which dominated the fit."""
+    length = values.shape[axis]
     ranked = np.sort(values, axis=axis)  # NaN sort last
-    seen = (~np.isnan(values)).sum(axis=axis, keepdims=True)
-    low = np.take_along_axis(ranked, np.maximum((seen - 1) // 2, 0), axis)
-    high = np.take_along_axis(ranked, np.minimum(seen // 2, values.shape[axis] - 1), axis)
-    median = np.where(seen > 0, (low + high) / 2, np.nan)
+    if not length:
+        median = np.full(values.sum(axis=axis, keepdims=True).shape, np.nan)
+    elif not np.isnan(ranked.take([length - 1], axis=axis)).any():  # all observed: plain middle
+        median = (ranked.take([(length - 1) // 2], axis=axis) + ranked.take([length // 2], axis=axis)) / 2
+    else:
+        seen = (~np.isnan(values)).sum(axis=axis, keepdims=True)
+        low = np.take_along_axis(ranked, np.maximum((seen - 1) // 2, 0), axis)
+        high = np.take_along_axis(ranked, np.minimum(seen // 2, length - 1), axis)
+        median = np.where(seen > 0, (low + high) / 2, np.nan)
     return median if keepdims else np.squeeze(median, axis)
