@@ -31,17 +31,30 @@ def isin(values: ArrayLike, allowed: Iterable) -> np.ndarray:
     return np.isin(uniques, list(allowed))[labels] if len(labels) else np.zeros(0, dtype=bool)
 
 
-def lookup(keys: ArrayLike, values: ArrayLike, queries: ArrayLike) -> np.ndarray:
-    """For each query, the value at the equal key (keys unique), as float64; NaN where absent."""
+def locate(keys: ArrayLike, queries: ArrayLike) -> np.ndarray:
+    """For each query, the index of the equal key (keys unique); -1 where absent."""
     keys, queries = np.asarray(keys), np.asarray(queries)
-    out = np.full(len(queries), np.nan)
     if not len(keys):
-        return out
+        return np.full(len(queries), -1, dtype=np.int64)
     order = np.argsort(keys, kind="stable")
     at = np.minimum(np.searchsorted(keys[order], queries), len(keys) - 1)
-    found = keys[order][at] == queries
-    out[found] = np.asarray(values, dtype=np.float64)[order][at[found]]
+    return np.where(keys[order][at] == queries, order[at], -1)
+
+
+def take_or(values: ArrayLike, index: np.ndarray, missing: float) -> np.ndarray:
+    """``values[index]`` where the index is found (>= 0), else ``missing``."""
+    values = np.asarray(values)
+    out = np.full(len(index), missing, dtype=np.result_type(values.dtype, type(missing)))
+    found = index >= 0
+    out[found] = values[index[found]]
     return out
+
+
+def pack(*keys: ArrayLike) -> np.ndarray:
+    """One int64 per row, equal exactly where every key is equal."""
+    keys = tuple(np.asarray(k, dtype=np.int64) for k in keys)
+    packed = _combined(keys)
+    return packed if packed is not None else Groups(*keys).id
 
 
 class Groups:
@@ -137,14 +150,12 @@ class Groups:
     def all(self, mask: ArrayLike) -> np.ndarray:
         return ~self.any(~np.asarray(mask, dtype=bool))
 
-    def nunique(self, values: ArrayLike) -> np.ndarray:
-        """Distinct values per group, NaN not counted (as pandas' nunique)."""
-        values = np.asarray(values, dtype=np.float64)
-        seen = ~np.isnan(values)
-        if not seen.any():
-            return np.zeros(self.count, dtype=np.int64)
-        within = Groups(self.id[seen], codes(values[seen])[0])
-        return np.bincount(within.keys[0], minlength=self.count)
+    def varies(self, values: ArrayLike) -> np.ndarray:
+        """Whether each group holds more than one distinct value, NaN not counted."""
+        ranked = self._sorted(np.asarray(values, dtype=np.float64))
+        if not self.rows:
+            return np.zeros(0, dtype=bool)
+        return np.fmax.reduceat(ranked, self.starts) > np.fmin.reduceat(ranked, self.starts)
 
     def broadcast(self, per_group: np.ndarray) -> np.ndarray:
         """Each row's group value, in input order."""

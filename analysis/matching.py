@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes
+from rankscope.analysis.groups import Groups, codes, locate, pack
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
@@ -209,11 +209,10 @@ def _shift_ordinals_on_shared_clocks(
     is_ref[by_count[pair_start]] = True
     ref_row = per_rank.broadcast(is_ref)
     # Each row's reference end: the reference's row with the same (comm, host, ordinal).
-    slot = Groups(np.r_[c[ref_row], c], np.r_[h[ref_row], h], np.r_[k[ref_row], k])
-    ref_end = np.full(slot.count, np.nan)
-    ref_end[slot.id[: ref_row.sum()]] = e[ref_row]
-    row_ref_end = ref_end[slot.id[ref_row.sum():]]
-    paired = ~np.isnan(row_ref_end)
+    slot = pack(c, h, k)
+    at = locate(slot[ref_row], slot)
+    paired = at >= 0
+    ref_end = e[ref_row][at[paired]]
     ref_host = Groups(c[ref_row], h[ref_row], within=k[ref_row])
     ref_sorted = e[ref_row][ref_host.order]
     gaps = np.diff(ref_sorted).astype(np.float64)
@@ -222,7 +221,7 @@ def _shift_ordinals_on_shared_clocks(
     spaced = Groups(ref_host.id[ref_host.order][1:][same])
     spacing[spaced.keys[0]] = spaced.median(gaps[same])
     misses = Groups(c[paired], h[paired], r[paired])
-    miss = misses.median(np.abs(e[paired] - row_ref_end[paired]))
+    miss = misses.median(np.abs(e[paired] - ref_end))
     mc, mh, mr = misses.keys
     host_of = {(a, b): i for i, (a, b) in enumerate(zip(ref_host.keys[0].tolist(), ref_host.keys[1].tolist()))}
     for i in range(misses.count):
@@ -292,9 +291,9 @@ def _check_instances(
     inconsistent = (
         (distinct < n)
         | (strangers > 0)
-        | (per.nunique(kind) > 1)
-        | (per.nunique(sizes) > 1)
-        | (pair & (n == 2) & (per.nunique(op) != 2))  # two sends, or two recvs
+        | per.varies(kind)
+        | per.varies(sizes)
+        | (pair & (n == 2) & ~per.varies(op))  # two sends, or two recvs
     )
     incomplete = ~inconsistent & (n < per.first(expected[rows]))
     single = per.first(expected[rows]) < 2  # a communicator with one member present: nothing to compare

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes, isin, lookup
+from rankscope.analysis.groups import Groups, codes, isin, locate, take_or
 from rankscope.analysis.matching import UNMATCHED
 
 SIGMAS = 3.0
@@ -225,8 +225,9 @@ def tp_overhead(events: pd.DataFrame, steps: pd.DataFrame, meta: pd.DataFrame, t
     step_rank, step_ranks = codes(steps["rank"])
     step_time = Groups(step_rank).sum((steps["end_ns"] - steps["start_ns"]).to_numpy(np.int64))
     window = (meta["window_end_ns"] - meta["window_start_ns"]).to_numpy(np.int64)
-    time = lookup(step_ranks, step_time, ranks_of)
-    time = np.where(np.isnan(time), lookup(meta["rank"].to_numpy(np.int64), window, ranks_of), time)
+    time = take_or(step_time, locate(step_ranks, ranks_of), np.nan)
+    windowed = np.isnan(time)
+    time[windowed] = take_or(window, locate(meta["rank"].to_numpy(np.int64), ranks_of[windowed]), np.nan)
     per_comm = Groups(per_rank.keys[0])
     out = pd.DataFrame(
         {
