@@ -89,18 +89,30 @@ def rank_lateness(inst: pd.DataFrame) -> pd.DataFrame:
 
 def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     """One row per rank (index rank): the report's per-rank columns except clock and straggler ones."""
-    frame = meta.set_index("rank")[["host"]].copy()
-    window = (meta["window_end_ns"] - meta["window_start_ns"]).to_numpy(dtype=np.float64)
-    busy = np.where(window > 0, 100.0 * meta["gpu_busy_ns"].to_numpy(dtype=np.float64) / np.where(window > 0, window, 1), np.nan)
-    frame["gpu_busy_pct"] = pd.Series(busy, index=meta["rank"].to_numpy())
-    rank, ranks = codes(events["rank"])
-    per = Groups(rank)
-    frame["collectives"] = pd.Series(per.size, index=ranks)
-    frame["nccl_kernel_ns"] = pd.Series(per.sum(events["duration"].to_numpy()), index=ranks)
-    frame = frame.join(rank_lateness(inst))
-    counts = ["collectives", "matched", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "blame_ns"]
-    frame[counts] = frame[counts].fillna(0)
-    return frame.sort_index()
+    meta_rank = meta["rank"].to_numpy()
+    order = np.argsort(meta_rank, kind="stable")
+    ranks = meta_rank[order].astype(np.int64)
+    window = (meta["window_end_ns"].to_numpy(np.int64) - meta["window_start_ns"].to_numpy(np.int64))[order].astype(np.float64)
+    busy_ns = meta["gpu_busy_ns"].to_numpy(np.float64)[order]
+    per = Groups(events["rank"].to_numpy(np.int64))
+    at = locate(per.keys[0], ranks)
+    columns = {
+        "host": meta["host"].to_numpy()[order],
+        "gpu_busy_pct": np.where(window > 0, 100.0 * busy_ns / np.where(window > 0, window, 1), np.nan),
+        "collectives": take_or(per.size, at, 0),
+        "nccl_kernel_ns": take_or(per.sum(events["duration"].to_numpy()), at, 0),
+    }
+    late = rank_lateness(inst)
+    late_at = locate(late.index.to_numpy(np.int64), ranks)
+    counts = {"matched", "nccl_wait_ns", "nccl_transfer_ns", "blame_ns"}
+    unmatched = (late_at < 0).any()
+    for name in late.columns:
+        values = late[name].to_numpy()
+        if name in counts:
+            columns[name] = take_or(values, late_at, 0)
+        else:  # as a join: NaN (so float) for ranks without matched collectives
+            columns[name] = take_or(values, late_at, np.nan) if unmatched else values[late_at]
+    return pd.DataFrame(columns, index=pd.Index(meta_rank[order], name="rank"))
 
 
 def top_kernels(kernels: pd.DataFrame, limit: int = TOP_KERNELS) -> pd.DataFrame:
@@ -229,17 +241,20 @@ def tp_overhead(events: pd.DataFrame, steps: pd.DataFrame, meta: pd.DataFrame, t
     windowed = np.isnan(time)
     time[windowed] = take_or(window, locate(meta["rank"].to_numpy(np.int64), ranks_of[windowed]), np.nan)
     per_comm = Groups(per_rank.keys[0])
-    out = pd.DataFrame(
+    exposed_ns = per_comm.mean(per_rank.sum(exposed))
+    wait_ns = per_comm.mean(per_rank.sum(exposed_wait))
+    step_time_ns = per_comm.mean(time)
+    base = np.where(step_time_ns > 0, step_time_ns, np.nan)
+    return pd.DataFrame(
         {
             "comm_id": comm_ids[per_comm.keys[0]],
-            "exposed_ns": per_comm.mean(per_rank.sum(exposed)),
-            "exposed_wait_ns": per_comm.mean(per_rank.sum(exposed_wait)),
-            "step_time_ns": per_comm.mean(time),
+            "exposed_ns": exposed_ns,
+            "exposed_wait_ns": wait_ns,
+            "step_time_ns": step_time_ns,
             "stepped": per_comm.all(np.isin(ranks_of, stepped)),
+            "exposed_transfer_ns": exposed_ns - wait_ns,
+            "exposed_frac": exposed_ns / base,
+            "exposed_wait_frac": wait_ns / base,
+            "exposed_transfer_frac": (exposed_ns - wait_ns) / base,
         }
     )
-    out["exposed_transfer_ns"] = out["exposed_ns"] - out["exposed_wait_ns"]
-    for part in ("exposed", "exposed_wait", "exposed_transfer"):
-        out[f"{part}_frac"] = out[f"{part}_ns"] / out["step_time_ns"].where(out["step_time_ns"] > 0)
-    return out
-
