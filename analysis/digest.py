@@ -219,8 +219,13 @@ def _to_categorical(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.ex
         return _to_pandas(array)
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
-    values = array.dictionary_encode().to_pandas().array
-    return values.reorder_categories(values.categories.sort_values())
+    encoded = array.dictionary_encode()
+    values = encoded.dictionary.to_numpy(zero_copy_only=False)
+    order = np.argsort(values)
+    rank = np.empty(len(values) + 1, dtype=np.int64)
+    rank[order] = np.arange(len(values))
+    rank[-1] = -1  # null
+    return pd.Categorical.from_codes(rank[pc.fill_null(encoded.indices, -1).to_numpy()], values[order])
 
 
 def check_consistent(digests: pa.Table) -> None:

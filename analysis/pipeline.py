@@ -47,9 +47,9 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     if collectives.empty:
         raise InputError("no collectives in any rank: nothing to align")
     collectives["duration"] = collectives["end_ns"] - collectives["start_ns"]
-    communicators = explode(digests, "communicators", categorical=True)
-    kernels = explode(digests, "kernels", categorical=True)
-    steps = explode(digests, "steps", categorical=True)
+    communicators = explode(digests, "communicators", keep=("rank",), categorical=True)
+    kernels = explode(digests, "kernels", keep=("rank",), categorical=True)
+    steps = explode(digests, "steps", keep=("rank",), categorical=True)
     notes = _rank_notes(meta["rank"].tolist(), digests.column("warnings").to_pylist())
 
     matched = matching.match(collectives, communicators, set(meta["rank"].tolist()))

@@ -38,8 +38,8 @@ class Stragglers:
 
 
 def own_delay(events: pd.DataFrame) -> pd.DataFrame:
-    """Matched rows (rank, instance, gap) with ``excess``: the gap since the rank's previous collective minus the
-    median gap of the *other* participants, floored at 0 (local clocks only).
+    """Matched rows (rank, instance, gap) with ``excess``: the gap since the rank's previous
+    collective minus the median gap of the *other* participants, floored at 0 (local clocks only).
 
     Leaving the rank itself out keeps a two-rank group from splitting the delay between
     its members; the floor keeps early ranks from looking like the cause of anything.
@@ -57,18 +57,19 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
     kept = kept[np.lexsort((gap_sorted[kept], instance_sorted[kept]))]
     per = Groups(instance_sorted[kept])
     kept = kept[per.broadcast(per.size) > 1]
-    rows = events[["rank", "instance"]].take(ordered[kept]).reset_index(drop=True).assign(gap=gap_sorted[kept])
-    gap = rows["gap"].to_numpy()
-    instance = rows["instance"].to_numpy()
-    first = np.r_[0, np.flatnonzero(np.diff(instance)) + 1] if len(rows) else np.array([], dtype=np.int64)
-    sizes = np.diff(np.r_[first, len(rows)])
+    gap = gap_sorted[kept]
+    instance = instance_sorted[kept]
+    first = np.r_[0, np.flatnonzero(np.diff(instance)) + 1] if len(kept) else np.array([], dtype=np.int64)
+    sizes = np.diff(np.r_[first, len(kept)])
     base = np.repeat(first, sizes)
-    position = np.arange(len(rows)) - base
+    position = np.arange(len(kept)) - base
     others = np.repeat(sizes, sizes) - 1
     lo, hi = (others - 1) // 2, others // 2
     # index j among the others is index j + (j >= position) in the sorted instance
     median_others = 0.5 * (gap[base + lo + (lo >= position)] + gap[base + hi + (hi >= position)])
-    return rows.assign(excess=np.maximum(gap - median_others, 0.0))
+    return pd.DataFrame(
+        {"rank": rank[ordered[kept]], "instance": instance, "gap": gap, "excess": np.maximum(gap - median_others, 0.0)}
+    )
 
 
 def find(events: pd.DataFrame, ranks: pd.Index) -> Stragglers:
@@ -99,13 +100,14 @@ def _causes(events: pd.DataFrame, flagged: list[int]) -> dict[int, str]:
 
 def stands_out(values: pd.Series, min_effect: float) -> tuple[list[int], pd.Series]:
     """Index labels whose value exceeds the median by ``Z_MIN`` robust sigmas and by ``min_effect``."""
-    known = values.dropna()
+    value = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    known = value[~np.isnan(value)]
     if len(known) < 3:
         return [], pd.Series(np.nan, index=values.index)
-    centre = float(known.median())
-    scale = MAD_TO_SIGMA * float((known - centre).abs().median())
-    effect = values - centre
+    centre = float(np.median(known))
+    scale = MAD_TO_SIGMA * float(np.median(np.abs(known - centre)))
+    effect = value - centre
     # A zero spread (identical peers) makes any real difference infinitely significant.
     score = effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)
-    flagged = values.index[((score > Z_MIN) & (effect > min_effect)).to_numpy()]
-    return sorted(int(r) for r in flagged), score
+    flagged = values.index[(score > Z_MIN) & (effect > min_effect)]
+    return sorted(int(r) for r in flagged), pd.Series(score, index=values.index)
