@@ -75,8 +75,12 @@ class Groups:
             change = np.zeros(self.rows, dtype=bool)
             for k in keys:
                 change[1:] |= k[self.order][1:] != k[self.order][:-1]
+        elif within is None:
+            self.order = _argsort_codes(key)
+            change = np.r_[False, key[self.order][1:] != key[self.order][:-1]]
         else:
-            self.order = np.argsort(key, kind="stable") if within is None else np.lexsort((np.asarray(within), key))
+            by_within = np.argsort(np.asarray(within), kind="stable")
+            self.order = by_within[_argsort_codes(key[by_within])]
             change = np.r_[False, key[self.order][1:] != key[self.order][:-1]]
         if self.rows:
             change[0] = True
@@ -172,7 +176,7 @@ class Groups:
         """Values sorted by group, then by value (ties are equal values: order is moot)."""
         values = np.asarray(values, dtype=np.float64)
         by_value = np.argsort(values)
-        return values[by_value[np.argsort(self.id[by_value], kind="stable")]]
+        return values[by_value[_argsort_codes(self.id[by_value])]]
 
     def quantile(self, values: ArrayLike, q: float) -> np.ndarray:
         """Linear-interpolated quantile per group (NaN-free values), as pandas' groupby quantile."""
@@ -206,3 +210,16 @@ def _combined(keys: tuple[np.ndarray, ...]) -> np.ndarray | None:
             return None
         packed = packed * span + (k - low)
     return packed
+
+
+def _argsort_codes(codes: np.ndarray) -> np.ndarray:
+    """Stable argsort of non-negative int64 codes: LSD radix passes over 16-bit digits
+    (numpy radix-sorts 16-bit integers; wider ones fall back to a comparison sort)."""
+    order = np.argsort((codes & 0xFFFF).astype(np.uint16), kind="stable")
+    top = int(codes.max()) if len(codes) else 0
+    shift = 16
+    while top >> shift:
+        digit = ((codes[order] >> shift) & 0xFFFF).astype(np.uint16)
+        order = order[np.argsort(digit, kind="stable")]
+        shift += 16
+    return order
