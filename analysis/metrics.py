@@ -30,20 +30,19 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
     ``aligned`` has columns instance, rank, host, start, end (aligned ns), duration (ns)
     and sigma (host clock uncertainty ns). ``row`` is each row's position in ``aligned``.
     """
-    instance_all = aligned["instance"].to_numpy(np.int64)
-    matched = np.flatnonzero(instance_all != UNMATCHED)
-    order = matched[np.lexsort((aligned["start"].to_numpy(np.int64)[matched], instance_all[matched]))]
+    instance = aligned["instance"].to_numpy(np.int64)
+    matched = np.flatnonzero(instance != UNMATCHED)
+    start_all = aligned["start"].to_numpy(np.int64)
+    per = Groups(instance[matched], within=start_all[matched])  # rows by instance, then arrival
+    order = matched[per.order]
     rows = aligned.take(order).reset_index(drop=True)
-    rows["row"] = order
-    instance = instance_all[order]
-    start = rows["start"].to_numpy(dtype=np.int64)
-    per = Groups(instance)
+    start = start_all[order]
     first, sizes = per.starts, per.size
     last = first + sizes - 1
     min_start, max_start, second = start[first], start[last], start[np.maximum(last - 1, first)]
     host = pd.factorize(rows["host"])[0]
     sigma = rows["sigma"].to_numpy(dtype=np.float64)
-    median_end = per.median(rows["end"].to_numpy(np.int64))
+    median_end = per.median(aligned["end"].to_numpy(np.int64)[matched])
 
     pair_sigma = np.where(host == np.repeat(host[first], sizes), 0.0, np.hypot(sigma, np.repeat(sigma[first], sizes)))
     lateness = start - np.repeat(min_start, sizes)
@@ -56,6 +55,7 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
     real_last[last] = skew > SIGMAS * skew_sigma
     is_last &= real_last
     return rows.assign(
+        row=order,
         lateness=np.where(lateness > SIGMAS * pair_sigma, lateness, 0),
         wait=np.clip(np.repeat(max_start, sizes) - start, 0, duration),
         is_last=is_last,

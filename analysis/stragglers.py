@@ -46,7 +46,7 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
     """
     rank = events["rank"].to_numpy(np.int64)
     start = events["start_ns"].to_numpy(np.int64)
-    ordered = np.lexsort((start, rank))
+    ordered = Groups(rank, within=start).order
     previous = np.r_[False, rank[ordered][1:] == rank[ordered][:-1]]
     gap_sorted = np.full(len(ordered), np.nan)
     gap_sorted[previous] = (
@@ -54,7 +54,7 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
     )[previous[1:]]
     instance_sorted = events["instance"].to_numpy(np.int64)[ordered]
     kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
-    kept = kept[np.lexsort((gap_sorted[kept], instance_sorted[kept]))]
+    kept = kept[Groups(instance_sorted[kept], within=gap_sorted[kept]).order]
     per = Groups(instance_sorted[kept])
     kept = kept[per.broadcast(per.size) > 1]
     gap = gap_sorted[kept]
