@@ -275,19 +275,25 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
     weights = seen.astype(np.float64)
     slope = np.ones(len(y))
     intercept = np.zeros(len(y))
+    every = seen.all()  # the common case: masking below would change nothing
     for _ in range(iterations):
         w_sum = np.maximum(weights.sum(axis=1), 1e-300)
         x_bar = (weights * xc).sum(axis=1) / w_sum
         y_bar = (weights * yy).sum(axis=1) / w_sum
-        spread = (weights * (xc - x_bar[:, None]) ** 2).sum(axis=1)
-        cov = (weights * (xc - x_bar[:, None]) * (yy - y_bar[:, None])).sum(axis=1)
+        dx = xc - x_bar[:, None]
+        spread = (weights * dx**2).sum(axis=1)
+        cov = (weights * dx * (yy - y_bar[:, None])).sum(axis=1)
         slope = np.divide(cov, spread, out=np.ones_like(cov), where=spread > 0)
         intercept = y_bar - slope * x_bar
-        residual = np.where(seen, yy - (slope[:, None] * xc + intercept[:, None]), np.nan)
+        residual = yy - (slope[:, None] * xc + intercept[:, None])
+        if not every:
+            residual = np.where(seen, residual, np.nan)
         centre = _nanmedian(residual, axis=1, keepdims=True)
         scale = MAD_TO_SIGMA * _nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
-        u = np.abs(np.where(seen, residual, 0.0)) / np.maximum(HUBER_K * scale, 1e-9)
-        weights = np.where(seen, np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12)), 0.0)
+        u = np.abs(residual if every else np.where(seen, residual, 0.0)) / np.maximum(HUBER_K * scale, 1e-9)
+        weights = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+        if not every:
+            weights = np.where(seen, weights, 0.0)
     return slope, intercept - slope * xm[:, 0]
 
 
