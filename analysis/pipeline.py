@@ -143,32 +143,42 @@ def _late_ranks(per_rank: pd.DataFrame, min_effect: float) -> list[int]:
 def _rank_rows(
     per_rank: pd.DataFrame, model: clock.ClockModel, found: stragglers.Stragglers, kernels: pd.DataFrame
 ) -> list[RankRow]:
-    frame = per_rank.copy()
-    clocks = [model.hosts[h] for h in frame["host"].tolist()]
-    frame["clock_offset_ns"] = [c.offset_ns for c in clocks]
-    frame["clock_uncertainty_ns"] = [c.uncertainty_ns for c in clocks]
-    frame["own_delay_ns"] = found.own_delay_ns
-    frame["straggler_score"] = found.score
-    frame["late_cause"] = pd.Series(found.causes, dtype=object)
+    ranks = per_rank.index.tolist()
+    clocks = [model.hosts[h] for h in per_rank["host"].tolist()]
+    columns = {
+        "rank": ranks,
+        "clock_offset_ns": [c.offset_ns for c in clocks],
+        "clock_uncertainty_ns": [c.uncertainty_ns for c in clocks],
+        "own_delay_ns": found.own_delay_ns.tolist(),
+        "straggler_score": found.score.tolist(),
+        "late_cause": [found.causes.get(r) for r in ranks],
+    }
+    names = [n for n in field_names(RankRow) if n != "top_kernels"]
+    integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
+    for name in names:
+        values = [_plain(v) for v in (columns[name] if name in columns else per_rank[name].tolist())]
+        columns[name] = [int(v) if v is not None else v for v in values] if name in integers else values
     top_by_rank: dict[int, list[dict]] = {}
     if len(kernels):
         top = metrics.top_kernels(kernels)
         for rank, record in zip(top["rank"].tolist(), _records(top, ["name", "count", "total_ns", "is_comm"])):
             top_by_rank.setdefault(rank, []).append(record)
-    frame = frame.reset_index()
-    names = [n for n in field_names(RankRow) if n != "top_kernels"]
-    integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
     rows = []
-    for record in _records(frame, names):
-        values = {k: (int(v) if k in integers and v is not None else v) for k, v in record.items()}
-        rows.append(RankRow(**values, top_kernels=top_by_rank.get(values["rank"], [])))
+    for values in zip(*(columns[n] for n in names)):
+        fields = dict(zip(names, values))
+        rows.append(RankRow(**fields, top_kernels=top_by_rank.get(fields["rank"], [])))
     return rows
 
 
+def _plain(value: object) -> object:
+    """NaN (and pandas' NA) as None: what the report holds."""
+    return None if value is pd.NA or (isinstance(value, float) and value != value) else value
+
+
 def _records(frame: pd.DataFrame, names: list[str]) -> list[dict]:
-    """Rows as dicts of plain Python values, NaN as None (what the report holds); one
-    conversion per column rather than per cell."""
-    columns = [[None if v is pd.NA or (isinstance(v, float) and v != v) else v for v in frame[n].tolist()] for n in names]
+    """Rows as dicts of plain Python values, NaN as None; one conversion per column
+    rather than per cell."""
+    columns = [[_plain(v) for v in frame[n].tolist()] for n in names]
     return [dict(zip(names, values)) for values in zip(*columns)]
 
 
