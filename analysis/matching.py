@@ -56,7 +56,7 @@ def communicator_members(
     reported = {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
     declared: dict[str, set[frozenset[int]]] = {}
     names: dict[str, str] = {}
-    for comm_id, ranks, name in zip(communicators["comm_id"], communicators["ranks"], communicators["name"]):
+    for comm_id, ranks, name in zip(*(communicators[c].tolist() for c in ("comm_id", "ranks", "name"))):
         if ranks is not None and len(ranks):
             declared.setdefault(comm_id, set()).add(frozenset(int(r) for r in ranks))
         if isinstance(name, str) and comm_id not in names:
