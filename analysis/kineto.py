@@ -49,6 +49,7 @@ _TOP_KEYS = ("schemaVersion", "distributedInfo", "baseTimeNanoseconds", "host_na
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _GLOO = "gloo:"
 _C10D = "c10d::"
+_NCCL = "nccl:"
 _RPC = "record_param_comms"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _EMPTY = msgspec.Raw(b"")
@@ -202,10 +203,14 @@ def _load(path: Path) -> _Trace:
     del complete
     frame["corr"], frame["ext"] = _ids(path, frame, args)
     frame["thread"] = _thread_codes(frame)
+    # Only the args a collective's identity can come from are kept (copied), so the trace's
+    # text and its per-event objects are freed before the rest of the work.
+    kept = {row: bytes(args[row]) for row in np.flatnonzero(_identity_events(frame)).tolist()}
+    del args
 
     def decode(rows) -> list[_Args]:
         """Args of the given rows (-1: none), decoded in one call."""
-        return _decode_many(path, _ARGS, [args[row] if row >= 0 else b"" for row in rows])
+        return _decode_many(path, _ARGS, [kept[row] if row >= 0 else b"" for row in rows])
 
     return _Trace(top, frame, decode)
 
@@ -233,8 +238,17 @@ def _ids(path: Path, frame: pd.DataFrame, args: list) -> tuple[pd.arrays.Integer
 
 def _categorical(values: list) -> pd.Categorical:
     """Few distinct values repeated on every step: string tests run once per distinct value."""
-    encoded = pa.array(values, pa.string()).dictionary_encode()
-    return pd.Categorical.from_codes(encoded.indices.to_numpy(), pd.Index(encoded.dictionary.to_pylist(), dtype=object))
+    distinct: dict = {}
+    codes = np.fromiter([distinct.setdefault(v, len(distinct)) for v in values], np.int32, len(values))
+    return pd.Categorical.from_codes(codes, pd.Index(list(distinct), dtype=object))
+
+
+def _identity_events(events: pd.DataFrame) -> np.ndarray:
+    """Events whose args can carry a collective's identity: c10d calls, record_param_comms,
+    nccl:/gloo: annotations, NCCL kernels."""
+    name = events["name"]
+    by_name = (name.str.startswith((_C10D, _NCCL, _GLOO)) | (name == _RPC)).to_numpy()
+    return by_name | ((events["cat"] == "kernel").to_numpy() & _is_comm(name))
 
 
 def _is_comm(names: pd.Series) -> np.ndarray:
@@ -427,7 +441,7 @@ def _calls(events: pd.DataFrame, top: dict, notes: list[str]) -> pd.DataFrame:
     cpu = events["cat"] == "cpu_op"
     c10d = events[cpu & events["name"].str.startswith(_C10D)]
     rpc = events[cpu & (events["name"] == _RPC)]
-    ann = events[(events["cat"] == "user_annotation") & events["name"].str.startswith("nccl:")]
+    ann = events[(events["cat"] == "user_annotation") & events["name"].str.startswith(_NCCL)]
     calls = c10d.assign(op=c10d["name"].map(_canonical).astype(object), rpc=-1, ann=-1)
     lone = rpc
     for column, inner in (("rpc", rpc), ("ann", ann)):

@@ -238,6 +238,28 @@ def test_other_layouts_give_the_same_digest(samples, tmp_path, layout):
         assert got.column(column).to_pylist() == expected.column(column).to_pylist(), column
 
 
+def test_nccl_kernel_links_to_its_call_through_a_driver_api_launch(tmp_path):
+    """NCCL >= 2.19 launches with cuLaunchKernelEx (Kineto: cat cuda_driver). The kernel's
+    correlation id names that launch, and the launch lies inside the c10d call; no External
+    id links them here, so this is the only way to the call."""
+    comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 256, "Process Group Name": "0", "Seq": 7}
+    events = [
+        _event("c10d::allreduce_", "100.000", "50.000", tid=1, args={"External id": 1}),
+        _event("record_param_comms", "101.000", "40.000", tid=1, args={"External id": 2, **comm}),
+        _event("cuLaunchKernelEx", "110.000", "5.000", cat="cuda_driver", tid=1, args={"correlation": 9}),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "120.500", "30.250", cat="kernel", tid=7,
+               args={"correlation": 9, "stream": 7}),
+    ]
+    data = _trace(events, baseTimeNanoseconds=1790857026000000000)
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}]
+    coll = _collectives(_read(_write(tmp_path / "t.json", data)))
+    assert len(coll) == 1
+    row = coll.iloc[0]
+    assert (row["op"], row["comm_id"], row["seq"], row["seq_source"], row["bytes"]) == ("allreduce", "0", 7, "trace", 1024)
+    assert (row["start_ns"], row["end_ns"]) == (1790857026000120500, 1790857026000150750)
+    assert row["cpu_call_ns"] == 1790857026000100000
+
+
 def test_not_a_trace_is_an_export_error(tmp_path):
     bad = tmp_path / "rank0.json"
     bad.write_text("{not json")
