@@ -127,8 +127,9 @@ class Groups:
         seen = ~np.isnan(values)
         count = np.bincount(self.id, weights=seen, minlength=self.count)
         centred = np.where(seen, values - self.broadcast(self.mean(values)), 0.0)
+        squares = np.bincount(self.id, weights=centred**2, minlength=self.count)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(count > 1, np.sqrt(np.bincount(self.id, weights=centred**2, minlength=self.count) / (count - 1)), np.nan)
+            return np.where(count > 1, np.sqrt(squares / (count - 1)), np.nan)
 
     def max(self, values: ArrayLike) -> np.ndarray:
         return np.maximum.reduceat(self._sorted(values), self.starts) if self.rows else np.zeros(0)

@@ -9,7 +9,8 @@ process is not enough:
 - per host (reduce): the clock fit's per-host lines (one vectorised step over hosts
   per round; the consensus between rounds is the only all-host exchange);
 - per instance / per communicator: metrics on the aligned rows.
-Today all stages run in this process on whole-job tables (0.85 s for 512 ranks).
+Today all stages run in this process on whole-job tables, grouped in numpy on integer
+codes (groups.py): about 0.13 s for 512 simulated ranks on a shared 2-core machine.
 """
 
 from __future__ import annotations
