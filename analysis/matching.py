@@ -48,7 +48,9 @@ def communicator_members(
     communicator or call collectives on it (said in a warning).
     """
     warnings: list[str] = []
-    comm, comm_ids = codes(pd.concat([communicators["comm_id"], collectives["comm_id"]], ignore_index=True))
+    (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
+    comm_ids = np.union1d(listed_ids, used_ids)
+    comm = np.r_[np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]]
     rank = np.concatenate([communicators["rank"].to_numpy(np.int64), collectives["rank"].to_numpy(np.int64)])
     pairs = Groups(comm, rank)
     comm_of, rank_of = pairs.keys

@@ -80,6 +80,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     hosts_of = dict(zip(meta["rank"].tolist(), meta["host"].tolist()))
     kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of) for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
+    top = metrics.job_top_kernels(kernels) if len(kernels) else None
     return Report(
         job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
         ranks=_rank_rows(per_rank, model, found, kernels),
@@ -101,7 +102,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
             happens_before_violations=hb.violations,
             happens_before_violation_rate=hb.rate,
         ),
-        top_kernels=metrics.job_top_kernels(kernels).to_dict("records") if len(kernels) else [],
+        top_kernels=_records(top, list(top.columns)) if top is not None else [],
         warnings=all_warnings,
     )
 
