@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes, isin, locate, take_or
+from rankscope.analysis.groups import Groups, codes, locate, take_or
 from rankscope.analysis.matching import UNMATCHED
 
 SIGMAS = 3.0
@@ -170,12 +170,12 @@ def op_spread(events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         imbalance = np.where((of_op.size > 1) & (mean > 0), std / mean, np.nan)
     instances = Groups(inst["instance"].to_numpy(np.int64))
-    first = inst.take(instances.order[instances.starts])
-    i_comm = np.searchsorted(comm_ids, first["comm_id"].to_numpy(object))
-    i_op = np.searchsorted(ops, first["op"].to_numpy(object))
+    first = instances.order[instances.starts]  # each instance's first row
+    i_comm = np.searchsorted(comm_ids, inst["comm_id"].take(first).to_numpy(object))
+    i_op = np.searchsorted(ops, inst["op"].take(first).to_numpy(object))
     size = instances.first_valid(inst["bytes"].to_numpy(dtype=np.float64, na_value=np.nan))
-    transfer = first["transfer_c"].to_numpy(np.float64)
-    skew = first["skew"].to_numpy(np.float64)
+    transfer = inst["transfer_c"].to_numpy(np.float64)[first]
+    skew = inst["skew"].to_numpy(np.float64)[first]
     # Network variance: transfer over time within a size class, so mixed sizes do not count.
     size_class = np.floor(np.log2(np.clip(size, 1, None)))
     size_class = np.where(np.isnan(size_class), -1, size_class).astype(np.int64)
@@ -223,12 +223,12 @@ def tp_overhead(events: pd.DataFrame, steps: pd.DataFrame, meta: pd.DataFrame, t
     """
     rank_all = events["rank"].to_numpy(np.int64)
     stepped = np.unique(steps["rank"].to_numpy(np.int64))
-    in_scope = isin(events["comm_id"], tp_comms) & (
+    comm_all, comm_ids = codes(events["comm_id"])
+    in_scope = np.isin(comm_ids, list(tp_comms))[comm_all] & (
         ~np.isin(rank_all, stepped) | events["step"].notna().to_numpy(bool)
     )
     rows = np.flatnonzero(in_scope)
-    comm, comm_ids = codes(events["comm_id"].take(rows))
-    rank = rank_all[rows]
+    comm, rank = comm_all[rows], rank_all[rows]
     overlap = np.nan_to_num(events["compute_overlap_ns"].to_numpy(dtype=np.float64, na_value=np.nan)[rows])
     exposed = np.clip(events["duration"].to_numpy(dtype=np.float64)[rows] - overlap, 0, None)
     exposed_wait = np.minimum(events["wait"].to_numpy(dtype=np.float64)[rows], exposed)
