@@ -57,9 +57,12 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     events = matched.events
     hosts = sorted(meta["host"].unique().tolist())
     model = clock.fit(events, hosts, clock_hints)
-    events["start"] = model.align(events["host"], events["start_ns"].to_numpy())
-    events["end"] = model.align(events["host"], events["end_ns"].to_numpy())
-    events["sigma"] = model.uncertainty(events["host"])
+    aligned = {
+        "start": model.align(events["host"], events["start_ns"].to_numpy()),
+        "end": model.align(events["host"], events["end_ns"].to_numpy()),
+        "sigma": model.uncertainty(events["host"]),
+    }
+    events = pd.concat([events, pd.DataFrame(aligned, index=events.index)], axis=1)
     hb = clock.happens_before(events)
     if hb.violations:
         notes.append(
