@@ -36,7 +36,7 @@ def locate(keys: ArrayLike, queries: ArrayLike) -> np.ndarray:
     keys, queries = np.asarray(keys), np.asarray(queries)
     if not len(keys):
         return np.full(len(queries), -1, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(keys)  # unique keys: any sort will do
     at = np.minimum(np.searchsorted(keys[order], queries), len(keys) - 1)
     return np.where(keys[order][at] == queries, order[at], -1)
 

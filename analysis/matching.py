@@ -60,7 +60,7 @@ def communicator_members(
     names: dict[str, str] = {}
     for comm_id, ranks, name in zip(*(communicators[c].tolist() for c in ("comm_id", "ranks", "name"))):
         if ranks is not None and len(ranks):
-            declared.setdefault(comm_id, set()).add(frozenset(int(r) for r in ranks))
+            declared.setdefault(comm_id, set()).add(frozenset(np.asarray(ranks, dtype=np.int64).tolist()))
         if isinstance(name, str) and comm_id not in names:
             names[comm_id] = name
     members: dict[str, tuple[int, ...]] = {}
