@@ -95,13 +95,14 @@ class ClockModel:
         return np.array([self.hosts[h].uncertainty_ns for h in names], dtype=np.float64)[host]
 
 
-def anchor_ends(events: pd.DataFrame) -> pd.DataFrame:
-    """Hosts x anchor instances: each host's median end (int64 local ns) of N-to-N instances spanning hosts."""
+def anchor_ends(events: pd.DataFrame, t0: int) -> pd.DataFrame:
+    """Hosts x anchor instances: each host's median end (local ns after ``t0``) of N-to-N
+    instances spanning hosts. Relative to t0 because epoch ns do not fit float64 exactly."""
     rows = (events["instance"].to_numpy() != UNMATCHED) & isin(events["op"], N_TO_N_OPS)
     instance = events["instance"].to_numpy(np.int64)[rows]
     host, names = codes(events["host"][rows])
     per_host = Groups(instance, host)
-    median_end = per_host.median(events["end_ns"].to_numpy(np.int64)[rows])
+    median_end = per_host.median(events["end_ns"].to_numpy(np.int64)[rows] - t0)
     anchor, anchor_host = per_host.keys
     anchors, column = np.unique(anchor, return_inverse=True)
     spans = np.bincount(column, minlength=len(anchors)) > 1
@@ -115,14 +116,14 @@ def anchor_ends(events: pd.DataFrame) -> pd.DataFrame:
 def fit(events: pd.DataFrame, hosts: list[str], hints: Mapping[str, int] | None = None) -> ClockModel:
     """Fit every host's clock from the matched collective rows (columns instance, op, host, end_ns)."""
     hints = dict(hints or {})
-    ends = anchor_ends(events)
     t0 = int(events["end_ns"].min()) if len(events) else 0
+    ends = anchor_ends(events, t0)
     model = ClockModel(t0_ns=t0, hosts={}, method="", anchors=int(ends.shape[1]))
     if len(hosts) == 1:
         model.hosts[hosts[0]] = HostClock(hosts[0], 0.0, 0.0, 0.0, 0, "shared clock")
         model.method = "single host (shared clock)"
         return model
-    values = ends.to_numpy(dtype=np.float64) - t0
+    values = ends.to_numpy(dtype=np.float64)
     components = _components(values)
     for component in components:
         names = [ends.index[i] for i in component]

@@ -42,7 +42,9 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
     min_start, max_start, second = start[first], start[last], start[np.maximum(last - 1, first)]
     host = pd.factorize(rows["host"])[0]
     sigma = rows["sigma"].to_numpy(dtype=np.float64)
-    median_end = per.median(aligned["end"].to_numpy(np.int64)[matched])
+    # Epoch ns do not fit float64 exactly: medians are taken on offsets from one base.
+    base = int(start_all[matched].min()) if len(matched) else 0
+    median_end = per.median(aligned["end"].to_numpy(np.int64)[matched] - base)
 
     pair_sigma = np.where(host == np.repeat(host[first], sizes), 0.0, np.hypot(sigma, np.repeat(sigma[first], sizes)))
     lateness = start - np.repeat(min_start, sizes)
@@ -61,7 +63,7 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
         "is_last": is_last,
         "blame": np.where(is_last, np.repeat(max_start - second, sizes), 0),
         "skew": np.repeat(skew, sizes),
-        "transfer_c": np.repeat(np.maximum(median_end - max_start, 0.0), sizes),
+        "transfer_c": np.repeat(np.maximum(median_end - (max_start - base), 0.0), sizes),
     }
     # one concat: adding columns one by one (assign) costs more than the figures
     return pd.concat([rows, pd.DataFrame(figures, index=rows.index)], axis=1)

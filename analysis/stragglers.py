@@ -50,8 +50,8 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
     previous = np.r_[False, rank[ordered][1:] == rank[ordered][:-1]]
     gap_sorted = np.full(len(ordered), np.nan)
     gap_sorted[previous] = (
-        start[ordered][1:].astype(np.float64) - events["end_ns"].to_numpy(np.int64)[ordered][:-1].astype(np.float64)
-    )[previous[1:]]
+        start[ordered][1:] - events["end_ns"].to_numpy(np.int64)[ordered][:-1]
+    )[previous[1:]]  # int64 difference first: epoch ns do not fit float64 exactly
     instance_sorted = events["instance"].to_numpy(np.int64)[ordered]
     kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
     kept = kept[Groups(instance_sorted[kept], within=gap_sorted[kept]).order]
