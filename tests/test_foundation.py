@@ -34,3 +34,12 @@ def test_console_command_lists_subcommands() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
+
+
+def test_analysis_public_api_resolves() -> None:
+    import rankscope.analysis as analysis
+
+    for name in analysis.__all__:
+        assert getattr(analysis, name) is not None, name
+    with pytest.raises(AttributeError):
+        analysis.no_such_name  # noqa: B018
