@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test protos clean
+.PHONY: demo test bench bench-hta protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,21 @@ test: $(STAMP)
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED, pytest collected no tests" >&2; fi; \
 	exit $$rc
 
+# Benchmarks print ratios measured side by side in one run; they are not tests.
+bench: $(STAMP)
+	$(BIN)/python bench/analyze_scale.py
+	$(BIN)/python bench/upload_throughput.py
+
+# HTA lives in its own environment: it is what we compare against, not a dependency.
+.venv-hta/bin/python:
+	$(PYTHON) -m venv .venv-hta
+	.venv-hta/bin/python -m pip install -q holistictraceanalysis
+
+bench-hta: $(STAMP) .venv-hta/bin/python
+	$(BIN)/python bench/vs_hta.py --hta-python .venv-hta/bin/python
+
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-hta build *.egg-info
