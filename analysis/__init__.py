@@ -21,7 +21,6 @@ _EXPORTS = {
     "Report": "rankscope.analysis.report",
     "JobSpec": "rankscope.analysis.simulate",
     "Straggler": "rankscope.analysis.simulate",
-    "simulate": "rankscope.analysis.simulate",
     "DIGEST_SCHEMA": "rankscope.analysis.digest",
 }
 __all__ = sorted(_EXPORTS)
