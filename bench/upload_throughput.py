@@ -10,6 +10,8 @@ One artifact (1 GiB by default) goes from this process to another process, three
 - ``agent Uploader``: the same through the agent's Uploader, its sha256 of the file included;
 - ``tcp + disk + sha256``: the same socket with the receiver doing the coordinator's
   work (append to a file, hash, fsync), the fair comparison of protocol overhead;
+- ``grpc transport only``: the same chunks as raw bytes through Python gRPC into a server
+  that keeps nothing (no protobuf, no store): the ceiling of gRPC itself on this machine;
 - ``disk alone``: the bytes copied into the store's file system and fsynced, no network:
   what any durable upload is bounded by.
 
@@ -100,6 +102,44 @@ def tcp_upload(path: Path, size: int, chunk: int, sink: Path | None) -> float:
 
 
 # gRPC -------------------------------------------------------------------------------
+
+_RAW_OPTIONS = [("grpc.max_receive_message_length", 8 * MIB), ("grpc.max_send_message_length", 8 * MIB)]
+
+
+def _raw_sink(port_q: Queue) -> None:
+    from concurrent import futures
+
+    def sink(chunks, _context) -> bytes:
+        return sum(len(c) for c in chunks).to_bytes(8, "little")
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Sink", {"Up": grpc.stream_unary_rpc_method_handler(sink)})
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=_RAW_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    port_q.put(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    server.wait_for_termination()
+
+
+def grpc_raw(path: Path, size: int, chunk: int) -> float:
+    """Seconds to stream the file as raw bytes messages to a gRPC server that keeps nothing."""
+    port_q: Queue = Queue()
+    server = Process(target=_raw_sink, args=(port_q,), daemon=True)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port_q.get(timeout=30)}", options=_RAW_OPTIONS) as channel:
+            upload = channel.stream_unary("/bench.Sink/Up")
+            with open(path, "rb") as handle:
+                started = time.perf_counter()
+                received = int.from_bytes(upload(iter(lambda: handle.read(chunk), b""), timeout=600), "little")
+                elapsed = time.perf_counter() - started
+    finally:
+        server.terminate()
+        server.join(timeout=30)
+    if received != size:
+        raise SystemExit("raw gRPC sink did not get every byte")
+    return elapsed
+
 
 
 def start_coordinator(data_dir: Path, max_bytes: int) -> tuple[subprocess.Popen, str]:
@@ -195,13 +235,15 @@ def main() -> int:
         try:
             digest = sha256_of(artifact)
             times: dict[str, list[float]] = {name: [] for name in (
-                "grpc upload", "agent Uploader", "tcp, recv only", "tcp + disk + sha256", "disk alone")}
+                "grpc upload", "agent Uploader", "grpc transport only", "tcp, recv only", "tcp + disk + sha256",
+                "disk alone")}
             for attempt in range(args.repeat):
                 _clear_objects(data_dir)
                 times["grpc upload"].append(grpc_upload(address, artifact, size, digest, chunk, f"bench{attempt}"))
                 _clear_objects(data_dir)
                 times["agent Uploader"].append(uploader_upload(address, artifact, chunk, f"bench{attempt}"))
                 _clear_objects(data_dir)
+                times["grpc transport only"].append(grpc_raw(artifact, size, chunk))
                 times["tcp, recv only"].append(tcp_upload(artifact, size, chunk, None))
                 times["tcp + disk + sha256"].append(tcp_upload(artifact, size, chunk, sink))
                 times["disk alone"].append(disk_alone(artifact, sink, chunk))
@@ -215,11 +257,14 @@ def main() -> int:
     notes = {
         "agent Uploader": "incl. the agent's sha256 of the file before sending",
         "tcp + disk + sha256": "receiver appends, hashes, fsyncs, in one thread",
+        "grpc transport only": "raw bytes, no protobuf, nothing stored: Python gRPC's own ceiling",
         "disk alone": "copy the cached file into the store + fsync: the ceiling",
     }
     for name, value in rate.items():
         print(f"  {name:<20} {value:7.0f} MiB/s  ({min(times[name]):5.2f} s)  {notes.get(name, '')}".rstrip())
     print(f"  ratio grpc upload / tcp recv only       {rate['grpc upload'] / rate['tcp, recv only']:.2f}  (aim >= 0.5)")
+    print(f"  ratio grpc transport only / tcp recv only {rate['grpc transport only'] / rate['tcp, recv only']:.2f}"
+          "  (what any Python gRPC upload can reach here)")
     print(f"  ratio grpc upload / tcp + disk + sha256 {rate['grpc upload'] / rate['tcp + disk + sha256']:.2f}")
     print(f"  ratio grpc upload / disk alone          {rate['grpc upload'] / rate['disk alone']:.2f}")
     return 0
