@@ -390,10 +390,15 @@ class CaptureRun:
     def _pause(self):
         lease = self.record["duration_s"] + LEASE_MARGIN_S
         outcome = self.agent.pauses.acquire(self.sweep_id, lease)
-        self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_PAUSE_FAILED), self.agent.pauses.error)
-        if not outcome.capture_may_proceed:
-            return cap.Failed(f"DCGM pause failed: {self.agent.pauses.error}")
-        return cap.DcgmPaused(outcome.value, self.agent.pauses.error)
+        detail = self.agent.pauses.error
+        if outcome is dcgm_mod.DcgmOutcome.FAILED:
+            # Tracing needs no counters; only GPU-metrics sampling does, and DCGM may still
+            # hold them: fail that part alone and trace on (dcgm.md §9.4).
+            detail = f"pause failed ({detail}); capturing without GPU metrics"
+            self.record["options"]["gpu_metrics"] = "false"
+            self._request = None
+        self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_PAUSE_FAILED), detail)
+        return cap.DcgmPaused(outcome.value, detail)
 
     def _abort(self) -> None:
         """Stop the ranks' recording after a failure; its output is not used, its errors only logged."""

@@ -58,10 +58,6 @@ class DcgmOutcome(str, Enum):
     SKIPPED = "skipped"  # the capture reads no GPU counters, so DCGM was left alone
     FAILED = "failed"
 
-    @property
-    def capture_may_proceed(self) -> bool:
-        return self is not DcgmOutcome.FAILED
-
 
 @dataclass(frozen=True)
 class DcgmConfig:

@@ -176,6 +176,7 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
                 extra = node.reason or node.detail
                 if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
                     extra = f"dcgm {pb.DcgmOutcome.Name(node.dcgm).removeprefix('DCGM_OUTCOME_').lower()}"
+                    extra += f": {node.dcgm_detail}" if node.dcgm_detail else ""
                 line = f"  {time.monotonic() - started:6.1f}s  {node.node:<20} {node_state_name(node.state):<13} {extra}"
                 print(line.rstrip(), file=sys.stderr, flush=True)
     if sweep is None:

@@ -62,7 +62,7 @@ def sweep_facts(sweep: Sweep) -> dict[str, Any]:
         "duration_s": sweep.spec.duration_s,
         "nodes": {
             name: {"state": rec.state.value if name in missing else "analysed", "reason": rec.reason,
-                   "dcgm": rec.dcgm, "digests": [a.sha256 for a in rec.digests]}
+                   "dcgm": rec.dcgm, "dcgm_detail": rec.dcgm_detail, "digests": [a.sha256 for a in rec.digests]}
             for name, rec in sorted(sweep.nodes.items())
         },
         "missing": list(sweep.missing),

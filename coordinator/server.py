@@ -140,6 +140,7 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
                 detail=rec.detail,
                 reason=rec.reason,
                 dcgm=pb.DcgmOutcome.Value("DCGM_OUTCOME_" + rec.dcgm.upper()) if rec.dcgm else 0,
+                dcgm_detail=rec.dcgm_detail,
                 artifacts=len(rec.artifacts),
                 updated_ns=rec.updated_ns,
             )
@@ -250,7 +251,8 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             return
         event = sw.NodeReported(
             node=connection.node, state=state, at_ns=self.coordinator.clock(), detail=status.detail,
-            reason=status.reason, dcgm=_dcgm(status.dcgm), artifacts=tuple(_artifact(a) for a in status.artifacts),
+            reason=status.reason, dcgm=_dcgm(status.dcgm), dcgm_detail=status.dcgm_detail,
+            artifacts=tuple(_artifact(a) for a in status.artifacts),
         )
         self.coordinator.node_reported(connection.node, event, status.sweep_id)
 

@@ -78,6 +78,7 @@ class NodeRecord:
     detail: str = ""
     reason: str = ""
     dcgm: str = ""  # DCGM outcome as the agent reported it
+    dcgm_detail: str = ""
     uploaded: bool = False
     dcgm_resumed: bool = False
     artifacts: list[ArtifactInfo] = field(default_factory=list)
@@ -118,6 +119,7 @@ class NodeReported:
     detail: str = ""
     reason: str = ""
     dcgm: str = ""
+    dcgm_detail: str = ""
     artifacts: tuple[ArtifactInfo, ...] = ()
 
 
@@ -245,7 +247,8 @@ class Sweep:
         else:
             return []  # ANALYSED / TIMED_OUT are the coordinator's to set
         record.detail = event.detail
-        record.dcgm = event.dcgm or record.dcgm
+        if event.dcgm:
+            record.dcgm, record.dcgm_detail = event.dcgm, event.dcgm_detail
         record.updated_ns = event.at_ns
         return [Changed(event.node), *self._maybe_analyse(event.at_ns)]
 

@@ -394,7 +394,7 @@ class StartSweepRequest(_message.Message):
     def __init__(self, targets: _Optional[_Union[Targets, _Mapping]] = ..., duration_s: _Optional[float] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ...) -> None: ...
 
 class NodeProgress(_message.Message):
-    __slots__ = ("node", "state", "detail", "reason", "dcgm", "artifacts", "updated_ns")
+    __slots__ = ("node", "state", "detail", "reason", "dcgm", "artifacts", "updated_ns", "dcgm_detail")
     NODE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -402,6 +402,7 @@ class NodeProgress(_message.Message):
     DCGM_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_NS_FIELD_NUMBER: _ClassVar[int]
+    DCGM_DETAIL_FIELD_NUMBER: _ClassVar[int]
     node: str
     state: NodeState
     detail: str
@@ -409,7 +410,8 @@ class NodeProgress(_message.Message):
     dcgm: DcgmOutcome
     artifacts: int
     updated_ns: int
-    def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ...) -> None: ...
+    dcgm_detail: str
+    def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ..., dcgm_detail: _Optional[str] = ...) -> None: ...
 
 class Sweep(_message.Message):
     __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error")

@@ -192,6 +192,24 @@ def test_not_supported_and_no_dcgm_let_the_capture_proceed_and_the_report_says_w
     assert standin_dcgm.calls(cluster.engine("n0"))[0]["code"] == -6 and not cluster.paused("n0")
 
 
+def test_a_failed_pause_traces_on_without_gpu_metrics_and_says_why(make_cluster) -> None:
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0, up=False)  # the host engine does not answer: DCGM_ST_CONNECTION_NOT_VALID
+    sweep_id = cluster.capture(["n0"], duration_s=0.3)
+    sweep = cluster.wait_final(sweep_id, 150)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep), [n.reason for n in sweep.nodes])
+    (node,) = sweep.nodes
+    assert node.dcgm == pb.DCGM_OUTCOME_PAUSE_FAILED
+    assert "capturing without GPU metrics" in node.dcgm_detail
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1]
+    starts = [c["argv"] for c in cluster.nsys_calls("n0", "start")]
+    assert len(starts) == GPUS and not any(a.startswith("--gpu-metrics-devices") for argv in starts for a in argv)
+    assert not [c for c in standin_dcgm.calls(cluster.engine("n0")) if c["op"] == "resume"]  # nothing was paused
+    reported = cluster.report_json(sweep_id)["sweep"]["nodes"]["n0"]
+    assert reported["dcgm"] == "pause_failed" and reported["dcgm_detail"] == node.dcgm_detail
+
+
 def test_nsys_missing_or_an_export_failing_fails_that_node_with_the_reason(make_cluster) -> None:
     cluster = make_cluster(3)
     cluster.coordinator()
