@@ -24,9 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
-from rankscope import __version__
+from rankscope import __version__, tls
 from rankscope.agent import capture as cap
 from rankscope.agent import dcgm as dcgm_mod
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
@@ -78,6 +76,7 @@ class AgentConfig:
     dcgm: dcgm_mod.DcgmConfig = field(default_factory=dcgm_mod.DcgmConfig)
     upload_limit_bps: float | None = None
     max_backoff_s: float = 30.0
+    tls: tls.TlsFiles | None = None  # None: plaintext
 
 
 def load_backend(name: str) -> type[CaptureBackend]:
@@ -134,7 +133,7 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.stop = threading.Event()
-        self.channel = grpc.insecure_channel(config.coordinator, options=CHANNEL_OPTIONS)
+        self.channel = tls.channel(config.coordinator, config.tls, CHANNEL_OPTIONS)
         self.session = Session(self.channel, self.register_request, self.on_command, self.on_connect,
                                max_backoff_s=config.max_backoff_s, stop=self.stop)
         self.pauses = dcgm_mod.PauseManager(dcgm_mod.discover(config.dcgm), config.work_dir / "dcgm-journal.json")

@@ -12,6 +12,7 @@ from pathlib import Path
 from rankscope.agent import dcgm
 from rankscope.agent.agent import BACKENDS, Agent, AgentConfig
 from rankscope.agent.spool import DEFAULT_SPOOL
+from rankscope import tls
 from rankscope.cli import parse_labels
 from rankscope.errors import ConfigError
 
@@ -37,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="cap upload bandwidth so the training job keeps its network (default: none)")
     parser.add_argument("--max-backoff", type=float, default=30.0, metavar="SECONDS",
                         help="longest wait between reconnect attempts (default: 30)")
+    tls.add_client_arguments(parser)
     dcgm.add_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -61,6 +63,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         dcgm=dcgm.config_from_args(args),
         upload_limit_bps=args.upload_limit * 1e6 if args.upload_limit else None,
         max_backoff_s=args.max_backoff,
+        tls=tls.client_files(args),
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
-from rankscope.coordinator.tls import TlsFiles, channel
+from rankscope.tls import TlsFiles, channel
 from rankscope.errors import InputError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc

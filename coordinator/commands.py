@@ -15,7 +15,7 @@ from pathlib import Path
 from rankscope.cli import parse_labels
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
-from rankscope.coordinator.tls import TlsFiles
+from rankscope import tls
 from rankscope.errors import InputError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
@@ -49,13 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--coordinator", metavar="HOST:PORT", default=default_coordinator,
                             required=default_coordinator is None,
                             help="the coordinator's address (default: $RANKSCOPE_COORDINATOR)")
-        tls = parser.add_argument_group("TLS (default: plaintext; each also from $RANKSCOPE_TLS_CA/_CERT/_KEY)")
-        tls.add_argument("--tls-ca", type=Path, default=_env_path("RANKSCOPE_TLS_CA"), metavar="PEM",
-                         help="CA that signed the coordinator's certificate")
-        tls.add_argument("--tls-cert", type=Path, default=_env_path("RANKSCOPE_TLS_CERT"), metavar="PEM",
-                         help="this client's certificate, where the coordinator requires one")
-        tls.add_argument("--tls-key", type=Path, default=_env_path("RANKSCOPE_TLS_KEY"), metavar="PEM",
-                         help="this client's private key")
+        tls.add_client_arguments(parser)
 
     serve = subparsers.add_parser("coordinator", help="run the coordinator (gRPC control plane and ingest)")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 0.0.0.0:7443; port 0 picks one)")
@@ -103,13 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.set_defaults(func=run_report)
 
 
-def _env_path(name: str) -> Path | None:
-    value = os.environ.get(name)
-    return Path(value) if value else None
-
-
 def _client(args: argparse.Namespace) -> SweepClient:
-    return SweepClient(args.coordinator, TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca))
+    return SweepClient(args.coordinator, tls.client_files(args))
 
 
 # coordinator ---------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from rankscope.coordinator.coordinator import (
 )
 from rankscope.coordinator.registry import Connection, UnknownAgent
 from rankscope.coordinator.reports import Analyze
-from rankscope.coordinator.tls import TlsFiles, server_credentials
+from rankscope.tls import TlsFiles, server_credentials
 from rankscope.errors import (
     ConfigError,
     InputError,

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import grpc
 import pytest
 
+from rankscope.agent.agent import Agent, AgentConfig
+from rankscope.agent.dcgm import DcgmConfig
 from rankscope.coordinator.client import SweepClient
-from rankscope.coordinator.tls import TlsFiles, channel
+from rankscope.tls import TlsFiles, channel
 from rankscope.errors import ConfigError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -73,3 +76,27 @@ def test_tls_settings_must_come_in_pairs(tmp_path, wire, pki) -> None:
         wire.start(tmp_path / "data", tls_cert=pki / "server.pem")
     with pytest.raises(ConfigError, match="cannot read the TLS private key"):
         wire.start(tmp_path / "data", tls_cert=pki / "server.pem", tls_key=tmp_path / "missing.key")
+
+
+def _agent(address: str, tmp_path: Path, files: TlsFiles) -> Agent:
+    config = AgentConfig(coordinator=address, name="tls-node", spool=tmp_path / "spool", work_dir=tmp_path / "work",
+                         backends=("sim",), dcgm=DcgmConfig(mode="none"), max_backoff_s=0.2, tls=files)
+    agent = Agent(config)
+    threading.Thread(target=agent.run, daemon=True).start()
+    return agent
+
+
+def test_an_agent_dials_a_mtls_coordinator_with_its_certificate(secure, pki, tmp_path) -> None:
+    agent = _agent(secure.address, tmp_path, TlsFiles(cert=pki / "client.pem", key=pki / "client.key", ca=pki / "ca.pem"))
+    try:
+        assert agent.registered.wait(20), "the agent never registered over mTLS"
+    finally:
+        agent.session.close()
+
+
+def test_an_agent_without_a_certificate_is_not_let_in(secure, pki, tmp_path) -> None:
+    agent = _agent(secure.address, tmp_path, TlsFiles(ca=pki / "ca.pem"))
+    try:
+        assert not agent.registered.wait(3)
+    finally:
+        agent.session.close()

@@ -1,4 +1,5 @@
-"""TLS for the coordinator's port: server and channel credentials from PEM files.
+"""TLS for the coordinator's port: server and channel credentials from PEM files, and the
+client flags every command that dials the coordinator takes (agents and users alike).
 
 With a client CA the server requires client certificates (mTLS, deployment.md §4):
 agents and users then prove who they are with a certificate the fleet's CA signed.
@@ -6,6 +7,8 @@ agents and users then prove who they are with a certificate the fleet's CA signe
 
 from __future__ import annotations
 
+import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,3 +62,23 @@ def channel(address: str, files: TlsFiles | None, options: list[tuple[str, objec
     if files is not None and files.enabled:
         return grpc.secure_channel(address, channel_credentials(files), options=options)
     return grpc.insecure_channel(address, options=options)
+
+
+def add_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """--tls-ca/--tls-cert/--tls-key, each defaulting to its $RANKSCOPE_TLS_* variable."""
+    group = parser.add_argument_group("TLS (default: plaintext; each also from $RANKSCOPE_TLS_CA/_CERT/_KEY)")
+    group.add_argument("--tls-ca", type=Path, default=_env_path("RANKSCOPE_TLS_CA"), metavar="PEM",
+                       help="CA that signed the coordinator's certificate")
+    group.add_argument("--tls-cert", type=Path, default=_env_path("RANKSCOPE_TLS_CERT"), metavar="PEM",
+                       help="this client's certificate, where the coordinator requires one")
+    group.add_argument("--tls-key", type=Path, default=_env_path("RANKSCOPE_TLS_KEY"), metavar="PEM",
+                       help="this client's private key")
+
+
+def client_files(args: argparse.Namespace) -> TlsFiles:
+    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
