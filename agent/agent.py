@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope import __version__, tls
+from rankscope import __version__, states, tls
 from rankscope.agent import capture as cap
 from rankscope.agent import dcgm as dcgm_mod
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
@@ -34,6 +34,7 @@ from rankscope.agent.uploader import Artifact, Uploader
 from rankscope.analysis import digest as digest_mod
 from rankscope.errors import ConfigError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
+from rankscope.states import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,6 @@ BACKENDS = {
     "sim": "rankscope.agent.sim_backend",
     "nsys": "rankscope.agent.nsys",
     "torch": "rankscope.agent.torch_backend",
-}
-NODE_STATES = {
-    cap.State.PENDING: pb.NODE_STATE_PENDING,
-    cap.State.PAUSING_DCGM: pb.NODE_STATE_PAUSING_DCGM,
-    cap.State.CAPTURING: pb.NODE_STATE_CAPTURING,
-    cap.State.EXPORTING: pb.NODE_STATE_EXPORTING,
-    cap.State.UPLOADING: pb.NODE_STATE_UPLOADING,
-    cap.State.UPLOADED: pb.NODE_STATE_UPLOADED,
-    cap.State.DCGM_RESUMED: pb.NODE_STATE_DCGM_RESUMED,
-    cap.State.FAILED: pb.NODE_STATE_FAILED,
 }
 DCGM_OUTCOMES = {
     dcgm_mod.DcgmOutcome.SKIPPED: pb.DCGM_OUTCOME_NOT_NEEDED,
@@ -302,7 +293,7 @@ class CaptureRun:
         if restarted:
             first = self._handle(cap.Restarted())
         else:
-            self._report(cap.Report(cap.State.PENDING, "capture accepted"))
+            self._report(cap.Report(NodeState.PENDING, "capture accepted"))
             failed = self._attempt("backend", self._prepare)
             first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters))
         self._drive(first)
@@ -481,13 +472,13 @@ class CaptureRun:
         self.record["dcgm_detail"] = detail
         self.persist()
 
-    def _status(self, state: cap.State, detail: str) -> pb.NodeStatus:
-        status = pb.NodeStatus(sweep_id=self.sweep_id, state=NODE_STATES[state], detail=detail,
+    def _status(self, state: NodeState, detail: str) -> pb.NodeStatus:
+        status = pb.NodeStatus(sweep_id=self.sweep_id, state=states.to_wire(state), detail=detail,
                                dcgm=self.record["dcgm"], dcgm_detail=self.record["dcgm_detail"],
                                agent_time_ns=time.time_ns())
-        if state is cap.State.FAILED:
+        if state is NodeState.FAILED:
             status.reason = self.capture.reason or detail
-        if state is cap.State.UPLOADED:
+        if state is NodeState.UPLOADED:
             status.artifacts.extend(
                 pb.ArtifactRef(name=e["name"], sha256=e["sha256"], size=e["size"], kind=e["kind"],
                                upload_id=e["upload_id"], ranks=e["ranks"]) for e in self.record["uploaded"]
@@ -505,8 +496,8 @@ class CaptureRun:
         state = self.capture.state
         detail = self.record.get("detail", "")
         with self._status_lock:
-            if state is cap.State.DCGM_RESUMED:
-                self.agent.send_status(self._status(cap.State.UPLOADED, "uploaded"))
+            if state is NodeState.DCGM_RESUMED:
+                self.agent.send_status(self._status(NodeState.UPLOADED, "uploaded"))
             self.agent.send_status(self._status(state, detail))
 
     def persist(self) -> None:

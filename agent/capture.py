@@ -13,22 +13,12 @@ an agent restarted mid-upload picks the work up where it was left.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import asdict, dataclass, field
 
-
-class State(str, enum.Enum):
-    PENDING = "pending"
-    PAUSING_DCGM = "pausing_dcgm"
-    CAPTURING = "capturing"
-    EXPORTING = "exporting"
-    UPLOADING = "uploading"
-    UPLOADED = "uploaded"
-    DCGM_RESUMED = "dcgm_resumed"
-    FAILED = "failed"
+from rankscope.states import NodeState
 
 
-TERMINAL = frozenset({State.DCGM_RESUMED, State.FAILED})
+TERMINAL = frozenset({NodeState.DCGM_RESUMED, NodeState.FAILED})
 
 # DCGM outcomes (dcgm.md §9.9). Only "paused" leaves something to resume.
 PAUSED = "paused"
@@ -92,7 +82,7 @@ Event = Begin | DcgmPaused | CaptureStarted | CaptureStopped | DcgmResumed | Exp
 
 @dataclass(frozen=True)
 class Report:
-    state: State
+    state: NodeState
     detail: str = ""
 
 
@@ -145,7 +135,7 @@ class Capture:
     """The lifecycle of one sweep on this node."""
 
     sweep_id: str
-    state: State = State.PENDING
+    state: NodeState = NodeState.PENDING
     dcgm_mode: str = ""
     dcgm_resumed: bool = False
     window_open: bool = False  # the backend may be recording: asked to start, not yet stopped
@@ -167,7 +157,7 @@ class Capture:
             return self._fail(event.reason)
         if isinstance(event, Restarted):
             return self._restart()
-        if isinstance(event, DcgmResumed) and self.state is not State.CAPTURING:
+        if isinstance(event, DcgmResumed) and self.state is not NodeState.CAPTURING:
             self.dcgm_resumed = True  # the resume a failure asked for: nothing else follows
             return []
         if self.done:
@@ -180,7 +170,7 @@ class Capture:
     # transitions --------------------------------------------------------------------
 
     def _begin(self, event: Begin) -> list[Instruction]:
-        out = self._enter(State.PAUSING_DCGM)
+        out = self._enter(NodeState.PAUSING_DCGM)
         if event.needs_gpu_counters:
             return [*out, PauseDcgm()]
         return [*out, *self._paused(DcgmPaused(SKIPPED, "backend reads no GPU counters"))]
@@ -188,7 +178,7 @@ class Capture:
     def _paused(self, event: DcgmPaused) -> list[Instruction]:
         self.dcgm_mode = event.mode
         self.window_open = True  # from the moment we ask: a crash inside start may leave ranks recording
-        return [*self._enter(State.CAPTURING, f"dcgm {event.mode}{': ' + event.detail if event.detail else ''}"), StartCapture()]
+        return [*self._enter(NodeState.CAPTURING, f"dcgm {event.mode}{': ' + event.detail if event.detail else ''}"), StartCapture()]
 
     def _capture_started(self, event: CaptureStarted) -> list[Instruction]:
         return [StopCapture()]
@@ -206,18 +196,18 @@ class Capture:
         return self._export()
 
     def _export(self) -> list[Instruction]:
-        return [*self._enter(State.EXPORTING), Export(tuple(self.exports))]
+        return [*self._enter(NodeState.EXPORTING), Export(tuple(self.exports))]
 
     def _exported(self, event: Exported) -> list[Instruction]:
         if not event.artifacts:
             return self._fail("export produced nothing to upload")
         self.artifacts = list(event.artifacts)
-        return [*self._enter(State.UPLOADING), Upload(tuple(self.artifacts))]
+        return [*self._enter(NodeState.UPLOADING), Upload(tuple(self.artifacts))]
 
     def _uploaded(self, event: Uploaded) -> list[Instruction]:
-        out = self._enter(State.UPLOADED)
+        out = self._enter(NodeState.UPLOADED)
         # DCGM was resumed before the export; this state confirms it to the coordinator.
-        return [*out, *self._enter(State.DCGM_RESUMED, f"dcgm {self.dcgm_mode}")]
+        return [*out, *self._enter(NodeState.DCGM_RESUMED, f"dcgm {self.dcgm_mode}")]
 
     def _fail(self, reason: str) -> list[Instruction]:
         if self.done:
@@ -229,21 +219,21 @@ class Capture:
         if self.owes_resume:
             out.append(ResumeDcgm(pause=True))
         self.reason = reason
-        return [*out, *self._enter(State.FAILED, reason)]
+        return [*out, *self._enter(NodeState.FAILED, reason)]
 
     def _restart(self) -> list[Instruction]:
         """Pick up after an agent restart: only work whose inputs are on disk can go on."""
         if self.done:
             return []
-        if self.state is State.UPLOADING:
+        if self.state is NodeState.UPLOADING:
             return [Report(self.state, "resumed after agent restart"), Upload(tuple(self.artifacts))]
-        if self.state is State.EXPORTING:
+        if self.state is NodeState.EXPORTING:
             return [Report(self.state, "resumed after agent restart"), Export(tuple(self.exports))]
         # The capture window itself died with the old process; its DCGM pause is
         # resumed by the DCGM journal's reaper, but say so here too.
         return self._fail(f"agent restarted while {self.state.value}")
 
-    def _enter(self, state: State, detail: str = "") -> list[Instruction]:
+    def _enter(self, state: NodeState, detail: str = "") -> list[Instruction]:
         self.state = state
         return [Report(state, detail)]
 
@@ -256,15 +246,15 @@ class Capture:
 
     @classmethod
     def from_dict(cls, data: dict) -> Capture:
-        return cls(**{**data, "state": State(data["state"])})
+        return cls(**{**data, "state": NodeState(data["state"])})
 
 
 _HANDLERS = {
-    (State.PENDING, Begin): Capture._begin,
-    (State.PAUSING_DCGM, DcgmPaused): Capture._paused,
-    (State.CAPTURING, CaptureStarted): Capture._capture_started,
-    (State.CAPTURING, CaptureStopped): Capture._capture_stopped,
-    (State.CAPTURING, DcgmResumed): Capture._resumed,
-    (State.EXPORTING, Exported): Capture._exported,
-    (State.UPLOADING, Uploaded): Capture._uploaded,
+    (NodeState.PENDING, Begin): Capture._begin,
+    (NodeState.PAUSING_DCGM, DcgmPaused): Capture._paused,
+    (NodeState.CAPTURING, CaptureStarted): Capture._capture_started,
+    (NodeState.CAPTURING, CaptureStopped): Capture._capture_stopped,
+    (NodeState.CAPTURING, DcgmResumed): Capture._resumed,
+    (NodeState.EXPORTING, Exported): Capture._exported,
+    (NodeState.UPLOADING, Uploaded): Capture._uploaded,
 }

@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rankscope import states
 from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.config import CoordinatorConfig, resolve
@@ -31,7 +32,6 @@ from rankscope.coordinator.coordinator import (
 )
 from rankscope.coordinator.registry import Connection, UnknownAgent
 from rankscope.coordinator.reports import Analyze
-from rankscope.tls import TlsFiles, server_credentials
 from rankscope.errors import (
     ConfigError,
     InputError,
@@ -42,6 +42,7 @@ from rankscope.errors import (
 )
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+from rankscope.tls import TlsFiles, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +98,6 @@ def _mapped(method: Callable) -> Callable:
 # protobuf <-> domain ------------------------------------------------------------------
 
 
-def _node_state(value: int) -> sw.NodeState | None:
-    name = pb.NodeState.Name(value).removeprefix("NODE_STATE_").lower()
-    return None if name == "unspecified" else sw.NodeState(name)
-
-
 def _dcgm(value: int) -> str:
     name = pb.DcgmOutcome.Name(value).removeprefix("DCGM_OUTCOME_").lower()
     return "" if name == "unspecified" else name
@@ -136,7 +132,7 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
         nodes=[
             pb.NodeProgress(
                 node=name,
-                state=pb.NodeState.Value("NODE_STATE_" + rec.state.value.upper()),
+                state=states.to_wire(rec.state),
                 detail=rec.detail,
                 reason=rec.reason,
                 dcgm=pb.DcgmOutcome.Value("DCGM_OUTCOME_" + rec.dcgm.upper()) if rec.dcgm else 0,
@@ -245,7 +241,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             connection.close()
 
     def _status(self, connection: Connection, status: pb.NodeStatus) -> None:
-        state = _node_state(status.state)
+        state = states.from_wire(status.state)
         if state is None:
             log.warning("node %s sent a status without a state for sweep %s", connection.node, status.sweep_id)
             return

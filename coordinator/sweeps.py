@@ -19,19 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from rankscope.errors import InputError
-
-
-class NodeState(str, enum.Enum):
-    PENDING = "pending"
-    PAUSING_DCGM = "pausing_dcgm"
-    CAPTURING = "capturing"
-    EXPORTING = "exporting"
-    UPLOADING = "uploading"
-    UPLOADED = "uploaded"
-    DCGM_RESUMED = "dcgm_resumed"
-    FAILED = "failed"
-    ANALYSED = "analysed"
-    TIMED_OUT = "timed_out"
+from rankscope.states import NodeState
 
 
 class SweepState(str, enum.Enum):
