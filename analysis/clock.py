@@ -72,7 +72,7 @@ class ClockModel:
 
     def align(self, hosts: pd.Series, times: np.ndarray) -> np.ndarray:
         """Local int64 ns on each row's host -> aligned int64 ns (vectorised)."""
-        host, names = pd.factorize(hosts)
+        host, names = codes(hosts)
         clocks = [self.hosts[h] for h in names]
         offset = np.array([c.offset_ns for c in clocks], dtype=np.float64)[host]
         rate = 1.0 + np.array([c.drift_ppm for c in clocks], dtype=np.float64)[host] * 1e-6
@@ -91,7 +91,7 @@ class ClockModel:
         return clock.offset_ns + clock.drift_ppm * 1e-6 * rel + float(clock.correction(np.array([rel]))[0])
 
     def uncertainty(self, hosts: pd.Series) -> np.ndarray:
-        host, names = pd.factorize(hosts)
+        host, names = codes(hosts)
         return np.array([self.hosts[h].uncertainty_ns for h in names], dtype=np.float64)[host]
 
 

@@ -40,7 +40,7 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
     first, sizes = per.starts, per.size
     last = first + sizes - 1
     min_start, max_start, second = start[first], start[last], start[np.maximum(last - 1, first)]
-    host = pd.factorize(rows["host"])[0]
+    host = codes(rows["host"])[0]
     sigma = rows["sigma"].to_numpy(dtype=np.float64)
     # Epoch ns do not fit float64 exactly: medians are taken on offsets from one base.
     base = int(start_all[matched].min()) if len(matched) else 0

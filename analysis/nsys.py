@@ -62,8 +62,8 @@ _WANTED = f"m.type = 'table' AND m.name IN ({', '.join(repr(t) for t in _TABLES)
 # The wanted tables' CREATE statements, and (slower) their columns: what `queries` is built from.
 SCHEMA_QUERY = f"SELECT m.name, m.sql FROM sqlite_master AS m WHERE {_WANTED} ORDER BY m.name"
 COLUMNS_QUERY = f"SELECT m.name, p.name FROM sqlite_master AS m JOIN pragma_table_info(m.name) AS p WHERE {_WANTED}"
-# Exports of one nsys version share their schema: columns looked up once per schema seen.
-_COLUMNS_BY_SCHEMA: dict[tuple, dict[str, frozenset[str]]] = {}
+# Exports of one nsys version share their schema: columns and statements made once per schema seen.
+_BY_SCHEMA: dict[tuple, tuple[dict[str, frozenset[str]], dict[str, str]]] = {}
 _SCHEMAS_KEPT = 64
 
 # NVTX event types (same ids in 3.13.2 and 3.25.0, nsys-export.md §3).
@@ -133,17 +133,19 @@ def read_many(paths: Iterable[str | Path], *, rank_from: str | None = None) -> p
 # ---------------------------------------------------------------- one file: SQL
 
 
-def table_columns(db: sqlite3.Connection) -> dict[str, frozenset[str]]:
-    """The tables the ingest uses that this export has, with their columns."""
+def export_schema(db: sqlite3.Connection) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
+    """The tables the ingest uses that this export has, with their columns, and the
+    statements that read them (`queries`): both built once per schema seen."""
     schema = tuple(db.execute(SCHEMA_QUERY).fetchall())
-    known = _COLUMNS_BY_SCHEMA.get(schema)
+    known = _BY_SCHEMA.get(schema)
     if known is None:
         found: dict[str, set[str]] = {}
         for table, column in db.execute(COLUMNS_QUERY):
             found.setdefault(table, set()).add(column)
-        if len(_COLUMNS_BY_SCHEMA) >= _SCHEMAS_KEPT:
-            _COLUMNS_BY_SCHEMA.clear()
-        known = _COLUMNS_BY_SCHEMA[schema] = {table: frozenset(columns) for table, columns in found.items()}
+        if len(_BY_SCHEMA) >= _SCHEMAS_KEPT:
+            _BY_SCHEMA.clear()
+        columns = {table: frozenset(names) for table, names in found.items()}
+        known = _BY_SCHEMA[schema] = (columns, queries(columns))
     return known
 
 
@@ -309,9 +311,9 @@ class _File:
 def _read_file(path: Path) -> _File:
     with _open(path) as db:
         try:
-            columns = table_columns(db)
+            columns, statements = export_schema(db)
             _check_tables(path, columns)
-            rows = {name: db.execute(sql).fetchall() for name, sql in queries(columns).items()}
+            rows = {name: db.execute(sql).fetchall() for name, sql in statements.items()}
         except sqlite3.DatabaseError as exc:
             raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
     return _parse(path, rows)

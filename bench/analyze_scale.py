@@ -3,8 +3,8 @@
 For each size a simulated job (8 GPUs per node, TP=8) is written as nsys exports; then,
 on the same files:
   floor     sqlite3 alone running the very statements the ingest runs on each file
-            (`nsys.table_columns` + `nsys.queries`: same tables, columns, joins and
-            filters), every row fetched into Python, nothing else;
+            (`nsys.export_schema`: same tables, columns, joins and filters), every
+            row fetched into Python, nothing else;
   analysis  `sources.load_digests` + `pipeline.analyze` (also shown split: load, analyze).
 Time: one fresh process times floor and analysis alternately, --repeat rounds, and keeps
 each one's best (other users of shared cores only ever add time; the load average is
@@ -36,7 +36,7 @@ def floor(paths: list[Path]) -> dict:
     rows = 0
     for path in paths:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        for statement in nsys.queries(nsys.table_columns(db)).values():
+        for statement in nsys.export_schema(db)[1].values():
             rows += len(db.execute(statement).fetchall())
         db.close()
     return {"rows": rows}
