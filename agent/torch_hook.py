@@ -37,13 +37,22 @@ FR_BUFFER = "20000"  # Flight Recorder entries kept per process (a ring buffer)
 POLL_S = 0.05
 MAX_WINDOW_S = 3600.0  # a window whose stop never comes ends here, so a lost agent cannot leak a profiler
 SITECUSTOMIZE = """\
-import os, sys
+import importlib.machinery, importlib.util, os, sys
 if os.environ.get("RANKSCOPE_TORCH_HOOK"):
     try:
         from rankscope.agent.torch_hook import install
         install()
     except Exception as exc:  # the job must run even when the hook cannot
         sys.stderr.write(f"rankscope: torch hook not installed ({exc})\\n")
+# Python runs only the first sitecustomize on sys.path: run the one this file shadows
+# (the user's, a virtualenv's or the distribution's), as if it had been found first.
+_here = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or os.curdir) != _here])
+if _spec is not None and _spec.loader is not None:
+    _shadowed = importlib.util.module_from_spec(_spec)
+    sys.modules["sitecustomize"] = _shadowed
+    _spec.loader.exec_module(_shadowed)
 """
 
 
