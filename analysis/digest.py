@@ -225,7 +225,9 @@ def _to_categorical(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.ex
     rank = np.empty(len(values) + 1, dtype=np.int64)
     rank[order] = np.arange(len(values))
     rank[-1] = -1  # null
-    return pd.Categorical.from_codes(rank[pc.fill_null(encoded.indices, -1).to_numpy()], values[order])
+    # Codes valid by construction; object categories skip pandas' string inference.
+    categories = pd.CategoricalDtype(pd.Index(values[order], dtype=object))
+    return pd.Categorical.from_codes(rank[pc.fill_null(encoded.indices, -1).to_numpy()], dtype=categories, validate=False)
 
 
 def check_consistent(digests: pa.Table) -> None:

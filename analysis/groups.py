@@ -94,18 +94,22 @@ class Groups:
             change = np.zeros(self.rows, dtype=bool)
             for k in keys:
                 change[1:] |= k[self.order][1:] != k[self.order][:-1]
-        elif within is None:
-            self.order = _argsort_codes(key)
-            change = np.r_[False, key[self.order][1:] != key[self.order][:-1]]
         else:
-            by_within = np.argsort(np.asarray(within), kind="stable")
-            self.order = by_within[_argsort_codes(key[by_within])]
-            change = np.r_[False, key[self.order][1:] != key[self.order][:-1]]
+            if within is None:
+                self.order = _argsort_codes(key)
+            else:
+                by_within = np.argsort(np.asarray(within), kind="stable")
+                self.order = by_within[_argsort_codes(key[by_within])]
+            ranked = key[self.order]
+            change = np.empty(self.rows, dtype=bool)
+            np.not_equal(ranked[1:], ranked[:-1], out=change[1:])
         if self.rows:
             change[0] = True
         self.starts = np.flatnonzero(change)
-        self.size = np.diff(np.r_[self.starts, self.rows])
         self.count = len(self.starts)
+        self.size = np.empty(self.count, dtype=np.int64)
+        self.size[:-1] = self.starts[1:] - self.starts[:-1]
+        self.size[-1:] = self.rows - self.starts[-1:]
         self.id = np.empty(self.rows, dtype=np.int64)  # group of each row, in input order
         self.id[self.order] = np.cumsum(change) - 1
         self.keys = [k[self.order[self.starts]] for k in keys]  # each group's key values

@@ -71,24 +71,26 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
 
 def rank_lateness(inst: pd.DataFrame) -> pd.DataFrame:
     """Per rank: lateness mean/p50/p99/max, last-arrival share, blame, wait and transfer sums."""
+    ranks, columns = _rank_lateness(inst)
+    return pd.DataFrame(columns, index=pd.Index(ranks, name="rank"))
+
+
+def _rank_lateness(inst: pd.DataFrame) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     rank, ranks = codes(inst["rank"])
     per = Groups(rank)
     late = inst["lateness"].to_numpy()
     wait = inst["wait"].to_numpy()
-    return pd.DataFrame(
-        {
-            "late_mean_ns": per.mean(late),
-            "late_p50_ns": per.quantile(late, 0.5),
-            "late_p99_ns": per.quantile(late, 0.99),
-            "late_max_ns": per.max(late),
-            "last_arrival_share": per.mean(inst["is_last"].to_numpy()),
-            "blame_ns": per.sum(inst["blame"].to_numpy()),
-            "nccl_wait_ns": per.sum(wait),
-            "matched": per.size,
-            "nccl_transfer_ns": per.sum(inst["duration"].to_numpy() - wait),
-        },
-        index=pd.Index(ranks, name="rank"),
-    )
+    return ranks, {
+        "late_mean_ns": per.mean(late),
+        "late_p50_ns": per.quantile(late, 0.5),
+        "late_p99_ns": per.quantile(late, 0.99),
+        "late_max_ns": per.max(late),
+        "last_arrival_share": per.mean(inst["is_last"].to_numpy()),
+        "blame_ns": per.sum(inst["blame"].to_numpy()),
+        "nccl_wait_ns": per.sum(wait),
+        "matched": per.size,
+        "nccl_transfer_ns": per.sum(inst["duration"].to_numpy() - wait),
+    }
 
 
 def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
@@ -106,12 +108,11 @@ def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> 
         "collectives": take_or(per.size, at, 0),
         "nccl_kernel_ns": take_or(per.sum(events["duration"].to_numpy()), at, 0),
     }
-    late = rank_lateness(inst)
-    late_at = locate(late.index.to_numpy(np.int64), ranks)
+    late_ranks, late = _rank_lateness(inst)
+    late_at = locate(late_ranks.astype(np.int64), ranks)
     counts = {"matched", "nccl_wait_ns", "nccl_transfer_ns", "blame_ns"}
     unmatched = (late_at < 0).any()
-    for name in late.columns:
-        values = late[name].to_numpy()
+    for name, values in late.items():
         if name in counts:
             columns[name] = take_or(values, late_at, 0)
         else:  # as a join: NaN (so float) for ranks without matched collectives
@@ -130,16 +131,18 @@ def top_kernels(kernels: pd.DataFrame, limit: int = TOP_KERNELS) -> pd.DataFrame
 def job_top_kernels(kernels: pd.DataFrame, limit: int = 10) -> pd.DataFrame:
     name, names = codes(kernels["name"])
     per = Groups(name)
-    total = pd.DataFrame(
+    total_ns = per.sum(kernels["total_ns"].to_numpy())
+    # Longest first, ties as pandas' sort_values(ascending=False) leaves them.
+    top = np.arange(per.count)[::-1][np.argsort(total_ns[::-1], kind="quicksort")][::-1][:limit]
+    return pd.DataFrame(
         {
-            "count": per.sum(kernels["count"].to_numpy()),
-            "total_ns": per.sum(kernels["total_ns"].to_numpy()),
-            "is_comm": per.first(kernels["is_comm"].to_numpy()),
-            "ranks": np.bincount(Groups(per.id, kernels["rank"].to_numpy(np.int64)).keys[0], minlength=per.count),
-        },
-        index=pd.Index(names, name="name"),
+            "name": names[top],
+            "count": per.sum(kernels["count"].to_numpy())[top],
+            "total_ns": total_ns[top],
+            "is_comm": per.first(kernels["is_comm"].to_numpy())[top],
+            "ranks": np.bincount(Groups(per.id, kernels["rank"].to_numpy(np.int64)).keys[0], minlength=per.count)[top],
+        }
     )
-    return total.sort_values("total_ns", ascending=False).head(limit).reset_index()
 
 
 def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[int, str]) -> str:

@@ -161,7 +161,7 @@ def _rank_rows(
     names = [n for n in field_names(RankRow) if n != "top_kernels"]
     integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
     for name in names:
-        values = [_plain(v) for v in (columns[name] if name in columns else per_rank[name].tolist())]
+        values = [_plain(v) for v in columns[name]] if name in columns else _plain_list(per_rank[name])
         columns[name] = [int(v) if v is not None else v for v in values] if name in integers else values
     top_by_rank: dict[int, list[dict]] = {}
     if len(kernels):
@@ -183,8 +183,21 @@ def _plain(value: object) -> object:
 def _records(frame: pd.DataFrame, names: list[str]) -> list[dict]:
     """Rows as dicts of plain Python values, NaN as None; one conversion per column
     rather than per cell."""
-    columns = [[_plain(v) for v in frame[n].tolist()] for n in names]
+    columns = [_plain_list(frame[n]) for n in names]
     return [dict(zip(names, values)) for values in zip(*columns)]
+
+
+def _plain_list(column: pd.Series) -> list:
+    """A column as plain Python values, NaN and NA as None: numpy columns through one
+    tolist, only their NaN cells replaced; others cell by cell."""
+    if not isinstance(column.dtype, np.dtype) or column.dtype.kind not in "biuf":
+        return [_plain(v) for v in column.tolist()]
+    values = column.to_numpy()
+    out = values.tolist()
+    if values.dtype.kind == "f":
+        for i in np.flatnonzero(np.isnan(values)).tolist():
+            out[i] = None
+    return out
 
 
 def _communicator_rows(
