@@ -38,6 +38,7 @@ import pandas as pd
 import pyarrow as pa
 
 from rankscope.analysis import digest, intervals, ops
+from rankscope.analysis.groups import Groups
 from rankscope.errors import ExportError, InputError
 
 _log = logging.getLogger(__name__)
@@ -442,19 +443,10 @@ def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signe
 
 
 def _codes(*keys: np.ndarray) -> np.ndarray:
-    """Dense number of each row's key tuple, numbered in lexicographic key order."""
-    n = len(keys[0])
-    codes = np.zeros(n, np.int64)
-    if n == 0:
-        return codes
-    order = np.lexsort(keys[::-1])
-    change = np.zeros(n, bool)
-    change[0] = True
-    for key in keys:
-        ordered = key[order]
-        change[1:] |= ordered[1:] != ordered[:-1]
-    codes[order] = np.cumsum(change) - 1
-    return codes
+    """Dense number of each row's key tuple, numbered in lexicographic key order (keys
+    packed into one int64 and radix-sorted where their ranges allow: a few times faster
+    than a lexsort)."""
+    return Groups(*keys).id
 
 
 def _first_match(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -> np.ndarray:
