@@ -22,17 +22,14 @@ from pathlib import Path
 
 from rankscope.agent import nsys
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, withdraw
-from rankscope.analysis import nsys as nsys_ingest
 from rankscope.errors import InputError
+from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 
 log = logging.getLogger(__name__)
 
 # The same variables, in the same order, as the nsys ingest reads back from a report's
 # captured environment, so the rank announced here is the rank the digest says.
-RANK_VARS = nsys_ingest.RANK_ENV
-LOCAL_RANK_VARS = nsys_ingest.LOCAL_RANK_ENV
-WORLD_SIZE_VARS = nsys_ingest.WORLD_SIZE_ENV
-JOB_ID_VARS = ("RANKSCOPE_JOB_ID", *nsys_ingest.JOB_ENV)
+JOB_ID_VARS = ("RANKSCOPE_JOB_ID", *JOB_ENV)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 SESSION_WAIT_S = 30.0  # how long nsys may take to list a freshly launched session
 
@@ -95,15 +92,15 @@ def run(args: argparse.Namespace) -> int:
 
 def rank_info(environ: Mapping[str, str], *, pid: int, backend: str = "nsys") -> RankInfo:
     """Who this rank is, from the launcher's environment (a lone process is rank 0 of 1)."""
-    rank = _int_var(environ, RANK_VARS, 0)
-    world = _int_var(environ, WORLD_SIZE_VARS, max(rank + 1, 1))
-    local = _int_var(environ, LOCAL_RANK_VARS, None)
+    rank = _int_var(environ, RANK_ENV, 0)
+    world = _int_var(environ, WORLD_SIZE_ENV, max(rank + 1, 1))
+    local = _int_var(environ, LOCAL_RANK_ENV, None)
     if local is None:
         if world > 1:
-            log.warning("no local rank in the environment (%s): assuming 0", ", ".join(LOCAL_RANK_VARS))
+            log.warning("no local rank in the environment (%s): assuming 0", ", ".join(LOCAL_RANK_ENV))
         local = 0
     if not 0 <= rank < world:
-        raise InputError(f"rank {rank} is outside a world of {world} (check {', '.join(RANK_VARS)})")
+        raise InputError(f"rank {rank} is outside a world of {world} (check {', '.join(RANK_ENV)})")
     job_id = next((environ[v] for v in JOB_ID_VARS if environ.get(v)), "")
     return RankInfo(rank=rank, local_rank=local, world_size=world, pid=pid, host=socket.gethostname(),
                     job_id=job_id, gpu=_gpu(environ, local), backend=backend)

@@ -15,23 +15,31 @@ from collections.abc import Sequence
 from rankscope import __version__
 from rankscope.errors import RankscopeError
 
-# Each module exposes register(subparsers); the parser it adds sets `func(args) -> int`.
-COMMAND_MODULES = (
-    "rankscope.analysis.commands",  # digest, analyze
-    "rankscope.analysis.simulate",  # simulate
-    "rankscope.coordinator.commands",  # coordinator, capture, sweeps, report
-    "rankscope.agent.commands",  # agent
-    "rankscope.agent.rank",  # rank
-    "rankscope.demo",  # demo
-)
+# Each module exposes register(subparsers) for the commands it is listed with; the parser
+# it adds sets `func(args) -> int`.
+COMMANDS = {
+    "digest": "rankscope.analysis.commands",
+    "analyze": "rankscope.analysis.commands",
+    "simulate": "rankscope.analysis.simulate",
+    "coordinator": "rankscope.coordinator.commands",
+    "capture": "rankscope.coordinator.commands",
+    "sweeps": "rankscope.coordinator.commands",
+    "report": "rankscope.coordinator.commands",
+    "agent": "rankscope.agent.commands",
+    "rank": "rankscope.agent.rank",
+    "demo": "rankscope.demo",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of ``command``'s module where one is named: the
+    rank wrapper starts on every rank of a job, and must not wait for the analysis to import."""
     parser = argparse.ArgumentParser(prog="rankscope", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and debug detail")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    names = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
+    for name in names:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -59,8 +67,9 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

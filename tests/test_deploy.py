@@ -85,3 +85,4 @@ def test_environment_variables_named_in_deploy_are_read_by_the_code() -> None:
     named = {v for p in DEPLOY.rglob("*") if p.is_file() for v in re.findall(r"RANKSCOPE_[A-Z_]+", p.read_text())}
     unread = {v for v in named if v not in code}
     assert not unread, f"deploy/ sets variables no code reads: {sorted(unread)}"
+

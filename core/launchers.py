@@ -1,0 +1,10 @@
+"""Where launchers put a process's place in the job: the environment variables the rank
+wrapper reads at start and the ingest reads back from an export's captured environment,
+each list in order of preference (torchrun, Slurm, Open MPI, PMI/MPICH, other schedulers).
+
+Kept apart from the analysis so the rank wrapper starts without importing it."""
+
+RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "PMI_SIZE")
+JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
