@@ -16,10 +16,12 @@ One trace is one rank. What is read, and why (reference/nccl-in-traces.md §4, �
   traced, else the rank's torch hook's per-PG sequence base plus order, else the order
   within the PG in the window ("ordinal").
 
-Parsing: msgspec decodes ``traceEvents`` into structs holding only the fields read, with
-``ts``/``dur`` kept as their decimal text (converted to ns all at once, exactly) and
-``args`` left undecoded; the ids that link events are decoded in one call for the events
-that are linked, and full ``args`` only for the few events whose identity they carry.
+Parsing: msgspec splits ``traceEvents`` into one undecoded text per event, then decodes them
+a chunk at a time into structs holding only the fields read (``ts``/``dur`` kept as their
+decimal text, converted to ns all at once, exactly; of ``args`` only the linking ids and the
+identity fields). Each chunk becomes columns (strings as codes) before the next is decoded,
+and only the few events whose args carry a collective's identity keep them: the per-event
+Python objects never exist for the whole trace at once.
 """
 
 from __future__ import annotations
@@ -109,9 +111,30 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
 # ---------------------------------------------------------------- parsing
 
 
+class _Args(msgspec.Struct, frozen=True, gc=False):
+    """The args read: the two ids that link events (CUDA correlation, the profiler's
+    External id) and those that carry a collective's identity and size (record_param_comms,
+    c10d calls, NCCL kernels, gloo worker ops). Every other arg is skipped unread; input
+    shapes stay text until a collective's size needs them."""
+
+    correlation: int = -1
+    external: int = msgspec.field(default=-1, name="External id")
+    collective: Any = msgspec.field(default=None, name="Collective name")
+    nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    dtype: Any = None
+    dims: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input type")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
+    seq: Any = msgspec.field(default=None, name="Seq")
+    stream: Any = None
+
+
+_NO_ARGS = _Args()
+
+
 class _Event(msgspec.Struct, gc=False):
-    """One trace event, only the fields read. ``ts``/``dur`` stay as their exact decimal
-    text; ``args`` stays undecoded until an event's args are needed."""
+    """One trace event, only the fields read. ``ts``/``dur`` stay as their exact decimal text."""
 
     ph: str = ""
     cat: str = ""
@@ -120,11 +143,13 @@ class _Event(msgspec.Struct, gc=False):
     tid: int | str = ""
     ts: msgspec.Raw = _EMPTY
     dur: msgspec.Raw = _EMPTY
-    args: msgspec.Raw = _EMPTY
+    args: _Args = _NO_ARGS
 
 
 class _Document(msgspec.Struct, gc=False):
-    traceEvents: list[_Event] | None = None
+    """The top-level keys read; each event stays its undecoded text until its chunk is read."""
+
+    traceEvents: list[msgspec.Raw] | None = None
     schemaVersion: Any = None
     distributedInfo: Any = None
     baseTimeNanoseconds: Any = None
@@ -133,31 +158,12 @@ class _Document(msgspec.Struct, gc=False):
     hook: Any = msgspec.field(default=None, name=HOOK_KEY)
 
 
-class _Ids(msgspec.Struct, gc=False):
-    """The two args that link events: CUDA correlation and the profiler's External id."""
-
-    correlation: int = -1
-    external: int = msgspec.field(default=-1, name="External id")
-
-
-class _Args(msgspec.Struct, gc=False):
-    """The args that carry a collective's identity and size (record_param_comms, c10d
-    calls, NCCL kernels, gloo worker ops); every other arg is skipped unread."""
-
-    collective: Any = msgspec.field(default=None, name="Collective name")
-    nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    dtype: Any = None
-    dims: Any = msgspec.field(default=None, name="Input Dims")
-    types: Any = msgspec.field(default=None, name="Input type")
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    stream: Any = None
-
-
 _DOCUMENT = msgspec.json.Decoder(_Document)
-_IDS = msgspec.json.Decoder(list[_Ids])
-_ARGS = msgspec.json.Decoder(list[_Args])
+_EVENTS = msgspec.json.Decoder(list[_Event])
+# Events decoded at a time. A decoded event costs ~400 bytes of Python objects, 10x its
+# columns: chunks bound that to ~2 MB whatever the trace's size, and decode no slower than
+# one pass over the whole list.
+_CHUNK = 4096
 # Events whose ids are read: kernels and their launches, and the host collective calls.
 # Kernel launches: runtime API (cudaLaunchKernel) or driver API (cuLaunchKernelEx, NCCL >= 2.19).
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -179,88 +185,108 @@ def _load(path: Path) -> _Trace:
     top = {key: value for key, value in zip(_TOP_KEYS, (
         document.schemaVersion, document.distributedInfo, document.baseTimeNanoseconds,
         document.host_name, document.trace_id, document.hook)) if value is not None}
-    complete = [e for e in document.traceEvents if e.ph == "X" and e.ts]
-    del document, raw
-
-    def column(field: str) -> list:
-        return list(map(attrgetter(field), complete))
-
+    base = _base(path, top)
+    texts = document.traceEvents
+    del document, raw  # the texts keep the trace's bytes alive until the last chunk is read
+    columns = _Columns()
     try:
-        ts_ns, dur_ns = _ns(column("ts")) + _base(path, top), _ns(column("dur"))
+        for first in range(0, len(texts), _CHUNK):
+            columns.add(_complete(texts[first : first + _CHUNK]))
+    except msgspec.DecodeError as exc:
+        raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExportError(f"unreadable event time ({exc})", path=path) from None
-    frame = pd.DataFrame(
-        {
-            "cat": _categorical(column("cat")),
-            "name": _categorical(column("name")),
-            "pid": pd.Series(column("pid"), dtype=object),
-            "tid": pd.Series(column("tid"), dtype=object),
-            "ts_ns": ts_ns,
-            "dur_ns": dur_ns,
-        }
-    )
-    args = column("args")
-    del complete
-    frame["corr"], frame["ext"] = _ids(path, frame, args)
-    frame["thread"] = _thread_codes(frame)
-    # Only the args a collective's identity can come from are kept (copied), so the trace's
-    # text and its per-event objects are freed before the rest of the work.
-    kept = {row: bytes(args[row]) for row in np.flatnonzero(_identity_events(frame)).tolist()}
-    del args
+    del texts
+    frame = columns.frame(base)
+    kept = columns.kept
 
-    def decode(rows) -> list[_Args]:
-        """Args of the given rows (-1: none), decoded in one call."""
-        return _decode_many(path, _ARGS, [kept[row] if row >= 0 else b"" for row in rows])
+    def args(rows) -> list[_Args]:
+        """Identity args of the given rows (-1: none)."""
+        return [kept[row] if row >= 0 else _NO_ARGS for row in rows]
 
-    return _Trace(top, frame, decode)
+    return _Trace(top, frame, args)
 
 
-def _decode_many(path: Path, decoder: msgspec.json.Decoder, texts: list) -> list:
-    """Many JSON objects (empty text: {}) decoded in one call, as one JSON array."""
-    try:
-        return decoder.decode(b"[" + b",".join([t or b"{}" for t in texts]) + b"]")
-    except msgspec.DecodeError as exc:
-        raise ExportError(f"unreadable event args ({exc})", path=path) from None
+def _complete(texts: list[msgspec.Raw]) -> list[_Event]:
+    """The complete (ph X) events among some events' texts, decoded in one call."""
+    return [e for e in _EVENTS.decode(b"[" + b",".join(texts) + b"]") if e.ph == "X" and e.ts]
 
 
-def _ids(path: Path, frame: pd.DataFrame, args: list) -> tuple[pd.arrays.IntegerArray, pd.arrays.IntegerArray]:
-    """Correlation and External id of the events that are linked, decoded in one call."""
-    names = frame["name"]
-    wanted = frame["cat"].isin(_LINKED_CATS) | names.str.startswith(_C10D) | (names == _RPC)
-    rows = np.flatnonzero(wanted.to_numpy())
-    ids = _decode_many(path, _IDS, [args[r] for r in rows])
-    corr = np.full(len(frame), -1, np.int64)
-    ext = np.full(len(frame), -1, np.int64)
-    corr[rows] = np.fromiter([i.correlation for i in ids], np.int64, len(ids))
-    ext[rows] = np.fromiter([i.external for i in ids], np.int64, len(ids))
-    return pd.arrays.IntegerArray(corr, corr < 0), pd.arrays.IntegerArray(ext, ext < 0)
+class _Columns:
+    """The complete events' columns, built a chunk of decoded events at a time: strings as
+    codes into their distinct values (the same names recur every step), times as int64 ns,
+    ids as int64, and the args of only the events whose args carry a collective's identity."""
+
+    def __init__(self) -> None:
+        self.distinct: dict[str, dict] = {"cat": {}, "name": {}, "pid": {}, "tid": {}}
+        self.codes: dict[str, list[np.ndarray]] = {key: [] for key in self.distinct}
+        self.numbers: dict[str, list[np.ndarray]] = {key: [] for key in ("ts_ns", "dur_ns", "corr", "ext")}
+        self.identity_name = np.zeros(0, bool)  # per distinct name: its events carry identity args
+        self.comm_name = np.zeros(0, bool)  # per distinct name: an NCCL kernel's name
+        self.kept: dict[int, _Args] = {}
+        self.rows = 0
+
+    def add(self, events: list[_Event]) -> None:
+        n = len(events)
+        for key, distinct in self.distinct.items():
+            self.codes[key].append(np.fromiter(
+                [distinct.setdefault(v, len(distinct)) for v in map(attrgetter(key), events)], np.int32, n))
+        self.numbers["ts_ns"].append(_ns(list(map(attrgetter("ts"), events))))
+        self.numbers["dur_ns"].append(_ns(list(map(attrgetter("dur"), events))))
+        self.numbers["corr"].append(np.fromiter(map(attrgetter("args.correlation"), events), np.int64, n))
+        self.numbers["ext"].append(np.fromiter(map(attrgetter("args.external"), events), np.int64, n))
+        self._classify_new_names()
+        name, cat = self.codes["name"][-1], self.codes["cat"][-1]
+        kernel = cat == self.distinct["cat"].get("kernel", -1)
+        rows = np.flatnonzero(self.identity_name[name] | (kernel & self.comm_name[name])).tolist()
+        self.kept.update(zip([self.rows + r for r in rows], [_detached(events[r].args) for r in rows]))
+        self.rows += n
+
+    def _classify_new_names(self) -> None:
+        """Identity tests once per distinct name, as names first appear."""
+        names = list(self.distinct["name"])[len(self.identity_name):]
+        if not names:
+            return
+        new = pd.Series(names, dtype=object)
+        by_name = (new.str.startswith((_C10D, _NCCL, _GLOO)) | (new == _RPC)).to_numpy(bool)
+        self.identity_name = np.concatenate([self.identity_name, by_name])
+        self.comm_name = np.concatenate([self.comm_name, ops.is_comm_kernel(new)])
+
+    def frame(self, base: int) -> pd.DataFrame:
+        codes = {key: np.concatenate(parts) if parts else np.zeros(0, np.int32) for key, parts in self.codes.items()}
+        numbers = {key: np.concatenate(parts) if parts else np.zeros(0, np.int64) for key, parts in self.numbers.items()}
+        values = {key: pd.Index(list(distinct), dtype=object) for key, distinct in self.distinct.items()}
+        frame = pd.DataFrame(
+            {
+                "cat": pd.Categorical.from_codes(codes["cat"], values["cat"]),
+                "name": pd.Categorical.from_codes(codes["name"], values["name"]),
+                "pid": pd.Series(values["pid"].to_numpy()[codes["pid"]], dtype=object),
+                "tid": pd.Series(values["tid"].to_numpy()[codes["tid"]], dtype=object),
+                "ts_ns": numbers["ts_ns"] + base,
+                "dur_ns": numbers["dur_ns"],
+            }
+        )
+        # Ids of the events that are linked; any others an event carries are not read.
+        names = frame["name"]
+        linked = (frame["cat"].isin(_LINKED_CATS) | names.str.startswith(_C10D) | (names == _RPC)).to_numpy()
+        for key in ("corr", "ext"):
+            ids = np.where(linked, numbers[key], -1)
+            frame[key] = pd.arrays.IntegerArray(ids, ids < 0)
+        # One integer per (pid, tid): threads are compared many times, strings once.
+        frame["thread"] = codes["pid"].astype(np.int64) * (len(values["tid"]) + 1) + codes["tid"]
+        return frame
 
 
-def _categorical(values: list) -> pd.Categorical:
-    """Few distinct values repeated on every step: string tests run once per distinct value."""
-    distinct: dict = {}
-    codes = np.fromiter([distinct.setdefault(v, len(distinct)) for v in values], np.int32, len(values))
-    return pd.Categorical.from_codes(codes, pd.Index(list(distinct), dtype=object))
-
-
-def _identity_events(events: pd.DataFrame) -> np.ndarray:
-    """Events whose args can carry a collective's identity: c10d calls, record_param_comms,
-    nccl:/gloo: annotations, NCCL kernels."""
-    name = events["name"]
-    by_name = (name.str.startswith((_C10D, _NCCL, _GLOO)) | (name == _RPC)).to_numpy()
-    return by_name | ((events["cat"] == "kernel").to_numpy() & _is_comm(name))
+def _detached(args: _Args) -> _Args:
+    """Args kept past their chunk: input shapes copied, so they do not pin the chunk's text."""
+    if args.dims or args.types:
+        return msgspec.structs.replace(args, dims=args.dims.copy(), types=args.types.copy())
+    return args
 
 
 def _is_comm(names: pd.Series) -> np.ndarray:
     """ops.is_comm_kernel, tested once per distinct name."""
     return ops.is_comm_kernel(pd.Series(names.cat.categories, dtype=object))[names.cat.codes.to_numpy()]
-
-
-def _thread_codes(frame: pd.DataFrame) -> np.ndarray:
-    """One integer per (pid, tid): threads are compared many times, strings once."""
-    pid, _ = pd.factorize(frame["pid"])
-    tid, tids = pd.factorize(frame["tid"])
-    return pid.astype(np.int64) * (len(tids) + 1) + tid
 
 
 # µs with up to 18 decimals and 20 integer digits; rounding to 3 decimals gives whole ns.
@@ -414,10 +440,19 @@ def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: pd.Data
 
 
 def _kernel_table(rows: pd.DataFrame, is_comm: np.ndarray) -> pd.DataFrame:
-    frame = pd.DataFrame({"name": rows["name"].to_numpy(), "dur": rows["dur_ns"].to_numpy(), "is_comm": is_comm})
-    table = frame.groupby(["name", "is_comm"], sort=False)["dur"].agg(["size", "sum"])
-    table = table.rename(columns={"size": "count", "sum": "total_ns"})
-    return table.reset_index().sort_values("total_ns", ascending=False, kind="stable")
+    """Count and total time per (name, is_comm), largest total first (ties: first seen
+    first), on the name codes: no trace-sized column of strings."""
+    key = rows["name"].cat.codes.to_numpy(np.int64) * 2 + is_comm
+    keys, first, group = np.unique(key, return_index=True, return_inverse=True)
+    total = np.zeros(len(keys), np.int64)
+    np.add.at(total, group, rows["dur_ns"].to_numpy(np.int64))
+    order = np.lexsort((first, -total))
+    return pd.DataFrame({
+        "name": pd.Series(rows["name"].cat.categories.to_numpy()[keys[order] // 2], dtype=object),
+        "is_comm": keys[order] % 2 == 1,
+        "count": np.bincount(group, minlength=len(keys))[order],
+        "total_ns": total[order],
+    })
 
 
 def _top_level(rows: pd.DataFrame) -> np.ndarray:
@@ -772,7 +807,9 @@ def _sizes(args: list[_Args]) -> np.ndarray:
                   else _input_bytes(a.dims, a.types) for a in args])
 
 
-def _input_bytes(dims, types) -> int | None:
+def _input_bytes(dims_text: msgspec.Raw, types_text: msgspec.Raw) -> int | None:
+    dims = msgspec.json.decode(dims_text) if dims_text else None
+    types = msgspec.json.decode(types_text) if types_text else None
     if not isinstance(dims, list) or not isinstance(types, list):
         return None
     for shape, kind in zip(dims, types):

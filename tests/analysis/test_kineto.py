@@ -309,3 +309,46 @@ def test_simulated_kineto_job_ingests_and_names_its_straggler(tmp_path):
     coll = _collectives(table)
     assert set(coll["seq_source"]) == {"trace"}  # the simulator writes Seq as torch 2026 does
     assert analyze(table).stragglers == truth(spec)["stragglers"] == [3]
+
+
+# ------------------------------------------------------------------ chunked decoding
+
+
+@pytest.mark.parametrize("name", [f"{GLOO}/rank0.json", f"{HTA}/trace_filter/sampled_rank-0.json.gz",
+                                  f"{HTA}/nccl_parser_config/nccl_data.json.gz"])
+def test_events_decoded_a_chunk_at_a_time_give_the_same_digest(samples, name, monkeypatch):
+    """Events are decoded a chunk at a time (names coded, times and ids read, identity args
+    kept per chunk): chunks of 7 events give the digest one chunk gives."""
+    from rankscope.analysis import kineto
+
+    whole = _row(_read(samples / name))
+    monkeypatch.setattr(kineto, "_CHUNK", 7)
+    assert _row(_read(samples / name)) == whole
+
+
+def test_kept_args_do_not_pin_their_chunks_text(tmp_path, monkeypatch):
+    """Input shapes stay text until a size needs them; the text of an identity event's args
+    is copied out of its chunk, so the chunk's bytes are freed with the chunk."""
+    import sys
+
+    from rankscope.analysis import kineto
+
+    chunks = []
+
+    class Recording:
+        def decode(self, text):
+            chunks.append(text)
+            return decoder.decode(text)
+
+    decoder = kineto._EVENTS
+    monkeypatch.setattr(kineto, "_EVENTS", Recording())
+    monkeypatch.setattr(kineto, "_CHUNK", 1)
+    events = [_event("c10d::allreduce_", "100.000", "50.000", tid=1,
+                     args={"External id": 1, "Input Dims": [[4, 8]], "Input type": ["float"]}),
+              _event("gloo:all_reduce", "110.000", "30.000", cat="user_annotation", tid=2)]
+    trace = kineto._load(_write(tmp_path / "t.json", _trace(events, baseTimeNanoseconds=1790857026000000000)))
+    (args,) = trace.args([0])
+    assert bytes(args.dims).replace(b" ", b"") == b"[[4,8]]"
+    refs = [sys.getrefcount(chunks[i]) for i in range(len(chunks))]
+    assert refs == [2, 2], refs  # the list's and the call's only
+    assert kineto._sizes([args])[0] == 128
