@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from rankscope.errors import TransportError, UploadRejected
+from rankscope.memory import keep_chunk_memory
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -115,6 +116,7 @@ class Uploader:
         self.max_bytes = max_bytes  # the coordinator's limit (0: none known)
         self.stop = stop or threading.Event()
         self.on_progress = on_progress
+        keep_chunk_memory()  # each chunk reuses freed pages instead of faulting in new ones
 
     def upload(self, artifact: Artifact) -> Uploaded:
         size = artifact.path.stat().st_size

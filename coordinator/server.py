@@ -40,6 +40,7 @@ from rankscope.errors import (
     TransportError,
     UploadRejected,
 )
+from rankscope.memory import keep_chunk_memory
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 from rankscope.tls import TlsFiles, server_credentials
@@ -355,6 +356,7 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
     """A coordinator bound to ``listen`` (``127.0.0.1:0`` picks a port), not yet started."""
     config = config or resolve({"listen": listen, "data_dir": data_dir, **settings}, environ={})
     coordinator = Coordinator(config, analyze=analyze)
+    keep_chunk_memory()  # upload chunks reuse freed pages instead of faulting in new ones
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc"),
         maximum_concurrent_rpcs=config.max_workers,
