@@ -73,3 +73,21 @@ def test_upload_resumes_after_a_coordinator_restart(tmp_path, wire) -> None:
 def test_unknown_upload_starts_at_zero(coordinator) -> None:
     status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="never"), timeout=10)
     assert not status.known and status.committed_offset == 0
+
+
+def test_an_upload_past_several_writeback_steps_is_stored_whole(tmp_path, wire, monkeypatch) -> None:
+    """The store starts the disk's writeback every few chunks; resumed past a step, nothing is lost."""
+    monkeypatch.setattr("rankscope.coordinator.artifacts.WRITEBACK_BYTES", 100_000)
+    running = wire.start(tmp_path / "data")
+    try:
+        token = running.register("node-a").session_token
+        head = wire.header(DATA, node="node-a", token=token)
+        with pytest.raises(grpc.RpcError):
+            running.agents.Upload(broken_after(wire.chunks(head, DATA), 4, running.agents), timeout=10)
+        status = running.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+        assert status.committed_offset == 3 * (64 << 10)
+        reply = running.agents.Upload(wire.chunks(head, DATA, start=status.committed_offset), timeout=10)
+        assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
+        assert [p.read_bytes() for p in wire.stored_files(running.data_dir)] == [DATA]
+    finally:
+        wire.stop(running)
