@@ -42,6 +42,7 @@ FINAL = frozenset(
 # RESOURCE_EXHAUSTED is both "over the size limit" (final) and "server busy" (retry):
 # the agent checks the size limit itself first, so a few retries tell the two apart.
 BUSY_RETRIES = 3
+UPLOAD_METHOD = "/rankscope.v1.AgentService/Upload"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")  # dots only join parts: no "..", no "/"
 
 
@@ -80,6 +81,25 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_OFFSET_TAG = b"\x10"  # UploadChunk.offset: field 2, varint
+_DATA_TAG = b"\x1a"  # UploadChunk.data: field 3, length-delimited
+
+
+def encode_chunk(offset: int, data: bytes) -> bytes:
+    """``UploadChunk(offset=offset, data=data).SerializeToString()``, byte for byte, in one copy."""
+    head = _OFFSET_TAG + _varint(offset) if offset else b""
+    return b"".join((head, _DATA_TAG, _varint(len(data)), data)) if data else head
+
+
 def upload_id(artifact: Artifact, sha256: str) -> str:
     """Stable across retries and agent restarts: the same bytes of the same capture."""
     parts = (artifact.sweep_id, artifact.node, artifact.name, sha256[:16])
@@ -105,6 +125,8 @@ class Uploader:
         on_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self.stub = pb_grpc.AgentServiceStub(channel)
+        # Upload without the stub's serializer: _chunks yields the encoded messages.
+        self._send = channel.stream_unary(UPLOAD_METHOD, response_deserializer=pb.UploadReply.FromString)
         # A callable follows re-registrations: a coordinator restart may issue a new token.
         self.session_token = session_token if callable(session_token) else (lambda: session_token)
         self.chunk_bytes = chunk_bytes
@@ -118,9 +140,10 @@ class Uploader:
         self.on_progress = on_progress
         keep_chunk_memory()  # each chunk reuses freed pages instead of faulting in new ones
 
-    def upload(self, artifact: Artifact) -> Uploaded:
+    def upload(self, artifact: Artifact, *, sha256: str | None = None) -> Uploaded:
+        """Upload one file; ``sha256`` is its digest when the caller has it already (it saves a read of the file)."""
         size = artifact.path.stat().st_size
-        digest = sha256_of(artifact.path)
+        digest = sha256 or sha256_of(artifact.path)
         uid = upload_id(artifact, digest)
         if self.max_bytes and size > self.max_bytes:
             raise UploadRejected(f"{size} bytes is over the coordinator's upload limit of {self.max_bytes}",
@@ -141,7 +164,7 @@ class Uploader:
                     return self._done(uid, artifact, size, digest, status.sha256, first_offset)
                 if offset:
                     log.warning("upload %s resumes at committed offset %d of %d", uid, offset, size)
-                reply = self.stub.Upload(self._chunks(artifact.path, header, offset, size),
+                reply = self._send(self._chunks(artifact.path, header, offset, size),
                                          timeout=self._deadline(size - offset))
                 if reply.complete:
                     return self._done(uid, artifact, size, digest, reply.sha256, first_offset)
@@ -167,9 +190,14 @@ class Uploader:
                                  path=artifact.path)
         return Uploaded(uid, artifact.name, size, digest, artifact.kind, artifact.ranks, first_offset or 0)
 
-    def _chunks(self, path: Path, header: pb.UploadHeader, offset: int, size: int) -> Iterator[pb.UploadChunk]:
-        """The header first (at the committed offset), then the file from there, rate-limited."""
-        yield pb.UploadChunk(header=header, offset=offset)
+    def _chunks(self, path: Path, header: pb.UploadHeader, offset: int, size: int) -> Iterator[bytes]:
+        """The header first (at the committed offset), then the file from there, rate-limited.
+
+        Messages go out already encoded (the Upload call has no serializer): a data chunk is
+        encoded with one copy of its bytes, where building and serializing an UploadChunk
+        copies them twice.
+        """
+        yield pb.UploadChunk(header=header, offset=offset).SerializeToString()
         started = time.monotonic()
         sent = 0
         with open(path, "rb") as handle:
@@ -178,7 +206,7 @@ class Uploader:
                 data = handle.read(min(self.chunk_bytes, size - offset))
                 if not data:
                     break
-                yield pb.UploadChunk(offset=offset, data=data)
+                yield encode_chunk(offset, data)
                 offset += len(data)
                 sent += len(data)
                 if self.on_progress:

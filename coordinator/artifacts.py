@@ -235,14 +235,14 @@ class _Stage:
     alongside the receipt of the next chunk instead of after it.
     """
 
-    def __init__(self, name: str, work: Callable[[bytes], object]) -> None:
+    def __init__(self, name: str, work: Callable[[bytes | memoryview], object]) -> None:
         self.work = work
         self.queue: queue.Queue = queue.Queue(maxsize=_PIPELINE_DEPTH)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
-    def put(self, data: bytes) -> None:
+    def put(self, data: bytes | memoryview) -> None:
         self._raise()
         self.queue.put(data)
 
@@ -275,7 +275,7 @@ class _Appender:
         self.handle = handle
         self.written = self.flushed = offset
 
-    def __call__(self, data: bytes) -> None:
+    def __call__(self, data: bytes | memoryview) -> None:
         self.handle.write(data)
         self.written += len(data)
         if self.written - self.flushed >= WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
@@ -324,7 +324,7 @@ class UploadWriter:
     def committed(self) -> int:
         return self._offset
 
-    def write(self, offset: int, data: bytes) -> UploadResult | None:
+    def write(self, offset: int, data: bytes | memoryview) -> UploadResult | None:
         """Append ``data`` at ``offset`` (which must be the committed offset); the result once complete."""
         header = self.partial.header
         if self.result is not None:
