@@ -2,18 +2,23 @@
 
 One artifact (1 GiB by default) goes from this process to another process, three ways:
 
-- ``grpc upload``: one Upload RPC to a real ``rankscope coordinator`` process, header then
-  1 MiB chunks from the file as the agent sends them; the coordinator appends each to the
-  part file, hashes it, and at the end fsyncs, verifies sha256 and stores it by hash;
-- ``tcp, recv only``: the same bytes through a plain socket into a receiver that keeps
-  nothing, the transport's ceiling;
-- ``agent Uploader``: the same through the agent's Uploader, its sha256 of the file included;
-- ``tcp + disk + sha256``: the same socket with the receiver doing the coordinator's
-  work (append to a file, hash, fsync), the fair comparison of protocol overhead;
+- ``grpc upload``: the agent's Uploader, its file's sha256 given (as when the agent hashed
+  what it wrote), to a real ``rankscope coordinator`` process: QueryUpload, then one Upload
+  RPC, header then 1 MiB chunks; the coordinator appends each to the part file, hashes it,
+  and at the end fsyncs, verifies sha256 and stores it by hash;
+- ``agent Uploader``: the same with the Uploader reading the file once more for its sha256;
 - ``grpc transport only``: the same chunks as raw bytes through Python gRPC into a server
   that keeps nothing (no protobuf, no store): the ceiling of gRPC itself on this machine;
-- ``disk alone``: the bytes copied into the store's file system and fsynced, no network:
-  what any durable upload is bounded by.
+- ``tcp, recv only``: the same bytes through a plain socket into a receiver that keeps
+  nothing, the transport's ceiling;
+- ``tcp + disk + sha256``: the same socket with the receiver doing the coordinator's
+  work (append to a file with the store's early writeback, hash, fsync), the fair
+  comparison of protocol overhead;
+- ``disk alone``: the bytes copied into the store's file system with the store's early
+  writeback and fsynced, no network: what any durable upload is bounded by.
+
+Every gRPC process here, this one included, runs with the allocator setting the
+coordinator and the agent use (``rankscope.memory.keep_chunk_memory``).
 
 Prints MiB/s of each and the ratios. ``--store /dev/shm`` takes the disk out.
 
@@ -36,6 +41,8 @@ from pathlib import Path
 import grpc
 
 from rankscope.agent.uploader import Artifact, Uploader, sha256_of
+from rankscope.coordinator.artifacts import WRITEBACK_BYTES
+from rankscope.memory import keep_chunk_memory
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -53,6 +60,27 @@ def make_artifact(path: Path, size: int) -> None:
             written += len(piece)
 
 
+class _Sink:
+    """Appends to a file as the store does: the disk's writeback started every WRITEBACK_BYTES."""
+
+    def __init__(self, path: str) -> None:
+        self.out = open(path, "wb")
+        self.written = self.flushed = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.out.write(data)
+        self.written += len(data)
+        if self.written - self.flushed >= WRITEBACK_BYTES:
+            self.out.flush()
+            os.posix_fadvise(self.out.fileno(), self.flushed, self.written - self.flushed, os.POSIX_FADV_DONTNEED)
+            self.flushed = self.written
+
+    def close(self) -> None:
+        self.out.flush()
+        os.fsync(self.out.fileno())
+        self.out.close()
+
+
 # plain TCP --------------------------------------------------------------------------
 
 
@@ -64,7 +92,7 @@ def _receiver(port_q: Queue, size: int, chunk: int, sink: str | None) -> None:
             buffer = bytearray(chunk)
             view = memoryview(buffer)
             hasher = hashlib.sha256() if sink else None
-            out = open(sink, "wb") if sink else None
+            out = _Sink(sink) if sink else None
             received = 0
             while received < size:
                 n = conn.recv_into(view, min(chunk, size - received))
@@ -75,8 +103,6 @@ def _receiver(port_q: Queue, size: int, chunk: int, sink: str | None) -> None:
                     hasher.update(view[:n])
                 received += n
             if out is not None:
-                out.flush()
-                os.fsync(out.fileno())
                 out.close()
             conn.sendall(b"\x01" if received == size else b"\x00")
 
@@ -157,38 +183,15 @@ def start_coordinator(data_dir: Path, max_bytes: int) -> tuple[subprocess.Popen,
     return proc, f"127.0.0.1:{port_file.read_text().strip()}"
 
 
-def _stream(path: Path, header: pb.UploadHeader, chunk: int):
-    yield pb.UploadChunk(header=header, offset=0)
-    offset = 0
-    with open(path, "rb") as handle:
-        while data := handle.read(chunk):
-            yield pb.UploadChunk(offset=offset, data=data)
-            offset += len(data)
-
-
-def grpc_upload(address: str, path: Path, size: int, digest: str, chunk: int, upload_id: str) -> float:
-    """Seconds for one Upload RPC to get the file stored and verified (header + chunks, as the agent sends)."""
-    with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.AgentServiceStub(channel)
-        token = stub.Register(pb.RegisterRequest(node="bench", hostname="bench"), timeout=30).session_token
-        header = pb.UploadHeader(upload_id=upload_id, sweep_id="bench", node="bench", name=path.name, size=size,
-                                 sha256=digest, kind=pb.ARTIFACT_KIND_RAW, session_token=token)
-        started = time.perf_counter()
-        reply = stub.Upload(_stream(path, header, chunk), timeout=600)
-        elapsed = time.perf_counter() - started
-    if not reply.complete or reply.deduplicated or reply.sha256 != digest:
-        raise SystemExit(f"unexpected upload reply {reply}")
-    return elapsed
-
-
-def uploader_upload(address: str, path: Path, chunk: int, sweep_id: str) -> float:
-    """Seconds for the agent's Uploader end to end, its own sha256 of the file included."""
+def uploader_upload(address: str, path: Path, chunk: int, sweep_id: str, digest: str | None) -> float:
+    """Seconds for the agent's Uploader end to end: stored and verified; its own sha256 of the file unless given."""
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.AgentServiceStub(channel)
         token = stub.Register(pb.RegisterRequest(node="bench", hostname="bench"), timeout=30).session_token
         uploader = Uploader(channel, session_token=token, chunk_bytes=chunk, max_attempts=1)
+        artifact = Artifact(path=path, sweep_id=sweep_id, node="bench", kind=pb.ARTIFACT_KIND_RAW)
         started = time.perf_counter()
-        result = uploader.upload(Artifact(path=path, sweep_id=sweep_id, node="bench", kind=pb.ARTIFACT_KIND_RAW))
+        result = uploader.upload(artifact, sha256=digest)
         elapsed = time.perf_counter() - started
     if result.resumed_from != 0:
         raise SystemExit(f"unexpected upload result {result}")
@@ -205,11 +208,11 @@ def _clear_objects(data_dir: Path) -> None:
 def disk_alone(path: Path, sink: Path, chunk: int) -> float:
     """Seconds to copy the (cached) file into the store's file system and fsync: the storage ceiling."""
     started = time.perf_counter()
-    with open(path, "rb") as source, open(sink, "wb") as out:
+    out = _Sink(str(sink))
+    with open(path, "rb") as source:
         while data := source.read(chunk):
             out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
+    out.close()
     elapsed = time.perf_counter() - started
     sink.unlink()
     return elapsed
@@ -224,6 +227,7 @@ def main() -> int:
                         help="folder for the coordinator's data and the socket's sink file (default: the temp dir; "
                              "/dev/shm takes the disk out of the comparison)")
     args = parser.parse_args()
+    tuned = keep_chunk_memory()
     size, chunk = args.size_mib * MIB, args.chunk_kib * 1024
 
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp, \
@@ -239,9 +243,9 @@ def main() -> int:
                 "disk alone")}
             for attempt in range(args.repeat):
                 _clear_objects(data_dir)
-                times["grpc upload"].append(grpc_upload(address, artifact, size, digest, chunk, f"bench{attempt}"))
+                times["grpc upload"].append(uploader_upload(address, artifact, chunk, f"grpc{attempt}", digest))
                 _clear_objects(data_dir)
-                times["agent Uploader"].append(uploader_upload(address, artifact, chunk, f"bench{attempt}"))
+                times["agent Uploader"].append(uploader_upload(address, artifact, chunk, f"agent{attempt}", None))
                 _clear_objects(data_dir)
                 times["grpc transport only"].append(grpc_raw(artifact, size, chunk))
                 times["tcp, recv only"].append(tcp_upload(artifact, size, chunk, None))
@@ -253,12 +257,13 @@ def main() -> int:
 
     rate = {name: size / MIB / min(values) for name, values in times.items()}
     print(f"artifact {args.size_mib} MiB, chunks {args.chunk_kib} KiB, best of {args.repeat}, loopback, "
-          f"{os.cpu_count()} CPUs, store in {args.store or tempfile.gettempdir()}")
+          f"{os.cpu_count()} CPUs, store in {args.store or tempfile.gettempdir()}, "
+          f"allocator {'tuned' if tuned else 'default'}, load average {os.getloadavg()[0]:.1f} (1 min)")
     notes = {
         "agent Uploader": "incl. the agent's sha256 of the file before sending",
-        "tcp + disk + sha256": "receiver appends, hashes, fsyncs, in one thread",
         "grpc transport only": "raw bytes, no protobuf, nothing stored: Python gRPC's own ceiling",
-        "disk alone": "copy the cached file into the store + fsync: the ceiling",
+        "tcp + disk + sha256": "receiver appends (early writeback), hashes, fsyncs, in one thread",
+        "disk alone": "copy the cached file into the store (early writeback) + fsync",
     }
     for name, value in rate.items():
         print(f"  {name:<20} {value:7.0f} MiB/s  ({min(times[name]):5.2f} s)  {notes.get(name, '')}".rstrip())
