@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import mmap
 import re
 import warnings
 from dataclasses import dataclass
@@ -172,10 +173,8 @@ _LINKED_CATS = ("kernel", *_LAUNCH_CATS)
 
 def _load(path: Path) -> _Trace:
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        document = _DOCUMENT.decode(raw)
+        text = _Text(path)
+        document = _DOCUMENT.decode(text.data)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise ExportError(f"cannot read Kineto trace ({exc})", path=path) from None
     except msgspec.DecodeError as exc:
@@ -187,16 +186,17 @@ def _load(path: Path) -> _Trace:
         document.host_name, document.trace_id, document.hook)) if value is not None}
     base = _base(path, top)
     texts = document.traceEvents
-    del document, raw  # the texts keep the trace's bytes alive until the last chunk is read
+    del document
     columns = _Columns()
     try:
         for first in range(0, len(texts), _CHUNK):
+            text.release()
             columns.add(_complete(texts[first : first + _CHUNK]))
     except msgspec.DecodeError as exc:
         raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExportError(f"unreadable event time ({exc})", path=path) from None
-    del texts
+    del texts, text  # the trace's bytes go with the last view of them
     frame = columns.frame(base)
     kept = columns.kept
 
@@ -205,6 +205,32 @@ def _load(path: Path) -> _Trace:
         return [kept[row] if row >= 0 else _NO_ARGS for row in rows]
 
     return _Trace(top, frame, args)
+
+
+class _Text:
+    """A trace's bytes. A plain file is mapped, not read, and its pages are dropped from the
+    process after the split into events and after each chunk (they stay in the page cache;
+    the next chunk maps just its own again): the text costs the process the file's size
+    only while it is split, then about a chunk. A gzipped file is decompressed whole."""
+
+    def __init__(self, path: Path) -> None:
+        self.mapped: mmap.mmap | None = None
+        with path.open("rb") as handle:
+            if handle.read(2) == b"\x1f\x8b":
+                handle.seek(0)
+                self.data: bytes | mmap.mmap = gzip.decompress(handle.read())
+                return
+            try:
+                self.mapped = self.data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file cannot be mapped
+                self.data = b""
+
+    def release(self) -> None:
+        if self.mapped is not None and _DROP is not None:
+            self.mapped.madvise(_DROP)
+
+
+_DROP = getattr(mmap, "MADV_DONTNEED", None)  # absent where the OS has no madvise: pages stay
 
 
 def _complete(texts: list[msgspec.Raw]) -> list[_Event]:
