@@ -49,6 +49,7 @@ COMMUNICATOR = pa.struct(
         pa.field("comm_id", pa.string(), nullable=False),
         pa.field("ranks", pa.list_(pa.int32())),  # global ranks, null if unknown
         pa.field("name", pa.string()),  # PG name / description / commName / record_comm tag
+        pa.field("size", pa.int32()),  # member count (NCCL nranks) where the trace says, null if unknown
     ]
 )
 

@@ -45,7 +45,9 @@ def communicator_members(
     """Members of each communicator among the ranks present, from the traces' member lists.
 
     Where no rank lists the members, they are inferred as the ranks that report the
-    communicator or call collectives on it (said in a warning).
+    communicator or call collectives on it, checked against the communicator's size
+    where the traces give it (NCCL nranks); a warning says so where the size is unknown
+    or disagrees.
     """
     warnings: list[str] = []
     (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
@@ -58,18 +60,26 @@ def communicator_members(
     reported = {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
     declared: dict[str, set[frozenset[int]]] = {}
     names: dict[str, str] = {}
-    for comm_id, ranks, name in zip(*(communicators[c].tolist() for c in ("comm_id", "ranks", "name"))):
+    sizes: dict[str, set[int]] = {}
+    listed_sizes = communicators["size"].tolist() if "size" in communicators else [None] * len(communicators)
+    for comm_id, ranks, name, size in zip(*(communicators[c].tolist() for c in ("comm_id", "ranks", "name")), listed_sizes):
         if ranks is not None and len(ranks):
             declared.setdefault(comm_id, set()).add(frozenset(np.asarray(ranks, dtype=np.int64).tolist()))
         if isinstance(name, str) and comm_id not in names:
             names[comm_id] = name
+        if size is not None and not pd.isna(size):
+            sizes.setdefault(comm_id, set()).add(int(size))
     members: dict[str, tuple[int, ...]] = {}
     inferred: list[str] = []
+    checked: dict[str, tuple[int, list[int]]] = {}
     for comm_id, seen in reported.items():
         lists = declared.get(comm_id)
         if not lists:
-            inferred.append(comm_id)
             members[comm_id] = tuple(sorted(seen))
+            if comm_id in sizes:
+                checked[comm_id] = (len(seen), sorted(sizes[comm_id]))
+            else:
+                inferred.append(comm_id)
             continue
         full = frozenset().union(*lists)
         if len(lists) > 1:
@@ -78,12 +88,34 @@ def communicator_members(
         if strangers:
             warnings.append(f"communicator {comm_id}: ranks {sorted(strangers)} use it but are not listed as members")
         members[comm_id] = tuple(sorted((full & present) | strangers))
-    if inferred and len(present) > 1:
-        shown = ", ".join(inferred[:3]) + (" ..." if len(inferred) > 3 else "")
-        warnings.append(
-            f"{len(inferred)} communicator(s) without member lists ({shown}): members inferred from the ranks that use them"
-        )
+    if len(present) > 1:
+        if inferred:
+            shown = ", ".join(inferred[:3]) + (" ..." if len(inferred) > 3 else "")
+            warnings.append(
+                f"{len(inferred)} communicator(s) without member lists ({shown}): members inferred from the ranks that use them"
+            )
+        warnings += _size_warnings(checked)
     return members, {c: names.get(c) for c in members}, warnings
+
+
+def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
+    """Where the ranks using unlisted communicators do not make up their sizes: one
+    warning per kind of disagreement, naming a few communicators (comm_id -> (ranks
+    using it, sizes the traces give))."""
+    kinds: dict[str, list[str]] = {}
+    for comm_id, (seen, sizes) in checked.items():
+        if len(sizes) > 1:
+            kinds.setdefault("whose ranks disagree on the size", []).append(f"{comm_id}: {'/'.join(map(str, sizes))}")
+        elif seen < sizes[0]:
+            kinds.setdefault("with members missing from the input", []).append(f"{comm_id}: {seen} of {sizes[0]}")
+        elif seen > sizes[0]:
+            kinds.setdefault("used by more ranks than their size (told apart only by op and size?)", []).append(
+                f"{comm_id}: {seen} for {sizes[0]}")
+    return [
+        f"{len(found)} communicator(s) {kind} ({', '.join(found[:3])}{' ...' if len(found) > 3 else ''}): "
+        "members inferred from the ranks that use them"
+        for kind, found in kinds.items()
+    ]
 
 
 def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[int]) -> Matching:

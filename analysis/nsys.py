@@ -657,7 +657,7 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     out["op"] = np.where(unlinked, hint[out["name"]], out["op"])
     out["cpu_call_ns"] = np.where(out["cpu_call_ns_na"], launch_ns, out["cpu_call_ns"])
     out["cpu_call_ns_na"] &= ~linked
-    out["comm_id"] = _comm_ids(files, out, nccl)
+    out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
     order = np.lexsort((out["start"], out["unit"]))
     out = {key: values[order] for key, values in out.items()}
     out["seq"] = _cumcount(_codes(out["unit"], pd.factorize(out["comm_id"])[0]))
@@ -762,24 +762,38 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     return out
 
 
-def _comm_ids(files: list[_File], out: Columns, nccl: Columns) -> np.ndarray:
-    """comm_id from the payload, else inferred. (seq is the call order within comm_id: the
-    NCCL schemas carry no sequence field, and every member calls a communicator's
-    collectives in the same order.)"""
+def _comm_ids(files: list[_File], out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """comm_id from the payload, else inferred; with the communicator's size (NCCL nranks)
+    and a mask where it is unknown. (seq is the call order within comm_id: the NCCL
+    schemas carry no sequence field, and every member calls a communicator's collectives
+    in the same order.)"""
     traced = ~out["comm_na"]
     distinct, which = np.unique(np.where(traced, out["comm"], 0).view(np.uint64), return_inverse=True)
     comm_id = np.array([f"{c:016x}" for c in distinct.tolist()], dtype=object)[which]
+    size, size_na = _traced_sizes(out, nccl)
     if traced.all():
-        return comm_id
+        return comm_id, size, size_na
     _warn_per_file(files, out["file"], ~traced, "{} of {} NCCL kernels carry no communicator id "
                    "(needs NCCL >= 2.25.1 and nsys export --include-blobs=true); those collectives are grouped "
                    "by operation as 'inferred:<op>' and numbered by call order")
-    return np.where(traced, comm_id, _inferred_comm_ids(out, nccl))
+    label, inferred_size, known = _inferred_comm_ids(out, nccl)
+    return np.where(traced, comm_id, label), np.where(traced, size, inferred_size), np.where(traced, size_na, ~known)
 
 
-def _inferred_comm_ids(out: Columns, nccl: Columns) -> np.ndarray:
+def _traced_sizes(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel: its communicator's size from the call's payload, else from the
+    process's CommInitRank or CommSplit of that communicator id; and where neither says."""
+    creates = _per_name(nccl["name"], _creates_comm, bool) & ~nccl["nranks_na"] & ~nccl["comm_na"]
+    at = _first_match((nccl["process"][creates], nccl["comm"][creates]), (out["process"], out["comm"]))
+    by_id = ~out["comm_na"] & (at >= 0)
+    size = np.where(out["nranks_na"], _take(nccl["nranks"][creates], at, 0), out["nranks"])
+    return size, out["nranks_na"] & ~by_id
+
+
+def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What every member of an untraced communicator agrees on: the op, and the
-    communicator size when the process initialised communicators of a single size."""
+    communicator size when the process initialised communicators of a single size;
+    with that size and where it is known."""
     inits = _per_name(nccl["name"], _is_comm_init, bool) & ~nccl["nranks_na"]
     processes, which = np.unique(nccl["process"][inits], return_inverse=True)
     low = np.full(processes.size, np.iinfo(np.int64).max)
@@ -795,11 +809,16 @@ def _inferred_comm_ids(out: Columns, nccl: Columns) -> np.ndarray:
     example = np.zeros(int(combo.max(initial=-1)) + 1, np.int64)
     example[combo] = np.arange(combo.size)  # one row per distinct (op, size): format each once
     label = [f"inferred:{out['op'][i]}" + (f":n{size[i]}" if known[i] else "") for i in example.tolist()]
-    return np.array(label, dtype=object)[combo]
+    return np.array(label, dtype=object)[combo], size, known
 
 
 def _is_comm_init(name: str | None) -> bool:
     return (name or "").lower().startswith("ncclcomminit")
+
+
+def _creates_comm(name: str | None) -> bool:
+    """CommInitRank (and Config/Scalable) or CommSplit: payloads naming a new communicator's id and size."""
+    return (name or "").lower().startswith(("ncclcomminit", "ncclcommsplit"))
 
 
 def _step_number(name: str | None) -> int:
@@ -1061,13 +1080,14 @@ def _expand(low: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def _communicator_part(coll: Columns, n: int) -> pa.Array:
-    # One rank's export names its communicators but not their other members.
+    # One rank's export names its communicators and their sizes, not their other members.
     first = coll["seq"] == 0  # each (rank, comm_id) once, in order of first use
     size = int(first.sum())
     arrays = {
         "comm_id": pa.array(coll["comm_id"][first], pa.string()),
         "ranks": pa.nulls(size, digest.COMMUNICATOR.field("ranks").type),
         "name": pa.nulls(size, pa.string()),
+        "size": pa.array(coll["comm_size"][first], pa.int64(), mask=coll["comm_size_na"][first]).cast(pa.int32()),
     }
     return _list_column(digest.COMMUNICATOR, arrays, np.bincount(coll["unit"][first], minlength=n))
 

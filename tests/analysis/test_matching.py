@@ -86,6 +86,26 @@ def test_rank_using_a_communicator_it_is_not_listed_in_is_reported() -> None:
     assert any("ranks [2] use it but are not listed" in w for w in m.warnings)
 
 
+def _unlisted(sizes: dict[int, int | None]) -> pd.DataFrame:
+    """Communicator "c" without member lists, each rank saying the size it knows."""
+    return pd.DataFrame([(r, "c", None, None, n) for r, n in sizes.items()], columns=["rank", "comm_id", "ranks", "name", "size"])
+
+
+def test_inferred_members_are_checked_against_the_communicator_size() -> None:
+    rows = _rows([(r, "c", 0, "trace", "allreduce", 1, None, 100) for r in (0, 1)])
+    agree = match(rows, _unlisted({0: 2, 1: 2}), {0, 1})
+    assert agree.members["c"] == (0, 1) and agree.instances == 1
+    assert not any("member" in w for w in agree.warnings)  # verified: nothing to say
+    short = match(rows, _unlisted({0: 4, 1: 4}), {0, 1})
+    assert any("1 communicator(s) with members missing from the input (c: 2 of 4)" in w for w in short.warnings)
+    lumped = match(rows, _unlisted({0: 1, 1: 1}), {0, 1})
+    assert any("used by more ranks than their size" in w and "c: 2 for 1" in w for w in lumped.warnings)
+    split = match(rows, _unlisted({0: 2, 1: 3}), {0, 1})
+    assert any("disagree on the size (c: 2/3)" in w for w in split.warnings)
+    unknown = match(rows, _unlisted({0: None, 1: None}), {0, 1})
+    assert any("1 communicator(s) without member lists (c)" in w for w in unknown.warnings)
+
+
 def test_send_pairs_with_recv_per_peer() -> None:
     rows = _rows(
         [(0, "w", 0, "ordinal", "send", 8, 1, 100), (1, "w", 0, "ordinal", "recv", 8, 0, 120),

@@ -61,6 +61,15 @@ def test_communicator_ids_and_bytes_from_payloads(job) -> None:
     assert set(coll["step"]) == set(range(spec.steps))
 
 
+def test_communicator_sizes_from_init_payloads(job) -> None:
+    spec, paths = job
+    comms = _long(digest.concat(nsys.read_nsys(p) for p in paths), "communicators")
+    sizes = {f"{simulate.comm_hash(spec, kind, group):016x}": len(simulate.members(spec, kind, group))
+             for kind in ("tp", "dp") for group in range(2)}
+    assert dict(zip(comms["comm_id"], comms["size"])) == sizes
+    assert comms["ranks"].isna().all()  # one rank's export cannot list the others
+
+
 def _without_environment(source: Path, target: Path) -> Path:
     """As if profiled with --discard-environment=true: no captured env rows."""
     target.write_bytes(source.read_bytes())
