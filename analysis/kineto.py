@@ -550,15 +550,19 @@ def _with_flight_recorder(calls: pd.DataFrame, top: dict, notes: list[str]) -> p
 def _containing(inner: pd.DataFrame, outer: pd.DataFrame) -> pd.Series:
     """For each inner event: the position in ``outer`` of the latest event on the same
     thread that starts at or before it and has not ended (NaN where none)."""
+    return pd.Series(_containing_at(_thread(inner), inner["ts_ns"].to_numpy(np.int64), outer), index=inner.index)
+
+
+def _containing_at(thread: np.ndarray, ts: np.ndarray, outer: pd.DataFrame) -> np.ndarray:
+    """_containing for events given by their thread codes and start times."""
     if outer.empty:
-        return pd.Series(np.nan, index=inner.index)
-    thread, start = _thread(outer), outer["ts_ns"].to_numpy(np.int64)
-    order = np.lexsort((start, thread))  # by thread, then start; ties keep their order
-    at = intervals.last_at_or_before(thread[order], start[order], _thread(inner), inner["ts_ns"].to_numpy(np.int64))
+        return np.full(len(ts), np.nan)
+    outer_thread, start = _thread(outer), outer["ts_ns"].to_numpy(np.int64)
+    order = np.lexsort((start, outer_thread))  # by thread, then start; ties keep their order
+    at = intervals.last_at_or_before(outer_thread[order], start[order], thread, ts)
     pos = order[np.maximum(at, 0)]
     end = start[pos] + outer["dur_ns"].to_numpy(np.int64)[pos]
-    inside = (at >= 0) & (inner["ts_ns"].to_numpy(np.int64) <= end)
-    return pd.Series(np.where(inside, pos, np.nan), index=inner.index)
+    return np.where((at >= 0) & (ts <= end), pos, np.nan)
 
 
 def _thread(rows: pd.DataFrame) -> np.ndarray:
@@ -572,8 +576,7 @@ def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     if kernels.empty:
         return pd.DataFrame()
     calls = _calls(events, trace.top, notes)
-    call_pos = _kernel_calls(events, kernels, calls)
-    call = call_pos.to_numpy()
+    call = _kernel_calls(events, kernels, calls)
     linked = ~np.isnan(call)
     orphans = int((~linked).sum())
     if orphans:
@@ -611,28 +614,38 @@ def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFra
     return _identify(frame, trace.top, meta, notes, fallback="stream")
 
 
-def _kernel_calls(events: pd.DataFrame, kernels: pd.DataFrame, calls: pd.DataFrame) -> pd.Series:
-    """Position in ``calls`` of each kernel's host call: via the CUDA launch that has the
-    kernel's correlation id (enclosed by the call on its thread), else by External id."""
-    runtime = events[events["cat"].isin(_LAUNCH_CATS) & events["corr"].notna()]
-    launches = runtime.drop_duplicates("corr").set_index("corr")
-    has = kernels["corr"].isin(launches.index)
-    result = pd.Series(np.nan, index=kernels.index)
+def _kernel_calls(events: pd.DataFrame, kernels: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+    """Position in ``calls`` of each kernel's host call (NaN: none): via the CUDA launch
+    that has the kernel's correlation id (its first such launch, enclosed by the call on
+    its thread), else by External id (a call's own, else its record_param_comms')."""
+    result = np.full(len(kernels), np.nan)
+    corr = events["corr"].to_numpy(np.int64, na_value=-1)
+    launch_rows = np.flatnonzero(events["cat"].isin(_LAUNCH_CATS).to_numpy() & (corr >= 0))
+    launch_corr, first = np.unique(corr[launch_rows], return_index=True)
+    at, has = _lookup(launch_corr, kernels["corr"].to_numpy(np.int64, na_value=-1))
     if has.any():
-        launch = launches.loc[kernels.loc[has, "corr"].to_numpy()]
-        launch.index = kernels.index[has.to_numpy()]
-        result[has] = _containing(launch, calls)
-    missing = result.isna()
+        rows = launch_rows[first[at[has]]]
+        thread, ts = events["thread"].to_numpy(), events["ts_ns"].to_numpy(np.int64)
+        result[has] = _containing_at(thread[rows], ts[rows], calls)
+    missing = np.isnan(result)
     if missing.any():
-        by_ext = pd.Series(np.arange(len(calls)), index=calls["ext"].to_numpy())
+        ext = events["ext"].to_numpy(np.int64, na_value=-1)
         rpc = calls["rpc"].to_numpy(np.int64)
-        rpc_ext = events["ext"].array[np.maximum(rpc, 0)].copy()
-        rpc_ext[rpc < 0] = pd.NA
-        by_ext = pd.concat([by_ext, pd.Series(np.arange(len(calls)), index=rpc_ext)])
-        by_ext = by_ext[by_ext.index.notna()]
-        by_ext = by_ext[~by_ext.index.duplicated()]
-        result[missing] = kernels.loc[missing, "ext"].map(by_ext).to_numpy(dtype=float, na_value=np.nan)
+        keys = np.concatenate([calls["ext"].to_numpy(np.int64, na_value=-1), np.where(rpc >= 0, ext[rpc], -1)])
+        positions = np.tile(np.arange(len(calls)), 2)[keys >= 0]
+        known, first = np.unique(keys[keys >= 0], return_index=True)  # first: a call's own id wins
+        at, has = _lookup(known, kernels["ext"].to_numpy(np.int64, na_value=-1))
+        found = missing & has
+        result[found] = positions[first[at[found]]]
     return result
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Position of each value in sorted unique ``keys``, and whether it is there (ids < 0: absent)."""
+    if not len(keys):
+        return np.zeros(len(values), np.intp), np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(keys, values), len(keys) - 1)
+    return at, (values >= 0) & (keys[at] == values)
 
 
 def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFrame:

@@ -352,3 +352,11 @@ def test_kept_args_do_not_pin_their_chunks_text(tmp_path, monkeypatch):
     refs = [sys.getrefcount(chunks[i]) for i in range(len(chunks))]
     assert refs == [2, 2], refs  # the list's and the call's only
     assert kineto._sizes([args])[0] == 128
+
+
+def test_empty_file_is_an_export_error(tmp_path):
+    """An empty file cannot be mapped: it is read as empty text, not a trace."""
+    empty = tmp_path / "rank0.json"
+    empty.write_bytes(b"")
+    with pytest.raises(ExportError, match="not a Kineto JSON trace"):
+        read_kineto(empty)
