@@ -40,16 +40,12 @@ import pyarrow as pa
 from rankscope.analysis import digest, intervals, ops
 from rankscope.analysis.groups import Groups
 from rankscope.errors import ExportError, InputError
+from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 
 _log = logging.getLogger(__name__)
 
 SOURCE_FORMAT = "nsys-sqlite"
 SUPPORTED_SCHEMAS = ((3, 13), (3, 28))  # inclusive (major, minor) range
-
-RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "PMI_SIZE")
-JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
