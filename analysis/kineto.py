@@ -778,8 +778,11 @@ def _communicators(top: dict, collectives: pd.DataFrame) -> pd.DataFrame:
     for comm in ids:
         name = comm.removesuffix("/p2p")
         config = groups.get(name, {})
-        rows.append({"comm_id": comm, "ranks": config.get("ranks"), "name": config.get("pg_desc") or name})
-    return pd.DataFrame(rows, columns=["comm_id", "ranks", "name"])
+        ranks = config.get("ranks")
+        # Without the member list, pg_size lets matching check the members it infers.
+        size = config.get("pg_size") if ranks is None and type(config.get("pg_size")) is int else None
+        rows.append({"comm_id": comm, "ranks": ranks, "name": config.get("pg_desc") or name, "size": size})
+    return pd.DataFrame(rows, columns=["comm_id", "ranks", "name", "size"]).astype({"size": "Int64"})
 
 
 def _pg_config(top: dict) -> dict[str, dict]:

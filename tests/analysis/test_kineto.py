@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from rankscope.analysis import digest
@@ -360,3 +361,15 @@ def test_empty_file_is_an_export_error(tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(ExportError, match="not a Kineto JSON trace"):
         read_kineto(empty)
+
+
+def test_pg_size_without_member_list_gives_communicator_size(tmp_path):
+    """pg_config without ``ranks`` but with ``pg_size``: the size lets matching check the
+    members it infers; with ``ranks`` the list says it all."""
+    data = _trace(_gloo_events("200.000", "201.000"))
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "pg_size": 4}]
+    comms = digest.explode(_read(_write(tmp_path / "a.json", data)), "communicators")
+    assert (comms.loc[0, "comm_id"], comms.loc[0, "size"]) == ("0", 4) and comms.loc[0, "ranks"] is None
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "pg_size": 4, "ranks": [0, 1, 2, 3]}]
+    comms = digest.explode(_read(_write(tmp_path / "b.json", data)), "communicators")
+    assert pd.isna(comms.loc[0, "size"]) and list(comms.loc[0, "ranks"]) == [0, 1, 2, 3]
