@@ -557,13 +557,19 @@ def _decode_payloads(files: list[_File], file: np.ndarray, blobs: np.ndarray, le
     base = np.cumsum(lengths) - lengths
     data = np.frombuffer(b"".join(blobs[index].tolist()), np.uint8)
     schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
+    # (file, schema id) coded once for entries and blobs alike; then per field a table
+    # from code to that field's first entry.
+    keys = _codes(np.concatenate([e_file.astype(np.int64), file]), np.concatenate([e_schema.astype(np.int64), schema]))
+    e_key, key = keys[: e_file.size], keys[e_file.size :]
     for entry_name, column in _PAYLOAD_FIELDS.items():
         mine = np.flatnonzero(e_name == entry_name)
         if not mine.size:
             continue
-        row = _first_match((e_file[mine], e_schema[mine].astype(np.int64)), (file, schema))
-        pick = mine[np.clip(row, 0, None)]
-        size = np.where(row >= 0, e_size[pick], 0)
+        first = np.full(int(keys.max()) + 1, e_file.size)
+        np.minimum.at(first, e_key[mine], mine)
+        row = first[key]
+        pick = np.where(row < e_file.size, row, 0)
+        size = np.where(row < e_file.size, e_size[pick], 0)
         ok = (size > 0) & (e_offset[pick] + size <= lengths)
         values = _read_ints(data, base + e_offset[pick], np.where(ok, size, 1), e_signed[pick])
         out[column][index] = np.where(ok, values, 0)
@@ -668,9 +674,9 @@ def _warn_per_file(files: list[_File], file: np.ndarray, flagged: np.ndarray, te
         files[i].warn(template.format(int(counts[i]), int(totals[i])))
 
 
-def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     """(calls, launchers): API calls keyed by ``call_group``; the ranges kernels launch in,
-    sorted by thread then start.
+    sorted by thread then start (columns as numpy arrays).
 
     An ungrouped call launches inside its own range; grouped calls (between the outermost
     ncclGroupStart and its ncclGroupEnd on one thread) launch inside the ncclGroupEnd.
@@ -696,10 +702,8 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataF
     closes = (delta == -1) & (before >= 1) & (depth == 0)
     # Ungrouped calls form their own call group (negative ids cannot clash with groups).
     frame["call_group"] = np.where(grouped | closes, group, -1 - np.arange(tid.size, dtype=np.int64))
-    # Object columns stay object (no string inference: they are only looked up by row).
-    frame = pd.DataFrame({key: pd.Series(values, dtype=object) if values.dtype == object else values
-                          for key, values in frame.items()})
-    return frame[is_call], frame[(is_call & ~grouped) | closes]
+    launches = (is_call & ~grouped) | closes
+    return {key: values[is_call] for key, values in frame.items()}, {key: values[launches] for key, values in frame.items()}
 
 
 def _group_step(name: str | None) -> int:
@@ -713,18 +717,18 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
     of the range on its launching thread that encloses the launch."""
     calls, launchers = _group_calls({"tid": nccl["thread"], "start": nccl["start"], "end": nccl["end"],
                                      "name": nccl["name"], "op": nccl["op"], "row": np.arange(nccl["start"].size)})
-    tid, start, end, group = (launchers[c].to_numpy(np.int64) for c in ("tid", "start", "end", "call_group"))
+    tid, start, end, group = (launchers[c].astype(np.int64, copy=False) for c in ("tid", "start", "end", "call_group"))
     at = intervals.last_at_or_before(tid, start, thread, launch_ns)
     hit = at >= 0
     hit[hit] = end[at[hit]] >= launch_ns[hit]
     wanted = group[at[hit]]
-    call_group = calls["call_group"].to_numpy(np.int64)
+    call_group = calls["call_group"]
     by_group = np.argsort(call_group, kind="stable")
     low = np.searchsorted(call_group[by_group], wanted, side="left")
     counts = np.searchsorted(call_group[by_group], wanted, side="right") - low
     served = by_group[_expand(low, counts)]
-    return {"kernel": np.repeat(kernel[hit], counts), "start": calls["start"].to_numpy(np.int64)[served],
-            "op": calls["op"].to_numpy(object)[served], "row": calls["row"].to_numpy(np.int64)[served]}
+    return {"kernel": np.repeat(kernel[hit], counts), "start": calls["start"].astype(np.int64, copy=False)[served],
+            "op": calls["op"].astype(object, copy=False)[served], "row": calls["row"][served]}
 
 
 def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:

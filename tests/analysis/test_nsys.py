@@ -258,9 +258,9 @@ def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
     nccl = pd.DataFrame(rows, columns=["tid", "start", "name"]).assign(end=lambda f: f["start"] + 1)
     nccl["op"] = nccl["name"].map(nsys.ops.from_nccl_api)
     calls, launchers = nsys._group_calls(nccl)
-    launch = dict(zip(zip(launchers["tid"], launchers["start"]), launchers["call_group"]))
+    launch = dict(zip(zip(launchers["tid"].tolist(), launchers["start"].tolist()), launchers["call_group"].tolist()))
     assert sorted(launch) == [(1, 15), (1, 20), (2, 16)]
-    served = {key: sorted(calls.loc[calls["call_group"] == group, "name"]) for key, group in launch.items()}
+    served = {key: sorted(calls["name"][calls["call_group"] == group]) for key, group in launch.items()}
     assert served == {(1, 15): ["ncclRecv", "ncclSend"], (1, 20): ["ncclAllReduce"], (2, 16): ["ncclSend"]}
 
 
