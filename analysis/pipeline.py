@@ -188,14 +188,11 @@ def _records(frame: pd.DataFrame, names: list[str]) -> list[dict]:
 
 
 def _plain_list(column: pd.Series) -> list:
-    """A column as plain Python values, NaN and NA as None: numpy columns through one
-    tolist, only their NaN cells replaced; others cell by cell."""
-    if not isinstance(column.dtype, np.dtype) or column.dtype.kind not in "biuf":
-        return [_plain(v) for v in column.tolist()]
-    values = column.to_numpy()
-    out = values.tolist()
-    if values.dtype.kind == "f":
-        for i in np.flatnonzero(np.isnan(values)).tolist():
+    """A column as plain Python values, NaN and NA as None: one tolist, then only the
+    missing cells replaced."""
+    out = column.tolist()
+    if not isinstance(column.dtype, np.dtype) or column.dtype.kind in "fO":
+        for i in np.flatnonzero(column.isna().to_numpy()).tolist():
             out[i] = None
     return out
 
