@@ -42,7 +42,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rankscope.analysis import digest, intervals, ops
+from rankscope.analysis import digest, groups, intervals, ops
 from rankscope.errors import ExportError, RankscopeWarning
 
 SOURCE_FORMAT = "kineto-json"
@@ -68,9 +68,53 @@ _DTYPE_BYTES = {
 
 
 @dataclass
+class _Names:
+    """Per distinct event name, the tests the reading makes (each name tested once, not
+    once per event: the same names recur every step)."""
+
+    text: np.ndarray  # object: the names
+    comm: np.ndarray  # bool: an NCCL kernel's name
+    op: np.ndarray  # object: canonical op of a c10d / gloo / nccl name, else None
+
+    def where(self, test) -> np.ndarray:
+        """``test`` (str -> bool) of each distinct name."""
+        return np.fromiter(map(test, self.text), bool, len(self.text))
+
+
+@dataclass
+class _Events:
+    """The complete events as numpy columns, strings as codes into their distinct values.
+    Subsets are arrays of row positions: nothing is copied per subset but what is read."""
+
+    cat: np.ndarray  # int32 code into ``cats``
+    name: np.ndarray  # int32 code into ``names``
+    pid: np.ndarray  # int32 code into ``pids``
+    thread: np.ndarray  # int64: one integer per (pid, tid), compared many times
+    ts: np.ndarray  # int64 ns, absolute epoch
+    dur: np.ndarray  # int64 ns
+    corr: np.ndarray  # int64 CUDA correlation id of linked events (kernels, launches, calls), else -1
+    ext: np.ndarray  # int64 External id of linked events, else -1
+    cats: dict[str, int]
+    names: _Names
+    pids: list
+
+    def of_cat(self, *cats: str) -> np.ndarray:
+        """Mask of the events in any of the categories."""
+        return np.isin(self.cat, [self.cats[c] for c in cats if c in self.cats])
+
+    def named(self, flags: np.ndarray) -> np.ndarray:
+        """Mask of the events whose name has the flag (one flag per distinct name)."""
+        return flags[self.name]
+
+    def prefixed(self, prefix: str | tuple[str, ...]) -> np.ndarray:
+        """Mask of the events whose name starts with the prefix (or any of them)."""
+        return self.named(self.names.where(lambda name: name.startswith(prefix)))
+
+
+@dataclass
 class _Trace:
     top: dict
-    events: pd.DataFrame  # cat, name, pid, tid, ts_ns, dur_ns (absolute epoch ns), corr, ext
+    events: _Events
     args: callable  # rows (positions in events, -1 for none) -> list[_Args]
 
 
@@ -87,25 +131,24 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     meta = _meta(path, trace, rank_from, notes)
     events = trace.events
     steps = _steps(events)
-    gpu = events[events["cat"].isin(_GPU_CATS)]
-    if len(gpu):
-        busy = _device_busy(gpu)
-        collectives = _nccl_collectives(trace, meta, notes)
+    if events.of_cat(*_GPU_CATS).any():
+        busy = _device_busy(events)
+        collectives = _nccl_collectives(trace, notes)
     else:
         notes.append(
             "CPU-only trace: no device activity; busy time is the union of top-level CPU ops "
             "(compute) and gloo worker ops (communication)"
         )
         busy = _cpu_busy(events)
-        collectives = _gloo_collectives(trace, meta, notes)
+        collectives = _gloo_collectives(trace, notes)
     collectives = _with_context(collectives, busy, steps, meta["window_start_ns"])
-    communicators = _communicators(trace.top, collectives)
     meta.update(busy.totals)
     meta["warnings"] = notes
     for note in notes:
         warnings.warn(f"{path}: {note}", RankscopeWarning, stacklevel=2)
     return digest.digest_row(
-        meta, collectives=collectives, kernels=busy.kernels, steps=steps, communicators=communicators
+        meta, collectives=_collective_table(collectives), kernels=pa.table(busy.kernels),
+        steps=pa.table(steps), communicators=_communicators(trace.top, collectives),
     )
 
 
@@ -197,14 +240,14 @@ def _load(path: Path) -> _Trace:
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExportError(f"unreadable event time ({exc})", path=path) from None
     del texts, text  # the trace's bytes go with the last view of them
-    frame = columns.frame(base)
+    events = columns.events(base)
     kept = columns.kept
 
     def args(rows) -> list[_Args]:
         """Identity args of the given rows (-1: none)."""
         return [kept[row] if row >= 0 else _NO_ARGS for row in rows]
 
-    return _Trace(top, frame, args)
+    return _Trace(top, events, args)
 
 
 class _Text:
@@ -273,34 +316,34 @@ class _Columns:
         names = list(self.distinct["name"])[len(self.identity_name):]
         if not names:
             return
-        new = pd.Series(names, dtype=object)
-        by_name = (new.str.startswith((_C10D, _NCCL, _GLOO)) | (new == _RPC)).to_numpy(bool)
-        self.identity_name = np.concatenate([self.identity_name, by_name])
-        self.comm_name = np.concatenate([self.comm_name, ops.is_comm_kernel(new)])
+        by_name = [name.startswith((_C10D, _NCCL, _GLOO)) or name == _RPC for name in names]
+        self.identity_name = np.concatenate([self.identity_name, np.array(by_name, bool)])
+        self.comm_name = np.concatenate([self.comm_name, ops.is_comm_kernel(pd.Series(names, dtype=object))])
 
-    def frame(self, base: int) -> pd.DataFrame:
+    def events(self, base: int) -> _Events:
         codes = {key: np.concatenate(parts) if parts else np.zeros(0, np.int32) for key, parts in self.codes.items()}
-        numbers = {key: np.concatenate(parts) if parts else np.zeros(0, np.int64) for key, parts in self.numbers.items()}
-        values = {key: pd.Index(list(distinct), dtype=object) for key, distinct in self.distinct.items()}
-        frame = pd.DataFrame(
-            {
-                "cat": pd.Categorical.from_codes(codes["cat"], values["cat"]),
-                "name": pd.Categorical.from_codes(codes["name"], values["name"]),
-                "pid": pd.Series(values["pid"].to_numpy()[codes["pid"]], dtype=object),
-                "tid": pd.Series(values["tid"].to_numpy()[codes["tid"]], dtype=object),
-                "ts_ns": numbers["ts_ns"] + base,
-                "dur_ns": numbers["dur_ns"],
-            }
-        )
+        numbers = {key: np.concatenate(parts) if parts else np.zeros(0, np.int64)
+                   for key, parts in self.numbers.items()}
+        text = np.array(list(self.distinct["name"]), dtype=object)
+        names = _Names(text, self.comm_name, np.array([_canonical(n) for n in text], dtype=object))
+        cats = self.distinct["cat"]
+        cat = codes["cat"]
         # Ids of the events that are linked; any others an event carries are not read.
-        names = frame["name"]
-        linked = (frame["cat"].isin(_LINKED_CATS) | names.str.startswith(_C10D) | (names == _RPC)).to_numpy()
-        for key in ("corr", "ext"):
-            ids = np.where(linked, numbers[key], -1)
-            frame[key] = pd.arrays.IntegerArray(ids, ids < 0)
-        # One integer per (pid, tid): threads are compared many times, strings once.
-        frame["thread"] = codes["pid"].astype(np.int64) * (len(values["tid"]) + 1) + codes["tid"]
-        return frame
+        linked = np.isin(cat, [cats[c] for c in _LINKED_CATS if c in cats])
+        linked |= names.where(lambda n: n.startswith(_C10D) or n == _RPC)[codes["name"]]
+        return _Events(
+            cat=cat,
+            name=codes["name"],
+            pid=codes["pid"],
+            thread=codes["pid"].astype(np.int64) * (len(self.distinct["tid"]) + 1) + codes["tid"],
+            ts=numbers["ts_ns"] + base,
+            dur=numbers["dur_ns"],
+            corr=np.where(linked, numbers["corr"], -1),
+            ext=np.where(linked, numbers["ext"], -1),
+            cats=cats,
+            names=names,
+            pids=list(self.distinct["pid"]),
+        )
 
 
 def _detached(args: _Args) -> _Args:
@@ -308,11 +351,6 @@ def _detached(args: _Args) -> _Args:
     if args.dims or args.types:
         return msgspec.structs.replace(args, dims=args.dims.copy(), types=args.types.copy())
     return args
-
-
-def _is_comm(names: pd.Series) -> np.ndarray:
-    """ops.is_comm_kernel, tested once per distinct name."""
-    return ops.is_comm_kernel(pd.Series(names.cat.categories, dtype=object))[names.cat.codes.to_numpy()]
 
 
 # µs with up to 18 decimals and 20 integer digits; rounding to 3 decimals gives whole ns.
@@ -360,10 +398,9 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
         host = f"unknown-host:{path.name}"
         notes.append(f"no host_name in trace: it is its own clock domain ({host})")
     events = trace.events
-    if len(events) == 0:
+    if len(events.ts) == 0:
         raise ExportError("Kineto trace has no complete (ph X) events", path=path)
-    cpu = events[events["cat"] == "cpu_op"]
-    pid = cpu["pid"].mode().iloc[0] if len(cpu) else None
+    pid = _most_common_pid(events)
     return {
         "rank": rank,
         "rank_source": source,
@@ -377,10 +414,19 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
         "source_file": str(path),
         "producer": f"kineto schemaVersion {top.get('schemaVersion', '?')}"
         + (f", torch {hook['torch']}" if hook.get("torch") else ""),
-        "window_start_ns": int(events["ts_ns"].min()),
-        "window_end_ns": int((events["ts_ns"] + events["dur_ns"]).max()),
+        "window_start_ns": int(events.ts.min()),
+        "window_end_ns": int((events.ts + events.dur).max()),
         "backend": (info or {}).get("backend"),
     }
+
+
+def _most_common_pid(events: _Events):
+    """The pid of most CPU ops (ties: the least, as pandas' mode; None without CPU ops)."""
+    count = np.bincount(events.pid[events.of_cat("cpu_op")], minlength=len(events.pids))
+    if not count.any():
+        return None
+    # ints before texts: a trace mixing both still gets one answer
+    return min((events.pids[i] for i in np.flatnonzero(count == count.max())), key=lambda p: (isinstance(p, str), p))
 
 
 def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, notes: list[str]) -> tuple[int, str]:
@@ -421,35 +467,34 @@ def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, note
 class _Busy:
     compute: intervals.Union
     everything: intervals.Union
-    kernels: pd.DataFrame
+    kernels: dict[str, np.ndarray]
     totals: dict
 
 
-def _device_busy(gpu: pd.DataFrame) -> _Busy:
-    start = gpu["ts_ns"].to_numpy(np.int64)
-    end = start + gpu["dur_ns"].to_numpy(np.int64)
-    comm = _is_comm(gpu["name"]) & (gpu["cat"] == "kernel").to_numpy()
-    kernels = gpu[gpu["cat"] == "kernel"]
-    return _busy(start, end, comm, _kernel_table(kernels, _is_comm(kernels["name"])))
+def _device_busy(events: _Events) -> _Busy:
+    gpu = np.flatnonzero(events.of_cat(*_GPU_CATS))
+    start = events.ts[gpu]
+    end = start + events.dur[gpu]
+    kernel = events.of_cat("kernel")[gpu]
+    comm = events.named(events.names.comm)[gpu] & kernel
+    return _busy(start, end, comm, _kernel_table(events, gpu[kernel], comm[kernel]))
 
 
-def _cpu_busy(events: pd.DataFrame) -> _Busy:
+def _cpu_busy(events: _Events) -> _Busy:
     """CPU-only proxy: top-level CPU ops on compute threads, gloo worker ops as comm."""
-    gloo = events["name"].str.startswith(_GLOO) & (events["cat"] == "user_annotation")
-    c10d = events["name"].str.startswith((_C10D, _RPC))
-    callers = set(_thread(events[c10d]))
-    threads = _thread(events)
-    workers = set(threads[gloo.to_numpy()]) - callers  # gloo:send runs on the caller
-    cpu = (events["cat"] == "cpu_op").to_numpy() & ~c10d.to_numpy() & ~np.isin(threads, list(workers))
-    chosen = events[cpu | gloo.to_numpy()]
-    top = chosen[_top_level(chosen)]
-    start = top["ts_ns"].to_numpy(np.int64)
-    end = start + top["dur_ns"].to_numpy(np.int64)
-    comm = top["name"].str.startswith(_GLOO).to_numpy()
-    return _busy(start, end, comm, _kernel_table(top, comm))
+    gloo = events.prefixed(_GLOO) & events.of_cat("user_annotation")
+    c10d = events.prefixed((_C10D, _RPC))
+    workers = np.setdiff1d(events.thread[gloo], events.thread[c10d])  # gloo:send runs on the caller
+    cpu = events.of_cat("cpu_op") & ~c10d & ~np.isin(events.thread, workers)
+    chosen = np.flatnonzero(cpu | gloo)
+    top = chosen[_top_level(events, chosen)]
+    start = events.ts[top]
+    end = start + events.dur[top]
+    comm = gloo[top]
+    return _busy(start, end, comm, _kernel_table(events, top, comm))
 
 
-def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: pd.DataFrame) -> _Busy:
+def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: dict[str, np.ndarray]) -> _Busy:
     compute = intervals.merge(start[~comm], end[~comm])
     everything = intervals.merge(start, end)
     total = int((everything.ends - everything.starts).sum())
@@ -465,176 +510,194 @@ def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: pd.Data
     return _Busy(compute, everything, kernels, totals)
 
 
-def _kernel_table(rows: pd.DataFrame, is_comm: np.ndarray) -> pd.DataFrame:
+def _kernel_table(events: _Events, rows: np.ndarray, is_comm: np.ndarray) -> dict[str, np.ndarray]:
     """Count and total time per (name, is_comm), largest total first (ties: first seen
     first), on the name codes: no trace-sized column of strings."""
-    key = rows["name"].cat.codes.to_numpy(np.int64) * 2 + is_comm
+    key = events.name[rows].astype(np.int64) * 2 + is_comm
     keys, first, group = np.unique(key, return_index=True, return_inverse=True)
     total = np.zeros(len(keys), np.int64)
-    np.add.at(total, group, rows["dur_ns"].to_numpy(np.int64))
+    np.add.at(total, group, events.dur[rows])
     order = np.lexsort((first, -total))
-    return pd.DataFrame({
-        "name": pd.Series(rows["name"].cat.categories.to_numpy()[keys[order] // 2], dtype=object),
+    return {
+        "name": events.names.text[keys[order] // 2],
         "is_comm": keys[order] % 2 == 1,
         "count": np.bincount(group, minlength=len(keys))[order],
         "total_ns": total[order],
-    })
+    }
 
 
-def _top_level(rows: pd.DataFrame) -> np.ndarray:
-    """True for events not nested inside an earlier event of the same thread."""
-    order = rows.sort_values(["thread", "ts_ns", "dur_ns"], ascending=[True, True, False])
-    end = order["ts_ns"] + order["dur_ns"]
-    thread = order["thread"]
-    reach = end.groupby(thread, sort=False).cummax()
-    previous = reach.groupby(thread, sort=False).shift(1)
-    top = previous.isna() | (order["ts_ns"] >= previous)
-    return top.reindex(rows.index).to_numpy(dtype=bool)
+def _top_level(events: _Events, rows: np.ndarray) -> np.ndarray:
+    """True for events (of ``rows``) not nested inside an earlier event of the same
+    thread: ordered by thread, start, then longest first, an event is top-level where it
+    starts at or after the furthest end of the thread's events before it."""
+    thread, start, dur = events.thread[rows], events.ts[rows], events.dur[rows]
+    order = np.lexsort((-dur, start, thread))
+    thread, start = thread[order], start[order]
+    reach = intervals.running_max(start + dur[order], thread)
+    top = np.ones(len(rows), bool)
+    top[1:] = (thread[1:] != thread[:-1]) | (start[1:] >= reach[:-1])
+    out = np.empty(len(rows), bool)
+    out[order] = top
+    return out
 
 
 # ---------------------------------------------------------------- collectives
 
+# A table is a dict of equal-length numpy columns. Nullable values are object columns
+# holding None; a null time is marked in a bool column beside it (``called``).
 
-def _calls(events: pd.DataFrame, top: dict, notes: list[str]) -> pd.DataFrame:
-    """Host-side collective calls: c10d ops, each with the row of the record_param_comms
-    (``rpc``) and of the ``nccl:<op>`` annotation (``ann``) inside it, -1 where none, and
-    the hook's Flight Recorder identity (``fr_pg``, ``fr_seq``, ``fr_bytes``) where given."""
-    cpu = events["cat"] == "cpu_op"
-    c10d = events[cpu & events["name"].str.startswith(_C10D)]
-    rpc = events[cpu & (events["name"] == _RPC)]
-    ann = events[(events["cat"] == "user_annotation") & events["name"].str.startswith(_NCCL)]
-    calls = c10d.assign(op=c10d["name"].map(_canonical).astype(object), rpc=-1, ann=-1)
+
+def _take(table: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    return {key: column[rows] for key, column in table.items()}
+
+
+def _present(values: np.ndarray) -> np.ndarray:
+    """Mask of the non-null values of an object column."""
+    return np.not_equal(values, None)
+
+
+def _calls(events: _Events, top: dict, notes: list[str]) -> dict[str, np.ndarray]:
+    """Host-side collective calls, by start: c10d ops, each with the row of the
+    record_param_comms (``rpc``) and of the ``nccl:<op>`` annotation (``ann``) inside it,
+    -1 where none, and the hook's Flight Recorder identity (``fr_pg``, ``fr_seq``,
+    ``fr_bytes``) where given. ``row``: the call's event."""
+    cpu = events.of_cat("cpu_op")
+    c10d = np.flatnonzero(cpu & events.prefixed(_C10D))
+    rpc = np.flatnonzero(cpu & events.named(events.names.text == _RPC))
+    ann = np.flatnonzero(events.of_cat("user_annotation") & events.prefixed(_NCCL))
+    inner_of = {"rpc": np.full(len(c10d), -1), "ann": np.full(len(c10d), -1)}
     lone = rpc
     for column, inner in (("rpc", rpc), ("ann", ann)):
-        if len(inner) and len(calls):
-            inside = _containing(inner, calls)
-            found = inside.dropna().astype(int)
-            calls.iloc[found.to_numpy(), calls.columns.get_loc(column)] = found.index.to_numpy()
+        if len(inner) and len(c10d):
+            inside = _containing(events, inner, c10d)
+            found = inside >= 0
+            inner_of[column][inside[found]] = inner[found]  # several inside one call: the last
             if column == "rpc":
-                lone = rpc[inside.isna()]
-    if len(lone):  # record_param_comms outside any c10d op: a call of its own
-        calls = pd.concat([calls, lone.assign(op=None, rpc=lone.index, ann=-1)])
-    calls = calls.sort_values("ts_ns", kind="stable")
+                lone = rpc[~found]
+    # record_param_comms outside any c10d op: a call of its own
+    rows = np.concatenate([c10d, lone])
+    order = np.argsort(events.ts[rows], kind="stable")
+    rows = rows[order]
+    calls = {
+        "row": rows,
+        "op": np.concatenate([events.names.op[events.name[c10d]], np.full(len(lone), None)])[order],
+        "rpc": np.concatenate([inner_of["rpc"], lone])[order],
+        "ann": np.concatenate([inner_of["ann"], np.full(len(lone), -1)])[order],
+        "ts": events.ts[rows],
+        "end": events.ts[rows] + events.dur[rows],
+        "fr_pg": np.full(len(rows), None),
+        "fr_seq": np.full(len(rows), None),
+        "fr_bytes": np.full(len(rows), None),
+    }
     return _with_flight_recorder(calls, top, notes)
 
 
-def _with_flight_recorder(calls: pd.DataFrame, top: dict, notes: list[str]) -> pd.DataFrame:
+def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[str]) -> dict[str, np.ndarray]:
     """Join the hook's Flight Recorder entries to the calls: an entry is created inside
     its c10d call, on the same clock (checked on torch 2.13 gloo: 10-90 µs after the
-    call starts, before it ends)."""
+    call starts, before it ends). Each entry goes to the latest call of its op started at
+    or before it; a call keeps its earliest entry."""
     recorder = (top.get(HOOK_KEY) or {}).get("flight_recorder") if isinstance(top.get(HOOK_KEY), dict) else None
-    calls = calls.assign(fr_pg=None, fr_seq=pd.array([pd.NA] * len(calls), dtype="Int64"),
-                         fr_bytes=pd.array([pd.NA] * len(calls), dtype="Int64"))
-    if not recorder or not recorder.get("rows") or calls.empty:
+    if not recorder or not recorder.get("rows") or not len(calls["row"]):
         return calls
-    entries = pd.DataFrame(recorder["rows"], columns=recorder["columns"])
-    entries["op"] = entries["profiling_name"].map(_canonical)
-    entries = entries.dropna(subset=["op"]).astype({"time_created_ns": np.int64}).sort_values("time_created_ns")
-    known = calls[calls["op"].notna()]
-    right = pd.DataFrame({"ts_ns": known["ts_ns"].to_numpy(np.int64), "op": known["op"].to_numpy(object),
-                          "end": (known["ts_ns"] + known["dur_ns"]).to_numpy(), "label": known.index})
-    joined = pd.merge_asof(entries.rename(columns={"time_created_ns": "ts_ns"}), right.sort_values("ts_ns"),
-                           on="ts_ns", by="op", direction="backward")
-    joined = joined[joined["ts_ns"] <= joined["end"]].drop_duplicates("label")
-    labels = joined["label"].to_numpy()
-    calls.loc[labels, "fr_pg"] = joined["pg_name"].astype(str).to_numpy()
-    calls.loc[labels, "fr_seq"] = joined["seq"].astype(np.int64).to_numpy()
-    calls.loc[labels, "fr_bytes"] = pd.array(joined["bytes"], dtype="Int64")
-    unmatched = int((known.index.isin(labels) == False).sum())  # noqa: E712 - numpy mask
+    field = {name: i for i, name in enumerate(recorder["columns"])}
+    entries = [(row, op) for row in recorder["rows"] if (op := _canonical(row[field["profiling_name"]])) is not None]
+    created = np.array([int(row[field["time_created_ns"]]) for row, _ in entries], np.int64)
+    by_time = np.argsort(created, kind="stable")
+    entries, created = [entries[i] for i in by_time], created[by_time]
+    known = np.flatnonzero(_present(calls["op"]))
+    ops_, op_code = np.unique(np.concatenate([calls["op"][known], np.array([op for _, op in entries], object)]),
+                              return_inverse=True)
+    call_op, entry_op = op_code[: len(known)], op_code[len(known) :]
+    by_op = np.lexsort((calls["ts"][known], call_op))
+    at = intervals.last_at_or_before(call_op[by_op], calls["ts"][known][by_op], entry_op, created)
+    call = np.where(at >= 0, known[by_op[np.maximum(at, 0)]], -1)
+    inside = (call >= 0) & (created <= calls["end"][np.maximum(call, 0)])
+    labels, first = np.unique(call[inside], return_index=True)
+    taken = np.flatnonzero(inside)[first]
+    calls["fr_pg"][labels] = [str(entries[i][0][field["pg_name"]]) for i in taken]
+    calls["fr_seq"][labels] = [int(entries[i][0][field["seq"]]) for i in taken]
+    calls["fr_bytes"][labels] = _ints([entries[i][0][field["bytes"]] for i in taken])
+    unmatched = len(known) - len(labels)
     if unmatched:
         notes.append(f"{unmatched} collective call(s) at the window's edges have no Flight Recorder entry: not matched")
-        calls = calls[calls.index.isin(labels) | calls["op"].isna()]
+        keep = ~_present(calls["op"])
+        keep[labels] = True
+        calls = _take(calls, keep)
     return calls
 
 
-def _containing(inner: pd.DataFrame, outer: pd.DataFrame) -> pd.Series:
-    """For each inner event: the position in ``outer`` of the latest event on the same
-    thread that starts at or before it and has not ended (NaN where none)."""
-    return pd.Series(_containing_at(_thread(inner), inner["ts_ns"].to_numpy(np.int64), outer), index=inner.index)
-
-
-def _containing_at(thread: np.ndarray, ts: np.ndarray, outer: pd.DataFrame) -> np.ndarray:
-    """_containing for events given by their thread codes and start times."""
-    if outer.empty:
-        return np.full(len(ts), np.nan)
-    outer_thread, start = _thread(outer), outer["ts_ns"].to_numpy(np.int64)
+def _containing(events: _Events, inner: np.ndarray, outer: np.ndarray) -> np.ndarray:
+    """For each inner event (rows): the position in ``outer`` (rows) of the latest event
+    on the same thread that starts at or before it and has not ended (-1 where none)."""
+    if not len(outer):
+        return np.full(len(inner), -1)
+    outer_thread, start = events.thread[outer], events.ts[outer]
+    ts = events.ts[inner]
     order = np.lexsort((start, outer_thread))  # by thread, then start; ties keep their order
-    at = intervals.last_at_or_before(outer_thread[order], start[order], thread, ts)
+    at = intervals.last_at_or_before(outer_thread[order], start[order], events.thread[inner], ts)
     pos = order[np.maximum(at, 0)]
-    end = start[pos] + outer["dur_ns"].to_numpy(np.int64)[pos]
-    return np.where((at >= 0) & (ts <= end), pos, np.nan)
+    end = start[pos] + events.dur[outer][pos]
+    return np.where((at >= 0) & (ts <= end), pos, -1)
 
 
-def _thread(rows: pd.DataFrame) -> np.ndarray:
-    return rows["thread"].to_numpy()
-
-
-def _nccl_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFrame:
+def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] | None:
     events = trace.events
-    kernels = events[(events["cat"] == "kernel")]
-    kernels = kernels[_is_comm(kernels["name"])]
-    if kernels.empty:
-        return pd.DataFrame()
+    kernels = np.flatnonzero(events.of_cat("kernel") & events.named(events.names.comm))
+    if not len(kernels):
+        return None
     calls = _calls(events, trace.top, notes)
     call = _kernel_calls(events, kernels, calls)
-    linked = ~np.isnan(call)
+    linked = call >= 0
     orphans = int((~linked).sum())
     if orphans:
         notes.append(f"{orphans} NCCL kernel(s) with no host-side collective call in the trace: not matched")
     # Per call: its first kernel (by start; ties in trace order) gives arrival, the last end its end.
-    call = call[linked].astype(np.int64)
-    start = kernels["ts_ns"].to_numpy(np.int64)[linked]
-    end = start + kernels["dur_ns"].to_numpy(np.int64)[linked]
+    call, kernels = call[linked], kernels[linked]
+    start = events.ts[kernels]
+    end = start + events.dur[kernels]
     order = np.lexsort((start, call))
     calls_of, first = np.unique(call[order], return_index=True)
-    kernel_rows = kernels.index.to_numpy()[linked][order][first]
-    chosen = calls.iloc[calls_of]
-    rpc = chosen["rpc"].to_numpy(np.int64)
-    frame = pd.DataFrame(
-        {
-            "start_ns": start[order][first],
-            "end_ns": np.maximum.reduceat(end[order], first) if len(first) else end[:0],
-            "cpu_call_ns": chosen["ts_ns"].to_numpy(np.int64),
-        }
-    )
+    chosen = _take(calls, calls_of)
+    rpc = chosen["rpc"]
+    frame = {
+        "start_ns": start[order][first],
+        "end_ns": np.maximum.reduceat(end[order], first) if len(first) else end[:0],
+        "cpu_call_ns": chosen["ts"],
+        "called": np.ones(len(first), bool),
+    }
     # Identity args: record_param_comms where present, else the first kernel's copy.
-    kernel_args = trace.args(kernel_rows.tolist())
+    kernel_args = trace.args(kernels[order][first].tolist())
     kernel = _arg_columns(kernel_args)
     own = _arg_columns(trace.args(rpc.tolist()))
     own = {key: np.where(rpc >= 0, own[key], kernel[key]) for key in own}
-    host = _arg_columns(trace.args(chosen.index.tolist()))
+    host = _arg_columns(trace.args(chosen["row"].tolist()))
     annotation = _arg_columns(trace.args(chosen["ann"].tolist()))
-    frame["op"] = _coalesce(own["op"], chosen["op"].to_numpy(object), kernel["op"])
-    frame["bytes"] = _nullable(_coalesce(own["bytes"], annotation["bytes"], host["bytes"],
-                                         chosen["fr_bytes"].to_numpy(object)))
-    frame["pg"] = _coalesce(own["pg"], kernel["pg"], chosen["fr_pg"].to_numpy(object))
-    frame["seq_trace"] = _nullable(_coalesce(own["seq"], kernel["seq"], chosen["fr_seq"].to_numpy(object)))
-    frame["stream"] = ["?" if k.stream is None else str(k.stream) for k in kernel_args]
-    frame = frame[frame["op"].notna()]
-    return _identify(frame, trace.top, meta, notes, fallback="stream")
+    frame["op"] = _coalesce(own["op"], chosen["op"], kernel["op"])
+    frame["bytes"] = _coalesce(own["bytes"], annotation["bytes"], host["bytes"], chosen["fr_bytes"])
+    frame["pg"] = _coalesce(own["pg"], kernel["pg"], chosen["fr_pg"])
+    frame["seq_trace"] = _coalesce(own["seq"], kernel["seq"], chosen["fr_seq"])
+    frame["stream"] = np.array(["?" if k.stream is None else str(k.stream) for k in kernel_args], object)
+    return _identify(_take(frame, _present(frame["op"])), trace.top, notes, fallback="stream")
 
 
-def _kernel_calls(events: pd.DataFrame, kernels: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
-    """Position in ``calls`` of each kernel's host call (NaN: none): via the CUDA launch
-    that has the kernel's correlation id (its first such launch, enclosed by the call on
-    its thread), else by External id (a call's own, else its record_param_comms')."""
-    result = np.full(len(kernels), np.nan)
-    corr = events["corr"].to_numpy(np.int64, na_value=-1)
-    launch_rows = np.flatnonzero(events["cat"].isin(_LAUNCH_CATS).to_numpy() & (corr >= 0))
-    launch_corr, first = np.unique(corr[launch_rows], return_index=True)
-    at, has = _lookup(launch_corr, kernels["corr"].to_numpy(np.int64, na_value=-1))
+def _kernel_calls(events: _Events, kernels: np.ndarray, calls: dict[str, np.ndarray]) -> np.ndarray:
+    """Position in ``calls`` of each kernel's (rows) host call (-1: none): via the CUDA
+    launch that has the kernel's correlation id (its first such launch, enclosed by the
+    call on its thread), else by External id (a call's own, else its record_param_comms')."""
+    result = np.full(len(kernels), -1)
+    launch_rows = np.flatnonzero(events.of_cat(*_LAUNCH_CATS) & (events.corr >= 0))
+    launch_corr, first = np.unique(events.corr[launch_rows], return_index=True)
+    at, has = _lookup(launch_corr, events.corr[kernels])
     if has.any():
-        rows = launch_rows[first[at[has]]]
-        thread, ts = events["thread"].to_numpy(), events["ts_ns"].to_numpy(np.int64)
-        result[has] = _containing_at(thread[rows], ts[rows], calls)
-    missing = np.isnan(result)
+        result[has] = _containing(events, launch_rows[first[at[has]]], calls["row"])
+    missing = result < 0
     if missing.any():
-        ext = events["ext"].to_numpy(np.int64, na_value=-1)
-        rpc = calls["rpc"].to_numpy(np.int64)
-        keys = np.concatenate([calls["ext"].to_numpy(np.int64, na_value=-1), np.where(rpc >= 0, ext[rpc], -1)])
-        positions = np.tile(np.arange(len(calls)), 2)[keys >= 0]
+        rpc = calls["rpc"]
+        keys = np.concatenate([events.ext[calls["row"]], np.where(rpc >= 0, events.ext[rpc], -1)])
+        positions = np.tile(np.arange(len(rpc)), 2)[keys >= 0]
         known, first = np.unique(keys[keys >= 0], return_index=True)  # first: a call's own id wins
-        at, has = _lookup(known, kernels["ext"].to_numpy(np.int64, na_value=-1))
+        at, has = _lookup(known, events.ext[kernels])
         found = missing & has
         result[found] = positions[first[at[found]]]
     return result
@@ -648,141 +711,152 @@ def _lookup(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return at, (values >= 0) & (keys[at] == values)
 
 
-def _gloo_collectives(trace: _Trace, meta: dict, notes: list[str]) -> pd.DataFrame:
+def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] | None:
     events = trace.events
-    work = events[(events["cat"] == "user_annotation") & events["name"].str.startswith(_GLOO)]
-    if work.empty:
-        return pd.DataFrame()
-    work = work.assign(op=work["name"].map(_canonical).astype(object)).dropna(subset=["op"])
+    work = np.flatnonzero(events.of_cat("user_annotation") & events.prefixed(_GLOO))
+    if not len(work):
+        return None
+    work = work[_present(events.names.op[events.name[work]])]
     calls = _calls(events, trace.top, notes)
-    calls = calls[calls["op"].notna()]
-    paired = _pair_in_order(work, calls)
+    calls = _take(calls, _present(calls["op"]))
+    paired, call = _pair_in_order(events, work, calls)
     dropped = len(work) - len(paired)
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
-    host = _arg_columns(trace.args([int(r) for r in paired["call_row"]]))
-    work = _arg_columns(trace.args(list(paired["row"])))
-    fr_pg = np.array([f if isinstance(f, str) else None for f in paired["fr_pg"]], dtype=object)
-    frame = pd.DataFrame(
-        {
-            "start_ns": paired["ts_ns"].to_numpy(),
-            "end_ns": (paired["ts_ns"] + paired["dur_ns"]).to_numpy(),
-            "cpu_call_ns": pd.array(paired["call_ts"], dtype="Int64"),
-            "op": paired["op"].to_numpy(),
-            "bytes": _nullable(_coalesce(_ints(list(paired["fr_bytes"])), work["bytes"], host["bytes"])),
-            "pg": _coalesce(host["pg"], fr_pg),
-            "seq_trace": _nullable(_coalesce(host["seq"], _ints(list(paired["fr_seq"])))),
-            "stream": "",
-        }
-    )
-    return _identify(frame, trace.top, meta, notes, fallback="op")
+    paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
+    host = _arg_columns(trace.args(groups.take_or(calls["row"], call, -1).tolist()))
+    own = _arg_columns(trace.args(paired.tolist()))
+    frame = {
+        "start_ns": events.ts[paired],
+        "end_ns": events.ts[paired] + events.dur[paired],
+        "cpu_call_ns": groups.take_or(calls["ts"], call, 0),
+        "called": call >= 0,
+        "op": events.names.op[events.name[paired]],
+        "bytes": _coalesce(paired_call["fr_bytes"], own["bytes"], host["bytes"]),
+        "pg": _coalesce(host["pg"], paired_call["fr_pg"]),
+        "seq_trace": _coalesce(host["seq"], paired_call["fr_seq"]),
+        "stream": np.full(len(paired), "", object),
+    }
+    return _identify(frame, trace.top, notes, fallback="op")
 
 
-def _pair_in_order(work: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
-    """Pair each gloo worker op with its enqueue: the k-th call of an op with the k-th worker
-    op of that op that started after the first such call (FIFO per op). Ops never enqueued
-    in the trace (no c10d events recorded) stay, unpaired."""
-    first = calls.groupby("op")["ts_ns"].min()
-    known = work["op"].isin(first.index)
-    lone = work[~known].assign(row=work.index[~known], call_row=-1, call_ts=pd.NA, fr_pg=None,
-                               fr_seq=pd.NA, fr_bytes=pd.NA)
-    if not known.any():
-        return lone
-    work = work[known]
-    work = work[work["ts_ns"] >= work["op"].map(first)]
-    work = work.sort_values("ts_ns", kind="stable")
-    work = work.assign(k=work.groupby("op").cumcount(), row=work.index)
-    calls = calls.assign(k=calls.groupby("op").cumcount(), call_row=calls.index, call_ts=calls["ts_ns"])
-    paired = work.merge(calls[["op", "k", "call_row", "call_ts", "fr_pg", "fr_seq", "fr_bytes"]],
-                        on=["op", "k"], how="inner")
-    paired = paired[paired["ts_ns"] >= paired["call_ts"]]
-    return pd.concat([paired, lone]) if len(lone) else paired
+def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Pair each gloo worker op (rows) with its enqueue: the k-th call of an op with the
+    k-th worker op of that op that started after the first such call (FIFO per op). Ops
+    never enqueued in the trace (no c10d events recorded) stay, unpaired, last. Returns
+    the kept worker rows and each one's position in ``calls`` (-1: unpaired)."""
+    work_op = events.names.op[events.name[work]]
+    ops_, op_code = np.unique(np.concatenate([work_op, calls["op"]]), return_inverse=True)
+    work_code, call_code = op_code[: len(work)], op_code[len(work) :]
+    first = np.full(len(ops_), np.iinfo(np.int64).max)
+    np.minimum.at(first, call_code, calls["ts"])
+    known = np.isin(work_code, call_code)
+    lone = work[~known]
+    ts = events.ts[work]
+    candidates = np.flatnonzero(known & (ts >= first[work_code]))
+    candidates = candidates[np.argsort(ts[candidates], kind="stable")]
+    k_work = groups.Groups(work_code[candidates]).cumcount()
+    k_call = groups.Groups(call_code).cumcount()
+    key = groups.pack(np.concatenate([call_code, work_code[candidates]]), np.concatenate([k_call, k_work]))
+    call = groups.locate(key[: len(call_code)], key[len(call_code) :])
+    ok = call >= 0
+    ok[ok] = ts[candidates[ok]] >= calls["ts"][call[ok]]
+    return np.concatenate([work[candidates[ok]], lone]), np.concatenate([call[ok], np.full(len(lone), -1)])
 
 
-def _identify(frame: pd.DataFrame, top: dict, meta: dict, notes: list[str], fallback: str) -> pd.DataFrame:
-    """comm_id and seq for each instance (see module docstring)."""
-    if frame.empty:
-        return frame
-    frame = frame.assign(order=frame["cpu_call_ns"].fillna(frame["start_ns"]))
-    frame = frame.sort_values("order", kind="stable").reset_index(drop=True)
-    groups = _pg_config(top)
-    missing = frame["pg"].isna()
+def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallback: str) -> dict[str, np.ndarray] | None:
+    """comm_id and seq for each instance (see module docstring); rows in call order."""
+    if not len(frame["op"]):
+        return None
+    frame = _take(frame, np.argsort(_call_or_start(frame), kind="stable"))
+    op, pg = frame["op"], frame["pg"].copy()
+    configs = _pg_config(top)
+    missing = ~_present(pg)
     if missing.any():
-        if len(groups) == 1:
-            frame.loc[missing, "pg"] = next(iter(groups))
+        if len(configs) == 1:
+            pg[missing] = next(iter(configs))
         else:
-            key = frame.loc[missing, fallback].astype(str)
-            frame.loc[missing, "pg"] = "unresolved-pg:" + key + (
-                "" if fallback == "op" else ":" + frame.loc[missing, "op"])
+            pg[missing] = [f"unresolved-pg:{key}" + ("" if fallback == "op" else f":{o}")
+                           for key, o in zip(frame[fallback][missing], op[missing])]
             notes.append(
                 f"{int(missing.sum())} collective(s) carry no process group and the trace lists "
-                f"{len(groups) or 'no'} group(s): grouped by {fallback} and op, ordered within the group"
+                f"{len(configs) or 'no'} group(s): grouped by {fallback} and op, ordered within the group"
             )
-    p2p = frame["op"].isin(ops.P2P_OPS)
-    frame["comm_id"] = np.where(p2p, frame["pg"] + "/p2p", frame["pg"])
-    ordinal = frame.groupby("comm_id", sort=False).cumcount() + 1
-    traced = frame["seq_trace"].notna().to_numpy()
-    frame["seq"] = np.where(traced, frame["seq_trace"].fillna(0).astype(np.int64), ordinal)
+    p2p = np.isin(op, list(ops.P2P_OPS))
+    frame["comm_id"] = np.where(p2p, pg + "/p2p", pg)
+    ordinal = groups.Groups(np.unique(frame["comm_id"], return_inverse=True)[1]).cumcount() + 1
+    traced = _present(frame["seq_trace"])
+    frame["seq"] = np.where(traced, frame["seq_trace"], ordinal).astype(np.int64)
     frame["seq_source"] = np.where(traced, "trace", "ordinal")
     if (~traced).any():
         notes.append("no collective sequence numbers in trace: instances are numbered by order within "
                      "each process group inside the capture window")
-    frame["peer"] = pd.NA
     return frame
 
 
-def _with_context(frame: pd.DataFrame, busy: _Busy, steps: pd.DataFrame, first: int) -> pd.DataFrame:
+def _call_or_start(frame: dict[str, np.ndarray]) -> np.ndarray:
+    """The host call's time where known, else the arrival."""
+    return np.where(frame["called"], frame["cpu_call_ns"], frame["start_ns"])
+
+
+def _with_context(frame: dict | None, busy: _Busy, steps: dict[str, np.ndarray], first: int) -> dict | None:
     """compute_before / idle_before / compute_overlap and the step of each collective."""
-    if frame.empty:
-        return digest.empty_part("collectives").to_pandas()
-    frame = frame.sort_values("start_ns", kind="stable").reset_index(drop=True)
-    start = frame["start_ns"].to_numpy(np.int64)
-    end = frame["end_ns"].to_numpy(np.int64)
+    if frame is None:
+        return None
+    frame = _take(frame, np.argsort(frame["start_ns"], kind="stable"))
+    start, end = frame["start_ns"], frame["end_ns"]
     gap_start, gap_end = intervals.gaps_before(start, end, first)
     frame["compute_before_ns"] = intervals.overlap(busy.compute, gap_start, gap_end)
     frame["idle_before_ns"] = (gap_end - gap_start) - intervals.overlap(busy.everything, gap_start, gap_end)
     frame["compute_overlap_ns"] = intervals.overlap(busy.compute, start, end)
-    frame["step"] = _step_of(frame["cpu_call_ns"].fillna(frame["start_ns"]).to_numpy(np.int64), steps)
+    frame["step"] = _step_of(_call_or_start(frame), steps)
     return frame
 
 
-def _steps(events: pd.DataFrame) -> pd.DataFrame:
-    named = events[events["name"].str.startswith("ProfilerStep#")]  # cheap test before the regex
-    found = named["name"].str.extract(_STEP, expand=False)
-    rows = named[found.notna()]
-    return pd.DataFrame(
-        {
-            "step": found[found.notna()].astype(np.int64).to_numpy(),
-            "start_ns": rows["ts_ns"].to_numpy(np.int64),
-            "end_ns": (rows["ts_ns"] + rows["dur_ns"]).to_numpy(np.int64),
-        }
-    ).sort_values("start_ns", kind="stable").drop_duplicates("step")
+def _collective_table(frame: dict | None) -> pa.Table:
+    if frame is None:
+        return digest.empty_part("collectives")
+    columns = {key: frame[key] for key in ("comm_id", "seq", "seq_source", "op", "start_ns", "end_ns",
+                                            "compute_before_ns", "idle_before_ns", "compute_overlap_ns")}
+    columns["bytes"] = pa.array(frame["bytes"], pa.int64())
+    columns["cpu_call_ns"] = pa.array(frame["cpu_call_ns"], pa.int64(), mask=~frame["called"])
+    columns["step"] = pa.array(frame["step"], pa.int64(), mask=frame["step"] < 0)
+    return pa.table(columns)
 
 
-def _step_of(times: np.ndarray, steps: pd.DataFrame) -> pd.array:
-    out = pd.array([pd.NA] * len(times), dtype="Int64")
-    if steps.empty or len(times) == 0:
-        return out
-    starts = steps["start_ns"].to_numpy()
-    j = np.searchsorted(starts, times, side="right") - 1
+def _steps(events: _Events) -> dict[str, np.ndarray]:
+    """ProfilerStep#N ranges by start; a step seen twice keeps its first."""
+    number = np.array([int(m.group(1)) if (m := _STEP.match(n)) else -1 for n in events.names.text], np.int64)
+    rows = np.flatnonzero(number[events.name] >= 0)
+    rows = rows[np.argsort(events.ts[rows], kind="stable")]
+    step = number[events.name[rows]]
+    rows = rows[np.sort(np.unique(step, return_index=True)[1])]
+    start = events.ts[rows]
+    return {"step": number[events.name[rows]], "start_ns": start, "end_ns": start + events.dur[rows]}
+
+
+def _step_of(times: np.ndarray, steps: dict[str, np.ndarray]) -> np.ndarray:
+    """Step of each time (-1: in none)."""
+    if not len(steps["step"]) or not len(times):
+        return np.full(len(times), -1, np.int64)
+    j = np.searchsorted(steps["start_ns"], times, side="right") - 1
     jj = np.clip(j, 0, None)
-    inside = (j >= 0) & (times < steps["end_ns"].to_numpy()[jj])
-    out[inside] = steps["step"].to_numpy()[jj[inside]]
-    return out
+    inside = (j >= 0) & (times < steps["end_ns"][jj])
+    return np.where(inside, steps["step"][jj], -1)
 
 
-def _communicators(top: dict, collectives: pd.DataFrame) -> pd.DataFrame:
-    groups = _pg_config(top)
-    ids = list(dict.fromkeys(collectives["comm_id"])) if len(collectives) else []
-    rows = []
-    for comm in ids:
+def _communicators(top: dict, collectives: dict | None) -> pa.Table:
+    configs = _pg_config(top)
+    rows = {"comm_id": [], "ranks": [], "name": [], "size": []}
+    for comm in dict.fromkeys(collectives["comm_id"].tolist()) if collectives is not None else ():
         name = comm.removesuffix("/p2p")
-        config = groups.get(name, {})
+        config = configs.get(name, {})
         ranks = config.get("ranks")
         # Without the member list, pg_size lets matching check the members it infers.
         size = config.get("pg_size") if ranks is None and type(config.get("pg_size")) is int else None
-        rows.append({"comm_id": comm, "ranks": ranks, "name": config.get("pg_desc") or name, "size": size})
-    return pd.DataFrame(rows, columns=["comm_id", "ranks", "name", "size"]).astype({"size": "Int64"})
+        for key, value in zip(rows, (comm, ranks, config.get("pg_desc") or name, size)):
+            rows[key].append(value)
+    return pa.table({**rows, "size": pa.array(rows["size"], pa.int64())})
 
 
 def _pg_config(top: dict) -> dict[str, dict]:
@@ -817,12 +891,8 @@ def _coalesce(*columns: np.ndarray) -> np.ndarray:
     """Per row, the first non-null value of the columns (object arrays of one length)."""
     out = columns[0]
     for column in columns[1:]:
-        out = np.where(pd.isna(out), column, out)
+        out = np.where(_present(out), out, column)
     return out
-
-
-def _nullable(values: np.ndarray) -> pd.arrays.IntegerArray:
-    return pd.array([None if pd.isna(v) else int(v) for v in values], dtype="Int64")
 
 
 def _ints(values: list) -> np.ndarray:
@@ -832,7 +902,7 @@ def _ints(values: list) -> np.ndarray:
 
 def _int(value) -> int | None:
     try:
-        return None if value is None or value is pd.NA else int(value)
+        return None if value is None else int(value)
     except (TypeError, ValueError):
         return None
 

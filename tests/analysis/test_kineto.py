@@ -373,3 +373,13 @@ def test_pg_size_without_member_list_gives_communicator_size(tmp_path):
     data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "pg_size": 4, "ranks": [0, 1, 2, 3]}]
     comms = digest.explode(_read(_write(tmp_path / "b.json", data)), "communicators")
     assert pd.isna(comms.loc[0, "size"]) and list(comms.loc[0, "ranks"]) == [0, 1, 2, 3]
+
+
+def test_cpu_op_starting_100ns_before_the_previous_ends_is_nested_at_epoch_times(tmp_path):
+    """CPU-only traces count top-level CPU ops. At absolute epoch µs two ops 100 ns apart
+    are one float64 (256 ns apart at 1.7e18 ns): the nesting test compares int64 ns."""
+    events = _gloo_events("1712195495520100.000", "1712195495520110.000")
+    events += [_event("aten::outer", "1712195495520000.000", "10.000", tid=1),
+               _event("aten::inner", "1712195495520009.900", "5.000", tid=1)]
+    kernels = digest.explode(_read(_write(tmp_path / "abs.json", _trace(events))), "kernels")
+    assert "aten::outer" in set(kernels["name"]) and "aten::inner" not in set(kernels["name"])
