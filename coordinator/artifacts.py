@@ -14,8 +14,10 @@ nothing new on disk.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import mmap
 import os
 import queue
 import re
@@ -32,9 +34,11 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _HASH_BLOCK = 8 << 20
 _PIPELINE_DEPTH = 8  # chunks in flight per stage: bounds an upload's memory to a few MiB
-# Start the disk's writeback every this many bytes, so the final fsync finds little left to
-# write (1 GiB on a VM disk: 0.4 s of fsync at the end without it, 0.02 s with it).
+# Buffered writes start the disk's writeback every this many bytes, so the final fsync finds
+# little left to write (1 GiB on a VM disk: 0.4 s of fsync at the end without it, 0.02 s with it).
 WRITEBACK_BYTES = 32 << 20
+ALIGN = 4096  # direct writes: offsets and lengths in whole blocks (4 KiB covers 512-byte devices too)
+_DIRECT_BUFFER = (1 << 20) + ALIGN  # a 1 MiB chunk after a partial block
 
 
 class BadUpload(UploadRejected):
@@ -264,24 +268,113 @@ class _Stage:
             raise RankscopeError(f"cannot store the upload ({self.error})") from self.error
 
 
-class _Appender:
-    """The disk stage's work: append each chunk, starting the disk's writeback step by step.
+class PartFile:
+    """Appends an upload's bytes to its part file, and makes them durable on close.
 
-    POSIX_FADV_DONTNEED on dirty pages starts their writeback without waiting for it (and
-    drops them from the page cache once clean: an upload is not read back soon).
+    Where the file system allows it, the bytes bypass the page cache (O_DIRECT): each chunk is
+    copied once into an aligned buffer and written from there, where a buffered write has the
+    kernel copy it into freshly allocated cache pages and write those back later. On this VM that
+    is 0.5 CPU-s less per GiB uploaded (2.5 instead of 3.0, client and coordinator together).
+    Direct writes need aligned file offsets and lengths, so the bytes up to the first aligned
+    offset and the last partial block go through an ordinary buffered handle; the committed
+    offset (the file's size) lags the bytes accepted by less than one block until close.
+    Elsewhere (tmpfs, macOS) every write is buffered, and the disk's writeback is started every
+    WRITEBACK_BYTES so the final fsync finds little left to write.
     """
 
-    def __init__(self, handle: BinaryIO, offset: int) -> None:
-        self.handle = handle
-        self.written = self.flushed = offset
+    def __init__(self, path: Path, offset: int, *, direct: bool = True) -> None:
+        self.handle: BinaryIO = open(path, "ab")
+        self.end = offset  # bytes in the file
+        self.flushed = offset  # of those, how many the disk was told to write back (buffered mode)
+        self._fd = _open_direct(path) if direct else None
+        self._buffer: mmap.mmap | None = None  # page-aligned, for direct writes
+        self._staged = 0  # bytes in the buffer's head waiting for the rest of their block
 
-    def __call__(self, data: bytes | memoryview) -> None:
-        self.handle.write(data)
-        self.written += len(data)
-        if self.written - self.flushed >= WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+    def write(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        if self._fd is not None and self._staged == 0 and self.end % ALIGN:
+            head = min(len(view), -self.end % ALIGN)
+            self._buffered(view[:head])
+            view = view[head:]
+        if self._fd is None:
+            self._buffered(view)
+        elif view:
+            self._direct(view)
+
+    def close(self) -> None:
+        """Write what is staged, fsync, close; the file then holds every byte written."""
+        try:
+            if self._staged:
+                self._buffered(memoryview(self._buffer)[: self._staged])
+                self._staged = 0
             self.handle.flush()
-            os.posix_fadvise(self.handle.fileno(), self.flushed, self.written - self.flushed, os.POSIX_FADV_DONTNEED)
-            self.flushed = self.written
+            os.fsync(self.handle.fileno())
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Close without writing what is staged (after an error)."""
+        self.handle.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+
+    def _buffered(self, view: memoryview) -> None:
+        self.handle.write(view)
+        self.end += len(view)
+        if self._fd is None and self.end - self.flushed >= WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+            # On dirty pages DONTNEED starts their writeback without waiting for it (and drops
+            # them from the cache once clean: an upload is not read back soon).
+            self.handle.flush()
+            os.posix_fadvise(self.handle.fileno(), self.flushed, self.end - self.flushed, os.POSIX_FADV_DONTNEED)
+            self.flushed = self.end
+        elif self._fd is not None:
+            self.handle.flush()  # before any direct write lands after these bytes
+
+    def _direct(self, view: memoryview) -> None:
+        total = self._staged + len(view)
+        if self._buffer is None or len(self._buffer) < total:
+            grown = mmap.mmap(-1, max(total, _DIRECT_BUFFER))
+            if self._buffer is not None:
+                grown[: self._staged] = self._buffer[: self._staged]
+                self._buffer.close()
+            self._buffer = grown
+        buffer = self._buffer
+        buffer[self._staged : total] = view
+        aligned = total - total % ALIGN
+        written = 0
+        try:
+            while written < aligned:
+                written += os.pwrite(self._fd, memoryview(buffer)[written:aligned], self.end + written)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # The file system took the O_DIRECT open but not the write: buffered from here on.
+            os.close(self._fd)
+            self._fd = None
+            self.end += written
+            self._staged = 0
+            self._buffered(memoryview(buffer)[written:total])
+            return
+        self.end += aligned
+        self._staged = total - aligned
+        if self._staged and aligned:
+            buffer[: self._staged] = buffer[aligned:total]
+
+
+def _open_direct(path: Path) -> int | None:
+    """A write descriptor on ``path`` that bypasses the page cache, or None where there is none."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # tmpfs and others refuse O_DIRECT
+            return None
+        raise
 
 
 class UploadWriter:
@@ -291,7 +384,7 @@ class UploadWriter:
         self.store = store
         self.partial = partial
         self.wait_s = wait_s
-        self._handle: BinaryIO | None = None
+        self._part: PartFile | None = None
         self._stages: list[_Stage] = []
         self._offset = 0
         self.result: UploadResult | None = None
@@ -342,7 +435,7 @@ class UploadWriter:
                 committed=self._offset,
             )
         if data:
-            if self._handle is None:
+            if self._part is None:
                 self._open()
             for stage in self._stages:
                 stage.put(data)
@@ -354,24 +447,24 @@ class UploadWriter:
     def _open(self) -> None:
         self.store._begin(self.partial)
         self.partial.catch_up_hash()
-        self._handle = open(self.partial.part, "ab")
+        self._part = PartFile(self.partial.part, self._offset)
         upload_id = self.partial.header.upload_id
-        self._stages = [_Stage(f"disk-{upload_id}", _Appender(self._handle, self._offset)),
+        self._stages = [_Stage(f"disk-{upload_id}", self._part.write),
                         _Stage(f"sha256-{upload_id}", self.partial.hasher.update)]
 
     def _drain(self) -> None:
         """Wait for the stages; make what they wrote durable."""
-        if self._handle is None:
+        if self._part is None:
             return
-        handle, stages = self._handle, self._stages
-        self._handle, self._stages = None, []
+        part, stages = self._part, self._stages
+        self._part, self._stages = None, []
         try:
             for stage in stages:
                 stage.close()
-            handle.flush()
-            os.fsync(handle.fileno())
-        finally:
-            handle.close()
+        except BaseException:
+            part.release()
+            raise
+        part.close()
         self.partial.hashed = self._offset
 
     def _finish(self) -> None:

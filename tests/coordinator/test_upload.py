@@ -116,9 +116,12 @@ def test_malformed_chunks_are_left_to_protobuf_to_refuse(raw: bytes) -> None:
         assert decode_chunk(raw) == expected
 
 
-def test_an_upload_past_several_writeback_steps_is_stored_whole(tmp_path, wire, monkeypatch) -> None:
-    """The store starts the disk's writeback every few chunks; resumed past a step, nothing is lost."""
+@pytest.mark.parametrize("direct", [True, False])
+def test_an_upload_resumed_past_several_writes_is_stored_whole(tmp_path, wire, monkeypatch, direct: bool) -> None:
+    """Direct writes, or buffered ones that start the disk's writeback every few chunks: nothing is lost."""
     monkeypatch.setattr("rankscope.coordinator.artifacts.WRITEBACK_BYTES", 100_000)
+    if not direct:
+        monkeypatch.setattr("rankscope.coordinator.artifacts._open_direct", lambda path: None)
     running = wire.start(tmp_path / "data")
     try:
         token = running.register("node-a").session_token
