@@ -318,12 +318,16 @@ def test_simulated_kineto_job_ingests_and_names_its_straggler(tmp_path):
 @pytest.mark.parametrize("name", [f"{GLOO}/rank0.json", f"{HTA}/trace_filter/sampled_rank-0.json.gz",
                                   f"{HTA}/nccl_parser_config/nccl_data.json.gz"])
 def test_events_decoded_a_chunk_at_a_time_give_the_same_digest(samples, name, monkeypatch):
-    """Events are decoded a chunk at a time (names coded, times and ids read, identity args
-    kept per chunk): chunks of 7 events give the digest one chunk gives."""
+    """Events become columns a chunk at a time (names coded, times and ids read, identity
+    args kept per chunk): chunks of 7 events give the digest one chunk gives, whether the
+    events were decoded with the document (small traces) or split first and decoded a
+    chunk at a time."""
     from rankscope.analysis import kineto
 
     whole = _row(_read(samples / name))
     monkeypatch.setattr(kineto, "_CHUNK", 7)
+    assert _row(_read(samples / name)) == whole
+    monkeypatch.setattr(kineto, "_ONE_PASS_BYTES", 0)
     assert _row(_read(samples / name)) == whole
 
 
@@ -344,6 +348,7 @@ def test_kept_args_do_not_pin_their_chunks_text(tmp_path, monkeypatch):
     decoder = kineto._EVENTS
     monkeypatch.setattr(kineto, "_EVENTS", Recording())
     monkeypatch.setattr(kineto, "_CHUNK", 1)
+    monkeypatch.setattr(kineto, "_ONE_PASS_BYTES", 0)  # a large trace: split, then decoded by chunk
     events = [_event("c10d::allreduce_", "100.000", "50.000", tid=1,
                      args={"External id": 1, "Input Dims": [[4, 8]], "Input type": ["float"]}),
               _event("gloo:all_reduce", "110.000", "30.000", cat="user_annotation", tid=2)]
