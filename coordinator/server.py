@@ -13,9 +13,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 from concurrent import futures
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
