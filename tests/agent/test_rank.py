@@ -88,13 +88,15 @@ def test_exit_code_is_the_commands_and_the_rank_is_withdrawn(nsys_env, tmp_path)
 def test_signals_reach_the_command_and_the_announcement_lives_as_long_as_it(nsys_env, tmp_path):
     state, env = nsys_env
     spool = tmp_path / "spool"
-    marker = tmp_path / "got-term"
+    marker, ready = tmp_path / "got-term", tmp_path / "ready"
     script = ("import signal, sys, time, pathlib\n"
               f"signal.signal(signal.SIGTERM, lambda *a: (pathlib.Path({str(marker)!r}).write_text('x'), sys.exit(3)))\n"
+              f"pathlib.Path({str(ready)!r}).touch()\n"
               "time.sleep(120)\n")
     proc = rankscope("rank", "--spool", str(spool), "--", sys.executable, "-c", script, env=env)
     deadline = time.monotonic() + 60
-    while not local_ranks(spool):
+    # The command must have its handler before the signal comes (a loaded machine starts it late).
+    while not (local_ranks(spool) and ready.exists()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
         time.sleep(0.1)
     (info,) = local_ranks(spool)
