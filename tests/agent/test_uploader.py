@@ -7,6 +7,7 @@ chunk it receives, refuses a chunk at the wrong offset, verifies the sha256 at t
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import threading
@@ -186,3 +187,20 @@ def test_a_known_sha256_is_not_computed_again(server, blob: Path, monkeypatch) -
     monkeypatch.setattr("rankscope.agent.uploader.sha256_of", lambda p: pytest.fail("hashed the file again"))
     done = Uploader(channel, chunk_bytes=65536).upload(Artifact(blob, "s", "n"), sha256=digest)
     assert done.sha256 == digest == store.complete[done.upload_id]
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc >= 2.33 only")
+def test_an_uploader_keeps_chunk_sized_buffers_in_the_heap(server) -> None:
+    """Not mmapped and unmapped per chunk, which costs page faults on every chunk."""
+    _, channel = server
+    Uploader(channel)
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = _Mallinfo2
+    before = mallinfo2().hblks
+    chunks = [os.urandom(1 << 20) for _ in range(4)]
+    assert mallinfo2().hblks == before and len(chunks) == 4
