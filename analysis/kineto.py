@@ -42,7 +42,6 @@ from typing import Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -338,7 +337,7 @@ class _Columns:
             return
         by_name = [name.startswith((_C10D, _NCCL, _GLOO)) or name == _RPC for name in names]
         self.identity_name = np.concatenate([self.identity_name, np.array(by_name, bool)])
-        self.comm_name = np.concatenate([self.comm_name, ops.is_comm_kernel(pd.Series(names, dtype=object))])
+        self.comm_name = np.concatenate([self.comm_name, ops.is_comm_kernel(names)])
 
     def events(self, base: int) -> _Events:
         codes = {key: np.concatenate(parts) if parts else np.zeros(0, np.int32) for key, parts in self.codes.items()}

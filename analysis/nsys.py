@@ -584,7 +584,7 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     """Digest rows of a batch of exports: every rank (file, process, device) at once."""
     kernels = _columns(files, "kernels", ("start", "end", "pid", "device", "correlation", "name"), ("start", "end"))
     names, kernels["name"] = _kernel_names(files, kernels)
-    comm_name = ops.is_comm_kernel(pd.Series(names, dtype=object))  # each distinct name once
+    comm_name = ops.is_comm_kernel(names)  # each distinct name once
     is_comm = comm_name[kernels["name"]]
     unit_keys, unit = np.unique(_process(kernels) * _MAX_DEVICE + kernels["device"], return_inverse=True)
     units = {"process": unit_keys // _MAX_DEVICE, "device": unit_keys % _MAX_DEVICE}

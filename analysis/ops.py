@@ -10,9 +10,9 @@ used when nothing better is traced, never as an identity.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import numpy as np
-import pandas as pd
 
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
@@ -124,13 +124,15 @@ def combine(ops: list[str]) -> str:
     return ops[0]
 
 
-def is_comm_kernel(names: pd.Series) -> np.ndarray:
-    """Vectorised: True where a kernel name is an NCCL communication kernel.
+def is_comm_kernel(names: Sequence[str | None]) -> np.ndarray:
+    """True where a kernel name is an NCCL communication kernel; called on the distinct
+    names of a trace (few), not on its kernels (many).
 
     Classification only (case-insensitive `nccl` prefix, nccl-in-traces.md §2); the
     operation and communicator always come from the trace's own ids.
     """
-    return names.fillna("").str.lower().str.startswith(_COMM_KERNEL_PREFIX).to_numpy(dtype=bool)
+    return np.fromiter((isinstance(name, str) and name.lower().startswith(_COMM_KERNEL_PREFIX) for name in names),
+                       dtype=bool, count=len(names))
 
 
 def is_n_to_n(op: str) -> bool:
