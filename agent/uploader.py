@@ -23,6 +23,7 @@ import grpc
 
 from rankscope.errors import TransportError, UploadRejected
 from rankscope.memory import keep_chunk_memory
+from rankscope.proto.v1 import chunks
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -42,7 +43,6 @@ FINAL = frozenset(
 # RESOURCE_EXHAUSTED is both "over the size limit" (final) and "server busy" (retry):
 # the agent checks the size limit itself first, so a few retries tell the two apart.
 BUSY_RETRIES = 3
-UPLOAD_METHOD = "/rankscope.v1.AgentService/Upload"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")  # dots only join parts: no "..", no "/"
 
 
@@ -81,25 +81,6 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_OFFSET_TAG = b"\x10"  # UploadChunk.offset: field 2, varint
-_DATA_TAG = b"\x1a"  # UploadChunk.data: field 3, length-delimited
-
-
-def encode_chunk(offset: int, data: bytes) -> bytes:
-    """``UploadChunk(offset=offset, data=data).SerializeToString()``, byte for byte, in one copy."""
-    head = _OFFSET_TAG + _varint(offset) if offset else b""
-    return b"".join((head, _DATA_TAG, _varint(len(data)), data)) if data else head
-
-
 def upload_id(artifact: Artifact, sha256: str) -> str:
     """Stable across retries and agent restarts: the same bytes of the same capture."""
     parts = (artifact.sweep_id, artifact.node, artifact.name, sha256[:16])
@@ -126,7 +107,7 @@ class Uploader:
     ) -> None:
         self.stub = pb_grpc.AgentServiceStub(channel)
         # Upload without the stub's serializer: _chunks yields the encoded messages.
-        self._send = channel.stream_unary(UPLOAD_METHOD, response_deserializer=pb.UploadReply.FromString)
+        self._send = channel.stream_unary(chunks.UPLOAD_METHOD, response_deserializer=pb.UploadReply.FromString)
         # A callable follows re-registrations: a coordinator restart may issue a new token.
         self.session_token = session_token if callable(session_token) else (lambda: session_token)
         self.chunk_bytes = chunk_bytes
@@ -206,7 +187,7 @@ class Uploader:
                 data = handle.read(min(self.chunk_bytes, size - offset))
                 if not data:
                     break
-                yield encode_chunk(offset, data)
+                yield chunks.encode(offset, data)
                 offset += len(data)
                 sent += len(data)
                 if self.on_progress:

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
-from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -42,6 +41,7 @@ from rankscope.errors import (
     UploadRejected,
 )
 from rankscope.memory import keep_chunk_memory
+from rankscope.proto.v1 import chunks
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 from rankscope.tls import TlsFiles, server_credentials
@@ -49,7 +49,6 @@ from rankscope.tls import TlsFiles, server_credentials
 log = logging.getLogger(__name__)
 
 SERVICES = ("rankscope.v1.AgentService", "rankscope.v1.SweepService")
-UPLOAD_METHOD = "/rankscope.v1.AgentService/Upload"
 MAX_MESSAGE_BYTES = 4 << 20  # gRPC's default receive limit; chunks stay at 1 MiB, well below it
 
 # Most specific first: the first matching class decides the status.
@@ -118,50 +117,14 @@ def _header(message: pb.UploadHeader) -> art.UploadHeader:
     )
 
 
-class DataChunk(NamedTuple):
-    """An UploadChunk without a header, its data a view into the received message."""
-
-    offset: int
-    data: memoryview
-
-
-def _varint(raw: bytes, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` and the position after it; (-1, pos) when there is none (at most 10 bytes)."""
-    value = shift = 0
-    for end in range(pos, min(pos + 10, len(raw))):
-        byte = raw[end]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, end + 1
-        shift += 7
-    return -1, pos
-
-
-def decode_chunk(raw: bytes) -> pb.UploadChunk | DataChunk:
-    """The Upload RPC's request deserializer.
-
-    A data chunk as agents send it (offset then data, nothing else) becomes a DataChunk
-    viewing the received bytes: the generated parser would copy its MiB of data once more.
-    Anything else, the header message and anything malformed included, goes to protobuf.
-    """
-    pos, offset = 0, 0
-    if raw[:1] == b"\x10":  # field 2 (offset), varint
-        offset, pos = _varint(raw, 1)
-    if offset >= 0 and raw[pos:pos + 1] == b"\x1a":  # field 3 (data), length-delimited
-        length, start = _varint(raw, pos + 1)
-        if length >= 0 and start + length == len(raw):
-            return DataChunk(offset - (1 << 64) if offset >= 1 << 63 else offset, memoryview(raw)[start:])
-    return pb.UploadChunk.FromString(raw)
-
-
 class _UploadChunks(grpc.ServerInterceptor):
-    """Serves Upload with :func:`decode_chunk` as its request deserializer."""
+    """Serves Upload with :func:`chunks.decode` as its request deserializer."""
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method != UPLOAD_METHOD:
+        if handler is None or handler_call_details.method != chunks.UPLOAD_METHOD:
             return handler
-        return grpc.stream_unary_rpc_method_handler(handler.stream_unary, request_deserializer=decode_chunk,
+        return grpc.stream_unary_rpc_method_handler(handler.stream_unary, request_deserializer=chunks.decode,
                                                     response_serializer=handler.response_serializer)
 
 
@@ -303,7 +266,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         self.coordinator.node_reported(connection.node, event, status.sweep_id)
 
     @_mapped
-    def Upload(self, request_iterator: Iterator[pb.UploadChunk | DataChunk],
+    def Upload(self, request_iterator: Iterator[pb.UploadChunk | chunks.DataChunk],
                context: grpc.ServicerContext) -> pb.UploadReply:
         first = next(request_iterator, None)
         if not isinstance(first, pb.UploadChunk) or not first.HasField("header"):

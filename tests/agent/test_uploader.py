@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rankscope.agent.uploader import Artifact, Uploader, encode_chunk, sha256_of, upload_id
+from rankscope.agent.uploader import Artifact, Uploader, sha256_of, upload_id
 from rankscope.errors import TransportError, UploadRejected
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -172,13 +172,6 @@ def test_a_busy_coordinator_is_retried_but_not_forever(server, blob: Path) -> No
     with pytest.raises(UploadRejected, match="RESOURCE_EXHAUSTED"):
         Uploader(channel, backoff_s=0.01).upload(Artifact(blob, "s2", "n"))
     assert store.calls == 3 + 4
-
-
-@pytest.mark.parametrize("offset", [0, 1, 127, 128, 300, 5 << 20, (1 << 40) + 5])
-@pytest.mark.parametrize("size", [0, 1, 127, 128, 65536])
-def test_chunks_are_encoded_as_protobuf_encodes_them(offset: int, size: int) -> None:
-    data = os.urandom(size)
-    assert encode_chunk(offset, data) == pb.UploadChunk(offset=offset, data=data).SerializeToString()
 
 
 def test_a_known_sha256_is_not_computed_again(server, blob: Path, monkeypatch) -> None:

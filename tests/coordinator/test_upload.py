@@ -75,47 +75,6 @@ def test_unknown_upload_starts_at_zero(coordinator) -> None:
     assert not status.known and status.committed_offset == 0
 
 
-@pytest.mark.parametrize("message", [
-    pb.UploadChunk(offset=0, data=b"x" * 300),
-    pb.UploadChunk(offset=5 << 20, data=os.urandom(1 << 16)),
-    pb.UploadChunk(offset=(1 << 40) + 1, data=b"a"),
-    pb.UploadChunk(offset=-1, data=b"negative offsets parse as protobuf parses them"),
-    pb.UploadChunk(offset=7),
-    pb.UploadChunk(),
-    pb.UploadChunk(header=pb.UploadHeader(upload_id="u1", size=3), offset=0, data=b"abc"),
-])
-def test_chunks_decode_as_protobuf_decodes_them(message: pb.UploadChunk) -> None:
-    from rankscope.coordinator.server import DataChunk, decode_chunk
-
-    raw = message.SerializeToString()
-    decoded = decode_chunk(raw)
-    assert decoded.offset == message.offset and bytes(decoded.data) == message.data
-    if message.HasField("header") or not message.data:
-        assert decoded == message  # everything but a plain data chunk goes to protobuf
-    else:
-        assert isinstance(decoded, DataChunk) and decoded.data.obj is raw  # a view, not a copy
-
-
-@pytest.mark.parametrize("raw", [
-    b"\x1a\x05abc",  # data shorter than its length
-    b"\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x1a\x01a",  # an 11-byte varint
-    b"\x1a\x01ab",  # bytes after the data
-    b"\x10\x80",  # a truncated varint
-])
-def test_malformed_chunks_are_left_to_protobuf_to_refuse(raw: bytes) -> None:
-    from google.protobuf.message import DecodeError
-
-    from rankscope.coordinator.server import decode_chunk
-
-    try:
-        expected = pb.UploadChunk.FromString(raw)
-    except DecodeError:
-        with pytest.raises(DecodeError):
-            decode_chunk(raw)
-    else:
-        assert decode_chunk(raw) == expected
-
-
 @pytest.mark.parametrize("direct", [True, False])
 def test_an_upload_resumed_past_several_writes_is_stored_whole(tmp_path, wire, monkeypatch, direct: bool) -> None:
     """Direct writes, or buffered ones that start the disk's writeback every few chunks: nothing is lost."""
