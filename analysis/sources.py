@@ -93,9 +93,23 @@ def _kineto_or_warn(path: Path) -> bool:
                 seen = chunk[-len(_KINETO_KEY) :]
     except (OSError, EOFError, gzip.BadGzipFile):
         return True
+    if _is_simulator_truth(path):
+        return False  # `rankscope simulate`'s answer key beside its traces: not input, nothing to say
     warnings.warn(f"{path}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder dump); skipped",
                   RankscopeWarning, stacklevel=3)
     return False
+
+
+def _is_simulator_truth(path: Path) -> bool:
+    """A truth file `rankscope simulate` writes (its schema is its first key)."""
+    from rankscope.analysis.simulate import TRUTH_SCHEMA
+
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+    except OSError:
+        return False
+    return f'"schema": "{TRUTH_SCHEMA}"'.encode() in head
 
 
 class _Reader:

@@ -160,3 +160,18 @@ def test_exports_read_in_batches_match_one_file_at_a_time(samples: Path, monkeyp
     assert together.equals(one_by_one)
     monkeypatch.setattr(nsys, "BATCH_ROWS", 1)  # a batch per file
     assert nsys.read_many(exports).equals(one_by_one)
+
+
+def test_a_simulated_folder_is_analysed_without_a_word_about_its_truth_file(tmp_path: Path) -> None:
+    import warnings
+
+    from rankscope.analysis import simulate
+
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, seed=3)
+    simulate.simulate(spec, tmp_path, fmt="kineto")
+    simulate.write_truth(spec, tmp_path / "truth.json")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        files = sources.discover([tmp_path])
+    assert sorted(f.name for f in files) == ["sim_rank00000.json", "sim_rank00001.json"]
+    assert not [w for w in caught if "truth.json" in str(w.message)]
