@@ -58,7 +58,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 
     for path in (args.output, args.plot):
         if path is not None:
-            _check_output(path)
+            check_output(path)
     map_engine = engine.create(args.engine, address=args.ray_address)
     files = sources.discover(args.paths)
     digests = sources.load_digests(
@@ -79,7 +79,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_output(path: Path) -> None:
+def check_output(path: Path) -> None:
     """Fail before any work when the output cannot be written."""
     if path.is_dir():
         raise InputError("output is a folder", path=path)

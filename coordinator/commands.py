@@ -83,6 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     capture.add_argument("--wait", action="store_true",
                          help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed")
     capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait")
+    capture.add_argument("--plot", type=Path, metavar="FILE",
+                         help="with --wait, also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     capture.set_defaults(func=run_capture)
 
     listing = subparsers.add_parser("sweeps", help="list sweeps, newest first")
@@ -94,6 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_coordinator(report)
     report.add_argument("sweep", metavar="SWEEP")
     report.add_argument("--format", choices=("table", "json"), default="table")
+    report.add_argument("--plot", type=Path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     report.set_defaults(func=run_report)
 
 
@@ -133,6 +136,10 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
 
 def run_capture(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        if not args.wait:
+            raise InputError("--plot draws the report, which only --wait waits for")
+        _check_plot(args.plot)
     options = dict(args.option)
     with _client(args) as client:
         sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
@@ -147,7 +154,7 @@ def run_capture(args: argparse.Namespace) -> int:
         if final.state == pb.SWEEP_STATE_FAILED:
             print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
             return EXIT_FAILED
-        _print_report(client.report(final.sweep_id), args.format)
+        _print_report(client.report(final.sweep_id), args.format, args.plot)
         return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
 
 
@@ -173,15 +180,27 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
     return sweep
 
 
-def _print_report(reply: pb.ReportReply, fmt: str) -> None:
+def _check_plot(path: Path) -> None:
+    from rankscope.analysis.commands import check_output  # fail before starting a sweep
+
+    check_output(path)
+
+
+def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> None:
     if not reply.report_json:
         raise InputError(f"sweep {reply.sweep_id} has no report yet (state {state_name(reply.state)})")
     if fmt == "json":
         print(reply.report_json)
-    else:
+    if fmt == "table" or plot_path is not None:
         from rankscope.analysis.report import Report
 
-        print(Report.from_dict(json.loads(reply.report_json)).render_table())
+        report = Report.from_dict(json.loads(reply.report_json))
+        if fmt == "table":
+            print(report.render_table())
+        if plot_path is not None:
+            from rankscope.analysis import plot
+
+            plot.save(report, plot_path)
     if reply.missing:
         print(f"rankscope: sweep {reply.sweep_id} is partial; missing nodes: {', '.join(reply.missing)}", file=sys.stderr)
     print(f"report: {reply.path}", file=sys.stderr)
@@ -206,6 +225,8 @@ def run_sweeps(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        _check_plot(args.plot)
     with _client(args) as client:
-        _print_report(client.report(args.sweep), args.format)
+        _print_report(client.report(args.sweep), args.format, args.plot)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -136,3 +137,27 @@ def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path) 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_report_draws_the_sweeps_picture(coordinator, wire, digests, tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the [plot] extra")
+    agents = [wire.FakeAgent(coordinator, name) for name in digests]
+    threads = [answer(agent, digests[agent.node]) for agent in agents]
+    picture = tmp_path / "capture.svg"
+    assert main(["capture", "--coordinator", coordinator.address, "--all", "--duration", "1s", "--backend", "sim",
+                 "--wait", "--format", "json", "--plot", str(picture)]) == 0
+    sweep_id = json.loads(capsys.readouterr().out)["sweep"]["sweep_id"]
+    assert "<svg" in picture.read_text()
+    again = tmp_path / "report.png"
+    assert main(["report", "--coordinator", coordinator.address, sweep_id, "--plot", str(again)]) == 0
+    assert again.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for agent, thread in zip(agents, threads):
+        thread.join(10)
+        agent.close()
+
+
+def test_a_plot_that_cannot_be_written_stops_capture_before_it_starts(coordinator, tmp_path, capsys) -> None:
+    code = main(["capture", "--coordinator", coordinator.address, "--all", "--wait", "--plot", str(tmp_path / "no" / "x.png")])
+    assert code == 2 and "output folder does not exist" in capsys.readouterr().err
+    assert main(["capture", "--coordinator", coordinator.address, "--all", "--plot", str(tmp_path / "x.png")]) == 2
+    assert "only --wait" in capsys.readouterr().err
