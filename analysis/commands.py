@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_digest(args: argparse.Namespace) -> int:
-    _check_output(args.output)
+    check_output(args.output)
     table = sources.read_one(args.export, rank_from=args.rank_from)
     digest.check_consistent(table)
     digest.write(table, args.output)
