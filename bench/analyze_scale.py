@@ -68,10 +68,11 @@ def _timed(mode: str, paths: list[Path]) -> dict:
 
 def child(mode: str, folder: str, repeat: int) -> dict:
     """In a fresh process: imports first, then the work alone."""
+    import importlib
     import warnings
 
-    import rankscope.analysis.pipeline  # noqa: F401
-    import rankscope.analysis.sources  # noqa: F401
+    for module in ("rankscope.analysis.pipeline", "rankscope.analysis.sources"):
+        importlib.import_module(module)
 
     warnings.simplefilter("ignore")
     paths = sorted(Path(folder).glob("*.sqlite"))

@@ -7,14 +7,12 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 
 from rankscope.agent.backend import CaptureRequest
 from rankscope.agent.spool import RankInfo, local_ranks
 from rankscope.agent.torch_backend import TorchBackend
-from rankscope.analysis import digest
 from rankscope.analysis.kineto import read_kineto
 from rankscope.errors import ToolError
 
