@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from rankscope.analysis import digest
-from rankscope.coordinator.sweeps import Sweep
+from rankscope.coordinator.sweeps import RankOn, Sweep
 from rankscope.errors import InputError
 
 Analyze = Callable[..., Any]  # (digests: pa.Table, *, clock_hints) -> Report
@@ -30,8 +30,8 @@ def default_analyze() -> Analyze:
 
 
 def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, int], out: Path,
-          analyze: Analyze | None = None) -> Path:
-    """Analyse the digests, write the report atomically to ``out``, return ``out``."""
+          analyze: Analyze | None = None) -> tuple[RankOn, ...]:
+    """Analyse the digests, write the report atomically to ``out``; return its stragglers."""
     tables: list[pa.Table] = [digest.read(path) for path in digest_paths]
     digests = digest.concat(tables)
     digest.check_consistent(digests)
@@ -42,7 +42,8 @@ def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, 
     data["warnings"] = [*data.get("warnings", []), *missing_notes(sweep)]
     data["sweep"] = sweep_facts(sweep)
     write_json(data, out)
-    return out
+    hosts = {rank.rank: rank.host for rank in report.ranks}
+    return tuple(RankOn(rank, hosts.get(rank, "")) for rank in report.stragglers)
 
 
 def missing_notes(sweep: Sweep) -> list[str]:

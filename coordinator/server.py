@@ -158,6 +158,7 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
         missing=sweep.missing,
         report_path=sweep.report_path,
         error=sweep.error,
+        stragglers=[pb.RankRef(rank=s.rank, host=s.host) for s in sweep.stragglers],
     )
 
 

@@ -117,9 +117,18 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class RankOn:
+    """A rank and the host it ran on (a straggler in a sweep's report)."""
+
+    rank: int
+    host: str
+
+
+@dataclass(frozen=True)
 class AnalysisDone:
     report_path: str
     at_ns: int
+    stragglers: tuple[RankOn, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,6 +187,7 @@ class Sweep:
     missing: list[str] = field(default_factory=list)
     report_path: str = ""
     error: str = ""
+    stragglers: list[RankOn] = field(default_factory=list)  # once analysed: who the report flags
 
     @classmethod
     def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None) -> tuple[Sweep, list[Instruction]]:
@@ -275,6 +285,7 @@ class Sweep:
             if name not in self.missing:
                 record.state, record.updated_ns = NodeState.ANALYSED, event.at_ns
         self.report_path = event.report_path
+        self.stragglers = list(event.stragglers)
         self.state = SweepState.PARTIAL if self.missing else SweepState.ANALYSED
         self.finished_ns = event.at_ns
         return [Changed()]
@@ -311,7 +322,8 @@ class Sweep:
             )
             for name, rec in data["nodes"].items()
         }
-        return cls(**{**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"])})
+        stragglers = [RankOn(**s) for s in data.get("stragglers", ())]  # absent in sweeps stored before it existed
+        return cls(**{**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]), "stragglers": stragglers})
 
 
 def new_sweep_id(now_ns: int | None = None) -> str:

@@ -414,7 +414,7 @@ class NodeProgress(_message.Message):
     def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ..., dcgm_detail: _Optional[str] = ...) -> None: ...
 
 class Sweep(_message.Message):
-    __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error")
+    __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error", "stragglers")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -426,6 +426,7 @@ class Sweep(_message.Message):
     MISSING_FIELD_NUMBER: _ClassVar[int]
     REPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: SweepState
     backend: str
@@ -437,7 +438,16 @@ class Sweep(_message.Message):
     missing: _containers.RepeatedScalarFieldContainer[str]
     report_path: str
     error: str
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    stragglers: _containers.RepeatedCompositeFieldContainer[RankRef]
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[RankRef, _Mapping]]] = ...) -> None: ...
+
+class RankRef(_message.Message):
+    __slots__ = ("rank", "host")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    host: str
+    def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
 
 class ListSweepsRequest(_message.Message):
     __slots__ = ("limit",)

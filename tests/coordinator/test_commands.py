@@ -60,6 +60,10 @@ def test_capture_wait_shows_progress_and_prints_the_report(coordinator, wire, di
         assert any(name in line and "analysed" in line for line in err.splitlines())
     report_line = [line for line in err.splitlines() if line.startswith("report: ")]
     assert report_line and Path(report_line[0].removeprefix("report: ")).is_file()
+    # The listing names the stragglers by rank and node, for sweeps scheduled to run unattended.
+    assert main(["sweeps", "--coordinator", coordinator.address]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert "STRAGGLERS (RANK@NODE)" in listing[0] and "1@node000" in listing[1] and "analysed" in listing[1]
     for agent, thread in zip(agents, threads):
         thread.join(10)
         agent.close()

@@ -41,10 +41,19 @@ def test_every_node_finished_is_analysed() -> None:
     out = finish(sweep, "b")
     assert analyses(out) == [sw.Analyse((DIGEST, DIGEST))]
     assert sweep.state is sw.SweepState.ANALYSING
-    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 2 * S))
+    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 2 * S, (sw.RankOn(3, "b"),)))
     assert sweep.state is sw.SweepState.ANALYSED and sweep.missing == []
     assert {rec.state for rec in sweep.nodes.values()} == {sw.NodeState.ANALYSED}
     assert sweep.report_path == "/r/s1.json" and sweep.final
+    assert sweep.stragglers == [sw.RankOn(3, "b")]
+    assert sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict()))) == sweep  # as the store keeps it
+
+
+def test_a_sweep_stored_before_stragglers_were_kept_still_loads() -> None:
+    sweep = started("a")
+    data = json.loads(json.dumps(sweep.to_dict()))
+    del data["stragglers"]
+    assert sw.Sweep.from_dict(data).stragglers == []
 
 
 def test_uploaded_without_dcgm_resumed_is_not_finished() -> None:

@@ -211,6 +211,8 @@ def test_a_sweep_over_four_agents_names_the_straggler(cluster: Cluster) -> None:
     report = cluster.report(sweep_id)
     assert report.stragglers == [5]
     assert sorted(r.rank for r in report.ranks) == list(range(8))
+    host = next(r.host for r in report.ranks if r.rank == 5)
+    assert [(s.rank, s.host) for s in sweep.stragglers] == [(5, host)]  # the sweep itself says who
 
 
 def _upload_ids(cluster: Cluster, name: str, sweep_id: str) -> list[str]:
