@@ -15,7 +15,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,9 +160,6 @@ class Uploader:
             if self.stop.wait(self._backoff(attempt)):
                 break
         raise TransportError(f"upload {uid} did not complete after {self.max_attempts} attempts", path=artifact.path)
-
-    def upload_all(self, artifacts: Sequence[Artifact]) -> list[Uploaded]:
-        return [self.upload(a) for a in artifacts]
 
     def _done(self, uid: str, artifact: Artifact, size: int, digest: str, verified: str,
               first_offset: int | None) -> Uploaded:
