@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import pyarrow.compute as pc
 import pytest
 
+from rankscope.analysis import digest
+from rankscope.analysis.testing import SyntheticJob, host_name, synthetic_job
 from rankscope.coordinator.server import CoordinatorServer, create_server
 from rankscope.coordinator.store import Store
 from rankscope.proto.v1 import rankscope_pb2 as pb
@@ -51,6 +54,20 @@ def start(data_dir: Path, listen: str = "127.0.0.1:0", **settings) -> Running:
 def stop(running: Running) -> None:
     running.channel.close()
     running.server.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def digests(tmp_path_factory) -> dict[str, bytes]:
+    """Per node, the Parquet digest of its ranks in one synthetic 2-node job whose rank 1 is
+    the straggler (rank 1 on node000)."""
+    table, truth = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=20, stragglers={1: 400_000}))
+    assert truth.stragglers == [1]
+    out = {}
+    for node in range(2):
+        path = tmp_path_factory.mktemp("digests") / f"{host_name(node)}.parquet"
+        digest.write(table.filter(pc.equal(table.column("host"), host_name(node))), path)
+        out[host_name(node)] = path.read_bytes()
+    return out
 
 
 @pytest.fixture

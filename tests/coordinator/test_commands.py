@@ -13,25 +13,11 @@ import time
 from pathlib import Path
 
 import grpc
-import pyarrow.compute as pc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rankscope.analysis import digest
-from rankscope.analysis.testing import SyntheticJob, host_name, synthetic_job
 from rankscope.cli import main
 from rankscope.coordinator.commands import EXIT_PARTIAL, parse_duration
-
-
-@pytest.fixture(scope="module")
-def digests(tmp_path_factory) -> dict[str, bytes]:
-    table, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=20, stragglers={1: 400_000}))
-    out = {}
-    for node in range(2):
-        path = tmp_path_factory.mktemp("digests") / f"{host_name(node)}.parquet"
-        digest.write(table.filter(pc.equal(table.column("host"), host_name(node))), path)
-        out[host_name(node)] = path.read_bytes()
-    return out
 
 
 def answer(agent, data: bytes | None) -> threading.Thread:

@@ -6,33 +6,17 @@ import json
 from pathlib import Path
 
 import grpc
-import pyarrow.compute as pc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rankscope.analysis import digest
 from rankscope.analysis.report import Report
-from rankscope.analysis.testing import SyntheticJob, host_name, synthetic_job
 from rankscope.cli import main
 from rankscope.coordinator.client import SweepClient
 from rankscope.coordinator.store import Store
 from rankscope.errors import InputError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
-STRAGGLER = 1
-
-
-@pytest.fixture(scope="module")
-def digests(tmp_path_factory) -> dict[str, bytes]:
-    """Per node, the Parquet digest of its ranks in one synthetic 2-node job with a straggler."""
-    table, truth = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=20, stragglers={STRAGGLER: 400_000}))
-    assert truth.stragglers == [STRAGGLER]
-    out = {}
-    for node in range(2):
-        path = tmp_path_factory.mktemp("digests") / f"{host_name(node)}.parquet"
-        digest.write(table.filter(pc.equal(table.column("host"), host_name(node))), path)
-        out[host_name(node)] = path.read_bytes()
-    return out
+STRAGGLER = 1  # in the `digests` fixture's job
 
 
 def started_capture(agent) -> pb.StartCapture:

@@ -13,7 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standins"))
@@ -82,20 +81,7 @@ class NsysCluster(Cluster):
         self.spawn(name, *self.agent_args[name], env={**self.node_env(name), **(agent_env or {})})
 
     def capture(self, nodes: list[str], *, duration_s: float, timeout_s: float = 120) -> str:
-        request = pb.StartSweepRequest(targets=pb.Targets(nodes=nodes), duration_s=duration_s, backend="nsys",
-                                       timeout_s=timeout_s)
-
-        def started() -> str:
-            for name in nodes:
-                self._check_alive(name)
-            try:
-                return self.sweeps.StartSweep(request, timeout=10).sweep_id
-            except grpc.RpcError as exc:
-                if exc.code() is grpc.StatusCode.NOT_FOUND:
-                    return ""
-                raise
-
-        return wait_for(f"{nodes} to register", started, START_S, every=0.3)
+        return self.start_sweep(nodes, duration_s=duration_s, timeout_s=timeout_s, backend="nsys")
 
     def paused(self, name: str) -> bool:
         return standin_dcgm.read(self.engine(name))["paused"]

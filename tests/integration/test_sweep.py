@@ -129,9 +129,9 @@ class Cluster:
         return pb_grpc.AgentServiceStub(self.channel)
 
     def start_sweep(self, nodes: list[str], *, duration_s: float, timeout_s: float, upload_raw: bool = False,
-                    options: dict[str, str]) -> str:
-        request = pb.StartSweepRequest(targets=pb.Targets(nodes=nodes), duration_s=duration_s, backend="sim",
-                                       timeout_s=timeout_s, options=options, upload_raw=upload_raw)
+                    options: dict[str, str] | None = None, backend: str = "sim") -> str:
+        request = pb.StartSweepRequest(targets=pb.Targets(nodes=nodes), duration_s=duration_s, backend=backend,
+                                       timeout_s=timeout_s, options=options or {}, upload_raw=upload_raw)
 
         def started() -> str:
             for name in nodes:
