@@ -32,9 +32,21 @@ def _i64(values) -> np.ndarray:
 
 def _group_keys(groups: list[np.ndarray], values: list[np.ndarray]) -> tuple[list[np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     """One int64 key per (group, value) pair, ordered by group then value, and the map
-    from a key back to its value. Each group's values are shifted above all earlier
-    groups' (linear time); where int64 cannot hold that (epoch ns leave ~2**62 of room),
-    the values' dense ranks are spread apart instead (a sort)."""
+    from a key back to its value. Usually (a batch of ranks of one capture) every group
+    fits one common value span: key = group * span + value, a handful of whole-array
+    operations. Otherwise each group's values are shifted above all earlier groups'
+    (linear time); where int64 cannot hold that (epoch ns leave ~2**62 of room), the
+    values' dense ranks are spread apart instead (a sort)."""
+    present = [i for i, g in enumerate(groups) if g.size]
+    if not present:
+        return [_i64(v) for v in values], lambda key: key
+    g_low = min(int(groups[i].min()) for i in present)
+    g_high = max(int(groups[i].max()) for i in present)
+    v_low = min(int(values[i].min()) for i in present)
+    v_span = max(int(values[i].max()) for i in present) - v_low + 1
+    if (g_high - g_low + 1) * v_span < 2**62:
+        keys = [(g - g_low) * v_span + (v - v_low) for g, v in zip(groups, values)]
+        return keys, lambda key: key % v_span + v_low
     size = max((int(g.max()) + 1 for g in groups if g.size), default=0)
     count = sum(g.size for g in groups)
     if size > 2 * count + 1024 or min((int(g.min()) for g in groups if g.size), default=0) < 0:
