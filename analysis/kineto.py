@@ -16,13 +16,15 @@ One trace is one rank. What is read, and why (reference/nccl-in-traces.md ยง4, ย
   traced, else the rank's torch hook's per-PG sequence base plus order, else the order
   within the PG in the window ("ordinal").
 
-Parsing: msgspec splits ``traceEvents`` into one undecoded text per event, then decodes them
-a chunk at a time into structs holding only the fields read (``ts``/``dur`` kept as their
+Parsing: the ``traceEvents`` text is cut into windows of about a MB between one event and
+the next (found by searching the text, checked by the window decoding), and msgspec decodes
+one window at a time into structs holding only the fields read (``ts``/``dur`` kept as their
 decimal text, converted to ns all at once, exactly; of ``args`` only the linking ids and the
-identity fields). Each chunk becomes columns (strings as codes) before the next is decoded,
-and only the few events whose args carry a collective's identity keep them: the per-event
-Python objects never exist for the whole trace at once. Small traces (a few MB) are decoded
-with the document in one pass instead, then become columns by the same chunks.
+identity fields). Each window becomes columns (strings as codes) before the next is decoded,
+and only the few events whose args carry a collective's identity keep them: neither the
+per-event Python objects nor the mapped text are held for the whole trace at once. Text that
+cannot be cut so is split by decoding it into one undecoded text per event, then decoded a
+chunk of events at a time.
 
 Reading: the events are numpy columns and every subset an array of row positions; the
 tests of names (prefixes, op, NCCL kernel, step number) run once per distinct name.
@@ -198,7 +200,8 @@ class _Event(msgspec.Struct, gc=False):
 
 
 class _Document(msgspec.Struct, gc=False):
-    """The top-level keys read; each event stays its undecoded text until its chunk is read."""
+    """The top-level keys read. Split by decoding, each event stays its undecoded text until
+    its chunk is read; read by windows, the events' text is left out and the list is empty."""
 
     traceEvents: list[msgspec.Raw] | None = None
     schemaVersion: Any = None
@@ -209,23 +212,17 @@ class _Document(msgspec.Struct, gc=False):
     hook: Any = msgspec.field(default=None, name=HOOK_KEY)
 
 
-class _SmallDocument(_Document, gc=False):
-    """A small trace's top-level keys and events, decoded in one pass."""
-
-    traceEvents: list[_Event] | None = None
-
-
 _DOCUMENT = msgspec.json.Decoder(_Document)
-_SMALL_DOCUMENT = msgspec.json.Decoder(_SmallDocument)
 _EVENTS = msgspec.json.Decoder(list[_Event])
-# Events decoded at a time. A decoded event costs ~400 bytes of Python objects, 10x its
-# columns: chunks bound that to ~2 MB whatever the trace's size, and decode no slower than
-# one pass over the whole list.
+# Bytes of event text decoded at a time. A decoded event costs ~400 bytes of Python
+# objects, ~1.5x its text, 10x its columns: windows bound that to a few MB whatever the
+# trace's size, and decode no slower than one pass over the whole list.
+_WINDOW = 1 << 20
+# Events decoded at a time where the text is split by decoding (see _split).
 _CHUNK = 4096
-# Traces up to this size are decoded in one pass, not split first and decoded a chunk at a
-# time: their events' objects (~1.5x the text) cost a few MB, the second pass over the
-# text ~40% of the decoding (1.7 MB of JSON: 8.8 -> 5.2 ms).
-_ONE_PASS_BYTES = 4 << 20
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_SPACE = (b" ", b"\n", b"\r", b"\t")
+_END_TRIES = 16  # cuts tried for the end of the events, from the end of the text
 # Events whose ids are read: kernels and their launches, and the host collective calls.
 # Kernel launches: runtime API (cudaLaunchKernel) or driver API (cuLaunchKernelEx, NCCL >= 2.19).
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -235,32 +232,24 @@ _LINKED_CATS = ("kernel", *_LAUNCH_CATS)
 def _load(path: Path) -> _Trace:
     try:
         text = _Text(path)
-        one_pass = len(text.data) <= _ONE_PASS_BYTES
-        document = (_SMALL_DOCUMENT if one_pass else _DOCUMENT).decode(text.data)
+        columns = _Columns()
+        document = _windows(text, columns)
+        if document is None:  # no cuts found, or one was wrong: split the text by decoding it
+            columns = _Columns()
+            document = _split(text, columns)
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise ExportError(f"cannot read Kineto trace ({exc})", path=path) from None
     except msgspec.DecodeError as exc:
         raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
-    if document.traceEvents is None:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ExportError(f"unreadable event time ({exc})", path=path) from None
+    if document is None:
         raise ExportError("not a Kineto trace (no traceEvents list)", path=path)
+    del text  # the trace's bytes go with the last view of them
     top = {key: value for key, value in zip(_TOP_KEYS, (
         document.schemaVersion, document.distributedInfo, document.baseTimeNanoseconds,
         document.host_name, document.trace_id, document.hook)) if value is not None}
-    base = _base(path, top)
-    items = document.traceEvents  # events, or their texts
-    del document
-    columns = _Columns()
-    try:
-        for first in range(0, len(items), _CHUNK):
-            text.release()
-            chunk = items[first : first + _CHUNK]
-            columns.add(_complete(chunk if one_pass else _EVENTS.decode(b"[" + b",".join(chunk) + b"]")))
-    except msgspec.DecodeError as exc:
-        raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise ExportError(f"unreadable event time ({exc})", path=path) from None
-    del items, text  # the trace's bytes go with the last view of them
-    events = columns.events(base)
+    events = columns.events(_base(path, top))
     kept = columns.kept
 
     def args(rows) -> list[_Args]:
@@ -270,11 +259,110 @@ def _load(path: Path) -> _Trace:
     return _Trace(top, events, args)
 
 
+def _windows(text: _Text, columns: _Columns) -> _Document | None:
+    """Read the events a window of text at a time, cut where one event ends and the next
+    begins (``}``, ``,``, ``{``), found by searching the text: no pass over the whole text
+    before the events are decoded, and only a window of it in memory. A cut inside a string
+    or a nested value leaves that open, so its window does not decode: a window that
+    decodes is whole events, and the text after the last one closes the list. The
+    document's other keys are decoded from the text around the events. None where the
+    text has no events list to cut or a window does not decode (the caller splits it by
+    decoding, which also reports malformed JSON)."""
+    data = text.data
+    key = _EVENTS_KEY.search(data)
+    if key is None or data[key.start() - 1 : key.start()] == b"\\":
+        return None
+    view = memoryview(data)
+    start = _skip_space(data, key.end())
+    end = start  # the list's closing bracket
+    if data[start : start + 1] != b"]":
+        while (cut := _next_cut(data, start, start + _WINDOW)) is not None:
+            try:
+                columns.add(_complete(_EVENTS.decode(b"".join((b"[", view[start : cut[0] + 1], b"]")))))
+            except msgspec.DecodeError:
+                return None
+            text.release()
+            start = cut[1]
+        end = _last_window(data, view, start, columns)
+        if end is None:
+            return None
+        text.release()
+    try:
+        document = _DOCUMENT.decode(b"".join((view[: key.end()], view[end:])))
+    except msgspec.DecodeError:
+        return None
+    return document if document.traceEvents == [] else None
+
+
+def _next_cut(data, start: int, stop: int) -> tuple[int, int] | None:
+    """The end of the window from ``start`` and the start of the next: the last ``}``
+    before ``stop`` followed by ``,`` and ``{`` (spaces between), else the first after it
+    (an event longer than a window). None where the text after ``stop`` has none."""
+    cut = data.rfind(b"}", start, stop)
+    while cut > start:
+        if (found := _cut_at(data, cut)) is not None:
+            return found
+        cut = data.rfind(b"}", start, cut)
+    cut = data.find(b"}", stop)
+    while cut >= 0:
+        if (found := _cut_at(data, cut)) is not None:
+            return found
+        cut = data.find(b"}", cut + 1)
+    return None
+
+
+def _cut_at(data, cut: int) -> tuple[int, int] | None:
+    """``(cut, next start)`` where the ``}`` at ``cut`` is followed by ``,`` and ``{``."""
+    after = _skip_space(data, cut + 1)
+    if data[after : after + 1] == b",":
+        after = _skip_space(data, after + 1)
+        if data[after : after + 1] == b"{":
+            return cut, after
+    return None
+
+
+def _last_window(data, view: memoryview, start: int, columns: _Columns) -> int | None:
+    """Decode the last window, from ``start`` to the ``}`` followed by ``]`` (the list's
+    end) nearest the end of the text whose text decodes; the position of that ``]``."""
+    cut, tries = len(data), _END_TRIES
+    while tries and (cut := data.rfind(b"}", start, cut)) >= 0:
+        after = _skip_space(data, cut + 1)
+        if data[after : after + 1] != b"]":
+            continue
+        tries -= 1
+        try:
+            events = _EVENTS.decode(b"".join((b"[", view[start : cut + 1], b"]")))
+        except msgspec.DecodeError:
+            continue
+        columns.add(_complete(events))
+        return after
+    return None
+
+
+def _skip_space(data, at: int) -> int:
+    while data[at : at + 1] in _SPACE:
+        at += 1
+    return at
+
+
+def _split(text: _Text, columns: _Columns) -> _Document | None:
+    """Read the events by splitting the text into one undecoded text per event, then
+    decoding those a chunk at a time; the document's other keys with them."""
+    document = _DOCUMENT.decode(text.data)
+    items = document.traceEvents
+    if items is None:
+        return None
+    document.traceEvents = []
+    for first in range(0, len(items), _CHUNK):
+        text.release()
+        columns.add(_complete(_EVENTS.decode(b"[" + b",".join(items[first : first + _CHUNK]) + b"]")))
+    return document
+
+
 class _Text:
     """A trace's bytes. A plain file is mapped, not read, and its pages are dropped from the
-    process after the split into events and after each chunk (they stay in the page cache;
-    the next chunk maps just its own again): the text costs the process the file's size
-    only while it is split, then about a chunk. A gzipped file is decompressed whole."""
+    process after each window (they stay in the page cache): the text costs the process
+    about a window, not the file's size. A gzipped file is decompressed whole."""
 
     def __init__(self, path: Path) -> None:
         self.mapped: mmap.mmap | None = None

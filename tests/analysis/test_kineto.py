@@ -312,50 +312,99 @@ def test_simulated_kineto_job_ingests_and_names_its_straggler(tmp_path):
     assert analyze(table).stragglers == truth(spec)["stragglers"] == [3]
 
 
-# ------------------------------------------------------------------ chunked decoding
+# ------------------------------------------------------------------ decoding by windows
+
+
+def _by_split(monkeypatch):
+    """Make the reader split every trace by decoding it (the fallback of reading by windows)."""
+    from rankscope.analysis import kineto
+
+    monkeypatch.setattr(kineto, "_windows", lambda text, columns: None)
 
 
 @pytest.mark.parametrize("name", [f"{GLOO}/rank0.json", f"{HTA}/trace_filter/sampled_rank-0.json.gz",
                                   f"{HTA}/nccl_parser_config/nccl_data.json.gz"])
-def test_events_decoded_a_chunk_at_a_time_give_the_same_digest(samples, name, monkeypatch):
-    """Events become columns a chunk at a time (names coded, times and ids read, identity
-    args kept per chunk): chunks of 7 events give the digest one chunk gives, whether the
-    events were decoded with the document (small traces) or split first and decoded a
-    chunk at a time."""
+def test_events_decoded_a_window_at_a_time_give_the_same_digest(samples, name, monkeypatch):
+    """Events become columns a window of text at a time (names coded, times and ids read,
+    identity args kept per window): windows of a few events give the digest one window
+    gives, and so does splitting the text by decoding it, in chunks of 7 events."""
     from rankscope.analysis import kineto
 
     whole = _row(_read(samples / name))
+    monkeypatch.setattr(kineto, "_WINDOW", 300)
+    assert _row(_read(samples / name)) == whole
     monkeypatch.setattr(kineto, "_CHUNK", 7)
-    assert _row(_read(samples / name)) == whole
-    monkeypatch.setattr(kineto, "_ONE_PASS_BYTES", 0)
+    _by_split(monkeypatch)
     assert _row(_read(samples / name)) == whole
 
 
-def test_kept_args_do_not_pin_their_chunks_text(tmp_path, monkeypatch):
+def _awkward_trace() -> dict:
+    """Text that looks like a cut between events where there is none: inside strings and
+    inside nested args, at the end of the list too, and keys after the list."""
+    events = _gloo_events("200.000", "201.000")
+    events[0]["args"]["note"] = 'a "}, {" and a }] in a string, \\ and \\"'
+    events[2]["args"]["nested"] = [{"a": 1}, {"b": [{"c": 2}]}]
+    events.append(_event("aten::add", "160.000", "5.000", tid=1, args={"deep": [{"x": "}]"}, {"y": "}, {"}]}))
+    data = _trace(events, baseTimeNanoseconds=1790857026000000000)
+    data["traceName"] = "}]"
+    data["deviceProperties"] = [{"id": 0}, {"id": 1}]
+    return data
+
+
+@pytest.mark.parametrize("window", [1, 40, 1 << 20])
+@pytest.mark.parametrize("compact", [False, True])
+def test_cut_lookalikes_in_strings_and_nested_args_do_not_cut(tmp_path, monkeypatch, window, compact):
+    """A cut candidate inside a string or a nested value is never used: its window does
+    not decode, and the reader takes the next, or splits the text by decoding it."""
+    from rankscope.analysis import kineto
+
+    monkeypatch.setattr(kineto, "_WINDOW", window)
+    path = _write(tmp_path / "t.json", _awkward_trace(), compact=compact)
+    got = _row(_read(path))
+    _by_split(monkeypatch)
+    assert got == _row(_read(path))
+
+
+def test_windows_are_the_path_taken_and_a_nested_traceevents_key_falls_back(tmp_path, monkeypatch):
+    """A Kineto trace is read by windows; a "traceEvents" key nested before the real one
+    makes the reader split the text by decoding it, with the same digest as without it."""
+    from rankscope.analysis import kineto
+
+    taken = []
+    windows = kineto._windows
+    monkeypatch.setattr(kineto, "_windows", lambda text, columns: taken.append(windows(text, columns)) or taken[-1])
+    data = _trace(_gloo_events("200.000", "201.000"), host_name="node-a")
+    plain = _row(_read(_write(tmp_path / "a.json", data)))
+    assert taken[-1] is not None
+    data = {"meta": {"traceEvents": []}, **data}
+    assert _row(_read(_write(tmp_path / "b.json", data))) | {"source_file": None} == plain | {"source_file": None}
+    assert taken[-1] is None
+
+
+def test_kept_args_do_not_pin_their_windows_text(tmp_path, monkeypatch):
     """Input shapes stay text until a size needs them; the text of an identity event's args
-    is copied out of its chunk, so the chunk's bytes are freed with the chunk."""
+    is copied out of its window, so the window's bytes are freed with the window."""
     import sys
 
     from rankscope.analysis import kineto
 
-    chunks = []
+    windows = []
 
     class Recording:
         def decode(self, text):
-            chunks.append(text)
+            windows.append(text)
             return decoder.decode(text)
 
     decoder = kineto._EVENTS
     monkeypatch.setattr(kineto, "_EVENTS", Recording())
-    monkeypatch.setattr(kineto, "_CHUNK", 1)
-    monkeypatch.setattr(kineto, "_ONE_PASS_BYTES", 0)  # a large trace: split, then decoded by chunk
+    monkeypatch.setattr(kineto, "_WINDOW", 1)
     events = [_event("c10d::allreduce_", "100.000", "50.000", tid=1,
                      args={"External id": 1, "Input Dims": [[4, 8]], "Input type": ["float"]}),
               _event("gloo:all_reduce", "110.000", "30.000", cat="user_annotation", tid=2)]
     trace = kineto._load(_write(tmp_path / "t.json", _trace(events, baseTimeNanoseconds=1790857026000000000)))
     (args,) = trace.args([0])
     assert bytes(args.dims).replace(b" ", b"") == b"[[4,8]]"
-    refs = [sys.getrefcount(chunks[i]) for i in range(len(chunks))]
+    refs = [sys.getrefcount(windows[i]) for i in range(len(windows))]
     assert refs == [2, 2], refs  # the list's and the call's only
     assert kineto._sizes([args])[0] == 128
 
