@@ -94,6 +94,10 @@ _PAYLOAD_FIELDS = {
     "CUDA device": "cuda_device",
 }
 _STEP = re.compile(r"^(?:ProfilerStep#|step[ _#:]?)(\d+)$", re.I)
+# Ops are coded while the batch is built (an index into this table; -1: none).
+_OPS = (*sorted(ops.CANONICAL_OPS), ops.UNKNOWN)
+_OP_CODE = {op: code for code, op in enumerate(_OPS)}
+_P2P = np.array([op in ops.P2P_OPS for op in _OPS])
 
 Columns = dict[str, np.ndarray]
 
@@ -493,10 +497,14 @@ def _process(columns: Columns) -> np.ndarray:
     return (columns["file"] << 24) | columns["pid"]
 
 
-def _per_name(names: np.ndarray, fn, dtype=object) -> np.ndarray:
-    """``fn`` applied once per distinct name (few), spread back over all rows (many)."""
-    codes, distinct = pd.factorize(names, use_na_sentinel=False)
-    return np.array([fn(name) for name in distinct], dtype=dtype)[codes] if codes.size else np.zeros(0, dtype)
+def _name_facts(names: np.ndarray) -> Columns:
+    """What each NVTX name says (op code, group bracket step, communicator init or
+    creation, step number): worked out once per distinct name (few), then spread over
+    the rows (many) by their name codes."""
+    facts = [(_OP_CODE.get(ops.from_nccl_api(name), -1), _group_step(name), _is_comm_init(name), _creates_comm(name),
+              _step_number(name)) for name in names.tolist()]
+    table = np.array(facts, np.int64).reshape(len(facts), 5)
+    return {"op": table[:, 0], "delta": table[:, 1], "init": table[:, 2] == 1, "creates": table[:, 3] == 1, "number": table[:, 4]}
 
 
 # ---------------------------------------------------------------- a batch: rows
@@ -514,10 +522,13 @@ def _kernel_names(files: list[_File], kernels: Columns) -> tuple[np.ndarray, np.
 
 
 def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
-    """(NCCL ranges with their payload fields, step ranges) of all files."""
+    """(NCCL ranges with their payload fields, step ranges) of all files; names are
+    replaced by what they say (`_name_facts`)."""
     rows = _columns(files, "nvtx", ("pid", "tid", "start", "end", "length", "kind"), ("start", "end"))
     rows["process"] = _process(rows)
-    rows["name"] = np.array(list(chain.from_iterable(export.nvtx_names for export in files)), dtype=object)
+    names = np.array(list(chain.from_iterable(export.nvtx_names for export in files)), dtype=object)
+    codes, distinct = pd.factorize(names, use_na_sentinel=False)
+    rows.update({key: values[codes] for key, values in _name_facts(np.asarray(distinct, dtype=object)).items()})
     kind = rows["kind"]
     with_domain = np.unique(rows["process"][kind == _NCCL_DOMAIN])
     named = (kind == _NCCL_NAMED) & ~np.isin(rows["process"], with_domain)
@@ -649,20 +660,20 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
                           (out["file"], out["pid"], out["correlation"]))
     linked = launch >= 0
     launch_ns = _take(launches["launch_ns"], launch, 0)
-    nccl["op"] = _per_name(nccl["name"], ops.from_nccl_api)
     served = _served(nccl, np.flatnonzero(linked), _take(launches["thread"], launch, -1)[linked], launch_ns[linked])
     out.update(_summarise_calls(served, nccl, rows.size))
-    unlinked = pd.isna(out["op"])
+    unlinked = out["op"] < 0
     _warn_per_file(files, out["file"], unlinked, "{} of {} NCCL kernels have no NCCL API range around their launch "
                    "(NVTX not traced or cut by the capture window); their op is guessed from the kernel name")
-    hint = np.array([ops.from_kernel_name(name) or ops.UNKNOWN for name in names], dtype=object)
+    hint = np.array([_OP_CODE[ops.from_kernel_name(name) or ops.UNKNOWN] for name in names.tolist()], np.int64)
     out["op"] = np.where(unlinked, hint[out["name"]], out["op"])
     out["cpu_call_ns"] = np.where(out["cpu_call_ns_na"], launch_ns, out["cpu_call_ns"])
     out["cpu_call_ns_na"] &= ~linked
-    out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
+    out["comm_id"], out["comm_code"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
     order = np.lexsort((out["start"], out["unit"]))
     out = {key: values[order] for key, values in out.items()}
-    out["seq"] = _cumcount(_codes(out["unit"], pd.factorize(out["comm_id"])[0]))
+    out["seq"] = _cumcount(_codes(out["unit"], out.pop("comm_code")))
+    out["op"] = np.array(_OPS, dtype=object)[out["op"]]
     return out
 
 
@@ -683,7 +694,7 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     """
     order = np.lexsort((np.asarray(nccl["start"], np.int64), np.asarray(nccl["tid"], np.int64)))
     frame = {key: np.asarray(values)[order] for key, values in nccl.items()}
-    delta = _per_name(frame["name"], _group_step, np.int64)
+    delta = frame["delta"]
     # Per-thread running depth, as whole-array numpy: offsets restart each thread's sums.
     tid = frame["tid"].astype(np.int64)
     first = np.r_[True, tid[1:] != tid[:-1]] if tid.size else np.zeros(0, bool)
@@ -697,7 +708,7 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     depth = running - floor
     before = np.where(first, 0, np.r_[0, depth[:-1]])
     group = np.cumsum((delta == 1) & (before == 0))  # outermost group starts, numbered globally
-    is_call = ~pd.isna(frame["op"])
+    is_call = frame["op"] >= 0
     grouped = is_call & (depth > 0)
     closes = (delta == -1) & (before >= 1) & (depth == 0)
     # Ungrouped calls form their own call group (negative ids cannot clash with groups).
@@ -716,7 +727,7 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
     """(kernel, start, op, row) of every API call each launched kernel serves: the calls
     of the range on its launching thread that encloses the launch."""
     calls, launchers = _group_calls({"tid": nccl["thread"], "start": nccl["start"], "end": nccl["end"],
-                                     "name": nccl["name"], "op": nccl["op"], "row": np.arange(nccl["start"].size)})
+                                     "delta": nccl["delta"], "op": nccl["op"], "row": np.arange(nccl["start"].size)})
     tid, start, end, group = (launchers[c].astype(np.int64, copy=False) for c in ("tid", "start", "end", "call_group"))
     at = intervals.last_at_or_before(tid, start, thread, launch_ns)
     hit = at >= 0
@@ -728,13 +739,13 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
     counts = np.searchsorted(call_group[by_group], wanted, side="right") - low
     served = by_group[_expand(low, counts)]
     return {"kernel": np.repeat(kernel[hit], counts), "start": calls["start"].astype(np.int64, copy=False)[served],
-            "op": calls["op"].astype(object, copy=False)[served], "row": calls["row"][served]}
+            "op": calls["op"][served], "row": calls["row"][served]}
 
 
 def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time;
-    each with a ``_na`` mask. Kernels serving no call get op None."""
-    out: Columns = {"op": np.full(n, None, object)}
+    each with a ``_na`` mask. Ops are codes (`_OPS`); kernels serving no call get -1."""
+    out: Columns = {"op": np.full(n, -1, np.int64)}
     for column in ("comm", "bytes", "peer", "nranks", "cpu_call_ns"):
         out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
     if not served["kernel"].size:
@@ -743,10 +754,9 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     kernel, row, op = served["kernel"][order], served["row"][order], served["op"][order]
     first = np.flatnonzero(np.r_[True, kernel[1:] != kernel[:-1]])
     at, lead = kernel[first], row[first]
-    codes, _ = pd.factorize(op)
-    one_op = np.minimum.reduceat(codes, first) == np.maximum.reduceat(codes, first)
-    all_p2p = np.minimum.reduceat(_per_name(op, ops.P2P_OPS.__contains__, bool), first)
-    out["op"][at] = np.where(one_op | ~all_p2p, op[first], ops.SENDRECV)
+    one_op = np.minimum.reduceat(op, first) == np.maximum.reduceat(op, first)
+    all_p2p = np.minimum.reduceat(_P2P[op], first)
+    out["op"][at] = np.where(one_op | ~all_p2p, op[first], _OP_CODE[ops.SENDRECV])
     known = ~nccl["bytes_na"][row]
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
     out["bytes_na"][at] = ~np.maximum.reduceat(known, first)
@@ -762,39 +772,40 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     return out
 
 
-def _comm_ids(files: list[_File], out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """comm_id from the payload, else inferred; with the communicator's size (NCCL nranks)
-    and a mask where it is unknown. (seq is the call order within comm_id: the NCCL
-    schemas carry no sequence field, and every member calls a communicator's collectives
-    in the same order.)"""
+def _comm_ids(files: list[_File], out: Columns, nccl: Columns) -> tuple[np.ndarray, ...]:
+    """comm_id from the payload, else inferred, also as an integer code (equal exactly
+    where comm_id is); with the communicator's size (NCCL nranks) and a mask where it is
+    unknown. (seq is the call order within comm_id: the NCCL schemas carry no sequence
+    field, and every member calls a communicator's collectives in the same order.)"""
     traced = ~out["comm_na"]
     distinct, which = np.unique(np.where(traced, out["comm"], 0).view(np.uint64), return_inverse=True)
     comm_id = np.array([f"{c:016x}" for c in distinct.tolist()], dtype=object)[which]
     size, size_na = _traced_sizes(out, nccl)
     if traced.all():
-        return comm_id, size, size_na
+        return comm_id, which, size, size_na
     _warn_per_file(files, out["file"], ~traced, "{} of {} NCCL kernels carry no communicator id "
                    "(needs NCCL >= 2.25.1 and nsys export --include-blobs=true); those collectives are grouped "
                    "by operation as 'inferred:<op>' and numbered by call order")
-    label, inferred_size, known = _inferred_comm_ids(out, nccl)
-    return np.where(traced, comm_id, label), np.where(traced, size, inferred_size), np.where(traced, size_na, ~known)
+    label, combo, inferred_size, known = _inferred_comm_ids(out, nccl)
+    return (np.where(traced, comm_id, label), np.where(traced, which, distinct.size + combo),
+            np.where(traced, size, inferred_size), np.where(traced, size_na, ~known))
 
 
 def _traced_sizes(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray]:
     """Per kernel: its communicator's size from the call's payload, else from the
     process's CommInitRank or CommSplit of that communicator id; and where neither says."""
-    creates = _per_name(nccl["name"], _creates_comm, bool) & ~nccl["nranks_na"] & ~nccl["comm_na"]
+    creates = nccl["creates"] & ~nccl["nranks_na"] & ~nccl["comm_na"]
     at = _first_match((nccl["process"][creates], nccl["comm"][creates]), (out["process"], out["comm"]))
     by_id = ~out["comm_na"] & (at >= 0)
     size = np.where(out["nranks_na"], _take(nccl["nranks"][creates], at, 0), out["nranks"])
     return size, out["nranks_na"] & ~by_id
 
 
-def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What every member of an untraced communicator agrees on: the op, and the
     communicator size when the process initialised communicators of a single size;
-    with that size and where it is known."""
-    inits = _per_name(nccl["name"], _is_comm_init, bool) & ~nccl["nranks_na"]
+    as a label and its code, with that size and where it is known."""
+    inits = nccl["init"] & ~nccl["nranks_na"]
     processes, which = np.unique(nccl["process"][inits], return_inverse=True)
     low = np.full(processes.size, np.iinfo(np.int64).max)
     high = np.full(processes.size, np.iinfo(np.int64).min)
@@ -804,12 +815,11 @@ def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndar
     one_size = (processes.size > 0) & (_take(processes, at, -1) == out["process"]) & (_take(low, at, 0) == _take(high, at, 1))
     size = np.where(out["nranks_na"], _take(low, at, 0), out["nranks"])
     known = ~out["nranks_na"] | one_size
-    ops_codes, _ = pd.factorize(out["op"])
-    combo = _codes(ops_codes, np.where(known, size, -1))
+    combo = _codes(out["op"], np.where(known, size, -1))
     example = np.zeros(int(combo.max(initial=-1)) + 1, np.int64)
     example[combo] = np.arange(combo.size)  # one row per distinct (op, size): format each once
-    label = [f"inferred:{out['op'][i]}" + (f":n{size[i]}" if known[i] else "") for i in example.tolist()]
-    return np.array(label, dtype=object)[combo], size, known
+    label = [f"inferred:{_OPS[out['op'][i]]}" + (f":n{size[i]}" if known[i] else "") for i in example.tolist()]
+    return np.array(label, dtype=object)[combo], combo, size, known
 
 
 def _is_comm_init(name: str | None) -> bool:
@@ -829,7 +839,7 @@ def _step_number(name: str | None) -> int:
 def _steps(rows: Columns) -> Columns:
     """`step N` / `ProfilerStep#N` ranges per process (any domain): each step's first
     start and last end, sorted by process then step."""
-    number = _per_name(rows["name"], _step_number, np.int64)
+    number = rows["number"]
     keep = number >= 0
     process, number = rows["process"][keep], number[keep]
     group = _codes(process, number)
@@ -971,7 +981,7 @@ def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.n
     def nullable(column: str, rows=slice(None)) -> pd.arrays.IntegerArray:
         return pd.arrays.IntegerArray(nccl[column][rows], nccl[f"{column}_na"][rows])
 
-    inits = _per_name(nccl["name"], _is_comm_init, bool) & ~nccl["comm_rank_na"]
+    inits = nccl["init"] & ~nccl["comm_rank_na"]
     found = pd.DataFrame({"process": nccl["process"][inits], **{c: nullable(c, inits) for c in ("cuda_device", "comm", "nranks", "comm_rank")}})
     found = found.drop_duplicates(["process", "cuda_device", "comm", "nranks", "comm_rank"])
     world = np.array([w[1] if w else -1 for w, _, _ in env], np.int64)[units["file"]]

@@ -255,8 +255,9 @@ def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
         (1, 20, "ncclAllReduce"),  # ungrouped: launches inside its own range
         (2, 12, "ncclGroupStart"), (2, 13, "ncclSend"), (2, 16, "ncclGroupEnd"),  # another thread
     ]
-    nccl = pd.DataFrame(rows, columns=["tid", "start", "name"]).assign(end=lambda f: f["start"] + 1)
-    nccl["op"] = nccl["name"].map(nsys.ops.from_nccl_api)
+    tid, start, name = (np.array(column) for column in zip(*rows))
+    facts = nsys._name_facts(name.astype(object))  # what the build derives from each name
+    nccl = {"tid": tid, "start": start, "end": start + 1, "name": name, "delta": facts["delta"], "op": facts["op"]}
     calls, launchers = nsys._group_calls(nccl)
     launch = dict(zip(zip(launchers["tid"].tolist(), launchers["start"].tolist()), launchers["call_group"].tolist()))
     assert sorted(launch) == [(1, 15), (1, 20), (2, 16)]
