@@ -32,6 +32,9 @@ _KNOWN = (NSYS_REPORT, SQLITE, DIGEST_SUFFIX, *KINETO_SUFFIXES)
 LOCAL_CHUNK = 256
 TASK_CHUNK = 32
 _KINETO_KEY = b'"traceEvents"'
+# Read at a time while looking for the key: it is near the top, and a gzipped trace is
+# decompressed only as far as it is read (1 MiB of it: ~1.5 ms per trace; 64 KiB: ~0.15).
+_SNIFF_BYTES = 1 << 16
 
 
 def load_digests(
@@ -87,10 +90,11 @@ def _kineto_or_warn(path: Path) -> bool:
     seen = b""
     try:
         with opener(path, "rb") as handle:
-            while chunk := handle.read(1 << 20):
-                if _KINETO_KEY in seen + chunk:
+            while chunk := handle.read(_SNIFF_BYTES):
+                seen += chunk
+                if _KINETO_KEY in seen:
                     return True
-                seen = chunk[-len(_KINETO_KEY) :]
+                seen = seen[-len(_KINETO_KEY) :]
     except (OSError, EOFError, gzip.BadGzipFile):
         return True
     if _is_simulator_truth(path):

@@ -152,6 +152,18 @@ def test_folder_walk_skips_json_that_is_not_a_kineto_trace(samples: Path, tmp_pa
     assert str(tmp_path / "fr_rank0.json") in str(err.value) and "\n" not in str(err.value)
 
 
+def test_folder_walk_finds_the_key_across_reads_and_deep_in_the_file(tmp_path: Path, monkeypatch) -> None:
+    """The key is looked for a read at a time: found where it straddles two reads, and
+    past the first read, plain or gzipped."""
+    import gzip
+
+    monkeypatch.setattr(sources, "_SNIFF_BYTES", 7)
+    head = b'{"deviceProperties": [' + b'{"id": 0}, ' * 50 + b'{"id": 1}], '
+    (tmp_path / "a.json").write_bytes(head + b'"traceEvents": []}')
+    (tmp_path / "b.json.gz").write_bytes(gzip.compress(head + b' "traceEvents": []}'))
+    assert [f.name for f in sources.discover([tmp_path])] == ["a.json", "b.json.gz"]
+
+
 def test_exports_read_in_batches_match_one_file_at_a_time(samples: Path, monkeypatch) -> None:
     exports = [*sorted((samples / DSL).glob("*.sqlite")), samples / "nsys" / "nsysai_2gpu_sendrecv" / "mfu_2gpu_after.sqlite"]
     one_by_one = digest.concat(nsys.read_nsys(path) for path in exports)
