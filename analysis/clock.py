@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes, isin
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, take
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.ops import N_TO_N_OPS
 
@@ -70,7 +69,7 @@ class ClockModel:
     anchors: int
     warnings: list[str] = field(default_factory=list)
 
-    def align(self, hosts: pd.Series, times: np.ndarray) -> np.ndarray:
+    def align(self, hosts: ArrayLike, times: np.ndarray) -> np.ndarray:
         """Local int64 ns on each row's host -> aligned int64 ns (vectorised)."""
         host, names = codes(hosts)
         clocks = [self.hosts[h] for h in names]
@@ -90,19 +89,20 @@ class ClockModel:
         rel = float(aligned_ns - self.t0_ns)
         return clock.offset_ns + clock.drift_ppm * 1e-6 * rel + float(clock.correction(np.array([rel]))[0])
 
-    def uncertainty(self, hosts: pd.Series) -> np.ndarray:
+    def uncertainty(self, hosts: ArrayLike) -> np.ndarray:
         host, names = codes(hosts)
         return np.array([self.hosts[h].uncertainty_ns for h in names], dtype=np.float64)[host]
 
 
-def anchor_ends(events: pd.DataFrame, t0: int) -> pd.DataFrame:
+def anchor_ends(events: Table, t0: int) -> tuple[np.ndarray, np.ndarray]:
     """Hosts x anchor instances: each host's median end (local ns after ``t0``) of N-to-N
-    instances spanning hosts. Relative to t0 because epoch ns do not fit float64 exactly."""
-    rows = (events["instance"].to_numpy() != UNMATCHED) & isin(events["op"], N_TO_N_OPS)
-    instance = events["instance"].to_numpy(np.int64)[rows]
-    host, names = codes(events["host"][rows])
-    per_host = Groups(instance, host)
-    median_end = per_host.median(events["end_ns"].to_numpy(np.int64)[rows] - t0)
+    instances spanning hosts (NaN where a host has no row), and the hosts of its rows.
+    Relative to t0 because epoch ns do not fit float64 exactly."""
+    instance = np.asarray(events["instance"], np.int64)
+    rows = (instance != UNMATCHED) & isin(events["op"], N_TO_N_OPS)
+    host, names = codes(take(events["host"], rows))
+    per_host = Groups(instance[rows], host)
+    median_end = per_host.median(np.asarray(events["end_ns"], np.int64)[rows] - t0)
     anchor, anchor_host = per_host.keys
     anchors, column = np.unique(anchor, return_inverse=True)
     spans = np.bincount(column, minlength=len(anchors)) > 1
@@ -110,23 +110,23 @@ def anchor_ends(events: pd.DataFrame, t0: int) -> pd.DataFrame:
     used = np.unique(anchor_host[kept])
     table = np.full((len(used), int(spans.sum())), np.nan)
     table[np.searchsorted(used, anchor_host[kept]), (np.cumsum(spans) - 1)[column[kept]]] = median_end[kept]
-    return pd.DataFrame(table, index=pd.Index(names[used], name="host"), columns=pd.Index(anchors[spans], name="instance"))
+    return table, names[used]
 
 
-def fit(events: pd.DataFrame, hosts: list[str], hints: Mapping[str, int] | None = None) -> ClockModel:
+def fit(events: Table, hosts: list[str], hints: Mapping[str, int] | None = None) -> ClockModel:
     """Fit every host's clock from the matched collective rows (columns instance, op, host, end_ns)."""
     hints = dict(hints or {})
-    t0 = int(events["end_ns"].min()) if len(events) else 0
-    ends = anchor_ends(events, t0)
-    model = ClockModel(t0_ns=t0, hosts={}, method="", anchors=int(ends.shape[1]))
+    end = np.asarray(events["end_ns"], np.int64)
+    t0 = int(end.min()) if len(end) else 0
+    values, fitted = anchor_ends(events, t0)
+    model = ClockModel(t0_ns=t0, hosts={}, method="", anchors=int(values.shape[1]))
     if len(hosts) == 1:
         model.hosts[hosts[0]] = HostClock(hosts[0], 0.0, 0.0, 0.0, 0, "shared clock")
         model.method = "single host (shared clock)"
         return model
-    values = ends.to_numpy(dtype=np.float64)
     components = _components(values)
     for component in components:
-        names = [ends.index[i] for i in component]
+        names = [fitted[i] for i in component]
         hinted = all(h in hints for h in names)
         target = float(np.mean([hints[h] for h in names])) if hinted else 0.0
         prior = np.array([hints.get(h, 0.0) for h in names], dtype=np.float64)
@@ -308,12 +308,13 @@ class HappensBefore:
         return self.violations / self.checked if self.checked else 0.0
 
 
-def happens_before(aligned: pd.DataFrame) -> HappensBefore:
+def happens_before(aligned: Table) -> HappensBefore:
     """N-to-N instances where some rank ended before the last one started (aligned times)."""
-    rows = (aligned["instance"].to_numpy() != UNMATCHED) & isin(aligned["op"], N_TO_N_OPS)
-    per = Groups(aligned["instance"].to_numpy(np.int64)[rows])
-    last_start = per.max(aligned["start"].to_numpy()[rows])
-    first_end = per.min(aligned["end"].to_numpy()[rows])
+    instance = np.asarray(aligned["instance"], np.int64)
+    rows = (instance != UNMATCHED) & isin(aligned["op"], N_TO_N_OPS)
+    per = Groups(instance[rows])
+    last_start = per.max(np.asarray(aligned["start"])[rows])
+    first_end = per.min(np.asarray(aligned["end"])[rows])
     return HappensBefore(int(per.count), int((last_start > first_end).sum()))
 
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rankscope.analysis.groups import Coded
 from rankscope.errors import ConsistencyError, ExportError
 
 DIGEST_VERSION = "rankscope.digest/1"
@@ -184,26 +185,53 @@ def is_digest(path: str | Path) -> bool:
     return metadata.get(b"rankscope.schema", b"").startswith(b"rankscope.digest/")
 
 
-def explode(
-    digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host"), *, categorical: bool = False
-) -> pd.DataFrame:
+def columns(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> dict[str, np.ndarray | Coded]:
+    """Flatten one list column to the analysis' long table (groups.Table): numpy columns,
+    ``keep`` columns repeated per row, no DataFrame to build.
+
+    Strings become `Coded` (sorted dictionary codes, encoded in Arrow: few distinct values,
+    compared and grouped many times over). Integer fields the schema lets be null become
+    float64 with NaN: the analysis reads them as sizes, peers, steps and durations, never
+    as epoch ns (cpu_call_ns, the one epoch field among them, it does not read).
+    """
+    column = digests.column(part).combine_chunks()
+    parents = pc.list_parent_indices(column).to_numpy()
+    flat = pc.list_flatten(column)
+    # the per-rank values converted once, then repeated by position
+    out = {name: _to_numpy(digests.column(name), digests.schema.field(name).nullable)[parents] for name in keep}
+    for i, field in enumerate(_LIST_PARTS[part]):
+        out[field.name] = _to_numpy(flat.field(i), field.nullable)
+    return out
+
+
+def _to_numpy(array: pa.Array | pa.ChunkedArray, nullable: bool) -> np.ndarray | Coded:
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        encoded = array.dictionary_encode()
+        values = encoded.dictionary.to_numpy(zero_copy_only=False)
+        order = np.argsort(values)
+        rank = np.empty(len(values) + 1, dtype=np.int64)
+        rank[order] = np.arange(len(values))
+        rank[-1] = -1  # null
+        return Coded(rank[pc.fill_null(encoded.indices, -1).to_numpy()], values[order])
+    if pa.types.is_integer(array.type) and nullable:
+        return array.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)  # nulls as NaN
+    return array.to_numpy(zero_copy_only=False)
+
+
+def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:
     """Flatten one list column to a long DataFrame with ``keep`` columns repeated per row.
 
     Integer columns holding nulls become pandas' nullable ``Int64``: through float64
-    epoch-ns values would lose their last digits. ``categorical``: string columns become
-    Categoricals with sorted categories (few distinct values, compared and grouped many
-    times over: the analysis), encoded in Arrow rather than through Python strings.
+    epoch-ns values would lose their last digits.
     """
     column = digests.column(part).combine_chunks()
     parents = pc.list_parent_indices(column)
     flat = pc.list_flatten(column)
-    convert = _to_categorical if categorical else _to_pandas
-    if categorical:  # encode the per-rank values once, then repeat their codes
-        columns = {name: convert(digests.column(name)).take(parents.to_numpy()) for name in keep}
-    else:
-        columns = {name: convert(pc.take(digests.column(name), parents)) for name in keep}
+    columns = {name: _to_pandas(pc.take(digests.column(name), parents)) for name in keep}
     for i, field in enumerate(_LIST_PARTS[part]):
-        columns[field.name] = convert(flat.field(i))
+        columns[field.name] = _to_pandas(flat.field(i))
     return pd.DataFrame(columns)
 
 
@@ -215,22 +243,6 @@ def _to_pandas(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensi
         values = pc.fill_null(array, 0).to_numpy().astype(np.int64)
         return pd.arrays.IntegerArray(values, array.is_null().to_numpy(zero_copy_only=False))
     return array.to_numpy(zero_copy_only=False)
-
-
-def _to_categorical(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensions.ExtensionArray:
-    if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
-        return _to_pandas(array)
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
-    encoded = array.dictionary_encode()
-    values = encoded.dictionary.to_numpy(zero_copy_only=False)
-    order = np.argsort(values)
-    rank = np.empty(len(values) + 1, dtype=np.int64)
-    rank[order] = np.arange(len(values))
-    rank[-1] = -1  # null
-    # Codes valid by construction; object categories skip pandas' string inference.
-    categories = pd.CategoricalDtype(pd.Index(values[order], dtype=object))
-    return pd.Categorical.from_codes(rank[pc.fill_null(encoded.indices, -1).to_numpy()], dtype=categories, validate=False)
 
 
 def check_consistent(digests: pa.Table) -> None:

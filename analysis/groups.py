@@ -4,28 +4,58 @@ The analysis groups a few ten thousand rows many times over (per instance, per r
 per communicator); pandas' groupby costs milliseconds of fixed overhead per call,
 which dominated the analysis. Keys are integer codes (``codes`` factorizes strings
 once); groups are numbered 0 .. n-1 in ascending key order, like a sorted groupby.
+
+The analysis' tables are mappings of column name to equal-length columns: numpy arrays,
+`Coded` strings, or (tests, hand-made inputs) a pandas DataFrame's Series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-ArrayLike = np.ndarray | pd.Series
+
+@dataclass(frozen=True)
+class Coded:
+    """A string column as int64 codes into its sorted distinct values (-1: missing).
+
+    The analysis groups and compares strings (communicator, op, host) many times over;
+    as codes that is numpy work, and the strings are decoded only for the report."""
+
+    codes: np.ndarray
+    values: np.ndarray  # object array of str, ascending
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __getitem__(self, index: np.ndarray | slice) -> Coded:
+        return Coded(self.codes[index], self.values)
+
+    def tolist(self) -> list[str | None]:
+        return np.append(self.values, None)[self.codes].tolist()  # -1 picks the appended None
+
+
+ArrayLike = np.ndarray | pd.Series | Coded
+Table = Mapping[str, ArrayLike]
+
+
+def take(column: ArrayLike, index: np.ndarray) -> np.ndarray | Coded:
+    """Rows of one column by position."""
+    return column[index] if isinstance(column, Coded) else np.asarray(column)[index]
 
 
 def codes(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Dense int64 codes in sorted order of the distinct values, and those values.
 
-    Pass pandas Series as they are: converting Arrow strings to objects first costs more
-    than the factorization. Categoricals with sorted categories (what `digest.explode`
-    makes) and integer arrays are coded in numpy: pandas' factorize costs far more than
-    the work on the few thousand rows the analysis groups."""
-    array = values.array if isinstance(values, pd.Series) else values
-    if isinstance(array, pd.Categorical) and array.categories.is_monotonic_increasing:
-        return _compact(array.codes, np.asarray(array.categories))
+    Coded strings (what `digest.columns` makes) and integer arrays are coded in numpy:
+    pandas' factorize costs far more than the work on the few thousand rows the analysis
+    groups. Pass pandas Series as they are: converting Arrow strings to objects first
+    costs more than the factorization."""
+    if isinstance(values, Coded):
+        return _compact(values.codes, values.values)
     if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iu":
         array = np.asarray(values)
         uniques, labels = np.unique(array, return_inverse=True)

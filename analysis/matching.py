@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes, locate, pack
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, locate, pack
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
@@ -29,7 +29,7 @@ _RANK_SPAN = 1 << 32  # (communicator, rank) pairs as one int64 key
 class Matching:
     """All collective rows with an ``instance`` column (``UNMATCHED`` where dropped)."""
 
-    events: pd.DataFrame
+    events: dict[str, ArrayLike]  # the input's columns, plus instance
     members: dict[str, tuple[int, ...]]  # comm_id -> member ranks present in the input
     names: dict[str, str | None]  # comm_id -> name from the trace (PG name, commName)
     method: str  # "trace seq", "ordinal", or "trace seq + ordinal"
@@ -40,7 +40,7 @@ class Matching:
 
 
 def communicator_members(
-    communicators: pd.DataFrame, collectives: pd.DataFrame, present: set[int]
+    communicators: Table, collectives: Table, present: set[int]
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, str | None], list[str]]:
     """Members of each communicator among the ranks present, from the traces' member lists.
 
@@ -53,7 +53,7 @@ def communicator_members(
     (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
     comm_ids = np.union1d(listed_ids, used_ids)
     comm = np.r_[np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]]
-    rank = np.concatenate([communicators["rank"].to_numpy(np.int64), collectives["rank"].to_numpy(np.int64)])
+    rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
     pairs = Groups(comm, rank)
     comm_of, rank_of = pairs.keys
     bounds = np.r_[0, np.flatnonzero(np.diff(comm_of)) + 1, len(comm_of)]
@@ -61,7 +61,7 @@ def communicator_members(
     declared: dict[str, set[frozenset[int]]] = {}
     names: dict[str, str] = {}
     sizes: dict[str, set[int]] = {}
-    listed_sizes = communicators["size"].tolist() if "size" in communicators else [None] * len(communicators)
+    listed_sizes = communicators["size"].tolist() if "size" in communicators else [None] * len(listed)
     for comm_id, ranks, name, size in zip(*(communicators[c].tolist() for c in ("comm_id", "ranks", "name")), listed_sizes):
         if ranks is not None and len(ranks):
             declared.setdefault(comm_id, set()).add(frozenset(np.asarray(ranks, dtype=np.int64).tolist()))
@@ -118,22 +118,22 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
     ]
 
 
-def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[int]) -> Matching:
+def match(collectives: Table, communicators: Table, present: set[int]) -> Matching:
     """Assign an instance id to every collective row that belongs to a complete, consistent instance."""
     members, names, warnings = communicator_members(communicators, collectives, present)
-    events = collectives.reset_index(drop=True)
+    events = dict(collectives.items())
     comm, comm_ids = codes(events["comm_id"])
-    rank = events["rank"].to_numpy(np.int64)
-    start = events["start_ns"].to_numpy(np.int64)
+    rank = np.asarray(events["rank"], np.int64)
+    start = np.asarray(events["start_ns"], np.int64)
     op, ops = codes(events["op"])
     size = np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm]
     is_p2p = np.isin(ops, list(P2P_OPS))[op]
 
     # A communicator is matched by trace seq only if every one of its rows carries one.
     ordinal_comm = np.zeros(len(comm_ids), dtype=bool)
-    ordinal_comm[comm[(events["seq_source"] != "trace").to_numpy(bool)]] = True
+    ordinal_comm[comm[~isin(events["seq_source"], ["trace"])]] = True
     use_ordinal = ordinal_comm[comm] & ~is_p2p
-    seq = events["seq"].to_numpy(np.int64)
+    seq = np.asarray(events["seq"], np.int64)
     collective = ~is_p2p
     ordinal = np.zeros_like(seq)
     ordinal[collective] = Groups(rank[collective], comm[collective], within=start[collective]).cumcount()
@@ -141,10 +141,10 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
     warnings += _ordinal_count_warnings(comm[use_ordinal], rank[use_ordinal], comm_ids)
     host, _ = codes(events["host"])
     _shift_ordinals_on_shared_clocks(
-        key_seq, use_ordinal, comm, comm_ids, host, rank, events["end_ns"].to_numpy(np.int64), warnings
+        key_seq, use_ordinal, comm, comm_ids, host, rank, np.asarray(events["end_ns"], np.int64), warnings
     )
 
-    peer = _p2p_peers(events, members, is_p2p, warnings)
+    peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, is_p2p, warnings)
     lo = np.where(is_p2p, np.minimum(rank, peer), -1)
     hi = np.where(is_p2p, np.maximum(rank, peer), -1)
     p2p_rows = is_p2p & (peer >= 0)
@@ -153,7 +153,7 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
     ).cumcount()
 
     keyed = ~is_p2p | p2p_rows
-    group = np.full(len(events), UNMATCHED, dtype=np.int64)
+    group = np.full(len(rank), UNMATCHED, dtype=np.int64)
     group[keyed] = Groups(comm[keyed], lo[keyed], hi[keyed], key_seq[keyed]).first_seen()
 
     expected = np.where(is_p2p, 2, size)
@@ -163,7 +163,7 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
     # Renumber densely (in first-seen order) so instance ids index arrays directly.
     dense = np.full(int(group.max()) + 2 if len(group) else 1, UNMATCHED, dtype=np.int64)
     dense[ok] = np.arange(len(ok))
-    events = events.assign(instance=dense[group])
+    events["instance"] = dense[group]
     sources = set(comm_ids[np.unique(comm[collective])]) - set(comm_ids[ordinal_comm])
     method = " + ".join(
         m for m, used in (("trace seq", bool(sources)), ("ordinal", bool(ordinal_comm.any()))) if used
@@ -183,17 +183,20 @@ def match(collectives: pd.DataFrame, communicators: pd.DataFrame, present: set[i
 
 
 def _p2p_peers(
-    events: pd.DataFrame, members: dict[str, tuple[int, ...]], is_p2p: np.ndarray, warnings: list[str]
+    traced: ArrayLike,
+    comm: np.ndarray,
+    comm_ids: np.ndarray,
+    rank: np.ndarray,
+    members: dict[str, tuple[int, ...]],
+    is_p2p: np.ndarray,
+    warnings: list[str],
 ) -> np.ndarray:
     """The peer of each p2p row: traced, or the other member of a two-rank communicator."""
-    peer = events["peer"].to_numpy(dtype=float, na_value=np.nan).copy()
-    other = {c: m for c, m in members.items() if len(m) == 2}
+    peer = np.array(traced, dtype=np.float64)
     missing = is_p2p & np.isnan(peer)
     if missing.any():
-        comm = events["comm_id"].to_numpy()
-        ranks = events["rank"].to_numpy()
-        pair_sum = pd.Series(comm[missing]).map({c: sum(m) for c, m in other.items()}).to_numpy(dtype=float)
-        peer[missing] = pair_sum - ranks[missing]
+        pair_sum = np.array([sum(members[c]) if len(members[c]) == 2 else np.nan for c in comm_ids], dtype=np.float64)
+        peer[missing] = pair_sum[comm[missing]] - rank[missing]
         unknown = missing & np.isnan(peer)
         if unknown.any():
             warnings.append(f"{int(unknown.sum())} point-to-point call(s) without a known peer were not matched")
@@ -299,7 +302,7 @@ def _check_instances(
     rank: np.ndarray,
     op: np.ndarray,
     ops: np.ndarray,
-    size_bytes: pd.Series,
+    size_bytes: ArrayLike,
     key_seq: np.ndarray,
     expected: np.ndarray,
     members: dict[str, tuple[int, ...]],
@@ -317,7 +320,7 @@ def _check_instances(
     send_recv = np.isin(ops, [SEND, RECV])[op]
     kind = np.where(send_recv, -1, op)
     # AllToAll(v) legitimately moves different amounts per rank; every other op agrees on size.
-    sizes = size_bytes.to_numpy(dtype=np.float64, na_value=np.nan)[rows]
+    sizes = np.asarray(size_bytes, dtype=np.float64)[rows]
     sizes[(ops == ALLTOALL)[op]] = np.nan
     n = per.size
     pair = per.first(send_recv)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pandas as pd
 
-from rankscope.analysis.groups import Groups, codes, locate, take_or
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, locate, take, take_or
 from rankscope.analysis.matching import UNMATCHED
 
 SIGMAS = 3.0
@@ -24,39 +23,40 @@ _TP_NAME = re.compile(r"(^|[^a-z])(tp|tensor)([^a-z]|$)", re.I)
 _DP_NAME = re.compile(r"(^|[^a-z])(dp|data|fsdp)([^a-z]|$)", re.I)
 
 
-def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
-    """Matched rows with per-instance stats and per-row lateness, wait, blame, transfer.
+def instance_frame(aligned: Table) -> dict[str, ArrayLike]:
+    """Matched rows (every column of ``aligned``) with per-instance stats and per-row
+    lateness, wait, blame, transfer; rows by instance, then arrival.
 
     ``aligned`` has columns instance, rank, host, start, end (aligned ns), duration (ns)
     and sigma (host clock uncertainty ns). ``row`` is each row's position in ``aligned``.
     """
-    instance = aligned["instance"].to_numpy(np.int64)
+    instance = np.asarray(aligned["instance"], np.int64)
     matched = np.flatnonzero(instance != UNMATCHED)
-    start_all = aligned["start"].to_numpy(np.int64)
+    start_all = np.asarray(aligned["start"], np.int64)
     per = Groups(instance[matched], within=start_all[matched])  # rows by instance, then arrival
     order = matched[per.order]
-    rows = aligned.take(order).reset_index(drop=True)
+    rows = {name: take(column, order) for name, column in aligned.items()}
     start = start_all[order]
     first, sizes = per.starts, per.size
     last = first + sizes - 1
     min_start, max_start, second = start[first], start[last], start[np.maximum(last - 1, first)]
     host = codes(rows["host"])[0]
-    sigma = rows["sigma"].to_numpy(dtype=np.float64)
+    sigma = np.asarray(rows["sigma"], dtype=np.float64)
     # Epoch ns do not fit float64 exactly: medians are taken on offsets from one base.
     base = int(start_all[matched].min()) if len(matched) else 0
-    median_end = per.median(aligned["end"].to_numpy(np.int64)[matched] - base)
+    median_end = per.median(np.asarray(aligned["end"], np.int64)[matched] - base)
 
     pair_sigma = np.where(host == np.repeat(host[first], sizes), 0.0, np.hypot(sigma, np.repeat(sigma[first], sizes)))
     lateness = start - np.repeat(min_start, sizes)
-    duration = rows["duration"].to_numpy(dtype=np.int64)
-    is_last = np.zeros(len(rows), dtype=bool)
+    duration = np.asarray(rows["duration"], dtype=np.int64)
+    is_last = np.zeros(len(order), dtype=bool)
     is_last[last] = True
     skew = max_start - min_start
     skew_sigma = np.where(host[last] == host[first], 0.0, np.hypot(sigma[last], sigma[first]))
-    real_last = np.zeros(len(rows), dtype=bool)
+    real_last = np.zeros(len(order), dtype=bool)
     real_last[last] = skew > SIGMAS * skew_sigma
     is_last &= real_last
-    figures = {
+    return rows | {
         "row": order,
         "lateness": np.where(lateness > SIGMAS * pair_sigma, lateness, 0),
         "wait": np.clip(np.repeat(max_start, sizes) - start, 0, duration),
@@ -65,50 +65,45 @@ def instance_frame(aligned: pd.DataFrame) -> pd.DataFrame:
         "skew": np.repeat(skew, sizes),
         "transfer_c": np.repeat(np.maximum(median_end - (max_start - base), 0.0), sizes),
     }
-    # one concat: adding columns one by one (assign) costs more than the figures
-    return pd.concat([rows, pd.DataFrame(figures, index=rows.index)], axis=1)
 
 
-def rank_lateness(inst: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: lateness mean/p50/p99/max, last-arrival share, blame, wait and transfer sums."""
-    ranks, columns = _rank_lateness(inst)
-    return pd.DataFrame(columns, index=pd.Index(ranks, name="rank"))
-
-
-def _rank_lateness(inst: pd.DataFrame) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def rank_lateness(inst: Table) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per rank (the ranks returned, ascending): lateness mean/p50/p99/max, last-arrival
+    share, blame, wait and transfer sums."""
     rank, ranks = codes(inst["rank"])
     per = Groups(rank)
-    late = inst["lateness"].to_numpy()
-    wait = inst["wait"].to_numpy()
+    late = np.asarray(inst["lateness"])
+    wait = np.asarray(inst["wait"])
     return ranks, {
         "late_mean_ns": per.mean(late),
         "late_p50_ns": per.quantile(late, 0.5),
         "late_p99_ns": per.quantile(late, 0.99),
         "late_max_ns": per.max(late),
-        "last_arrival_share": per.mean(inst["is_last"].to_numpy()),
-        "blame_ns": per.sum(inst["blame"].to_numpy()),
+        "last_arrival_share": per.mean(inst["is_last"]),
+        "blame_ns": per.sum(inst["blame"]),
         "nccl_wait_ns": per.sum(wait),
         "matched": per.size,
-        "nccl_transfer_ns": per.sum(inst["duration"].to_numpy() - wait),
+        "nccl_transfer_ns": per.sum(np.asarray(inst["duration"]) - wait),
     }
 
 
-def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
-    """One row per rank (index rank): the report's per-rank columns except clock and straggler ones."""
-    meta_rank = meta["rank"].to_numpy()
+def rank_frame(meta: Table, events: Table, inst: Table) -> dict[str, np.ndarray]:
+    """One row per rank, ascending: the report's per-rank columns except clock and straggler ones."""
+    meta_rank = np.asarray(meta["rank"])
     order = np.argsort(meta_rank, kind="stable")
     ranks = meta_rank[order].astype(np.int64)
-    window = (meta["window_end_ns"].to_numpy(np.int64) - meta["window_start_ns"].to_numpy(np.int64))[order].astype(np.float64)
-    busy_ns = meta["gpu_busy_ns"].to_numpy(np.float64)[order]
-    per = Groups(events["rank"].to_numpy(np.int64))
+    window = (np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64))[order].astype(np.float64)
+    busy_ns = np.asarray(meta["gpu_busy_ns"], np.float64)[order]
+    per = Groups(np.asarray(events["rank"], np.int64))
     at = locate(per.keys[0], ranks)
     columns = {
-        "host": meta["host"].to_numpy()[order],
+        "rank": meta_rank[order],
+        "host": np.asarray(meta["host"], dtype=object)[order],
         "gpu_busy_pct": np.where(window > 0, 100.0 * busy_ns / np.where(window > 0, window, 1), np.nan),
         "collectives": take_or(per.size, at, 0),
-        "nccl_kernel_ns": take_or(per.sum(events["duration"].to_numpy()), at, 0),
+        "nccl_kernel_ns": take_or(per.sum(events["duration"]), at, 0),
     }
-    late_ranks, late = _rank_lateness(inst)
+    late_ranks, late = rank_lateness(inst)
     late_at = locate(late_ranks.astype(np.int64), ranks)
     counts = {"matched", "nccl_wait_ns", "nccl_transfer_ns", "blame_ns"}
     unmatched = (late_at < 0).any()
@@ -117,32 +112,31 @@ def rank_frame(meta: pd.DataFrame, events: pd.DataFrame, inst: pd.DataFrame) -> 
             columns[name] = take_or(values, late_at, 0)
         else:  # as a join: NaN (so float) for ranks without matched collectives
             columns[name] = take_or(values, late_at, np.nan) if unmatched else values[late_at]
-    return pd.DataFrame(columns, index=pd.Index(meta_rank[order], name="rank"))
+    return columns
 
 
-def top_kernels(kernels: pd.DataFrame, limit: int = TOP_KERNELS) -> pd.DataFrame:
+def top_kernels(kernels: Table, limit: int = TOP_KERNELS) -> dict[str, ArrayLike]:
     """Kernels by total time: per rank (``rank`` column kept) when given per-rank rows."""
-    rank = kernels["rank"].to_numpy(np.int64)
-    per = Groups(rank, within=-kernels["total_ns"].to_numpy(np.int64))
+    rank = np.asarray(kernels["rank"], np.int64)
+    per = Groups(rank, within=-np.asarray(kernels["total_ns"], np.int64))
     kept = per.cumcount() < limit
-    return kernels.take(per.order[kept[per.order]])
+    rows = per.order[kept[per.order]]
+    return {name: take(column, rows) for name, column in kernels.items()}
 
 
-def job_top_kernels(kernels: pd.DataFrame, limit: int = 10) -> pd.DataFrame:
+def job_top_kernels(kernels: Table, limit: int = 10) -> dict[str, np.ndarray]:
     name, names = codes(kernels["name"])
     per = Groups(name)
-    total_ns = per.sum(kernels["total_ns"].to_numpy())
+    total_ns = per.sum(kernels["total_ns"])
     # Longest first, ties as pandas' sort_values(ascending=False) leaves them.
     top = np.arange(per.count)[::-1][np.argsort(total_ns[::-1], kind="quicksort")][::-1][:limit]
-    return pd.DataFrame(
-        {
-            "name": names[top],
-            "count": per.sum(kernels["count"].to_numpy())[top],
-            "total_ns": total_ns[top],
-            "is_comm": per.first(kernels["is_comm"].to_numpy())[top],
-            "ranks": np.bincount(Groups(per.id, kernels["rank"].to_numpy(np.int64)).keys[0], minlength=per.count)[top],
-        }
-    )
+    return {
+        "name": names[top],
+        "count": per.sum(kernels["count"])[top],
+        "total_ns": total_ns[top],
+        "is_comm": per.first(kernels["is_comm"])[top],
+        "ranks": np.bincount(Groups(per.id, np.asarray(kernels["rank"], np.int64)).keys[0], minlength=per.count)[top],
+    }
 
 
 def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[int, str]) -> str:
@@ -162,13 +156,13 @@ def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[i
     return "other"
 
 
-def op_spread(events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
+def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
     """Per (comm_id, op): instances, size, duration, imbalance CV across ranks, transfer CV over time."""
     comm, comm_ids = codes(events["comm_id"])
     op, ops = codes(events["op"])
-    duration = events["duration"].to_numpy()
+    duration = np.asarray(events["duration"])
     per_op = Groups(comm, op)
-    per_rank = Groups(comm, op, events["rank"].to_numpy(np.int64))
+    per_rank = Groups(comm, op, np.asarray(events["rank"], np.int64))
     rank_total = per_rank.sum(duration).astype(np.float64)
     # imbalance: CV (population std / mean) across ranks of each rank's total time
     of_op = Groups(per_rank.keys[0], per_rank.keys[1])
@@ -176,13 +170,13 @@ def op_spread(events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     std = np.sqrt(of_op.sum((rank_total - of_op.broadcast(mean)) ** 2) / of_op.size)
     with np.errstate(invalid="ignore", divide="ignore"):
         imbalance = np.where((of_op.size > 1) & (mean > 0), std / mean, np.nan)
-    instances = Groups(inst["instance"].to_numpy(np.int64))
+    instances = Groups(np.asarray(inst["instance"], np.int64))
     first = instances.order[instances.starts]  # each instance's first row
-    i_comm = np.searchsorted(comm_ids, inst["comm_id"].take(first).to_numpy(object))
-    i_op = np.searchsorted(ops, inst["op"].take(first).to_numpy(object))
-    size = instances.first_valid(inst["bytes"].to_numpy(dtype=np.float64, na_value=np.nan))
-    transfer = inst["transfer_c"].to_numpy(np.float64)[first]
-    skew = inst["skew"].to_numpy(np.float64)[first]
+    at_event = np.asarray(inst["row"])[first]
+    i_comm, i_op = comm[at_event], op[at_event]
+    size = instances.first_valid(np.asarray(inst["bytes"], dtype=np.float64))
+    transfer = np.asarray(inst["transfer_c"], np.float64)[first]
+    skew = np.asarray(inst["skew"], np.float64)[first]
     # Network variance: transfer over time within a size class, so mixed sizes do not count.
     size_class = np.floor(np.log2(np.clip(size, 1, None)))
     size_class = np.where(np.isnan(size_class), -1, size_class).astype(np.int64)
@@ -204,64 +198,60 @@ def op_spread(events: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
         placed[at] = values
         return placed
 
-    return pd.DataFrame(
-        {
-            "comm_id": comm_ids[per_op.keys[0]],
-            "op": ops[per_op.keys[1]],
-            "calls": per_op.size,
-            "duration_mean_ns": per_op.mean(duration),
-            "imbalance_cv": imbalance,
-            "instances": np.bincount(at, weights=per_instance.size, minlength=per_op.count).astype(np.int64),
-            "bytes_median": on_rows(bytes_median),
-            "transfer_mean_ns": on_rows(per_instance.mean(transfer)),
-            "network_cv": on_rows(per_instance.std(relative)),
-            "skew_mean_ns": on_rows(per_instance.mean(skew)),
-            "skew_p99_ns": on_rows(per_instance.quantile(skew, 0.99)),
-        }
-    )
+    return {
+        "comm_id": comm_ids[per_op.keys[0]],
+        "op": ops[per_op.keys[1]],
+        "calls": per_op.size,
+        "duration_mean_ns": per_op.mean(duration),
+        "imbalance_cv": imbalance,
+        "instances": np.bincount(at, weights=per_instance.size, minlength=per_op.count).astype(np.int64),
+        "bytes_median": on_rows(bytes_median),
+        "transfer_mean_ns": on_rows(per_instance.mean(transfer)),
+        "network_cv": on_rows(per_instance.std(relative)),
+        "skew_mean_ns": on_rows(per_instance.mean(skew)),
+        "skew_p99_ns": on_rows(per_instance.quantile(skew, 0.99)),
+    }
 
 
-def tp_overhead(events: pd.DataFrame, steps: pd.DataFrame, meta: pd.DataFrame, tp_comms: list[str]) -> pd.DataFrame:
+def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -> dict[str, np.ndarray]:
     """Per TP communicator: exposed NCCL time (not overlapped by compute) as a fraction of step time.
 
     ``events`` carries every collective row with a ``wait`` column (0 where unmatched).
     Steps are used where the rank traced them (collectives inside steps, time = sum of
     step lengths); otherwise the capture window.
     """
-    rank_all = events["rank"].to_numpy(np.int64)
-    stepped = np.unique(steps["rank"].to_numpy(np.int64))
+    rank_all = np.asarray(events["rank"], np.int64)
+    stepped = np.unique(np.asarray(steps["rank"], np.int64))
     comm_all, comm_ids = codes(events["comm_id"])
     in_scope = np.isin(comm_ids, list(tp_comms))[comm_all] & (
-        ~np.isin(rank_all, stepped) | events["step"].notna().to_numpy(bool)
+        ~np.isin(rank_all, stepped) | ~np.isnan(np.asarray(events["step"], np.float64))
     )
     rows = np.flatnonzero(in_scope)
     comm, rank = comm_all[rows], rank_all[rows]
-    overlap = np.nan_to_num(events["compute_overlap_ns"].to_numpy(dtype=np.float64, na_value=np.nan)[rows])
-    exposed = np.clip(events["duration"].to_numpy(dtype=np.float64)[rows] - overlap, 0, None)
-    exposed_wait = np.minimum(events["wait"].to_numpy(dtype=np.float64)[rows], exposed)
+    overlap = np.nan_to_num(np.asarray(events["compute_overlap_ns"], dtype=np.float64)[rows])
+    exposed = np.clip(np.asarray(events["duration"], dtype=np.float64)[rows] - overlap, 0, None)
+    exposed_wait = np.minimum(np.asarray(events["wait"], dtype=np.float64)[rows], exposed)
     per_rank = Groups(comm, rank)
     ranks_of = per_rank.keys[1]
     step_rank, step_ranks = codes(steps["rank"])
-    step_time = Groups(step_rank).sum((steps["end_ns"] - steps["start_ns"]).to_numpy(np.int64))
-    window = (meta["window_end_ns"] - meta["window_start_ns"]).to_numpy(np.int64)
+    step_time = Groups(step_rank).sum(np.asarray(steps["end_ns"], np.int64) - np.asarray(steps["start_ns"], np.int64))
+    window = np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64)
     time = take_or(step_time, locate(step_ranks, ranks_of), np.nan)
     windowed = np.isnan(time)
-    time[windowed] = take_or(window, locate(meta["rank"].to_numpy(np.int64), ranks_of[windowed]), np.nan)
+    time[windowed] = take_or(window, locate(np.asarray(meta["rank"], np.int64), ranks_of[windowed]), np.nan)
     per_comm = Groups(per_rank.keys[0])
     exposed_ns = per_comm.mean(per_rank.sum(exposed))
     wait_ns = per_comm.mean(per_rank.sum(exposed_wait))
     step_time_ns = per_comm.mean(time)
     base = np.where(step_time_ns > 0, step_time_ns, np.nan)
-    return pd.DataFrame(
-        {
-            "comm_id": comm_ids[per_comm.keys[0]],
-            "exposed_ns": exposed_ns,
-            "exposed_wait_ns": wait_ns,
-            "step_time_ns": step_time_ns,
-            "stepped": per_comm.all(np.isin(ranks_of, stepped)),
-            "exposed_transfer_ns": exposed_ns - wait_ns,
-            "exposed_frac": exposed_ns / base,
-            "exposed_wait_frac": wait_ns / base,
-            "exposed_transfer_frac": (exposed_ns - wait_ns) / base,
-        }
-    )
+    return {
+        "comm_id": comm_ids[per_comm.keys[0]],
+        "exposed_ns": exposed_ns,
+        "exposed_wait_ns": wait_ns,
+        "step_time_ns": step_time_ns,
+        "stepped": per_comm.all(np.isin(ranks_of, stepped)),
+        "exposed_transfer_ns": exposed_ns - wait_ns,
+        "exposed_frac": exposed_ns / base,
+        "exposed_wait_frac": wait_ns / base,
+        "exposed_transfer_frac": (exposed_ns - wait_ns) / base,
+    }

@@ -19,11 +19,11 @@ import warnings as pywarnings
 from collections.abc import Mapping
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from rankscope.analysis import clock, matching, metrics, stragglers
-from rankscope.analysis.digest import explode
+from rankscope.analysis.digest import columns
+from rankscope.analysis.groups import ArrayLike, Coded, Table
 from rankscope.analysis.report import (
     Alignment,
     CommunicatorRow,
@@ -43,26 +43,24 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     """Analyse one job's digests (one row per rank) into a report."""
     if digests.num_rows == 0:
         raise InputError("no ranks to analyse")
-    meta = digests.select(_META).to_pandas()
-    collectives = explode(digests, "collectives", categorical=True)
-    if collectives.empty:
+    meta = {name: digests.column(name).to_numpy() for name in _META}
+    collectives = columns(digests, "collectives")
+    if not len(collectives["rank"]):
         raise InputError("no collectives in any rank: nothing to align")
     collectives["duration"] = collectives["end_ns"] - collectives["start_ns"]
-    communicators = explode(digests, "communicators", keep=("rank",), categorical=True)
-    kernels = explode(digests, "kernels", keep=("rank",), categorical=True)
-    steps = explode(digests, "steps", keep=("rank",), categorical=True)
-    notes = _rank_notes(meta["rank"].tolist(), digests.column("warnings").to_pylist())
+    communicators = columns(digests, "communicators", keep=("rank",))
+    kernels = columns(digests, "kernels", keep=("rank",))
+    steps = columns(digests, "steps", keep=("rank",))
+    ranks, host_of_rank = meta["rank"].tolist(), meta["host"].tolist()
+    notes = _rank_notes(ranks, digests.column("warnings").to_pylist())
 
-    matched = matching.match(collectives, communicators, set(meta["rank"].tolist()))
+    matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
-    hosts = sorted(meta["host"].unique().tolist())
+    hosts = sorted(set(host_of_rank))
     model = clock.fit(events, hosts, clock_hints)
-    aligned = {
-        "start": model.align(events["host"], events["start_ns"].to_numpy()),
-        "end": model.align(events["host"], events["end_ns"].to_numpy()),
-        "sigma": model.uncertainty(events["host"]),
-    }
-    events = pd.concat([events, pd.DataFrame(aligned, index=events.index)], axis=1)
+    events["start"] = model.align(events["host"], events["start_ns"])
+    events["end"] = model.align(events["host"], events["end_ns"])
+    events["sigma"] = model.uncertainty(events["host"])
     hb = clock.happens_before(events)
     if hb.violations:
         notes.append(
@@ -71,19 +69,19 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         )
 
     inst = metrics.instance_frame(events)
-    wait = np.zeros(len(events), dtype=np.int64)
-    wait[inst["row"].to_numpy()] = inst["wait"].to_numpy()
+    wait = np.zeros(len(events["rank"]), dtype=np.int64)
+    wait[inst["row"]] = inst["wait"]
     events["wait"] = wait
     per_rank = metrics.rank_frame(meta, events, inst)
-    found = stragglers.find(events, per_rank.index)
+    found = stragglers.find(events, per_rank["rank"])
     all_warnings = matched.warnings + model.warnings + notes
     for message in matched.warnings + model.warnings:
         pywarnings.warn(message, RankscopeWarning, stacklevel=2)
 
-    hosts_of = dict(zip(meta["rank"].tolist(), meta["host"].tolist()))
+    hosts_of = dict(zip(ranks, host_of_rank))
     kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of) for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
-    top = metrics.job_top_kernels(kernels) if len(kernels) else None
+    top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
     return Report(
         job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
         ranks=_rank_rows(per_rank, model, found, kernels),
@@ -96,7 +94,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
             matching=matched.method,
             t0_ns=model.t0_ns,
             hosts=[_host_row(model.hosts[h]) for h in hosts],
-            collectives=int(len(events)),
+            collectives=int(len(events["rank"])),
             matched_collectives=matched.instances,
             dropped_incomplete=matched.dropped_incomplete,
             dropped_inconsistent=matched.dropped_inconsistent,
@@ -105,7 +103,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
             happens_before_violations=hb.violations,
             happens_before_violation_rate=hb.rate,
         ),
-        top_kernels=_records(top, list(top.columns)) if top is not None else [],
+        top_kernels=_records(top, list(top)) if top is not None else [],
         warnings=all_warnings,
     )
 
@@ -132,39 +130,37 @@ def _rank_list(ranks: list[int]) -> str:
     return ",".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
 
 
-def _late_ranks(per_rank: pd.DataFrame, min_effect: float) -> list[int]:
+def _late_ranks(per_rank: Table, min_effect: float) -> list[int]:
     """Ranks arriving late beyond their peers: root causes and the ranks they delayed.
 
     Too few ranks for robust statistics (a two-rank job): every rank late beyond the
     minimum effect, so a single late rank is still named with its lateness.
     """
-    late = per_rank["late_mean_ns"]
-    flagged, _ = stragglers.stands_out(late, min_effect)
-    if late.notna().sum() < 3:
-        flagged = [int(r) for r in late.index[(late > min_effect).to_numpy()]]
-    return sorted(flagged, key=lambda r: -late[r])
+    ranks, late = per_rank["rank"], np.asarray(per_rank["late_mean_ns"], dtype=np.float64)
+    flagged, _ = stragglers.stands_out(ranks, late, min_effect)
+    if (~np.isnan(late)).sum() < 3:
+        flagged = [int(r) for r in ranks[late > min_effect]]
+    late_of = dict(zip(ranks.tolist(), late.tolist()))
+    return sorted(flagged, key=lambda r: -late_of[r])
 
 
-def _rank_rows(
-    per_rank: pd.DataFrame, model: clock.ClockModel, found: stragglers.Stragglers, kernels: pd.DataFrame
-) -> list[RankRow]:
-    ranks = per_rank.index.tolist()
+def _rank_rows(per_rank: Table, model: clock.ClockModel, found: stragglers.Stragglers, kernels: Table) -> list[RankRow]:
+    ranks = per_rank["rank"].tolist()
     clocks = [model.hosts[h] for h in per_rank["host"].tolist()]
     columns = {
-        "rank": ranks,
-        "clock_offset_ns": [c.offset_ns for c in clocks],
-        "clock_uncertainty_ns": [c.uncertainty_ns for c in clocks],
-        "own_delay_ns": found.own_delay_ns.tolist(),
-        "straggler_score": found.score.tolist(),
+        "clock_offset_ns": _plain_list(np.array([c.offset_ns for c in clocks], dtype=np.float64)),
+        "clock_uncertainty_ns": _plain_list(np.array([c.uncertainty_ns for c in clocks], dtype=np.float64)),
+        "own_delay_ns": _plain_list(found.own_delay_ns),
+        "straggler_score": _plain_list(found.score),
         "late_cause": [found.causes.get(r) for r in ranks],
     }
     names = [n for n in field_names(RankRow) if n != "top_kernels"]
     integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
     for name in names:
-        values = [_plain(v) for v in columns[name]] if name in columns else _plain_list(per_rank[name])
+        values = columns[name] if name in columns else _plain_list(per_rank[name])
         columns[name] = [int(v) if v is not None else v for v in values] if name in integers else values
     top_by_rank: dict[int, list[dict]] = {}
-    if len(kernels):
+    if len(kernels["rank"]):
         top = metrics.top_kernels(kernels)
         for rank, record in zip(top["rank"].tolist(), _records(top, ["name", "count", "total_ns", "is_comm"])):
             top_by_rank.setdefault(rank, []).append(record)
@@ -175,34 +171,29 @@ def _rank_rows(
     return rows
 
 
-def _plain(value: object) -> object:
-    """NaN (and pandas' NA) as None: what the report holds."""
-    return None if value is pd.NA or (isinstance(value, float) and value != value) else value
-
-
-def _records(frame: pd.DataFrame, names: list[str]) -> list[dict]:
+def _records(table: Table, names: list[str]) -> list[dict]:
     """Rows as dicts of plain Python values, NaN as None; one conversion per column
     rather than per cell."""
-    columns = [_plain_list(frame[n]) for n in names]
+    columns = [_plain_list(table[n]) for n in names]
     return [dict(zip(names, values)) for values in zip(*columns)]
 
 
-def _plain_list(column: pd.Series) -> list:
-    """A column as plain Python values, NaN and NA as None: one tolist, then only the
-    missing cells replaced."""
+def _plain_list(column: ArrayLike) -> list:
+    """A column as plain Python values, NaN as None: one tolist, then only the missing
+    cells replaced."""
     out = column.tolist()
-    if not isinstance(column.dtype, np.dtype) or column.dtype.kind in "fO":
-        for i in np.flatnonzero(column.isna().to_numpy()).tolist():
+    if not isinstance(column, Coded) and column.dtype.kind == "f":
+        for i in np.flatnonzero(np.isnan(column)).tolist():
             out[i] = None
     return out
 
 
 def _communicator_rows(
-    matched: matching.Matching, kinds: dict[str, str], hosts_of: dict[int, str], spread: pd.DataFrame
+    matched: matching.Matching, kinds: dict[str, str], hosts_of: dict[int, str], spread: Table
 ) -> list[CommunicatorRow]:
     op_fields = field_names(OpSpread)
     by_comm: dict[str, list[OpSpread]] = {}
-    for record in _records(spread, list(spread.columns)):
+    for record in _records(spread, list(spread)):
         op = OpSpread(**{k: record[k] for k in op_fields})
         op.calls, op.instances = int(op.calls), int(op.instances)
         by_comm.setdefault(record["comm_id"], []).append(op)
@@ -217,9 +208,9 @@ def _communicator_rows(
     return rows
 
 
-def _tp_rows(frame: pd.DataFrame, matched: matching.Matching) -> list[TpOverhead]:
+def _tp_rows(table: Table, matched: matching.Matching) -> list[TpOverhead]:
     rows = []
-    for record in _records(frame, list(frame.columns)):
+    for record in _records(table, list(table)):
         comm_id = record["comm_id"]
         rows.append(
             TpOverhead(

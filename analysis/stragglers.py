@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
-from rankscope.analysis.groups import Groups
+from rankscope.analysis.groups import Groups, Table, locate, take_or
 from rankscope.analysis.matching import UNMATCHED
 
 Z_MIN = 6.0
@@ -31,28 +30,28 @@ MAD_TO_SIGMA = 1.4826
 @dataclass(frozen=True)
 class Stragglers:
     ranks: list[int]
-    own_delay_ns: pd.Series  # mean excess gap per rank (index rank)
-    score: pd.Series  # robust z-score per rank
+    own_delay_ns: np.ndarray  # mean excess gap per rank analysed (in the order given to find)
+    score: np.ndarray  # robust z-score per rank analysed
     min_effect_ns: float
     causes: dict[int, str]  # straggler -> "compute" or "launch/host"
 
 
-def own_delay(events: pd.DataFrame) -> pd.DataFrame:
+def own_delay(events: Table) -> dict[str, np.ndarray]:
     """Matched rows (rank, instance, gap) with ``excess``: the gap since the rank's previous
     collective minus the median gap of the *other* participants, floored at 0 (local clocks only).
 
     Leaving the rank itself out keeps a two-rank group from splitting the delay between
     its members; the floor keeps early ranks from looking like the cause of anything.
     """
-    rank = events["rank"].to_numpy(np.int64)
-    start = events["start_ns"].to_numpy(np.int64)
+    rank = np.asarray(events["rank"], np.int64)
+    start = np.asarray(events["start_ns"], np.int64)
     ordered = Groups(rank, within=start).order
     previous = np.r_[False, rank[ordered][1:] == rank[ordered][:-1]]
     gap_sorted = np.full(len(ordered), np.nan)
     gap_sorted[previous] = (
-        start[ordered][1:] - events["end_ns"].to_numpy(np.int64)[ordered][:-1]
+        start[ordered][1:] - np.asarray(events["end_ns"], np.int64)[ordered][:-1]
     )[previous[1:]]  # int64 difference first: epoch ns do not fit float64 exactly
-    instance_sorted = events["instance"].to_numpy(np.int64)[ordered]
+    instance_sorted = np.asarray(events["instance"], np.int64)[ordered]
     kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
     kept = kept[Groups(instance_sorted[kept], within=gap_sorted[kept]).order]
     per = Groups(instance_sorted[kept])
@@ -67,47 +66,46 @@ def own_delay(events: pd.DataFrame) -> pd.DataFrame:
     lo, hi = (others - 1) // 2, others // 2
     # index j among the others is index j + (j >= position) in the sorted instance
     median_others = 0.5 * (gap[base + lo + (lo >= position)] + gap[base + hi + (hi >= position)])
-    return pd.DataFrame(
-        {"rank": rank[ordered[kept]], "instance": instance, "gap": gap, "excess": np.maximum(gap - median_others, 0.0)}
-    )
+    return {"rank": rank[ordered[kept]], "instance": instance, "gap": gap, "excess": np.maximum(gap - median_others, 0.0)}
 
 
-def find(events: pd.DataFrame, ranks: pd.Index) -> Stragglers:
+def find(events: Table, ranks: np.ndarray) -> Stragglers:
     """Flag ranks whose own delay stands out; ``ranks`` lists every rank analysed."""
     rows = own_delay(events)
-    per = Groups(rows["rank"].to_numpy(np.int64))
-    delay = pd.Series(per.mean(rows["excess"].to_numpy()), index=per.keys[0]).reindex(ranks)
-    durations = events["end_ns"].to_numpy(np.int64) - events["start_ns"].to_numpy(np.int64)
-    min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * float(np.median(durations))) if len(events) else MIN_EFFECT_NS
-    flagged, score = stands_out(delay, min_effect)
+    per = Groups(rows["rank"])
+    delay = take_or(per.mean(rows["excess"]), locate(per.keys[0], np.asarray(ranks, np.int64)), np.nan)
+    durations = np.asarray(events["end_ns"], np.int64) - np.asarray(events["start_ns"], np.int64)
+    min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * float(np.median(durations))) if len(durations) else MIN_EFFECT_NS
+    flagged, score = stands_out(ranks, delay, min_effect)
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
 
-def _causes(events: pd.DataFrame, flagged: list[int]) -> dict[int, str]:
+def _causes(events: Table, flagged: list[int]) -> dict[int, str]:
     """Busy with compute until the late arrival, or idle (launch, host, data loading)?
     Whichever of the two stands further above the median rank (reference §7, late cause)."""
     if not flagged:
         return {}
-    compute, idle = (events[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in ("compute_before_ns", "idle_before_ns"))
+    compute, idle = (np.asarray(events[c], dtype=np.float64) for c in ("compute_before_ns", "idle_before_ns"))
     if np.isnan(compute).all() or np.isnan(idle).all():
         return {}
-    per = Groups(events["rank"].to_numpy(np.int64))
+    per = Groups(np.asarray(events["rank"], np.int64))
     compute, idle = per.mean(compute), per.mean(idle)
     compute_excess, idle_excess = compute - np.nanmedian(compute), idle - np.nanmedian(idle)
     at = dict(zip(per.keys[0].tolist(), range(per.count)))
     return {r: "compute" if compute_excess[at[r]] >= idle_excess[at[r]] else "launch/host" for r in flagged}
 
 
-def stands_out(values: pd.Series, min_effect: float) -> tuple[list[int], pd.Series]:
-    """Index labels whose value exceeds the median by ``Z_MIN`` robust sigmas and by ``min_effect``."""
-    value = values.to_numpy(dtype=np.float64, na_value=np.nan)
+def stands_out(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tuple[list[int], np.ndarray]:
+    """Ranks whose value (NaN: unknown) exceeds the median by ``Z_MIN`` robust sigmas and by
+    ``min_effect``, and every rank's robust z-score."""
+    value = np.asarray(values, dtype=np.float64)
     known = value[~np.isnan(value)]
     if len(known) < 3:
-        return [], pd.Series(np.nan, index=values.index)
+        return [], np.full(len(value), np.nan)
     centre = float(np.median(known))
     scale = MAD_TO_SIGMA * float(np.median(np.abs(known - centre)))
     effect = value - centre
     # A zero spread (identical peers) makes any real difference infinitely significant.
     score = effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)
-    flagged = values.index[(score > Z_MIN) & (effect > min_effect)]
-    return sorted(int(r) for r in flagged), pd.Series(score, index=values.index)
+    flagged = np.asarray(ranks)[(score > Z_MIN) & (effect > min_effect)]
+    return sorted(int(r) for r in flagged), score

@@ -27,7 +27,7 @@ def test_trace_seq_matches_regardless_of_order_and_time() -> None:
     )
     m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
     assert m.instances == 2 and m.method == "trace seq"
-    ev = m.events
+    ev = pd.DataFrame(m.events)
     assert ev.loc[ev["seq"] == 7, "instance"].nunique() == 1
     assert ev.loc[ev["seq"] == 8, "instance"].nunique() == 1
     assert set(ev.loc[ev["seq"] == 7, "instance"]) != set(ev.loc[ev["seq"] == 8, "instance"])
@@ -54,7 +54,7 @@ def test_ordinal_is_recomputed_from_start_order_per_rank() -> None:
     )
     m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
     assert m.instances == 2 and m.dropped_inconsistent == 0
-    by_op = m.events.groupby("op")["instance"].nunique()
+    by_op = pd.DataFrame(m.events).groupby("op")["instance"].nunique()
     assert by_op.to_dict() == {"allreduce": 1, "broadcast": 1}
 
 
@@ -114,7 +114,7 @@ def test_send_pairs_with_recv_per_peer() -> None:
     )
     m = match(rows, _comms({"w": [0, 1, 2]}, [0, 1, 2]), {0, 1, 2})
     assert m.instances == 3 and m.dropped_inconsistent == 0
-    ev = m.events.set_index(["rank", "start_ns"])["instance"]
+    ev = pd.DataFrame(m.events).set_index(["rank", "start_ns"])["instance"]
     assert ev[(0, 100)] == ev[(1, 120)] and ev[(0, 200)] == ev[(1, 230)] and ev[(0, 150)] == ev[(2, 160)]
 
 
@@ -143,7 +143,8 @@ def test_rank_whose_capture_started_one_call_late_is_realigned_on_its_host_clock
     m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
     assert any("1 call(s) behind" in w for w in m.warnings)
     assert m.instances == 3 and m.dropped_incomplete == 1
-    ev = m.events[m.events["instance"] != UNMATCHED]
+    ev = pd.DataFrame(m.events)
+    ev = ev[ev["instance"] != UNMATCHED]
     assert (ev.groupby("instance")["start_ns"].nunique() == 1).all()  # each instance pairs equal times
 
 

@@ -19,8 +19,12 @@ def _aligned(rows: list[tuple], sigma: float = 0.0) -> pd.DataFrame:
     return frame
 
 
+def _instances(aligned: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame(metrics.instance_frame(aligned))
+
+
 def test_lateness_wait_blame_and_transfer() -> None:
-    inst = metrics.instance_frame(
+    inst = _instances(
         _aligned([(0, 0, "a", 100, 1000), (0, 1, "b", 400, 1000), (0, 2, "c", 700, 1010),
                   (1, 0, "a", 2000, 2500), (1, 1, "b", 2000, 2500), (1, 2, "c", 2100, 2500)])
     )
@@ -29,7 +33,8 @@ def test_lateness_wait_blame_and_transfer() -> None:
     assert row.loc[(0, 0), "wait"] == 600 and row.loc[(0, 2), "wait"] == 0
     assert row.loc[(0, 2), "blame"] == 300 and row.loc[(0, 1), "blame"] == 0
     assert row.loc[(0, 0), "transfer_c"] == 300  # median end 1000 - last start 700
-    per_rank = metrics.rank_lateness(inst)
+    ranks, columns = metrics.rank_lateness(inst)
+    per_rank = pd.DataFrame(columns, index=ranks)
     assert per_rank.loc[2, "late_mean_ns"] == pytest.approx((600 + 100) / 2)
     assert per_rank.loc[2, "late_max_ns"] == 600
     assert per_rank.loc[2, "last_arrival_share"] == 1.0 and per_rank.loc[0, "last_arrival_share"] == 0.0
@@ -39,18 +44,18 @@ def test_lateness_wait_blame_and_transfer() -> None:
 
 
 def test_wait_is_clamped_to_the_kernel() -> None:
-    inst = metrics.instance_frame(_aligned([(0, 0, "a", 0, 50), (0, 1, "b", 500, 600)]))
+    inst = _instances(_aligned([(0, 0, "a", 0, 50), (0, 1, "b", 500, 600)]))
     assert inst.set_index("rank").loc[0, "wait"] == 50
 
 
 def test_lateness_within_clock_uncertainty_is_hidden() -> None:
     rows = [(0, 0, "a", 0, 1000), (0, 1, "b", 20, 1000), (0, 2, "a", 5000, 6000)]
-    inst = metrics.instance_frame(_aligned(rows, sigma=10.0)).set_index("rank")
+    inst = _instances(_aligned(rows, sigma=10.0)).set_index("rank")
     assert inst.loc[1, "lateness"] == 0  # 20 ns < 3 * sqrt(2) * 10 ns between hosts a and b
     assert inst.loc[2, "lateness"] == 5000
-    same_host = metrics.instance_frame(_aligned([(0, 0, "a", 0, 100), (0, 1, "a", 20, 100)], sigma=10.0))
+    same_host = _instances(_aligned([(0, 0, "a", 0, 100), (0, 1, "a", 20, 100)], sigma=10.0))
     assert same_host.set_index("rank").loc[1, "lateness"] == 20  # one clock: no alignment error
-    tie = metrics.instance_frame(_aligned([(0, 0, "a", 0, 100), (0, 1, "b", 20, 100)], sigma=10.0))
+    tie = _instances(_aligned([(0, 0, "a", 0, 100), (0, 1, "b", 20, 100)], sigma=10.0))
     assert not tie["is_last"].any()  # skew within noise: nobody "arrived last"
 
 
@@ -76,7 +81,7 @@ def test_tp_overhead_splits_exposed_time() -> None:
     )
     steps = pd.DataFrame({"rank": [0, 0, 1, 1], "step": [0, 1, 0, 1], "start_ns": [0, 500, 0, 500], "end_ns": [500, 1000, 500, 1000]})
     meta = pd.DataFrame({"rank": [0, 1], "window_start_ns": [0, 0], "window_end_ns": [5000, 5000]})
-    out = metrics.tp_overhead(events, steps, meta, ["tp"]).iloc[0]
+    out = pd.DataFrame(metrics.tp_overhead(events, steps, meta, ["tp"])).iloc[0]
     # rank 0: exposed 80 + 100, wait min(50, 80) = 50; rank 1: exposed 200, wait 30
     assert out["exposed_ns"] == pytest.approx(190)
     assert out["exposed_wait_ns"] == pytest.approx(40)
@@ -92,7 +97,7 @@ def test_imbalance_and_network_spread() -> None:
         rows += [(i, 0, "a", base, base + 500 + transfer), (i, 1, "b", base + 500, base + 500 + transfer)]
     aligned = _aligned(rows)
     inst = metrics.instance_frame(aligned)
-    spread = metrics.op_spread(aligned, inst).iloc[0]
+    spread = pd.DataFrame(metrics.op_spread(aligned, inst)).iloc[0]
     assert spread["instances"] == 4
     assert spread["transfer_mean_ns"] == pytest.approx(150)
     assert spread["network_cv"] > 0.5
