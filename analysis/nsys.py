@@ -93,6 +93,7 @@ _PAYLOAD_FIELDS = {
     "Rank": "comm_rank",
     "CUDA device": "cuda_device",
 }
+_FIELD_INDEX = {name: i for i, name in enumerate(_PAYLOAD_FIELDS)}
 _STEP = re.compile(r"^(?:ProfilerStep#|step[ _#:]?)(\d+)$", re.I)
 # Ops are coded while the batch is built (an index into this table; -1: none).
 _OPS = (*sorted(ops.CANONICAL_OPS), ops.UNKNOWN)
@@ -426,10 +427,10 @@ def _host(export: _File, capture: list[tuple], hostname: list[tuple]) -> str:
 
 
 def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signed: np.ndarray) -> np.ndarray:
-    """Little-endian integers of per-row width (1, 2, 4, 8 bytes) at byte positions."""
+    """Little-endian integers of per-row width (1, 2, 4, 8 bytes) at byte positions
+    (each at most len(data) - 8: pad the data)."""
     sizes = np.asarray(sizes, np.int64)
-    take = np.clip(positions[:, None] + np.arange(8), 0, max(len(data) - 1, 0))
-    raw = np.ascontiguousarray(data[take]).view("<u8")[:, 0]  # 8 bytes from each position
+    raw = np.lib.stride_tricks.sliding_window_view(data, 8)[positions].view("<u8")[:, 0]  # 8 bytes from each position
     short = sizes < 8
     bits = (np.where(short, sizes, 0) * 8).astype(np.uint64)  # 0 for full width: no mask, no sign fix
     unsigned = np.where(short, raw & ((np.uint64(1) << bits) - np.uint64(1)), raw)
@@ -566,25 +567,27 @@ def _decode_payloads(files: list[_File], file: np.ndarray, blobs: np.ndarray, le
     e_offset = e_offset.astype(np.int64) + _BLOB_HEADER
     lengths, file = lengths[index], file[index]
     base = np.cumsum(lengths) - lengths
-    data = np.frombuffer(b"".join(blobs[index].tolist()), np.uint8)
+    data = np.frombuffer(b"".join([*blobs[index].tolist(), bytes(8)]), np.uint8)  # padded: every read takes 8 bytes
     schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
-    # (file, schema id) coded once for entries and blobs alike; then per field a table
-    # from code to that field's first entry.
+    # (file, schema id) coded once for entries and blobs alike; then a table from
+    # (field, code) to that field's first entry, and every field of every blob read at once.
     keys = _codes(np.concatenate([e_file.astype(np.int64), file]), np.concatenate([e_schema.astype(np.int64), schema]))
     e_key, key = keys[: e_file.size], keys[e_file.size :]
-    for entry_name, column in _PAYLOAD_FIELDS.items():
-        mine = np.flatnonzero(e_name == entry_name)
-        if not mine.size:
-            continue
-        first = np.full(int(keys.max()) + 1, e_file.size)
-        np.minimum.at(first, e_key[mine], mine)
-        row = first[key]
-        pick = np.where(row < e_file.size, row, 0)
-        size = np.where(row < e_file.size, e_size[pick], 0)
-        ok = (size > 0) & (e_offset[pick] + size <= lengths)
-        values = _read_ints(data, base + e_offset[pick], np.where(ok, size, 1), e_signed[pick])
-        out[column][index] = np.where(ok, values, 0)
-        out[f"{column}_na"][index] = ~ok
+    field = np.array([_FIELD_INDEX.get(name, -1) for name in e_name.tolist()], np.int64)
+    wanted = np.flatnonzero(field >= 0)
+    width = int(keys.max()) + 1
+    first = np.full(len(_FIELD_INDEX) * width, e_file.size)
+    np.minimum.at(first, field[wanted] * width + e_key[wanted], wanted)
+    row = first.reshape(len(_FIELD_INDEX), width)[:, key]  # (field, blob)
+    pick = np.where(row < e_file.size, row, 0)
+    size = np.where(row < e_file.size, e_size[pick], 0)
+    ok = (size > 0) & (e_offset[pick] + size <= lengths)
+    at = np.nonzero(ok)  # a blob's schema holds a few of the fields: read only those
+    entry = pick[at]
+    values = np.zeros(ok.shape, np.int64)
+    values[at] = _read_ints(data, base[at[1]] + e_offset[entry], e_size[entry], e_signed[entry])
+    for i, column in enumerate(_PAYLOAD_FIELDS.values()):
+        out[column][index], out[f"{column}_na"][index] = values[i], ~ok[i]
     return out
 
 
