@@ -37,6 +37,7 @@ import gzip
 import mmap
 import re
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -395,7 +396,7 @@ class _Columns:
     ids as int64, and the args of only the events whose args carry a collective's identity."""
 
     def __init__(self) -> None:
-        self.distinct: dict[str, dict] = {"cat": {}, "name": {}, "pid": {}, "tid": {}}
+        self.distinct: dict[str, _Codes] = {"cat": _Codes(), "name": _Codes(), "pid": _Codes(), "tid": _Codes()}
         self.codes: dict[str, list[np.ndarray]] = {key: [] for key in self.distinct}
         self.numbers: dict[str, list[np.ndarray]] = {key: [] for key in ("ts_ns", "dur_ns", "corr", "ext")}
         self.identity_name = np.zeros(0, bool)  # per distinct name: its events carry identity args
@@ -406,9 +407,9 @@ class _Columns:
     def add(self, events: list[_Event]) -> None:
         n = len(events)
         for key, distinct in self.distinct.items():
-            self.codes[key].append(_code(distinct, list(map(attrgetter(key), events))))
-        self.numbers["ts_ns"].append(_ns(list(map(attrgetter("ts"), events))))
-        self.numbers["dur_ns"].append(_ns(list(map(attrgetter("dur"), events))))
+            self.codes[key].append(np.fromiter(map(distinct.__getitem__, map(attrgetter(key), events)), np.int32, n))
+        self.numbers["ts_ns"].append(_ns(map(attrgetter("ts"), events), n))
+        self.numbers["dur_ns"].append(_ns(map(attrgetter("dur"), events), n))
         self.numbers["corr"].append(np.fromiter(map(attrgetter("args.correlation"), events), np.int64, n))
         self.numbers["ext"].append(np.fromiter(map(attrgetter("args.external"), events), np.int64, n))
         self._classify_new_names()
@@ -436,7 +437,7 @@ class _Columns:
         # trace has hundreds of distinct kernel names.
         op = np.array([_canonical(n) if n.startswith((_C10D, _GLOO)) else None for n in text], dtype=object)
         names = _Names(text, self.comm_name, op)
-        cats = self.distinct["cat"]
+        cats = dict(self.distinct["cat"])
         cat = codes["cat"]
         # Ids of the events that are linked; any others an event carries are not read.
         linked = np.isin(cat, [cats[c] for c in _LINKED_CATS if c in cats])
@@ -456,13 +457,13 @@ class _Columns:
         )
 
 
-def _code(distinct: dict, values: list) -> np.ndarray:
-    """Each value's code in ``distinct`` (value -> code, first seen first), adding the new
-    ones: the Python loop runs over the chunk's distinct values, the events are looked up
-    by C iteration."""
-    new = [value for value in dict.fromkeys(values) if value not in distinct]
-    distinct.update(zip(new, range(len(distinct), len(distinct) + len(new))))
-    return np.fromiter(map(distinct.__getitem__, values), np.int32, len(values))
+class _Codes(dict):
+    """Value -> code, first seen first. Events are looked up by C iteration; Python runs
+    only for a value not seen before."""
+
+    def __missing__(self, value) -> int:
+        code = self[value] = len(self)
+        return code
 
 
 def _detached(args: _Args) -> _Args:
@@ -475,24 +476,34 @@ def _detached(args: _Args) -> _Args:
 # µs with up to 18 decimals and 20 integer digits; rounding to 3 decimals gives whole ns.
 _MICROS = pa.decimal128(38, 18)
 _NANOS_AS_MICROS = pa.decimal128(38, 3)
+_COMMA = ord(",")
 
 
-def _ns(numbers: list) -> np.ndarray:
-    """JSON numbers of µs (their exact decimal text) -> int64 ns, rounded half away from
-    zero, all at once in Arrow: the texts become one string array without copies per
-    number, are cast to decimal, and the decimal's unscaled integer at 3 decimals is the
-    ns. Never through float64."""
-    texts = [n or b"0" for n in numbers]
-    offsets = np.zeros(len(texts) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts)), out=offsets[1:])
-    strings = pa.Array.from_buffers(pa.large_string(), len(texts),
-                                    [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(texts))])
+def _ns(numbers: Iterable[msgspec.Raw], count: int) -> np.ndarray:
+    """``count`` JSON numbers of µs (their exact decimal text; empty: 0) -> int64 ns, rounded
+    half away from zero, all at once in Arrow: the texts are joined by commas (which no
+    number holds) into one string array, cast to decimal, and the decimal's unscaled
+    integer at 3 decimals is the ns. Never through float64."""
+    if not count:
+        return np.zeros(0, np.int64)
+    joined = np.frombuffer(b",".join(numbers), np.uint8)
+    comma = joined == _COMMA
+    ends = np.flatnonzero(comma)
+    if len(ends) != count - 1:
+        raise pa.ArrowInvalid("an event time is not a JSON number")
+    offsets = np.empty(count + 1, np.int64)
+    offsets[0], offsets[-1] = 0, len(joined) - len(ends)
+    offsets[1:-1] = ends - np.arange(len(ends))
+    empty = offsets[1:] == offsets[:-1]
+    valid = pa.py_buffer(np.packbits(~empty, bitorder="little")) if empty.any() else None
+    strings = pa.Array.from_buffers(pa.large_string(), count, [valid, pa.py_buffer(offsets),
+                                                               pa.py_buffer(joined[~comma])])
     try:
         micros = strings.cast(_NANOS_AS_MICROS)  # Kineto writes at most 3 decimals: exact
     except pa.ArrowInvalid:  # more decimals: round them to whole ns
         micros = pc.round(strings.cast(_MICROS), 3, round_mode="half_towards_infinity").cast(_NANOS_AS_MICROS)
-    nanos = pa.Array.from_buffers(pa.decimal128(38, 0), len(micros), micros.buffers())
-    return nanos.cast(pa.int64()).to_numpy()
+    nanos = pa.Array.from_buffers(pa.decimal128(38, 0), count, micros.buffers()).cast(pa.int64())
+    return (nanos.fill_null(0) if valid is not None else nanos).to_numpy()
 
 
 def _base(path: Path, top: dict) -> int:

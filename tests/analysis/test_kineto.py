@@ -220,9 +220,25 @@ def test_timestamp_text_converts_exactly_like_decimal():
              "1.5e3", "2E-4", "-1.25e+2", ""]
     texts += [f"{w}.{f:0{n}d}" for w, f, n in zip(rng.integers(0, 2**52, 200), rng.integers(0, 999, 200),
                                                     rng.integers(3, 5, 200))]
-    got = _ns([msgspec.Raw(t.encode()) for t in texts])
+    got = _ns([msgspec.Raw(t.encode()) for t in texts], len(texts))
     want = [int((Decimal(t or "0") * 1000).quantize(Decimal(1), ROUND_HALF_UP)) for t in texts]
     assert got.dtype == np.int64 and got.tolist() == want
+
+
+def test_timestamp_texts_empty_or_not_numbers():
+    """Empty texts (a missing ``dur``) are 0 wherever they stand; a time that is not a JSON
+    number (a string, even one holding a comma) is refused, not misread."""
+    import msgspec
+    import pyarrow as pa
+
+    from rankscope.analysis.kineto import _ns
+
+    raws = [msgspec.Raw(t) for t in (b"", b"1.5", b"", b"2")]
+    assert _ns(raws, 4).tolist() == [0, 1500, 0, 2000]
+    assert _ns(raws[:1], 1).tolist() == [0] and _ns([], 0).tolist() == []
+    for bad in (b'"1,5"', b'"15"'):
+        with pytest.raises(pa.ArrowInvalid):
+            _ns([msgspec.Raw(b"1"), msgspec.Raw(bad)], 2)
 
 
 @pytest.mark.parametrize("layout", ["compact", "reordered"])
