@@ -99,6 +99,7 @@ _STEP = re.compile(r"^(?:ProfilerStep#|step[ _#:]?)(\d+)$", re.I)
 _OPS = (*sorted(ops.CANONICAL_OPS), ops.UNKNOWN)
 _OP_CODE = {op: code for code, op in enumerate(_OPS)}
 _P2P = np.array([op in ops.P2P_OPS for op in _OPS])
+_OP_NAMES = pa.array(_OPS, pa.string())
 
 Columns = dict[str, np.ndarray]
 
@@ -606,16 +607,16 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     n = unit_keys.size
     scalars, compute, busy = _activity(files, kernels, is_comm, unit, unit_keys)
     nccl, steps = _nvtx(files)
-    collectives = _collectives(files, kernels, is_comm, unit, names, nccl)
+    collectives, comm_ids = _collectives(files, kernels, is_comm, unit, names, nccl)
     steps = _steps(steps)
     facts = _collective_facts(collectives, compute, busy, scalars["window_start_ns"], steps)
     summary = _kernel_summary(unit, kernels["name"], kernels["end"] - kernels["start"], comm_name)
     identity = _identities(files, units, nccl, rank_from)
     parts = {
-        "collectives": _collective_part(collectives, facts, n),
+        "collectives": _collective_part(collectives, comm_ids, facts, n),
         "kernels": _kernel_part(summary, names, n),
         "steps": _step_part(steps, units["process"]),
-        "communicators": _communicator_part(collectives, n),
+        "communicators": _communicator_part(collectives, comm_ids, n),
     }
     return _table(files, units, identity, scalars, parts)
 
@@ -672,12 +673,11 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     out["op"] = np.where(unlinked, hint[out["name"]], out["op"])
     out["cpu_call_ns"] = np.where(out["cpu_call_ns_na"], launch_ns, out["cpu_call_ns"])
     out["cpu_call_ns_na"] &= ~linked
-    out["comm_id"], out["comm_code"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
+    comm_ids, out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
     order = np.lexsort((out["start"], out["unit"]))
     out = {key: values[order] for key, values in out.items()}
-    out["seq"] = _cumcount(_codes(out["unit"], out.pop("comm_code")))
-    out["op"] = np.array(_OPS, dtype=object)[out["op"]]
-    return out
+    out["seq"] = _cumcount(_codes(out["unit"], out["comm_id"]))
+    return out, comm_ids
 
 
 def _warn_per_file(files: list[_File], file: np.ndarray, flagged: np.ndarray, template: str) -> None:
@@ -775,22 +775,22 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     return out
 
 
-def _comm_ids(files: list[_File], out: Columns, nccl: Columns) -> tuple[np.ndarray, ...]:
-    """comm_id from the payload, else inferred, also as an integer code (equal exactly
-    where comm_id is); with the communicator's size (NCCL nranks) and a mask where it is
-    unknown. (seq is the call order within comm_id: the NCCL schemas carry no sequence
-    field, and every member calls a communicator's collectives in the same order.)"""
+def _comm_ids(files: list[_File], out: Columns, nccl: Columns) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """The comm_ids (from the payload, else inferred) and each kernel's as an index into
+    them; with the communicator's size (NCCL nranks) and a mask where it is unknown.
+    (seq is the call order within comm_id: the NCCL schemas carry no sequence field,
+    and every member calls a communicator's collectives in the same order.)"""
     traced = ~out["comm_na"]
     distinct, which = np.unique(np.where(traced, out["comm"], 0).view(np.uint64), return_inverse=True)
-    comm_id = np.array([f"{c:016x}" for c in distinct.tolist()], dtype=object)[which]
+    comm_ids = [f"{c:016x}" for c in distinct.tolist()]
     size, size_na = _traced_sizes(out, nccl)
     if traced.all():
-        return comm_id, which, size, size_na
+        return comm_ids, which, size, size_na
     _warn_per_file(files, out["file"], ~traced, "{} of {} NCCL kernels carry no communicator id "
                    "(needs NCCL >= 2.25.1 and nsys export --include-blobs=true); those collectives are grouped "
                    "by operation as 'inferred:<op>' and numbered by call order")
-    label, combo, inferred_size, known = _inferred_comm_ids(out, nccl)
-    return (np.where(traced, comm_id, label), np.where(traced, which, distinct.size + combo),
+    labels, combo, inferred_size, known = _inferred_comm_ids(out, nccl)
+    return (comm_ids + labels, np.where(traced, which, distinct.size + combo),
             np.where(traced, size, inferred_size), np.where(traced, size_na, ~known))
 
 
@@ -804,10 +804,10 @@ def _traced_sizes(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray]:
     return size, out["nranks_na"] & ~by_id
 
 
-def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     """What every member of an untraced communicator agrees on: the op, and the
     communicator size when the process initialised communicators of a single size;
-    as a label and its code, with that size and where it is known."""
+    as labels and each kernel's index into them, with that size and where it is known."""
     inits = nccl["init"] & ~nccl["nranks_na"]
     processes, which = np.unique(nccl["process"][inits], return_inverse=True)
     low = np.full(processes.size, np.iinfo(np.int64).max)
@@ -822,7 +822,7 @@ def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndar
     example = np.zeros(int(combo.max(initial=-1)) + 1, np.int64)
     example[combo] = np.arange(combo.size)  # one row per distinct (op, size): format each once
     label = [f"inferred:{_OPS[out['op'][i]]}" + (f":n{size[i]}" if known[i] else "") for i in example.tolist()]
-    return np.array(label, dtype=object)[combo], combo, size, known
+    return label, combo, size, known
 
 
 def _is_comm_init(name: str | None) -> bool:
@@ -1039,8 +1039,8 @@ def _job_id(env: dict[str, str]) -> str | None:
 
 
 def _int_array(columns: Columns, name: str, type_: pa.DataType = pa.int64()) -> pa.Array:
-    mask = columns.get(f"{name}_na")
-    return pa.array(columns[name], type=pa.int64(), mask=mask).cast(type_)
+    # Narrower types are checked as Arrow's safe cast would (out of range raises).
+    return pa.array(columns[name], type=type_, mask=columns.get(f"{name}_na"))
 
 
 def _list_column(struct: pa.StructType, arrays: dict[str, pa.Array], counts: np.ndarray) -> pa.Array:
@@ -1050,13 +1050,12 @@ def _list_column(struct: pa.StructType, arrays: dict[str, pa.Array], counts: np.
     return pa.ListArray.from_arrays(offsets, values, type=pa.list_(struct))
 
 
-def _collective_part(coll: Columns, facts: Columns, n: int) -> pa.Array:
-    size = coll["start"].size
+def _collective_part(coll: Columns, comm_ids: list[str], facts: Columns, n: int) -> pa.Array:
     arrays = {
-        "comm_id": pa.array(coll["comm_id"], pa.string()),
+        "comm_id": pa.array(comm_ids, pa.string()).take(coll["comm_id"]),
         "seq": pa.array(coll["seq"], pa.int64()),
-        "seq_source": pa.array(np.full(size, "ordinal", object), pa.string()),
-        "op": pa.array(coll["op"], pa.string()),
+        "seq_source": pa.repeat(pa.scalar("ordinal", pa.string()), coll["start"].size),
+        "op": _OP_NAMES.take(coll["op"]),
         "bytes": _int_array(coll, "bytes"),
         "peer": _int_array(coll, "peer", pa.int32()),
         "start_ns": pa.array(coll["start"], pa.int64()),
@@ -1069,7 +1068,7 @@ def _collective_part(coll: Columns, facts: Columns, n: int) -> pa.Array:
 
 def _kernel_part(summary: Columns, names: np.ndarray, n: int) -> pa.Array:
     arrays = {
-        "name": pa.array(names[summary["name"]], pa.string()),
+        "name": pa.array(names, pa.string()).take(summary["name"]),
         "count": pa.array(summary["count"], pa.int64()),
         "total_ns": pa.array(summary["total_ns"], pa.int64()),
         "is_comm": pa.array(summary["is_comm"], pa.bool_()),
@@ -1092,15 +1091,15 @@ def _expand(low: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(low - (ends - counts), counts) + np.arange(int(ends[-1]) if ends.size else 0)
 
 
-def _communicator_part(coll: Columns, n: int) -> pa.Array:
+def _communicator_part(coll: Columns, comm_ids: list[str], n: int) -> pa.Array:
     # One rank's export names its communicators and their sizes, not their other members.
     first = coll["seq"] == 0  # each (rank, comm_id) once, in order of first use
     size = int(first.sum())
     arrays = {
-        "comm_id": pa.array(coll["comm_id"][first], pa.string()),
+        "comm_id": pa.array(comm_ids, pa.string()).take(coll["comm_id"][first]),
         "ranks": pa.nulls(size, digest.COMMUNICATOR.field("ranks").type),
         "name": pa.nulls(size, pa.string()),
-        "size": pa.array(coll["comm_size"][first], pa.int64(), mask=coll["comm_size_na"][first]).cast(pa.int32()),
+        "size": pa.array(coll["comm_size"][first], pa.int32(), mask=coll["comm_size_na"][first]),
     }
     return _list_column(digest.COMMUNICATOR, arrays, np.bincount(coll["unit"][first], minlength=n))
 
