@@ -549,19 +549,23 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
 def _decode_payloads(files: list[_File], file: np.ndarray, blobs: np.ndarray, lengths: np.ndarray) -> Columns:
     """Payload fields by entry name (each file's schemas), vectorised over all blobs:
     per field a value column and a ``<field>_na`` mask (True where absent)."""
-    n = len(blobs)
+    values = np.zeros((len(_PAYLOAD_FIELDS), len(blobs)), np.int64)  # (field, blob)
+    absent = np.ones(values.shape, bool)
     out: Columns = {}
-    for column in _PAYLOAD_FIELDS.values():
-        out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
+    for i, column in enumerate(_PAYLOAD_FIELDS.values()):
+        out[column], out[f"{column}_na"] = values[i], absent[i]
     index = np.flatnonzero(lengths >= _BLOB_HEADER)
-    entries = [(i, *entry) for i, export in enumerate(files) for entry in export.payload_entries]
-    described = {entry[0] for entry in entries}
-    for i in np.unique(file[index]).tolist():
-        if i not in described:
-            files[i].warn("NVTX payload blobs present but no NCCL payload schemas to decode them")
+    # Exports of one NCCL version carry the same schema entries: each distinct list is
+    # worked out once, blobs are keyed by (their file's list, schema id).
+    lists: dict[tuple, int] = {}
+    list_of = np.array([lists.setdefault(tuple(export.payload_entries), len(lists)) for export in files], np.int64)
+    described = np.array([bool(export.payload_entries) for export in files])
+    for i in np.unique(file[index][~described[file[index]]]).tolist():
+        files[i].warn("NVTX payload blobs present but no NCCL payload schemas to decode them")
+    entries = [(i, *entry) for known, i in lists.items() for entry in known]
     if not index.size or not entries:
         return out
-    e_file, e_name, e_schema, e_offset, e_type = (np.array(column) for column in zip(*entries))
+    e_list, e_name, e_schema, e_offset, e_type = (np.array(column) for column in zip(*entries))
     # Entry type -> (bytes, signed); a few dozen schema entries, not events.
     layout = [_ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False)) for kind in e_type.tolist()]
     e_size, e_signed = np.array([size for size, _ in layout], np.int64), np.array([sign for _, sign in layout], bool)
@@ -570,25 +574,25 @@ def _decode_payloads(files: list[_File], file: np.ndarray, blobs: np.ndarray, le
     base = np.cumsum(lengths) - lengths
     data = np.frombuffer(b"".join([*blobs[index].tolist(), bytes(8)]), np.uint8)  # padded: every read takes 8 bytes
     schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
-    # (file, schema id) coded once for entries and blobs alike; then a table from
+    # (list, schema id) coded once for entries and blobs alike; then a table from
     # (field, code) to that field's first entry, and every field of every blob read at once.
-    keys = _codes(np.concatenate([e_file.astype(np.int64), file]), np.concatenate([e_schema.astype(np.int64), schema]))
-    e_key, key = keys[: e_file.size], keys[e_file.size :]
+    keys = _codes(np.concatenate([e_list.astype(np.int64), list_of[file]]), np.concatenate([e_schema.astype(np.int64), schema]))
+    e_key, key = keys[: e_list.size], keys[e_list.size :]
     field = np.array([_FIELD_INDEX.get(name, -1) for name in e_name.tolist()], np.int64)
     wanted = np.flatnonzero(field >= 0)
     width = int(keys.max()) + 1
-    first = np.full(len(_FIELD_INDEX) * width, e_file.size)
+    first = np.full(len(_FIELD_INDEX) * width, e_list.size)
     np.minimum.at(first, field[wanted] * width + e_key[wanted], wanted)
-    row = first.reshape(len(_FIELD_INDEX), width)[:, key]  # (field, blob)
-    pick = np.where(row < e_file.size, row, 0)
-    size = np.where(row < e_file.size, e_size[pick], 0)
-    ok = (size > 0) & (e_offset[pick] + size <= lengths)
+    table = first.reshape(len(_FIELD_INDEX), width)  # (field, code) -> entry
+    pick = np.where(table < e_list.size, table, 0)
+    size = np.where(table < e_list.size, e_size[pick], 0)
+    end = np.where(size > 0, e_offset[pick] + size, np.iinfo(np.int64).max)  # absent: beyond any blob
+    ok = end[:, key] <= lengths  # (field, blob)
     at = np.nonzero(ok)  # a blob's schema holds a few of the fields: read only those
-    entry = pick[at]
-    values = np.zeros(ok.shape, np.int64)
-    values[at] = _read_ints(data, base[at[1]] + e_offset[entry], e_size[entry], e_signed[entry])
-    for i, column in enumerate(_PAYLOAD_FIELDS.values()):
-        out[column][index], out[f"{column}_na"][index] = values[i], ~ok[i]
+    entry = pick[at[0], key[at[1]]]
+    found = np.zeros(ok.shape, np.int64)
+    found[at] = _read_ints(data, base[at[1]] + e_offset[entry], e_size[entry], e_signed[entry])
+    values[:, index], absent[:, index] = found, ~ok
     return out
 
 
