@@ -96,9 +96,17 @@ def last_at_or_before(groups, values, q_groups, q_values) -> np.ndarray:
     return np.where(ok, at, -1)
 
 
-def merge(starts, ends, groups=None) -> Union:
+def sort_order(starts, groups) -> np.ndarray:
+    """Stable order of intervals by group, then start. Unions of several subsets of the
+    same intervals need one sort: take them in this order and `merge` with ``ordered``."""
+    (keys,), _ = _group_keys([_i64(groups)], [_i64(starts)])
+    return np.argsort(keys, kind="stable")
+
+
+def merge(starts, ends, groups=None, *, ordered: bool = False) -> Union:
     """Union of intervals [start, end) (empty or reversed ones ignored) as a :class:`Union`,
-    one per group when ``groups`` is given."""
+    one per group when ``groups`` is given; ``ordered``: they are sorted by group, then
+    start already (`sort_order`)."""
     starts, ends = _i64(starts), _i64(ends)
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
@@ -110,9 +118,11 @@ def merge(starts, ends, groups=None) -> Union:
         start_key, end_key, value_of = starts, ends, None
     else:
         (start_key, end_key), value_of = _group_keys([group, group], [starts, ends])
-    order = np.argsort(start_key, kind="stable")
-    starts, ends, start_key = starts[order], ends[order], start_key[order]
-    reach_key = np.maximum.accumulate(end_key[order])  # keys keep groups apart
+    if not ordered:
+        order = np.argsort(start_key, kind="stable")
+        starts, ends, start_key, end_key = starts[order], ends[order], start_key[order], end_key[order]
+        group = None if group is None else group[order]
+    reach_key = np.maximum.accumulate(end_key)  # keys keep groups apart
     reach = reach_key if value_of is None else value_of(reach_key)
     new = np.empty(starts.size, dtype=bool)
     new[0] = True
@@ -120,7 +130,6 @@ def merge(starts, ends, groups=None) -> Union:
     # (in its group: an earlier group's keys all lie below).
     new[1:] = start_key[1:] > reach_key[:-1]
     if group is not None:
-        group = group[order]
         new[1:] |= group[1:] != group[:-1]
     first = np.flatnonzero(new)
     merged_starts = starts[first]

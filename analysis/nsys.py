@@ -641,11 +641,14 @@ def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: n
     np.minimum.at(window_start, busy_unit, busy_start)
     window_end = np.full(n, np.iinfo(np.int64).min)
     np.maximum.at(window_end, busy_unit, busy_end)
-    compute = intervals.merge(kernels["start"][~is_comm], kernels["end"][~is_comm], unit[~is_comm])
-    busy = intervals.merge(busy_start, busy_end, busy_unit)
+    order = intervals.sort_order(kernels["start"], unit)  # one sort for the three kernel unions
+    start, end, group, comm = kernels["start"][order], kernels["end"][order], unit[order], is_comm[order]
+    compute = intervals.merge(start[~comm], end[~comm], group[~comm], ordered=True)
+    either = intervals.merge(start, end, group, ordered=True)
+    busy = intervals.merge(busy_start, busy_end, busy_unit) if mine.any() else either
     compute_ns = intervals.length_by_group(compute, n)
-    comm_ns = intervals.length_by_group(intervals.merge(kernels["start"][is_comm], kernels["end"][is_comm], unit[is_comm]), n)
-    either_ns = intervals.length_by_group(intervals.merge(kernels["start"], kernels["end"], unit), n)
+    comm_ns = intervals.length_by_group(intervals.merge(start[comm], end[comm], group[comm], ordered=True), n)
+    either_ns = intervals.length_by_group(either, n)
     scalars = {
         "window_start_ns": window_start, "window_end_ns": window_end, "gpu_busy_ns": intervals.length_by_group(busy, n),
         "compute_only_ns": either_ns - comm_ns, "comm_only_ns": either_ns - compute_ns,
