@@ -214,7 +214,8 @@ def _to_numpy(array: pa.Array | pa.ChunkedArray, nullable: bool) -> np.ndarray |
         rank = np.empty(len(values) + 1, dtype=np.int64)
         rank[order] = np.arange(len(values))
         rank[-1] = -1  # null
-        return Coded(rank[pc.fill_null(encoded.indices, -1).to_numpy()], values[order])
+        indices = pc.fill_null(encoded.indices, -1) if encoded.indices.null_count else encoded.indices
+        return Coded(rank[indices.to_numpy()], values[order])
     if pa.types.is_integer(array.type) and nullable:
         return array.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)  # nulls as NaN
     return array.to_numpy(zero_copy_only=False)

@@ -77,7 +77,14 @@ def _compact(labels: np.ndarray, categories: np.ndarray) -> tuple[np.ndarray, np
 def isin(values: ArrayLike, allowed: Iterable) -> np.ndarray:
     """Boolean mask of ``values`` found in ``allowed``, tested once per distinct value."""
     labels, uniques = codes(values)
-    return np.isin(uniques, list(allowed))[labels] if len(labels) else np.zeros(0, dtype=bool)
+    return member_of(uniques, allowed)[labels] if len(labels) else np.zeros(0, dtype=bool)
+
+
+def member_of(values: np.ndarray, allowed: Iterable) -> np.ndarray:
+    """Boolean mask of a few (distinct) ``values`` found in ``allowed``: set lookups, where
+    np.isin's setup would cost more than the whole test."""
+    allowed = set(allowed)
+    return np.fromiter((v in allowed for v in values.tolist()), dtype=bool, count=len(values))
 
 
 def locate(keys: ArrayLike, queries: ArrayLike) -> np.ndarray:
@@ -102,8 +109,8 @@ def take_or(values: ArrayLike, index: np.ndarray, missing: float) -> np.ndarray:
 def pack(*keys: ArrayLike) -> np.ndarray:
     """One int64 per row, equal exactly where every key is equal."""
     keys = tuple(np.asarray(k, dtype=np.int64) for k in keys)
-    packed = _combined(keys)
-    return packed if packed is not None else Groups(*keys).id
+    combined = _combined(keys)
+    return combined[0] if combined is not None else Groups(*keys).id
 
 
 class Groups:
@@ -116,8 +123,8 @@ class Groups:
     def __init__(self, *keys: ArrayLike, within: ArrayLike | None = None) -> None:
         keys = tuple(np.asarray(k, dtype=np.int64) for k in keys)
         self.rows = len(keys[0]) if keys else 0
-        key = _combined(keys)
-        if key is None:  # key ranges too wide to pack into one int64
+        combined = _combined(keys)
+        if combined is None:  # key ranges too wide to pack into one int64
             sort_keys = keys if within is None else (*keys, np.asarray(within))
             # np.lexsort sorts by its last key first, and is stable.
             self.order = np.lexsort(sort_keys[::-1])
@@ -125,11 +132,12 @@ class Groups:
             for k in keys:
                 change[1:] |= k[self.order][1:] != k[self.order][:-1]
         else:
+            key, bound = combined
             if within is None:
-                self.order = _argsort_codes(key)
+                self.order = _argsort_codes(key, bound)
             else:
                 by_within = np.argsort(np.asarray(within), kind="stable")
-                self.order = by_within[_argsort_codes(key[by_within])]
+                self.order = by_within[_argsort_codes(key[by_within], bound)]
             ranked = key[self.order]
             change = np.empty(self.rows, dtype=bool)
             np.not_equal(ranked[1:], ranked[:-1], out=change[1:])
@@ -141,7 +149,7 @@ class Groups:
         self.size[:-1] = self.starts[1:] - self.starts[:-1]
         self.size[-1:] = self.rows - self.starts[-1:]
         self.id = np.empty(self.rows, dtype=np.int64)  # group of each row, in input order
-        self.id[self.order] = np.cumsum(change) - 1
+        self.id[self.order] = np.repeat(np.arange(self.count), self.size)  # faster than a cumsum over bools
         self.keys = [k[self.order[self.starts]] for k in keys]  # each group's key values
 
     def first_seen(self) -> np.ndarray:
@@ -230,7 +238,7 @@ class Groups:
         """Values sorted by group, then by value (ties are equal values: order is moot)."""
         values = np.asarray(values, dtype=np.float64)
         by_value = np.argsort(values)
-        return values[by_value[_argsort_codes(self.id[by_value])]]
+        return values[by_value[_argsort_codes(self.id[by_value], self.count)]]
 
     def quantile(self, values: ArrayLike, q: float) -> np.ndarray:
         """Linear-interpolated quantile per group (NaN-free values), as pandas' groupby quantile."""
@@ -250,27 +258,27 @@ class Groups:
         return (low + high) / 2
 
 
-def _combined(keys: tuple[np.ndarray, ...]) -> np.ndarray | None:
-    """The keys packed into one int64 with the same order, if their ranges fit."""
+def _combined(keys: tuple[np.ndarray, ...]) -> tuple[np.ndarray, int] | None:
+    """The keys packed into one int64 with the same order, from 0 and below the bound
+    returned with it, if their ranges fit."""
     if not keys or not len(keys[0]):
-        return np.zeros(0, dtype=np.int64) if keys else None
-    packed = np.zeros(len(keys[0]), dtype=np.int64)
-    capacity = 1
+        return (np.zeros(0, dtype=np.int64), 1) if keys else None
+    packed, capacity = None, 1
     for k in keys:
         low = int(k.min())
         span = int(k.max()) - low + 1
         capacity *= span
         if capacity >= 1 << 62:
             return None
-        packed = packed * span + (k - low)
-    return packed
+        packed = k - low if packed is None else packed * span + (k - low)
+    return packed, capacity
 
 
-def _argsort_codes(codes: np.ndarray) -> np.ndarray:
-    """Stable argsort of non-negative int64 codes: LSD radix passes over 16-bit digits
+def _argsort_codes(codes: np.ndarray, bound: int) -> np.ndarray:
+    """Stable argsort of int64 codes in [0, bound): LSD radix passes over 16-bit digits
     (numpy radix-sorts 16-bit integers; wider ones fall back to a comparison sort)."""
-    order = np.argsort((codes & 0xFFFF).astype(np.uint16), kind="stable")
-    top = int(codes.max()) if len(codes) else 0
+    order = np.argsort((codes if bound <= 1 << 16 else codes & 0xFFFF).astype(np.uint16), kind="stable")
+    top = max(bound - 1, 0)
     shift = 16
     while top >> shift:
         digit = ((codes[order] >> shift) & 0xFFFF).astype(np.uint16)

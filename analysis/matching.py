@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, locate, pack
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, locate, member_of, pack
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
@@ -52,11 +52,11 @@ def communicator_members(
     warnings: list[str] = []
     (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
     comm_ids = np.union1d(listed_ids, used_ids)
-    comm = np.r_[np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]]
+    comm = np.concatenate([np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]])
     rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
     pairs = Groups(comm, rank)
     comm_of, rank_of = pairs.keys
-    bounds = np.r_[0, np.flatnonzero(np.diff(comm_of)) + 1, len(comm_of)]
+    bounds = np.concatenate(([0], np.flatnonzero(np.diff(comm_of)) + 1, [len(comm_of)]))
     reported = {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
     declared: dict[str, set[frozenset[int]]] = {}
     names: dict[str, str] = {}
@@ -127,7 +127,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     start = np.asarray(events["start_ns"], np.int64)
     op, ops = codes(events["op"])
     size = np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm]
-    is_p2p = np.isin(ops, list(P2P_OPS))[op]
+    is_p2p = member_of(ops, P2P_OPS)[op]
 
     # A communicator is matched by trace seq only if every one of its rows carries one.
     ordinal_comm = np.zeros(len(comm_ids), dtype=bool)
@@ -241,7 +241,8 @@ def _shift_ordinals_on_shared_clocks(
     rc, rh, rr = per_rank.keys
     # The reference of each (comm, host): most calls, then the lowest rank.
     by_count = np.lexsort((rr, -per_rank.size, rh, rc))
-    pair_start = np.r_[True, (rc[by_count][1:] != rc[by_count][:-1]) | (rh[by_count][1:] != rh[by_count][:-1])]
+    rc_sorted, rh_sorted = rc[by_count], rh[by_count]
+    pair_start = np.concatenate(([True], (rc_sorted[1:] != rc_sorted[:-1]) | (rh_sorted[1:] != rh_sorted[:-1])))
     is_ref = np.zeros(per_rank.count, dtype=bool)
     is_ref[by_count[pair_start]] = True
     ref_row = per_rank.broadcast(is_ref)
@@ -317,7 +318,7 @@ def _check_instances(
     )
     strangers = per.sum(~np.isin(comm * _RANK_SPAN + rank, member_keys))
     # send and recv are one operation seen from its two ends.
-    send_recv = np.isin(ops, [SEND, RECV])[op]
+    send_recv = member_of(ops, [SEND, RECV])[op]
     kind = np.where(send_recv, -1, op)
     # AllToAll(v) legitimately moves different amounts per rank; every other op agrees on size.
     sizes = np.asarray(size_bytes, dtype=np.float64)[rows]

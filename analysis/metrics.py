@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, locate, take, take_or
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, locate, member_of, take, take_or
 from rankscope.analysis.matching import UNMATCHED
 
 SIGMAS = 3.0
@@ -92,7 +92,8 @@ def rank_frame(meta: Table, events: Table, inst: Table) -> dict[str, np.ndarray]
     meta_rank = np.asarray(meta["rank"])
     order = np.argsort(meta_rank, kind="stable")
     ranks = meta_rank[order].astype(np.int64)
-    window = (np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64))[order].astype(np.float64)
+    window = np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64)
+    window = window[order].astype(np.float64)
     busy_ns = np.asarray(meta["gpu_busy_ns"], np.float64)[order]
     per = Groups(np.asarray(events["rank"], np.int64))
     at = locate(per.keys[0], ranks)
@@ -223,7 +224,7 @@ def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -
     rank_all = np.asarray(events["rank"], np.int64)
     stepped = np.unique(np.asarray(steps["rank"], np.int64))
     comm_all, comm_ids = codes(events["comm_id"])
-    in_scope = np.isin(comm_ids, list(tp_comms))[comm_all] & (
+    in_scope = member_of(comm_ids, tp_comms)[comm_all] & (
         ~np.isin(rank_all, stepped) | ~np.isnan(np.asarray(events["step"], np.float64))
     )
     rows = np.flatnonzero(in_scope)

@@ -46,7 +46,7 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     rank = np.asarray(events["rank"], np.int64)
     start = np.asarray(events["start_ns"], np.int64)
     ordered = Groups(rank, within=start).order
-    previous = np.r_[False, rank[ordered][1:] == rank[ordered][:-1]]
+    previous = np.concatenate(([False], rank[ordered][1:] == rank[ordered][:-1]))
     gap_sorted = np.full(len(ordered), np.nan)
     gap_sorted[previous] = (
         start[ordered][1:] - np.asarray(events["end_ns"], np.int64)[ordered][:-1]
@@ -58,8 +58,8 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     kept = kept[per.broadcast(per.size) > 1]
     gap = gap_sorted[kept]
     instance = instance_sorted[kept]
-    first = np.r_[0, np.flatnonzero(np.diff(instance)) + 1] if len(kept) else np.array([], dtype=np.int64)
-    sizes = np.diff(np.r_[first, len(kept)])
+    first = np.concatenate(([0], np.flatnonzero(np.diff(instance)) + 1)) if len(kept) else np.array([], dtype=np.int64)
+    sizes = np.diff(np.append(first, len(kept)))
     base = np.repeat(first, sizes)
     position = np.arange(len(kept)) - base
     others = np.repeat(sizes, sizes) - 1
