@@ -452,13 +452,42 @@ def _codes(*keys: np.ndarray) -> np.ndarray:
 
 
 def _first_match(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -> np.ndarray:
-    """Per query key tuple: the first table row with that key, -1 where there is none."""
+    """Per query key tuple: the first table row with that key, -1 where there is none.
+    Keys packed into one int64 where their ranges allow, then looked up in a table of
+    all keys where that is small, else by binary search in the sorted table rows (queries
+    are often many more than table rows)."""
     n = len(table[0])
+    packed = _pack(table, query) if n and len(query[0]) else None
+    if packed is not None:
+        keys, wanted, capacity = packed
+        if capacity <= 4 * (n + wanted.size):
+            first = np.full(capacity, n)
+            np.minimum.at(first, keys, np.arange(n))
+            found = first[wanted]
+            return np.where(found < n, found, -1)
+        order = np.argsort(keys, kind="stable")
+        ranked = keys[order]
+        at = np.minimum(np.searchsorted(ranked, wanted), n - 1)
+        return np.where(ranked[at] == wanted, order[at], -1)
     codes = _codes(*(np.concatenate([t, q]) for t, q in zip(table, query)))
     first = np.full(int(codes.max(initial=-1)) + 1, np.iinfo(np.int64).max)
     np.minimum.at(first, codes[:n], np.arange(n))
     found = first[codes[n:]]
     return np.where(found < n, found, -1)
+
+
+def _pack(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """Table and query key tuples as int64 keys (0 .. capacity - 1) ordered like the
+    tuples, and the capacity; None if their ranges do not fit."""
+    keys, wanted, capacity = np.zeros(len(table[0]), np.int64), np.zeros(len(query[0]), np.int64), 1
+    for t, q in zip(table, query):
+        low = min(int(t.min()), int(q.min()))
+        span = max(int(t.max()), int(q.max())) - low + 1
+        capacity *= span
+        if capacity >= 2**62:
+            return None
+        keys, wanted = keys * span + (t - low), wanted * span + (q - low)
+    return keys, wanted, capacity
 
 
 def _cumcount(codes: np.ndarray) -> np.ndarray:

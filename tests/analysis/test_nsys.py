@@ -247,6 +247,16 @@ def test_time_base_survives_missing_or_inconsistent_export_metadata(torchrun: Pa
     assert any(warning in w for w in table.column("warnings")[0].as_py())
 
 
+@pytest.mark.parametrize("spread", [1, 1 << 20, 1 << 58], ids=["dense", "sorted", "too-wide-to-pack"])
+def test_first_match_finds_the_first_table_row_of_each_key(spread: int) -> None:
+    rng = np.random.default_rng(5)
+    table = (rng.integers(0, 4, 300), rng.integers(0, 30, 300) * spread)
+    query = (rng.integers(0, 5, 500), rng.integers(0, 32, 500) * spread)
+    rows = list(zip(*(t.tolist() for t in table)))
+    expected = [rows.index(key) if key in rows else -1 for key in zip(*(q.tolist() for q in query))]
+    assert nsys._first_match(table, query).tolist() == expected
+
+
 def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
     rows = [  # (tid, start, name)
         (1, 0, "ncclGroupEnd"),  # its ncclGroupStart was before the capture window

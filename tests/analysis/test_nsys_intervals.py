@@ -89,3 +89,28 @@ def test_sparse_group_ids_work_like_dense_ones() -> None:
     sparse = np.array([5 << 40, 5 << 40, 9 << 40])  # packed (file, pid) keys
     assert intervals.last_at_or_before(sparse, [10, 20, 5], [5 << 40, 9 << 40, 7], [15, 6, 1]).tolist() == [0, 2, -1]
     assert intervals.running_max([3, 1, 2], sparse).tolist() == [3, 3, 2]
+
+
+def test_groups_far_apart_in_time_are_keyed_by_their_own_spans() -> None:
+    # No common span fits int64 for both groups, each group's own span does.
+    far = 2**61
+    groups = np.array([0, 0, 1, 1])
+    starts = np.array([0, 5, far, far + 5])
+    union = intervals.merge(starts, starts + 10, groups)
+    assert intervals.length_by_group(union, 2).tolist() == [15, 15]
+    assert intervals.running_max([7, 3, far + 1, far], groups).tolist() == [7, 7, far + 1, far + 1]
+
+
+def test_merge_of_presorted_subsets_matches_merge() -> None:
+    rng = np.random.default_rng(3)
+    base = 1_779_782_390_288_293_742
+    groups = rng.integers(0, 4, 200)
+    starts = base + rng.integers(0, 2_000, 200)
+    ends = starts + rng.integers(-10, 100, 200)
+    subset = rng.random(200) < 0.5
+    order = intervals.sort_order(starts, groups)
+    for mask in (subset, ~subset, np.ones(200, bool)):
+        keep = mask[order]
+        got = intervals.merge(starts[order][keep], ends[order][keep], groups[order][keep], ordered=True)
+        expected = intervals.merge(starts[mask], ends[mask], groups[mask])
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected))
