@@ -189,7 +189,10 @@ def _fit_component(
     offset = prior.copy()
     for _ in range(ROUNDS):
         consensus = _nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
-        slope, intercept = _huber_lines(consensus, y)
+        if drifting.any():
+            slope, intercept = _huber_lines(consensus, y)
+        else:  # too few anchors on every host for a drift: lines would be fitted, then discarded
+            slope = intercept = np.zeros(len(names))
         rate = np.where(drifting, slope, 1.0)
         offset = np.where(drifting, intercept, _nanmedian(y - consensus[None, :], axis=1))
         # Re-gauge: E' = k E + m leaves every observation unchanged.
@@ -292,7 +295,7 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
         centre = _nanmedian(residual, axis=1, keepdims=True)
         scale = MAD_TO_SIGMA * _nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
         u = np.abs(residual if every else np.where(seen, residual, 0.0)) / np.maximum(HUBER_K * scale, 1e-9)
-        weights = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+        weights = 1.0 / np.maximum(u, 1.0)  # Huber: 1 inside k * scale, k * scale / |r| beyond
         if not every:
             weights = np.where(seen, weights, 0.0)
     return slope, intercept - slope * xm[:, 0]
