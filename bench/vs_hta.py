@@ -8,12 +8,16 @@ process of its own: load every rank's trace and find the stragglers (rankscope:
 Measured per run, imports excluded:
 - wall time of load + analysis, and CPU time (the process and any workers it forks: HTA
   parses ranks in a multiprocessing pool, rankscope in one process);
-- peak memory of the whole process tree: the sum of PSS (shared pages counted once) over
-  the process and its children, sampled every 20 ms, and its growth over the process's
-  memory after imports.
+- peak memory of the whole process tree: the resident set (RSS) of the tool's process plus
+  the private memory of every process it forks (their pages shared with it are counted once,
+  in its RSS), sampled every 20 ms, and its growth over the process's RSS after imports.
+  Not PSS: PSS splits a shared library's pages among every process on the machine that
+  maps it, so other programs run from the same environment would lower one tool's number.
 Printed: both tools' numbers, the ratios HTA/rankscope for time and rankscope/HTA for
 memory, and whom each named against the truth where it is known. Other load on the
-machine slows both; the CPU-time ratio is the steadier one.
+machine slows both; the CPU-time ratio is the steadier one. ``--repeat N`` runs each tool
+N times per set, alternating, and keeps each tool's least wall time, CPU time and peak
+(each over its N runs; a fresh process every run, so every run is a cold one).
 
 HTA is not a rankscope dependency: install it in a separate environment and point
 ``--hta-python`` at that interpreter, e.g.
@@ -41,8 +45,8 @@ _MEASURE = """
 import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
 {imports}
-with open("/proc/self/smaps_rollup") as f:  # PSS, as the peak is measured
-    base = next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+with open("/proc/self/smaps_rollup") as f:  # RSS, as the peak is measured
+    base = next(int(line.split()[1]) for line in f if line.startswith("Rss:")) / 1024
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 c0, t0 = cpu(), time.perf_counter()
@@ -86,26 +90,28 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
-def _pss_mib(pids: list[int]) -> float:
+def _tree_mib(pids: list[int]) -> float:
+    """RSS of the first process plus the private memory of the others (``_tree`` order)."""
     total = 0
     for p in pids:
+        keys = ("Rss:",) if p == pids[0] else ("Private_Clean:", "Private_Dirty:")
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-        except (OSError, StopIteration):
+                total += sum(int(line.split()[1]) for line in f if line.startswith(keys))
+        except OSError:
             continue
     return total / 1024
 
 
 def measure(python: str, script: str, folder: Path, timeout_s: float) -> dict:
-    """Run one tool on one trace set in a fresh process; its JSON line plus the tree's peak PSS."""
+    """Run one tool on one trace set in a fresh process; its JSON line plus the tree's peak memory."""
     child = subprocess.Popen([python, "-c", script, str(folder)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     peak, done = [0.0], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _pss_mib(_tree(child.pid)))
+            peak[0] = max(peak[0], _tree_mib(_tree(child.pid)))
             done.wait(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -179,11 +185,28 @@ def simulated_sets(workdir: Path, sizes: list[tuple[int, ...]], old_names: bool)
     return sets
 
 
+def best(runs: list[dict]) -> dict:
+    """One tool's runs on one set as one result: the least of each time and of the peak
+    (the last run's error where any run failed; stragglers as every run named them)."""
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return failed[-1]
+    result = dict(min(runs, key=lambda run: run["seconds"]))
+    for key in ("cpu_s", "peak_mib", "growth_mib"):
+        result[key] = min(run[key] for run in runs)
+    named = {json.dumps(run["stragglers"]) for run in runs}
+    if len(named) > 1:
+        result["disagree"] = f"runs disagree: named {' / '.join(sorted(named))}"
+    return result
+
+
 def verdict(result: dict, truth: list[int] | None) -> str:
     if "error" in result:
         return f"failed: {result['error']}"
     if result.get("analysis_error"):
         return f"straggler analysis failed: {result['analysis_error']}"
+    if result.get("disagree"):
+        return result["disagree"]
     named = result["stragglers"]
     if truth is None:
         return f"named {named} (no ground truth)"
@@ -221,6 +244,9 @@ def main() -> int:
     parser.add_argument("--nccl-names", choices=("old", "new"), default="old",
                         help="NCCL kernel names in simulated traces: old (ncclKernel_*, which HTA's straggler "
                              "analysis needs) or new (ncclDevKernel_*, NCCL >= 2.19) (default: %(default)s)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="runs of each tool per set, alternating; the least times and peak are kept "
+                             "(default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per tool run (default: %(default)s)")
     parser.add_argument("--keep", type=Path, default=None, help="write the traces here and keep them")
     args = parser.parse_args()
@@ -230,15 +256,18 @@ def main() -> int:
     hta_version = subprocess.run([args.hta_python, "-c", "import importlib.metadata as m; "
                                   "print(m.version('holistictraceanalysis'))"], capture_output=True, text=True)
     print(f"HTA {hta_version.stdout.strip() or '?'} ({args.hta_python}) vs rankscope ({sys.executable}); "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; best of {max(args.repeat, 1)} run(s) each")
     sizes = [tuple(int(x) for x in item.split("x")) for item in args.sizes.split(",") if item]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="rankscope-vs-hta-"))
     workdir.mkdir(parents=True, exist_ok=True)
     summary = []
     try:
         for label, folder, truth in real_sets(workdir) + simulated_sets(workdir, sizes, args.nccl_names == "old"):
-            ours = measure(sys.executable, RANKSCOPE, folder, args.timeout)
-            theirs = measure(args.hta_python, HTA, folder, args.timeout)
+            runs: dict[str, list[dict]] = {"ours": [], "theirs": []}
+            for _ in range(max(args.repeat, 1)):
+                runs["ours"].append(measure(sys.executable, RANKSCOPE, folder, args.timeout))
+                runs["theirs"].append(measure(args.hta_python, HTA, folder, args.timeout))
+            ours, theirs = best(runs["ours"]), best(runs["theirs"])
             line = report(label, ours, theirs, truth)
             if line:
                 summary.append(line)
