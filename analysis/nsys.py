@@ -910,10 +910,11 @@ def _collective_facts(coll: Columns, compute: intervals.Union, busy: intervals.U
     unit, start, end = coll["unit"], coll["start"], coll["end"]
     gap_start, gap_end = intervals.gaps_before(start, end, window_start[unit], unit)
     step, step_na = _step_of(steps, coll["process"], np.where(coll["cpu_call_ns_na"], start, coll["cpu_call_ns"]))
+    compute_before, compute_overlap = intervals.overlaps(compute, [(gap_start, gap_end), (start, end)], unit)
     return {
-        "compute_before_ns": intervals.overlap(compute, gap_start, gap_end, unit),
+        "compute_before_ns": compute_before,
         "idle_before_ns": (gap_end - gap_start) - intervals.overlap(busy, gap_start, gap_end, unit),
-        "compute_overlap_ns": intervals.overlap(compute, start, end, unit),
+        "compute_overlap_ns": compute_overlap,
         "step": step, "step_na": step_na,
     }
 
