@@ -94,6 +94,7 @@ _PAYLOAD_FIELDS = {
     "CUDA device": "cuda_device",
 }
 _FIELD_INDEX = {name: i for i, name in enumerate(_PAYLOAD_FIELDS)}
+_INTEGER = re.compile(r"-?\d+")
 _STEP = re.compile(r"^(?:ProfilerStep#|step[ _#:]?)(\d+)$", re.I)
 # Ops are coded while the batch is built (an index into this table; -1: none).
 _OPS = (*sorted(ops.CANONICAL_OPS), ops.UNKNOWN)
@@ -941,8 +942,8 @@ def _kernel_summary(unit: np.ndarray, name: np.ndarray, duration: np.ndarray, co
 
 def _env_int(env: dict[str, str], names: tuple[str, ...]) -> tuple[str, int] | None:
     for name in names:
-        value = env.get(name, "").strip()
-        if re.fullmatch(r"-?\d+", value):
+        value = env.get(name)
+        if value is not None and _INTEGER.fullmatch(value.strip()):
             return name, int(value)
     return None
 
@@ -967,48 +968,48 @@ def _rank_override(export: _File, rank_from: str) -> int:
 
 
 def _identities(files: list[_File], units: Columns, nccl: Columns, rank_from: str | None) -> Columns:
-    """Rank, local rank, world size (value and ``_na`` mask) and rank_source per unit."""
+    """Rank, local rank, world size (value and ``_na`` mask) and rank_source per unit
+    (filled as Python lists: a few values per file, numpy's per-item cost would dominate)."""
     n = units["file"].size
-    out: Columns = {"rank_source": np.empty(n, object)}
-    for column in ("rank", "local_rank", "world_size"):
-        out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
-    bounds = np.searchsorted(units["file"], np.arange(len(files) + 1))
+    rank, source = [0] * n, [""] * n
+    local, local_na, world_size, world_na = [0] * n, [True] * n, [0] * n, [True] * n
+    bounds = np.searchsorted(units["file"], np.arange(len(files) + 1)).tolist()
     env = [tuple(_env_int(e.env, names) for names in (WORLD_SIZE_ENV, RANK_ENV, LOCAL_RANK_ENV)) for e in files]
     # Payload ranks are only needed where the environment does not settle the rank.
-    needs = np.array([not (world and (rank_from is not None or (hi - lo == 1 and rank)))
-                      for (world, rank, _), lo, hi in zip(env, bounds[:-1].tolist(), bounds[1:].tolist())])
+    needs = np.array([not (world and (rank_from is not None or (hi - lo == 1 and rank_env)))
+                      for (world, rank_env, _), lo, hi in zip(env, bounds[:-1], bounds[1:])])
     payload = _payload_ranks(units, nccl, env, needs[units["file"]]) if needs.any() else None
     for i, export in enumerate(files):
-        lo, hi = int(bounds[i]), int(bounds[i + 1])
-        world, rank, local = env[i]
+        lo, hi = bounds[i], bounds[i + 1]
+        world, rank_env, local_env = env[i]
         single = hi - lo == 1
-        if single and local:
-            out["local_rank"][lo], out["local_rank_na"][lo] = local[1], False
+        if single and local_env:
+            local[lo], local_na[lo] = local_env[1], False
         if world:
-            out["world_size"][lo:hi], out["world_size_na"][lo:hi] = world[1], False
+            world_size[lo:hi], world_na[lo:hi] = [world[1]] * (hi - lo), [False] * (hi - lo)
         elif payload is not None:
-            out["world_size"][lo:hi], out["world_size_na"][lo:hi] = payload["nranks"][lo:hi], payload["nranks_na"][lo:hi]
+            world_size[lo:hi], world_na[lo:hi] = payload["nranks"][lo:hi].tolist(), payload["nranks_na"][lo:hi].tolist()
         found = payload["comm_rank"][lo:hi] if needs[i] else None
         if rank_from is not None:
             if not single:
                 raise InputError(f"--rank-from cannot name the ranks of {export.path}: it holds {hi - lo} processes/GPUs")
-            out["rank"][lo], out["rank_source"][lo] = _rank_override(export, rank_from), f"override:{rank_from}"
-        elif single and rank:
-            out["rank"][lo], out["rank_source"][lo] = rank[1], f"env:{rank[0]}"
+            rank[lo], source[lo] = _rank_override(export, rank_from), f"override:{rank_from}"
+        elif single and rank_env:
+            rank[lo], source[lo] = rank_env[1], f"env:{rank_env[0]}"
         elif found is not None and not payload["comm_rank_na"][lo:hi].any() and np.unique(found).size == hi - lo:
-            out["rank"][lo:hi], out["rank_source"][lo:hi] = found, "nccl:CommInitRank"
+            rank[lo:hi], source[lo:hi] = found.tolist(), ["nccl:CommInitRank"] * (hi - lo)
         else:
-            out["rank"][lo:hi] = np.arange(hi - lo)
-            out["rank_source"][lo:hi] = "default" if single else "order:pid"
+            rank[lo:hi], source[lo:hi] = list(range(hi - lo)), ["default" if single else "order:pid"] * (hi - lo)
             if not single:
-                out["local_rank"][lo:hi], out["local_rank_na"][lo:hi] = np.arange(hi - lo), False
+                local[lo:hi], local_na[lo:hi] = list(range(hi - lo)), [False] * (hi - lo)
             export.warn(
                 "no rank in the captured environment or NCCL payloads; "
                 + (f"numbered {hi - lo} (process, GPU) pairs by pid" if not single else "assumed rank 0")
                 + " (use --rank-from env:VAR or filename:REGEX)"
             )
-        out["rank_na"][lo:hi] = False
-    return out
+    return {"rank": np.array(rank, np.int64), "rank_na": np.zeros(n, bool), "rank_source": source,
+            "local_rank": np.array(local, np.int64), "local_rank_na": np.array(local_na, bool),
+            "world_size": np.array(world_size, np.int64), "world_size_na": np.array(world_na, bool)}
 
 
 def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.ndarray) -> Columns:
@@ -1145,7 +1146,7 @@ def _table(files: list[_File], units: Columns, identity: Columns, scalars: Colum
     exports = [files[i] for i in units["file"].tolist()]
     pids, devices = units["pid"].tolist(), units["device"].tolist()
     text = {
-        "rank_source": identity["rank_source"].tolist(),
+        "rank_source": identity["rank_source"],
         "host": [e.host for e in exports],
         "gpu": [_gpu_id(e, p, d) for e, p, d in zip(exports, pids, devices)],
         "job_id": [_job_id(e.env) for e in exports],
