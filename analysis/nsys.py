@@ -569,17 +569,20 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
         pids = ", ".join(str(p) for p in np.unique(rows["pid"][named & (rows["file"] == i)]).tolist())
         files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
     is_nccl = (kind == _NCCL_RANGE) | named
+    rows["blob_at"] = np.cumsum(rows["length"]) - rows["length"]  # each row's blob in all blobs joined
     nccl = {key: values[is_nccl] for key, values in rows.items()}
-    blobs = np.array(list(chain.from_iterable(export.nvtx_blobs for export in files)), dtype=object)
-    nccl.update(_decode_payloads(files, nccl["file"], blobs[is_nccl], nccl["length"]))
+    blobs = filter(None, chain.from_iterable(export.nvtx_blobs for export in files))  # SQL gives NCCL rows' only
+    data = np.frombuffer(b"".join([*blobs, bytes(8)]), np.uint8)  # padded: every read takes 8 bytes
+    nccl.update(_decode_payloads(files, nccl["file"], data, nccl["blob_at"], nccl["length"]))
     is_step = kind == _OTHER_RANGE
     return nccl, {key: values[is_step] for key, values in rows.items()}
 
 
-def _decode_payloads(files: list[_File], file: np.ndarray, blobs: np.ndarray, lengths: np.ndarray) -> Columns:
-    """Payload fields by entry name (each file's schemas), vectorised over all blobs:
-    per field a value column and a ``<field>_na`` mask (True where absent)."""
-    values = np.zeros((len(_PAYLOAD_FIELDS), len(blobs)), np.int64)  # (field, blob)
+def _decode_payloads(files: list[_File], file: np.ndarray, data: np.ndarray, blob_at: np.ndarray, lengths: np.ndarray) -> Columns:
+    """Payload fields by entry name (each file's schemas), vectorised over all blobs (of
+    ``lengths`` bytes at ``blob_at`` in ``data``): per field a value column and a
+    ``<field>_na`` mask (True where absent)."""
+    values = np.zeros((len(_PAYLOAD_FIELDS), len(lengths)), np.int64)  # (field, blob)
     absent = np.ones(values.shape, bool)
     out: Columns = {}
     for i, column in enumerate(_PAYLOAD_FIELDS.values()):
@@ -600,9 +603,7 @@ def _decode_payloads(files: list[_File], file: np.ndarray, blobs: np.ndarray, le
     layout = [_ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False)) for kind in e_type.tolist()]
     e_size, e_signed = np.array([size for size, _ in layout], np.int64), np.array([sign for _, sign in layout], bool)
     e_offset = e_offset.astype(np.int64) + _BLOB_HEADER
-    lengths, file = lengths[index], file[index]
-    base = np.cumsum(lengths) - lengths
-    data = np.frombuffer(b"".join([*blobs[index].tolist(), bytes(8)]), np.uint8)  # padded: every read takes 8 bytes
+    lengths, file, base = lengths[index], file[index], blob_at[index]
     schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
     # (list, schema id) coded once for entries and blobs alike; then a table from
     # (field, code) to that field's first entry, and every field of every blob read at once.
