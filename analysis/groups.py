@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays compare elementwise: identity, not value equality
 class Coded:
     """A string column as int64 codes into its sorted distinct values (-1: missing).
 

@@ -9,8 +9,11 @@ process is not enough:
 - per host (reduce): the clock fit's per-host lines (one vectorised step over hosts
   per round; the consensus between rounds is the only all-host exchange);
 - per instance / per communicator: metrics on the aligned rows.
-Today all stages run in this process on whole-job tables, grouped in numpy on integer
-codes (groups.py): about 0.13 s for 512 simulated ranks on a shared 2-core machine.
+Today all stages run in this process on whole-job tables of numpy columns
+(digest.columns; strings as integer codes), grouped in numpy (groups.py), with no
+DataFrame built per call: on a shared 2-core machine about 5 ms for 8 simulated ranks
+(fixed cost: one analyze() per job, often in a fresh process), 18 ms for 64 and 75 ms
+for 512.
 """
 
 from __future__ import annotations
