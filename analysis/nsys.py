@@ -27,8 +27,7 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import closing, contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -259,8 +258,10 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
         WHERE kind != {_OTHER_RANGE} OR {step}"""
 
 
-@contextmanager
-def _open(path: Path) -> Iterator[sqlite3.Connection]:
+def _check_magic(path: Path) -> None:
+    """Raise the precise error for a file that is missing, unreadable or not SQLite.
+    Called once SQLite has failed (or found no tables: an empty file is an empty
+    database to it), not for every file."""
     try:
         with path.open("rb") as handle:
             magic = handle.read(len(_SQLITE_MAGIC))
@@ -268,12 +269,6 @@ def _open(path: Path) -> Iterator[sqlite3.Connection]:
         raise ExportError(f"cannot open ({exc.strerror})", path=path) from None
     if magic != _SQLITE_MAGIC:
         raise ExportError("not an SQLite export (file is not a database)", path=path)
-    try:
-        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise ExportError(f"cannot open the SQLite export ({exc})", path=path) from None
-    with closing(db):
-        yield db
 
 
 # ---------------------------------------------------------------- one file: rows
@@ -313,13 +308,22 @@ class _File:
 
 
 def _read_file(path: Path) -> _File:
-    with _open(path) as db:
-        try:
-            columns, statements = export_schema(db)
-            _check_tables(path, columns)
-            rows = {name: db.execute(sql).fetchall() for name, sql in statements.items()}
-        except sqlite3.DatabaseError as exc:
-            raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
+    try:
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        _check_magic(path)
+        raise ExportError(f"cannot open the SQLite export ({exc})", path=path) from None
+    try:
+        columns, statements = export_schema(db)
+        if not columns:
+            _check_magic(path)
+        _check_tables(path, columns)
+        rows = {name: db.execute(sql).fetchall() for name, sql in statements.items()}
+    except sqlite3.DatabaseError as exc:
+        _check_magic(path)
+        raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
+    finally:
+        db.close()
     return _parse(path, rows)
 
 

@@ -221,6 +221,15 @@ def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path])
     with pytest.raises(ExportError, match="not an nsys export"):
         nsys.read_nsys(other)
 
+    empty = tmp_path / "empty.sqlite"  # SQLite itself would open it as an empty database
+    empty.write_bytes(b"")
+    with pytest.raises(ExportError, match="not an SQLite export"):
+        nsys.read_nsys(empty)
+    with pytest.raises(ExportError, match=r"cannot open \(No such file"):
+        nsys.read_nsys(tmp_path / "missing.sqlite")
+    with pytest.raises(ExportError, match=r"cannot open \(Is a directory"):
+        nsys.read_nsys(tmp_path)
+
     no_kernels = tmp_path / "no_kernels.sqlite"
     shutil.copy(dsl[0], no_kernels)
     with sqlite3.connect(no_kernels) as db:
