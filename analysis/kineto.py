@@ -37,7 +37,7 @@ import gzip
 import mmap
 import re
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -223,7 +223,7 @@ _WINDOW = 1 << 20
 _CHUNK = 4096
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _SPACE = (b" ", b"\n", b"\r", b"\t")
-_END_TRIES = 16  # cuts tried for the end of the events, from the end of the text
+_TRIES = 16  # cuts tried for a window before the text is split by decoding instead
 # Events whose ids are read: kernels and their launches, and the host collective calls.
 # Kernel launches: runtime API (cudaLaunchKernel) or driver API (cuLaunchKernelEx, NCCL >= 2.19).
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -264,11 +264,12 @@ def _windows(text: _Text, columns: _Columns) -> _Document | None:
     """Read the events a window of text at a time, cut where one event ends and the next
     begins (``}``, ``,``, ``{``), found by searching the text: no pass over the whole text
     before the events are decoded, and only a window of it in memory. A cut inside a string
-    or a nested value leaves that open, so its window does not decode: a window that
-    decodes is whole events, and the text after the last one closes the list. The
-    document's other keys are decoded from the text around the events. None where the
-    text has no events list to cut or a window does not decode (the caller splits it by
-    decoding, which also reports malformed JSON)."""
+    or a nested value, or past the list, leaves something open or closed twice, so its
+    window does not decode and the cut before it is tried: a window that decodes is whole
+    events, and the text after the last one closes the list. The document's other keys are
+    decoded from the text around the events. None where the text has no events list to cut
+    or no window decodes within a few tries (the caller splits it by decoding, which also
+    reports malformed JSON)."""
     data = text.data
     key = _EVENTS_KEY.search(data)
     if key is None or data[key.start() - 1 : key.start()] == b"\\":
@@ -276,40 +277,49 @@ def _windows(text: _Text, columns: _Columns) -> _Document | None:
     view = memoryview(data)
     start = _skip_space(data, key.end())
     end = start  # the list's closing bracket
-    if data[start : start + 1] != b"]":
-        while (cut := _next_cut(data, start, start + _WINDOW)) is not None:
-            try:
-                columns.add(_complete(_EVENTS.decode(b"".join((b"[", view[start : cut[0] + 1], b"]")))))
-            except msgspec.DecodeError:
-                return None
-            text.release()
-            start = cut[1]
-        end = _last_window(data, view, start, columns)
-        if end is None:
-            return None
-        text.release()
     try:
+        if data[start : start + 1] != b"]":
+            while (window := _next_window(data, view, start)) is not None:
+                columns.add(_complete(window[0]))
+                text.release()
+                start = window[1]
+            end = _last_window(data, view, start, columns)
+            text.release()
         document = _DOCUMENT.decode(b"".join((view[: key.end()], view[end:])))
     except msgspec.DecodeError:
         return None
     return document if document.traceEvents == [] else None
 
 
-def _next_cut(data, start: int, stop: int) -> tuple[int, int] | None:
-    """The end of the window from ``start`` and the start of the next: the last ``}``
-    before ``stop`` followed by ``,`` and ``{`` (spaces between), else the first after it
-    (an event longer than a window). None where the text after ``stop`` has none."""
+def _next_window(data, view: memoryview, start: int) -> tuple[list[_Event], int] | None:
+    """The events of the window from ``start`` and where the next window starts: the first
+    cut whose window decodes, trying the last before ``start + _WINDOW``, then earlier
+    ones, then (an event longer than a window) later ones. None where no cut is left (the
+    last window); the error where ``_TRIES`` cuts failed."""
+    failed = 0
+    for cut, after in _cuts(data, start, start + _WINDOW):
+        try:
+            return _EVENTS.decode(b"".join((b"[", view[start : cut + 1], b"]"))), after
+        except msgspec.DecodeError:
+            failed += 1
+            if failed == _TRIES:
+                raise
+    return None
+
+
+def _cuts(data, start: int, stop: int) -> Iterator[tuple[int, int]]:
+    """``(window end, next start)`` of each ``}`` followed by ``,`` and ``{`` (spaces
+    between) after ``start``: backwards from ``stop``, then forwards from it."""
     cut = data.rfind(b"}", start, stop)
     while cut > start:
         if (found := _cut_at(data, cut)) is not None:
-            return found
+            yield found
         cut = data.rfind(b"}", start, cut)
     cut = data.find(b"}", stop)
     while cut >= 0:
         if (found := _cut_at(data, cut)) is not None:
-            return found
+            yield found
         cut = data.find(b"}", cut + 1)
-    return None
 
 
 def _cut_at(data, cut: int) -> tuple[int, int] | None:
@@ -322,22 +332,24 @@ def _cut_at(data, cut: int) -> tuple[int, int] | None:
     return None
 
 
-def _last_window(data, view: memoryview, start: int, columns: _Columns) -> int | None:
+def _last_window(data, view: memoryview, start: int, columns: _Columns) -> int:
     """Decode the last window, from ``start`` to the ``}`` followed by ``]`` (the list's
     end) nearest the end of the text whose text decodes; the position of that ``]``."""
-    cut, tries = len(data), _END_TRIES
-    while tries and (cut := data.rfind(b"}", start, cut)) >= 0:
+    cut, failed = len(data), 0
+    while (cut := data.rfind(b"}", start, cut)) >= 0:
         after = _skip_space(data, cut + 1)
         if data[after : after + 1] != b"]":
             continue
-        tries -= 1
         try:
             events = _EVENTS.decode(b"".join((b"[", view[start : cut + 1], b"]")))
         except msgspec.DecodeError:
+            failed += 1
+            if failed == _TRIES:
+                raise
             continue
         columns.add(_complete(events))
         return after
-    return None
+    raise msgspec.DecodeError("no end to the events list")
 
 
 def _skip_space(data, at: int) -> int:

@@ -381,16 +381,22 @@ def test_cut_lookalikes_in_strings_and_nested_args_do_not_cut(tmp_path, monkeypa
     assert got == _row(_read(path))
 
 
-def test_windows_are_the_path_taken_and_a_nested_traceevents_key_falls_back(tmp_path, monkeypatch):
-    """A Kineto trace is read by windows; a "traceEvents" key nested before the real one
+@pytest.mark.parametrize("window", [1, 40, 1 << 20])
+def test_windows_are_the_path_taken_and_a_nested_traceevents_key_falls_back(tmp_path, monkeypatch, window):
+    """A Kineto trace is read by windows, also where a list of objects follows the events
+    (its cuts are tried and fail first); a "traceEvents" key nested before the real one
     makes the reader split the text by decoding it, with the same digest as without it."""
     from rankscope.analysis import kineto
 
     taken = []
     windows = kineto._windows
     monkeypatch.setattr(kineto, "_windows", lambda text, columns: taken.append(windows(text, columns)) or taken[-1])
+    monkeypatch.setattr(kineto, "_WINDOW", window)
     data = _trace(_gloo_events("200.000", "201.000"), host_name="node-a")
     plain = _row(_read(_write(tmp_path / "a.json", data)))
+    assert taken[-1] is not None
+    after = {**data, "deviceProperties": [{"id": 0}, {"id": 1, "x": [{"y": 2}]}]}
+    assert _row(_read(_write(tmp_path / "a.json", after))) == plain
     assert taken[-1] is not None
     data = {"meta": {"traceEvents": []}, **data}
     assert _row(_read(_write(tmp_path / "b.json", data))) | {"source_file": None} == plain | {"source_file": None}
