@@ -261,11 +261,10 @@ def _shift_ordinals_on_shared_clocks(
     misses = Groups(c[paired], h[paired], r[paired])
     miss = misses.median(np.abs(e[paired] - ref_end))
     mc, mh, mr = misses.keys
-    host_of = {(a, b): i for i, (a, b) in enumerate(zip(ref_host.keys[0].tolist(), ref_host.keys[1].tolist()))}
-    for i in range(misses.count):
-        pair = host_of[(int(mc[i]), int(mh[i]))]
-        if not miss[i] > spacing[pair] / 4:
-            continue
+    pairs = pack(np.concatenate([ref_host.keys[0], mc]), np.concatenate([ref_host.keys[1], mh]))
+    pair_of = locate(pairs[: ref_host.count], pairs[ref_host.count :])  # each rank's (comm, host) reference
+    for i in np.flatnonzero(miss > spacing[pair_of] / 4).tolist():  # off its reference: rare, one by one
+        pair = pair_of[i]
         mine_rows = rows[(c == mc[i]) & (r == mr[i])]
         mine = end[mine_rows][np.argsort(key_seq[mine_rows], kind="stable")]
         ref_rows = ref_row & (c == mc[i]) & (h == mh[i])
