@@ -100,6 +100,9 @@ _OPS = (*sorted(ops.CANONICAL_OPS), ops.UNKNOWN)
 _OP_CODE = {op: code for code, op in enumerate(_OPS)}
 _P2P = np.array([op in ops.P2P_OPS for op in _OPS])
 _OP_NAMES = pa.array(_OPS, pa.string())
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# The digest's struct types' fields (iterating a struct type is slow).
+_FIELDS = {struct: list(struct) for struct in (digest.COLLECTIVE, digest.KERNEL, digest.STEP, digest.COMMUNICATOR)}
 
 Columns = dict[str, np.ndarray]
 
@@ -1082,15 +1085,25 @@ def _job_id(env: dict[str, str]) -> str | None:
 
 
 def _int_array(columns: Columns, name: str, type_: pa.DataType = pa.int64()) -> pa.Array:
-    # Narrower types are checked as Arrow's safe cast would (out of range raises).
-    return pa.array(columns[name], type=type_, mask=columns.get(f"{name}_na"))
+    return _arrow_ints(columns[name], type_, columns.get(f"{name}_na"))
+
+
+def _arrow_ints(values: np.ndarray, type_: pa.DataType, mask: np.ndarray | None = None) -> pa.Array:
+    """int64 values as an Arrow array of ``type_``. int32 is narrowed in numpy when every
+    value fits (Arrow's own narrowing costs several times more); otherwise Arrow narrows,
+    raising on an unmasked value out of range."""
+    if type_ == pa.int32() and (not values.size or _INT32_MIN <= values.min() and values.max() <= _INT32_MAX):
+        values = values.astype(np.int32)
+    return pa.array(values, type=type_, mask=mask)
 
 
 def _list_column(struct: pa.StructType, arrays: dict[str, pa.Array], counts: np.ndarray) -> pa.Array:
     """One list cell per rank from long struct columns and per-rank row counts."""
-    values = pa.StructArray.from_arrays([arrays[f.name] for f in struct], fields=list(struct))
-    offsets = pa.array(np.concatenate(([0], np.cumsum(counts))), pa.int32())
-    return pa.ListArray.from_arrays(offsets, values, type=pa.list_(struct))
+    fields = _FIELDS[struct]
+    values = pa.StructArray.from_arrays([arrays[f.name] for f in fields], fields=fields)
+    offsets = np.zeros(counts.size + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(struct))
 
 
 def _collective_part(coll: Columns, comm_ids: list[str], facts: Columns, n: int) -> pa.Array:
@@ -1142,7 +1155,7 @@ def _communicator_part(coll: Columns, comm_ids: list[str], n: int) -> pa.Array:
         "comm_id": pa.array(comm_ids, pa.string()).take(coll["comm_id"][first]),
         "ranks": pa.nulls(size, digest.COMMUNICATOR.field("ranks").type),
         "name": pa.nulls(size, pa.string()),
-        "size": pa.array(coll["comm_size"][first], pa.int32(), mask=coll["comm_size_na"][first]),
+        "size": _arrow_ints(coll["comm_size"][first], pa.int32(), coll["comm_size_na"][first]),
     }
     return _list_column(digest.COMMUNICATOR, arrays, np.bincount(coll["unit"][first], minlength=n))
 
@@ -1174,4 +1187,4 @@ def _table(files: list[_File], units: Columns, identity: Columns, scalars: Colum
             columns[f.name] = pa.array([list(e.warnings) for e in exports], f.type)
         else:
             columns[f.name] = pa.array(scalars[f.name], f.type)
-    return pa.Table.from_pydict(columns, schema=digest.DIGEST_SCHEMA)
+    return pa.Table.from_arrays(list(columns.values()), schema=digest.DIGEST_SCHEMA)
