@@ -567,7 +567,7 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
     rows["process"] = _process(rows)
     names = np.array(list(chain.from_iterable(export.nvtx_names for export in files)), dtype=object)
     codes, distinct = pd.factorize(names, use_na_sentinel=False)
-    rows.update({key: values[codes] for key, values in _name_facts(np.asarray(distinct, dtype=object)).items()})
+    facts = _name_facts(np.asarray(distinct, dtype=object))
     kind = rows["kind"]
     with_domain = np.unique(rows["process"][kind == _NCCL_DOMAIN])
     named = (kind == _NCCL_NAMED) & ~np.isin(rows["process"], with_domain)
@@ -577,12 +577,15 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
         files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
     is_nccl = (kind == _NCCL_RANGE) | named
     rows["blob_at"] = np.cumsum(rows["length"]) - rows["length"]  # each row's blob in all blobs joined
-    nccl = {key: values[is_nccl] for key, values in rows.items()}
+    nccl = {key: rows[key][is_nccl] for key in ("file", "tid", "start", "end", "process", "length", "blob_at")}
+    nccl.update({key: facts[key][codes[is_nccl]] for key in ("op", "delta", "init", "creates")})
     blobs = filter(None, chain.from_iterable(export.nvtx_blobs for export in files))  # SQL gives NCCL rows' only
     data = np.frombuffer(b"".join([*blobs, bytes(8)]), np.uint8)  # padded: every read takes 8 bytes
     nccl.update(_decode_payloads(files, nccl["file"], data, nccl["blob_at"], nccl["length"]))
     is_step = kind == _OTHER_RANGE
-    return nccl, {key: values[is_step] for key, values in rows.items()}
+    steps = {key: rows[key][is_step] for key in ("process", "start", "end")}
+    steps["number"] = facts["number"][codes[is_step]]
+    return nccl, steps
 
 
 def _decode_payloads(files: list[_File], file: np.ndarray, data: np.ndarray, blob_at: np.ndarray, lengths: np.ndarray) -> Columns:
@@ -720,9 +723,14 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     out["cpu_call_ns_na"] &= ~linked
     comm_ids, out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
     order = np.lexsort((out["start"], out["unit"]))
-    out = {key: values[order] for key, values in out.items()}
+    out = {key: out[key][order] for key in _COLLECTIVE_COLUMNS}
     out["seq"] = _cumcount(_codes(out["unit"], out["comm_id"]))
     return out, comm_ids
+
+
+# What the digest and the collectives' facts take from `_collectives`.
+_COLLECTIVE_COLUMNS = ("unit", "process", "start", "end", "cpu_call_ns", "cpu_call_ns_na", "comm_id", "op", "bytes", "bytes_na",
+                       "peer", "peer_na", "comm_size", "comm_size_na")
 
 
 def _warn_per_file(files: list[_File], file: np.ndarray, flagged: np.ndarray, template: str) -> None:
