@@ -26,6 +26,9 @@ class Union(NamedTuple):
     groups: np.ndarray | None = None  # group of each merged interval (ascending) when grouped
 
 
+_I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+
 def _i64(values) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
@@ -55,8 +58,8 @@ def _group_keys(groups: list[np.ndarray], values: list[np.ndarray]) -> tuple[lis
         bounds = np.cumsum([0] + [g.size for g in groups])
         groups = [dense[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
         size = distinct.size
-    low = np.full(size, np.iinfo(np.int64).max)
-    high = np.full(size, np.iinfo(np.int64).min)
+    low = np.full(size, _I64_MAX)
+    high = np.full(size, _I64_MIN)
     for group, value in zip(groups, values):
         np.minimum.at(low, group, value)
         np.maximum.at(high, group, value)
@@ -139,7 +142,7 @@ def merge(starts, ends, groups=None, *, ordered: bool = False) -> Union:
     merged_groups = None
     if group is not None:
         merged_groups = group[first]
-        opens = np.flatnonzero(np.r_[True, merged_groups[1:] != merged_groups[:-1]])
+        opens = np.flatnonzero(np.concatenate(([True], merged_groups[1:] != merged_groups[:-1])))
         before = before - np.repeat(before[opens], np.diff(np.append(opens, merged_groups.size)))
     return Union(merged_starts, merged_ends, before, merged_groups)
 
@@ -208,6 +211,6 @@ def gaps_before(q_start, q_end, first, groups=None) -> tuple[np.ndarray, np.ndar
     else:
         opens[1:] = False
     reach = running_max(q_end, groups)
-    previous_end = np.where(opens, np.broadcast_to(_i64(first), q_start.shape), np.r_[0, reach[:-1]])
+    previous_end = np.where(opens, np.broadcast_to(_i64(first), q_start.shape), np.concatenate(([0], reach[:-1])))
     gap_start = np.minimum(previous_end, q_start)
     return gap_start, q_start

@@ -101,6 +101,7 @@ _OP_CODE = {op: code for code, op in enumerate(_OPS)}
 _P2P = np.array([op in ops.P2P_OPS for op in _OPS])
 _OP_NAMES = pa.array(_OPS, pa.string())
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 # The digest's struct types' fields (iterating a struct type is slow).
 _FIELDS = {struct: list(struct) for struct in (digest.COLLECTIVE, digest.KERNEL, digest.STEP, digest.COMMUNICATOR)}
 
@@ -478,7 +479,7 @@ def _first_match(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -
         at = np.minimum(np.searchsorted(ranked, wanted), n - 1)
         return np.where(ranked[at] == wanted, order[at], -1)
     codes = _codes(*(np.concatenate([t, q]) for t, q in zip(table, query)))
-    first = np.full(int(codes.max(initial=-1)) + 1, np.iinfo(np.int64).max)
+    first = np.full(int(codes.max(initial=-1)) + 1, _I64_MAX)
     np.minimum.at(first, codes[:n], np.arange(n))
     found = first[codes[n:]]
     return np.where(found < n, found, -1)
@@ -507,6 +508,14 @@ def _cumcount(codes: np.ndarray) -> np.ndarray:
     opens[1:] = ordered[1:] != ordered[:-1]
     out = np.empty(codes.size, np.int64)
     out[order] = position - np.maximum.accumulate(np.where(opens, position, 0))
+    return out
+
+
+def _opens(values: np.ndarray) -> np.ndarray:
+    """True where a run of equal values begins."""
+    out = np.empty(values.size, bool)
+    out[:1] = True
+    np.not_equal(values[1:], values[:-1], out=out[1:])
     return out
 
 
@@ -627,7 +636,7 @@ def _decode_payloads(files: list[_File], file: np.ndarray, data: np.ndarray, blo
     table = first.reshape(len(_FIELD_INDEX), width)  # (field, code) -> entry
     pick = np.where(table < e_list.size, table, 0)
     size = np.where(table < e_list.size, e_size[pick], 0)
-    end = np.where(size > 0, e_offset[pick] + size, np.iinfo(np.int64).max)  # absent: beyond any blob
+    end = np.where(size > 0, e_offset[pick] + size, _I64_MAX)  # absent: beyond any blob
     ok = end[:, key] <= lengths  # (field, blob)
     at = np.nonzero(ok)  # a blob's schema holds a few of the fields: read only those
     entry = pick[at[0], key[at[1]]]
@@ -678,9 +687,9 @@ def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: n
     busy_unit = np.concatenate([unit, copy_unit[mine]])
     busy_start = np.concatenate([kernels["start"], copies["start"][mine]])
     busy_end = np.concatenate([kernels["end"], copies["end"][mine]])
-    window_start = np.full(n, np.iinfo(np.int64).max)
+    window_start = np.full(n, _I64_MAX)
     np.minimum.at(window_start, busy_unit, busy_start)
-    window_end = np.full(n, np.iinfo(np.int64).min)
+    window_end = np.full(n, _I64_MIN)
     np.maximum.at(window_end, busy_unit, busy_end)
     order = intervals.sort_order(kernels["start"], unit)  # one sort for the three kernel unions
     start, end, group, comm = kernels["start"][order], kernels["end"][order], unit[order], is_comm[order]
@@ -753,7 +762,7 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     delta = frame["delta"]
     # Per-thread running depth, as whole-array numpy: offsets restart each thread's sums.
     tid = frame["tid"].astype(np.int64)
-    first = np.r_[True, tid[1:] != tid[:-1]] if tid.size else np.zeros(0, bool)
+    first = _opens(tid)
     thread = np.cumsum(first) - 1
     total = np.cumsum(delta)
     running = total - (total - delta)[first][thread]
@@ -762,7 +771,7 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     spread = np.int64(tid.size + 1) * thread
     floor = np.minimum.accumulate(np.minimum(running, 0) - spread) + spread
     depth = running - floor
-    before = np.where(first, 0, np.r_[0, depth[:-1]])
+    before = np.where(first, 0, np.concatenate(([0], depth[:-1])))
     group = np.cumsum((delta == 1) & (before == 0))  # outermost group starts, numbered globally
     is_call = frame["op"] >= 0
     grouped = is_call & (depth > 0)
@@ -808,7 +817,7 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
         return out
     order = np.lexsort((served["start"], served["kernel"]))
     kernel, row, op = served["kernel"][order], served["row"][order], served["op"][order]
-    first = np.flatnonzero(np.r_[True, kernel[1:] != kernel[:-1]])
+    first = np.flatnonzero(_opens(kernel))
     at, lead = kernel[first], row[first]
     one_op = np.minimum.reduceat(op, first) == np.maximum.reduceat(op, first)
     all_p2p = np.minimum.reduceat(_P2P[op], first)
@@ -817,8 +826,8 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
     out["bytes_na"][at] = ~np.maximum.reduceat(known, first)
     peer, known = nccl["peer"][row], ~nccl["peer_na"][row]
-    low = np.minimum.reduceat(np.where(known, peer, np.iinfo(np.int64).max), first)
-    high = np.maximum.reduceat(np.where(known, peer, np.iinfo(np.int64).min), first)
+    low = np.minimum.reduceat(np.where(known, peer, _I64_MAX), first)
+    high = np.maximum.reduceat(np.where(known, peer, _I64_MIN), first)
     single = np.minimum.reduceat(known, first) & (low == high)
     out["peer"][at], out["peer_na"][at] = np.where(single, low, 0), ~single
     for column in ("comm", "nranks"):
@@ -863,8 +872,8 @@ def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[list[str], np.ndarr
     as labels and each kernel's index into them, with that size and where it is known."""
     inits = nccl["init"] & ~nccl["nranks_na"]
     processes, which = np.unique(nccl["process"][inits], return_inverse=True)
-    low = np.full(processes.size, np.iinfo(np.int64).max)
-    high = np.full(processes.size, np.iinfo(np.int64).min)
+    low = np.full(processes.size, _I64_MAX)
+    high = np.full(processes.size, _I64_MIN)
     np.minimum.at(low, which, nccl["nranks"][inits])
     np.maximum.at(high, which, nccl["nranks"][inits])
     at = np.clip(np.searchsorted(processes, out["process"]), 0, max(processes.size - 1, 0))
@@ -901,7 +910,7 @@ def _steps(rows: Columns) -> Columns:
     group = _codes(process, number)
     size = int(group.max(initial=-1)) + 1
     out = {"process": np.zeros(size, np.int64), "step": np.zeros(size, np.int64),
-           "start": np.full(size, np.iinfo(np.int64).max), "end": np.full(size, np.iinfo(np.int64).min)}
+           "start": np.full(size, _I64_MAX), "end": np.full(size, _I64_MIN)}
     out["process"][group], out["step"][group] = process, number
     np.minimum.at(out["start"], group, rows["start"][keep])
     np.maximum.at(out["end"], group, rows["end"][keep])
@@ -943,7 +952,7 @@ def _kernel_summary(unit: np.ndarray, name: np.ndarray, duration: np.ndarray, co
     size = int(group.max(initial=-1)) + 1
     total = np.zeros(size, np.int64)
     np.add.at(total, group, duration)
-    first = np.full(size, np.iinfo(np.int64).max)
+    first = np.full(size, _I64_MAX)
     np.minimum.at(first, group, np.arange(group.size))
     out = {"unit": np.zeros(size, np.int64), "name": np.zeros(size, np.int64),
            "count": np.bincount(group, minlength=size).astype(np.int64), "total_ns": total}
