@@ -530,8 +530,8 @@ def _columns(files: list[_File], part: str, names: tuple[str, ...], times: tuple
     """One table of every file's rows as named columns, with the file's index in a
     ``file`` column and the ``times`` columns moved to UTC epoch ns."""
     arrays = [getattr(export, part) for export in files]
-    data = np.concatenate(arrays)
-    out = {name: np.ascontiguousarray(data[:, i]) for i, name in enumerate(names)}
+    data = np.concatenate([array.T for array in arrays], axis=1)  # (column, row): each column contiguous
+    out = dict(zip(names, data))
     out["file"] = np.repeat(np.arange(len(files), dtype=np.int64), [len(a) for a in arrays])
     if times:
         shift = np.array([export.offset for export in files], np.int64)[out["file"]]
