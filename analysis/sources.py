@@ -11,7 +11,9 @@ result is checked for one rank twice or mixed jobs.
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
+import stat
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -68,18 +70,24 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
+        try:
+            mode = os.stat(path).st_mode  # one call where is_dir() then is_file() made two
+        except OSError:
+            mode = 0
+        if stat.S_ISDIR(mode):
             found = sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p) in _KNOWN)
             # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
             found = [p for p in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p)]
             files.extend(p for p in found if _suffix(p) not in KINETO_SUFFIXES or _kineto_or_warn(p))
-        elif path.is_file():
+        elif stat.S_ISREG(mode):
             files.append(path)
         else:
             raise InputError("no such file or folder", path=path)
-    exports = {_stem(p) for p in files if _suffix(p) == SQLITE}
-    kept = [p for p in files if not (_suffix(p) == NSYS_REPORT and _stem(p) in exports)]
-    return list(dict.fromkeys(kept))
+    suffixes = [_suffix(p) for p in files]
+    if NSYS_REPORT in suffixes:
+        exports = {_stem(p) for p, suffix in zip(files, suffixes) if suffix == SQLITE}
+        files = [p for p, suffix in zip(files, suffixes) if not (suffix == NSYS_REPORT and _stem(p) in exports)]
+    return list({str(p): p for p in files}.values())  # the same file named twice: read once
 
 
 def _kineto_or_warn(path: Path) -> bool:
