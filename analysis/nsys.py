@@ -948,17 +948,11 @@ def _collective_facts(coll: Columns, compute: intervals.Union, busy: intervals.U
 def _kernel_summary(unit: np.ndarray, name: np.ndarray, duration: np.ndarray, comm_name: np.ndarray) -> Columns:
     """Per rank and kernel name: count and total time (int64 throughout: no float
     rounding), longest first, ties in order of first appearance."""
-    group = _codes(unit, name)
-    size = int(group.max(initial=-1)) + 1
-    total = np.zeros(size, np.int64)
-    np.add.at(total, group, duration)
-    first = np.full(size, _I64_MAX)
-    np.minimum.at(first, group, np.arange(group.size))
-    out = {"unit": np.zeros(size, np.int64), "name": np.zeros(size, np.int64),
-           "count": np.bincount(group, minlength=size).astype(np.int64), "total_ns": total}
-    out["unit"][group], out["name"][group] = unit, name
+    groups = Groups(unit, name)
+    first = groups.order[groups.starts]  # a stable sort: each group's first row comes first
+    out = {"unit": groups.keys[0], "name": groups.keys[1], "count": groups.size, "total_ns": groups.sum(duration)}
     out["is_comm"] = comm_name[out["name"]]
-    order = np.lexsort((first, -total, out["unit"]))
+    order = np.lexsort((first, -out["total_ns"], out["unit"]))
     return {key: values[order] for key, values in out.items()}
 
 
