@@ -684,18 +684,18 @@ def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: n
     copy_keys = _process(copies) * _MAX_DEVICE + copies["device"]
     copy_unit = np.clip(np.searchsorted(unit_keys, copy_keys), 0, n - 1)
     mine = unit_keys[copy_unit] == copy_keys  # copies of processes/devices without kernels: no rank
-    busy_unit = np.concatenate([unit, copy_unit[mine]])
-    busy_start = np.concatenate([kernels["start"], copies["start"][mine]])
-    busy_end = np.concatenate([kernels["end"], copies["end"][mine]])
-    window_start = np.full(n, _I64_MAX)
-    np.minimum.at(window_start, busy_unit, busy_start)
-    window_end = np.full(n, _I64_MIN)
-    np.maximum.at(window_end, busy_unit, busy_end)
     order = intervals.sort_order(kernels["start"], unit)  # one sort for the three kernel unions
     start, end, group, comm = kernels["start"][order], kernels["end"][order], unit[order], is_comm[order]
+    opens = np.flatnonzero(_opens(group))  # every rank has kernels: one run each, in rank order
+    window_start, window_end = start[opens], np.maximum.reduceat(end, opens)
     compute = intervals.merge(start[~comm], end[~comm], group[~comm], ordered=True)
     either = intervals.merge(start, end, group, ordered=True)
-    busy = intervals.merge(busy_start, busy_end, busy_unit) if mine.any() else either
+    busy = either
+    if mine.any():
+        np.minimum.at(window_start, copy_unit[mine], copies["start"][mine])
+        np.maximum.at(window_end, copy_unit[mine], copies["end"][mine])
+        busy = intervals.merge(np.concatenate([kernels["start"], copies["start"][mine]]),
+                               np.concatenate([kernels["end"], copies["end"][mine]]), np.concatenate([unit, copy_unit[mine]]))
     compute_ns = intervals.length_by_group(compute, n)
     comm_ns = intervals.length_by_group(intervals.merge(start[comm], end[comm], group[comm], ordered=True), n)
     either_ns = intervals.length_by_group(either, n)
