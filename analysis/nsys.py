@@ -519,6 +519,14 @@ def _opens(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for values in long runs of equal ones
+    (e.g. a file's kernels of one process and device): only each run's value is sorted."""
+    opens = np.flatnonzero(_opens(values))
+    distinct, inverse = np.unique(values[opens], return_inverse=True)
+    return distinct, np.repeat(inverse, np.diff(np.append(opens, values.size)))
+
+
 def _take(values: np.ndarray, index: np.ndarray, fill) -> np.ndarray:
     """values[index], ``fill`` where index is -1."""
     if values.size == 0:
@@ -655,7 +663,7 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     names, kernels["name"] = _kernel_names(files, kernels)
     comm_name = ops.is_comm_kernel(names)  # each distinct name once
     is_comm = comm_name[kernels["name"]]
-    unit_keys, unit = np.unique(_process(kernels) * _MAX_DEVICE + kernels["device"], return_inverse=True)
+    unit_keys, unit = _unique_runs(_process(kernels) * _MAX_DEVICE + kernels["device"])
     units = {"process": unit_keys // _MAX_DEVICE, "device": unit_keys % _MAX_DEVICE}
     units["file"], units["pid"] = units["process"] >> 24, units["process"] & 0xFFFFFF
     n = unit_keys.size
