@@ -586,8 +586,9 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
     codes, distinct = pd.factorize(names, use_na_sentinel=False)
     facts = _name_facts(np.asarray(distinct, dtype=object))
     kind = rows["kind"]
-    with_domain = np.unique(rows["process"][kind == _NCCL_DOMAIN])
-    named = (kind == _NCCL_NAMED) & ~np.isin(rows["process"], with_domain)
+    named = kind == _NCCL_NAMED
+    if named.any():  # only for processes without an NCCL domain
+        named[named] = ~np.isin(rows["process"][named], rows["process"][kind == _NCCL_DOMAIN])
     for i in np.unique(rows["file"][named]).tolist():
         # Capture started after NCCL created its domain (pitfall 5): fall back on names.
         pids = ", ".join(str(p) for p in np.unique(rows["pid"][named & (rows["file"] == i)]).tolist())
