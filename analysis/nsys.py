@@ -490,8 +490,8 @@ def _pack(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -> tuple
     tuples, and the capacity; None if their ranges do not fit."""
     keys, wanted, capacity = np.zeros(len(table[0]), np.int64), np.zeros(len(query[0]), np.int64), 1
     for t, q in zip(table, query):
-        low = min(int(t.min()), int(q.min()))
-        span = max(int(t.max()), int(q.max())) - low + 1
+        low = min(int(a.min()) for a in (t, q) if a.size)
+        span = max(int(a.max()) for a in (t, q) if a.size) - low + 1
         capacity *= span
         if capacity >= 2**62:
             return None
@@ -517,6 +517,12 @@ def _opens(values: np.ndarray) -> np.ndarray:
     out[:1] = True
     np.not_equal(values[1:], values[:-1], out=out[1:])
     return out
+
+
+def _run_codes(*keys: np.ndarray) -> np.ndarray:
+    """`_codes` for keys in long runs of equal tuples (rows of one file and thread)."""
+    packed = _pack(keys, tuple(key[:0] for key in keys)) if keys[0].size else None
+    return _codes(*keys) if packed is None else _unique_runs(packed[0])[1]
 
 
 def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -724,7 +730,7 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     out = {key: kernels[key][rows] for key in ("file", "pid", "start", "end", "correlation", "name")}
     out["unit"], out["process"] = unit[rows], _process(out)
     launches = _columns(files, "launches", ("correlation", "pid", "tid", "launch_ns"), ("launch_ns",))
-    threads = _codes(np.concatenate([launches["file"], nccl["file"]]), np.concatenate([launches["tid"], nccl["tid"]]))
+    threads = _run_codes(np.concatenate([launches["file"], nccl["file"]]), np.concatenate([launches["tid"], nccl["tid"]]))
     launches["thread"], nccl["thread"] = threads[: launches["tid"].size], threads[launches["tid"].size :]
     launch = _first_match((launches["file"], launches["pid"], launches["correlation"]),
                           (out["file"], out["pid"], out["correlation"]))

@@ -266,6 +266,18 @@ def test_first_match_finds_the_first_table_row_of_each_key(spread: int) -> None:
     assert nsys._first_match(table, query).tolist() == expected
 
 
+def test_codes_from_runs_match_sorting_every_row() -> None:
+    rng = np.random.default_rng(9)
+    runs = np.repeat(rng.integers(0, 5, 40), rng.integers(1, 30, 40))  # a batch's rows: long runs
+    scattered = rng.integers(0, 5, 500)
+    for file in (runs, scattered):
+        tid = (file * 7 + 3) << 24 | rng.integers(0, 2, file.size)  # wide values, as globalTid
+        assert nsys._run_codes(file, tid).tolist() == nsys._codes(file, tid).tolist()
+        distinct, inverse = nsys._unique_runs(tid)
+        expected = np.unique(tid, return_inverse=True)
+        assert distinct.tolist() == expected[0].tolist() and inverse.tolist() == expected[1].tolist()
+
+
 def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
     rows = [  # (tid, start, name)
         (1, 0, "ncclGroupEnd"),  # its ncclGroupStart was before the capture window
