@@ -167,11 +167,9 @@ def _rank_rows(per_rank: Table, model: clock.ClockModel, found: stragglers.Strag
         top = metrics.top_kernels(kernels)
         for rank, record in zip(top["rank"].tolist(), _records(top, ["name", "count", "total_ns", "is_comm"])):
             top_by_rank.setdefault(rank, []).append(record)
-    rows = []
-    for values in zip(*(columns[n] for n in names)):
-        fields = dict(zip(names, values))
-        rows.append(RankRow(**fields, top_kernels=top_by_rank.get(fields["rank"], [])))
-    return rows
+    at = names.index("rank")
+    # positional: names are RankRow's fields in order (no dict and keywords per rank)
+    return [RankRow(*values, top_kernels=top_by_rank.get(values[at], [])) for values in zip(*(columns[n] for n in names))]
 
 
 def _records(table: Table, names: list[str]) -> list[dict]:
