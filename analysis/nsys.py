@@ -562,9 +562,11 @@ def _process(columns: Columns) -> np.ndarray:
 def _name_facts(names: np.ndarray) -> Columns:
     """What each NVTX name says (op code, group bracket step, communicator init or
     creation, step number): worked out once per distinct name (few), then spread over
-    the rows (many) by their name codes."""
+    the rows (many) by their name codes. A missing name (a dangling string id; pandas
+    codes it as NaN) says nothing."""
+    texts = [name if isinstance(name, str) else None for name in names.tolist()]
     facts = [(_OP_CODE.get(ops.from_nccl_api(name), -1), _group_step(name), _is_comm_init(name), _creates_comm(name),
-              _step_number(name)) for name in names.tolist()]
+              _step_number(name)) for name in texts]
     table = np.array(facts, np.int64).reshape(len(facts), 5)
     return {"op": table[:, 0], "delta": table[:, 1], "init": table[:, 2] == 1, "creates": table[:, 3] == 1, "number": table[:, 4]}
 

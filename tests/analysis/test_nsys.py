@@ -266,6 +266,13 @@ def test_first_match_finds_the_first_table_row_of_each_key(spread: int) -> None:
     assert nsys._first_match(table, query).tolist() == expected
 
 
+def test_missing_nvtx_names_say_nothing() -> None:
+    facts = nsys._name_facts(np.array(["ncclAllReduce", np.nan, None, "step 3"], dtype=object))
+    assert facts["op"].tolist()[1:3] == [-1, -1] and facts["op"][0] >= 0
+    assert facts["number"].tolist() == [-1, -1, -1, 3]
+    assert not facts["init"].any() and not facts["creates"].any() and not facts["delta"].any()
+
+
 def test_codes_from_runs_match_sorting_every_row() -> None:
     rng = np.random.default_rng(9)
     runs = np.repeat(rng.integers(0, 5, 40), rng.integers(1, 30, 40))  # a batch's rows: long runs
