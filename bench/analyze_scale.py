@@ -14,6 +14,7 @@ growth over the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
 
     .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20] [--repeat 3]
+    .venv/bin/python bench/analyze_scale.py --child time FOLDER [--repeat 5]   # one written set: JSON
 """
 
 from __future__ import annotations
