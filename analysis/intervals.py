@@ -164,17 +164,11 @@ def covered_until(union: Union, t, groups=None) -> np.ndarray:
 def overlap(union: Union, q_start, q_end, groups=None) -> np.ndarray:
     """Per query [q_start, q_end): length covered by ``union`` (0 for empty queries);
     ``groups`` names each query's group when the union is grouped."""
-    return overlaps(union, [(q_start, q_end)], groups)[0]
-
-
-def overlaps(union: Union, spans: list[tuple], groups=None) -> list[np.ndarray]:
-    """`overlap` for several query sets ``(q_start, q_end)`` of the same length (and the
-    same ``groups``), answered in one lookup."""
-    q_start = [_i64(start) for start, _ in spans]
-    q_end = [np.maximum(_i64(end), start) for start, (_, end) in zip(q_start, spans)]
-    tiled = None if groups is None else np.tile(_i64(groups), 2 * len(spans))
-    covered = covered_until(union, np.concatenate(q_start + q_end), tiled).reshape(2 * len(spans), -1)
-    return [covered[len(spans) + i] - covered[i] for i in range(len(spans))]
+    q_start, q_end = _i64(q_start), _i64(q_end)
+    q_end = np.maximum(q_end, q_start)
+    tiled = None if groups is None else np.tile(_i64(groups), 2)
+    covered = covered_until(union, np.concatenate([q_start, q_end]), tiled)  # both ends in one lookup
+    return covered[q_start.size :] - covered[: q_start.size]
 
 
 def overlap_with(a_start, a_end, b_start, b_end) -> np.ndarray:

@@ -442,6 +442,8 @@ def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signe
     sizes = np.asarray(sizes, np.int64)
     raw = np.lib.stride_tricks.sliding_window_view(data, 8)[positions].view("<u8")[:, 0]  # 8 bytes from each position
     short = sizes < 8
+    if not short.any():
+        return raw.view(np.int64)
     bits = (np.where(short, sizes, 0) * 8).astype(np.uint64)  # 0 for full width: no mask, no sign fix
     unsigned = np.where(short, raw & ((np.uint64(1) << bits) - np.uint64(1)), raw)
     sign_bit = np.uint64(1) << np.maximum(bits, np.uint64(1)) - np.uint64(1)
@@ -951,13 +953,16 @@ def _collective_facts(coll: Columns, compute: intervals.Union, busy: intervals.U
     """Edge-computed facts per collective: compute and idle time since the rank's previous
     collective ended, compute overlapping it, and its step."""
     unit, start, end = coll["unit"], coll["start"], coll["end"]
-    gap_start, gap_end = intervals.gaps_before(start, end, window_start[unit], unit)
+    gap_start, _ = intervals.gaps_before(start, end, window_start[unit], unit)  # each gap ends at its start
     step, step_na = _step_of(steps, coll["process"], np.where(coll["cpu_call_ns_na"], start, coll["cpu_call_ns"]))
-    compute_before, compute_overlap = intervals.overlaps(compute, [(gap_start, gap_end), (start, end)], unit)
+    # Covered length up to each gap start, start and end: one lookup per union.
+    n = start.size
+    on_compute = intervals.covered_until(compute, np.concatenate([gap_start, start, np.maximum(end, start)]), np.tile(unit, 3))
+    on_busy = intervals.covered_until(busy, np.concatenate([gap_start, start]), np.tile(unit, 2))
     return {
-        "compute_before_ns": compute_before,
-        "idle_before_ns": (gap_end - gap_start) - intervals.overlap(busy, gap_start, gap_end, unit),
-        "compute_overlap_ns": compute_overlap,
+        "compute_before_ns": on_compute[n : 2 * n] - on_compute[:n],
+        "idle_before_ns": (start - gap_start) - (on_busy[n:] - on_busy[:n]),
+        "compute_overlap_ns": on_compute[2 * n :] - on_compute[n : 2 * n],
         "step": step, "step_na": step_na,
     }
 
