@@ -771,7 +771,8 @@ def _warn_per_file(files: list[_File], file: np.ndarray, flagged: np.ndarray, te
 
 def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     """(calls, launchers): API calls keyed by ``call_group``; the ranges kernels launch in,
-    sorted by thread then start (columns as numpy arrays).
+    sorted by thread then start (columns as numpy arrays; ``call_group`` never decreases
+    in that order).
 
     An ungrouped call launches inside its own range; grouped calls (between the outermost
     ncclGroupStart and its ncclGroupEnd on one thread) launch inside the ncclGroupEnd.
@@ -791,12 +792,12 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     floor = np.minimum.accumulate(np.minimum(running, 0) - spread) + spread
     depth = running - floor
     before = np.where(first, 0, np.concatenate(([0], depth[:-1])))
-    group = np.cumsum((delta == 1) & (before == 0))  # outermost group starts, numbered globally
     is_call = frame["op"] >= 0
     grouped = is_call & (depth > 0)
     closes = (delta == -1) & (before >= 1) & (depth == 0)
-    # Ungrouped calls form their own call group (negative ids cannot clash with groups).
-    frame["call_group"] = np.where(grouped | closes, group, -1 - np.arange(tid.size, dtype=np.int64))
+    # Call groups numbered in order: each outermost group start opens one (its calls and
+    # its closing ncclGroupEnd share it), each ungrouped call is one of its own.
+    frame["call_group"] = np.cumsum(((delta == 1) & (before == 0)) | (is_call & ~grouped))
     launches = (is_call & ~grouped) | closes
     return {key: values[is_call] for key, values in frame.items()}, {key: values[launches] for key, values in frame.items()}
 
@@ -817,11 +818,9 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
     hit = at >= 0
     hit[hit] = end[at[hit]] >= launch_ns[hit]
     wanted = group[at[hit]]
-    call_group = calls["call_group"]
-    by_group = np.argsort(call_group, kind="stable")
-    low = np.searchsorted(call_group[by_group], wanted, side="left")
-    counts = np.searchsorted(call_group[by_group], wanted, side="right") - low
-    served = by_group[_expand(low, counts)]
+    low = np.searchsorted(calls["call_group"], wanted, side="left")  # calls are in call_group order
+    counts = np.searchsorted(calls["call_group"], wanted, side="right") - low
+    served = _expand(low, counts)
     return {"kernel": np.repeat(kernel[hit], counts), "start": calls["start"].astype(np.int64, copy=False)[served],
             "op": calls["op"][served], "row": calls["row"][served]}
 

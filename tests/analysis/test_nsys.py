@@ -301,6 +301,7 @@ def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
     assert sorted(launch) == [(1, 15), (1, 20), (2, 16)]
     served = {key: sorted(calls["name"][calls["call_group"] == group]) for key, group in launch.items()}
     assert served == {(1, 15): ["ncclRecv", "ncclSend"], (1, 20): ["ncclAllReduce"], (2, 16): ["ncclSend"]}
+    assert (np.diff(calls["call_group"]) >= 0).all()  # what _served's binary search relies on
 
 
 def test_without_nvtx_the_kernel_name_is_only_a_hint_and_said_so(dsl: list[Path], tmp_path: Path) -> None:
