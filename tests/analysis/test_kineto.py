@@ -348,6 +348,7 @@ def test_events_decoded_a_window_at_a_time_give_the_same_digest(samples, name, m
 
     whole = _row(_read(samples / name))
     monkeypatch.setattr(kineto, "_WINDOW", 300)
+    monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
     assert _row(_read(samples / name)) == whole
     monkeypatch.setattr(kineto, "_CHUNK", 7)
     _by_split(monkeypatch)
@@ -367,21 +368,24 @@ def _awkward_trace() -> dict:
     return data
 
 
-@pytest.mark.parametrize("window", [1, 40, 1 << 20])
+@pytest.mark.parametrize("window", [1, 40, 1 << 20, None])
 @pytest.mark.parametrize("compact", [False, True])
 def test_cut_lookalikes_in_strings_and_nested_args_do_not_cut(tmp_path, monkeypatch, window, compact):
     """A cut candidate inside a string or a nested value is never used: its window does
-    not decode, and the reader takes the next, or splits the text by decoding it."""
+    not decode, and the reader takes the next, or splits the text by decoding it. (None:
+    a small text, decoded as one window.)"""
     from rankscope.analysis import kineto
 
-    monkeypatch.setattr(kineto, "_WINDOW", window)
+    if window is not None:
+        monkeypatch.setattr(kineto, "_WINDOW", window)
+        monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
     path = _write(tmp_path / "t.json", _awkward_trace(), compact=compact)
     got = _row(_read(path))
     _by_split(monkeypatch)
     assert got == _row(_read(path))
 
 
-@pytest.mark.parametrize("window", [1, 40, 1 << 20])
+@pytest.mark.parametrize("window", [1, 40, 1 << 20, None])
 def test_windows_are_the_path_taken_and_a_nested_traceevents_key_falls_back(tmp_path, monkeypatch, window):
     """A Kineto trace is read by windows, also where a list of objects follows the events
     (its cuts are tried and fail first); a "traceEvents" key nested before the real one
@@ -391,7 +395,9 @@ def test_windows_are_the_path_taken_and_a_nested_traceevents_key_falls_back(tmp_
     taken = []
     windows = kineto._windows
     monkeypatch.setattr(kineto, "_windows", lambda text, columns: taken.append(windows(text, columns)) or taken[-1])
-    monkeypatch.setattr(kineto, "_WINDOW", window)
+    if window is not None:  # None: a small text, decoded as one window
+        monkeypatch.setattr(kineto, "_WINDOW", window)
+        monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
     data = _trace(_gloo_events("200.000", "201.000"), host_name="node-a")
     plain = _row(_read(_write(tmp_path / "a.json", data)))
     assert taken[-1] is not None
@@ -420,6 +426,7 @@ def test_kept_args_do_not_pin_their_windows_text(tmp_path, monkeypatch):
     decoder = kineto._EVENTS
     monkeypatch.setattr(kineto, "_EVENTS", Recording())
     monkeypatch.setattr(kineto, "_WINDOW", 1)
+    monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
     events = [_event("c10d::allreduce_", "100.000", "50.000", tid=1,
                      args={"External id": 1, "Input Dims": [[4, 8]], "Input type": ["float"]}),
               _event("gloo:all_reduce", "110.000", "30.000", cat="user_annotation", tid=2)]
