@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from rankscope.analysis.groups import Coded
 from rankscope.errors import ConsistencyError, ExportError
@@ -100,6 +99,8 @@ DIGEST_SCHEMA = pa.schema(
 )
 
 _LIST_PARTS = {"communicators": COMMUNICATOR, "collectives": COLLECTIVE, "kernels": KERNEL, "steps": STEP}
+# The digest's per-rank columns, everything but the list parts, as one struct.
+_SCALARS = pa.struct([f for f in DIGEST_SCHEMA if f.name not in _LIST_PARTS])
 
 
 def empty_part(part: str) -> pa.Table:
@@ -115,16 +116,11 @@ def digest_row(meta: dict, **parts: pa.Table | pd.DataFrame) -> pa.Table:
     are empty). Columns are cast to the schema, so a wrong type fails here, at the
     edge, not later in the analysis.
     """
-    columns: dict[str, pa.Array] = {}
-    for field in DIGEST_SCHEMA:
-        if field.name in _LIST_PARTS:
-            part = parts.get(field.name)
-            columns[field.name] = _as_list_cell(field.name, part)
-        elif field.name == "warnings":
-            columns[field.name] = pa.array([list(meta.get("warnings", []))], pa.list_(pa.string()))
-        else:
-            columns[field.name] = pa.array([meta.get(field.name)], field.type)
-    return pa.Table.from_pydict(columns, schema=DIGEST_SCHEMA)
+    # every scalar column in one conversion: a one-row struct array, then its fields
+    row = pa.array([{**meta, "warnings": list(meta.get("warnings", []))}], _SCALARS).flatten()
+    scalars = dict(zip((f.name for f in _SCALARS), row))
+    columns = [_as_list_cell(f.name, parts.get(f.name)) if f.name in _LIST_PARTS else scalars[f.name] for f in DIGEST_SCHEMA]
+    return pa.Table.from_arrays(columns, schema=DIGEST_SCHEMA)
 
 
 def _as_list_cell(part: str, data: pa.Table | pd.DataFrame | None) -> pa.Array:
@@ -133,14 +129,15 @@ def _as_list_cell(part: str, data: pa.Table | pd.DataFrame | None) -> pa.Array:
         return pa.array([[]], pa.list_(struct_type))
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
-    names = [f.name for f in struct_type]
-    missing = [n for n in names if n not in data.column_names]
-    for name in missing:
-        data = data.append_column(name, pa.nulls(data.num_rows, struct_type.field(name).type))
-    data = data.select(names).cast(pa.schema(list(struct_type)))
-    structs = pa.StructArray.from_arrays(
-        [data.column(n).combine_chunks() for n in names], fields=list(struct_type)
-    )
+    present = set(data.column_names)
+    arrays = []
+    for field in struct_type:
+        if field.name not in present:
+            arrays.append(pa.nulls(data.num_rows, field.type))
+            continue
+        array = data.column(field.name).combine_chunks()
+        arrays.append(array if array.type == field.type else array.cast(field.type))
+    structs = pa.StructArray.from_arrays(arrays, fields=list(struct_type))
     return pa.ListArray.from_arrays(pa.array([0, len(structs)], pa.int32()), structs)
 
 
@@ -153,6 +150,8 @@ def concat(digests: Iterable[pa.Table]) -> pa.Table:
 
 def write(digests: pa.Table, path: str | Path) -> None:
     """Write atomically: a reader never sees half a digest."""
+    import pyarrow.parquet as pq  # here, not at the top: it loads pyarrow's file systems (S3, GCS, ...), ~4 MiB
+
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -163,6 +162,8 @@ def write(digests: pa.Table, path: str | Path) -> None:
 
 
 def read(path: str | Path) -> pa.Table:
+    import pyarrow.parquet as pq  # see write
+
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
@@ -178,6 +179,8 @@ def read(path: str | Path) -> pa.Table:
 
 def is_digest(path: str | Path) -> bool:
     """True for a Parquet file carrying the digest schema marker (cheap: footer only)."""
+    import pyarrow.parquet as pq  # see write
+
     try:
         metadata = pq.read_schema(path).metadata or {}
     except (pa.ArrowInvalid, OSError):
