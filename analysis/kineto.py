@@ -16,8 +16,9 @@ One trace is one rank. What is read, and why (reference/nccl-in-traces.md ยง4, ย
   traced, else the rank's torch hook's per-PG sequence base plus order, else the order
   within the PG in the window ("ordinal").
 
-Parsing: the ``traceEvents`` text is cut into windows of about a MB between one event and
-the next (found by searching the text, checked by the window decoding), and msgspec decodes
+Parsing: the ``traceEvents`` text is cut into windows of 256 KiB between one event and the
+next (found by searching the text, checked by the window decoding; a text of a few MB is one
+window), and msgspec decodes
 one window at a time into structs holding only the fields read (``ts``/``dur`` kept as their
 decimal text, converted to ns all at once, exactly; of ``args`` only the linking ids and the
 identity fields). Each window becomes columns (strings as codes) before the next is decoded,
