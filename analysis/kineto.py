@@ -19,12 +19,12 @@ One trace is one rank. What is read, and why (reference/nccl-in-traces.md ยง4, ย
 Parsing: the ``traceEvents`` text is cut into windows of 256 KiB between one event and the
 next (found by searching the text, checked by the window decoding; a text of a few MB is one
 window), and msgspec decodes one window at a time into structs holding only the fields read
-(``ts``/``dur`` kept as their decimal text, converted to ns all at once, exactly; of ``args``
-only the linking ids and the identity fields). Each window becomes columns (strings as codes) before the next is decoded,
-and only the few events whose args carry a collective's identity keep them: neither the
-per-event Python objects nor the mapped text are held for the whole trace at once. Text that
-cannot be cut so is split by decoding it into one undecoded text per event, then decoded a
-chunk of events at a time.
+(``ts``/``dur`` kept as their decimal text, converted to ns all at once, exactly; of
+``args`` only the linking ids and the identity fields). Each window becomes columns (strings
+as codes) before the next is decoded, and only the few events whose args carry a
+collective's identity keep them: neither the per-event Python objects nor the mapped text
+are held for the whole trace at once. Text that cannot be cut so is split by decoding it
+into one undecoded text per event, then decoded a chunk of events at a time.
 
 Reading: the events are numpy columns and every subset an array of row positions; the
 tests of names (prefixes, op, NCCL kernel, step number) run once per distinct name.
