@@ -164,6 +164,18 @@ def test_folder_walk_finds_the_key_across_reads_and_deep_in_the_file(tmp_path: P
     assert [f.name for f in sources.discover([tmp_path])] == ["a.json", "b.json.gz"]
 
 
+def test_a_lone_digest_table_is_not_concatenated_again(dsl: Path) -> None:
+    """One table, one chunk, in the digest schema: returned as it is; anything else goes
+    through digest.concat (cast to the schema, chunks joined), with equal rows."""
+    import pyarrow as pa
+
+    table = sources.load_digests([dsl])
+    assert sources._concat([table]) is table
+    two_chunks = pa.concat_tables([table.slice(0, 1), table.slice(1)])
+    joined = sources._concat([two_chunks])
+    assert joined is not two_chunks and joined.equals(table) and joined.column(0).num_chunks == 1
+
+
 def test_exports_read_in_batches_match_one_file_at_a_time(samples: Path, monkeypatch) -> None:
     exports = [*sorted((samples / DSL).glob("*.sqlite")), samples / "nsys" / "nsysai_2gpu_sendrecv" / "mfu_2gpu_after.sqlite"]
     one_by_one = digest.concat(nsys.read_nsys(path) for path in exports)
