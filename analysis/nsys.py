@@ -727,9 +727,10 @@ def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: n
 
 
 def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: np.ndarray,
-                 names: np.ndarray, nccl: Columns) -> Columns:
+                 names: np.ndarray, nccl: Columns) -> tuple[Columns, list[str]]:
     """One row per NCCL kernel, with the API calls it serves where traced, sorted by rank
-    (unit) then start; ``seq`` numbers each communicator's collectives in call order."""
+    (unit) then start; ``seq`` numbers each communicator's collectives in call order.
+    With the comm_ids, which the ``comm_id`` column indexes (``op`` indexes `_OPS`)."""
     rows = np.flatnonzero(is_comm)
     out = {key: kernels[key][rows] for key in ("file", "pid", "start", "end", "correlation", "name")}
     out["unit"], out["process"] = unit[rows], _process(out)
