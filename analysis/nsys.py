@@ -134,7 +134,7 @@ def read_many(paths: Iterable[str | Path], *, rank_from: str | None = None) -> p
             batch, held = [], 0
     if batch:
         tables.append(_build(batch, rank_from))
-    return tables[0] if len(tables) == 1 else digest.concat(tables)  # one batch: built in the digest schema already
+    return digest.concat(tables)
 
 
 # ---------------------------------------------------------------- one file: SQL

@@ -164,16 +164,19 @@ def test_folder_walk_finds_the_key_across_reads_and_deep_in_the_file(tmp_path: P
     assert [f.name for f in sources.discover([tmp_path])] == ["a.json", "b.json.gz"]
 
 
-def test_a_lone_digest_table_is_not_concatenated_again(dsl: Path) -> None:
-    """One table, one chunk, in the digest schema: returned as it is; anything else goes
-    through digest.concat (cast to the schema, chunks joined), with equal rows."""
+def test_digests_already_in_the_schema_are_not_cast_or_joined_again(dsl: Path) -> None:
+    """One table, one chunk, in the digest schema: returned as it is; chunks are joined and
+    other schemas cast, with equal rows."""
     import pyarrow as pa
 
     table = sources.load_digests([dsl])
-    assert sources._concat([table]) is table
+    assert digest.concat([table]) is table
     two_chunks = pa.concat_tables([table.slice(0, 1), table.slice(1)])
-    joined = sources._concat([two_chunks])
+    joined = digest.concat([two_chunks])
     assert joined is not two_chunks and joined.equals(table) and joined.column(0).num_chunks == 1
+    unmarked = table.replace_schema_metadata(None)
+    assert digest.concat([unmarked]).schema.equals(digest.DIGEST_SCHEMA, check_metadata=True)
+    assert digest.concat([table.slice(0, 1), table.slice(1)]).equals(table)
 
 
 def test_exports_read_in_batches_match_one_file_at_a_time(samples: Path, monkeypatch) -> None:
