@@ -102,8 +102,10 @@ _P2P = np.array([op in ops.P2P_OPS for op in _OPS])
 _OP_NAMES = pa.array(_OPS, pa.string())
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-# The digest's struct types' fields (iterating a struct type is slow).
-_FIELDS = {struct: list(struct) for struct in (digest.COLLECTIVE, digest.KERNEL, digest.STEP, digest.COMMUNICATOR)}
+# Each list part's struct fields and list type, keyed by part name (iterating or hashing
+# a struct type costs several microseconds).
+_PARTS = {part: (list(struct), pa.list_(struct)) for part, struct in (
+    ("collectives", digest.COLLECTIVE), ("kernels", digest.KERNEL), ("steps", digest.STEP), ("communicators", digest.COMMUNICATOR))}
 
 Columns = dict[str, np.ndarray]
 
@@ -440,7 +442,9 @@ def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signe
     """Little-endian integers of per-row width (1, 2, 4, 8 bytes) at byte positions
     (each at most len(data) - 8: pad the data)."""
     sizes = np.asarray(sizes, np.int64)
-    raw = np.lib.stride_tricks.sliding_window_view(data, 8)[positions].view("<u8")[:, 0]  # 8 bytes from each position
+    # Row i: the 8 bytes from position i (a strided view; sliding_window_view's setup costs ~8x more).
+    windows = np.ndarray((data.size - 7, 8), np.uint8, data, strides=(1, 1))
+    raw = windows[positions].view("<u8")[:, 0]
     short = sizes < 8
     if not short.any():
         return raw.view(np.int64)
@@ -699,27 +703,29 @@ def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: n
     """Per rank: capture window, GPU busy time (kernels and copies) and its compute /
     communication split; with the compute and busy unions the collectives' facts need."""
     n = unit_keys.size
-    copies = _columns(files, "copies", ("start", "end", "pid", "device"), ("start", "end"))
-    copy_keys = _process(copies) * _MAX_DEVICE + copies["device"]
-    copy_unit = np.clip(np.searchsorted(unit_keys, copy_keys), 0, n - 1)
-    mine = unit_keys[copy_unit] == copy_keys  # copies of processes/devices without kernels: no rank
     order = intervals.sort_order(kernels["start"], unit)  # one sort for the three kernel unions
     start, end, group, comm = kernels["start"][order], kernels["end"][order], unit[order], is_comm[order]
     opens = np.flatnonzero(_opens(group))  # every rank has kernels: one run each, in rank order
     window_start, window_end = start[opens], np.maximum.reduceat(end, opens)
     compute = intervals.merge(start[~comm], end[~comm], group[~comm], ordered=True)
     either = intervals.merge(start, end, group, ordered=True)
-    busy = either
-    if mine.any():
-        np.minimum.at(window_start, copy_unit[mine], copies["start"][mine])
-        np.maximum.at(window_end, copy_unit[mine], copies["end"][mine])
-        busy = intervals.merge(np.concatenate([kernels["start"], copies["start"][mine]]),
-                               np.concatenate([kernels["end"], copies["end"][mine]]), np.concatenate([unit, copy_unit[mine]]))
     compute_ns = intervals.length_by_group(compute, n)
     comm_ns = intervals.length_by_group(intervals.merge(start[comm], end[comm], group[comm], ordered=True), n)
-    either_ns = intervals.length_by_group(either, n)
+    busy, either_ns = either, intervals.length_by_group(either, n)
+    busy_ns = either_ns
+    if any(len(export.copies) for export in files):  # many exports have none: skip the stage
+        copies = _columns(files, "copies", ("start", "end", "pid", "device"), ("start", "end"))
+        copy_keys = _process(copies) * _MAX_DEVICE + copies["device"]
+        copy_unit = np.clip(np.searchsorted(unit_keys, copy_keys), 0, n - 1)
+        mine = unit_keys[copy_unit] == copy_keys  # copies of processes/devices without kernels: no rank
+        if mine.any():
+            np.minimum.at(window_start, copy_unit[mine], copies["start"][mine])
+            np.maximum.at(window_end, copy_unit[mine], copies["end"][mine])
+            busy = intervals.merge(np.concatenate([kernels["start"], copies["start"][mine]]),
+                                   np.concatenate([kernels["end"], copies["end"][mine]]), np.concatenate([unit, copy_unit[mine]]))
+            busy_ns = intervals.length_by_group(busy, n)
     scalars = {
-        "window_start_ns": window_start, "window_end_ns": window_end, "gpu_busy_ns": intervals.length_by_group(busy, n),
+        "window_start_ns": window_start, "window_end_ns": window_end, "gpu_busy_ns": busy_ns,
         "compute_only_ns": either_ns - comm_ns, "comm_only_ns": either_ns - compute_ns,
         "overlap_ns": compute_ns + comm_ns - either_ns,
     }
@@ -1130,13 +1136,14 @@ def _arrow_ints(values: np.ndarray, type_: pa.DataType, mask: np.ndarray | None 
     return pa.array(values, type=type_, mask=mask)
 
 
-def _list_column(struct: pa.StructType, arrays: dict[str, pa.Array], counts: np.ndarray) -> pa.Array:
-    """One list cell per rank from long struct columns and per-rank row counts."""
-    fields = _FIELDS[struct]
+def _list_column(part: str, arrays: dict[str, pa.Array], counts: np.ndarray) -> pa.Array:
+    """One list cell per rank (the digest's ``part`` column) from long struct columns
+    and per-rank row counts."""
+    fields, type_ = _PARTS[part]
     values = pa.StructArray.from_arrays([arrays[f.name] for f in fields], fields=fields)
     offsets = np.zeros(counts.size + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(struct))
+    return pa.ListArray.from_arrays(pa.array(offsets), values, type=type_)
 
 
 def _collective_part(coll: Columns, comm_ids: list[str], facts: Columns, n: int) -> pa.Array:
@@ -1152,7 +1159,7 @@ def _collective_part(coll: Columns, comm_ids: list[str], facts: Columns, n: int)
         "cpu_call_ns": _int_array(coll, "cpu_call_ns"),
         **{name: _int_array(facts, name) for name in ("compute_before_ns", "idle_before_ns", "compute_overlap_ns", "step")},
     }
-    return _list_column(digest.COLLECTIVE, arrays, np.bincount(coll["unit"], minlength=n))
+    return _list_column("collectives", arrays, np.bincount(coll["unit"], minlength=n))
 
 
 def _kernel_part(summary: Columns, names: np.ndarray, n: int) -> pa.Array:
@@ -1162,7 +1169,7 @@ def _kernel_part(summary: Columns, names: np.ndarray, n: int) -> pa.Array:
         "total_ns": pa.array(summary["total_ns"], pa.int64()),
         "is_comm": pa.array(summary["is_comm"], pa.bool_()),
     }
-    return _list_column(digest.KERNEL, arrays, np.bincount(summary["unit"], minlength=n))
+    return _list_column("kernels", arrays, np.bincount(summary["unit"], minlength=n))
 
 
 def _step_part(steps: Columns, process: np.ndarray) -> pa.Array:
@@ -1171,7 +1178,7 @@ def _step_part(steps: Columns, process: np.ndarray) -> pa.Array:
     counts = np.searchsorted(steps["process"], process, side="right") - low
     rows = _expand(low, counts)
     arrays = {name: pa.array(steps[key][rows], pa.int64()) for name, key in (("step", "step"), ("start_ns", "start"), ("end_ns", "end"))}
-    return _list_column(digest.STEP, arrays, counts)
+    return _list_column("steps", arrays, counts)
 
 
 def _expand(low: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -1190,7 +1197,7 @@ def _communicator_part(coll: Columns, comm_ids: list[str], n: int) -> pa.Array:
         "name": pa.nulls(size, pa.string()),
         "size": _arrow_ints(coll["comm_size"][first], pa.int32(), coll["comm_size_na"][first]),
     }
-    return _list_column(digest.COMMUNICATOR, arrays, np.bincount(coll["unit"][first], minlength=n))
+    return _list_column("communicators", arrays, np.bincount(coll["unit"][first], minlength=n))
 
 
 def _table(files: list[_File], units: Columns, identity: Columns, scalars: Columns, parts: dict[str, pa.Array]) -> pa.Table:
