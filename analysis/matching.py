@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, locate, member_of, pack
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, locate, member_of, pack
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
@@ -312,10 +312,11 @@ def _check_instances(
     rows = np.flatnonzero(keyed)
     per = Groups(instance[rows])
     comm, rank, op = comm[rows], rank[rows], op[rows]
+    # ascending and unique: communicator codes in order, each one's members sorted and distinct
     member_keys = np.array(
         [c * _RANK_SPAN + r for c, comm_id in enumerate(comm_ids) for r in members[comm_id]], dtype=np.int64
     )
-    strangers = per.sum(~np.isin(comm * _RANK_SPAN + rank, member_keys))
+    strangers = per.sum(~in_sorted(comm * _RANK_SPAN + rank, member_keys))
     # send and recv are one operation seen from its two ends.
     send_recv = member_of(ops, [SEND, RECV])[op]
     kind = np.where(send_recv, -1, op)

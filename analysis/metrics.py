@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, locate, member_of, take, take_or
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, locate, member_of, take, take_or
 from rankscope.analysis.matching import UNMATCHED
 
 SIGMAS = 3.0
@@ -225,7 +225,7 @@ def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -
     stepped = np.unique(np.asarray(steps["rank"], np.int64))
     comm_all, comm_ids = codes(events["comm_id"])
     in_scope = member_of(comm_ids, tp_comms)[comm_all] & (
-        ~np.isin(rank_all, stepped) | ~np.isnan(np.asarray(events["step"], np.float64))
+        ~in_sorted(rank_all, stepped) | ~np.isnan(np.asarray(events["step"], np.float64))
     )
     rows = np.flatnonzero(in_scope)
     comm, rank = comm_all[rows], rank_all[rows]
@@ -250,7 +250,7 @@ def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -
         "exposed_ns": exposed_ns,
         "exposed_wait_ns": wait_ns,
         "step_time_ns": step_time_ns,
-        "stepped": per_comm.all(np.isin(ranks_of, stepped)),
+        "stepped": per_comm.all(in_sorted(ranks_of, stepped)),
         "exposed_transfer_ns": exposed_ns - wait_ns,
         "exposed_frac": exposed_ns / base,
         "exposed_wait_frac": wait_ns / base,
