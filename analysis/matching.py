@@ -258,7 +258,8 @@ def _shift_ordinals_on_shared_clocks(
     spacing = np.full(ref_host.count, np.inf)
     spaced = Groups(ref_host.id[ref_host.order][1:][same])
     spacing[spaced.keys[0]] = spaced.median(gaps[same])
-    misses = Groups(c[paired], h[paired], r[paired])
+    # every row paired (the usual case): the groups are per_rank's
+    misses = per_rank if paired.all() else Groups(c[paired], h[paired], r[paired])
     miss = misses.median(np.abs(e[paired] - ref_end))
     mc, mh, mr = misses.keys
     pairs = pack(np.concatenate([ref_host.keys[0], mc]), np.concatenate([ref_host.keys[1], mh]))
