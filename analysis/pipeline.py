@@ -181,10 +181,10 @@ def _records(table: Table, names: list[str]) -> list[dict]:
 
 def _plain_list(column: ArrayLike) -> list:
     """A column as plain Python values, NaN as None: one tolist, then only the missing
-    cells replaced."""
+    cells replaced (~47 calls per report: nonzero() rather than np.flatnonzero's wrapper)."""
     out = column.tolist()
     if not isinstance(column, Coded) and column.dtype.kind == "f":
-        for i in np.flatnonzero(np.isnan(column)).tolist():
+        for i in np.isnan(np.asarray(column)).nonzero()[0].tolist():
             out[i] = None
     return out
 
