@@ -70,8 +70,8 @@ def instance_frame(aligned: Table) -> dict[str, ArrayLike]:
 def rank_lateness(inst: Table) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Per rank (the ranks returned, ascending): lateness mean/p50/p99/max, last-arrival
     share, blame, wait and transfer sums."""
-    rank, ranks = codes(inst["rank"])
-    per = Groups(rank)
+    per = Groups(np.asarray(inst["rank"], np.int64))  # integer keys: grouped as they are, no codes
+    ranks = per.keys[0]
     late = np.asarray(inst["lateness"])
     wait = np.asarray(inst["wait"])
     return ranks, {
@@ -234,8 +234,9 @@ def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -
     exposed_wait = np.minimum(np.asarray(events["wait"], dtype=np.float64)[rows], exposed)
     per_rank = Groups(comm, rank)
     ranks_of = per_rank.keys[1]
-    step_rank, step_ranks = codes(steps["rank"])
-    step_time = Groups(step_rank).sum(np.asarray(steps["end_ns"], np.int64) - np.asarray(steps["start_ns"], np.int64))
+    per_step_rank = Groups(np.asarray(steps["rank"], np.int64))
+    step_time = per_step_rank.sum(np.asarray(steps["end_ns"], np.int64) - np.asarray(steps["start_ns"], np.int64))
+    step_ranks = per_step_rank.keys[0]
     window = np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64)
     time = take_or(step_time, locate(step_ranks, ranks_of), np.nan)
     windowed = np.isnan(time)
