@@ -53,9 +53,8 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     )[previous[1:]]  # int64 difference first: epoch ns do not fit float64 exactly
     instance_sorted = np.asarray(events["instance"], np.int64)[ordered]
     kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
-    kept = kept[Groups(instance_sorted[kept], within=gap_sorted[kept]).order]
-    per = Groups(instance_sorted[kept])
-    kept = kept[per.broadcast(per.size) > 1]
+    per = Groups(instance_sorted[kept], within=gap_sorted[kept])
+    kept = kept[per.order][np.repeat(per.size, per.size) > 1]  # rows now by instance: each row's group size
     gap = gap_sorted[kept]
     instance = instance_sorted[kept]
     first = np.concatenate(([0], np.flatnonzero(np.diff(instance)) + 1)) if len(kept) else np.array([], dtype=np.int64)
