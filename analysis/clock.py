@@ -21,6 +21,7 @@ import numpy as np
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, take
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.ops import N_TO_N_OPS
+from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 
 MIN_DRIFT_ANCHORS = 20
 ROUNDS = 5
@@ -29,7 +30,6 @@ HUBER_K = 1.345
 # hint from the coordinator is better but still far from collective-anchored.
 NTP_UNCERTAINTY_NS = 10_000_000.0
 HINT_UNCERTAINTY_NS = 1_000_000.0
-MAD_TO_SIGMA = 1.4826
 MAX_WINDOWS = 10
 WINDOW_ANCHORS = 20  # anchors per window, at least
 WINDOW_SIGNIFICANCE = 5.0
@@ -188,27 +188,27 @@ def _fit_component(
     rate = np.ones(len(names))
     offset = prior.copy()
     for _ in range(ROUNDS):
-        consensus = _nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
+        consensus = nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
         if drifting.any():
             slope, intercept = _huber_lines(consensus, y)
         else:  # too few anchors on every host for a drift: lines would be fitted, then discarded
             slope = intercept = np.zeros(len(names))
         rate = np.where(drifting, slope, 1.0)
-        offset = np.where(drifting, intercept, _nanmedian(y - consensus[None, :], axis=1))
+        offset = np.where(drifting, intercept, nanmedian(y - consensus[None, :], axis=1))
         # Re-gauge: E' = k E + m leaves every observation unchanged.
         k = rate.mean()
         rate /= k
         offset -= rate * (offset.mean() - target)
-    consensus = _nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
+    consensus = nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
     residual = y - (rate[:, None] * consensus[None, :] + offset[:, None])
     windows = _windows(consensus, residual, drifting)
     if any(w[0] for w in windows):
         bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
-        consensus = _nanmedian((y - bend - offset[:, None]) / rate[:, None], axis=0)
+        consensus = nanmedian((y - bend - offset[:, None]) / rate[:, None], axis=0)
         bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
         residual = y - bend - (rate[:, None] * consensus[None, :] + offset[:, None])
     seen = (~np.isnan(residual)).sum(axis=1)
-    mad = _nanmedian(np.abs(residual - _nanmedian(residual, axis=1, keepdims=True)), axis=1)
+    mad = nanmedian(np.abs(residual - nanmedian(residual, axis=1, keepdims=True)), axis=1)
     sigmas = np.where(seen > 1, MAD_TO_SIGMA * mad, 0.0)
     sigmas = np.where(seen < MIN_SPREAD_ANCHORS, np.maximum(sigmas, SPARSE_UNCERTAINTY_NS), sigmas)
     clocks = {}
@@ -292,8 +292,8 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
         residual = yy - (slope[:, None] * xc + intercept[:, None])
         if not every:
             residual = np.where(seen, residual, np.nan)
-        centre = _nanmedian(residual, axis=1, keepdims=True)
-        scale = MAD_TO_SIGMA * _nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
+        centre = nanmedian(residual, axis=1, keepdims=True)
+        scale = MAD_TO_SIGMA * nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
         u = np.abs(residual if every else np.where(seen, residual, 0.0)) / np.maximum(HUBER_K * scale, 1e-9)
         weights = 1.0 / np.maximum(u, 1.0)  # Huber: 1 inside k * scale, k * scale / |r| beyond
         if not every:
@@ -319,20 +319,3 @@ def happens_before(aligned: Table) -> HappensBefore:
     last_start = per.max(np.asarray(aligned["start"])[rows])
     first_end = per.min(np.asarray(aligned["end"])[rows])
     return HappensBefore(int(per.count), int((last_start > first_end).sum()))
-
-
-def _nanmedian(values: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
-    """np.nanmedian (same values, NaN where nothing is observed) by one sort, without its
-    per-row masked-array path, which dominated the fit."""
-    length = values.shape[axis]
-    ranked = np.sort(values, axis=axis)  # NaN sort last
-    if not length:
-        median = np.full(values.sum(axis=axis, keepdims=True).shape, np.nan)
-    elif not np.isnan(ranked.take([length - 1], axis=axis)).any():  # all observed: plain middle
-        median = (ranked.take([(length - 1) // 2], axis=axis) + ranked.take([length // 2], axis=axis)) / 2
-    else:
-        seen = (~np.isnan(values)).sum(axis=axis, keepdims=True)
-        low = np.take_along_axis(ranked, np.maximum((seen - 1) // 2, 0), axis)
-        high = np.take_along_axis(ranked, np.minimum(seen // 2, length - 1), axis)
-        median = np.where(seen > 0, (low + high) / 2, np.nan)
-    return median if keepdims else np.squeeze(median, axis)

@@ -20,11 +20,11 @@ import numpy as np
 
 from rankscope.analysis.groups import Groups, Table, locate, take_or
 from rankscope.analysis.matching import UNMATCHED
+from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 
 Z_MIN = 6.0
 MIN_EFFECT_NS = 5_000.0
 MIN_EFFECT_OF_DURATION = 0.1
-MAD_TO_SIGMA = 1.4826
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     per = Groups(rows["rank"])
     delay = take_or(per.mean(rows["excess"]), locate(per.keys[0], np.asarray(ranks, np.int64)), np.nan)
     durations = np.asarray(events["end_ns"], np.int64) - np.asarray(events["start_ns"], np.int64)
-    min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * _median(durations)) if len(durations) else MIN_EFFECT_NS
+    typical = float(nanmedian(durations)) if len(durations) else 0.0
+    min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * typical)
     flagged, score = stands_out(ranks, delay, min_effect)
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
@@ -89,7 +90,7 @@ def _causes(events: Table, flagged: list[int]) -> dict[int, str]:
         return {}
     per = Groups(np.asarray(events["rank"], np.int64))
     compute, idle = per.mean(compute), per.mean(idle)
-    compute_excess, idle_excess = compute - _median(compute), idle - _median(idle)
+    compute_excess, idle_excess = compute - float(nanmedian(compute)), idle - float(nanmedian(idle))
     at = dict(zip(per.keys[0].tolist(), range(per.count)))
     return {r: "compute" if compute_excess[at[r]] >= idle_excess[at[r]] else "launch/host" for r in flagged}
 
@@ -101,19 +102,10 @@ def stands_out(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tupl
     known = value[~np.isnan(value)]
     if len(known) < 3:
         return [], np.full(len(value), np.nan)
-    centre = _median(known)
-    scale = MAD_TO_SIGMA * _median(np.abs(known - centre))
+    centre = float(nanmedian(known))
+    scale = MAD_TO_SIGMA * float(nanmedian(np.abs(known - centre)))
     effect = value - centre
     # A zero spread (identical peers) makes any real difference infinitely significant.
     score = effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)
     flagged = np.asarray(ranks)[(score > Z_MIN) & (effect > min_effect)]
     return sorted(int(r) for r in flagged), score
-
-
-def _median(values: np.ndarray) -> float:
-    """np.nanmedian's value (NaN skipped; NaN if none is left) by one sort: np.median and
-    np.nanmedian cost 20-35 us each on the few values here, six times per analysis."""
-    values = np.asarray(values, dtype=np.float64)
-    ranked = np.sort(values[~np.isnan(values)])
-    n = len(ranked)
-    return float(ranked[(n - 1) // 2] + ranked[n // 2]) / 2 if n else np.nan

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rankscope.analysis.pipeline import analyze
-from rankscope.analysis.stragglers import _median
+from rankscope.analysis.robust import nanmedian
 from rankscope.analysis.testing import SyntheticJob, synthetic_job
 
 
@@ -45,8 +45,8 @@ def test_small_delays_below_the_minimum_effect_are_not_named() -> None:
     [[3.0], [4.0, 1.0], [5.0, np.nan, 1.0, 2.0], [0.1, 0.2, 0.7, np.nan, np.nan], [2**60 + 1, 2**60 + 3, 7]],
 )
 def test_median_is_numpys(values: list[float]) -> None:
-    assert _median(np.array(values)) == np.nanmedian(np.array(values, dtype=np.float64))
+    assert nanmedian(np.array(values)) == np.nanmedian(np.array(values, dtype=np.float64))
 
 
 def test_median_of_nothing_is_nan() -> None:
-    assert np.isnan(_median(np.array([np.nan]))) and np.isnan(_median(np.array([], dtype=np.int64)))
+    assert np.isnan(nanmedian(np.array([np.nan]))) and np.isnan(nanmedian(np.array([], dtype=np.int64)))
