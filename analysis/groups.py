@@ -96,6 +96,14 @@ def in_sorted(values: ArrayLike, keys: np.ndarray) -> np.ndarray:
     return keys[np.minimum(keys.searchsorted(values), len(keys) - 1)] == values
 
 
+def run_starts(values: np.ndarray) -> np.ndarray:
+    """True where a run of equal values begins (the first row, and each change)."""
+    out = np.empty(values.size, bool)
+    out[:1] = True
+    np.not_equal(values[1:], values[:-1], out=out[1:])
+    return out
+
+
 def locate(keys: ArrayLike, queries: ArrayLike) -> np.ndarray:
     """For each query, the index of the equal key (keys unique); -1 where absent."""
     keys, queries = np.asarray(keys), np.asarray(queries)

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rankscope.analysis.groups import run_starts
+
 
 class Union(NamedTuple):
     """Disjoint, sorted intervals and the cumulative covered length before each."""
@@ -142,7 +144,7 @@ def merge(starts, ends, groups=None, *, ordered: bool = False) -> Union:
     merged_groups = None
     if group is not None:
         merged_groups = group[first]
-        opens = np.flatnonzero(np.concatenate(([True], merged_groups[1:] != merged_groups[:-1])))
+        opens = np.flatnonzero(run_starts(merged_groups))
         before = before - np.repeat(before[opens], np.diff(np.append(opens, merged_groups.size)))
     return Union(merged_starts, merged_ends, before, merged_groups)
 
@@ -198,12 +200,12 @@ def gaps_before(q_start, q_end, first, groups=None) -> tuple[np.ndarray, np.ndar
     q_start, q_end = _i64(q_start), _i64(q_end)
     if q_start.size == 0:
         return q_start, q_start
-    opens = np.ones(q_start.size, bool)
     if groups is not None:
         groups = _i64(groups)
-        opens[1:] = groups[1:] != groups[:-1]
+        opens = run_starts(groups)
     else:
-        opens[1:] = False
+        opens = np.zeros(q_start.size, bool)
+        opens[0] = True
     reach = running_max(q_end, groups)
     previous_end = np.where(opens, np.broadcast_to(_i64(first), q_start.shape), np.concatenate(([0], reach[:-1])))
     gap_start = np.minimum(previous_end, q_start)

@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow as pa
 
 from rankscope.analysis import digest, intervals, ops
-from rankscope.analysis.groups import Groups
+from rankscope.analysis.groups import Groups, run_starts
 from rankscope.errors import ExportError, InputError
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 
@@ -505,26 +505,6 @@ def _pack(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -> tuple
     return keys, wanted, capacity
 
 
-def _cumcount(codes: np.ndarray) -> np.ndarray:
-    """Per row: how many earlier rows have the same code."""
-    order = np.argsort(codes, kind="stable")
-    ordered = codes[order]
-    position = np.arange(codes.size)
-    opens = np.ones(codes.size, bool)
-    opens[1:] = ordered[1:] != ordered[:-1]
-    out = np.empty(codes.size, np.int64)
-    out[order] = position - np.maximum.accumulate(np.where(opens, position, 0))
-    return out
-
-
-def _opens(values: np.ndarray) -> np.ndarray:
-    """True where a run of equal values begins."""
-    out = np.empty(values.size, bool)
-    out[:1] = True
-    np.not_equal(values[1:], values[:-1], out=out[1:])
-    return out
-
-
 def _run_codes(*keys: np.ndarray) -> np.ndarray:
     """`_codes` for keys in long runs of equal tuples (rows of one file and thread)."""
     packed = _pack(keys, tuple(key[:0] for key in keys)) if keys[0].size else None
@@ -534,7 +514,7 @@ def _run_codes(*keys: np.ndarray) -> np.ndarray:
 def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)`` for values in long runs of equal ones
     (e.g. a file's kernels of one process and device): only each run's value is sorted."""
-    opens = np.flatnonzero(_opens(values))
+    opens = np.flatnonzero(run_starts(values))
     distinct, inverse = np.unique(values[opens], return_inverse=True)
     return distinct, np.repeat(inverse, np.diff(np.append(opens, values.size)))
 
@@ -705,7 +685,7 @@ def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: n
     n = unit_keys.size
     order = intervals.sort_order(kernels["start"], unit)  # one sort for the three kernel unions
     start, end, group, comm = kernels["start"][order], kernels["end"][order], unit[order], is_comm[order]
-    opens = np.flatnonzero(_opens(group))  # every rank has kernels: one run each, in rank order
+    opens = np.flatnonzero(run_starts(group))  # every rank has kernels: one run each, in rank order
     window_start, window_end = start[opens], np.maximum.reduceat(end, opens)
     compute = intervals.merge(start[~comm], end[~comm], group[~comm], ordered=True)
     either = intervals.merge(start, end, group, ordered=True)
@@ -759,7 +739,7 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     comm_ids, out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
     order = np.lexsort((out["start"], out["unit"]))
     out = {key: out[key][order] for key in _COLLECTIVE_COLUMNS}
-    out["seq"] = _cumcount(_codes(out["unit"], out["comm_id"]))
+    out["seq"] = Groups(_codes(out["unit"], out["comm_id"])).cumcount()
     return out, comm_ids
 
 
@@ -789,7 +769,7 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     delta = frame["delta"]
     # Per-thread running depth, as whole-array numpy: offsets restart each thread's sums.
     tid = frame["tid"].astype(np.int64)
-    first = _opens(tid)
+    first = run_starts(tid)
     thread = np.cumsum(first) - 1
     total = np.cumsum(delta)
     running = total - (total - delta)[first][thread]
@@ -842,7 +822,7 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
         return out
     order = np.lexsort((served["start"], served["kernel"]))
     kernel, row, op = served["kernel"][order], served["row"][order], served["op"][order]
-    first = np.flatnonzero(_opens(kernel))
+    first = np.flatnonzero(run_starts(kernel))
     at, lead = kernel[first], row[first]
     one_op = np.minimum.reduceat(op, first) == np.maximum.reduceat(op, first)
     all_p2p = np.minimum.reduceat(_P2P[op], first)
