@@ -12,6 +12,9 @@ subprocesses start without it). The hook's daemon thread watches the spool's
     rank<R>.<pid>.pt.trace.json   the Kineto trace, written atomically
     <pid>.error           the reason, if this rank could not record
 
+A job that exits while a window is open ends the window there: the trace is still
+written, before the interpreter shuts down.
+
 The profiler records every thread (gloo's worker threads do the real work) with CPU
 activity, and CUDA too where a GPU is present. gloo events carry no process group or
 sequence number (nccl-in-traces.md §4), so at stop the hook adds the Flight Recorder's
@@ -22,6 +25,7 @@ Recorder is switched on through ``TORCH_FR_BUFFER_SIZE`` unless the user set it.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -36,6 +40,7 @@ ENV = "RANKSCOPE_TORCH_HOOK"
 FR_BUFFER = "20000"  # Flight Recorder entries kept per process (a ring buffer)
 POLL_S = 0.05
 MAX_WINDOW_S = 3600.0  # a window whose stop never comes ends here, so a lost agent cannot leak a profiler
+EXIT_WAIT_S = 120.0  # at exit, how long the job waits for an open window's trace to be written
 SITECUSTOMIZE = """\
 import importlib.machinery, importlib.util, os, sys
 if os.environ.get("RANKSCOPE_TORCH_HOOK"):
@@ -87,7 +92,12 @@ def install() -> None:
     """Start the hook's watcher thread in this process (called from sitecustomize)."""
     config = json.loads(os.environ.pop(ENV))
     hook = _Hook(Path(config.pop("spool")), RankInfo(**config))
-    threading.Thread(target=hook.watch, name="rankscope-torch-hook", daemon=True).start()
+    thread = threading.Thread(target=hook.watch, name="rankscope-torch-hook", daemon=True)
+    thread.start()
+    # Registered first, so it runs after the job's own exit handlers, while the interpreter
+    # still works: a daemon thread caught inside torch's C++ code by finalization aborts the
+    # process (pytorch/pytorch#38228), and a profiler left running crashes it at exit.
+    atexit.register(hook.close, thread)
 
 
 class _Hook:
@@ -96,10 +106,15 @@ class _Hook:
         self.info = info
         self.seen: set[str] = set()
         self.installed = time.time()
+        self.closing = threading.Event()
+
+    def close(self, thread: threading.Thread) -> None:
+        """The job is exiting: end an open window (its trace is still written), then stop."""
+        self.closing.set()
+        thread.join(EXIT_WAIT_S)
 
     def watch(self) -> None:
-        while True:
-            time.sleep(POLL_S)
+        while not self.closing.wait(POLL_S):
             for start in sorted(self.root.glob("*/start.json")):
                 folder = start.parent
                 if folder.name in self.seen:
@@ -119,7 +134,8 @@ class _Hook:
             (folder / f"{self.info.pid}.started").write_text(str(time.time_ns()))
             deadline = time.monotonic() + MAX_WINDOW_S
             while not (folder / "stop.json").exists() and time.monotonic() < deadline:
-                time.sleep(POLL_S)
+                if self.closing.wait(POLL_S):
+                    break
             window.finish(folder / trace_name(self.info.rank, self.info.pid))
         except Exception as exc:  # reported to the agent, never raised into the user's job
             write_atomic(folder / f"{self.info.pid}.error", f"{type(exc).__name__}: {exc}")

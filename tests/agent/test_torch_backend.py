@@ -59,21 +59,29 @@ def test_a_rank_that_never_answers_fails_the_start_and_says_why(tmp_path, monkey
         TorchBackend().start(request)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_hook_records_a_window_of_an_unchanged_script(tmp_path):
+def _start_script(tmp_path):
+    """The unchanged script as one rank under the hook, once it runs; the process and its ranks."""
     spool, ready, stop = tmp_path / "spool", tmp_path / "ready", tmp_path / "stop"
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", RANKSCOPE_JOB_ID="job-9")
     proc = subprocess.Popen([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool),
                              "--", sys.executable, str(script), str(ready), str(stop)], env=env)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the script did not start")
+        time.sleep(0.1)
+    return proc, tuple(local_ranks(spool))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_hook_records_a_window_of_an_unchanged_script(tmp_path):
+    spool, stop = tmp_path / "spool", tmp_path / "stop"
+    proc, ranks = _start_script(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        ranks = tuple(local_ranks(spool))
         assert [(r.rank, r.backend, r.session) for r in ranks] == [(0, "torch", str(spool))]
         request = CaptureRequest(sweep_id="w1", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
         backend = TorchBackend()
@@ -93,3 +101,23 @@ def test_hook_records_a_window_of_an_unchanged_script(tmp_path):
     kernels = {k["name"] for k in row["kernels"]}
     assert "aten::matmul" in kernels or "aten::mm" in kernels
     assert row["window_end_ns"] - row["window_start_ns"] >= 500_000_000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_job_that_exits_mid_window_exits_cleanly_and_leaves_its_trace(tmp_path):
+    proc, ranks = _start_script(tmp_path)
+    request = CaptureRequest(sweep_id="w2", duration_s=60, workdir=tmp_path / "work", ranks=ranks)
+    backend = TorchBackend()
+    try:
+        backend.start(request)
+        time.sleep(0.5)
+    finally:
+        (tmp_path / "stop").touch()  # the job ends before the window does
+        code = proc.wait(timeout=120)
+    assert code == 0
+    paths = backend.stop(request)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = read_kineto(paths[0]).to_pylist()[0]
+    assert row["rank"] == 0 and row["kernels"]

@@ -43,7 +43,8 @@ def _capture(tmp: Path, slow_rank: int) -> tuple[list[Path], list[int]]:
     try:
         for rank in range(WORLD):
             env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANKSCOPE_JOB_ID="e2e")
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANKSCOPE_JOB_ID="e2e",
+                       PYTHONFAULTHANDLER="1")  # a rank that crashes shows every thread's stack
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool), "--",
                  sys.executable, "-m", "rankscope.demo", "--stop-file", str(stop), "--ready-dir", str(ready),
