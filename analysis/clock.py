@@ -118,12 +118,11 @@ def fit(events: Table, hosts: list[str], hints: Mapping[str, int] | None = None)
     hints = dict(hints or {})
     end = np.asarray(events["end_ns"], np.int64)
     t0 = int(end.min()) if len(end) else 0
+    if len(hosts) == 1:  # no instance spans hosts: no anchors to find
+        shared = HostClock(hosts[0], 0.0, 0.0, 0.0, 0, "shared clock")
+        return ClockModel(t0_ns=t0, hosts={hosts[0]: shared}, method="single host (shared clock)", anchors=0)
     values, fitted = anchor_ends(events, t0)
     model = ClockModel(t0_ns=t0, hosts={}, method="", anchors=int(values.shape[1]))
-    if len(hosts) == 1:
-        model.hosts[hosts[0]] = HostClock(hosts[0], 0.0, 0.0, 0.0, 0, "shared clock")
-        model.method = "single host (shared clock)"
-        return model
     components = _components(values)
     for component in components:
         names = [fitted[i] for i in component]
