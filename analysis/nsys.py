@@ -545,16 +545,35 @@ def _process(columns: Columns) -> np.ndarray:
     return (columns["file"] << 24) | columns["pid"]
 
 
-def _name_facts(names: np.ndarray) -> Columns:
+def _name_facts(names: np.ndarray, nccl: np.ndarray | None = None, steps: np.ndarray | None = None) -> Columns:
     """What each NVTX name says (op code, group bracket step, communicator init or
     creation, step number): worked out once per distinct name (few), then spread over
-    the rows (many) by their name codes. A missing name (a dangling string id; pandas
-    codes it as NaN) says nothing."""
+    the rows (many) by their name codes. Only what its rows need is worked out (NCCL
+    facts where ``nccl``, step numbers where ``steps``; default: all), the rest says
+    nothing, as does a missing name (a dangling string id)."""
     texts = [name if isinstance(name, str) else None for name in names.tolist()]
-    facts = [(_OP_CODE.get(ops.from_nccl_api(name), -1), _group_step(name), _is_comm_init(name), _creates_comm(name),
-              _step_number(name)) for name in texts]
+    everything = [True] * len(texts)
+    wanted = zip(texts, everything if nccl is None else nccl.tolist(), everything if steps is None else steps.tolist())
+    facts = [(*(_nccl_facts(name) if is_nccl else _NO_NCCL_FACTS), _step_number(name) if is_step else -1)
+             for name, is_nccl, is_step in wanted]
     table = np.array(facts, np.int64).reshape(len(facts), 5)
     return {"op": table[:, 0], "delta": table[:, 1], "init": table[:, 2] == 1, "creates": table[:, 3] == 1, "number": table[:, 4]}
+
+
+_NO_NCCL_FACTS = (-1, 0, False, False)
+
+
+def _nccl_facts(name: str | None) -> tuple[int, int, bool, bool]:
+    """(op code, group bracket step, communicator init, communicator creation) of an NCCL range's name."""
+    return _OP_CODE.get(ops.from_nccl_api(name), -1), _group_step(name), _is_comm_init(name), _creates_comm(name)
+
+
+def _factorize(values: Iterable) -> tuple[np.ndarray, list]:
+    """(code of each value, distinct values), numbered in order of first appearance (as
+    pandas' factorize, without its setup cost on a few hundred values)."""
+    index: dict = {}
+    codes = np.array([index.setdefault(value, len(index)) for value in values], np.int64)
+    return codes, list(index)
 
 
 # ---------------------------------------------------------------- a batch: rows
@@ -576,9 +595,6 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
     replaced by what they say (`_name_facts`)."""
     rows = _columns(files, "nvtx", ("pid", "tid", "start", "end", "length", "kind"), ("start", "end"))
     rows["process"] = _process(rows)
-    names = np.array(list(chain.from_iterable(export.nvtx_names for export in files)), dtype=object)
-    codes, distinct = pd.factorize(names, use_na_sentinel=False)
-    facts = _name_facts(np.asarray(distinct, dtype=object))
     kind = rows["kind"]
     named = kind == _NCCL_NAMED
     if named.any():  # only for processes without an NCCL domain
@@ -587,14 +603,17 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
         # Capture started after NCCL created its domain (pitfall 5): fall back on names.
         pids = ", ".join(str(p) for p in np.unique(rows["pid"][named & (rows["file"] == i)]).tolist())
         files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
-    is_nccl = (kind == _NCCL_RANGE) | named
+    is_nccl, is_step = (kind == _NCCL_RANGE) | named, kind == _OTHER_RANGE
+    codes, distinct = _factorize(chain.from_iterable(export.nvtx_names for export in files))
+    wanted = np.zeros((2, len(distinct)), bool)
+    wanted[0, codes[is_nccl]] = wanted[1, codes[is_step]] = True  # names of NCCL ranges, of step ranges
+    facts = _name_facts(np.array(distinct, dtype=object), *wanted)
     rows["blob_at"] = np.cumsum(rows["length"]) - rows["length"]  # each row's blob in all blobs joined
     nccl = {key: rows[key][is_nccl] for key in ("file", "tid", "start", "end", "process", "length", "blob_at")}
     nccl.update({key: facts[key][codes[is_nccl]] for key in ("op", "delta", "init", "creates")})
     blobs = filter(None, chain.from_iterable(export.nvtx_blobs for export in files))  # SQL gives NCCL rows' only
     data = np.frombuffer(b"".join([*blobs, bytes(8)]), np.uint8)  # padded: every read takes 8 bytes
     nccl.update(_decode_payloads(files, nccl["file"], data, nccl["blob_at"], nccl["length"]))
-    is_step = kind == _OTHER_RANGE
     steps = {key: rows[key][is_step] for key in ("process", "start", "end")}
     steps["number"] = facts["number"][codes[is_step]]
     return nccl, steps
