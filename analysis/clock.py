@@ -252,14 +252,15 @@ def _windows(
     x, r = consensus[anchor], residual[hosts[host], anchor]
     per_window = Groups(host, window)
     centres, medians = per_window.median(x), per_window.median(r)
-    per_host = Groups(host)
+    per_host = Groups(host, ordered=True)  # nonzero's rows: host by host
     centre = per_host.median(r)
     sigma = MAD_TO_SIGMA * per_host.median(np.abs(r - per_host.broadcast(centre)))
     # standard error of a median ~ 1.25 sigma / sqrt(n); demand a clear excess
     noise = 1.2533 * sigma / np.sqrt(n[hosts] // count[hosts])
     of_host = per_window.keys[0]
-    typical = Groups(of_host).median(medians)
-    wander = Groups(of_host).max(np.abs(medians - typical[of_host]))
+    host_windows = Groups(of_host, ordered=True)
+    typical = host_windows.median(medians)
+    wander = host_windows.max(np.abs(medians - typical[of_host]))
     for i, h in enumerate(hosts.tolist()):
         if wander[i] > WINDOW_SIGNIFICANCE * noise[i]:
             mine = of_host == i

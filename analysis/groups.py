@@ -76,6 +76,8 @@ def _compact(labels: np.ndarray, categories: np.ndarray) -> tuple[np.ndarray, np
 
 def isin(values: ArrayLike, allowed: Iterable) -> np.ndarray:
     """Boolean mask of ``values`` found in ``allowed``, tested once per distinct value."""
+    if isinstance(values, Coded):  # its dictionary as it is: missing (-1) picks the appended False
+        return np.append(member_of(values.values, allowed), False)[values.codes]
     labels, uniques = codes(values)
     return member_of(uniques, allowed)[labels] if len(labels) else np.zeros(0, dtype=bool)
 
@@ -134,17 +136,22 @@ class Groups:
     """Rows grouped by one or more integer key arrays (equal length, no missing keys).
 
     ``within`` orders the rows inside each group (stable: ties keep input order), for
-    ``cumcount``; otherwise rows keep their input order inside a group.
+    ``cumcount``; otherwise rows keep their input order inside a group. ``ordered``: the
+    rows are sorted by the keys already (e.g. another grouping's ``keys``), so no sort.
     """
 
-    def __init__(self, *keys: ArrayLike, within: ArrayLike | None = None) -> None:
+    def __init__(self, *keys: ArrayLike, within: ArrayLike | None = None, ordered: bool = False) -> None:
         # Groups of a few hundred rows are built ~35 times per analysis: array methods
         # (argsort, nonzero, repeat) rather than their np.* wrappers, which cost more than
         # the work at that size.
         keys = tuple(np.asarray(k, dtype=np.int64) for k in keys)
         self.rows = rows = len(keys[0]) if keys else 0
-        combined = _combined(keys)
-        if combined is None:  # key ranges too wide to pack into one int64
+        combined = None if ordered else _combined(keys)
+        if ordered:
+            order, change = np.arange(rows), run_starts(keys[0])
+            for k in keys[1:]:
+                change[1:] |= k[1:] != k[:-1]
+        elif combined is None:  # key ranges too wide to pack into one int64
             sort_keys = keys if within is None else (*keys, np.asarray(within))
             # np.lexsort sorts by its last key first, and is stable.
             order = np.lexsort(sort_keys[::-1])

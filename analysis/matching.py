@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, locate, member_of, pack
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, member_of
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
@@ -51,7 +51,8 @@ def communicator_members(
     """
     warnings: list[str] = []
     (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
-    comm_ids = np.union1d(listed_ids, used_ids)
+    # usually every communicator is both listed and used: no union to build
+    comm_ids = used_ids if np.array_equal(listed_ids, used_ids) else np.union1d(listed_ids, used_ids)
     comm = np.concatenate([np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]])
     rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
     pairs = Groups(comm, rank)
@@ -136,9 +137,11 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     seq = np.asarray(events["seq"], np.int64)
     collective = ~is_p2p
     ordinal = np.zeros_like(seq)
-    ordinal[collective] = Groups(rank[collective], comm[collective], within=start[collective]).cumcount()
+    calls = Groups(rank[collective], comm[collective], within=start[collective])  # per (rank, communicator)
+    ordinal[collective] = calls.cumcount()
     key_seq = np.where(use_ordinal, ordinal, seq)
-    warnings += _ordinal_count_warnings(comm[use_ordinal], rank[use_ordinal], comm_ids)
+    counted = ordinal_comm[calls.keys[1]]
+    warnings += _ordinal_count_warnings(calls.keys[1][counted], calls.size[counted], comm_ids)
     host, _ = codes(events["host"])
     _shift_ordinals_on_shared_clocks(
         key_seq, use_ordinal, comm, comm_ids, host, rank, np.asarray(events["end_ns"], np.int64), warnings
@@ -148,9 +151,10 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     lo = np.where(is_p2p, np.minimum(rank, peer), -1)
     hi = np.where(is_p2p, np.maximum(rank, peer), -1)
     p2p_rows = is_p2p & (peer >= 0)
-    key_seq[p2p_rows] = Groups(
-        rank[p2p_rows], comm[p2p_rows], lo[p2p_rows], hi[p2p_rows], within=start[p2p_rows]
-    ).cumcount()
+    if p2p_rows.any():
+        key_seq[p2p_rows] = Groups(
+            rank[p2p_rows], comm[p2p_rows], lo[p2p_rows], hi[p2p_rows], within=start[p2p_rows]
+        ).cumcount()
 
     keyed = ~is_p2p | p2p_rows
     group = np.full(len(rank), UNMATCHED, dtype=np.int64)
@@ -164,9 +168,9 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     dense = np.full(int(group.max()) + 2 if len(group) else 1, UNMATCHED, dtype=np.int64)
     dense[ok] = np.arange(len(ok))
     events["instance"] = dense[group]
-    sources = set(comm_ids[np.unique(comm[collective])]) - set(comm_ids[ordinal_comm])
+    traced = (np.bincount(comm[collective], minlength=len(comm_ids)) > 0) & ~ordinal_comm
     method = " + ".join(
-        m for m, used in (("trace seq", bool(sources)), ("ordinal", bool(ordinal_comm.any()))) if used
+        m for m, used in (("trace seq", bool(traced.any())), ("ordinal", bool(ordinal_comm.any()))) if used
     ) or "ordinal"
     if is_p2p.any():
         method += " (p2p: per-pair ordinal)"
@@ -203,11 +207,11 @@ def _p2p_peers(
     return np.where(np.isnan(peer), -1, peer).astype(np.int64)
 
 
-def _ordinal_count_warnings(comm: np.ndarray, rank: np.ndarray, comm_ids: np.ndarray) -> list[str]:
-    """Ordinal matching is only sound when every member captured the same calls."""
-    per_rank = Groups(comm, rank)
-    per_comm = Groups(per_rank.keys[0])
-    lo, hi = per_comm.min(per_rank.size), per_comm.max(per_rank.size)
+def _ordinal_count_warnings(comm: np.ndarray, calls: np.ndarray, comm_ids: np.ndarray) -> list[str]:
+    """Ordinal matching is only sound when every member captured the same calls (``calls``
+    per rank of each communicator ``comm``)."""
+    per_comm = Groups(comm)
+    lo, hi = per_comm.min(calls), per_comm.max(calls)
     return [
         f"communicator {comm_ids[c]}: members captured {low} to {high} calls; ordinal matching checks op and size "
         "on every instance but a capture window that starts mid-sequence can shift it"
@@ -231,13 +235,14 @@ def _shift_ordinals_on_shared_clocks(
     Members on one host share a clock, so the k-th call's end must coincide with the
     host's reference member (the one with most calls); where it does not, try shifts
     of a few calls and keep one that makes ends coincide. Cross-host members cannot be
-    checked this way (their clocks differ by more than a call period).
+    checked this way (their clocks differ by more than a call period). The ordinals are
+    0, 1, ... in each rank's calls on a communicator (a rank has one host).
     """
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
         return
     c, h, r, k, e = comm[rows], host[rows], rank[rows], key_seq[rows], end[rows]
-    per_rank = Groups(c, h, r)
+    per_rank = Groups(c, h, r, within=k)  # each rank's calls in ordinal order
     rc, rh, rr = per_rank.keys
     # The reference of each (comm, host): most calls, then the lowest rank.
     by_count = np.lexsort((rr, -per_rank.size, rh, rc))
@@ -245,39 +250,34 @@ def _shift_ordinals_on_shared_clocks(
     pair_start = np.concatenate(([True], (rc_sorted[1:] != rc_sorted[:-1]) | (rh_sorted[1:] != rh_sorted[:-1])))
     is_ref = np.zeros(per_rank.count, dtype=bool)
     is_ref[by_count[pair_start]] = True
-    ref_row = per_rank.broadcast(is_ref)
-    # Each row's reference end: the reference's row with the same (comm, host, ordinal).
-    slot = pack(c, h, k)
-    at = locate(slot[ref_row], slot)
-    paired = at >= 0
-    ref_end = e[ref_row][at[paired]]
-    ref_host = Groups(c[ref_row], h[ref_row], within=k[ref_row])
-    ref_sorted = e[ref_row][ref_host.order]
-    gaps = np.diff(ref_sorted).astype(np.float64)
-    same = ref_host.id[ref_host.order][1:] == ref_host.id[ref_host.order][:-1]
-    spacing = np.full(ref_host.count, np.inf)
-    spaced = Groups(ref_host.id[ref_host.order][1:][same])
-    spacing[spaced.keys[0]] = spaced.median(gaps[same])
-    # every row paired (the usual case): the groups are per_rank's
-    misses = per_rank if paired.all() else Groups(c[paired], h[paired], r[paired])
-    miss = misses.median(np.abs(e[paired] - ref_end))
-    mc, mh, mr = misses.keys
-    pairs = pack(np.concatenate([ref_host.keys[0], mc]), np.concatenate([ref_host.keys[1], mh]))
-    pair_of = locate(pairs[: ref_host.count], pairs[ref_host.count :])  # each rank's (comm, host) reference
-    for i in np.flatnonzero(miss > spacing[pair_of] / 4).tolist():  # off its reference: rare, one by one
-        pair = pair_of[i]
-        mine_rows = rows[(c == mc[i]) & (r == mr[i])]
+    ref_of = np.empty(per_rank.count, dtype=np.int64)  # each rank's reference (a group of per_rank)
+    ref_of[by_count] = by_count[pair_start][np.cumsum(pair_start) - 1]
+    # Rows by rank, then ordinal: the k-th call of a rank and of its reference (which has
+    # at least as many calls) are each group's k-th rows.
+    ends = e[per_rank.order]
+    group = np.arange(per_rank.count).repeat(per_rank.size)
+    position = np.arange(per_rank.rows) - per_rank.starts[group]
+    ref_end = np.empty(per_rank.rows, dtype=np.int64)
+    ref_end[per_rank.order] = ends[per_rank.starts[ref_of][group] + position]
+    miss = per_rank.median(np.abs(e - ref_end))
+    # Each reference's median spacing of consecutive ends (inf below two calls).
+    step = (position[1:] > 0) & is_ref[group[1:]]
+    gaps = Groups(group[1:][step], ordered=True)
+    spacing = np.full(per_rank.count, np.inf)
+    spacing[gaps.keys[0]] = gaps.median(np.diff(ends)[step].astype(np.float64))
+    spacing = spacing[ref_of]
+    for i in np.flatnonzero(miss > spacing / 4).tolist():  # off its reference: rare, one by one
+        mine_rows = rows[(c == rc[i]) & (r == rr[i])]
         mine = end[mine_rows][np.argsort(key_seq[mine_rows], kind="stable")]
-        ref_rows = ref_row & (c == mc[i]) & (h == mh[i])
-        ref = e[ref_rows][np.argsort(k[ref_rows], kind="stable")]
-        shift = _best_shift(mine, ref, spacing[pair])
-        comm_id = comm_ids[mc[i]]
+        ref = ends[per_rank.starts[ref_of[i]] :][: per_rank.size[ref_of[i]]]
+        shift = _best_shift(mine, ref, spacing[i])
+        comm_id = comm_ids[rc[i]]
         if shift is None:
-            warnings.append(f"communicator {comm_id}: rank {mr[i]}'s calls do not line up with its host's other members")
+            warnings.append(f"communicator {comm_id}: rank {rr[i]}'s calls do not line up with its host's other members")
             continue
         key_seq[mine_rows] += shift
         warnings.append(
-            f"communicator {comm_id}: rank {mr[i]}'s capture is {abs(shift)} call(s) "
+            f"communicator {comm_id}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
             f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
         )
 

@@ -166,12 +166,12 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
     per_rank = Groups(comm, op, np.asarray(events["rank"], np.int64))
     rank_total = per_rank.sum(duration).astype(np.float64)
     # imbalance: CV (population std / mean) across ranks of each rank's total time
-    of_op = Groups(per_rank.keys[0], per_rank.keys[1])
+    of_op = Groups(per_rank.keys[0], per_rank.keys[1], ordered=True)
     mean = of_op.mean(rank_total)
     std = np.sqrt(of_op.sum((rank_total - of_op.broadcast(mean)) ** 2) / of_op.size)
     with np.errstate(invalid="ignore", divide="ignore"):
         imbalance = np.where((of_op.size > 1) & (mean > 0), std / mean, np.nan)
-    instances = Groups(np.asarray(inst["instance"], np.int64))
+    instances = Groups(np.asarray(inst["instance"], np.int64), ordered=True)  # inst: rows by instance
     first = instances.order[instances.starts]  # each instance's first row
     at_event = np.asarray(inst["row"])[first]
     i_comm, i_op = comm[at_event], op[at_event]
@@ -241,7 +241,7 @@ def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -
     time = take_or(step_time, locate(step_ranks, ranks_of), np.nan)
     windowed = np.isnan(time)
     time[windowed] = take_or(window, locate(np.asarray(meta["rank"], np.int64), ranks_of[windowed]), np.nan)
-    per_comm = Groups(per_rank.keys[0])
+    per_comm = Groups(per_rank.keys[0], ordered=True)
     exposed_ns = per_comm.mean(per_rank.sum(exposed))
     wait_ns = per_comm.mean(per_rank.sum(exposed_wait))
     step_time_ns = per_comm.mean(time)
