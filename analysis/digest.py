@@ -11,7 +11,7 @@ Epoch ns exceed 2**53, so they never pass through float64.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -101,20 +101,18 @@ DIGEST_SCHEMA = pa.schema(
 _LIST_PARTS = {"communicators": COMMUNICATOR, "collectives": COLLECTIVE, "kernels": KERNEL, "steps": STEP}
 # The digest's per-rank columns, everything but the list parts, as one struct.
 _SCALARS = pa.struct([f for f in DIGEST_SCHEMA if f.name not in _LIST_PARTS])
+_FIELDS = {part: list(struct_type) for part, struct_type in _LIST_PARTS.items()}
+# A list part's rows: a table, or its columns by field name (numpy, Arrow or Python values).
+Part = pa.Table | pd.DataFrame | Mapping[str, np.ndarray | pa.Array | list]
 
 
-def empty_part(part: str) -> pa.Table:
-    """An empty long table of one list column's struct type."""
-    return pa.Table.from_batches([], pa.schema(list(_LIST_PARTS[part])))
-
-
-def digest_row(meta: dict, **parts: pa.Table | pd.DataFrame) -> pa.Table:
+def digest_row(meta: dict, **parts: Part | None) -> pa.Table:
     """Build a one-row digest table from scalar metadata and long per-part tables.
 
     ``meta`` holds the scalar columns; each of ``communicators``, ``collectives``,
-    ``kernels``, ``steps`` is a long table with that struct's fields (missing parts
-    are empty). Columns are cast to the schema, so a wrong type fails here, at the
-    edge, not later in the analysis.
+    ``kernels``, ``steps`` is a long table with that struct's fields, or its columns by
+    name (missing parts are empty, missing fields null). Columns are cast to the schema,
+    so a wrong type fails here, at the edge, not later in the analysis.
     """
     # every scalar column in one conversion: a one-row struct array, then its fields
     row = pa.array([{**meta, "warnings": list(meta.get("warnings", []))}], _SCALARS).flatten()
@@ -123,21 +121,27 @@ def digest_row(meta: dict, **parts: pa.Table | pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=DIGEST_SCHEMA)
 
 
-def _as_list_cell(part: str, data: pa.Table | pd.DataFrame | None) -> pa.Array:
+def _as_list_cell(part: str, data: Part | None) -> pa.Array:
     struct_type = _LIST_PARTS[part]
     if data is None:
         return pa.array([[]], pa.list_(struct_type))
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
-    present = set(data.column_names)
+    if isinstance(data, pa.Table):
+        rows, columns = data.num_rows, {name: data.column(name).combine_chunks() for name in data.column_names}
+    else:
+        rows, columns = len(next(iter(data.values()), ())), data
+    # Columns handed over in their schema type (what the readers build) are neither
+    # converted twice nor cast: a table and a cast cost ~10 us a column on small parts.
     arrays = []
     for field in struct_type:
-        if field.name not in present:
-            arrays.append(pa.nulls(data.num_rows, field.type))
+        values = columns.get(field.name)
+        if values is None:
+            arrays.append(pa.nulls(rows, field.type))
             continue
-        array = data.column(field.name).combine_chunks()
+        array = values if isinstance(values, pa.Array) else pa.array(values)
         arrays.append(array if array.type == field.type else array.cast(field.type))
-    structs = pa.StructArray.from_arrays(arrays, fields=list(struct_type))
+    structs = pa.StructArray.from_arrays(arrays, fields=_FIELDS[part])
     return pa.ListArray.from_arrays(pa.array([0, len(structs)], pa.int32()), structs)
 
 

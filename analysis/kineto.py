@@ -66,6 +66,7 @@ _NCCL = "nccl:"
 _RPC = "record_param_comms"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _EMPTY = msgspec.Raw(b"")
+_RANKS = pa.list_(pa.int32())
 
 # Bytes per element for record_param_comms `dtype` and `Input type` spellings.
 _DTYPE_BYTES = {
@@ -157,8 +158,8 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     for note in notes:
         warnings.warn(f"{path}: {note}", RankscopeWarning, stacklevel=2)
     row = digest.digest_row(
-        meta, collectives=_collective_table(collectives), kernels=pa.table(busy.kernels),
-        steps=pa.table(steps), communicators=_communicators(trace.top, collectives),
+        meta, collectives=_collective_columns(collectives), kernels=busy.kernels, steps=steps,
+        communicators=_communicators(trace.top, collectives),
     )
     # Arrow's allocator (mimalloc) keeps the pages freed by the casts above; a job reads
     # one trace after another, so each read hands them back (~1 µs).
@@ -991,15 +992,16 @@ def _with_context(frame: dict | None, busy: _Busy, steps: dict[str, np.ndarray],
     return frame
 
 
-def _collective_table(frame: dict | None) -> pa.Table:
+def _collective_columns(frame: dict | None) -> dict[str, np.ndarray | pa.Array] | None:
+    """The digest's collectives columns, nullable integers as Arrow arrays with their nulls."""
     if frame is None:
-        return digest.empty_part("collectives")
+        return None
     columns = {key: frame[key] for key in ("comm_id", "seq", "seq_source", "op", "start_ns", "end_ns",
                                             "compute_before_ns", "idle_before_ns", "compute_overlap_ns")}
     columns["bytes"] = pa.array(frame["bytes"], pa.int64())
     columns["cpu_call_ns"] = pa.array(frame["cpu_call_ns"], pa.int64(), mask=~frame["called"])
     columns["step"] = pa.array(frame["step"], pa.int64(), mask=frame["step"] < 0)
-    return pa.table(columns)
+    return columns
 
 
 def _steps(events: _Events) -> dict[str, np.ndarray]:
@@ -1023,7 +1025,7 @@ def _step_of(times: np.ndarray, steps: dict[str, np.ndarray]) -> np.ndarray:
     return np.where(inside, steps["step"][jj], -1)
 
 
-def _communicators(top: dict, collectives: dict | None) -> pa.Table:
+def _communicators(top: dict, collectives: dict | None) -> dict[str, list | pa.Array]:
     configs = _pg_config(top)
     rows = {"comm_id": [], "ranks": [], "name": [], "size": []}
     for comm in dict.fromkeys(collectives["comm_id"].tolist()) if collectives is not None else ():
@@ -1034,7 +1036,8 @@ def _communicators(top: dict, collectives: dict | None) -> pa.Table:
         size = config.get("pg_size") if ranks is None and type(config.get("pg_size")) is int else None
         for key, value in zip(rows, (comm, ranks, config.get("pg_desc") or name, size)):
             rows[key].append(value)
-    return pa.table({**rows, "size": pa.array(rows["size"], pa.int64())})
+    # in the digest's types: no cast
+    return {**rows, "ranks": pa.array(rows["ranks"], _RANKS), "size": pa.array(rows["size"], pa.int32())}
 
 
 def _pg_config(top: dict) -> dict[str, dict]:
