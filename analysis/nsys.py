@@ -102,10 +102,11 @@ _P2P = np.array([op in ops.P2P_OPS for op in _OPS])
 _OP_NAMES = pa.array(_OPS, pa.string())
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-# Each list part's struct fields and list type, keyed by part name (iterating or hashing
-# a struct type costs several microseconds).
+# Each list part's struct fields and list type, keyed by part name, and the digest's
+# fields as (name, type) (iterating or hashing a struct type or schema costs microseconds).
 _PARTS = {part: (list(struct), pa.list_(struct)) for part, struct in (
     ("collectives", digest.COLLECTIVE), ("kernels", digest.KERNEL), ("steps", digest.STEP), ("communicators", digest.COMMUNICATOR))}
+_DIGEST_FIELDS = [(f.name, f.type) for f in digest.DIGEST_SCHEMA]
 
 Columns = dict[str, np.ndarray]
 
@@ -493,16 +494,20 @@ def _first_match(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -
 
 def _pack(table: tuple[np.ndarray, ...], query: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, int] | None:
     """Table and query key tuples as int64 keys (0 .. capacity - 1) ordered like the
-    tuples, and the capacity; None if their ranges do not fit."""
-    keys, wanted, capacity = np.zeros(len(table[0]), np.int64), np.zeros(len(query[0]), np.int64), 1
+    tuples, and the capacity; None if their ranges do not fit. (Table and query rows
+    packed as one array: half the numpy calls of packing each.)"""
+    packed, capacity = None, 1
     for t, q in zip(table, query):
-        low = min(int(a.min()) for a in (t, q) if a.size)
-        span = max(int(a.max()) for a in (t, q) if a.size) - low + 1
+        both = np.concatenate((t, q)).astype(np.int64, copy=False)
+        low = int(both.min())
+        span = int(both.max()) - low + 1
         capacity *= span
         if capacity >= 2**62:
             return None
-        keys, wanted = keys * span + (t - low), wanted * span + (q - low)
-    return keys, wanted, capacity
+        both -= low
+        packed = both if packed is None else packed * span + both
+    n = len(table[0])
+    return packed[:n], packed[n:], capacity
 
 
 def _run_codes(*keys: np.ndarray) -> np.ndarray:
@@ -585,9 +590,9 @@ def _kernel_names(files: list[_File], kernels: Columns) -> tuple[np.ndarray, np.
     file = np.array([i for i, export in enumerate(files) for _ in export.kernel_names], np.int64)
     ids = np.array([key for export in files for key, _ in export.kernel_names], np.int64)
     labels = [value or "<unnamed>" for export in files for _, value in export.kernel_names]
-    codes, names = pd.factorize(np.array([*labels, "<unnamed>"], dtype=object))
+    codes, names = _factorize([*labels, "<unnamed>"])
     at = _first_match((file, ids), (kernels["file"], kernels["name"]))  # -1: the last label
-    return np.asarray(names, dtype=object), codes[at]
+    return np.array(names, dtype=object), codes[at]
 
 
 def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
@@ -1212,18 +1217,18 @@ def _table(files: list[_File], units: Columns, identity: Columns, scalars: Colum
         "producer": [f"nsys {e.meta.get('EXPORT_PRODUCT_VERSION', '?')} schema {e.meta.get('EXPORT_SCHEMA_VERSION', '?')}"
                      for e in exports],
     }
-    columns: dict[str, pa.Array] = {}
-    for f in digest.DIGEST_SCHEMA:
-        if f.name in parts:
-            columns[f.name] = parts[f.name]
-        elif f.name in text:
-            columns[f.name] = pa.array(text[f.name], f.type)
-        elif f.name in identity:
-            columns[f.name] = _int_array(identity, f.name, f.type)
-        elif f.name == "pid":
-            columns[f.name] = pa.array(units["pid"], f.type)
-        elif f.name == "warnings":
-            columns[f.name] = pa.array([list(e.warnings) for e in exports], f.type)
+    columns: list[pa.Array] = []
+    for name, type_ in _DIGEST_FIELDS:
+        if name in parts:
+            columns.append(parts[name])
+        elif name in text:
+            columns.append(pa.array(text[name], type_))
+        elif name in identity:
+            columns.append(_int_array(identity, name, type_))
+        elif name == "pid":
+            columns.append(pa.array(units["pid"], type_))
+        elif name == "warnings":
+            columns.append(pa.array([list(e.warnings) for e in exports], type_))
         else:
-            columns[f.name] = pa.array(scalars[f.name], f.type)
-    return pa.Table.from_arrays(list(columns.values()), schema=digest.DIGEST_SCHEMA)
+            columns.append(pa.array(scalars[name], type_))
+    return pa.Table.from_arrays(columns, schema=digest.DIGEST_SCHEMA)
