@@ -604,10 +604,10 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
     named = kind == _NCCL_NAMED
     if named.any():  # only for processes without an NCCL domain
         named[named] = ~np.isin(rows["process"][named], rows["process"][kind == _NCCL_DOMAIN])
-    for i in np.unique(rows["file"][named]).tolist():
-        # Capture started after NCCL created its domain (pitfall 5): fall back on names.
-        pids = ", ".join(str(p) for p in np.unique(rows["pid"][named & (rows["file"] == i)]).tolist())
-        files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
+        for i in np.unique(rows["file"][named]).tolist():
+            # Capture started after NCCL created its domain (pitfall 5): fall back on names.
+            pids = ", ".join(str(p) for p in np.unique(rows["pid"][named & (rows["file"] == i)]).tolist())
+            files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
     is_nccl, is_step = (kind == _NCCL_RANGE) | named, kind == _OTHER_RANGE
     codes, distinct = _factorize(chain.from_iterable(export.nvtx_names for export in files))
     wanted = np.zeros((2, len(distinct)), bool)
@@ -638,9 +638,10 @@ def _decode_payloads(files: list[_File], file: np.ndarray, data: np.ndarray, blo
     # worked out once, blobs are keyed by (their file's list, schema id).
     lists: dict[tuple, int] = {}
     list_of = np.array([lists.setdefault(tuple(export.payload_entries), len(lists)) for export in files], np.int64)
-    described = np.array([bool(export.payload_entries) for export in files])
-    for i in np.unique(file[index][~described[file[index]]]).tolist():
-        files[i].warn("NVTX payload blobs present but no NCCL payload schemas to decode them")
+    if not all(export.payload_entries for export in files):
+        described = np.array([bool(export.payload_entries) for export in files])
+        for i in np.unique(file[index][~described[file[index]]]).tolist():
+            files[i].warn("NVTX payload blobs present but no NCCL payload schemas to decode them")
     entries = [(i, *entry) for known, i in lists.items() for entry in known]
     if not index.size or not entries:
         return out
@@ -754,16 +755,17 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     served = _served(nccl, np.flatnonzero(linked), _take(launches["thread"], launch, -1)[linked], launch_ns[linked])
     out.update(_summarise_calls(served, nccl, rows.size))
     unlinked = out["op"] < 0
-    _warn_per_file(files, out["file"], unlinked, "{} of {} NCCL kernels have no NCCL API range around their launch "
-                   "(NVTX not traced or cut by the capture window); their op is guessed from the kernel name")
-    hint = np.array([_OP_CODE[ops.from_kernel_name(name) or ops.UNKNOWN] for name in names.tolist()], np.int64)
-    out["op"] = np.where(unlinked, hint[out["name"]], out["op"])
+    if unlinked.any():
+        _warn_per_file(files, out["file"], unlinked, "{} of {} NCCL kernels have no NCCL API range around their launch "
+                       "(NVTX not traced or cut by the capture window); their op is guessed from the kernel name")
+        hint = np.array([_OP_CODE[ops.from_kernel_name(name) or ops.UNKNOWN] for name in names.tolist()], np.int64)
+        out["op"] = np.where(unlinked, hint[out["name"]], out["op"])
     out["cpu_call_ns"] = np.where(out["cpu_call_ns_na"], launch_ns, out["cpu_call_ns"])
     out["cpu_call_ns_na"] &= ~linked
     comm_ids, out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
     order = np.lexsort((out["start"], out["unit"]))
     out = {key: out[key][order] for key in _COLLECTIVE_COLUMNS}
-    out["seq"] = Groups(_codes(out["unit"], out["comm_id"])).cumcount()
+    out["seq"] = Groups(out["unit"], out["comm_id"]).cumcount()
     return out, comm_ids
 
 
