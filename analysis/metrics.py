@@ -161,16 +161,15 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
     """Per (comm_id, op): instances, size, duration, imbalance CV across ranks, transfer CV over time."""
     comm, comm_ids = codes(events["comm_id"])
     op, ops = codes(events["op"])
-    duration = np.asarray(events["duration"])
-    per_op = Groups(comm, op)
     per_rank = Groups(comm, op, np.asarray(events["rank"], np.int64))
-    rank_total = per_rank.sum(duration).astype(np.float64)
+    rank_total = per_rank.sum(events["duration"])  # int64: exact
+    per_op = Groups(per_rank.keys[0], per_rank.keys[1], ordered=True)  # over per_rank's groups
+    calls = per_op.sum(per_rank.size)
     # imbalance: CV (population std / mean) across ranks of each rank's total time
-    of_op = Groups(per_rank.keys[0], per_rank.keys[1], ordered=True)
-    mean = of_op.mean(rank_total)
-    std = np.sqrt(of_op.sum((rank_total - of_op.broadcast(mean)) ** 2) / of_op.size)
+    mean = per_op.mean(rank_total)
+    std = np.sqrt(per_op.sum((rank_total - per_op.broadcast(mean)) ** 2) / per_op.size)
     with np.errstate(invalid="ignore", divide="ignore"):
-        imbalance = np.where((of_op.size > 1) & (mean > 0), std / mean, np.nan)
+        imbalance = np.where((per_op.size > 1) & (mean > 0), std / mean, np.nan)
     instances = Groups(np.asarray(inst["instance"], np.int64), ordered=True)  # inst: rows by instance
     first = instances.order[instances.starts]  # each instance's first row
     at_event = np.asarray(inst["row"])[first]
@@ -187,10 +186,13 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
         relative = transfer / np.where(median > 0, median, np.nan)
     per_instance = Groups(i_comm, i_op)
     sized = ~np.isnan(size)
-    bytes_median = np.full(per_instance.count, np.nan)
-    if sized.any():
-        with_size = Groups(per_instance.id[sized])
-        bytes_median[with_size.keys[0]] = with_size.median(size[sized])
+    if sized.all():  # the usual case: no grouping of the sized ones
+        bytes_median = per_instance.median(size)
+    else:
+        bytes_median = np.full(per_instance.count, np.nan)
+        if sized.any():
+            with_size = Groups(per_instance.id[sized])
+            bytes_median[with_size.keys[0]] = with_size.median(size[sized])
     # every (comm, op) with instances also has calls: place its figures on that row
     at = np.searchsorted(per_op.keys[0] * len(ops) + per_op.keys[1], per_instance.keys[0] * len(ops) + per_instance.keys[1])
 
@@ -202,8 +204,8 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
     return {
         "comm_id": comm_ids[per_op.keys[0]],
         "op": ops[per_op.keys[1]],
-        "calls": per_op.size,
-        "duration_mean_ns": per_op.mean(duration),
+        "calls": calls,
+        "duration_mean_ns": per_op.sum(rank_total) / calls,  # float sums of int ns are exact: as a mean over calls
         "imbalance_cv": imbalance,
         "instances": np.bincount(at, weights=per_instance.size, minlength=per_op.count).astype(np.int64),
         "bytes_median": on_rows(bytes_median),
@@ -222,23 +224,23 @@ def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -
     step lengths); otherwise the capture window.
     """
     rank_all = np.asarray(events["rank"], np.int64)
-    stepped = np.unique(np.asarray(steps["rank"], np.int64))
+    per_step_rank = Groups(np.asarray(steps["rank"], np.int64))
+    stepped = per_step_rank.keys[0]  # ranks that traced steps, ascending
     comm_all, comm_ids = codes(events["comm_id"])
     in_scope = member_of(comm_ids, tp_comms)[comm_all] & (
         ~in_sorted(rank_all, stepped) | ~np.isnan(np.asarray(events["step"], np.float64))
     )
     rows = np.flatnonzero(in_scope)
     comm, rank = comm_all[rows], rank_all[rows]
-    overlap = np.nan_to_num(np.asarray(events["compute_overlap_ns"], dtype=np.float64)[rows])
+    overlap = np.asarray(events["compute_overlap_ns"], dtype=np.float64)[rows]
+    overlap[np.isnan(overlap)] = 0.0  # unknown: none (finite ns: what nan_to_num did, without its overhead)
     exposed = np.clip(np.asarray(events["duration"], dtype=np.float64)[rows] - overlap, 0, None)
     exposed_wait = np.minimum(np.asarray(events["wait"], dtype=np.float64)[rows], exposed)
     per_rank = Groups(comm, rank)
     ranks_of = per_rank.keys[1]
-    per_step_rank = Groups(np.asarray(steps["rank"], np.int64))
     step_time = per_step_rank.sum(np.asarray(steps["end_ns"], np.int64) - np.asarray(steps["start_ns"], np.int64))
-    step_ranks = per_step_rank.keys[0]
     window = np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64)
-    time = take_or(step_time, locate(step_ranks, ranks_of), np.nan)
+    time = take_or(step_time, locate(stepped, ranks_of), np.nan)
     windowed = np.isnan(time)
     time[windowed] = take_or(window, locate(np.asarray(meta["rank"], np.int64), ranks_of[windowed]), np.nan)
     per_comm = Groups(per_rank.keys[0], ordered=True)

@@ -12,6 +12,10 @@ def nanmedian(values: np.ndarray, axis: int = 0, keepdims: bool = False) -> np.n
     """np.nanmedian (same values, NaN where nothing is observed) by one sort, without its
     per-row masked-array path, which dominated the fit."""
     values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 1 and not keepdims:  # a few values (stragglers): the observed ones sorted, ~3x faster
+        ranked = np.sort(values[~np.isnan(values)])
+        n = len(ranked)
+        return (ranked[(n - 1) // 2] + ranked[n // 2]) / 2 if n else np.float64(np.nan)
     length = values.shape[axis]
     ranked = np.sort(values, axis=axis)  # NaN sort last
     if not length:

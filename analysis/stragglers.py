@@ -57,8 +57,8 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     kept = kept[per.order][np.repeat(per.size, per.size) > 1]  # rows now by instance: each row's group size
     gap = gap_sorted[kept]
     instance = instance_sorted[kept]
-    first = np.concatenate(([0], np.flatnonzero(np.diff(instance)) + 1)) if len(kept) else np.array([], dtype=np.int64)
-    sizes = np.diff(np.append(first, len(kept)))
+    sizes = per.size[per.size > 1]  # the instances kept, in order
+    first = np.cumsum(sizes) - sizes
     base = np.repeat(first, sizes)
     position = np.arange(len(kept)) - base
     others = np.repeat(sizes, sizes) - 1
