@@ -101,7 +101,11 @@ DIGEST_SCHEMA = pa.schema(
 _LIST_PARTS = {"communicators": COMMUNICATOR, "collectives": COLLECTIVE, "kernels": KERNEL, "steps": STEP}
 # The digest's per-rank columns, everything but the list parts, as one struct.
 _SCALARS = pa.struct([f for f in DIGEST_SCHEMA if f.name not in _LIST_PARTS])
+# Names and types looked up once: each Field or DataType read from a schema is a new object (~1 us).
+_SCALAR_NAMES = [f.name for f in _SCALARS]
+_COLUMN_NAMES = DIGEST_SCHEMA.names
 _FIELDS = {part: list(struct_type) for part, struct_type in _LIST_PARTS.items()}
+_FIELD_TYPES = {part: [(f.name, f.type) for f in fields] for part, fields in _FIELDS.items()}
 # A list part's rows: a table, or its columns by field name (numpy, Arrow or Python values).
 Part = pa.Table | pd.DataFrame | Mapping[str, np.ndarray | pa.Array | list]
 
@@ -116,8 +120,8 @@ def digest_row(meta: dict, **parts: Part | None) -> pa.Table:
     """
     # every scalar column in one conversion: a one-row struct array, then its fields
     row = pa.array([{**meta, "warnings": list(meta.get("warnings", []))}], _SCALARS).flatten()
-    scalars = dict(zip((f.name for f in _SCALARS), row))
-    columns = [_as_list_cell(f.name, parts.get(f.name)) if f.name in _LIST_PARTS else scalars[f.name] for f in DIGEST_SCHEMA]
+    scalars = dict(zip(_SCALAR_NAMES, row))
+    columns = [_as_list_cell(name, parts.get(name)) if name in _LIST_PARTS else scalars[name] for name in _COLUMN_NAMES]
     return pa.Table.from_arrays(columns, schema=DIGEST_SCHEMA)
 
 
@@ -134,13 +138,13 @@ def _as_list_cell(part: str, data: Part | None) -> pa.Array:
     # Columns handed over in their schema type (what the readers build) are neither
     # converted twice nor cast: a table and a cast cost ~10 us a column on small parts.
     arrays = []
-    for field in struct_type:
-        values = columns.get(field.name)
+    for name, type_ in _FIELD_TYPES[part]:
+        values = columns.get(name)
         if values is None:
-            arrays.append(pa.nulls(rows, field.type))
+            arrays.append(pa.nulls(rows, type_))
             continue
         array = values if isinstance(values, pa.Array) else pa.array(values)
-        arrays.append(array if array.type == field.type else array.cast(field.type))
+        arrays.append(array if array.type == type_ else array.cast(type_))
     structs = pa.StructArray.from_arrays(arrays, fields=_FIELDS[part])
     return pa.ListArray.from_arrays(pa.array([0, len(structs)], pa.int32()), structs)
 
