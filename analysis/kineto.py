@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import math
 import mmap
 import os
 import re
@@ -43,6 +44,7 @@ import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -448,8 +450,10 @@ class _Columns:
         n = len(events)
         for key, distinct in self.distinct.items():
             self.codes[key].append(np.fromiter(map(distinct.__getitem__, map(attrgetter(key), events)), np.int32, n))
-        self.numbers["ts_ns"].append(_ns(map(attrgetter("ts"), events), n))
-        self.numbers["dur_ns"].append(_ns(map(attrgetter("dur"), events), n))
+        # ts and dur in one conversion: each costs ~0.1 ms however few the events
+        times = _ns(chain(map(attrgetter("ts"), events), map(attrgetter("dur"), events)), 2 * n)
+        self.numbers["ts_ns"].append(times[:n])
+        self.numbers["dur_ns"].append(times[n:])
         self.numbers["corr"].append(np.fromiter(map(attrgetter("args.correlation"), events), np.int64, n))
         self.numbers["ext"].append(np.fromiter(map(attrgetter("args.external"), events), np.int64, n))
         self._classify_new_names()
@@ -1110,5 +1114,5 @@ def _input_bytes(dims_text: msgspec.Raw, types_text: msgspec.Raw) -> int | None:
             shape = shape[0]  # a TensorList: its first tensor
         size = _element_size(kind)
         if isinstance(shape, list) and shape and size:
-            return int(np.prod(shape, dtype=np.int64)) * size
+            return math.prod(shape) * size  # exact; np.prod costs ~4 us a call
     return None
