@@ -229,19 +229,34 @@ def _to_numpy(array: pa.Array | pa.ChunkedArray, nullable: bool) -> np.ndarray |
     if isinstance(array, pa.ChunkedArray):
         array = _one_array(array)
     if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
-        encoded = array.dictionary_encode()
-        values = encoded.dictionary.to_numpy(zero_copy_only=False)
-        order = np.argsort(values)
-        rank = np.empty(len(values) + 1, dtype=np.int64)
-        rank[order] = np.arange(len(values))
-        rank[-1] = -1  # null
-        indices = encoded.indices.to_numpy(zero_copy_only=False)
-        if encoded.indices.null_count:  # float with NaN for nulls: pick the -1 (cheaper than pc.fill_null)
-            indices = np.where(np.isnan(indices), -1, indices).astype(np.int64)
-        return Coded(rank[indices], values[order])
+        return _coded(array)
     if pa.types.is_integer(array.type) and nullable:
         return array.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)  # nulls as NaN
     return array.to_numpy(zero_copy_only=False)
+
+
+_FEW_STRINGS = 256  # about where the two cost the same (320 strings: ~50 us each way)
+
+
+def _coded(array: pa.Array) -> Coded:
+    """Strings as codes into their sorted distinct values (-1: null). Arrow's dictionary_encode
+    costs 10-20 us a call whatever the length: a few dozen values (per-rank hosts, the
+    communicators) are coded faster in Python."""
+    if len(array) <= _FEW_STRINGS:
+        strings = array.to_pylist()
+        values = sorted(set(strings) - {None})
+        position = {value: i for i, value in enumerate(values)} | {None: -1}
+        return Coded(np.array([position[s] for s in strings], dtype=np.int64), np.array(values, dtype=object))
+    encoded = array.dictionary_encode()
+    values = encoded.dictionary.to_numpy(zero_copy_only=False)
+    order = np.argsort(values)
+    rank = np.empty(len(values) + 1, dtype=np.int64)
+    rank[order] = np.arange(len(values))
+    rank[-1] = -1  # null
+    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    if encoded.indices.null_count:  # float with NaN for nulls: pick the -1 (cheaper than pc.fill_null)
+        indices = np.where(np.isnan(indices), -1, indices).astype(np.int64)
+    return Coded(rank[indices], values[order])
 
 
 def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:
