@@ -519,16 +519,24 @@ def _run_codes(*keys: np.ndarray) -> np.ndarray:
 def _unique_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(values, return_inverse=True)`` for values in long runs of equal ones
     (e.g. a file's kernels of one process and device): only each run's value is sorted."""
-    opens = np.flatnonzero(run_starts(values))
-    distinct, inverse = np.unique(values[opens], return_inverse=True)
-    return distinct, np.repeat(inverse, np.diff(np.append(opens, values.size)))
+    opens = run_starts(values).nonzero()[0]
+    lengths = np.empty_like(opens)
+    lengths[:-1], lengths[-1:] = opens[1:] - opens[:-1], values.size - opens[-1:]
+    # np.unique(return_inverse=True) by hand: its stable sort and setup cost 2-3x this.
+    heads = values[opens]
+    order = heads.argsort()
+    ranked = heads[order]
+    first = run_starts(ranked)
+    inverse = np.empty(heads.size, np.int64)
+    inverse[order] = first.cumsum() - 1
+    return ranked[first], inverse.repeat(lengths)
 
 
 def _take(values: np.ndarray, index: np.ndarray, fill) -> np.ndarray:
     """values[index], ``fill`` where index is -1."""
     if values.size == 0:
         return np.full(index.shape, fill, dtype=values.dtype)
-    return np.where(index >= 0, values[np.clip(index, 0, None)], fill)
+    return np.where(index >= 0, values[index.clip(0, None)], fill)
 
 
 def _columns(files: list[_File], part: str, names: tuple[str, ...], times: tuple[str, ...] = ()) -> Columns:
