@@ -271,13 +271,20 @@ class Groups:
 
     def quantile(self, values: ArrayLike, q: float) -> np.ndarray:
         """Linear-interpolated quantile per group (NaN-free values), as pandas' groupby quantile."""
+        return self.quantiles(values, (q,))[0]
+
+    def quantiles(self, values: ArrayLike, qs: Iterable[float]) -> list[np.ndarray]:
+        """`quantile` for each of ``qs``, the values sorted once."""
         ranked = self._ranked(values)
-        position = q * (self.size - 1)
-        lo = np.floor(position).astype(np.int64)
-        hi = np.minimum(lo + 1, self.size - 1)
-        frac = position - lo
-        low, high = ranked[self.starts + lo], ranked[self.starts + hi]
-        return low + (high - low) * frac
+        out = []
+        for q in qs:
+            position = q * (self.size - 1)
+            lo = np.floor(position).astype(np.int64)
+            hi = np.minimum(lo + 1, self.size - 1)
+            frac = position - lo
+            low, high = ranked[self.starts + lo], ranked[self.starts + hi]
+            out.append(low + (high - low) * frac)
+        return out
 
     def median(self, values: ArrayLike) -> np.ndarray:
         """Median per group (NaN-free values): the mean of the two middle values."""

@@ -74,10 +74,11 @@ def rank_lateness(inst: Table) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     ranks = per.keys[0]
     late = np.asarray(inst["lateness"])
     wait = np.asarray(inst["wait"])
+    p50, p99 = per.quantiles(late, (0.5, 0.99))
     return ranks, {
         "late_mean_ns": per.mean(late),
-        "late_p50_ns": per.quantile(late, 0.5),
-        "late_p99_ns": per.quantile(late, 0.99),
+        "late_p50_ns": p50,
+        "late_p99_ns": p99,
         "late_max_ns": per.max(late),
         "last_arrival_share": per.mean(inst["is_last"]),
         "blame_ns": per.sum(inst["blame"]),
@@ -95,14 +96,17 @@ def rank_frame(meta: Table, events: Table, inst: Table) -> dict[str, np.ndarray]
     window = np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64)
     window = window[order].astype(np.float64)
     busy_ns = np.asarray(meta["gpu_busy_ns"], np.float64)[order]
-    per = Groups(np.asarray(events["rank"], np.int64))
-    at = locate(per.keys[0], ranks)
+    # each call's rank as its position among the ranks: per-rank counts and int sums without a grouping
+    at = locate(ranks, np.asarray(events["rank"], np.int64))
+    known = at >= 0
+    kernel_ns = np.zeros(len(ranks), dtype=np.int64)
+    np.add.at(kernel_ns, at[known], np.asarray(events["duration"], np.int64)[known])
     columns = {
         "rank": meta_rank[order],
         "host": np.asarray(meta["host"], dtype=object)[order],
         "gpu_busy_pct": np.where(window > 0, 100.0 * busy_ns / np.where(window > 0, window, 1), np.nan),
-        "collectives": take_or(per.size, at, 0),
-        "nccl_kernel_ns": take_or(per.sum(events["duration"]), at, 0),
+        "collectives": np.bincount(at[known], minlength=len(ranks)),
+        "nccl_kernel_ns": kernel_ns,
     }
     late_ranks, late = rank_lateness(inst)
     late_at = locate(late_ranks.astype(np.int64), ranks)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analysis.groups import Groups, Table, locate, take_or
+from rankscope.analysis.groups import Groups, Table, locate
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 
@@ -71,8 +71,11 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
 def find(events: Table, ranks: np.ndarray) -> Stragglers:
     """Flag ranks whose own delay stands out; ``ranks`` lists every rank analysed."""
     rows = own_delay(events)
-    per = Groups(rows["rank"])
-    delay = take_or(per.mean(rows["excess"]), locate(per.keys[0], np.asarray(ranks, np.int64)), np.nan)
+    # each row's rank as its position among the ranks: the per-rank mean without a grouping
+    at = locate(np.asarray(ranks, np.int64), rows["rank"])
+    count = np.bincount(at, minlength=len(ranks))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delay = np.where(count > 0, np.bincount(at, weights=rows["excess"], minlength=len(ranks)) / count, np.nan)
     durations = np.asarray(events["end_ns"], np.int64) - np.asarray(events["start_ns"], np.int64)
     typical = float(nanmedian(durations)) if len(durations) else 0.0
     min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * typical)
