@@ -653,25 +653,26 @@ def _decode_payloads(files: list[_File], file: np.ndarray, data: np.ndarray, blo
     entries = [(i, *entry) for known, i in lists.items() for entry in known]
     if not index.size or not entries:
         return out
-    e_list, e_name, e_schema, e_offset, e_type = (np.array(column) for column in zip(*entries))
-    # Entry type -> (bytes, signed); a few dozen schema entries, not events.
-    layout = [_ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False)) for kind in e_type.tolist()]
+    # A few dozen schema entries, not events: worked out in Python, then as arrays.
+    e_list, e_name, e_schema, e_offset, e_type = zip(*entries)
+    layout = [_ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False)) for kind in e_type]  # (bytes, signed)
     e_size, e_signed = np.array([size for size, _ in layout], np.int64), np.array([sign for _, sign in layout], bool)
-    e_offset = e_offset.astype(np.int64) + _BLOB_HEADER
+    e_offset = np.array(e_offset, np.int64) + _BLOB_HEADER
+    field = np.array([_FIELD_INDEX.get(name, -1) for name in e_name], np.int64)
     lengths, file, base = lengths[index], file[index], blob_at[index]
     schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
     # (list, schema id) coded once for entries and blobs alike; then a table from
     # (field, code) to that field's first entry, and every field of every blob read at once.
-    keys = _codes(np.concatenate([e_list.astype(np.int64), list_of[file]]), np.concatenate([e_schema.astype(np.int64), schema]))
-    e_key, key = keys[: e_list.size], keys[e_list.size :]
-    field = np.array([_FIELD_INDEX.get(name, -1) for name in e_name.tolist()], np.int64)
+    n_entries = len(entries)
+    keys = _codes(np.concatenate([np.array(e_list, np.int64), list_of[file]]), np.concatenate([np.array(e_schema, np.int64), schema]))
+    e_key, key = keys[:n_entries], keys[n_entries:]
     wanted = np.flatnonzero(field >= 0)
     width = int(keys.max()) + 1
-    first = np.full(len(_FIELD_INDEX) * width, e_list.size)
+    first = np.full(len(_FIELD_INDEX) * width, n_entries)
     np.minimum.at(first, field[wanted] * width + e_key[wanted], wanted)
     table = first.reshape(len(_FIELD_INDEX), width)  # (field, code) -> entry
-    pick = np.where(table < e_list.size, table, 0)
-    size = np.where(table < e_list.size, e_size[pick], 0)
+    pick = np.where(table < n_entries, table, 0)
+    size = np.where(table < n_entries, e_size[pick], 0)
     end = np.where(size > 0, e_offset[pick] + size, _I64_MAX)  # absent: beyond any blob
     ok = end[:, key] <= lengths  # (field, blob)
     at = np.nonzero(ok)  # a blob's schema holds a few of the fields: read only those
@@ -801,6 +802,11 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     order = np.lexsort((np.asarray(nccl["start"], np.int64), np.asarray(nccl["tid"], np.int64)))
     frame = {key: np.asarray(values)[order] for key, values in nccl.items()}
     delta = frame["delta"]
+    is_call = frame["op"] >= 0
+    if not delta.any():  # no group brackets: every call is its own group and launches its kernels
+        frame["call_group"] = np.cumsum(is_call)
+        calls = {key: values[is_call] for key, values in frame.items()}
+        return calls, calls
     # Per-thread running depth, as whole-array numpy: offsets restart each thread's sums.
     tid = frame["tid"].astype(np.int64)
     first = run_starts(tid)
@@ -813,7 +819,6 @@ def _group_calls(nccl: Mapping[str, np.ndarray]) -> tuple[Columns, Columns]:
     floor = np.minimum.accumulate(np.minimum(running, 0) - spread) + spread
     depth = running - floor
     before = np.where(first, 0, np.concatenate(([0], depth[:-1])))
-    is_call = frame["op"] >= 0
     grouped = is_call & (depth > 0)
     closes = (delta == -1) & (before >= 1) & (depth == 0)
     # Call groups numbered in order: each outermost group start opens one (its calls and

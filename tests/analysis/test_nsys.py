@@ -304,6 +304,16 @@ def test_grouped_calls_belong_to_their_outermost_group_end_per_thread() -> None:
     assert (np.diff(calls["call_group"]) >= 0).all()  # what _served's binary search relies on
 
 
+def test_ungrouped_calls_each_launch_their_own_kernels() -> None:
+    rows = [(2, 5, "ncclAllReduce"), (1, 9, "ncclBroadcast"), (1, 3, "ncclCommInitRank"), (1, 4, "ncclAllGather")]
+    tid, start, name = (np.array(column) for column in zip(*rows))
+    facts = nsys._name_facts(name.astype(object))
+    calls, launchers = nsys._group_calls({"tid": tid, "start": start, "end": start + 1, "name": name,
+                                          "delta": facts["delta"], "op": facts["op"]})
+    assert calls["name"].tolist() == launchers["name"].tolist() == ["ncclAllGather", "ncclBroadcast", "ncclAllReduce"]
+    assert calls["call_group"].tolist() == launchers["call_group"].tolist() == [1, 2, 3]
+
+
 def test_without_nvtx_the_kernel_name_is_only_a_hint_and_said_so(dsl: list[Path], tmp_path: Path) -> None:
     copy = tmp_path / "no_nvtx.sqlite"
     shutil.copy(dsl[1], copy)
