@@ -529,24 +529,64 @@ def _detached(args: _Args) -> _Args:
 # µs with up to 18 decimals and 20 integer digits; rounding to 3 decimals gives whole ns.
 _MICROS = pa.decimal128(38, 18)
 _NANOS_AS_MICROS = pa.decimal128(38, 3)
-_COMMA = ord(",")
+_COMMA, _POINT, _MINUS, _ZERO = b",.-0"
+_POWERS = 10 ** np.arange(19, dtype=np.uint64)
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 def _ns(numbers: Iterable[msgspec.Raw], count: int) -> np.ndarray:
     """``count`` JSON numbers of µs (their exact decimal text; empty: 0) -> int64 ns, rounded
-    half away from zero, all at once in Arrow: the texts are joined by commas (which no
-    number holds) into one string array, cast to decimal, and the decimal's unscaled
-    integer at 3 decimals is the ns. Never through float64."""
+    half away from zero, all at once: the texts, each ended by a comma (which no number
+    holds), read digit by digit where they are plain decimals with at most 3 decimals (as
+    Kineto writes them), else cast to decimal in Arrow. Never through float64."""
     if not count:
         return np.zeros(0, np.int64)
-    joined = np.frombuffer(b",".join(numbers), np.uint8)
+    joined = np.frombuffer(b",".join(numbers) + b",", np.uint8)
     comma = joined == _COMMA
     ends = np.flatnonzero(comma)
-    if len(ends) != count - 1:
+    if len(ends) != count:
         raise pa.ArrowInvalid("an event time is not a JSON number")
-    offsets = np.empty(count + 1, np.int64)
-    offsets[0], offsets[-1] = 0, len(joined) - len(ends)
-    offsets[1:-1] = ends - np.arange(len(ends))
+    plain = _plain_ns(joined, ends)
+    return plain if plain is not None else _decimal_ns(joined, comma, ends)
+
+
+def _plain_ns(joined: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
+    """ns of JSON numbers each ended by a comma (valid, as decoded: at most one point, a
+    minus only first) as the sum of their digits' place values, in uint64. None where a
+    number has an exponent, more than 3 decimals or 16 characters before its point, or is
+    2**63 ns or more: the Arrow cast reads (or refuses) those. As fast as the cast, without
+    its set-up, ~0.7 ms the first time in a process."""
+    digit = joined - _ZERO  # the other bytes wrap past 9
+    is_digit = digit < 10
+    points = np.flatnonzero(joined == _POINT)
+    minus = np.flatnonzero(joined == _MINUS)
+    if np.count_nonzero(is_digit) + len(ends) + len(points) + len(minus) != len(joined):
+        return None  # an exponent, or not a number
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    point = ends.copy()  # without a point, the number's end
+    point[np.searchsorted(ends, points)] = points
+    if (ends - point > 4).any() or (point - starts > 16).any():
+        return None
+    # i - p of each byte, p its number's point: a digit is 10**(p - i - 1) µs before the
+    # point, 10**(p - i) after, so 10**(p - i + 2) or 10**(p - i + 3) ns (0 to 18).
+    after = np.arange(len(joined)) - np.repeat(point, ends - starts + 1)
+    place = 2 - after + (after > 0)
+    # Sums per number from its first byte (an empty number's is its comma: 0); each is exact.
+    ns = np.add.reduceat(np.where(is_digit, digit * _POWERS.take(place, mode="clip"), 0), starts)
+    if (ns > _INT64_MAX).any():
+        return None
+    ns = ns.astype(np.int64)
+    ns[np.searchsorted(ends, minus)] *= -1
+    return ns
+
+
+def _decimal_ns(joined: np.ndarray, comma: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """ns of JSON numbers each ended by a comma through Arrow's decimal cast: the texts as
+    one string array, cast to decimal, and the decimal's unscaled integer at 3 decimals is
+    the ns."""
+    count = len(ends)
+    offsets = np.zeros(count + 1, np.int64)
+    offsets[1:] = ends - np.arange(count)
     empty = offsets[1:] == offsets[:-1]
     valid = pa.py_buffer(np.packbits(~empty, bitorder="little")) if empty.any() else None
     strings = pa.Array.from_buffers(pa.large_string(), count, [valid, pa.py_buffer(offsets),

@@ -225,6 +225,31 @@ def test_timestamp_text_converts_exactly_like_decimal():
     assert got.dtype == np.int64 and got.tolist() == want
 
 
+def test_plain_timestamp_texts_read_digit_by_digit_like_decimal():
+    """Texts as Kineto writes them (no exponent, at most 3 decimals) skip Arrow's cast and
+    give the same ns; one text it cannot read sends them all to the cast."""
+    from decimal import Decimal
+
+    import msgspec
+
+    from rankscope.analysis import kineto
+
+    rng = np.random.default_rng(5)
+    texts = ["0", "7", "-3", "-0.5", "0.001", "12.3", "", "1712195495520871.123", "-922337203685477.807",
+             "9223372036854775.807"]
+    texts += [f"{s}{w}.{f:0{n}d}" for s, w, f, n in zip(rng.choice(["", "-"], 300), rng.integers(0, 10**15, 300),
+                                                         rng.integers(0, 999, 300), rng.integers(1, 4, 300))]
+    texts += [str(w) for w in rng.integers(-(10**15), 10**15, 100)]
+    want = [int(Decimal(t or "0") * 1000) for t in texts]
+    joined = np.frombuffer(",".join(texts).encode() + b",", np.uint8)
+    plain = kineto._plain_ns(joined, np.flatnonzero(joined == ord(",")))
+    assert plain is not None and plain.dtype == np.int64 and plain.tolist() == want
+    assert kineto._ns([msgspec.Raw(t.encode()) for t in texts], len(texts)).tolist() == want
+    for other in ("1e3", "0.0005", "9223372036854775.808", "12345678901234567", "-1712195495520871.123"):
+        joined = np.frombuffer(f"1.5,{other},".encode(), np.uint8)
+        assert kineto._plain_ns(joined, np.flatnonzero(joined == ord(","))) is None, other
+
+
 def test_timestamp_texts_empty_or_not_numbers():
     """Empty texts (a missing ``dur``) are 0 wherever they stand; a time that is not a JSON
     number (a string, even one holding a comma) is refused, not misread."""
