@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, member_of
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 
 UNMATCHED = -1
@@ -55,9 +55,8 @@ def communicator_members(
     comm_ids = used_ids if np.array_equal(listed_ids, used_ids) else np.union1d(listed_ids, used_ids)
     comm = np.concatenate([np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]])
     rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
-    pairs = Groups(comm, rank)
-    comm_of, rank_of = pairs.keys
-    bounds = np.concatenate(([0], np.flatnonzero(np.diff(comm_of)) + 1, [len(comm_of)]))
+    comm_of, rank_of = np.divmod(np.unique(comm * _RANK_SPAN + rank), _RANK_SPAN)  # distinct pairs, ascending
+    bounds = np.append(run_starts(comm_of).nonzero()[0], len(comm_of))
     reported = {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
     declared: dict[str, set[frozenset[int]]] = {}
     names: dict[str, str] = {}
@@ -158,7 +157,8 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
 
     keyed = ~is_p2p | p2p_rows
     group = np.full(len(rank), UNMATCHED, dtype=np.int64)
-    group[keyed] = Groups(comm[keyed], lo[keyed], hi[keyed], key_seq[keyed]).first_seen()
+    pair_keys = (lo[keyed], hi[keyed]) if is_p2p.any() else ()  # else constant: no need to group by them
+    group[keyed] = Groups(comm[keyed], *pair_keys, key_seq[keyed]).first_seen()
 
     expected = np.where(is_p2p, 2, size)
     ok, incomplete, bad = _check_instances(
@@ -311,8 +311,14 @@ def _check_instances(
 ) -> tuple[np.ndarray, int, int]:
     """Instances (ascending ids) that hold each expected participant once and agree on op and size."""
     rows = np.flatnonzero(keyed)
-    per = Groups(instance[rows])
     comm, rank, op = comm[rows], rank[rows], op[rows]
+    # each instance's rows by rank: a rank seen twice is two adjacent rows (what is read
+    # per group below is the same on all its rows, so which row comes first is moot)
+    per = Groups(instance[rows], within=rank)
+    by_rank, of_group = rank[per.order], per.id[per.order]
+    again = (by_rank[1:] == by_rank[:-1]) & (of_group[1:] == of_group[:-1])
+    twice = np.zeros(per.count, dtype=bool)  # some rank twice in the instance
+    twice[of_group[1:][again]] = True
     # ascending and unique: communicator codes in order, each one's members sorted and distinct
     member_keys = np.array(
         [c * _RANK_SPAN + r for c, comm_id in enumerate(comm_ids) for r in members[comm_id]], dtype=np.int64
@@ -326,9 +332,8 @@ def _check_instances(
     sizes[(ops == ALLTOALL)[op]] = np.nan
     n = per.size
     pair = per.first(send_recv)
-    distinct = np.bincount(Groups(per.id, rank).keys[0], minlength=per.count)
     inconsistent = (
-        (distinct < n)
+        twice
         | (strangers > 0)
         | per.varies(kind)
         | per.varies(sizes)
