@@ -69,6 +69,7 @@ _RPC = "record_param_comms"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _EMPTY = msgspec.Raw(b"")
 _RANKS = pa.list_(pa.int32())
+_NEVER = np.iinfo(np.int64).max
 
 # Bytes per element for record_param_comms `dtype` and `Input type` spellings.
 _DTYPE_BYTES = {
@@ -88,6 +89,7 @@ class _Names:
     text: np.ndarray  # object: the names
     comm: np.ndarray  # bool: an NCCL kernel's name
     op: np.ndarray  # object: canonical op of a c10d / gloo name, else None
+    op_code: np.ndarray  # int64: a code per distinct op (the same for names of one op), -1 for None
 
     def where(self, test) -> np.ndarray:
         """``test`` (str -> bool) of each distinct name."""
@@ -480,7 +482,9 @@ class _Columns:
         # Ops of the host calls' and gloo workers' names only: canonical is a regex, and a
         # trace has hundreds of distinct kernel names.
         op = np.array([_canonical(n) if n.startswith((_C10D, _GLOO)) else None for n in text], dtype=object)
-        names = _Names(text, self.comm_name, op)
+        distinct_ops = _Codes()
+        op_code = np.array([-1 if o is None else distinct_ops[o] for o in op], np.int64)
+        names = _Names(text, self.comm_name, op, op_code)
         cats = dict(self.distinct["cat"])
         cat = codes["cat"]
         # Ids of the events that are linked; any others an event carries are not read.
@@ -501,7 +505,7 @@ class _Columns:
         )
 
 
-def _equal_any(values: np.ndarray, wanted: list[int]) -> np.ndarray:
+def _equal_any(values: np.ndarray, wanted: list) -> np.ndarray:
     """Mask of the values equal to any of a few wanted ones: one comparison each (np.isin
     costs 70-600 µs on a large trace's column, this 10-20)."""
     mask = np.zeros(len(values), bool)
@@ -517,6 +521,12 @@ class _Codes(dict):
     def __missing__(self, value) -> int:
         code = self[value] = len(self)
         return code
+
+
+def _codes(values: np.ndarray) -> np.ndarray:
+    """A code per row of an object column, equal where the values are (first seen first):
+    hashed, not sorted as np.unique does (~25 us on a few strings)."""
+    return np.fromiter(map(_Codes().__getitem__, values), np.int64, len(values))
 
 
 def _detached(args: _Args) -> _Args:
@@ -707,8 +717,12 @@ def _cpu_busy(events: _Events) -> _Busy:
     """CPU-only proxy: top-level CPU ops on compute threads, gloo worker ops as comm."""
     gloo = events.prefixed(_GLOO) & events.of_cat("user_annotation")
     c10d = events.prefixed((_C10D, _RPC))
-    workers = np.setdiff1d(events.thread[gloo], events.thread[c10d])  # gloo:send runs on the caller
-    cpu = events.of_cat("cpu_op") & ~c10d & ~np.isin(events.thread, workers)
+    # gloo worker threads: those of gloo ops without c10d calls (gloo:send runs on the caller);
+    # per thread id (a few hundred at most), not setdiff1d/isin (~80 us on a small trace)
+    worker = np.zeros(events.thread.max() + 1, bool)
+    worker[events.thread[gloo]] = True
+    worker[events.thread[c10d]] = False
+    cpu = events.of_cat("cpu_op") & ~c10d & ~worker[events.thread]
     chosen = np.flatnonzero(cpu | gloo)
     top = chosen[_top_level(events, chosen)]
     start = events.ts[top]
@@ -968,12 +982,11 @@ def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarra
     k-th worker op of that op that started after the first such call (FIFO per op). Ops
     never enqueued in the trace (no c10d events recorded) stay, unpaired, last. Returns
     the kept worker rows and each one's position in ``calls`` (-1: unpaired)."""
-    work_op = events.names.op[events.name[work]]
-    ops_, op_code = np.unique(np.concatenate([work_op, calls["op"]]), return_inverse=True)
-    work_code, call_code = op_code[: len(work)], op_code[len(work) :]
-    first = np.full(len(ops_), np.iinfo(np.int64).max)
+    op_code = events.names.op_code
+    work_code, call_code = op_code[events.name[work]], op_code[events.name[calls["row"]]]
+    first = np.full(len(op_code), _NEVER)  # per op, its first call
     np.minimum.at(first, call_code, calls["ts"])
-    known = np.isin(work_code, call_code)
+    known = first[work_code] != _NEVER
     lone = work[~known]
     ts = events.ts[work]
     candidates = np.flatnonzero(known & (ts >= first[work_code]))
@@ -1005,9 +1018,9 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
                 f"{int(missing.sum())} collective(s) carry no process group and the trace lists "
                 f"{len(configs) or 'no'} group(s): grouped by {fallback} and op, ordered within the group"
             )
-    p2p = np.isin(op, list(ops.P2P_OPS))
+    p2p = _equal_any(op, list(ops.P2P_OPS))
     frame["comm_id"] = np.where(p2p, pg + "/p2p", pg)
-    ordinal = groups.Groups(np.unique(frame["comm_id"], return_inverse=True)[1]).cumcount() + 1
+    ordinal = groups.Groups(_codes(frame["comm_id"])).cumcount() + 1
     traced = _present(frame["seq_trace"])
     frame["seq"] = np.where(traced, frame["seq_trace"], ordinal).astype(np.int64)
     frame["seq_source"] = np.where(traced, "trace", "ordinal")
