@@ -248,15 +248,15 @@ def _coded(array: pa.Array) -> Coded:
         position = {value: i for i, value in enumerate(values)} | {None: -1}
         return Coded(np.array([position[s] for s in strings], dtype=np.int64), np.array(values, dtype=object))
     encoded = array.dictionary_encode()
-    values = encoded.dictionary.to_numpy(zero_copy_only=False)
-    order = np.argsort(values)
-    rank = np.empty(len(values) + 1, dtype=np.int64)
-    rank[order] = np.arange(len(values))
-    rank[-1] = -1  # null
+    values = encoded.dictionary.to_pylist()  # the distinct values, few: sorted in Python
+    ranked = sorted(values)
     indices = encoded.indices.to_numpy(zero_copy_only=False)
-    if encoded.indices.null_count:  # float with NaN for nulls: pick the -1 (cheaper than pc.fill_null)
+    if encoded.indices.null_count:  # float with NaN for nulls: -1 (cheaper than pc.fill_null)
         indices = np.where(np.isnan(indices), -1, indices).astype(np.int64)
-    return Coded(rank[indices], values[order])
+    if ranked != values:  # in order of appearance: renumber (not needed for one value, the usual case)
+        position = {value: i for i, value in enumerate(ranked)}
+        indices = np.array([position[v] for v in values] + [-1])[indices]  # -1 (null) picks the appended -1
+    return Coded(indices.astype(np.int64), np.array(ranked, dtype=object))
 
 
 def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:
