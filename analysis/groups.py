@@ -303,11 +303,13 @@ def _combined(keys: tuple[np.ndarray, ...]) -> tuple[np.ndarray, int] | None:
     for k in keys:
         low = int(k.min())
         span = int(k.max()) - low + 1
+        if span == 1:  # a constant key (one communicator, one op) adds nothing: skip its arithmetic
+            continue
         capacity *= span
         if capacity >= 1 << 62:
             return None
         packed = k - low if packed is None else packed * span + (k - low)
-    return packed, capacity
+    return (np.zeros(len(keys[0]), dtype=np.int64) if packed is None else packed), capacity
 
 
 def _argsort_codes(codes: np.ndarray, bound: int) -> np.ndarray:
