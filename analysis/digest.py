@@ -246,7 +246,7 @@ def _coded(array: pa.Array) -> Coded:
         strings = array.to_pylist()
         values = sorted(set(strings) - {None})
         position = {value: i for i, value in enumerate(values)} | {None: -1}
-        return Coded(np.array([position[s] for s in strings], dtype=np.int64), np.array(values, dtype=object))
+        return Coded(np.array([position[s] for s in strings], dtype=np.int64), np.array(values, dtype=object), True)
     encoded = array.dictionary_encode()
     values = encoded.dictionary.to_pylist()  # the distinct values, few: sorted in Python
     ranked = sorted(values)
@@ -256,7 +256,7 @@ def _coded(array: pa.Array) -> Coded:
     if ranked != values:  # in order of appearance: renumber (not needed for one value, the usual case)
         position = {value: i for i, value in enumerate(ranked)}
         indices = np.array([position[v] for v in values] + [-1])[indices]  # -1 (null) picks the appended -1
-    return Coded(indices.astype(np.int64), np.array(ranked, dtype=object))
+    return Coded(indices.astype(np.int64), np.array(ranked, dtype=object), True)
 
 
 def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:

@@ -25,8 +25,9 @@ class Coded:
     The analysis groups and compares strings (communicator, op, host) many times over;
     as codes that is numpy work, and the strings are decoded only for the report."""
 
-    codes: np.ndarray
+    codes: np.ndarray  # int64
     values: np.ndarray  # object array of str, ascending
+    every_value_used: bool = False  # as digest.columns makes them: `codes` need not renumber
 
     def __len__(self) -> int:
         return len(self.codes)
@@ -55,7 +56,7 @@ def codes(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     groups. Pass pandas Series as they are: converting Arrow strings to objects first
     costs more than the factorization."""
     if isinstance(values, Coded):
-        return _compact(values.codes, values.values)
+        return (values.codes, values.values) if values.every_value_used else _compact(values.codes, values.values)
     if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iu":
         array = np.asarray(values)
         uniques, labels = np.unique(array, return_inverse=True)
