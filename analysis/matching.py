@@ -259,12 +259,18 @@ def _shift_ordinals_on_shared_clocks(
     position = np.arange(per_rank.rows) - per_rank.starts[group]
     ref_end = np.empty(per_rank.rows, dtype=np.int64)
     ref_end[per_rank.order] = ends[per_rank.starts[ref_of][group] + position]
-    miss = per_rank.median(np.abs(e - ref_end))
-    # Each reference's median spacing of consecutive ends (inf below two calls).
+    off = np.abs(e - ref_end)
     step = (position[1:] > 0) & is_ref[group[1:]]
-    gaps = Groups(group[1:][step], ordered=True)
+    gaps = np.diff(ends)[step]  # between consecutive ends of each reference
+    # The usual case: every end within a quarter of the closest spacing of any reference,
+    # so no rank's median miss exceeds a quarter of its reference's median spacing.
+    if not len(gaps) or 4 * int(off.max()) <= int(gaps.min()):
+        return
+    miss = per_rank.median(off)
+    # Each reference's median spacing of consecutive ends (inf below two calls).
+    of_reference = Groups(group[1:][step], ordered=True)
     spacing = np.full(per_rank.count, np.inf)
-    spacing[gaps.keys[0]] = gaps.median(np.diff(ends)[step].astype(np.float64))
+    spacing[of_reference.keys[0]] = of_reference.median(gaps.astype(np.float64))
     spacing = spacing[ref_of]
     for i in np.flatnonzero(miss > spacing / 4).tolist():  # off its reference: rare, one by one
         mine_rows = rows[(c == rc[i]) & (r == rr[i])]
