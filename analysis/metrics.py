@@ -40,7 +40,7 @@ def instance_frame(aligned: Table) -> dict[str, ArrayLike]:
     first, sizes = per.starts, per.size
     last = first + sizes - 1
     min_start, max_start, second = start[first], start[last], start[np.maximum(last - 1, first)]
-    host = codes(rows["host"])[0]
+    host = codes(aligned["host"])[0][order]  # coded before the take: digest.columns' codes need no renumbering
     sigma = np.asarray(rows["sigma"], dtype=np.float64)
     # Epoch ns do not fit float64 exactly: medians are taken on offsets from one base.
     base = int(start_all[matched].min()) if len(matched) else 0
