@@ -243,10 +243,11 @@ def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -
     per_rank = Groups(comm, rank)
     ranks_of = per_rank.keys[1]
     step_time = per_step_rank.sum(np.asarray(steps["end_ns"], np.int64) - np.asarray(steps["start_ns"], np.int64))
-    window = np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64)
     time = take_or(step_time, locate(stepped, ranks_of), np.nan)
     windowed = np.isnan(time)
-    time[windowed] = take_or(window, locate(np.asarray(meta["rank"], np.int64), ranks_of[windowed]), np.nan)
+    if windowed.any():  # ranks without steps: their capture window
+        window = np.asarray(meta["window_end_ns"], np.int64) - np.asarray(meta["window_start_ns"], np.int64)
+        time[windowed] = take_or(window, locate(np.asarray(meta["rank"], np.int64), ranks_of[windowed]), np.nan)
     per_comm = Groups(per_rank.keys[0], ordered=True)
     exposed_ns = per_comm.mean(per_rank.sum(exposed))
     wait_ns = per_comm.mean(per_rank.sum(exposed_wait))
