@@ -55,7 +55,9 @@ def communicator_members(
     comm_ids = used_ids if np.array_equal(listed_ids, used_ids) else np.union1d(listed_ids, used_ids)
     comm = np.concatenate([np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]])
     rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
-    comm_of, rank_of = np.divmod(np.unique(comm * _RANK_SPAN + rank), _RANK_SPAN)  # distinct pairs, ascending
+    low = int(rank.min()) if len(rank) else 0  # int32 ranks from their lowest: one int64 key per pair
+    comm_of, rank_of = np.divmod(np.unique(comm * _RANK_SPAN + (rank - low)), _RANK_SPAN)  # distinct, ascending
+    rank_of += low
     bounds = np.append(run_starts(comm_of).nonzero()[0], len(comm_of))
     reported = {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
     declared: dict[str, set[frozenset[int]]] = {}
