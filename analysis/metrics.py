@@ -24,24 +24,25 @@ _DP_NAME = re.compile(r"(^|[^a-z])(dp|data|fsdp)([^a-z]|$)", re.I)
 
 
 def instance_frame(aligned: Table) -> dict[str, ArrayLike]:
-    """Matched rows (every column of ``aligned``) with per-instance stats and per-row
-    lateness, wait, blame, transfer; rows by instance, then arrival.
+    """Matched rows (their instance, rank, bytes and duration: what the per-rank and
+    per-op figures read) with per-instance stats and per-row lateness, wait, blame,
+    transfer; rows by instance, then arrival.
 
-    ``aligned`` has columns instance, rank, host, start, end (aligned ns), duration (ns)
-    and sigma (host clock uncertainty ns). ``row`` is each row's position in ``aligned``.
+    ``aligned`` has columns instance, rank, host, start, end (aligned ns), duration (ns),
+    bytes and sigma (host clock uncertainty ns). ``row`` is each row's position in ``aligned``.
     """
     instance = np.asarray(aligned["instance"], np.int64)
     matched = np.flatnonzero(instance != UNMATCHED)
     start_all = np.asarray(aligned["start"], np.int64)
     per = Groups(instance[matched], within=start_all[matched])  # rows by instance, then arrival
     order = matched[per.order]
-    rows = {name: take(column, order) for name, column in aligned.items()}
+    rows = {name: take(aligned[name], order) for name in ("instance", "rank", "bytes", "duration")}
     start = start_all[order]
     first, sizes = per.starts, per.size
     last = first + sizes - 1
     min_start, max_start, second = start[first], start[last], start[np.maximum(last - 1, first)]
     host = codes(aligned["host"])[0][order]  # coded before the take: digest.columns' codes need no renumbering
-    sigma = np.asarray(rows["sigma"], dtype=np.float64)
+    sigma = np.asarray(aligned["sigma"], dtype=np.float64)[order]
     # Epoch ns do not fit float64 exactly: medians are taken on offsets from one base.
     base = int(start_all[matched].min()) if len(matched) else 0
     median_end = per.median(np.asarray(aligned["end"], np.int64)[matched] - base)
