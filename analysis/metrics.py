@@ -185,11 +185,13 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
     # Network variance: transfer over time within a size class, so mixed sizes do not count.
     size_class = np.floor(np.log2(np.clip(size, 1, None)))
     size_class = np.where(np.isnan(size_class), -1, size_class).astype(np.int64)
-    typical = Groups(i_comm, i_op, size_class)
+    per_instance = Groups(i_comm, i_op)
+    # a (comm, op) usually moves one size class: then its instances are already grouped so
+    mixed = per_instance.varies(size_class).any()
+    typical = Groups(i_comm, i_op, size_class) if mixed else per_instance
     median = typical.broadcast(typical.median(transfer))
     with np.errstate(invalid="ignore", divide="ignore"):
         relative = transfer / np.where(median > 0, median, np.nan)
-    per_instance = Groups(i_comm, i_op)
     sized = ~np.isnan(size)
     if sized.all():  # the usual case: no grouping of the sized ones
         bytes_median = per_instance.median(size)
