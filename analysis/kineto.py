@@ -582,12 +582,19 @@ def _plain_ns(joined: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     point[np.searchsorted(ends, points)] = points
     if (ends - point > 4).any() or (point - starts > 16).any():
         return None
-    # i - p of each byte, p its number's point: a digit is 10**(p - i - 1) µs before the
-    # point, 10**(p - i) after, so 10**(p - i + 2) or 10**(p - i + 3) ns (0 to 18).
-    after = np.arange(len(joined)) - np.repeat(point, ends - starts + 1)
-    place = 2 - after + (after > 0)
+    # A digit at i, p its number's point, is 10**(p - i - 1) µs before the point and
+    # 10**(p - i) after: 10**(p - i + 2) or 10**(p - i + 3) ns (0 to 18). Computed in place,
+    # in int32 (the texts of a window's times: far from 2**31 bytes): fresh temporaries of a
+    # few MB cost more in page faults than in arithmetic.
+    place = np.repeat(point.astype(np.int32), ends - starts + 1)
+    place -= np.arange(len(joined), dtype=np.int32)
+    place += 2
+    place += place < 2
+    values = _POWERS.take(place, mode="clip")
+    digit *= is_digit
+    values *= digit
     # Sums per number from its first byte (an empty number's is its comma: 0); each is exact.
-    ns = np.add.reduceat(np.where(is_digit, digit * _POWERS.take(place, mode="clip"), 0), starts)
+    ns = np.add.reduceat(values, starts)
     if (ns > _INT64_MAX).any():
         return None
     ns = ns.astype(np.int64)
