@@ -1094,10 +1094,12 @@ def _step_of(times: np.ndarray, steps: dict[str, np.ndarray]) -> np.ndarray:
     return np.where(inside, steps["step"][jj], -1)
 
 
-def _communicators(top: dict, collectives: dict | None) -> dict[str, list | pa.Array]:
+def _communicators(top: dict, collectives: dict | None) -> dict[str, list | pa.Array] | None:
+    if collectives is None:
+        return None  # none: empty columns would be typed null, then cast
     configs = _pg_config(top)
     rows = {"comm_id": [], "ranks": [], "name": [], "size": []}
-    for comm in dict.fromkeys(collectives["comm_id"].tolist()) if collectives is not None else ():
+    for comm in dict.fromkeys(collectives["comm_id"].tolist()):
         name = comm.removesuffix("/p2p")
         config = configs.get(name, {})
         ranks = config.get("ranks")
