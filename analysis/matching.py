@@ -148,18 +148,19 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         key_seq, use_ordinal, comm, comm_ids, host, rank, np.asarray(events["end_ns"], np.int64), warnings
     )
 
-    peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, is_p2p, warnings)
-    lo = np.where(is_p2p, np.minimum(rank, peer), -1)
-    hi = np.where(is_p2p, np.maximum(rank, peer), -1)
-    p2p_rows = is_p2p & (peer >= 0)
-    if p2p_rows.any():
-        key_seq[p2p_rows] = Groups(
-            rank[p2p_rows], comm[p2p_rows], lo[p2p_rows], hi[p2p_rows], within=start[p2p_rows]
-        ).cumcount()
-
-    keyed = ~is_p2p | p2p_rows
+    keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
+    if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
+        peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, is_p2p, warnings)
+        lo = np.where(is_p2p, np.minimum(rank, peer), -1)
+        hi = np.where(is_p2p, np.maximum(rank, peer), -1)
+        p2p_rows = is_p2p & (peer >= 0)
+        if p2p_rows.any():
+            key_seq[p2p_rows] = Groups(
+                rank[p2p_rows], comm[p2p_rows], lo[p2p_rows], hi[p2p_rows], within=start[p2p_rows]
+            ).cumcount()
+        keyed = ~is_p2p | p2p_rows
+        pair_keys = (lo[keyed], hi[keyed])
     group = np.full(len(rank), UNMATCHED, dtype=np.int64)
-    pair_keys = (lo[keyed], hi[keyed]) if is_p2p.any() else ()  # else constant: no need to group by them
     group[keyed] = Groups(comm[keyed], *pair_keys, key_seq[keyed]).first_seen()
 
     expected = np.where(is_p2p, 2, size)
