@@ -98,8 +98,8 @@ def rank_frame(meta: Table, events: Table, inst: Table) -> dict[str, np.ndarray]
     window = window[order].astype(np.float64)
     busy_ns = np.asarray(meta["gpu_busy_ns"], np.float64)[order]
     # each call's rank as its position among the ranks: per-rank counts and int sums without a grouping
-    at = locate(ranks, np.asarray(events["rank"], np.int64))
-    known = at >= 0
+    event_rank = np.asarray(events["rank"], np.int64)
+    at, known = ranks.searchsorted(event_rank), in_sorted(event_rank, ranks)
     kernel_ns = np.zeros(len(ranks), dtype=np.int64)
     np.add.at(kernel_ns, at[known], np.asarray(events["duration"], np.int64)[known])
     columns = {

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analysis.groups import Groups, Table, locate
+from rankscope.analysis.groups import Groups, Table
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 
@@ -76,10 +76,10 @@ def _by_rank_then_start(rank: np.ndarray, start: np.ndarray) -> np.ndarray:
 
 
 def find(events: Table, ranks: np.ndarray) -> Stragglers:
-    """Flag ranks whose own delay stands out; ``ranks`` lists every rank analysed."""
+    """Flag ranks whose own delay stands out; ``ranks`` lists every rank analysed, ascending."""
     rows = own_delay(events)
     # each row's rank as its position among the ranks: the per-rank mean without a grouping
-    at = locate(np.asarray(ranks, np.int64), rows["rank"])
+    at = np.asarray(ranks, np.int64).searchsorted(rows["rank"])
     count = np.bincount(at, minlength=len(ranks))
     with np.errstate(invalid="ignore", divide="ignore"):
         delay = np.where(count > 0, np.bincount(at, weights=rows["excess"], minlength=len(ranks)) / count, np.nan)
