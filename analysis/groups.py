@@ -83,6 +83,14 @@ def isin(values: ArrayLike, allowed: Iterable) -> np.ndarray:
     return member_of(uniques, allowed)[labels] if len(labels) else np.zeros(0, dtype=bool)
 
 
+def factorize(values: Iterable) -> tuple[np.ndarray, list]:
+    """(code of each value, distinct values), numbered in order of first appearance, as
+    pandas' factorize without its setup cost on a few hundred hashable values."""
+    index: dict = {}
+    labels = np.array([index.setdefault(value, len(index)) for value in values], np.int64)
+    return labels, list(index)
+
+
 def member_of(values: np.ndarray, allowed: Iterable) -> np.ndarray:
     """Boolean mask of a few (distinct) ``values`` found in ``allowed``: set lookups, where
     np.isin's setup would cost more than the whole test."""

@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow as pa
 
 from rankscope.analysis import digest, intervals, ops
-from rankscope.analysis.groups import Groups, run_starts
+from rankscope.analysis.groups import Groups, factorize, run_starts
 from rankscope.errors import ExportError, InputError
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 
@@ -581,14 +581,6 @@ def _nccl_facts(name: str | None) -> tuple[int, int, bool, bool]:
     return _OP_CODE.get(ops.from_nccl_api(name), -1), _group_step(name), _is_comm_init(name), _creates_comm(name)
 
 
-def _factorize(values: Iterable) -> tuple[np.ndarray, list]:
-    """(code of each value, distinct values), numbered in order of first appearance (as
-    pandas' factorize, without its setup cost on a few hundred values)."""
-    index: dict = {}
-    codes = np.array([index.setdefault(value, len(index)) for value in values], np.int64)
-    return codes, list(index)
-
-
 # ---------------------------------------------------------------- a batch: rows
 
 
@@ -598,7 +590,7 @@ def _kernel_names(files: list[_File], kernels: Columns) -> tuple[np.ndarray, np.
     file = np.array([i for i, export in enumerate(files) for _ in export.kernel_names], np.int64)
     ids = np.array([key for export in files for key, _ in export.kernel_names], np.int64)
     labels = [value or "<unnamed>" for export in files for _, value in export.kernel_names]
-    codes, names = _factorize([*labels, "<unnamed>"])
+    codes, names = factorize([*labels, "<unnamed>"])
     at = _first_match((file, ids), (kernels["file"], kernels["name"]))  # -1: the last label
     return np.array(names, dtype=object), codes[at]
 
@@ -617,7 +609,7 @@ def _nvtx(files: list[_File]) -> tuple[Columns, Columns]:
             pids = ", ".join(str(p) for p in np.unique(rows["pid"][named & (rows["file"] == i)]).tolist())
             files[i].warn(f"no NVTX domain named NCCL for process {pids}; took ranges named nccl* in non-default domains as NCCL's")
     is_nccl, is_step = (kind == _NCCL_RANGE) | named, kind == _OTHER_RANGE
-    codes, distinct = _factorize(chain.from_iterable(export.nvtx_names for export in files))
+    codes, distinct = factorize(chain.from_iterable(export.nvtx_names for export in files))
     wanted = np.zeros((2, len(distinct)), bool)
     wanted[0, codes[is_nccl]] = wanted[1, codes[is_step]] = True  # names of NCCL ranges, of step ranges
     facts = _name_facts(np.array(distinct, dtype=object), *wanted)
