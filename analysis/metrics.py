@@ -16,6 +16,7 @@ import numpy as np
 
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, locate, member_of, take, take_or
 from rankscope.analysis.matching import UNMATCHED
+from rankscope.analysis.ops import bus_factor
 
 SIGMAS = 3.0
 TOP_KERNELS = 5
@@ -165,7 +166,9 @@ def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[i
 
 
 def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
-    """Per (comm_id, op): instances, size, duration, imbalance CV across ranks, transfer CV over time."""
+    """Per (comm_id, op): instances, size, duration, imbalance CV across ranks, transfer CV
+    over time, and the bus bandwidth of the transfer (median over instances: message size
+    over the time from the last arrival to the median end, so waiting does not count)."""
     comm, comm_ids = codes(events["comm_id"])
     op, ops = codes(events["op"])
     per_rank = Groups(comm, op, np.asarray(events["rank"], np.int64))
@@ -194,14 +197,12 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
     median = typical.broadcast(typical.median(transfer))
     with np.errstate(invalid="ignore", divide="ignore"):
         relative = transfer / np.where(median > 0, median, np.nan)
-    sized = ~np.isnan(size)
-    if sized.all():  # the usual case: no grouping of the sized ones
-        bytes_median = per_instance.median(size)
-    else:
-        bytes_median = np.full(per_instance.count, np.nan)
-        if sized.any():
-            with_size = Groups(per_instance.id[sized])
-            bytes_median[with_size.keys[0]] = with_size.median(size[sized])
+    factor = np.full(len(i_op), np.nan)
+    for code, name in enumerate(ops.tolist()):
+        of_op = i_op == code
+        factor[of_op] = bus_factor(name, instances.size[of_op])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        busbw = np.where(transfer > 0, size / transfer * factor, np.nan)  # bytes per ns: GB/s
     # every (comm, op) with instances also has calls: place its figures on that row
     at = np.searchsorted(per_op.keys[0] * len(ops) + per_op.keys[1], per_instance.keys[0] * len(ops) + per_instance.keys[1])
 
@@ -217,12 +218,25 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
         "duration_mean_ns": per_op.sum(rank_total) / calls,  # float sums of int ns are exact: as a mean over calls
         "imbalance_cv": imbalance,
         "instances": np.bincount(at, weights=per_instance.size, minlength=per_op.count).astype(np.int64),
-        "bytes_median": on_rows(bytes_median),
+        "bytes_median": on_rows(_median_known(per_instance, size)),
         "transfer_mean_ns": on_rows(per_instance.mean(transfer)),
         "network_cv": on_rows(per_instance.std(relative)),
         "skew_mean_ns": on_rows(per_instance.mean(skew)),
         "skew_p99_ns": on_rows(per_instance.quantile(skew, 0.99)),
+        "busbw_gbps": on_rows(_median_known(per_instance, busbw)),
     }
+
+
+def _median_known(groups: Groups, values: np.ndarray) -> np.ndarray:
+    """Median per group of the non-NaN values (NaN where a group has none)."""
+    known = ~np.isnan(values)
+    if known.all():  # the usual case: no grouping of the known ones
+        return groups.median(values)
+    out = np.full(groups.count, np.nan)
+    if known.any():
+        with_value = Groups(groups.id[known])
+        out[with_value.keys[0]] = with_value.median(values[known])
+    return out
 
 
 def tp_overhead(events: Table, steps: Table, meta: Table, tp_comms: list[str]) -> dict[str, np.ndarray]:

@@ -135,6 +135,26 @@ def is_comm_kernel(names: Sequence[str | None]) -> np.ndarray:
                        dtype=bool, count=len(names))
 
 
+def bus_factor(op: str, ranks: np.ndarray) -> np.ndarray:
+    """nccl-tests' bus bandwidth over (message size / time) for ``op`` on instances of
+    ``ranks`` participants each; NaN where no factor is claimed.
+
+    nccl-tests (doc/PERFORMANCE.md): busbw = S / t x factor, S the operation's whole size;
+    AllReduce 2(n-1)/n, AllGather (n-1)/n, Broadcast and Reduce 1. The digests carry the
+    per-rank message size m that NCCL's API takes (AllGather: sendcount): S = m, but n*m
+    for AllGather. ReduceScatter and AllToAll are left out: NCCL's payload gives recvcount
+    (S/n) where PyTorch's traces give the input (S), so no one factor fits both sources.
+    """
+    n = np.asarray(ranks, dtype=np.float64)
+    if op == ALLREDUCE:
+        return 2 * (n - 1) / n
+    if op == ALLGATHER:
+        return n - 1
+    if op in (BROADCAST, REDUCE) or op in P2P_OPS:
+        return np.ones_like(n)
+    return np.full_like(n, np.nan)
+
+
 def is_n_to_n(op: str) -> bool:
     """True for ops where every member takes part and waits for all others."""
     return op in N_TO_N_OPS

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 import pyarrow as pa
 
-from rankscope.analysis import clock, matching, metrics, stragglers
+from rankscope.analysis import clock, links, matching, metrics, stragglers
 from rankscope.analysis.digest import columns
 from rankscope.analysis.groups import ArrayLike, Coded, Table
 from rankscope.analysis.report import (
@@ -90,12 +90,14 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of) for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
+    comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst))
     return Report(
         job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
         ranks=_rank_rows(per_rank, model, found, kernels),
         stragglers=found.ranks,
         late_ranks=_late_ranks(per_rank, found.min_effect_ns),
-        communicators=_communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst)),
+        communicators=comm_rows,
+        slow_communicators=links.slow_communicators(comm_rows),
         tp_overhead=_tp_rows(metrics.tp_overhead(events, steps, meta, tp_comms), matched),
         alignment=Alignment(
             method=model.method,

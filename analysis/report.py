@@ -53,6 +53,7 @@ class OpSpread:
     network_cv: float | None  # CV over time of transfer within a size class
     skew_mean_ns: float | None  # arrival skew: last minus first start
     skew_p99_ns: float | None
+    busbw_gbps: float | None = None  # nccl-tests bus bandwidth of the transfer, GB/s (ops.bus_factor)
 
 
 @dataclass
@@ -63,6 +64,18 @@ class CommunicatorRow:
     ranks: list[int]
     hosts: int
     ops: list[OpSpread]
+
+
+@dataclass
+class SlowCommunicator:
+    """A (communicator, op) whose bus bandwidth stands out low among like ones (links.py)."""
+
+    comm_id: str
+    op: str
+    ranks: list[int]
+    busbw_gbps: float
+    peers_busbw_gbps: float  # median of its class: same op, kind, member count, hosts, size class
+    peers: int  # communicators in the class, itself included
 
 
 @dataclass
@@ -118,6 +131,7 @@ class Report:
     alignment: Alignment
     top_kernels: list[dict[str, Any]]
     warnings: list[str]
+    slow_communicators: list[SlowCommunicator] = field(default_factory=list)
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +159,7 @@ class Report:
                 alignment=Alignment(**alignment),
                 top_kernels=list(data.get("top_kernels", [])),
                 warnings=list(data.get("warnings", [])),
+                slow_communicators=[SlowCommunicator(**c) for c in data.get("slow_communicators", [])],
                 schema=data["schema"],
             )
         except (KeyError, TypeError) as exc:
@@ -187,6 +202,10 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _gbps(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.3g} GB/s"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -242,14 +261,22 @@ def _render(report: Report) -> list[str]:
         rows,
     )
     out.append("")
-    out.append("COMMUNICATORS (imbalance = CV of per-rank NCCL time; network = CV of transfer over time)")
+    out.append("COMMUNICATORS (busbw = bus bandwidth as nccl-tests counts it, over the transfer once all arrived;")
+    out.append("               imbal = CV of per-rank NCCL time; network = CV of transfer over time)")
     comm_rows = [
         [_short(c.comm_id), c.kind, _ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
-         fmt_ns(o.transfer_mean_ns), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv), _num(o.network_cv)]
+         fmt_ns(o.transfer_mean_ns), _gbps(o.busbw_gbps), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv),
+         _num(o.network_cv)]
         for c in report.communicators
         for o in c.ops
     ]
-    out += _table(["comm", "kind", "ranks", "op", "inst", "dur mean", "transfer", "skew mean", "imbal", "network"], comm_rows)
+    out += _table(["comm", "kind", "ranks", "op", "inst", "dur mean", "transfer", "busbw", "skew mean", "imbal", "network"],
+                  comm_rows)
+    if report.slow_communicators:
+        out.append("")
+        out.append("SLOW LINKS (bus bandwidth far below like communicators': same op, kind, size and hosts)")
+        out += [f"  {_short(c.comm_id)} (ranks {_ranks_text(c.ranks)}) {c.op}: {_gbps(c.busbw_gbps)}, like ones "
+                f"{_gbps(c.peers_busbw_gbps)} (median of {c.peers})" for c in report.slow_communicators]
     if report.tp_overhead:
         out.append("")
         out.append("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)")

@@ -83,6 +83,7 @@ class JobSpec:
     tp_bytes: int = 32 << 20
     dp_bytes: int = 64 << 20
     barrier: bool = False  # a small world AllReduce closing each step
+    slow_links: tuple[int, ...] = ()  # ranks whose network link runs at SLOW_LINK_SHARE of the inter-node bandwidth
     seed: int = 0
     job_id: str = "sim"
     start_utc_ns: int = 1_780_000_000_000_000_000  # true UTC of t0 (first step)
@@ -95,6 +96,7 @@ class JobSpec:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
+        object.__setattr__(self, "slow_links", tuple(self.slow_links))
         _validate(self)
 
     @property
@@ -133,6 +135,9 @@ def _validate(spec: JobSpec) -> None:
         if s.rank in seen:
             raise bad(f"straggler rank {s.rank} given twice")
         seen.add(s.rank)
+    for rank in spec.slow_links:
+        if not 0 <= rank < spec.world_size:
+            raise bad(f"slow link rank {rank} outside 0..{spec.world_size - 1}")
     if not _phases(spec):
         raise bad("a single-rank job has no collectives to simulate")
 
@@ -239,6 +244,7 @@ _KERNEL_SHARE = np.array([0.35, 0.30, 0.25, 0.10])
 # Bus bandwidth (B/s) and latency (ns) inside a node (NVLink) and across nodes (IB).
 _INTRA = (300e9, 8 * US)
 _INTER = (40e9, 20 * US)
+SLOW_LINK_SHARE = 0.5  # a degraded NIC or cable: half the bandwidth
 _TRANSFER_CV = 0.02
 
 
@@ -269,11 +275,22 @@ def _kernel_shares(k: int) -> np.ndarray:
 
 
 def _transfer_ns(spec: JobSpec, phase: _Phase, group: int) -> float:
-    ranks = members(spec, phase.comm, group)
-    n = len(ranks)
-    intra = len({r // spec.gpus_per_node for r in ranks}) == 1
-    busbw, latency = _INTRA if intra else _INTER
-    return latency + 2 * (n - 1) / n * phase.nbytes / busbw * 1e9
+    n = len(members(spec, phase.comm, group))
+    latency = (_INTRA if _intra(spec, phase.comm, group) else _INTER)[1]
+    return latency + 2 * (n - 1) / n * phase.nbytes / bus_bandwidth(spec, phase.comm, group) * 1e9
+
+
+def _intra(spec: JobSpec, kind: str, group: int) -> bool:
+    return len({r // spec.gpus_per_node for r in members(spec, kind, group)}) == 1
+
+
+def bus_bandwidth(spec: JobSpec, kind: str, group: int) -> float:
+    """The simulated links' bus bandwidth (B/s) for one communicator: NVLink inside a node,
+    the network across nodes, slowed where a member's link is slow."""
+    if _intra(spec, kind, group):
+        return _INTRA[0]
+    slow = not set(members(spec, kind, group)).isdisjoint(spec.slow_links)
+    return _INTER[0] * (SLOW_LINK_SHARE if slow else 1.0)
 
 
 def _rank_draws(spec: JobSpec, rank: int, n_phases: int, k: int) -> dict[str, np.ndarray]:
@@ -424,7 +441,7 @@ def truth(spec: JobSpec) -> dict[str, Any]:
             h = comm_hash(spec, kind, g)
             # comm_id: the hash as 16 hex digits, the digest's spelling of NCCL's commHash.
             communicators.append({"kind": kind, "comm_hash": h, "comm_id": f"{h:016x}",
-                                  "ranks": members(spec, kind, g)})
+                                  "ranks": members(spec, kind, g), "bus_bandwidth_gbps": bus_bandwidth(spec, kind, g) / 1e9})
     return {
         "schema": TRUTH_SCHEMA,
         "spec": dataclasses.asdict(spec),
@@ -433,6 +450,7 @@ def truth(spec: JobSpec) -> dict[str, Any]:
         "nodes": [{"node": n, "host": host_name(spec, n), "offset_ns": int(offsets[n]),
                    "drift_ppm": float(drifts[n])} for n in range(spec.nodes)],
         "stragglers": sorted(s.rank for s in spec.stragglers),
+        "slow_links": sorted(spec.slow_links),
         "collectives_per_step": [{"comm": ph.comm, "op": "allreduce", "bytes": ph.nbytes} for ph in tl.phases],
         "communicators": communicators,
         "ranks": ranks,
@@ -1291,6 +1309,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jitter-us", type=float, default=10.0, help="std of each compute kernel's duration")
     p.add_argument("--tp-collectives", type=int, default=2, help="TP AllReduces per step")
     p.add_argument("--barrier", action="store_true", help="close each step with a small world AllReduce")
+    p.add_argument("--slow-link", type=int, action="append", default=[], metavar="RANK",
+                   help=f"this rank's network link runs at {SLOW_LINK_SHARE:g} of the bandwidth; repeatable")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=FORMATS, default="nsys")
     p.add_argument("--job-id", default="sim")
@@ -1304,7 +1324,8 @@ def _run_cli(args: argparse.Namespace) -> int:
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, tp=args.tp, steps=args.steps,
         stragglers=tuple(args.straggler), max_offset_ns=int(round(args.max_offset_ms * MS)),
         max_drift_ppm=args.max_drift_ppm, jitter_ns=int(round(args.jitter_us * US)),
-        tp_collectives=args.tp_collectives, barrier=args.barrier, seed=args.seed, job_id=args.job_id,
+        tp_collectives=args.tp_collectives, barrier=args.barrier, slow_links=tuple(args.slow_link), seed=args.seed,
+        job_id=args.job_id,
     )
     paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format)
     truth_path = write_truth(spec, args.outdir / "truth.json")

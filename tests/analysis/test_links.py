@@ -1,0 +1,86 @@
+"""Bus bandwidth per communicator and slow links, on simulated jobs whose links are known."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from rankscope.analysis import ops
+from rankscope.analysis import simulate as sm
+from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.report import Report
+from rankscope.analysis.sources import load_digests
+from rankscope.errors import ConfigError
+
+
+def _analysed(tmp_path, **spec):
+    job = sm.JobSpec(nodes=4, gpus_per_node=8, tp=8, steps=10, **spec)
+    sm.simulate(job, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(load_digests(sorted(tmp_path.glob("*.sqlite")))), sm.truth(job)
+
+
+@pytest.fixture(scope="module")
+def slow_link(tmp_path_factory):
+    return _analysed(tmp_path_factory.mktemp("slow"), slow_links=(19,))
+
+
+def test_bus_factors_are_nccl_tests_own() -> None:
+    n = np.array([2, 4, 8])
+    assert ops.bus_factor(ops.ALLREDUCE, n).tolist() == [1.0, 1.5, 1.75]
+    assert ops.bus_factor(ops.ALLGATHER, n).tolist() == [1.0, 3.0, 7.0]  # S = n x the per-rank sendcount
+    for op in (ops.BROADCAST, ops.REDUCE, ops.SENDRECV):
+        assert ops.bus_factor(op, n).tolist() == [1.0, 1.0, 1.0]
+    for op in (ops.REDUCESCATTER, ops.ALLTOALL, ops.BARRIER):  # sizes counted differently by the sources
+        assert np.isnan(ops.bus_factor(op, n)).all()
+
+
+def test_bus_bandwidth_is_the_simulated_links(slow_link) -> None:
+    report, truth = slow_link
+    links = {c["comm_id"]: c["bus_bandwidth_gbps"] for c in truth["communicators"]}
+    measured = {c.comm_id: c.ops[0].busbw_gbps for c in report.communicators}
+    assert measured.keys() == links.keys()
+    for comm_id, busbw in measured.items():
+        # below the link by its latency (a few %) and the simulated transfer noise, never above
+        assert 0.92 * links[comm_id] <= busbw <= 1.01 * links[comm_id], comm_id
+
+
+def test_the_communicator_on_the_slow_link_and_only_it_is_flagged(slow_link) -> None:
+    report, truth = slow_link
+    (slow,) = [c for c in truth["communicators"] if 19 in c["ranks"] and c["kind"] == "dp"]
+    assert [(s.comm_id, s.op, s.ranks, s.peers) for s in report.slow_communicators] == [
+        (slow["comm_id"], "allreduce", slow["ranks"], 8)]
+    flagged = report.slow_communicators[0]
+    assert flagged.busbw_gbps / flagged.peers_busbw_gbps == pytest.approx(sm.SLOW_LINK_SHARE, rel=0.05)
+    assert report.stragglers == []  # its ranks arrive late, but through the link, not their own delay
+    assert "SLOW LINKS" in report.render_table() and slow["comm_id"] in report.render_table()
+
+
+def test_a_healthy_fabric_flags_no_link(tmp_path) -> None:
+    report, _ = _analysed(tmp_path)
+    assert report.slow_communicators == []
+    assert all(o.busbw_gbps > 0 for c in report.communicators for o in c.ops)
+    assert "SLOW LINKS" not in report.render_table()
+
+
+def test_reports_round_trip_and_older_ones_still_load(slow_link) -> None:
+    report, _ = slow_link
+    data = json.loads(report.to_json())
+    assert Report.from_dict(data) == report
+    for key in ("slow_communicators",):
+        del data[key]
+    for comm in data["communicators"]:
+        for op in comm["ops"]:
+            del op["busbw_gbps"]
+    older = Report.from_dict(data)
+    assert older.slow_communicators == [] and older.communicators[0].ops[0].busbw_gbps is None
+    older.render_table()
+
+
+def test_a_slow_link_outside_the_job_is_refused() -> None:
+    with pytest.raises(ConfigError, match="slow link rank 32 outside 0..31"):
+        sm.JobSpec(nodes=4, gpus_per_node=8, tp=8, slow_links=(32,))
