@@ -212,14 +212,17 @@ def run_sweeps(args: argparse.Namespace) -> int:
     if not sweeps:
         print("no sweeps", file=sys.stderr)
         return 0
-    rows = [["SWEEP", "STATE", "NODES", "BACKEND", "STARTED (UTC)", "STRAGGLERS (RANK@NODE)", "MISSING"]]
+    rows = [["SWEEP", "STATE", "NODES", "BACKEND", "STARTED (UTC)", "STRAGGLERS (RANK@NODE)",
+             "SLOW LINKS (RANKS: SHARE OF LIKE ONES' BUSBW)", "MISSING"]]
     for sweep in sweeps:
         done = sum(n.state == pb.NODE_STATE_ANALYSED for n in sweep.nodes)
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_ns / 1e9))
-        # "none": analysed and nobody stands out; "-": no report (yet)
+        # "none": analysed and nothing stands out; "-": no report (yet)
         flagged = ",".join(f"{s.rank}@{s.host}" for s in sweep.stragglers) or "none" if sweep.report_path else "-"
+        links = " ".join(f"{','.join(map(str, link.ranks))}:{link.busbw_gbps / link.peers_busbw_gbps:.0%}"
+                         for link in sweep.slow_links) or "none" if sweep.report_path else "-"
         rows.append([sweep.sweep_id, state_name(sweep.state), f"{done}/{len(sweep.nodes)}", sweep.backend, started,
-                     flagged, ",".join(sweep.missing) or "-"])
+                     flagged, links, ",".join(sweep.missing) or "-"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

@@ -330,9 +330,8 @@ class Coordinator:
                 if not self.artifacts.has(artifact.sha256):
                     raise RankscopeError(f"digest {artifact.name} ({artifact.sha256[:12]}) is not in the artifact store")
                 paths.append(self.artifacts.path_of(artifact.sha256))
-            stragglers = reports.build(sweep, paths, self.clock_hints(), out, self.analyze)
+            event: sw.Event = reports.build(sweep, paths, self.clock_hints(), out, self.clock(), self.analyze)
             self.store.save_report(sweep.sweep_id, out, self.clock())
-            event: sw.Event = sw.AnalysisDone(str(out), self.clock(), stragglers)
         except RankscopeError as exc:
             event = sw.AnalysisFailed(f"analysis failed: {exc}", self.clock())
         except Exception as exc:  # a bug in the analysis must not leave the sweep analysing forever

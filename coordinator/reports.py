@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from rankscope.analysis import digest
-from rankscope.coordinator.sweeps import RankOn, Sweep
+from rankscope.coordinator.sweeps import AnalysisDone, RankOn, SlowLink, Sweep
 from rankscope.errors import InputError
 
 Analyze = Callable[..., Any]  # (digests: pa.Table, *, clock_hints) -> Report
@@ -29,9 +29,10 @@ def default_analyze() -> Analyze:
     return analyze
 
 
-def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, int], out: Path,
-          analyze: Analyze | None = None) -> tuple[RankOn, ...]:
-    """Analyse the digests, write the report atomically to ``out``; return its stragglers."""
+def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, int], out: Path, at_ns: int,
+          analyze: Analyze | None = None) -> AnalysisDone:
+    """Analyse the digests, write the report atomically to ``out``; the sweep's event, with
+    the stragglers and slow links the report flags."""
     tables: list[pa.Table] = [digest.read(path) for path in digest_paths]
     digests = digest.concat(tables)
     digest.check_consistent(digests)
@@ -43,7 +44,12 @@ def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, 
     data["sweep"] = sweep_facts(sweep)
     write_json(data, out)
     hosts = {rank.rank: rank.host for rank in report.ranks}
-    return tuple(RankOn(rank, hosts.get(rank, "")) for rank in report.stragglers)
+    return AnalysisDone(
+        str(out), at_ns,
+        stragglers=tuple(RankOn(rank, hosts.get(rank, "")) for rank in report.stragglers),
+        slow_links=tuple(SlowLink(c.comm_id, c.op, tuple(c.ranks), c.busbw_gbps, c.peers_busbw_gbps)
+                         for c in report.slow_communicators),
+    )
 
 
 def missing_notes(sweep: Sweep) -> list[str]:

@@ -125,10 +125,22 @@ class RankOn:
 
 
 @dataclass(frozen=True)
+class SlowLink:
+    """A communicator whose bus bandwidth stood out low in a sweep's report (analysis/links.py)."""
+
+    comm_id: str
+    op: str
+    ranks: tuple[int, ...]
+    busbw_gbps: float
+    peers_busbw_gbps: float  # median of the like communicators
+
+
+@dataclass(frozen=True)
 class AnalysisDone:
     report_path: str
     at_ns: int
     stragglers: tuple[RankOn, ...] = ()
+    slow_links: tuple[SlowLink, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,6 +200,7 @@ class Sweep:
     report_path: str = ""
     error: str = ""
     stragglers: list[RankOn] = field(default_factory=list)  # once analysed: who the report flags
+    slow_links: list[SlowLink] = field(default_factory=list)  # once analysed: the links it flags
 
     @classmethod
     def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None) -> tuple[Sweep, list[Instruction]]:
@@ -286,6 +299,7 @@ class Sweep:
                 record.state, record.updated_ns = NodeState.ANALYSED, event.at_ns
         self.report_path = event.report_path
         self.stragglers = list(event.stragglers)
+        self.slow_links = list(event.slow_links)
         self.state = SweepState.PARTIAL if self.missing else SweepState.ANALYSED
         self.finished_ns = event.at_ns
         return [Changed()]
@@ -322,8 +336,11 @@ class Sweep:
             )
             for name, rec in data["nodes"].items()
         }
-        stragglers = [RankOn(**s) for s in data.get("stragglers", ())]  # absent in sweeps stored before it existed
-        return cls(**{**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]), "stragglers": stragglers})
+        # stragglers and slow links are absent in sweeps stored before they were kept
+        stragglers = [RankOn(**s) for s in data.get("stragglers", ())]
+        slow_links = [SlowLink(**{**link, "ranks": tuple(link["ranks"])}) for link in data.get("slow_links", ())]
+        return cls(**{**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]), "stragglers": stragglers,
+                      "slow_links": slow_links})
 
 
 def new_sweep_id(now_ns: int | None = None) -> str:

@@ -414,7 +414,7 @@ class NodeProgress(_message.Message):
     def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ..., dcgm_detail: _Optional[str] = ...) -> None: ...
 
 class Sweep(_message.Message):
-    __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error", "stragglers")
+    __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error", "stragglers", "slow_links")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +427,7 @@ class Sweep(_message.Message):
     REPORT_PATH_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
+    SLOW_LINKS_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: SweepState
     backend: str
@@ -439,7 +440,8 @@ class Sweep(_message.Message):
     report_path: str
     error: str
     stragglers: _containers.RepeatedCompositeFieldContainer[RankRef]
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[RankRef, _Mapping]]] = ...) -> None: ...
+    slow_links: _containers.RepeatedCompositeFieldContainer[SlowLink]
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[RankRef, _Mapping]]] = ..., slow_links: _Optional[_Iterable[_Union[SlowLink, _Mapping]]] = ...) -> None: ...
 
 class RankRef(_message.Message):
     __slots__ = ("rank", "host")
@@ -448,6 +450,20 @@ class RankRef(_message.Message):
     rank: int
     host: str
     def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+
+class SlowLink(_message.Message):
+    __slots__ = ("comm_id", "op", "ranks", "busbw_gbps", "peers_busbw_gbps")
+    COMM_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    BUSBW_GBPS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_BUSBW_GBPS_FIELD_NUMBER: _ClassVar[int]
+    comm_id: str
+    op: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    busbw_gbps: float
+    peers_busbw_gbps: float
+    def __init__(self, comm_id: _Optional[str] = ..., op: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., busbw_gbps: _Optional[float] = ..., peers_busbw_gbps: _Optional[float] = ...) -> None: ...
 
 class ListSweepsRequest(_message.Message):
     __slots__ = ("limit",)

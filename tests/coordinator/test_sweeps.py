@@ -13,6 +13,7 @@ S = 1_000_000_000
 T0 = 1_764_000_000 * S
 SPEC = sw.SweepSpec(backend="sim", duration_s=5.0, timeout_s=30.0)
 DIGEST = sw.ArtifactInfo("rank0.parquet", "a" * 64, 10, "digest", "u-a", (0, 1))
+LINK = sw.SlowLink("dp3", "allreduce", (3, 11, 19, 27), 19.6, 39.2)
 
 
 def started(*nodes: str) -> sw.Sweep:
@@ -41,19 +42,19 @@ def test_every_node_finished_is_analysed() -> None:
     out = finish(sweep, "b")
     assert analyses(out) == [sw.Analyse((DIGEST, DIGEST))]
     assert sweep.state is sw.SweepState.ANALYSING
-    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 2 * S, (sw.RankOn(3, "b"),)))
+    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 2 * S, (sw.RankOn(3, "b"),), (LINK,)))
     assert sweep.state is sw.SweepState.ANALYSED and sweep.missing == []
     assert {rec.state for rec in sweep.nodes.values()} == {sw.NodeState.ANALYSED}
     assert sweep.report_path == "/r/s1.json" and sweep.final
-    assert sweep.stragglers == [sw.RankOn(3, "b")]
+    assert sweep.stragglers == [sw.RankOn(3, "b")] and sweep.slow_links == [LINK]
     assert sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict()))) == sweep  # as the store keeps it
 
 
-def test_a_sweep_stored_before_stragglers_were_kept_still_loads() -> None:
+def test_a_sweep_stored_before_stragglers_and_slow_links_were_kept_still_loads() -> None:
     sweep = started("a")
     data = json.loads(json.dumps(sweep.to_dict()))
-    del data["stragglers"]
-    assert sw.Sweep.from_dict(data).stragglers == []
+    del data["stragglers"], data["slow_links"]
+    assert sw.Sweep.from_dict(data).stragglers == [] and sw.Sweep.from_dict(data).slow_links == []
 
 
 def test_uploaded_without_dcgm_resumed_is_not_finished() -> None:

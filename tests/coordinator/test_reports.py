@@ -1,0 +1,68 @@
+"""A sweep's report as the coordinator builds it, and what the sweep keeps of it: the
+stragglers and the slow links, listed by `rankscope sweeps` for scheduled health sweeps."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pyarrow.compute as pc
+import pytest
+
+from rankscope.analysis import digest, nsys
+from rankscope.analysis import simulate as sm
+from rankscope.cli import main
+from rankscope.coordinator import commands, reports
+from rankscope.coordinator import sweeps as sw
+from rankscope.coordinator.server import sweep_message
+
+S = 1_000_000_000
+SPEC = sw.SweepSpec(backend="nsys", duration_s=5.0, timeout_s=30.0)
+
+
+@pytest.fixture(scope="module")
+def slow_link_job(tmp_path_factory):
+    """Per-node digests of a simulated 4-node job whose rank 19 has a slow network link."""
+    job = sm.JobSpec(nodes=4, gpus_per_node=8, tp=8, steps=10, slow_links=(19,))
+    exports = tmp_path_factory.mktemp("exports")
+    sm.simulate(job, exports)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = nsys.read_many(sorted(exports.glob("*.sqlite")))
+    out = tmp_path_factory.mktemp("digests")
+    paths = []
+    for node in range(job.nodes):
+        host = sm.host_name(job, node)
+        paths.append(out / f"{host}.parquet")
+        digest.write(table.filter(pc.equal(table.column("host"), host)), paths[-1])
+    return job, paths
+
+
+def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_path, monkeypatch, capsys) -> None:
+    job, paths = slow_link_job
+    hosts = [sm.host_name(job, n) for n in range(job.nodes)]
+    sweep, _ = sw.Sweep.start(SPEC, hosts, 0, sweep_id="s1")
+    done = reports.build(sweep, paths, {}, tmp_path / "s1.json", 7 * S)
+    (slow,) = [c for c in sm.truth(job)["communicators"] if c["kind"] == "dp" and 19 in c["ranks"]]
+    assert [(link.comm_id, link.op, link.ranks) for link in done.slow_links] == [
+        (slow["comm_id"], "allreduce", tuple(slow["ranks"]))]
+    assert done.stragglers == () and done.at_ns == 7 * S
+    stored = json.loads((tmp_path / "s1.json").read_text())
+    assert [c["comm_id"] for c in stored["slow_communicators"]] == [slow["comm_id"]]
+
+    sweep.state = sw.SweepState.ANALYSING
+    sweep.handle(done)
+    assert sweep.slow_links == list(done.slow_links)
+    wire = sweep_message(sweep)
+    assert [list(link.ranks) for link in wire.slow_links] == [slow["ranks"]]
+
+    class Listing:  # the coordinator's answer to ListSweeps, without a server
+        def __init__(self, *_): ...
+        def __enter__(self): return self
+        def __exit__(self, *_): return False
+        def sweeps(self, limit): return [wire]
+
+    monkeypatch.setattr(commands, "SweepClient", Listing)
+    assert main(["sweeps", "--coordinator", "127.0.0.1:1"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert "SLOW LINKS" in header and f"{','.join(map(str, slow['ranks']))}:50%" in row and "none" in row
