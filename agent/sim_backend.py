@@ -9,6 +9,7 @@ injected stragglers, the usual NCCL trace layout), and everything after the capt
 Options (all strings, as they travel in StartCapture.options):
   sim.<field>        any scalar field of ``JobSpec`` (nodes, gpus_per_node, tp, steps, seed, ...)
   sim.stragglers     ``RANK[:compute|launch[:EXTRA_US[:EVERY]]]`` separated by commas, e.g. ``5:compute:3000``
+  sim.slow_links     ranks whose network link is slow, separated by commas, e.g. ``19``
   sim.node_index     this node's index in the job; or ``sim.node_index.<node>`` per node
 """
 
@@ -49,11 +50,20 @@ def job_spec(options: Mapping[str, str]):
         name = key[len(PREFIX):]
         if name == "stragglers":
             values[name] = parse_stragglers(raw)
+        elif name == "slow_links":
+            values[name] = _ranks(key, raw)
         elif name in known:
             values[name] = _cast(name, raw, _default(known[name]))
         else:
             raise ConfigError(f"{key}: the simulator's job spec has no field {name!r}")
     return JobSpec(**values)
+
+
+def _ranks(key: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise ConfigError(f"{key}: {text!r} is not a comma-separated list of ranks") from None
 
 
 def node_index(options: Mapping[str, str]) -> int:

@@ -58,6 +58,9 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
         job_spec({"sim.steps": "many"})
     with pytest.raises(ConfigError, match="sim.stragglers"):
         job_spec({"sim.stragglers": "x:compute"})
+    assert job_spec({"sim.nodes": "4", "sim.slow_links": "3, 19"}).slow_links == (3, 19)
+    with pytest.raises(ConfigError, match="sim.slow_links: 'x' is not a comma-separated list of ranks"):
+        job_spec({"sim.slow_links": "x"})
     with pytest.raises(ConfigError, match="no sim.node_index"):
         SimBackend().start(request(tmp_path, "c"))
     with pytest.raises(ConfigError, match="outside"):
