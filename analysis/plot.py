@@ -1,4 +1,4 @@
-"""The report as a picture: who arrives late, who waits, who is busy.
+"""The report as a picture: who arrives late, who waits, who is busy, which links are slow.
 
 Rendering only; it reads a finished :class:`Report` and computes nothing new, so the
 analysis stays free of plotting (style.md §4.4). Needs matplotlib
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankscope.analysis.report import Report
+from rankscope.analysis.report import Report, ranks_text
 from rankscope.errors import ConfigError
 
 STRAGGLER = "#c0392b"
@@ -21,7 +21,8 @@ TRANSFER = "#2980b9"
 
 
 def save(report: Report, path: str | Path) -> Path:
-    """Write a three-panel per-rank figure (PNG, SVG or PDF by suffix), atomically."""
+    """Write the per-rank panels, and one of bus bandwidth per communicator where the report
+    has one (PNG, SVG or PDF by suffix), atomically."""
     try:
         import matplotlib
 
@@ -36,8 +37,16 @@ def save(report: Report, path: str | Path) -> Path:
     flagged = set(report.stragglers)
     colors = [STRAGGLER if r.rank in flagged else PEER for r in ranks]
 
-    fig, (late, nccl, busy) = plt.subplots(3, 1, sharex=True, figsize=(max(6.0, 0.25 * len(ranks) + 3), 8))
+    links = [(c, o) for c in report.communicators for o in c.ops if o.busbw_gbps is not None]
+    fig, axes = plt.subplots(4 if links else 3, 1, figsize=(max(6.0, 0.25 * max(len(ranks), len(links)) + 3),
+                                                           10.5 if links else 8))
+    late, nccl, busy = axes[:3]
+    for above in (late, nccl):
+        above.sharex(busy)
+        above.tick_params(labelbottom=False)
     title = "rankscope: " + (f"stragglers {sorted(flagged)}" if flagged else "no straggler flagged")
+    if report.slow_communicators:
+        title += f"; {len(report.slow_communicators)} slow link(s)"
     fig.suptitle(title)
 
     late.bar(x, [_us(r.late_mean_ns) for r in ranks], color=colors)
@@ -56,6 +65,8 @@ def save(report: Report, path: str | Path) -> Path:
     busy.set_ylim(0, 100)
     busy.set_xlabel("rank")
     busy.set_xticks(x, labels, fontsize=7 if len(ranks) > 32 else 9)
+    if links:
+        _bandwidth(axes[3], report, links)
 
     fig.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
@@ -66,6 +77,18 @@ def save(report: Report, path: str | Path) -> Path:
         plt.close(fig)
         tmp.unlink(missing_ok=True)
     return path
+
+
+def _bandwidth(axis, report: Report, links: list) -> None:
+    """Bus bandwidth per (communicator, op), the slow links in the straggler colour."""
+    slow = {(c.comm_id, c.op) for c in report.slow_communicators}
+    x = np.arange(len(links))
+    axis.bar(x, [o.busbw_gbps for _, o in links],
+             color=[STRAGGLER if (c.comm_id, o.op) in slow else TRANSFER for c, o in links])
+    axis.set_ylabel("bus bandwidth (GB/s)")
+    axis.set_title("bus bandwidth per communicator" + (" (slow links in red)" if slow else ""), fontsize=9, loc="left")
+    axis.set_xticks(x, [f"{c.kind} {ranks_text(c.ranks)} {o.op}" for c, o in links], rotation=90,
+                    fontsize=6 if len(links) > 32 else 8)
 
 
 def _us(value: float | None) -> float:

@@ -264,7 +264,7 @@ def _render(report: Report) -> list[str]:
     out.append("COMMUNICATORS (busbw = bus bandwidth as nccl-tests counts it, over the transfer once all arrived;")
     out.append("               imbal = CV of per-rank NCCL time; network = CV of transfer over time)")
     comm_rows = [
-        [_short(c.comm_id), c.kind, _ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
+        [_short(c.comm_id), c.kind, ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
          fmt_ns(o.transfer_mean_ns), _gbps(o.busbw_gbps), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv),
          _num(o.network_cv)]
         for c in report.communicators
@@ -275,13 +275,13 @@ def _render(report: Report) -> list[str]:
     if report.slow_communicators:
         out.append("")
         out.append("SLOW LINKS (bus bandwidth far below like communicators': same op, kind, size and hosts)")
-        out += [f"  {_short(c.comm_id)} (ranks {_ranks_text(c.ranks)}) {c.op}: {_gbps(c.busbw_gbps)}, like ones "
+        out += [f"  {_short(c.comm_id)} (ranks {ranks_text(c.ranks)}) {c.op}: {_gbps(c.busbw_gbps)}, like ones "
                 f"{_gbps(c.peers_busbw_gbps)} (median of {c.peers})" for c in report.slow_communicators]
     if report.tp_overhead:
         out.append("")
         out.append("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)")
         tp_rows = [
-            [_short(t.comm_id), _ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
+            [_short(t.comm_id), ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
              _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
             for t in report.tp_overhead
         ]
@@ -304,7 +304,7 @@ def _short(text: str, width: int = 28) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     """Compact rank sets: 0-7, or 0,8,16,... for strided groups."""
     if not ranks:
         return "-"

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.report import Report
 from rankscope.analysis.testing import SyntheticJob, synthetic_job
 from rankscope.cli import main
 
@@ -21,6 +22,27 @@ def test_plot_is_a_png_titled_with_the_stragglers(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.stragglers == truth.stragglers == [5]
     assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def _png_height(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width, then height
+
+
+def test_a_report_with_bus_bandwidths_gets_their_panel(tmp_path: Path) -> None:
+    from rankscope.analysis import simulate as sm
+    from rankscope.analysis.sources import load_digests
+
+    sm.simulate(sm.JobSpec(nodes=4, gpus_per_node=8, tp=8, steps=5, slow_links=(19,)), tmp_path / "job")
+    report = analyze(load_digests([tmp_path / "job"]))
+    assert report.slow_communicators and all(o.busbw_gbps for c in report.communicators for o in c.ops)
+    older = report.to_dict()  # as stored before reports had bandwidths
+    del older["slow_communicators"]
+    for comm in older["communicators"]:
+        for op in comm["ops"]:
+            del op["busbw_gbps"]
+    plain = Report.from_dict(older)
+    with_links, without = plot.save(report, tmp_path / "links.png"), plot.save(plain, tmp_path / "plain.png")
+    assert _png_height(with_links) > _png_height(without)
 
 
 def test_analyze_plot_flag_writes_the_figure(tmp_path: Path, samples: Path) -> None:
