@@ -243,7 +243,9 @@ def _render(report: Report) -> list[str]:
     if others:
         shown = ", ".join(f"{r} ({fmt_ns(by_rank[r].late_mean_ns)})" for r in others[:12])
         more = f" and {len(others) - 12} more" if len(others) > 12 else ""
-        cause = " (delayed by the stragglers or their own)" if report.stragglers else ""
+        behind_links = {r for c in report.slow_communicators for r in c.ranks}
+        cause = (" (delayed by the stragglers or their own)" if report.stragglers else
+                 " (members of the slow links below)" if set(others) <= behind_links else "")
         out.append(f"LATE ARRIVALS, mean lateness{cause}: rank {shown}{more}")
     out.append("")
     rows = [

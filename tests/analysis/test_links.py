@@ -57,7 +57,10 @@ def test_the_communicator_on_the_slow_link_and_only_it_is_flagged(slow_link) -> 
     flagged = report.slow_communicators[0]
     assert flagged.busbw_gbps / flagged.peers_busbw_gbps == pytest.approx(sm.SLOW_LINK_SHARE, rel=0.05)
     assert report.stragglers == []  # its ranks arrive late, but through the link, not their own delay
-    assert "SLOW LINKS" in report.render_table() and slow["comm_id"] in report.render_table()
+    table = report.render_table()
+    assert "SLOW LINKS" in table and slow["comm_id"] in table
+    # its ranks arrive late at the next TP collective: said to be the link's members
+    assert sorted(report.late_ranks) == slow["ranks"] and "(members of the slow links below): rank" in table
 
 
 def test_a_healthy_fabric_flags_no_link(tmp_path) -> None:
