@@ -36,6 +36,8 @@ def slow_communicators(rows: list[CommunicatorRow]) -> list[SlowCommunicator]:
             classes.setdefault(key, []).append((row, op.busbw_gbps))
     slow = []
     for (op, *_), members in classes.items():
+        if len(members) < 3:  # too few to judge (stands_out would say so, after a median)
+            continue
         bandwidth = np.array([b for _, b in members])
         median = float(np.median(bandwidth))
         # low bandwidth as a high value: what stands_out looks for
