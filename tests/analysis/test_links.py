@@ -87,3 +87,14 @@ def test_reports_round_trip_and_older_ones_still_load(slow_link) -> None:
 def test_a_slow_link_outside_the_job_is_refused() -> None:
     with pytest.raises(ConfigError, match="slow link rank 32 outside 0..31"):
         sm.JobSpec(nodes=4, gpus_per_node=8, tp=8, slow_links=(32,))
+
+
+def test_real_kineto_pair_has_bandwidths_where_its_sizes_mean_one(samples) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(load_digests([samples / "kineto" / "hta" / "trace_filter"]))
+    busbw = {o.op: o.busbw_gbps for c in report.communicators for o in c.ops}
+    assert busbw.keys() == {"allreduce", "allgather", "alltoall"}
+    assert busbw["allreduce"] > 0 and busbw["allgather"] > 0
+    assert busbw["alltoall"] is None  # the input's size, not NCCL's per-rank one: no factor claimed
+    assert report.slow_communicators == []  # one communicator per op: nothing to compare with
