@@ -142,15 +142,16 @@ def bus_factor(op: str, ranks: np.ndarray) -> np.ndarray:
     nccl-tests (doc/PERFORMANCE.md): busbw = S / t x factor, S the operation's whole size;
     AllReduce 2(n-1)/n, AllGather (n-1)/n, Broadcast and Reduce 1. The digests carry the
     per-rank message size m that NCCL's API takes (AllGather: sendcount): S = m, but n*m
-    for AllGather. ReduceScatter and AllToAll are left out: NCCL's payload gives recvcount
-    (S/n) where PyTorch's traces give the input (S), so no one factor fits both sources.
+    for AllGather; a Send or Recv moves S = m one way, factor 1. Left out: ReduceScatter and
+    AllToAll, whose NCCL payload gives recvcount (S/n) where PyTorch's traces give the input
+    (S), and a fused SendRecv kernel, whose size may add both directions.
     """
     n = np.asarray(ranks, dtype=np.float64)
     if op == ALLREDUCE:
         return 2 * (n - 1) / n
     if op == ALLGATHER:
         return n - 1
-    if op in (BROADCAST, REDUCE) or op in P2P_OPS:
+    if op in (BROADCAST, REDUCE, SEND, RECV):
         return np.ones_like(n)
     return np.full_like(n, np.nan)
 

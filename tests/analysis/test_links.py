@@ -33,9 +33,10 @@ def test_bus_factors_are_nccl_tests_own() -> None:
     n = np.array([2, 4, 8])
     assert ops.bus_factor(ops.ALLREDUCE, n).tolist() == [1.0, 1.5, 1.75]
     assert ops.bus_factor(ops.ALLGATHER, n).tolist() == [1.0, 3.0, 7.0]  # S = n x the per-rank sendcount
-    for op in (ops.BROADCAST, ops.REDUCE, ops.SENDRECV):
+    for op in (ops.BROADCAST, ops.REDUCE, ops.SEND, ops.RECV):
         assert ops.bus_factor(op, n).tolist() == [1.0, 1.0, 1.0]
-    for op in (ops.REDUCESCATTER, ops.ALLTOALL, ops.BARRIER):  # sizes counted differently by the sources
+    # sizes counted differently by the sources, both directions in one, or no data at all
+    for op in (ops.REDUCESCATTER, ops.ALLTOALL, ops.SENDRECV, ops.BARRIER):
         assert np.isnan(ops.bus_factor(op, n)).all()
 
 
