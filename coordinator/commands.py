@@ -226,7 +226,26 @@ def run_sweeps(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    repeated = repeat_findings(sweeps)
+    if repeated:
+        print(f"\nflagged again and again: {repeated}")
     return 0
+
+
+def repeat_findings(sweeps: list[pb.Sweep]) -> str:
+    """The nodes with stragglers and the slow links found in more than one analysed sweep
+    listed, most often first: what scheduled health sweeps are for."""
+    analysed = [s for s in sweeps if s.report_path]
+    nodes: dict[str, set[str]] = {}
+    links: dict[str, set[str]] = {}
+    for sweep in analysed:
+        for straggler in sweep.stragglers:
+            nodes.setdefault(straggler.host, set()).add(sweep.sweep_id)
+        for link in sweep.slow_links:
+            links.setdefault(",".join(map(str, link.ranks)), set()).add(sweep.sweep_id)
+    found = [(len(ids), f"node {host}") for host, ids in nodes.items() if len(ids) > 1]
+    found += [(len(ids), f"link of ranks {ranks}") for ranks, ids in links.items() if len(ids) > 1]
+    return ", ".join(f"{what} in {count} of {len(analysed)} sweeps" for count, what in sorted(found, key=lambda f: -f[0]))
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -66,3 +66,21 @@ def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_p
     assert main(["sweeps", "--coordinator", "127.0.0.1:1"]) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert "SLOW LINKS" in header and f"{','.join(map(str, slow['ranks']))}:50%" in row and "none" in row
+
+
+def _listed(sweep_id: str, stragglers=(), links=(), analysed: bool = True):
+    return sweep_message(sw.Sweep(
+        sweep_id=sweep_id, spec=SPEC, created_ns=0, deadline_ns=0, nodes={}, report_path="r.json" if analysed else "",
+        stragglers=[sw.RankOn(rank, host) for rank, host in stragglers],
+        slow_links=[sw.SlowLink("c", "allreduce", ranks, 20.0, 40.0) for ranks in links]))
+
+
+def test_findings_that_come_back_across_sweeps_are_summed_up() -> None:
+    sweeps = [
+        _listed("s1", stragglers=[(5, "node-b")], links=[(3, 11)]),
+        _listed("s2", stragglers=[(5, "node-b"), (1, "node-a")], links=[(3, 11)]),
+        _listed("s3", stragglers=[(6, "node-b")]),
+        _listed("s4", stragglers=[(1, "node-a")], analysed=False),  # no report: not counted
+    ]
+    assert commands.repeat_findings(sweeps) == "node node-b in 3 of 3 sweeps, link of ranks 3,11 in 2 of 3 sweeps"
+    assert commands.repeat_findings(sweeps[2:]) == ""
