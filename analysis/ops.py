@@ -143,16 +143,17 @@ def bus_factor(op: str, ranks: np.ndarray) -> np.ndarray:
     AllReduce 2(n-1)/n, AllGather (n-1)/n, Broadcast and Reduce 1. The digests carry the
     per-rank message size m that NCCL's API takes (AllGather: sendcount): S = m, but n*m
     for AllGather; a Send or Recv moves S = m one way, factor 1. Left out: ReduceScatter and
-    AllToAll, whose NCCL payload gives recvcount (S/n) where PyTorch's traces give the input
-    (S), and a fused SendRecv kernel, whose size may add both directions.
+    AllToAll, whose sizes differ by source (NCCL's payload: recvcount, S/n; PyTorch's
+    record_param_comms: the input, S; a c10d call's first tensor: the output), and a fused
+    SendRecv kernel, whose size may add both directions.
     """
-    n = np.asarray(ranks, dtype=np.float64)
+    n = np.where(np.asarray(ranks) > 1, np.asarray(ranks, dtype=np.float64), np.nan)  # one rank moves nothing
     if op == ALLREDUCE:
         return 2 * (n - 1) / n
     if op == ALLGATHER:
         return n - 1
     if op in (BROADCAST, REDUCE, SEND, RECV):
-        return np.ones_like(n)
+        return n / n
     return np.full_like(n, np.nan)
 
 
