@@ -24,6 +24,7 @@ _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
 EXIT_PARTIAL = 3
 EXIT_FAILED = 1
+EXIT_FINDINGS = 4  # with --fail-on-findings: a straggler or a slow link (a scheduled health sweep's alarm)
 
 
 def parse_duration(text: str) -> float:
@@ -81,10 +82,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="backend option (repeatable)")
     capture.add_argument("--upload-raw", action="store_true", help="also upload the raw profiler exports")
     capture.add_argument("--wait", action="store_true",
-                         help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed")
+                         help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed "
+                              f"({EXIT_FINDINGS}: findings, with --fail-on-findings)")
     capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait")
     capture.add_argument("--plot", type=Path, metavar="FILE",
                          help="with --wait, also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
+    capture.add_argument("--fail-on-findings", action="store_true",
+                         help=f"with --wait, exit {EXIT_FINDINGS} when the report flags a straggler or a slow link "
+                              "(for scheduled health sweeps: the job fails, and alerting sees it)")
     capture.set_defaults(func=run_capture)
 
     listing = subparsers.add_parser("sweeps", help="list sweeps, newest first")
@@ -136,6 +141,8 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
 
 def run_capture(args: argparse.Namespace) -> int:
+    if args.fail_on_findings and not args.wait:
+        raise InputError("--fail-on-findings judges the report, which only --wait waits for")
     if args.plot is not None:
         if not args.wait:
             raise InputError("--plot draws the report, which only --wait waits for")
@@ -155,6 +162,8 @@ def run_capture(args: argparse.Namespace) -> int:
             print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
             return EXIT_FAILED
         _print_report(client.report(final.sweep_id), args.format, args.plot)
+        if args.fail_on_findings and (final.stragglers or final.slow_links):
+            return EXIT_FINDINGS
         return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
 
 

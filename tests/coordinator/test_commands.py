@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rankscope.cli import main
-from rankscope.coordinator.commands import EXIT_PARTIAL, parse_duration
+from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_PARTIAL, parse_duration
 
 
 def answer(agent, data: bytes | None) -> threading.Thread:
@@ -53,6 +53,24 @@ def test_capture_wait_shows_progress_and_prints_the_report(coordinator, wire, di
     for agent, thread in zip(agents, threads):
         thread.join(10)
         agent.close()
+
+
+def test_a_health_sweep_that_finds_a_straggler_fails_when_asked_to(coordinator, wire, digests, capsys) -> None:
+    agents = [wire.FakeAgent(coordinator, name) for name in digests]
+    threads = [answer(agent, digests[agent.node]) for agent in agents]
+    code = main(["capture", "--coordinator", coordinator.address, "--all", "--duration", "1s", "--backend", "sim",
+                 "--wait", "--fail-on-findings"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_FINDINGS, err
+    assert "rank 1 on node000" in out  # the report is printed all the same
+    for agent, thread in zip(agents, threads):
+        thread.join(10)
+        agent.close()
+
+
+def test_fail_on_findings_needs_wait(capsys) -> None:
+    assert main(["capture", "--coordinator", "127.0.0.1:1", "--all", "--fail-on-findings"]) == 2
+    assert "--fail-on-findings judges the report, which only --wait waits for" in capsys.readouterr().err
 
 
 def test_capture_wait_exits_partial_naming_the_missing_node(coordinator, wire, digests, capsys) -> None:
