@@ -276,21 +276,18 @@ def _kernel_shares(k: int) -> np.ndarray:
 
 def _transfer_ns(spec: JobSpec, phase: _Phase, group: int) -> float:
     n = len(members(spec, phase.comm, group))
-    latency = (_INTRA if _intra(spec, phase.comm, group) else _INTER)[1]
-    return latency + 2 * (n - 1) / n * phase.nbytes / bus_bandwidth(spec, phase.comm, group) * 1e9
+    busbw, latency = link(spec, phase.comm, group)
+    return latency + 2 * (n - 1) / n * phase.nbytes / busbw * 1e9
 
 
-def _intra(spec: JobSpec, kind: str, group: int) -> bool:
-    return len({r // spec.gpus_per_node for r in members(spec, kind, group)}) == 1
-
-
-def bus_bandwidth(spec: JobSpec, kind: str, group: int) -> float:
-    """The simulated links' bus bandwidth (B/s) for one communicator: NVLink inside a node,
-    the network across nodes, slowed where a member's link is slow."""
-    if _intra(spec, kind, group):
-        return _INTRA[0]
-    slow = not set(members(spec, kind, group)).isdisjoint(spec.slow_links)
-    return _INTER[0] * (SLOW_LINK_SHARE if slow else 1.0)
+def link(spec: JobSpec, kind: str, group: int) -> tuple[float, float]:
+    """The simulated links of one communicator: (bus bandwidth B/s, latency ns). NVLink
+    inside a node, the network across nodes, slowed where a member's link is slow."""
+    ranks = members(spec, kind, group)
+    if len({r // spec.gpus_per_node for r in ranks}) == 1:
+        return _INTRA
+    busbw, latency = _INTER
+    return busbw * (SLOW_LINK_SHARE if not set(ranks).isdisjoint(spec.slow_links) else 1.0), latency
 
 
 def _rank_draws(spec: JobSpec, rank: int, n_phases: int, k: int) -> dict[str, np.ndarray]:
@@ -441,7 +438,7 @@ def truth(spec: JobSpec) -> dict[str, Any]:
             h = comm_hash(spec, kind, g)
             # comm_id: the hash as 16 hex digits, the digest's spelling of NCCL's commHash.
             communicators.append({"kind": kind, "comm_hash": h, "comm_id": f"{h:016x}",
-                                  "ranks": members(spec, kind, g), "bus_bandwidth_gbps": bus_bandwidth(spec, kind, g) / 1e9})
+                                  "ranks": members(spec, kind, g), "bus_bandwidth_gbps": link(spec, kind, g)[0] / 1e9})
     return {
         "schema": TRUTH_SCHEMA,
         "spec": dataclasses.asdict(spec),

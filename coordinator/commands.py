@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from rankscope.analysis.report import ranks_text
 from rankscope.cli import parse_labels
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
@@ -228,7 +229,7 @@ def run_sweeps(args: argparse.Namespace) -> int:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_ns / 1e9))
         # "none": analysed and nothing stands out; "-": no report (yet)
         flagged = ",".join(f"{s.rank}@{s.host}" for s in sweep.stragglers) or "none" if sweep.report_path else "-"
-        links = " ".join(f"{','.join(map(str, link.ranks))}:{link.busbw_gbps / link.peers_busbw_gbps:.0%}"
+        links = " ".join(f"{ranks_text(list(link.ranks))}:{link.busbw_gbps / link.peers_busbw_gbps:.0%}"
                          for link in sweep.slow_links) or "none" if sweep.report_path else "-"
         rows.append([sweep.sweep_id, state_name(sweep.state), f"{done}/{len(sweep.nodes)}", sweep.backend, started,
                      flagged, links, ",".join(sweep.missing) or "-"])
@@ -246,14 +247,14 @@ def repeat_findings(sweeps: list[pb.Sweep]) -> str:
     listed, most often first: what scheduled health sweeps are for."""
     analysed = [s for s in sweeps if s.report_path]
     nodes: dict[str, set[str]] = {}
-    links: dict[str, set[str]] = {}
+    links: dict[tuple[int, ...], set[str]] = {}
     for sweep in analysed:
         for straggler in sweep.stragglers:
             nodes.setdefault(straggler.host, set()).add(sweep.sweep_id)
         for link in sweep.slow_links:
-            links.setdefault(",".join(map(str, link.ranks)), set()).add(sweep.sweep_id)
+            links.setdefault(tuple(link.ranks), set()).add(sweep.sweep_id)
     found = [(len(ids), f"node {host}") for host, ids in nodes.items() if len(ids) > 1]
-    found += [(len(ids), f"link of ranks {ranks}") for ranks, ids in links.items() if len(ids) > 1]
+    found += [(len(ids), f"link of ranks {ranks_text(list(ranks))}") for ranks, ids in links.items() if len(ids) > 1]
     return ", ".join(f"{what} in {count} of {len(analysed)} sweeps" for count, what in sorted(found, key=lambda f: -f[0]))
 
 
