@@ -170,12 +170,12 @@ class Agent:
         )
 
     def on_connect(self, registration: Registration) -> None:
-        """Re-report captures in flight: the coordinator may have missed changes while we were apart.
-
-        Finished ones are re-reported when the coordinator sends their StartCapture again."""
+        """Re-report captures in flight, and those whose last news found no session (a capture
+        that a restart failed before the coordinator was reached): the coordinator may have
+        missed them. Others that are finished are re-reported when their StartCapture comes again."""
         self.registered.set()
         for run in list(self.runs.values()):
-            if not run.capture.done:
+            if not run.capture.done or run.unsent:
                 run.report_latest()
 
     def on_command(self, command: pb.CoordinatorCommand) -> None:
@@ -196,8 +196,9 @@ class Agent:
             self.runs[start.sweep_id] = run
         run.begin()
 
-    def send_status(self, status: pb.NodeStatus) -> None:
-        self.session.send(pb.AgentEvent(status=status))
+    def send_status(self, status: pb.NodeStatus) -> bool:
+        """Queue a status on the session; False while there is none."""
+        return self.session.send(pb.AgentEvent(status=status))
 
     def uploader(self, run: CaptureRun) -> Uploader:
         """An uploader for one capture, once registered (uploads carry the session token)."""
@@ -232,6 +233,7 @@ class CaptureRun:
         self._request: CaptureRequest | None = None
         self._thread: threading.Thread | None = None
         self._status_lock = threading.Lock()
+        self.unsent = False  # the latest status found no session: on_connect reports it
         self._persist_lock = threading.Lock()
 
     @classmethod
@@ -489,7 +491,7 @@ class CaptureRun:
         log.info("sweep %s: %s %s", self.sweep_id, report.state.value, report.detail)
         self.record["detail"] = report.detail
         with self._status_lock:
-            self.agent.send_status(self._status(report.state, report.detail))
+            self.unsent = not self.agent.send_status(self._status(report.state, report.detail))
 
     def report_latest(self) -> None:
         """Where this capture stands, as the coordinator expects after a reconnect or a repeated start."""
@@ -498,7 +500,7 @@ class CaptureRun:
         with self._status_lock:
             if state is NodeState.DCGM_RESUMED:
                 self.agent.send_status(self._status(NodeState.UPLOADED, "uploaded"))
-            self.agent.send_status(self._status(state, detail))
+            self.unsent = not self.agent.send_status(self._status(state, detail))
 
     def persist(self) -> None:
         with self._persist_lock:

@@ -44,8 +44,10 @@ class Coordinator(pb_grpc.AgentServiceServicer):
         self.registered: list[pb.RegisterRequest] = []
         self.uploads: dict[str, bytearray] = {}
         self.complete: dict[str, str] = {}
+        self.register_delay_s = 0.0
 
     def Register(self, request, context):
+        time.sleep(self.register_delay_s)
         self.registered.append(request)
         return pb.RegisterReply(agent_id=f"agent-{request.node}", session_token="tok", heartbeat_interval_ms=200,
                                 chunk_bytes=4096, coordinator_time_ns=time.time_ns())
@@ -333,6 +335,8 @@ def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordin
     record = json.loads((tmp_path / "work" / "captures" / "s5" / "capture.json").read_text())
     assert record["capture"]["state"] == "capturing" and record["capture"]["window_open"]
     log.calls.clear()
+    # Registering takes a while: the restart's failure is settled before there is a session to say it on.
+    servicer.register_delay_s = 1.0
     agent, thread = start_agent(address, tmp_path, log, monkeypatch)
     try:
         seen = servicer.statuses("s5", pb.NODE_STATE_DCGM_RESUMED)
