@@ -188,21 +188,21 @@ def _flight_recorder(since_ns: int) -> dict[str, Any] | None:
         entries = json.loads(dump()).get("entries", [])
     except Exception:  # no process group, or the recorder is off
         return None
-    columns = ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes"]
+    columns = ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes", "out_bytes"]
     rows = [
         [e["process_group"][0], e["p2p_seq_id"] if e.get("is_p2p") else e["collective_seq_id"],
-         e.get("profiling_name"), e["time_created_ns"], bool(e.get("is_p2p")), _bytes(e)]
+         e.get("profiling_name"), e["time_created_ns"], bool(e.get("is_p2p")), _bytes(e, "input"), _bytes(e, "output")]
         for e in entries
         if e.get("time_created_ns", 0) >= since_ns
     ]
     return {"columns": columns, "rows": rows}
 
 
-def _bytes(entry: dict) -> int | None:
-    """Size of the first input tensor, as the trace's own args would give it."""
+def _bytes(entry: dict, side: str) -> int | None:
+    """Size of the entry's first ``side`` ("input" or "output") tensor."""
     import torch
 
-    sizes, dtypes = entry.get("input_sizes") or [], entry.get("input_dtypes") or []
+    sizes, dtypes = entry.get(f"{side}_sizes") or [], entry.get(f"{side}_dtypes") or []
     if not sizes or not dtypes:
         return None
     dtype = getattr(torch, str(dtypes[0]).lower(), None)

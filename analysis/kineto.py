@@ -70,6 +70,10 @@ _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _EMPTY = msgspec.Raw(b"")
 _RANKS = pa.list_(pa.int32())
 _NEVER = np.iinfo(np.int64).max
+# Ops whose input and output differ in size. A digest's bytes are the per-rank size NCCL's
+# API takes, as nsys's payload gives it: the smaller buffer (AllGather's sendcount,
+# ReduceScatter's recvcount; nccl-in-traces.md), whichever a source shows.
+_SPLIT_OPS = (ops.ALLGATHER, ops.REDUCESCATTER)
 
 # Bytes per element for record_param_comms `dtype` and `Input type` spellings.
 _DTYPE_BYTES = {
@@ -184,6 +188,7 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     external: int = msgspec.field(default=-1, name="External id")
     collective: Any = msgspec.field(default=None, name="Collective name")
     nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
     dtype: Any = None
     dims: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input Dims")
     types: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input type")
@@ -794,6 +799,15 @@ def _take(table: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarra
     return {key: column[rows] for key, column in table.items()}
 
 
+def _recorded_bytes(row: list, op: str, field: dict[str, int]) -> int | None:
+    """A Flight Recorder entry's size: its first input tensor's, or for AllGather and
+    ReduceScatter the smaller of its first input and output where the hook recorded both."""
+    sizes = [_int(row[field[column]]) for column in ("bytes", "out_bytes") if column in field]
+    if op in _SPLIT_OPS and all(sizes):
+        return min(sizes)
+    return sizes[0] if sizes else None
+
+
 def _present(values: np.ndarray) -> np.ndarray:
     """Mask of the non-null values of an object column."""
     return np.not_equal(values, None)
@@ -860,7 +874,7 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[s
     taken = np.flatnonzero(inside)[first]
     calls["fr_pg"][labels] = [str(entries[i][0][field["pg_name"]]) for i in taken]
     calls["fr_seq"][labels] = [int(entries[i][0][field["seq"]]) for i in taken]
-    calls["fr_bytes"][labels] = _ints([entries[i][0][field["bytes"]] for i in taken])
+    calls["fr_bytes"][labels] = _ints([_recorded_bytes(*entries[i], field) for i in taken])
     unmatched = len(known) - len(labels)
     if unmatched:
         notes.append(f"{unmatched} collective call(s) at the window's edges have no Flight Recorder entry: not matched")
@@ -912,12 +926,14 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     # Identity args: record_param_comms where present, else the first kernel's copy.
     kernel_args = trace.args(kernels[order][first].tolist())
     kernel = _arg_columns(kernel_args)
-    own = _arg_columns(trace.args(rpc.tolist()))
+    rpc_args, host_args, ann_args = (trace.args(chosen[key].tolist()) for key in ("rpc", "row", "ann"))
+    own = _arg_columns(rpc_args)
     own = {key: np.where(rpc >= 0, own[key], kernel[key]) for key in own}
-    host = _arg_columns(trace.args(chosen["row"].tolist()))
-    annotation = _arg_columns(trace.args(chosen["ann"].tolist()))
+    host = _arg_columns(host_args)
+    annotation = _arg_columns(ann_args)
     frame["op"] = _coalesce(own["op"], chosen["op"], kernel["op"])
-    frame["bytes"] = _coalesce(own["bytes"], annotation["bytes"], host["bytes"], chosen["fr_bytes"])
+    frame["bytes"] = _counted(frame["op"], _coalesce(own["bytes"], annotation["bytes"], host["bytes"], chosen["fr_bytes"]),
+                              (kernel_args, rpc_args, host_args, ann_args), chosen["fr_bytes"])
     frame["pg"] = _coalesce(own["pg"], kernel["pg"], chosen["fr_pg"])
     frame["seq_trace"] = _coalesce(own["seq"], kernel["seq"], chosen["fr_seq"])
     frame["stream"] = np.array(["?" if k.stream is None else str(k.stream) for k in kernel_args], object)
@@ -967,15 +983,17 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
     paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
-    host = _arg_columns(trace.args(groups.take_or(calls["row"], call, -1).tolist()))
-    own = _arg_columns(trace.args(paired.tolist()))
+    host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(paired.tolist())
+    host, own = _arg_columns(host_args), _arg_columns(own_args)
+    op = events.names.op[events.name[paired]]
     frame = {
         "start_ns": events.ts[paired],
         "end_ns": events.ts[paired] + events.dur[paired],
         "cpu_call_ns": groups.take_or(calls["ts"], call, 0),
         "called": call >= 0,
-        "op": events.names.op[events.name[paired]],
-        "bytes": _coalesce(paired_call["fr_bytes"], own["bytes"], host["bytes"]),
+        "op": op,
+        "bytes": _counted(op, _coalesce(paired_call["fr_bytes"], own["bytes"], host["bytes"]),
+                          (own_args, host_args), paired_call["fr_bytes"]),
         "pg": _coalesce(host["pg"], paired_call["fr_pg"]),
         "seq_trace": _coalesce(host["seq"], paired_call["fr_seq"]),
         "stream": np.full(len(paired), "", object),
@@ -1162,18 +1180,45 @@ def _sizes(args: list[_Args]) -> np.ndarray:
     """Message size: record_param_comms `In msg nelems` x dtype, else the first input's
     `Input Dims` x `Input type` (per rank, as sent)."""
     return _ints([n * size if (n := _int(a.nelems)) is not None and (size := _element_size(a.dtype))
-                  else _input_bytes(a.dims, a.types) for a in args])
+                  else next(_tensor_bytes(a), None) for a in args])
 
 
-def _input_bytes(dims_text: msgspec.Raw, types_text: msgspec.Raw) -> int | None:
-    dims = msgspec.json.decode(dims_text) if dims_text else None
-    types = msgspec.json.decode(types_text) if types_text else None
+def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[_Args], ...], recorded: np.ndarray) -> np.ndarray:
+    """``sizes``, but for AllGather and ReduceScatter the smallest buffer any source shows
+    (``recorded``: Flight Recorder sizes, already the smaller): record_param_comms' In and
+    Out msg nelems are the input and output, a c10d call's tensors output and input, a
+    ``nccl:`` annotation's its input (n x recvcount for ReduceScatter). One pass over
+    those calls only, not over events."""
+    split = np.flatnonzero((op == _SPLIT_OPS[0]) | (op == _SPLIT_OPS[1]))
+    if not len(split):
+        return sizes
+    sizes = sizes.copy()
+    for i in split.tolist():
+        shown = [b for args in sources for b in _buffer_bytes(args[i])]
+        if recorded[i] is not None:
+            shown.append(recorded[i])
+        if shown:
+            sizes[i] = min(shown)
+    return sizes
+
+
+def _buffer_bytes(args: _Args) -> list[int]:
+    """Sizes, in bytes, of every buffer the args show: In and Out msg nelems x dtype and
+    each tensor of `Input Dims` (zero-size ones left out)."""
+    size = _element_size(args.dtype)
+    counts = [n * size for n in (_int(args.nelems), _int(args.out_nelems)) if n and size]
+    return counts + [b for b in _tensor_bytes(args) if b]
+
+
+def _tensor_bytes(args: _Args) -> Iterator[int]:
+    """Bytes of each tensor in `Input Dims` x `Input type`, in order (a TensorList: its first tensor)."""
+    dims = msgspec.json.decode(args.dims) if args.dims else None
+    types = msgspec.json.decode(args.types) if args.types else None
     if not isinstance(dims, list) or not isinstance(types, list):
-        return None
+        return
     for shape, kind in zip(dims, types):
         while isinstance(shape, list) and shape and isinstance(shape[0], list):
-            shape = shape[0]  # a TensorList: its first tensor
+            shape = shape[0]
         size = _element_size(kind)
         if isinstance(shape, list) and shape and size:
-            return math.prod(shape) * size  # exact; np.prod costs ~4 us a call
-    return None
+            yield math.prod(shape) * size  # exact; np.prod costs ~4 us a call

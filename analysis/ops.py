@@ -140,17 +140,17 @@ def bus_factor(op: str, ranks: np.ndarray) -> np.ndarray:
     ``ranks`` participants each; NaN where no factor is claimed.
 
     nccl-tests (doc/PERFORMANCE.md): busbw = S / t x factor, S the operation's whole size;
-    AllReduce 2(n-1)/n, AllGather (n-1)/n, Broadcast and Reduce 1. The digests carry the
-    per-rank message size m that NCCL's API takes (AllGather: sendcount): S = m, but n*m
-    for AllGather; a Send or Recv moves S = m one way, factor 1. Left out: ReduceScatter and
-    AllToAll, whose sizes differ by source (NCCL's payload: recvcount, S/n; PyTorch's
-    record_param_comms: the input, S; a c10d call's first tensor: the output), and a fused
-    SendRecv kernel, whose size may add both directions.
+    AllReduce 2(n-1)/n, AllGather and ReduceScatter (n-1)/n, Broadcast and Reduce 1. The
+    digests carry the per-rank size m that NCCL's API takes (AllGather: sendcount,
+    ReduceScatter: recvcount): S = m, but n*m for AllGather and ReduceScatter; a Send or
+    Recv moves S = m one way, factor 1. Left out: AllToAll, whose size is the whole send
+    buffer in PyTorch's args and may be split unevenly, and a fused SendRecv kernel, whose
+    size may add both directions.
     """
     n = np.where(np.asarray(ranks) > 1, np.asarray(ranks, dtype=np.float64), np.nan)  # one rank moves nothing
     if op == ALLREDUCE:
         return 2 * (n - 1) / n
-    if op == ALLGATHER:
+    if op in (ALLGATHER, REDUCESCATTER):
         return n - 1
     if op in (BROADCAST, REDUCE, SEND, RECV):
         return n / n

@@ -154,6 +154,16 @@ def test_sampled_pair_is_numbered_per_group_not_by_global_index(samples):
     assert (abs(same_size["end_ns_0"] - same_size["end_ns_1"]) < 500_000).all()
 
 
+def test_reduce_scatter_and_all_gather_count_the_shard_as_nccl_does(samples):
+    """The FSDP-style sample shards tensors over 8 ranks. Its ReduceScatter's annotation
+    shows only the full input (65536 rows); the c10d call shows output and input: the
+    digest keeps NCCL's recvcount (8192 rows), the size the matching AllGather sends."""
+    coll = _collectives(_read(samples / f"{HTA}/negative_queue_length_values_check/rank0.json.gz"))
+    shard = {8192 * 384 * 4, 8192 * 64 * 4}
+    assert set(coll.loc[coll["op"] == "reducescatter", "bytes"]) == shard
+    assert set(coll.loc[coll["op"] == "allgather", "bytes"]) == shard
+
+
 # ------------------------------------------------------------------ timestamps and parsing
 
 
@@ -300,6 +310,50 @@ def test_nccl_kernel_links_to_its_call_through_a_driver_api_launch(tmp_path):
     assert (row["op"], row["comm_id"], row["seq"], row["seq_source"], row["bytes"]) == ("allreduce", "0", 7, "trace", 1024)
     assert (row["start_ns"], row["end_ns"]) == (1790857026000120500, 1790857026000150750)
     assert row["cpu_call_ns"] == 1790857026000100000
+
+
+def _reduce_scatter_rank(rank: int, arrival_us: float, *, flight_recorder: bool = False) -> dict:
+    """One rank of a 2-rank ReduceScatter of 2 x 4096 floats as PyTorch records it: by
+    record_param_comms' In msg nelems (the input) and Out msg nelems (the shard); or, as
+    older traces do, only by the annotation's input, with the hook's Flight Recorder entry
+    (input and output) beside it."""
+    base = 1790857026000000000
+    comm = {"Collective name": "_reduce_scatter_base", "dtype": "Float", "In msg nelems": 8192,
+            "Out msg nelems": 4096, "Process Group Name": "0", "Seq": 1}
+    events = [
+        _event("c10d::_reduce_scatter_base_", "100.000", "50.000", tid=1, args={"External id": 1}),
+        _event("cudaLaunchKernel", "110.000", "5.000", cat="cuda_runtime", tid=1, args={"correlation": 9}),
+        _event("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", f"{arrival_us:.3f}", f"{250 - arrival_us:.3f}",
+               cat="kernel", tid=7, args={"correlation": 9, "stream": 7}),
+    ]
+    top = {"baseTimeNanoseconds": base, "host_name": "node-a"}
+    if flight_recorder:
+        events.append(_event("nccl:_reduce_scatter_base", "102.000", "30.000", cat="user_annotation", tid=1,
+                             args={"Input Dims": [[8192]], "Input type": ["float"]}))
+        top["rankscope"] = {"rank": rank, "flight_recorder": {
+            "columns": ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes", "out_bytes"],
+            "rows": [["0", 1, "nccl:_reduce_scatter_base", base + 105_000, False, 8192 * 4, 4096 * 4]]}}
+    else:
+        events.append(_event("record_param_comms", "101.000", "40.000", tid=1, args={"External id": 2, **comm}))
+    data = _trace(events, **top)
+    data["distributedInfo"].update(rank=rank, world_size=2, backend="nccl", pg_config=[{"pg_name": "0", "ranks": [0, 1]}])
+    return data
+
+
+@pytest.mark.parametrize("flight_recorder", [False, True], ids=["record_param_comms", "flight_recorder"])
+def test_reduce_scatter_counts_its_shard_and_gets_bus_bandwidth(tmp_path, flight_recorder):
+    """Out msg nelems, not In, is NCCL's recvcount, and so is the Flight Recorder's output;
+    bus bandwidth is then nccl-tests' own: recvcount x (n - 1) over the transfer, from the
+    last arrival (rank 1 at 150 us) to the end (250 us)."""
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    paths = [_write(tmp_path / f"rank{r}.json", _reduce_scatter_rank(r, at, flight_recorder=flight_recorder))
+             for r, at in ((0, 120.0), (1, 150.0))]
+    coll = _collectives(_read(paths[0]))
+    assert (coll.loc[0, "op"], coll.loc[0, "bytes"]) == ("reducescatter", 4096 * 4)
+    (spread,) = analyze(load_digests(paths)).communicators[0].ops
+    assert spread.busbw_gbps == pytest.approx(4096 * 4 * (2 - 1) / 100e-6 / 1e9)
 
 
 def test_not_a_trace_is_an_export_error(tmp_path):
