@@ -86,10 +86,16 @@ def _default(field: dataclasses.Field):
     return None
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
 def _cast(name: str, raw: str, default):
     try:
         if isinstance(default, bool):
-            return raw.strip().lower() in ("1", "true", "yes", "on")
+            word = raw.strip().lower()
+            if word not in _TRUE + _FALSE:
+                raise ValueError
+            return word in _TRUE
         if isinstance(default, int):
             return int(float(raw))
         if isinstance(default, float):

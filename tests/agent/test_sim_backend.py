@@ -59,6 +59,9 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
     with pytest.raises(ConfigError, match="sim.stragglers"):
         job_spec({"sim.stragglers": "x:compute"})
     assert job_spec({"sim.nodes": "4", "sim.slow_links": "3, 19"}).slow_links == (3, 19)
+    assert job_spec({"sim.dp_sharded": "true", "sim.barrier": "off"}).dp_sharded is True
+    with pytest.raises(ConfigError, match="sim.barrier: 'maybe' is not a bool"):  # not quietly False
+        job_spec({"sim.barrier": "maybe"})
     with pytest.raises(ConfigError, match="sim.slow_links: 'x' is not a comma-separated list of ranks"):
         job_spec({"sim.slow_links": "x"})
     with pytest.raises(ConfigError, match="no sim.node_index"):
