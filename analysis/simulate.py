@@ -3,8 +3,9 @@
 A job is ``nodes x gpus_per_node`` ranks (rank = node * gpus_per_node + local) in
 tensor-parallel groups of ``tp`` consecutive ranks and data-parallel groups of the
 ranks with the same TP index. Every step runs compute kernels then one or more TP
-AllReduces, more compute then a DP AllReduce of the gradients, optionally a small
-world AllReduce (a barrier). Physics, in true time: a rank arrives at a collective
+AllReduces, more compute then a DP AllReduce of the gradients (or, sharded as FSDP and
+ZeRO-3 do, an AllGather of the parameters and a ReduceScatter of the gradients, each
+after its own compute), optionally a small world AllReduce (a barrier). Physics, in true time: a rank arrives at a collective
 when its compute is done (later for injected stragglers); every member's NCCL
 kernel starts at its own arrival and ends at the last arrival plus the transfer,
 plus ~1 us of per-rank end jitter (end coincidence, alignment-and-metrics.md §2).
@@ -38,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from rankscope.analysis import ops
 from rankscope.errors import ConfigError, InputError
 
 TRUTH_SCHEMA = "rankscope.sim-truth/1"
@@ -82,6 +84,9 @@ class JobSpec:
     tp_collectives: int = 2  # TP AllReduces per step
     tp_bytes: int = 32 << 20
     dp_bytes: int = 64 << 20
+    # FSDP / ZeRO-3: DP syncs by an AllGather and a ReduceScatter of each rank's shard
+    # (dp_bytes / DP size) instead of one AllReduce of dp_bytes.
+    dp_sharded: bool = False
     barrier: bool = False  # a small world AllReduce closing each step
     slow_links: tuple[int, ...] = ()  # ranks whose network link runs at SLOW_LINK_SHARE of the inter-node bandwidth
     seed: int = 0
@@ -147,18 +152,22 @@ def _validate(spec: JobSpec) -> None:
 
 @dataclass(frozen=True)
 class _Phase:
-    """One compute block followed by one AllReduce on one kind of communicator."""
+    """One compute block followed by one collective on one kind of communicator."""
 
     comm: str  # "tp" | "dp" | "world"
-    nbytes: int
+    nbytes: int  # per rank, as NCCL's API counts it (AllGather's sendcount, ReduceScatter's recvcount)
     kernels: int
+    op: str = ops.ALLREDUCE
 
 
 def _phases(spec: JobSpec) -> tuple[_Phase, ...]:
     phases: list[_Phase] = []
     if spec.tp > 1:
         phases += [_Phase("tp", spec.tp_bytes, spec.kernels_per_phase)] * spec.tp_collectives
-    if spec.dp > 1:
+    if spec.dp > 1 and spec.dp_sharded:
+        shard = spec.dp_bytes // spec.dp
+        phases += [_Phase("dp", shard, spec.kernels_per_phase, op) for op in (ops.ALLGATHER, ops.REDUCESCATTER)]
+    elif spec.dp > 1:
         phases.append(_Phase("dp", spec.dp_bytes, spec.kernels_per_phase))
     if spec.barrier and spec.world_size > 1:
         phases.append(_Phase("world", 4, 0))
@@ -260,7 +269,7 @@ class Timeline:
     launch_end: np.ndarray
     kernel_start: np.ndarray  # (W, S, P, K) compute kernels (NaN where the phase has fewer)
     kernel_end: np.ndarray
-    api_start: np.ndarray  # (W, S, P) ncclAllReduce NVTX range
+    api_start: np.ndarray  # (W, S, P) the NCCL call's NVTX range (ncclAllReduce, ...)
     api_end: np.ndarray
     cu_start: np.ndarray  # (W, S, P) cuLaunchKernelEx inside it
     cu_end: np.ndarray
@@ -277,7 +286,7 @@ def _kernel_shares(k: int) -> np.ndarray:
 def _transfer_ns(spec: JobSpec, phase: _Phase, group: int) -> float:
     n = len(members(spec, phase.comm, group))
     busbw, latency = link(spec, phase.comm, group)
-    return latency + 2 * (n - 1) / n * phase.nbytes / busbw * 1e9
+    return latency + float(ops.bus_factor(phase.op, np.array([n]))[0]) * phase.nbytes / busbw * 1e9
 
 
 def link(spec: JobSpec, kind: str, group: int) -> tuple[float, float]:
@@ -448,7 +457,7 @@ def truth(spec: JobSpec) -> dict[str, Any]:
                    "drift_ppm": float(drifts[n])} for n in range(spec.nodes)],
         "stragglers": sorted(s.rank for s in spec.stragglers),
         "slow_links": sorted(spec.slow_links),
-        "collectives_per_step": [{"comm": ph.comm, "op": "allreduce", "bytes": ph.nbytes} for ph in tl.phases],
+        "collectives_per_step": [{"comm": ph.comm, "op": ph.op, "bytes": ph.nbytes} for ph in tl.phases],
         "communicators": communicators,
         "ranks": ranks,
     }
@@ -603,14 +612,18 @@ NCCL_DOMAIN_ID = 1
 # NCCL 2.27 static payload schema ids: 2**24 + NVTX_SID_* (nccl src/include/nvtx.h).
 SCHEMA_STATIC_START = 1 << 24
 SID_COMM_INIT_RANK = SCHEMA_STATIC_START + 0
+SID_ALL_GATHER = SCHEMA_STATIC_START + 4
 SID_ALL_REDUCE = SCHEMA_STATIC_START + 5
+SID_REDUCE_SCATTER = SCHEMA_STATIC_START + 7
 NCCL_REDOP_ENUM = SCHEMA_STATIC_START + 16  # NCCL 2.27 (16777232, as in the 2026.2.1 sample)
 _BLOB_HEADER = 32  # [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64]
 _COMPUTE_STREAM = 7
 _NCCL_STREAM = {"tp": 23, "dp": 27, "world": 31}
 _NCCL_KERNEL = {"tp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
                 "dp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL128",
-                "world": "ncclDevKernel_AllReduce_Sum_f32_RING_LL"}
+                "world": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                ops.ALLGATHER: "ncclDevKernel_AllGather_RING_LL",
+                ops.REDUCESCATTER: "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"}
 # (shortName, demangledName, mangledName, grid, block, registers, static smem, dynamic smem)
 _COMPUTE_KERNELS = (
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas",
@@ -862,20 +875,24 @@ CREATE TABLE TARGET_INFO_CUDA_DEVICE (
 """
 
 
-def _nvtx_payload_rows() -> tuple[list[tuple], list[tuple], list[tuple], list[tuple]]:
-    """NCCL 2.27's schema rows as nsys exports them (zero exported as NULL, §6.1)."""
+def _nvtx_payload_rows(used: Sequence[str]) -> tuple[list[tuple], list[tuple], list[tuple], list[tuple]]:
+    """NCCL 2.27's schema rows as nsys exports them (zero exported as NULL, §6.1): those of
+    CommInitRank and of the collectives ``used`` (NCCL registers a schema at first use)."""
     d = NCCL_DOMAIN_ID
-    schemas = [(d, SID_COMM_INIT_RANK, None, 1, None, 4, 24, None),
-               (d, SID_ALL_REDUCE, None, 1, None, 3, 24, None)]
+    schemas = [(d, SID_COMM_INIT_RANK, None, 1, None, 4, 24, None)]
     entries = [
         (d, SID_COMM_INIT_RANK, 0, None, 18, "NCCL communicator ID", None, None, None),
         (d, SID_COMM_INIT_RANK, 1, None, 5, "No. of ranks", None, None, 8),
         (d, SID_COMM_INIT_RANK, 2, None, 5, "Rank", None, None, 12),
         (d, SID_COMM_INIT_RANK, 3, None, 5, "CUDA device", None, None, 16),
-        (d, SID_ALL_REDUCE, 0, None, 18, "NCCL communicator ID", None, None, None),
-        (d, SID_ALL_REDUCE, 1, None, 22, "Message size [bytes]", None, None, 8),
-        (d, SID_ALL_REDUCE, 2, None, NCCL_REDOP_ENUM, "Reduction operation", None, None, 16),
     ]
+    for op in used:
+        api = _APIS[op]
+        fields = [(18, "NCCL communicator ID", None), (22, "Message size [bytes]", 8)]
+        if op != ops.ALLGATHER:  # AllGather's payload has no reduction
+            fields.append((NCCL_REDOP_ENUM, "Reduction operation", 16))
+        schemas.append((d, api.schema, None, 1, None, len(fields), api.payload.itemsize, None))
+        entries += [(d, api.schema, i, None, kind, name, None, None, offset) for i, (kind, name, offset) in enumerate(fields)]
     enums = [(d, NCCL_REDOP_ENUM, None, 5, 4)]
     enum_entries = [(d, NCCL_REDOP_ENUM, i, name, i or None, None)
                     for i, name in enumerate(("Sum", "Product", "Max", "Min", "Avg"))]
@@ -916,6 +933,31 @@ def _blobs(schema_id: int, payload: np.ndarray) -> list[bytes]:
 
 _INIT_PAYLOAD = np.dtype([("comm", "<u8"), ("nranks", "<i4"), ("rank", "<i4"), ("device", "<i4"), ("pad", "<i4")])
 _ALLREDUCE_PAYLOAD = np.dtype([("comm", "<u8"), ("size", "<u8"), ("op", "<i4"), ("pad", "<i4")])
+_ALLGATHER_PAYLOAD = np.dtype([("comm", "<u8"), ("size", "<u8")])
+
+
+@dataclass(frozen=True)
+class _Api:
+    """How one collective's call is recorded: NCCL's NVTX range and payload, and PyTorch's
+    c10d op and record_param_comms name."""
+
+    nvtx: str
+    schema: int
+    payload: np.dtype
+    c10d: str
+    torch_name: str
+
+
+_APIS = {
+    ops.ALLREDUCE: _Api("ncclAllReduce", SID_ALL_REDUCE, _ALLREDUCE_PAYLOAD, "c10d::allreduce_", "allreduce"),
+    ops.ALLGATHER: _Api("ncclAllGather", SID_ALL_GATHER, _ALLGATHER_PAYLOAD, "c10d::_allgather_base_", "_allgather_base"),
+    ops.REDUCESCATTER: _Api("ncclReduceScatter", SID_REDUCE_SCATTER, _ALLREDUCE_PAYLOAD, "c10d::_reduce_scatter_base_",
+                            "_reduce_scatter_base"),
+}
+
+
+def _nccl_kernel(phase: _Phase) -> str:
+    return _NCCL_KERNEL[phase.comm if phase.op == ops.ALLREDUCE else phase.op]
 
 
 def _iso(utc_ns: int) -> str:
@@ -1023,7 +1065,7 @@ def _kernel_types(rt: _RankTimes, strings: _Strings) -> list[tuple]:
               static, dynamic) for short, dem, man, grid, block, regs, static, dynamic in _COMPUTE_KERNELS]
     grid, block, regs, static, dynamic = _NCCL_GRID
     for ph in rt.phases:
-        name = _NCCL_KERNEL[ph.comm]
+        name = _nccl_kernel(ph)
         types.append((_NCCL_STREAM[ph.comm], strings(f"{name}(ncclDevKernelArgsStorage<(unsigned long)4096>)"),
                       strings(name), strings(f"_Z{len(name)}{name}24ncclDevKernelArgsStorageILm4096EE"),
                       *grid, *block, regs, static, dynamic))
@@ -1067,8 +1109,9 @@ def _nvtx_rows(rt: _RankTimes, strings: _Strings, proc: _Process) -> tuple[tuple
     def ranges(start: np.ndarray, end: np.ndarray, text, text_id, domain, blobs) -> list[tuple]:
         n = start.size
         texts = text if isinstance(text, list) else [text] * n
+        text_ids = text_id if isinstance(text_id, list) else [text_id] * n
         return list(zip((start - base).ravel().tolist(), (end - base).ravel().tolist(), [NVTX_PUSHPOP] * n, texts,
-                        [proc.gtid] * n, [text_id] * n, [domain] * n, blobs if blobs is not None else [None] * n))
+                        [proc.gtid] * n, text_ids, [domain] * n, blobs if blobs is not None else [None] * n))
 
     # The NCCL domain is created just before the first communicator.
     rows: list[tuple] = [(int(rt.comm_init[0, 0]) - base - 5 * MS, None, NVTX_DOMAIN_CREATE, "NCCL", proc.gtid,
@@ -1080,12 +1123,16 @@ def _nvtx_rows(rt: _RankTimes, strings: _Strings, proc: _Process) -> tuple[tuple
                    int(_position_in(spec, kind, me)[0]), rt.local, 0)
     rows += ranges(rt.comm_init[:, 0], rt.comm_init[:, 1], None, strings("ncclCommInitRank"), NCCL_DOMAIN_ID,
                    _blobs(SID_COMM_INIT_RANK, init))
-    calls = np.zeros((S, P), dtype=_ALLREDUCE_PAYLOAD)
+    # Each call's range, in (step, phase) order, named and with the payload of its op.
+    names, blobs = np.empty((S, P), np.int64), np.empty((S, P), object)
     for p, ph in enumerate(rt.phases):
-        calls["comm"][:, p] = comm_hash(spec, ph.comm, int(_group_of(spec, ph.comm, me)[0]))
-        calls["size"][:, p] = ph.nbytes
-    rows += ranges(rt.api_start, rt.api_end, None, strings("ncclAllReduce"), NCCL_DOMAIN_ID,
-                   _blobs(SID_ALL_REDUCE, calls.ravel()))
+        api = _APIS[ph.op]
+        call = np.zeros(S, dtype=api.payload)
+        call["comm"] = comm_hash(spec, ph.comm, int(_group_of(spec, ph.comm, me)[0]))
+        call["size"] = ph.nbytes
+        names[:, p] = strings(api.nvtx)
+        blobs[:, p] = _blobs(api.schema, call)
+    rows += ranges(rt.api_start, rt.api_end, None, names.ravel().tolist(), NCCL_DOMAIN_ID, blobs.ravel().tolist())
     rows += ranges(rt.step_start, rt.step_end, [f"step {s}" for s in range(S)], None, 0, None)
     return _NVTX_COLUMNS, rows
 
@@ -1096,7 +1143,7 @@ def _target_rows(rt: _RankTimes, strings: _Strings, proc: _Process,
     spec = rt.spec
     host = host_name(spec, rt.node)
     utc = rt.session_utc_ns
-    schemas, entries, enums, enum_entries = _nvtx_payload_rows()
+    schemas, entries, enums, enum_entries = _nvtx_payload_rows(list(dict.fromkeys(ph.op for ph in rt.phases)))
     sys_env = [(1 << 48, "Local (CLI)", name, enum, value) for name, enum, value in (
         ("CpuCores", 1, "96"), ("NvDriverVersion", 205, "570.124.06"), ("OsDescription", 605, "Ubuntu 22.04.5 LTS"),
         ("CudaDriverVersion", 611, "12080"), ("Hostname", 619, host), ("SupportsNCCL", 925, "1"))]
@@ -1240,20 +1287,22 @@ def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _Kine
                         rt.kernel_end[s, p, k], {"External id": ext, "device": rt.local, "stream": _COMPUTE_STREAM,
                                                  "correlation": corr, "grid": list(grid), "block": list(block)})
                 ext, corr = ext + 1, corr + 1
-            ranks = group_ranks[ph.comm]
-            comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": ph.nbytes // 4,
-                    "Out msg nelems": ph.nbytes // 4, "Group size": len(ranks), "In split size": "[]",
+            ranks, api = group_ranks[ph.comm], _APIS[ph.op]
+            # PyTorch's record_param_comms: the input's and the output's element counts.
+            nelems = {ops.ALLGATHER: (1, len(ranks)), ops.REDUCESCATTER: (len(ranks), 1)}.get(ph.op, (1, 1))
+            comm = {"Collective name": api.torch_name, "dtype": "Float", "In msg nelems": nelems[0] * ph.nbytes // 4,
+                    "Out msg nelems": nelems[1] * ph.nbytes // 4, "Group size": len(ranks), "In split size": "[]",
                     "Out split size": "[]", "Process Group Name": _pg_name(ph.comm, groups[ph.comm]),
                     "Process Group Description": _PG_DESC[ph.comm], "Process Group Ranks": str(ranks),
                     "Seq": seq[ph.comm]}
             seq[ph.comm] += 1
             stream = _NCCL_STREAM[ph.comm]
             call, call_end = rt.api_start[s, p], rt.api_end[s, p]
-            out.add("cpu_op", "c10d::allreduce_", pid, pid, call - 4 * US, call_end + 1 * US, {"External id": ext})
+            out.add("cpu_op", api.c10d, pid, pid, call - 4 * US, call_end + 1 * US, {"External id": ext})
             out.add("cpu_op", "record_param_comms", pid, pid, call, call_end, {"External id": ext + 1, **comm})
             out.add("cuda_driver", "cuLaunchKernelEx", pid, pid, rt.cu_start[s, p], rt.cu_end[s, p],
                     {"External id": ext + 1, "correlation": corr})
-            out.add("kernel", _NCCL_KERNEL[ph.comm], rt.local, stream, rt.arrival[s, p], rt.end[s, p],
+            out.add("kernel", _nccl_kernel(ph), rt.local, stream, rt.arrival[s, p], rt.end[s, p],
                     {"External id": ext + 1, "device": rt.local, "stream": stream, "correlation": corr,
                      "grid": list(_NCCL_GRID[0]), "block": list(_NCCL_GRID[1]), **comm})
             ext, corr = ext + 2, corr + 1
@@ -1306,6 +1355,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--jitter-us", type=float, default=10.0, help="std of each compute kernel's duration")
     p.add_argument("--tp-collectives", type=int, default=2, help="TP AllReduces per step")
     p.add_argument("--barrier", action="store_true", help="close each step with a small world AllReduce")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard DP as FSDP/ZeRO-3: an AllGather and a ReduceScatter of each rank's shard per step, "
+                        "not one AllReduce")
     p.add_argument("--slow-link", type=int, action="append", default=[], metavar="RANK",
                    help=f"this rank's network link runs at {SLOW_LINK_SHARE:g} of the bandwidth; repeatable")
     p.add_argument("--seed", type=int, default=0)
@@ -1321,7 +1373,8 @@ def _run_cli(args: argparse.Namespace) -> int:
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, tp=args.tp, steps=args.steps,
         stragglers=tuple(args.straggler), max_offset_ns=int(round(args.max_offset_ms * MS)),
         max_drift_ppm=args.max_drift_ppm, jitter_ns=int(round(args.jitter_us * US)),
-        tp_collectives=args.tp_collectives, barrier=args.barrier, slow_links=tuple(args.slow_link), seed=args.seed,
+        tp_collectives=args.tp_collectives, barrier=args.barrier, dp_sharded=args.fsdp,
+        slow_links=tuple(args.slow_link), seed=args.seed,
         job_id=args.job_id,
     )
     paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format)

@@ -16,12 +16,12 @@ from rankscope.analysis.sources import load_digests
 from rankscope.errors import ConfigError
 
 
-def _analysed(tmp_path, **spec):
+def _analysed(tmp_path, fmt: str = "nsys", **spec):
     job = sm.JobSpec(nodes=4, gpus_per_node=8, tp=8, steps=10, **spec)
-    sm.simulate(job, tmp_path)
+    paths = sm.simulate(job, tmp_path, fmt=fmt)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return analyze(load_digests(sorted(tmp_path.glob("*.sqlite")))), sm.truth(job)
+        return analyze(load_digests(paths)), sm.truth(job)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,26 @@ def test_the_communicator_on_the_slow_link_and_only_it_is_flagged(slow_link) -> 
     assert "SLOW LINKS" in table and slow["comm_id"] in table
     # its ranks arrive late at the next TP collective: said to be the link's members
     assert sorted(report.late_ranks) == slow["ranks"] and "(members of the slow links below): rank" in table
+
+
+@pytest.mark.parametrize("fmt", ["nsys", "kineto"])
+def test_sharded_data_parallel_links_are_measured_and_the_slow_one_flagged(tmp_path, fmt) -> None:
+    """FSDP-style DP: an AllGather and a ReduceScatter of each rank's shard per step. Both
+    sources give NCCL's per-rank size (nsys's payload; Kineto's smaller of In and Out msg
+    nelems), so both ops measure the simulated links, and the DP group on the slow NIC is
+    flagged for each."""
+    report, truth = _analysed(tmp_path, fmt, dp_sharded=True, slow_links=(19,))
+    links = {c["comm_id"]: c["bus_bandwidth_gbps"] for c in truth["communicators"] if c["kind"] == "dp"}
+    sharded = {(c.comm_id, o.op): o.busbw_gbps for c in report.communicators if c.kind == "dp" for o in c.ops}
+    names = {(c["kind"], tuple(c["ranks"])): c["comm_id"] for c in truth["communicators"]}
+    ids = {c.comm_id: names[(c.kind, tuple(c.ranks))] for c in report.communicators}  # Kineto names groups by PG
+    assert {op for _, op in sharded} == {ops.ALLGATHER, ops.REDUCESCATTER} and len(sharded) == 2 * len(links)
+    for (comm_id, op), busbw in sharded.items():
+        assert 0.92 * links[ids[comm_id]] <= busbw <= 1.01 * links[ids[comm_id]], (comm_id, op)
+    (slow,) = [c for c in truth["communicators"] if 19 in c["ranks"] and c["kind"] == "dp"]
+    assert sorted((ids[s.comm_id], s.op) for s in report.slow_communicators) == [
+        (slow["comm_id"], ops.ALLGATHER), (slow["comm_id"], ops.REDUCESCATTER)]
+    assert report.stragglers == []
 
 
 def test_a_healthy_fabric_flags_no_link(tmp_path) -> None:

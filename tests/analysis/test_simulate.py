@@ -172,6 +172,32 @@ def test_payload_blobs_decode_by_entry_name(tmp_path):
     con.close()
 
 
+def test_sharded_dp_calls_are_nccl_own_all_gather_and_reduce_scatter(tmp_path):
+    """FSDP-style DP: per step an AllGather (payload: comm, size) and a ReduceScatter
+    (comm, size, reduction) of the rank's shard, NCCL's sendcount and recvcount, under
+    their own schema ids (2**24 + NVTX_SID_AllGather 4, ReduceScatter 7) and kernels."""
+    spec = _spec(dp_sharded=True)
+    path = sm.simulate(spec, tmp_path, nodes=[1])[1]
+    con = sqlite3.connect(path)
+    ranges = con.execute("SELECT s.value, n.binaryData FROM NVTX_EVENTS n JOIN StringIds s ON s.id=n.textId "
+                         "WHERE n.binaryData IS NOT NULL ORDER BY n.start").fetchall()
+    dp_hash, shard = sm.comm_hash(spec, "dp", 1), spec.dp_bytes // spec.dp
+    calls = {name: [_decode(con, blob) for n, blob in ranges if n == name] for name in ("ncclAllGather", "ncclReduceScatter")}
+    assert calls["ncclAllGather"] == [{"NCCL communicator ID": dp_hash, "Message size [bytes]": shard}] * spec.steps
+    assert calls["ncclReduceScatter"] == [
+        {"NCCL communicator ID": dp_hash, "Message size [bytes]": shard, "Reduction operation": 0}] * spec.steps
+    schemas = {sid for (sid,) in con.execute("SELECT schemaId FROM NVTX_PAYLOAD_SCHEMAS")}
+    assert schemas == {2**24 + 0, 2**24 + 4, 2**24 + 5, 2**24 + 7}  # CommInitRank, AllGather, AllReduce (TP), ReduceScatter
+    kernels = {name for (name,) in con.execute("SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                                               "JOIN StringIds s ON s.id=k.shortName WHERE s.value LIKE 'nccl%'")}
+    assert kernels == {"ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclDevKernel_AllGather_RING_LL",
+                       "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"}
+    con.close()
+    per_step = sm.truth(spec)["collectives_per_step"]
+    assert [(c["comm"], c["op"], c["bytes"]) for c in per_step if c["comm"] == "dp"] == [
+        ("dp", "allgather", shard), ("dp", "reducescatter", shard)]
+
+
 @pytest.mark.parametrize("layout", [dict(tp=2), dict(tp=1), dict(tp=4, barrier=True)])
 def test_every_member_names_the_same_communicators(tmp_path, layout):
     spec = _spec(**layout)
@@ -291,7 +317,7 @@ def test_kineto_export_carries_groups_and_seq(tmp_path):
 def test_cli_writes_exports_and_truth(tmp_path, capsys):
     out = tmp_path / "job"
     rc = main(["simulate", str(out), "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "2",
-               "--straggler", "3:launch:500", "--max-offset-ms", "1", "--seed", "3", "--job-id", "j9"])
+               "--straggler", "3:launch:500", "--max-offset-ms", "1", "--seed", "3", "--job-id", "j9", "--fsdp"])
     assert rc == 0
     assert sorted(p.name for p in out.glob("*.sqlite")) == [f"j9_rank{r:05d}.sqlite" for r in range(4)]
     truth = json.loads((out / "truth.json").read_text())
@@ -299,7 +325,7 @@ def test_cli_writes_exports_and_truth(tmp_path, capsys):
     assert truth["spec"]["stragglers"] == [{"rank": 3, "kind": "launch", "extra_ns": 500_000, "every": 1}]
     assert sm.read_spec(out / "truth.json") == sm.JobSpec(
         nodes=2, gpus_per_node=2, tp=2, steps=2, stragglers=(sm.Straggler(3, "launch", 500_000),),
-        max_offset_ns=1_000_000, seed=3, job_id="j9")
+        max_offset_ns=1_000_000, dp_sharded=True, seed=3, job_id="j9")
     assert str(out / "truth.json") in capsys.readouterr().out
     assert not list(out.glob("*.tmp"))
 
