@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from rankscope import output
 from rankscope.analysis import digest, engine, sources
-from rankscope.errors import InputError
 
 RANK_FROM_HELP = (
     "where each export's rank comes from, overriding the captured environment: "
@@ -46,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_digest(args: argparse.Namespace) -> int:
-    check_output(args.output)
+    output.check_writable(args.output)
     table = sources.read_one(args.export, rank_from=args.rank_from)
     digest.check_consistent(table)
     digest.write(table, args.output)
@@ -58,7 +56,7 @@ def run_analyze(args: argparse.Namespace) -> int:
 
     for path in (args.output, args.plot):
         if path is not None:
-            check_output(path)
+            output.check_writable(path)
     map_engine = engine.create(args.engine, address=args.ray_address)
     files = sources.discover(args.paths)
     digests = sources.load_digests(
@@ -71,29 +69,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        write_text_atomic(args.output, text)
+        output.write_text(args.output, text)
     if args.plot is not None:
         from rankscope.analysis import plot
 
         plot.save(report, args.plot)
     return 0
-
-
-def check_output(path: Path) -> None:
-    """Fail before any work when the output cannot be written."""
-    if path.is_dir():
-        raise InputError("output is a folder", path=path)
-    if not path.parent.is_dir():
-        raise InputError("output folder does not exist", path=path)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` so that readers see the old file or the whole new one, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -19,6 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rankscope import output
 from rankscope.analysis.groups import Coded
 from rankscope.errors import ConsistencyError, ExportError
 
@@ -164,13 +165,8 @@ def write(digests: pa.Table, path: str | Path) -> None:
     """Write atomically: a reader never sees half a digest."""
     import pyarrow.parquet as pq  # here, not at the top: it loads pyarrow's file systems (S3, GCS, ...), ~4 MiB
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with output.replacing(Path(path)) as tmp:
         pq.write_table(digests.cast(DIGEST_SCHEMA), tmp, compression="zstd")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read(path: str | Path) -> pa.Table:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rankscope import output
 from rankscope.analysis.report import Report, ranks_text
 from rankscope.errors import ConfigError
 
@@ -69,13 +70,11 @@ def save(report: Report, path: str | Path) -> Path:
         _bandwidth(axes[3], report, links)
 
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     try:
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(path)
+        with output.replacing(path) as tmp:
+            fig.savefig(tmp, dpi=110)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path
 
 

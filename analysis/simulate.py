@@ -30,7 +30,6 @@ import datetime as dt
 import functools
 import hashlib
 import json
-import os
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from rankscope import output
 from rankscope.analysis import ops
 from rankscope.errors import ConfigError, InputError
 
@@ -465,7 +465,7 @@ def truth(spec: JobSpec) -> dict[str, Any]:
 
 def write_truth(spec: JobSpec, path: Path | str) -> Path:
     path = Path(path)
-    _atomic_write_bytes(path, (json.dumps(truth(spec), indent=1) + "\n").encode())
+    output.write_bytes(path, (json.dumps(truth(spec), indent=1) + "\n").encode())
     return path
 
 
@@ -504,12 +504,6 @@ def export_name(spec: JobSpec, rank: int, fmt: str) -> str:
     return f"{spec.job_id}_rank{rank:05d}.{suffix}"
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- public entry
 
 
@@ -522,8 +516,7 @@ def simulate(spec: JobSpec, outdir: Path | str, *, nodes: Sequence[int] | None =
     for node in chosen:
         if not 0 <= node < spec.nodes:
             raise ConfigError(f"simulate: node {node} outside 0..{spec.nodes - 1}")
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = output.make_folder(Path(outdir))
     view = _RankView.prepare(spec)
     write = _write_nsys if fmt == "nsys" else _write_kineto
     paths = []
@@ -990,21 +983,20 @@ def _write_nsys(rt: _RankTimes, path: Path) -> None:
         **_target_rows(rt, strings, proc, path),
     }
     tables = {"StringIds": ([], strings.rows()), **tables}  # complete only now
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(_empty_export())
-    con = sqlite3.connect(tmp, isolation_level=None)
-    try:
-        con.execute("PRAGMA journal_mode=OFF")
-        con.execute("PRAGMA synchronous=OFF")
-        con.execute("BEGIN")
-        for table, (columns, rows) in tables.items():
-            names = f" ({', '.join(columns)})" if columns else ""
-            width = len(columns) if columns else len(rows[0])
-            con.executemany(f"INSERT INTO {table}{names} VALUES ({','.join('?' * width)})", rows)
-        con.execute("COMMIT")
-    finally:
-        con.close()
-    os.replace(tmp, path)
+    with output.replacing(path) as tmp:
+        tmp.write_bytes(_empty_export())
+        con = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            con.execute("PRAGMA journal_mode=OFF")
+            con.execute("PRAGMA synchronous=OFF")
+            con.execute("BEGIN")
+            for table, (columns, rows) in tables.items():
+                names = f" ({', '.join(columns)})" if columns else ""
+                width = len(columns) if columns else len(rows[0])
+                con.executemany(f"INSERT INTO {table}{names} VALUES ({','.join('?' * width)})", rows)
+            con.execute("COMMIT")
+        finally:
+            con.close()
 
 
 @functools.lru_cache(maxsize=1)
@@ -1264,7 +1256,7 @@ def _write_kineto(rt: _RankTimes, path: Path) -> None:
         "traceEvents": metadata + out.events,
         "traceName": path.name,
     }
-    _atomic_write_bytes(path, json.dumps(doc).encode())
+    output.write_bytes(path, json.dumps(doc).encode())
 
 
 def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _KinetoEvents) -> None:

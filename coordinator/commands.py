@@ -16,7 +16,7 @@ from rankscope.analysis.report import ranks_text
 from rankscope.cli import parse_labels
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
-from rankscope import tls
+from rankscope import output, tls
 from rankscope.errors import InputError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
@@ -191,9 +191,7 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
 
 
 def _check_plot(path: Path) -> None:
-    from rankscope.analysis.commands import check_output  # fail before starting a sweep
-
-    check_output(path)
+    output.check_writable(path)  # fail before starting a sweep
 
 
 def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> None:

@@ -115,6 +115,34 @@ def test_bad_input_one_line_exit_2_no_output(case: str, exports: list[Path], tmp
         assert not digest_out.exists()
 
 
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory) -> Path:
+    from rankscope.analysis import simulate
+
+    folder = tmp_path_factory.mktemp("sim")
+    simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), folder)
+    return folder
+
+
+# /proc takes no new files, for root (ENOENT) and others (EACCES) alike.
+@pytest.mark.parametrize("command", ["digest", "analyze -o", "analyze --plot", "simulate"])
+def test_an_output_that_cannot_be_written_is_one_line_exit_2(command: str, simulated: Path) -> None:
+    target = Path("/proc/rankscope-test-output")
+    args = {
+        "digest": ["digest", sorted(simulated.glob("*.sqlite"))[0], "-o", target],
+        "analyze -o": ["analyze", simulated, "-o", target],
+        "analyze --plot": ["analyze", simulated, "--plot", target.with_suffix(".png")],
+        "simulate": ["simulate", target, "--nodes", "1", "--gpus-per-node", "2", "--tp", "2"],
+    }[command]
+    if command == "analyze --plot":
+        pytest.importorskip("matplotlib", reason="plots need matplotlib (the [plot] extra)")
+    result = rankscope(*args)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and ": warning:" not in line]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {target}"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_bad_rank_from_spec_is_a_usage_error(exports: list[Path], tmp_path: Path) -> None:
     result = rankscope("digest", exports[0], "-o", tmp_path / "d.parquet", "--rank-from", "hostname")
     assert result.returncode == 2

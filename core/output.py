@@ -1,0 +1,61 @@
+"""Writing a user's output file: whole or not at all, and a clear error where it cannot be.
+
+A report, plot, digest or simulated export is written to a temporary file beside its
+destination and moved over it at the end, so a reader sees the old file or the whole new
+one. Where the folder cannot take it (no permission, read-only, full, not a real folder),
+the OSError becomes one :class:`InputError` naming the destination, and nothing is left
+behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from rankscope.errors import InputError
+
+
+def check_writable(path: Path) -> None:
+    """Fail before any work where ``path`` plainly cannot be written."""
+    if path.is_dir():
+        raise InputError("output is a folder", path=path)
+    if not path.parent.is_dir():
+        raise InputError("output folder does not exist", path=path)
+    if not os.access(path.parent, os.W_OK):
+        raise InputError("output folder is not writable", path=path)
+
+
+def make_folder(path: Path) -> Path:
+    """``path`` as a folder, created with its parents where missing."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder ({exc.strerror or exc})", path=path) from None
+    return path
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix, so writers that go by it still can)
+    to write to; moved over ``path`` when the block ends without an error."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise InputError(f"cannot write the output ({exc.strerror or exc})", path=path) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def write_text(path: Path, text: str) -> None:
+    with replacing(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)

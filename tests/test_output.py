@@ -1,0 +1,38 @@
+"""Writing a user's output: whole or not at all, one clear error where it cannot be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rankscope import output
+from rankscope.errors import InputError
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    path.write_text("old")
+    with pytest.raises(InputError, match="report.json: cannot write the output \\(No space left on device\\)"):
+        with output.replacing(path) as tmp:
+            tmp.write_text("half")
+            raise OSError(28, "No space left on device")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_a_whole_write_replaces_and_keeps_the_suffix_for_writers_that_go_by_it(tmp_path: Path) -> None:
+    path = tmp_path / "plot.png"
+    with output.replacing(path) as tmp:
+        assert tmp.suffix == ".png" and tmp.parent == tmp_path
+        tmp.write_bytes(b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+
+
+def test_where_output_plainly_cannot_go(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="output is a folder"):
+        output.check_writable(tmp_path)
+    with pytest.raises(InputError, match="output folder does not exist"):
+        output.check_writable(tmp_path / "missing" / "r.json")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="cannot create the output folder"):
+        output.make_folder(tmp_path / "file" / "sub")
