@@ -12,7 +12,7 @@ from pathlib import Path
 from rankscope.agent import dcgm
 from rankscope.agent.agent import BACKENDS, Agent, AgentConfig
 from rankscope.agent.spool import DEFAULT_SPOOL
-from rankscope import tls
+from rankscope import output, tls
 from rankscope.cli import parse_labels
 from rankscope.errors import ConfigError
 
@@ -68,7 +68,10 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    agent = Agent(config_from_args(args))
+    config = config_from_args(args)
+    for folder in (config.spool, config.work_dir):
+        output.make_folder(folder)
+    agent = Agent(config)
 
     def stop(signum, frame) -> None:
         # Resuming DCGM happens on the way out (Agent.close), never skipped by a signal.

@@ -119,6 +119,9 @@ def run_coordinator(args: argparse.Namespace) -> int:
     config = resolve({"listen": args.listen, "data_dir": args.data_dir, "max_upload_bytes": args.max_upload_bytes,
                       "node_timeout_s": args.node_timeout, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
                       "tls_client_ca": args.tls_client_ca})
+    output.make_folder(Path(config.data_dir))
+    if args.port_file:
+        output.check_writable(args.port_file)  # before serving: a server must not start only to fail
     server, port = create_server(config=config)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -126,9 +129,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
     server.start()
     host = config.listen.rsplit(":", 1)[0]
     if args.port_file:
-        tmp = args.port_file.with_name(f".{args.port_file.name}.tmp")
-        tmp.write_text(f"{port}\n")
-        tmp.replace(args.port_file)
+        output.write_text(args.port_file, f"{port}\n")
     security = "mTLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext"
     print(f"rankscope coordinator listening on {host}:{port} ({security}; data in {config.data_dir})",
           file=sys.stderr, flush=True)

@@ -27,11 +27,15 @@ def check_writable(path: Path) -> None:
 
 
 def make_folder(path: Path) -> Path:
-    """``path`` as a folder, created with its parents where missing."""
+    """``path`` as a folder to write in, created with its parents where missing."""
+    if path.exists() and not path.is_dir():
+        raise InputError("not a folder", path=path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot create the output folder ({exc.strerror or exc})", path=path) from None
+        raise InputError(f"cannot create the folder ({exc.strerror or exc})", path=path) from None
+    if not os.access(path, os.W_OK):
+        raise InputError("folder is not writable", path=path)
     return path
 
 

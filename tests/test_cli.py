@@ -7,6 +7,8 @@ import argparse
 import subprocess
 import sys
 
+import pytest
+
 from rankscope import cli
 from rankscope.cli import build_parser
 
@@ -27,3 +29,23 @@ def test_the_rank_wrapper_starts_without_the_analysis() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+AGENT = ["agent", "--coordinator", "127.0.0.1:1", "--backend", "sim"]
+COORDINATOR = ["coordinator", "--listen", "127.0.0.1:0"]
+
+
+@pytest.mark.parametrize("args, folder", [
+    ([*COORDINATOR, "--data-dir", "/proc/rankscope-test"], "/proc/rankscope-test"),
+    ([*COORDINATOR, "--data-dir", "{file}"], "{file}"),
+    ([*AGENT, "--spool", "/proc/rankscope-test"], "/proc/rankscope-test"),
+    ([*AGENT, "--spool", "{tmp}", "--work-dir", "{file}"], "{file}"),
+], ids=["coordinator data-dir in /proc", "coordinator data-dir a file", "agent spool in /proc", "agent work-dir a file"])
+def test_a_daemon_given_a_folder_it_cannot_write_in_says_so_in_one_line(args: list[str], folder: str, tmp_path) -> None:
+    """Before serving or dialling: exit 2 naming the folder, no traceback."""
+    (tmp_path / "file").write_text("")
+    args, folder = [a.format(file=tmp_path / "file", tmp=tmp_path) for a in args], folder.format(file=tmp_path / "file")
+    done = subprocess.run([sys.executable, "-m", "rankscope", *args], capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {folder}: "), done.stderr

@@ -34,5 +34,5 @@ def test_where_output_plainly_cannot_go(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="output folder does not exist"):
         output.check_writable(tmp_path / "missing" / "r.json")
     (tmp_path / "file").write_text("")
-    with pytest.raises(InputError, match="cannot create the output folder"):
+    with pytest.raises(InputError, match="file/sub: cannot create the folder"):
         output.make_folder(tmp_path / "file" / "sub")
