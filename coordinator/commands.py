@@ -36,6 +36,17 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def parse_count(text: str) -> int:
+    """A whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value
+
+
 def parse_option(text: str) -> tuple[str, str]:
     """One backend option, K=V; the value may hold commas (a list of ranks, say)."""
     key, sep, value = text.partition("=")
@@ -95,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     listing = subparsers.add_parser("sweeps", help="list sweeps, newest first")
     add_coordinator(listing)
-    listing.add_argument("--limit", type=int, default=20, help="at most this many (0: all)")
+    listing.add_argument("--limit", type=parse_count, default=20, help="at most this many (0: all)")
     listing.set_defaults(func=run_sweeps)
 
     report = subparsers.add_parser("report", help="print a sweep's report")

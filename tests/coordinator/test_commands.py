@@ -121,6 +121,13 @@ def test_parse_duration_refuses(text: str) -> None:
         parse_duration(text)
 
 
+@pytest.mark.parametrize("limit", ["-3", "many"])
+def test_a_listing_limit_that_is_not_a_count_is_a_usage_error(limit: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["sweeps", "--coordinator", "127.0.0.1:1", "--limit", limit])
+    assert exc.value.code == 2 and "is not a whole number >= 0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
