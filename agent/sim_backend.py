@@ -101,7 +101,8 @@ def _cast(name: str, raw: str, default):
         if isinstance(default, float):
             return float(raw)
     except ValueError:
-        raise ConfigError(f"sim.{name}: {raw!r} is not a {type(default).__name__}") from None
+        kind = "yes or no" if isinstance(default, bool) else "a whole number" if isinstance(default, int) else "a number"
+        raise ConfigError(f"sim.{name}: {raw!r} is not {kind}") from None
     if not isinstance(default, str):
         raise ConfigError(f"sim.{name} cannot be set from a capture option")
     return raw
