@@ -149,8 +149,10 @@ def job_top_kernels(kernels: Table, limit: int = 10) -> dict[str, np.ndarray]:
 
 
 def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[int, str]) -> str:
-    """tp: named TP by the trace, or all members on one host (intra-node TP); dp: one member
-    per host across hosts (or named DP); other: anything else (world, mixed, single)."""
+    """tp: named TP by the trace, or consecutive ranks all on one host (intra-node TP, as
+    Megatron and a torch DeviceMesh with TP innermost lay it out); dp: one member per host
+    across hosts (or named DP); other: anything else (world, mixed, single, and strided
+    groups inside one host, which could be DP or pipeline stages alike)."""
     if name and _TP_NAME.search(name):
         return "tp"
     if name and _DP_NAME.search(name):
@@ -159,7 +161,7 @@ def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[i
         return "other"
     hosts = [hosts_of.get(r) for r in ranks]
     if len(set(hosts)) == 1:
-        return "tp"
+        return "tp" if max(ranks) - min(ranks) + 1 == len(set(ranks)) else "other"
     if len(set(hosts)) == len(hosts):
         return "dp"
     return "other"

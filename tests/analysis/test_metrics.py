@@ -62,10 +62,14 @@ def test_lateness_within_clock_uncertainty_is_hidden() -> None:
 def test_communicator_kind() -> None:
     hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
     assert metrics.communicator_kind(None, (0, 1), hosts) == "tp"
+    assert metrics.communicator_kind(None, (1, 0), hosts) == "tp"
     assert metrics.communicator_kind(None, (0, 2), hosts) == "dp"
     assert metrics.communicator_kind(None, (0, 1, 2, 3), hosts) == "other"
     assert metrics.communicator_kind("TP::layer", (0, 2), hosts) == "tp"
     assert metrics.communicator_kind("data_parallel", (0, 1), hosts) == "dp"
+    # one node of 4 with TP=2: the strided groups are DP (or pipeline stages), not TP
+    node = {r: "a" for r in range(4)}
+    assert [metrics.communicator_kind(None, g, node) for g in ((0, 1), (2, 3), (0, 2), (1, 3))] == ["tp", "tp", "other", "other"]
 
 
 def test_tp_overhead_splits_exposed_time() -> None:
