@@ -1184,30 +1184,30 @@ def _sizes(args: list[_Args]) -> np.ndarray:
 
 
 def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[_Args], ...], recorded: np.ndarray) -> np.ndarray:
-    """``sizes``, but for AllGather and ReduceScatter the smallest buffer any source shows
-    (``recorded``: Flight Recorder sizes, already the smaller): record_param_comms' In and
-    Out msg nelems are the input and output, a c10d call's tensors output and input, a
-    ``nccl:`` annotation's its input (n x recvcount for ReduceScatter). One pass over
-    those calls only, not over events."""
+    """``sizes``, but for AllGather and ReduceScatter the smaller of input and output:
+    record_param_comms' In and Out msg nelems where a source has both (totals, so coalesced
+    calls count every tensor), else the smallest buffer any source shows: a c10d call's
+    tensors (output and input), a ``nccl:`` annotation's (its input: n x recvcount for
+    ReduceScatter), the Flight Recorder's (``recorded``, already the smaller). One pass
+    over those calls only, not over events."""
     split = np.flatnonzero((op == _SPLIT_OPS[0]) | (op == _SPLIT_OPS[1]))
     if not len(split):
         return sizes
     sizes = sizes.copy()
     for i in split.tolist():
-        shown = [b for args in sources for b in _buffer_bytes(args[i])]
+        counted = next((b for args in sources if (b := _nelems_bytes(args[i])) is not None), None)
+        shown = [b for args in sources for b in _tensor_bytes(args[i]) if b]
         if recorded[i] is not None:
             shown.append(recorded[i])
-        if shown:
-            sizes[i] = min(shown)
+        if counted is not None or shown:
+            sizes[i] = counted if counted is not None else min(shown)
     return sizes
 
 
-def _buffer_bytes(args: _Args) -> list[int]:
-    """Sizes, in bytes, of every buffer the args show: In and Out msg nelems x dtype and
-    each tensor of `Input Dims` (zero-size ones left out)."""
-    size = _element_size(args.dtype)
-    counts = [n * size for n in (_int(args.nelems), _int(args.out_nelems)) if n and size]
-    return counts + [b for b in _tensor_bytes(args) if b]
+def _nelems_bytes(args: _Args) -> int | None:
+    """The smaller of record_param_comms' In and Out msg nelems, in bytes, where it has both."""
+    size, counts = _element_size(args.dtype), (_int(args.nelems), _int(args.out_nelems))
+    return min(counts) * size if size and None not in counts and min(counts) > 0 else None
 
 
 def _tensor_bytes(args: _Args) -> Iterator[int]:

@@ -356,6 +356,28 @@ def test_reduce_scatter_counts_its_shard_and_gets_bus_bandwidth(tmp_path, flight
     assert spread.busbw_gbps == pytest.approx(4096 * 4 * (2 - 1) / 100e-6 / 1e9)
 
 
+def test_a_coalesced_all_gather_counts_every_tensor_it_sends(tmp_path):
+    """record_param_comms' In and Out msg nelems are totals over the coalesced tensors; the
+    annotation lists each tensor. Two 4096-float shards gathered at once: 2 x 4096 floats."""
+    comm = {"Collective name": "allgather_into_tensor_coalesced", "dtype": "Float", "In msg nelems": 8192,
+            "Out msg nelems": 16384, "Process Group Name": "0", "Seq": 3}
+    events = [
+        _event("c10d::allgather_into_tensor_coalesced_", "100.000", "50.000", tid=1,
+               args={"External id": 1, "Input Dims": [[[8192], [8192]], [[4096], [4096]]],
+                     "Input type": ["TensorList", "TensorList"]}),
+        _event("record_param_comms", "101.000", "40.000", tid=1, args={"External id": 2, **comm}),
+        _event("nccl:all_gather_into_tensor_coalesced", "102.000", "30.000", cat="user_annotation", tid=1,
+               args={"Input Dims": [[4096], [4096]], "Input type": ["float", "float"]}),
+        _event("cudaLaunchKernel", "110.000", "5.000", cat="cuda_runtime", tid=1, args={"correlation": 9}),
+        _event("ncclDevKernel_AllGather_RING_LL", "120.000", "30.000", cat="kernel", tid=7,
+               args={"correlation": 9, "stream": 7}),
+    ]
+    data = _trace(events, baseTimeNanoseconds=1790857026000000000)
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [2, 3]}]
+    coll = _collectives(_read(_write(tmp_path / "t.json", data)))
+    assert (coll.loc[0, "op"], coll.loc[0, "bytes"]) == ("allgather", 8192 * 4)
+
+
 def test_not_a_trace_is_an_export_error(tmp_path):
     bad = tmp_path / "rank0.json"
     bad.write_text("{not json")
