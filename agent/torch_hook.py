@@ -199,19 +199,17 @@ def _flight_recorder(since_ns: int) -> dict[str, Any] | None:
 
 
 def _bytes(entry: dict, side: str) -> int | None:
-    """Size of the entry's first ``side`` ("input" or "output") tensor."""
+    """Total size of the entry's ``side`` ("input" or "output") tensors, as PyTorch's
+    record_param_comms counts a call (a coalesced one: all its tensors)."""
+    import math
+
     import torch
 
     sizes, dtypes = entry.get(f"{side}_sizes") or [], entry.get(f"{side}_dtypes") or []
-    if not sizes or not dtypes:
+    kinds = [getattr(torch, str(name).lower(), None) for name in dtypes]
+    if not sizes or len(kinds) != len(sizes) or not all(isinstance(k, torch.dtype) for k in kinds):
         return None
-    dtype = getattr(torch, str(dtypes[0]).lower(), None)
-    if not isinstance(dtype, torch.dtype):
-        return None
-    numel = 1
-    for dim in sizes[0]:
-        numel *= int(dim)
-    return numel * dtype.itemsize
+    return sum(math.prod(int(dim) for dim in shape) * kind.itemsize for shape, kind in zip(sizes, kinds))
 
 
 def write_atomic(path: Path, text: str) -> None:

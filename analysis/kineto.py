@@ -800,8 +800,8 @@ def _take(table: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarra
 
 
 def _recorded_bytes(row: list, op: str, field: dict[str, int]) -> int | None:
-    """A Flight Recorder entry's size: its first input tensor's, or for AllGather and
-    ReduceScatter the smaller of its first input and output where the hook recorded both."""
+    """A Flight Recorder entry's size: its input's, or for AllGather and ReduceScatter the
+    smaller of its input and output where the hook recorded both."""
     sizes = [_int(row[field[column]]) for column in ("bytes", "out_bytes") if column in field]
     if op in _SPLIT_OPS and all(sizes):
         return min(sizes)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rankscope.agent.torch_hook import ENV, SITECUSTOMIZE, write_atomic
 
 PROBE = "import sys; print(sys.modules['sitecustomize'].__file__)"
@@ -38,3 +40,18 @@ def test_a_hook_that_cannot_install_says_so_and_the_users_still_runs(tmp_path: P
     assert done.returncode == 0, done.stderr
     assert "rankscope: torch hook not installed" in done.stderr
     assert (tmp_path / "ran").read_text() == "user"
+
+
+def test_flight_recorder_sizes_are_totals_of_each_side() -> None:
+    """As record_param_comms counts a call: every tensor of a side, each by its own dtype
+    (a coalesced AllReduce of 4096 and 8192 floats moves 49152 bytes, not its first tensor's);
+    AllGather's sides differ (the shard in, the whole out)."""
+    pytest.importorskip("torch", reason="the hook's sizes need torch's dtypes")
+    from rankscope.agent.torch_hook import _bytes
+
+    coalesced = {"input_sizes": [[4096], [8192]], "input_dtypes": ["Float", "Float"]}
+    assert _bytes(coalesced, "input") == 49152
+    gather = {"input_sizes": [[4096]], "input_dtypes": ["BFloat16"], "output_sizes": [[2, 4096]], "output_dtypes": ["BFloat16"]}
+    assert (_bytes(gather, "input"), _bytes(gather, "output")) == (8192, 16384)
+    assert _bytes({"input_sizes": [[4]], "input_dtypes": ["NoSuchType"]}, "input") is None
+    assert _bytes(gather, "neither") is None
