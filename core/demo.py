@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from rankscope import output
 from rankscope.errors import InputError, RankscopeError, ToolError
 
 GRAD_ELEMENTS = 1 << 16  # 256 KiB of float32 gradients per step
@@ -43,13 +44,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ranks-per-node", type=int, default=4, help="ranks on each of the two nodes (default 4)")
     parser.add_argument("--slow-rank", type=int, default=None,
                         help="the rank given extra compute (default: the second rank of the second node)")
-    parser.add_argument("--duration", type=float, default=4.0, help="capture window in seconds (default 4)")
+    parser.add_argument("--duration", type=_seconds, default=4.0, help="capture window in seconds (default 4)")
     parser.set_defaults(func=run)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _terminated(signum: int, frame) -> None:
+    # SIGTERM (a CI timeout, `kill`) ends the demo the way Ctrl-C does: its processes are stopped.
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rankscope-demo-")).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
     per_node = args.ranks_per_node
     if per_node < 1:
         raise InputError("--ranks-per-node must be at least 1")
@@ -57,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     slow = min(per_node + 1, world - 1) if args.slow_rank is None else args.slow_rank
     if not 0 <= slow < world:
         raise InputError(f"--slow-rank {slow} is not a rank of the {world}-rank job")
+    signal.signal(signal.SIGTERM, _terminated)
+    workdir = output.make_folder(Path(args.workdir or tempfile.mkdtemp(prefix="rankscope-demo-")).resolve())
     started = time.monotonic()
     with _Processes(workdir) as procs:
         _say(started, f"work folder {workdir}")

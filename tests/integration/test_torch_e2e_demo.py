@@ -43,3 +43,28 @@ def test_demo_names_the_slowed_rank_through_the_coordinator(tmp_path):
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2, 3]
     assert "coordinator on 127.0.0.1:" in done.stderr
     assert _processes_mentioning(str(workdir)) == []
+
+
+def test_a_terminated_demo_stops_every_process_it_started(tmp_path):
+    """SIGTERM (a CI timeout, `kill`) mid-capture ends the demo as Ctrl-C does: exit 128+15,
+    no traceback, and its coordinator, agents and ranks are gone."""
+    import signal
+    import time
+
+    workdir = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "demo", "--workdir", str(workdir), "--ranks-per-node", "2", "--duration", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 240
+    lines = []
+    for line in demo.stderr:  # the demo's progress: wait until the capture is under way
+        lines.append(line)
+        if "sweep " in line and "window on" in line or time.monotonic() > deadline:
+            break
+    assert len(_processes_mentioning(str(workdir))) >= 7, "".join(lines)  # coordinator, 2 agents, 4 ranks
+    demo.send_signal(signal.SIGTERM)
+    rest = demo.stderr.read()
+    assert demo.wait(timeout=60) == 128 + signal.SIGTERM, "".join(lines) + rest
+    assert "Traceback" not in rest
+    assert _processes_mentioning(str(workdir)) == []
