@@ -22,7 +22,8 @@ from pathlib import Path
 
 from rankscope.agent import nsys
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, withdraw
-from rankscope.errors import InputError
+from rankscope import output
+from rankscope.errors import CommandError, InputError
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.capture_range == "nvtx") != (args.nvtx_capture is not None):
         raise InputError("--capture-range nvtx needs --nvtx-capture RANGE@DOMAIN (and only it takes one)")
     info = rank_info(os.environ, pid=os.getpid(), backend=args.backend)
+    output.make_folder(args.spool)
     if args.backend == "torch":
         from rankscope.agent import torch_hook  # provided with the torch backend
 
@@ -130,7 +132,11 @@ def _gpu(environ: Mapping[str, str], local_rank: int) -> str:
 
 def supervise(argv: Sequence[str], started: Callable[[subprocess.Popen], object] | None = None) -> int:
     """Run ``argv`` forwarding the launcher's signals to it; its exit code (128+N if killed by N)."""
-    child = subprocess.Popen(list(argv))
+    try:
+        child = subprocess.Popen(list(argv))
+    except OSError as exc:
+        raise CommandError(f"cannot run the command ({exc.strerror or exc})", path=argv[0],
+                           exit_code=126 if isinstance(exc, PermissionError) else 127) from None
     previous = {sig: signal.signal(sig, lambda signum, frame: _forward(child, signum))
                 for sig in FORWARDED_SIGNALS}
     try:

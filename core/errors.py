@@ -6,7 +6,8 @@ and prints one line naming the file and the problem, then exits with ``exit_code
 RankscopeError
  ├── InputError (ValueError)         bad file, bad flag, bad content: exit 2
  │    ├── ExportError                  a profiler export cannot be read or is empty
- │    └── ConsistencyError             exports disagree (same rank twice, different jobs)
+ │    ├── ConsistencyError             exports disagree (same rank twice, different jobs)
+ │    └── CommandError                 a wrapped command cannot start: exit 127 / 126, as a shell
  ├── ConfigError (ValueError)        bad configuration
  ├── ToolError (RuntimeError)        nsys / dcgmi / a backend failed on the node
  ├── TransportError (ConnectionError) coordinator or agent unreachable
@@ -42,6 +43,15 @@ class ExportError(InputError):
 
 class ConsistencyError(InputError):
     """Several inputs contradict each other."""
+
+
+class CommandError(InputError):
+    """The command a wrapper was given cannot be started: 127 where it is not found, 126
+    where it cannot be executed, as a shell exits."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None, exit_code: int = 127) -> None:
+        super().__init__(message, path=path)
+        self.exit_code = exit_code
 
 
 class ConfigError(RankscopeError, ValueError):

@@ -126,6 +126,30 @@ def test_no_command_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "no command" in proc.stderr
 
 
+@pytest.mark.parametrize("command, code", [("missing", 127), ("not executable", 126)])
+def test_a_command_that_cannot_start_exits_as_a_shell_does(tmp_path, command, code):
+    """127 for a command not found, 126 for one that cannot be executed; one line naming it,
+    and the rank is not left announced."""
+    program = tmp_path / "train"
+    if command == "not executable":
+        program.write_text("print('hi')\n")
+    spool = tmp_path / "spool"
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool),
+                           "--", str(program)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {program}: cannot run the command"), proc.stderr
+    assert local_ranks(spool) == []
+
+
+def test_a_spool_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool",
+                           str(tmp_path / "file"), "--", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == f"rankscope: error: {tmp_path / 'file'}: not a folder"
+
+
 def test_advanced_nccl_tracing_where_this_nsys_has_it(nsys_env, tmp_path):
     state, env = nsys_env
     standin_nsys.configure(state, nccl_trace=True)
