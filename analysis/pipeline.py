@@ -54,7 +54,10 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     meta = {name: digests.column(name).to_numpy() for name in _META}
     collectives = columns(digests, "collectives")
     if not len(collectives["rank"]):
-        raise InputError("no collectives in any rank: nothing to align")
+        files = sorted(set(digests.column("source_file").to_pylist()))
+        if len(files) == 1:
+            raise InputError("no collectives in this rank's trace: nothing to align", path=files[0])
+        raise InputError(f"no collectives in any rank of {len(files)} files ({_file_list(files)}): nothing to align")
     collectives["duration"] = collectives["end_ns"] - collectives["start_ns"]
     communicators = columns(digests, "communicators", keep=("rank",))
     kernels = columns(digests, "kernels", keep=("rank",))
@@ -133,6 +136,10 @@ def _rank_notes(ranks: list[int], notes: list[list[str]]) -> list[str]:
         for text in texts:
             by_text.setdefault(text, []).append(rank)
     return [f"rank{'s' if len(r) > 1 else ''} {_rank_list(r)}: {text}" for text, r in by_text.items()]
+
+
+def _file_list(files: list[str]) -> str:
+    return ", ".join(files) if len(files) <= 3 else f"{files[0]}, ..., {files[-1]}"
 
 
 def _rank_list(ranks: list[int]) -> str:

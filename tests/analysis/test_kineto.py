@@ -378,6 +378,24 @@ def test_a_coalesced_all_gather_counts_every_tensor_it_sends(tmp_path):
     assert (coll.loc[0, "op"], coll.loc[0, "bytes"]) == ("allgather", 8192 * 4)
 
 
+def test_traces_without_collectives_name_their_files(tmp_path):
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+    from rankscope.errors import InputError
+
+    paths = []
+    for rank in (0, 1):
+        data = _trace([_event("gemm", "1.000", "2.000", cat="kernel", tid=7)])
+        data["distributedInfo"].update(rank=rank, world_size=2)
+        paths.append(_write(tmp_path / f"r{rank}.json", data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(InputError, match=f"^{paths[0]}: no collectives in this rank's trace"):
+            analyze(load_digests(paths[:1]))
+        with pytest.raises(InputError, match=f"of 2 files \\({paths[0]}, {paths[1]}\\): nothing to align"):
+            analyze(load_digests(paths))
+
+
 def test_not_a_trace_is_an_export_error(tmp_path):
     bad = tmp_path / "rank0.json"
     bad.write_text("{not json")
