@@ -281,13 +281,17 @@ def _to_pandas(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensi
 
 
 def check_consistent(digests: pa.Table) -> None:
-    """Refuse inputs that cannot belong to one job: one rank twice, or two job ids."""
+    """Refuse inputs that cannot belong to one job: one rank twice, a rank outside the world
+    its own trace gives, or two job ids."""
     ranks = digests.column("rank").to_numpy()
     files = digests.column("source_file").to_pylist()
+    worlds = digests.column("world_size").to_pylist()
     seen: dict[int, str] = {}
-    for rank, file in zip(ranks.tolist(), files):
+    for rank, file, world in zip(ranks.tolist(), files, worlds):
         if rank in seen:
             raise ConsistencyError(f"rank {rank} is also claimed by {seen[rank]}", path=file)
+        if world is not None and not 0 <= rank < world:
+            raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
         seen[rank] = file
     jobs = digests.column("job_id").to_pylist()
     known = {job: file for job, file in zip(jobs, files) if job}

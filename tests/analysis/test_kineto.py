@@ -396,6 +396,16 @@ def test_traces_without_collectives_name_their_files(tmp_path):
             analyze(load_digests(paths))
 
 
+def test_a_rank_outside_its_own_world_is_refused(tmp_path):
+    from rankscope.errors import ConsistencyError
+
+    data = _trace(_gloo_events("1000.000", "1010.000"))
+    data["distributedInfo"]["world_size"] = 2  # rank 3
+    path = _write(tmp_path / "r3.json", data)
+    with pytest.raises(ConsistencyError, match=f"^{path}: rank 3 is outside its world of 2 ranks"):
+        digest.check_consistent(_read(path))
+
+
 def test_not_a_trace_is_an_export_error(tmp_path):
     bad = tmp_path / "rank0.json"
     bad.write_text("{not json")
