@@ -10,12 +10,13 @@ cluster at ``--ray-address`` (or starts a local one, the same code path).
 
 from __future__ import annotations
 
+import socket
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, TransportError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -43,8 +44,13 @@ class RayEngine(Engine):
             raise ConfigError("the Ray engine needs Ray: pip install 'rankscope[ray]'") from None
         self._ray = ray
         if not ray.is_initialized():
-            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+            if address:
+                check_reachable(address)
+            try:
+                ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+            except ConnectionError as exc:
+                raise TransportError(f"cannot join the Ray cluster at {address} ({exc})") from None
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         ray = self._ray
@@ -69,8 +75,26 @@ def _call(fn: Callable[[Any], Any], item: Any) -> tuple[str, Any]:
         return "error", exc
 
 
+# A cluster's head answers at once; Ray itself retries an unreachable one for a minute or more.
+_CONNECT_TIMEOUT_S = 5.0
+
+
+def check_reachable(address: str) -> None:
+    """Fail fast where nothing listens at a Ray ``HOST:PORT`` (or ``ray://HOST:PORT``);
+    ``auto`` and other forms are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise TransportError(f"no Ray cluster answers at {address} ({exc.strerror or exc})") from None
+
+
 def create(name: str, *, address: str | None = None) -> Engine:
     if name == "local":
+        if address:
+            raise ConfigError("--ray-address is for --engine ray")
         return LocalEngine()
     if name == "ray":
         return RayEngine(address=address)
