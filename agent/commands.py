@@ -53,6 +53,12 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--backend: unknown capture backend {unknown[0]!r} (known: {', '.join(BACKENDS)})")
     if args.upload_limit is not None and args.upload_limit <= 0:
         raise ConfigError(f"--upload-limit must be positive, got {args.upload_limit}")
+    if not args.max_backoff > 0:
+        raise ConfigError(f"--max-backoff must be positive, got {args.max_backoff}")
+    host, sep, port = args.coordinator.rpartition(":")
+    # The agent retries an unreachable coordinator for ever: a typo must not. (gRPC's unix: targets pass.)
+    if not (host and sep and port.isdigit()) and not args.coordinator.startswith("unix:"):
+        raise ConfigError(f"--coordinator {args.coordinator!r} must be HOST:PORT")
     return AgentConfig(
         coordinator=args.coordinator,
         name=name,

@@ -301,6 +301,10 @@ def test_labels_and_backends_are_checked() -> None:
     config = commands.config_from_args(args)
     assert config.work_dir == Path("/s/agent-x") and config.backends == ("sim",)
     assert safe_name("../a/b..c") == "a_b.c"
+    for bad, message in ((["--coordinator", "nohost"], "must be HOST:PORT"), (["--coordinator", "h:x"], "must be HOST:PORT"),
+                         (["--coordinator", "h:1", "--max-backoff", "0"], "--max-backoff must be positive")):
+        with pytest.raises(ConfigError, match=message):
+            commands.config_from_args(parser.parse_args(["agent", "--backend", "sim", *bad]))
 
 
 def test_cancel_ends_the_window_early_fails_the_node_and_resumes_dcgm(coordinator, tmp_path: Path, monkeypatch) -> None:
