@@ -54,9 +54,12 @@ def run_digest(args: argparse.Namespace) -> int:
 def run_analyze(args: argparse.Namespace) -> int:
     from rankscope.analysis import pipeline  # heavy: only when analysing
 
-    for path in (args.output, args.plot):
-        if path is not None:
-            output.check_writable(path)
+    if args.output is not None:
+        output.check_writable(args.output)
+    if args.plot is not None:
+        from rankscope.analysis import plot
+
+        plot.check(args.plot)
     map_engine = engine.create(args.engine, address=args.ray_address)
     files = sources.discover(args.paths)
     digests = sources.load_digests(

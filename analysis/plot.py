@@ -13,7 +13,7 @@ import numpy as np
 
 from rankscope import output
 from rankscope.analysis.report import Report, ranks_text
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, InputError
 
 STRAGGLER = "#c0392b"
 PEER = "#7f8c8d"
@@ -21,9 +21,7 @@ WAIT = "#e67e22"
 TRANSFER = "#2980b9"
 
 
-def save(report: Report, path: str | Path) -> Path:
-    """Write the per-rank panels, and one of bus bandwidth per communicator where the report
-    has one (PNG, SVG or PDF by suffix), atomically."""
+def _pyplot():
     try:
         import matplotlib
 
@@ -31,6 +29,25 @@ def save(report: Report, path: str | Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise ConfigError("plots need matplotlib: pip install 'rankscope[plot]'") from None
+    return plt
+
+
+def check(path: Path) -> None:
+    """Fail before any work where ``path`` cannot take the plot: no matplotlib, a suffix
+    naming no format it draws, or a place that cannot be written."""
+    plt = _pyplot()
+    output.check_writable(path)
+    formats = plt.gcf().canvas.get_supported_filetypes()
+    plt.close("all")
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise InputError(f"a plot's suffix names its format: one of .png, .svg, .pdf, ... (not {path.suffix or 'none'})",
+                         path=path)
+
+
+def save(report: Report, path: str | Path) -> Path:
+    """Write the per-rank panels, and one of bus bandwidth per communicator where the report
+    has one (PNG, SVG or PDF by suffix), atomically."""
+    plt = _pyplot()
     path = Path(path)
     ranks = sorted(report.ranks, key=lambda r: r.rank)
     x = np.arange(len(ranks))

@@ -203,7 +203,9 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
 
 
 def _check_plot(path: Path) -> None:
-    output.check_writable(path)  # fail before starting a sweep
+    from rankscope.analysis import plot
+
+    plot.check(path)  # fail before starting a sweep
 
 
 def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> None:

@@ -55,3 +55,13 @@ def test_plot_into_a_missing_folder_fails_before_any_work(tmp_path: Path, sample
     dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
     assert main(["analyze", str(dsl), "--plot", str(tmp_path / "nope" / "ranks.png")]) == 2
     assert "output folder does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["report.txt", "report"])
+def test_a_plot_path_naming_no_format_is_refused_before_any_work(tmp_path: Path, name: str) -> None:
+    from rankscope.errors import InputError
+
+    with pytest.raises(InputError, match=f"{name}: a plot's suffix names its format"):
+        plot.check(tmp_path / name)
+    plot.check(tmp_path / "report.svg")
+    assert list(tmp_path.iterdir()) == []
