@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rankscope import output
 from rankscope.analysis import digest, engine, sources
+from rankscope.errors import InputError
 
 RANK_FROM_HELP = (
     "where each export's rank comes from, overriding the captured environment: "
@@ -44,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_digest(args: argparse.Namespace) -> int:
+    if args.export.is_dir():
+        raise InputError("a folder: `rankscope digest` builds one export's digest (`rankscope analyze` reads folders)",
+                         path=args.export)
     output.check_writable(args.output)
     table = sources.read_one(args.export, rank_from=args.rank_from)
     digest.check_consistent(table)

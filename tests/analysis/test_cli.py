@@ -143,6 +143,13 @@ def test_an_output_that_cannot_be_written_is_one_line_exit_2(command: str, simul
     assert "Traceback" not in result.stderr
 
 
+def test_digest_of_a_folder_points_to_analyze(simulated: Path, tmp_path: Path) -> None:
+    result = rankscope("digest", simulated, "-o", tmp_path / "d.parquet")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"rankscope: error: {simulated}: a folder: `rankscope digest` builds one export's digest "
+        "(`rankscope analyze` reads folders)")
+
+
 def test_bad_rank_from_spec_is_a_usage_error(exports: list[Path], tmp_path: Path) -> None:
     result = rankscope("digest", exports[0], "-o", tmp_path / "d.parquet", "--rank-from", "hostname")
     assert result.returncode == 2
