@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,8 +23,7 @@ def check_writable(path: Path) -> None:
         raise InputError("output is a folder", path=path)
     if not path.parent.is_dir():
         raise InputError("output folder does not exist", path=path)
-    if not os.access(path.parent, os.W_OK):
-        raise InputError("output folder is not writable", path=path)
+    _probe(path.parent, path)
 
 
 def make_folder(path: Path) -> Path:
@@ -34,9 +34,19 @@ def make_folder(path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot create the folder ({exc.strerror or exc})", path=path) from None
-    if not os.access(path, os.W_OK):
-        raise InputError("folder is not writable", path=path)
+    _probe(path, path)
     return path
+
+
+def _probe(folder: Path, named: Path) -> None:
+    """Create and remove a file in ``folder``: what a write needs, where a permission check
+    says too little (root on a read-only mount, /proc)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".rankscope-probe-"):
+            pass
+    except OSError as exc:
+        raise InputError(f"cannot write in {'the folder' if folder == named else 'its folder'} ({exc.strerror or exc})",
+                         path=named) from None
 
 
 @contextlib.contextmanager

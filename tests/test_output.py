@@ -36,3 +36,11 @@ def test_where_output_plainly_cannot_go(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(InputError, match="file/sub: cannot create the folder"):
         output.make_folder(tmp_path / "file" / "sub")
+
+
+def test_a_folder_that_takes_no_files_is_found_before_any_work() -> None:
+    """/proc refuses new files to root as to anyone: a permission check would pass for root."""
+    with pytest.raises(InputError, match="^/proc/report.json: cannot write in its folder"):
+        output.check_writable(Path("/proc/report.json"))
+    with pytest.raises(InputError, match="^/proc: cannot write in the folder"):
+        output.make_folder(Path("/proc"))

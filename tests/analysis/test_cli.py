@@ -140,7 +140,7 @@ def test_an_output_that_cannot_be_written_is_one_line_exit_2(command: str, simul
     lines = [line for line in result.stderr.splitlines() if line.strip() and ": warning:" not in line]
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {target}"), result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""  # refused before any work
 
 
 def test_digest_of_a_folder_points_to_analyze(simulated: Path, tmp_path: Path) -> None:
