@@ -5,8 +5,8 @@ tensor-parallel groups of ``tp`` consecutive ranks and data-parallel groups of t
 ranks with the same TP index. Every step runs compute kernels then one or more TP
 AllReduces, more compute then a DP AllReduce of the gradients (or, sharded as FSDP and
 ZeRO-3 do, an AllGather of the parameters and a ReduceScatter of the gradients, each
-after its own compute), optionally a small world AllReduce (a barrier). Physics, in true time: a rank arrives at a collective
-when its compute is done (later for injected stragglers); every member's NCCL
+after its own compute), optionally a small world AllReduce (a barrier). Physics, in
+true time: a rank arrives at a collective when its compute is done (later for injected stragglers); every member's NCCL
 kernel starts at its own arrival and ends at the last arrival plus the transfer,
 plus ~1 us of per-rank end jitter (end coincidence, alignment-and-metrics.md §2).
 
@@ -612,11 +612,9 @@ NCCL_REDOP_ENUM = SCHEMA_STATIC_START + 16  # NCCL 2.27 (16777232, as in the 202
 _BLOB_HEADER = 32  # [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64]
 _COMPUTE_STREAM = 7
 _NCCL_STREAM = {"tp": 23, "dp": 27, "world": 31}
-_NCCL_KERNEL = {"tp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-                "dp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL128",
-                "world": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-                ops.ALLGATHER: "ncclDevKernel_AllGather_RING_LL",
-                ops.REDUCESCATTER: "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"}
+_ALLREDUCE_KERNEL = {"tp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",  # its protocol differs by link
+                     "dp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL128",
+                     "world": "ncclDevKernel_AllReduce_Sum_f32_RING_LL"}
 # (shortName, demangledName, mangledName, grid, block, registers, static smem, dynamic smem)
 _COMPUTE_KERNELS = (
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas",
@@ -882,7 +880,7 @@ def _nvtx_payload_rows(used: Sequence[str]) -> tuple[list[tuple], list[tuple], l
     for op in used:
         api = _APIS[op]
         fields = [(18, "NCCL communicator ID", None), (22, "Message size [bytes]", 8)]
-        if op != ops.ALLGATHER:  # AllGather's payload has no reduction
+        if "op" in api.payload.names:
             fields.append((NCCL_REDOP_ENUM, "Reduction operation", 16))
         schemas.append((d, api.schema, None, 1, None, len(fields), api.payload.itemsize, None))
         entries += [(d, api.schema, i, None, kind, name, None, None, offset) for i, (kind, name, offset) in enumerate(fields)]
@@ -931,26 +929,32 @@ _ALLGATHER_PAYLOAD = np.dtype([("comm", "<u8"), ("size", "<u8")])
 
 @dataclass(frozen=True)
 class _Api:
-    """How one collective's call is recorded: NCCL's NVTX range and payload, and PyTorch's
-    c10d op and record_param_comms name."""
+    """How one collective's call is recorded: NCCL's NVTX range, payload and kernel, and
+    PyTorch's c10d op and record_param_comms name."""
 
     nvtx: str
     schema: int
-    payload: np.dtype
+    payload: np.dtype  # a reduction's has an "op" field
     c10d: str
     torch_name: str
+    kernel: str | None = None  # None: AllReduce's, by communicator kind
+    whole: str = ""  # "in" or "out": the side holding every rank's shard (n x the per-rank size)
+
+    def kernel_of(self, phase: _Phase) -> str:
+        return self.kernel or _ALLREDUCE_KERNEL[phase.comm]
+
+    def nelems(self, phase: _Phase, n: int) -> tuple[int, int]:
+        """record_param_comms' In and Out msg nelems (float32)."""
+        return tuple((n if self.whole == side else 1) * phase.nbytes // 4 for side in ("in", "out"))
 
 
 _APIS = {
     ops.ALLREDUCE: _Api("ncclAllReduce", SID_ALL_REDUCE, _ALLREDUCE_PAYLOAD, "c10d::allreduce_", "allreduce"),
-    ops.ALLGATHER: _Api("ncclAllGather", SID_ALL_GATHER, _ALLGATHER_PAYLOAD, "c10d::_allgather_base_", "_allgather_base"),
+    ops.ALLGATHER: _Api("ncclAllGather", SID_ALL_GATHER, _ALLGATHER_PAYLOAD, "c10d::_allgather_base_", "_allgather_base",
+                        kernel="ncclDevKernel_AllGather_RING_LL", whole="out"),
     ops.REDUCESCATTER: _Api("ncclReduceScatter", SID_REDUCE_SCATTER, _ALLREDUCE_PAYLOAD, "c10d::_reduce_scatter_base_",
-                            "_reduce_scatter_base"),
+                            "_reduce_scatter_base", kernel="ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", whole="in"),
 }
-
-
-def _nccl_kernel(phase: _Phase) -> str:
-    return _NCCL_KERNEL[phase.comm if phase.op == ops.ALLREDUCE else phase.op]
 
 
 def _iso(utc_ns: int) -> str:
@@ -1057,7 +1061,7 @@ def _kernel_types(rt: _RankTimes, strings: _Strings) -> list[tuple]:
               static, dynamic) for short, dem, man, grid, block, regs, static, dynamic in _COMPUTE_KERNELS]
     grid, block, regs, static, dynamic = _NCCL_GRID
     for ph in rt.phases:
-        name = _nccl_kernel(ph)
+        name = _APIS[ph.op].kernel_of(ph)
         types.append((_NCCL_STREAM[ph.comm], strings(f"{name}(ncclDevKernelArgsStorage<(unsigned long)4096>)"),
                       strings(name), strings(f"_Z{len(name)}{name}24ncclDevKernelArgsStorageILm4096EE"),
                       *grid, *block, regs, static, dynamic))
@@ -1280,10 +1284,9 @@ def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _Kine
                                                  "correlation": corr, "grid": list(grid), "block": list(block)})
                 ext, corr = ext + 1, corr + 1
             ranks, api = group_ranks[ph.comm], _APIS[ph.op]
-            # PyTorch's record_param_comms: the input's and the output's element counts.
-            nelems = {ops.ALLGATHER: (1, len(ranks)), ops.REDUCESCATTER: (len(ranks), 1)}.get(ph.op, (1, 1))
-            comm = {"Collective name": api.torch_name, "dtype": "Float", "In msg nelems": nelems[0] * ph.nbytes // 4,
-                    "Out msg nelems": nelems[1] * ph.nbytes // 4, "Group size": len(ranks), "In split size": "[]",
+            in_nelems, out_nelems = api.nelems(ph, len(ranks))
+            comm = {"Collective name": api.torch_name, "dtype": "Float", "In msg nelems": in_nelems,
+                    "Out msg nelems": out_nelems, "Group size": len(ranks), "In split size": "[]",
                     "Out split size": "[]", "Process Group Name": _pg_name(ph.comm, groups[ph.comm]),
                     "Process Group Description": _PG_DESC[ph.comm], "Process Group Ranks": str(ranks),
                     "Seq": seq[ph.comm]}
@@ -1294,7 +1297,7 @@ def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _Kine
             out.add("cpu_op", "record_param_comms", pid, pid, call, call_end, {"External id": ext + 1, **comm})
             out.add("cuda_driver", "cuLaunchKernelEx", pid, pid, rt.cu_start[s, p], rt.cu_end[s, p],
                     {"External id": ext + 1, "correlation": corr})
-            out.add("kernel", _nccl_kernel(ph), rt.local, stream, rt.arrival[s, p], rt.end[s, p],
+            out.add("kernel", api.kernel_of(ph), rt.local, stream, rt.arrival[s, p], rt.end[s, p],
                     {"External id": ext + 1, "device": rt.local, "stream": stream, "correlation": corr,
                      "grid": list(_NCCL_GRID[0]), "block": list(_NCCL_GRID[1]), **comm})
             ext, corr = ext + 2, corr + 1
