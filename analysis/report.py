@@ -196,16 +196,21 @@ def fmt_ns(ns: float | None) -> str:
     return f"{ns / 1e9:.2f} s"
 
 
+def _shown(value: float | None, spec: str, unit: str = "") -> str:
+    """``value`` formatted by ``spec``, then ``unit``; "-" where it is unknown."""
+    return "-" if value is None or not math.isfinite(value) else format(value, spec) + unit
+
+
 def _pct(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"
+    return _shown(value, ".1%")
 
 
-def _num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+def _num(value: float | None) -> str:
+    return _shown(value, ".2f")
 
 
 def _gbps(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:.3g} GB/s"
+    return _shown(value, ".3g", " GB/s")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
