@@ -35,11 +35,11 @@ def _pyplot():
 def check(path: Path) -> None:
     """Fail before any work where ``path`` cannot take the plot: no matplotlib, a suffix
     naming no format it draws, or a place that cannot be written."""
-    plt = _pyplot()
+    _pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
     output.check_writable(path)
-    formats = plt.gcf().canvas.get_supported_filetypes()
-    plt.close("all")
-    if path.suffix.lower().lstrip(".") not in formats:
+    if path.suffix.lower().lstrip(".") not in FigureCanvasBase.get_supported_filetypes():
         raise InputError(f"a plot's suffix names its format: one of .png, .svg, .pdf, ... (not {path.suffix or 'none'})",
                          path=path)
 

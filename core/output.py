@@ -23,7 +23,8 @@ def check_writable(path: Path) -> None:
         raise InputError("output is a folder", path=path)
     if not path.parent.is_dir():
         raise InputError("output folder does not exist", path=path)
-    _probe(path.parent, path)
+    if reason := _unwritable(path.parent):
+        raise InputError(f"cannot write in its folder ({reason})", path=path)
 
 
 def make_folder(path: Path) -> Path:
@@ -34,19 +35,19 @@ def make_folder(path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot create the folder ({exc.strerror or exc})", path=path) from None
-    _probe(path, path)
+    if reason := _unwritable(path):
+        raise InputError(f"cannot write in the folder ({reason})", path=path)
     return path
 
 
-def _probe(folder: Path, named: Path) -> None:
-    """Create and remove a file in ``folder``: what a write needs, where a permission check
-    says too little (root on a read-only mount, /proc)."""
+def _unwritable(folder: Path) -> str | None:
+    """Why a file cannot be made in ``folder``, found by making and removing one (a
+    permission check says too little: root on a read-only mount, /proc); None if it can."""
     try:
         with tempfile.TemporaryFile(dir=folder, prefix=".rankscope-probe-"):
-            pass
+            return None
     except OSError as exc:
-        raise InputError(f"cannot write in {'the folder' if folder == named else 'its folder'} ({exc.strerror or exc})",
-                         path=named) from None
+        return exc.strerror or str(exc)
 
 
 @contextlib.contextmanager
