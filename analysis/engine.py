@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from rankscope.address import host_port
 from rankscope.errors import ConfigError, TransportError
 
 T = TypeVar("T")
@@ -82,11 +83,11 @@ _CONNECT_TIMEOUT_S = 5.0
 def check_reachable(address: str) -> None:
     """Fail fast where nothing listens at a Ray ``HOST:PORT`` (or ``ray://HOST:PORT``);
     ``auto`` and other forms are left to Ray."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    target = host_port(address.removeprefix("ray://"))
+    if target is None:
         return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+        socket.create_connection(target, timeout=_CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         raise TransportError(f"no Ray cluster answers at {address} ({exc.strerror or exc})") from None
 

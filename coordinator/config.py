@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rankscope.address import host_port
 from rankscope.errors import ConfigError
 
 ENV_PREFIX = "RANKSCOPE_"
@@ -91,7 +92,7 @@ def _check(config: CoordinatorConfig) -> None:
         raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and --tls-key)")
     if config.tls_client_ca is not None and config.tls_cert is None:
         raise ConfigError("--tls-client-ca needs the server's own --tls-cert and --tls-key")
-    if ":" not in config.listen:
+    if host_port(config.listen) is None:
         raise ConfigError(f"listen address {config.listen!r} must be HOST:PORT")
     if config.max_upload_bytes <= 0:
         raise ConfigError(f"max_upload_bytes must be positive, got {config.max_upload_bytes}")
