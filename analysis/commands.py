@@ -78,7 +78,5 @@ def run_analyze(args: argparse.Namespace) -> int:
     else:
         output.write_text(args.output, text)
     if args.plot is not None:
-        from rankscope.analysis import plot
-
         plot.save(report, args.plot)
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -13,27 +12,17 @@ import time
 from pathlib import Path
 
 from rankscope.analysis.report import ranks_text
-from rankscope.cli import parse_labels
+from rankscope.cli import parse_duration, parse_labels
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
 from rankscope import output, tls
 from rankscope.errors import InputError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
-_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*")
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
 EXIT_PARTIAL = 3
 EXIT_FAILED = 1
 EXIT_FINDINGS = 4  # with --fail-on-findings: a straggler or a slow link (a scheduled health sweep's alarm)
-
-
-def parse_duration(text: str) -> float:
-    """'20s', '500ms', '2m', '1h' or plain seconds."""
-    match = _DURATION.fullmatch(text)
-    if not match or float(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration like 20s, 500ms, 2m")
-    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 def parse_count(text: str) -> int:

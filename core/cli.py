@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -48,6 +49,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         module.register(subparsers)
     return parser
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*")
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """'20s', '500ms', '2m', '1h' or plain seconds."""
+    match = _DURATION.fullmatch(text)
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration like 20s, 500ms, 2m")
+    return float(match.group(1)) * _UNITS[match.group(2)]
 
 
 def parse_labels(text: str) -> dict[str, str]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from rankscope import output
+from rankscope.cli import parse_duration
 from rankscope.errors import InputError, RankscopeError, ToolError
 
 GRAD_ELEMENTS = 1 << 16  # 256 KiB of float32 gradients per step
@@ -44,18 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ranks-per-node", type=int, default=4, help="ranks on each of the two nodes (default 4)")
     parser.add_argument("--slow-rank", type=int, default=None,
                         help="the rank given extra compute (default: the second rank of the second node)")
-    parser.add_argument("--duration", type=_seconds, default=4.0, help="capture window in seconds (default 4)")
+    parser.add_argument("--duration", type=parse_duration, default=4.0, help="capture window (default 4 s)")
     parser.set_defaults(func=run)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def _terminated(signum: int, frame) -> None:

@@ -17,7 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rankscope.cli import main
-from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_PARTIAL, parse_duration
+from rankscope.cli import parse_duration
+from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_PARTIAL
 
 
 def answer(agent, data: bytes | None) -> threading.Thread:
