@@ -3,8 +3,9 @@
 For each size a simulated job (8 GPUs per node, TP=8) is written as nsys exports; then,
 on the same files:
   floor     sqlite3 alone running the very statements the ingest runs on each file
-            (`nsys.export_schema`: same tables, columns, joins and filters), every
-            row fetched into Python, nothing else;
+            (`nsys.export_schema`: same tables, columns, joins and filters) on a
+            connection opened as the ingest opens it (`nsys.connect`), every row
+            fetched into Python, nothing else;
   analysis  `sources.load_digests` + `pipeline.analyze` (also shown split: load, analyze).
 Time: one fresh process times floor and analysis alternately, --repeat rounds, and keeps
 each one's best (other users of shared cores only ever add time; the load average is
@@ -23,7 +24,6 @@ import argparse
 import json
 import os
 import resource
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -37,7 +37,7 @@ def floor(paths: list[Path]) -> dict:
 
     rows = 0
     for path in paths:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        db = nsys.connect(path)  # opened as the ingest opens it
         for statement in nsys.export_schema(db)[1].values():
             rows += len(db.execute(statement).fetchall())
         db.close()
