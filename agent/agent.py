@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
 import re
 import shutil
 import socket
@@ -24,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope import __version__, states, tls
+from rankscope import __version__, atomic, states, tls
 from rankscope.agent import capture as cap
 from rankscope.agent import dcgm as dcgm_mod
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
@@ -506,6 +505,4 @@ class CaptureRun:
         with self._persist_lock:
             self.record["capture"] = self.capture.to_dict()
             self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = self.folder / ".capture.json.tmp"
-            tmp.write_text(json.dumps(self.record))
-            os.replace(tmp, self.folder / "capture.json")
+            atomic.write_text(self.folder / "capture.json", json.dumps(self.record))

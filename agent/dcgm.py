@@ -31,6 +31,8 @@ from enum import Enum
 from pathlib import Path
 from types import ModuleType
 
+from rankscope import atomic
+
 log = logging.getLogger(__name__)
 
 # Bindings folders of DCGM 4 and DCGM 3 installs (dcgm.md §2).
@@ -465,18 +467,8 @@ class PauseManager:
             return _Journal(paused=True)
 
     def _write(self) -> None:
-        """Atomic and durable: temp file, fsync, rename, fsync the folder."""
+        """Atomic and durable: the journal must say the truth after a crash or power cut."""
         self.journal.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.journal.with_name(f".{self.journal.name}.{os.getpid()}.tmp")
         body = json.dumps({"engine": self._state.engine, "paused": self._state.paused,
                            "leases": self._state.leases, "pid": os.getpid()})
-        with open(tmp, "w") as handle:
-            handle.write(body)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.journal)
-        folder = os.open(self.journal.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        atomic.write_text(self.journal, body, durable=True)

@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rankscope import atomic
 from rankscope.errors import InputError
 
 DEFAULT_SPOOL = Path(os.environ.get("RANKSCOPE_SPOOL", "/tmp/rankscope-spool"))
@@ -42,9 +43,7 @@ def announce(spool: Path, info: RankInfo) -> Path:
     folder = ranks_dir(spool)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{info.pid}.json"
-    tmp = folder / f".{info.pid}.json.tmp"
-    tmp.write_text(json.dumps(asdict(info)))
-    tmp.replace(path)
+    atomic.write_text(path, json.dumps(asdict(info)))
     return path
 
 

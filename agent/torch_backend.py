@@ -15,6 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
+from rankscope import atomic
 from rankscope.agent import torch_hook
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo, alive
@@ -39,7 +40,7 @@ class TorchBackend(CaptureBackend):
         ranks = _torch_ranks(request)
         for folder, group in _by_folder(request, ranks).items():
             folder.mkdir(parents=True, exist_ok=True)
-            torch_hook.write_atomic(folder / "start.json", json.dumps({"pids": [r.pid for r in group]}))
+            atomic.write_text(folder / "start.json", json.dumps({"pids": [r.pid for r in group]}))
         started, failed = _wait(request, ranks, lambda f, r: f / f"{r.pid}.started", START_TIMEOUT_S)
         if not started:
             raise ToolError(f"no torch rank started its profiler within {START_TIMEOUT_S:g} s: {_why(failed)}")
@@ -50,7 +51,7 @@ class TorchBackend(CaptureBackend):
         ranks = _torch_ranks(request)
         folders = _by_folder(request, ranks)
         for folder in folders:
-            torch_hook.write_atomic(folder / "stop.json", "{}")
+            atomic.write_text(folder / "stop.json", "{}")
         recording = [r for r in ranks if (_folder(request, r) / f"{r.pid}.started").exists()]
         done, failed = _wait(request, recording, _trace, STOP_TIMEOUT_S)
         if failed:

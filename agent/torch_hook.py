@@ -34,6 +34,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from rankscope import atomic
 from rankscope.agent.spool import RankInfo, announce, withdraw
 
 ENV = "RANKSCOPE_TORCH_HOOK"
@@ -77,7 +78,7 @@ def run(info: RankInfo, cmd: list[str], spool: Path) -> int:
     info = replace(info, backend="torch", session=str(spool))
     boot = spool / "torch_hook"
     boot.mkdir(parents=True, exist_ok=True)
-    write_atomic(boot / "sitecustomize.py", SITECUSTOMIZE)
+    atomic.write_text(boot / "sitecustomize.py", SITECUSTOMIZE)
     os.environ[ENV] = json.dumps({"spool": str(spool), **asdict(info)})
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), os.environ.get("PYTHONPATH", "")) if p)
@@ -138,7 +139,7 @@ class _Hook:
                     break
             window.finish(folder / trace_name(self.info.rank, self.info.pid))
         except Exception as exc:  # reported to the agent, never raised into the user's job
-            write_atomic(folder / f"{self.info.pid}.error", f"{type(exc).__name__}: {exc}")
+            atomic.write_text(folder / f"{self.info.pid}.error", f"{type(exc).__name__}: {exc}")
 
 
 class _Window:
@@ -172,9 +173,8 @@ class _Window:
         }
         self.profiler.add_metadata_json("rankscope", json.dumps(meta))
         self.profiler.stop()
-        tmp = path.with_name(f".{path.name}.tmp")
-        self.profiler.export_chrome_trace(str(tmp))
-        tmp.replace(path)
+        with atomic.replacing(path) as tmp:  # a name not ending in .gz: Kineto writes it plain
+            self.profiler.export_chrome_trace(str(tmp))
 
 
 def _flight_recorder(since_ns: int) -> dict[str, Any] | None:
@@ -211,9 +211,4 @@ def _bytes(entry: dict, side: str) -> int | None:
         return None
     return sum(math.prod(int(dim) for dim in shape) * kind.itemsize for shape, kind in zip(sizes, kinds))
 
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from rankscope import atomic
 from rankscope.errors import RankscopeError, UploadRejected
 
 KINDS = ("digest", "raw")
@@ -209,9 +210,7 @@ class ArtifactStore:
         meta = self.partial / f"{partial.header.upload_id}.json"
         if meta.exists():
             return
-        tmp = meta.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(partial.header)))
-        tmp.replace(meta)
+        atomic.write_text(meta, json.dumps(asdict(partial.header)))
 
     def _discard(self, partial: _Partial) -> None:
         with self._guard:

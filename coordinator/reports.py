@@ -8,7 +8,6 @@ per missing node, so a partial report says what it lacks wherever it is read.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rankscope import atomic
 from rankscope.analysis import digest
 from rankscope.coordinator.sweeps import AnalysisDone, RankOn, SlowLink, Sweep
 from rankscope.errors import InputError
@@ -78,12 +78,7 @@ def sweep_facts(sweep: Sweep) -> dict[str, Any]:
 
 def write_json(data: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, allow_nan=False))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic.write_text(out, json.dumps(data, indent=1, allow_nan=False))
 
 
 def read_text(path: Path) -> str:

@@ -1,19 +1,18 @@
 """Writing a user's output file: whole or not at all, and a clear error where it cannot be.
 
-A report, plot, digest or simulated export is written to a temporary file beside its
-destination and moved over it at the end, so a reader sees the old file or the whole new
-one. Where the folder cannot take it (no permission, read-only, full, not a real folder),
-the OSError becomes one :class:`InputError` naming the destination, and nothing is left
-behind."""
+A report, plot, digest or simulated export replaces its destination whole
+(`rankscope.atomic`). Where the folder cannot take it (no permission, read-only, full,
+not a real folder), the OSError becomes one :class:`InputError` naming the destination,
+and nothing is left behind."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from rankscope import atomic
 from rankscope.errors import InputError
 
 
@@ -52,18 +51,13 @@ def _unwritable(folder: Path) -> str | None:
 
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` (same suffix, so writers that go by it still can)
-    to write to; moved over ``path`` when the block ends without an error."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    """`atomic.replacing` with ``path``'s own suffix (writers that go by it still can),
+    its OSError one InputError naming ``path``."""
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with atomic.replacing(Path(path), keep_suffix=True) as tmp:
+            yield tmp
     except OSError as exc:
         raise InputError(f"cannot write the output ({exc.strerror or exc})", path=path) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
 
 
 def write_text(path: Path, text: str) -> None:

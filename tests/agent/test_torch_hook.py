@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.agent.torch_hook import ENV, SITECUSTOMIZE, write_atomic
+from rankscope import atomic
+from rankscope.agent.torch_hook import ENV, SITECUSTOMIZE
 
 PROBE = "import sys; print(sys.modules['sitecustomize'].__file__)"
 
@@ -19,7 +20,7 @@ def _run(tmp_path: Path, hook_env: str | None) -> subprocess.CompletedProcess:
     boot, user = tmp_path / "boot", tmp_path / "user"
     boot.mkdir()
     user.mkdir()
-    write_atomic(boot / "sitecustomize.py", SITECUSTOMIZE)
+    atomic.write_text(boot / "sitecustomize.py", SITECUSTOMIZE)
     (user / "sitecustomize.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('user')\n")
     env = {k: v for k, v in os.environ.items() if k != ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(boot), str(user)])

@@ -1,0 +1,67 @@
+"""Replacing a state file whole: the old file or the new one, the writer's OSError as it is."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from rankscope import atomic
+
+
+def test_a_failed_write_keeps_the_old_file_leaves_nothing_and_raises_the_oserror(tmp_path: Path) -> None:
+    path = tmp_path / "capture.json"
+    path.write_text("old")
+    with pytest.raises(OSError, match="No space left"):
+        with atomic.replacing(path) as tmp:
+            tmp.write_text("half")
+            raise OSError(28, "No space left on device")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["capture.json"]
+
+
+def test_the_temporary_name_escapes_readers_globbing_the_suffix(tmp_path: Path) -> None:
+    seen = []
+    with atomic.replacing(tmp_path / "123.json") as tmp:
+        tmp.write_text("{}")
+        seen = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert seen == [] and tmp.suffix == ".tmp"
+    with atomic.replacing(tmp_path / "plot.png", keep_suffix=True) as tmp:
+        assert tmp.suffix == ".png"
+        tmp.write_bytes(b"png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["123.json", "plot.png"]
+
+
+def test_writers_in_two_threads_never_share_a_temporary_file(tmp_path: Path) -> None:
+    names: list[Path] = []
+    inside = threading.Barrier(2)
+
+    def write() -> None:
+        with atomic.replacing(tmp_path / "j.json") as tmp:
+            names.append(tmp)
+            inside.wait(timeout=10)
+            tmp.write_text(str(threading.get_ident()))
+
+    threads = [threading.Thread(target=write) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(names)) == 2 and (tmp_path / "j.json").read_text().isdigit()
+
+
+def test_durable_writes_sync_the_file_and_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(handle: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{handle}"))
+        real(handle)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    atomic.write_text(tmp_path / "journal.json", '{"paused": true}', durable=True)
+    assert (tmp_path / "journal.json").read_text() == '{"paused": true}'
+    assert len(synced) == 2 and synced[0].endswith(".tmp") and synced[1] == str(tmp_path)
+    atomic.write_text(tmp_path / "spool.json", "{}")
+    assert len(synced) == 2
