@@ -11,17 +11,22 @@ Epoch ns exceed 2**53, so they never pass through float64.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from rankscope import output
 from rankscope.analysis.groups import Coded
 from rankscope.errors import ConsistencyError, ExportError
+
+if TYPE_CHECKING:  # DataFrames are for a person's look (tests, notebooks); the analysis needs no pandas
+    import pandas as pd
 
 DIGEST_VERSION = "rankscope.digest/1"
 
@@ -108,7 +113,7 @@ _COLUMN_NAMES = DIGEST_SCHEMA.names
 _FIELDS = {part: list(struct_type) for part, struct_type in _LIST_PARTS.items()}
 _FIELD_TYPES = {part: [(f.name, f.type) for f in fields] for part, fields in _FIELDS.items()}
 # A list part's rows: a table, or its columns by field name (numpy, Arrow or Python values).
-Part = pa.Table | pd.DataFrame | Mapping[str, np.ndarray | pa.Array | list]
+Part = Union[pa.Table, "pd.DataFrame", Mapping[str, np.ndarray | pa.Array | list]]
 
 
 def digest_row(meta: dict, **parts: Part | None) -> pa.Table:
@@ -130,7 +135,8 @@ def _as_list_cell(part: str, data: Part | None) -> pa.Array:
     struct_type = _LIST_PARTS[part]
     if data is None:
         return pa.array([[]], pa.list_(struct_type))
-    if isinstance(data, pd.DataFrame):
+    pandas = sys.modules.get("pandas")  # a DataFrame can only come from a caller that loaded it
+    if pandas is not None and isinstance(data, pandas.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
     if isinstance(data, pa.Table):
         rows, columns = data.num_rows, {name: data.column(name).combine_chunks() for name in data.column_names}
@@ -256,21 +262,24 @@ def _coded(array: pa.Array) -> Coded:
 
 
 def explode(digests: pa.Table, part: str, keep: Sequence[str] = ("rank", "host")) -> pd.DataFrame:
-    """Flatten one list column to a long DataFrame with ``keep`` columns repeated per row.
+    """Flatten one list column to a long DataFrame with ``keep`` columns repeated per row
+    (for a person's look at a digest; the analysis reads `columns`).
 
     Integer columns holding nulls become pandas' nullable ``Int64``: through float64
     epoch-ns values would lose their last digits.
     """
+    import pandas as pd  # here only: the analysis runs without it
+
     column = digests.column(part).combine_chunks()
     parents = pc.list_parent_indices(column)
     flat = pc.list_flatten(column)
-    columns = {name: _to_pandas(pc.take(digests.column(name), parents)) for name in keep}
+    columns = {name: _to_pandas(pc.take(digests.column(name), parents), pd) for name in keep}
     for i, field in enumerate(_LIST_PARTS[part]):
-        columns[field.name] = _to_pandas(flat.field(i))
+        columns[field.name] = _to_pandas(flat.field(i), pd)
     return pd.DataFrame(columns)
 
 
-def _to_pandas(array: pa.Array | pa.ChunkedArray) -> np.ndarray | pd.api.extensions.ExtensionArray:
+def _to_pandas(array: pa.Array | pa.ChunkedArray, pd: ModuleType) -> np.ndarray | pd.api.extensions.ExtensionArray:
     if pa.types.is_integer(array.type) and array.null_count:
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()

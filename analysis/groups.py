@@ -6,7 +6,8 @@ which dominated the analysis. Keys are integer codes (``codes`` factorizes strin
 once); groups are numbered 0 .. n-1 in ascending key order, like a sorted groupby.
 
 The analysis' tables are mappings of column name to equal-length columns: numpy arrays,
-`Coded` strings, or (tests, hand-made inputs) a pandas DataFrame's Series.
+`Coded` strings, or anything numpy takes as an array (tests' hand-made tables: lists,
+pandas Series).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 
 @dataclass(frozen=True, eq=False)  # arrays compare elementwise: identity, not value equality
@@ -39,7 +39,7 @@ class Coded:
         return np.append(self.values, None)[self.codes].tolist()  # -1 picks the appended None
 
 
-ArrayLike = np.ndarray | pd.Series | Coded
+ArrayLike = np.ndarray | Coded
 Table = Mapping[str, ArrayLike]
 
 
@@ -51,18 +51,20 @@ def take(column: ArrayLike, index: np.ndarray) -> np.ndarray | Coded:
 def codes(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Dense int64 codes in sorted order of the distinct values, and those values.
 
-    Coded strings (what `digest.columns` makes) and integer arrays are coded in numpy:
-    pandas' factorize costs far more than the work on the few thousand rows the analysis
-    groups. Pass pandas Series as they are: converting Arrow strings to objects first
-    costs more than the factorization."""
+    Coded strings (what `digest.columns` makes) keep their codes; numbers are coded by
+    numpy. Other values (strings of hand-made tables) are coded in Python, a missing one
+    (None, NaN) as -1."""
     if isinstance(values, Coded):
         return (values.codes, values.values) if values.every_value_used else _compact(values.codes, values.values)
-    if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iu":
-        array = np.asarray(values)
+    array = np.asarray(values)
+    if array.dtype.kind in "biu":
         uniques, labels = np.unique(array, return_inverse=True)
         return labels.astype(np.int64, copy=False), uniques
-    labels, uniques = pd.factorize(values, sort=True)
-    return labels.astype(np.int64, copy=False), np.asarray(uniques)
+    items = array.tolist()
+    distinct = sorted({value for value in items if value is not None and value == value})  # NaN != NaN
+    position = {value: i for i, value in enumerate(distinct)}
+    labels = np.array([position.get(value, -1) if value == value else -1 for value in items], np.int64)
+    return labels, np.array(distinct, dtype=array.dtype if array.dtype.kind == "f" else object)
 
 
 def _compact(labels: np.ndarray, categories: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

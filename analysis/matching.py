@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
@@ -69,7 +68,7 @@ def communicator_members(
             declared.setdefault(comm_id, set()).add(frozenset(np.asarray(ranks, dtype=np.int64).tolist()))
         if isinstance(name, str) and comm_id not in names:
             names[comm_id] = name
-        if size is not None and not pd.isna(size):
+        if size is not None and size == size:  # NaN: not known
             sizes.setdefault(comm_id, set()).add(int(size))
     members: dict[str, tuple[int, ...]] = {}
     inferred: list[str] = []

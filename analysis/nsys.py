@@ -33,7 +33,6 @@ from itertools import chain
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from rankscope.analysis import digest, intervals, ops
@@ -1083,30 +1082,30 @@ def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.n
     A communicator's rank is the global rank only in a communicator of the whole job:
     one of ``world_size`` ranks when that is known, else the unit's one strictly widest
     communicator (TP and DP groups of equal size tie, and then nothing is taken).
+    Worked out in Python: a few inits per process (one per communicator), not events.
     """
-    def nullable(column: str, rows=slice(None)) -> pd.arrays.IntegerArray:
-        return pd.arrays.IntegerArray(nccl[column][rows], nccl[f"{column}_na"][rows])
+    def value(column: str, i: int) -> int | None:
+        return None if nccl[f"{column}_na"][i] else int(nccl[column][i])
 
-    inits = nccl["init"] & ~nccl["comm_rank_na"]
-    found = pd.DataFrame({"process": nccl["process"][inits], **{c: nullable(c, inits) for c in ("cuda_device", "comm", "nranks", "comm_rank")}})
-    found = found.drop_duplicates(["process", "cuda_device", "comm", "nranks", "comm_rank"])
-    world = np.array([w[1] if w else -1 for w, _, _ in env], np.int64)[units["file"]]
-    table = pd.DataFrame({"unit": np.flatnonzero(wanted), "process": units["process"][wanted],
-                          "device": units["device"][wanted], "world": world[wanted]})
-    mine = table.merge(found[["process", "cuda_device", "nranks", "comm_rank"]], on="process")
-    mine = mine[(mine["cuda_device"].isna() | (mine["cuda_device"] == mine["device"])).to_numpy(bool, na_value=False)]
-    widest = (mine["nranks"] == mine.groupby("unit")["nranks"].transform("max")).fillna(False)
-    alone = widest & (widest.groupby(mine["unit"]).transform("sum") == 1)
-    by_world = (mine["nranks"] == mine["world"]).fillna(False)
-    chosen = mine[np.where(mine["world"] < 0, alone, by_world)].drop_duplicates("unit")
+    inits: dict[int, dict[tuple, None]] = {}  # process -> its distinct (device, nranks, comm rank, comm), in trace order
+    for i in np.flatnonzero(nccl["init"] & ~nccl["comm_rank_na"]).tolist():
+        key = (value("cuda_device", i), value("nranks", i), int(nccl["comm_rank"][i]), int(nccl["comm"][i]))
+        inits.setdefault(int(nccl["process"][i]), {})[key] = None
     n = units["file"].size
-    out: Columns = {}
-    at = chosen["unit"].to_numpy(np.int64)
-    for column in ("comm_rank", "nranks"):
-        values = chosen[column]
-        out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
-        out[column][at] = values.fillna(0).to_numpy(np.int64)
-        out[f"{column}_na"][at] = values.isna().to_numpy()
+    out: Columns = {"comm_rank": np.zeros(n, np.int64), "nranks": np.zeros(n, np.int64),
+                    "comm_rank_na": np.ones(n, bool), "nranks_na": np.ones(n, bool)}
+    for unit in np.flatnonzero(wanted).tolist():
+        device, world = int(units["device"][unit]), env[int(units["file"][unit])][0]
+        sized = [(nranks, rank) for cuda, nranks, rank, _ in inits.get(int(units["process"][unit]), ())
+                 if nranks is not None and cuda in (None, device)]
+        if world:
+            chosen = [pair for pair in sized if pair[0] == world[1]][:1]
+        else:
+            widest = max((nranks for nranks, _ in sized), default=None)
+            chosen = [pair for pair in sized if pair[0] == widest]
+        if len(chosen) == 1:
+            out["nranks"][unit], out["comm_rank"][unit] = chosen[0]
+            out["nranks_na"][unit] = out["comm_rank_na"][unit] = False
     return out
 
 
