@@ -73,6 +73,9 @@ def child(mode: str, folder: str, repeat: int) -> dict:
     import importlib
     import warnings
 
+    from rankscope.cli import arrow_without_pandas
+
+    arrow_without_pandas()  # as `rankscope analyze` runs
     for module in ("rankscope.analysis.pipeline", "rankscope.analysis.sources"):
         importlib.import_module(module)
 

@@ -3,7 +3,8 @@
 Trace sets: the real matched pairs in ../shared/samples/kineto, and larger jobs the simulator
 writes as Kineto JSON with one known straggler. For each set each tool runs in a fresh
 process of its own: load every rank's trace and find the stragglers (rankscope:
-``load_digests`` + ``analyze``; HTA: ``TraceAnalysis`` + ``get_potential_stragglers``).
+``load_digests`` + ``analyze``, with pyarrow kept from pandas as the ``rankscope`` command
+keeps it; HTA: ``TraceAnalysis`` + ``get_potential_stragglers``).
 
 Measured per run, imports excluded:
 - wall time of load + analysis, and CPU time (the process and any workers it forks: HTA
@@ -63,7 +64,8 @@ print(json.dumps({{"load_s": t1 - t0, "analysis_s": t2 - t1, "seconds": t2 - t0,
 """
 
 RANKSCOPE = _MEASURE.format(
-    imports="from rankscope.analysis import kineto\nfrom rankscope.analysis.sources import load_digests\n"
+    imports="from rankscope.cli import arrow_without_pandas\narrow_without_pandas()  # as `rankscope analyze` runs\n"
+            "from rankscope.analysis import kineto\nfrom rankscope.analysis.sources import load_digests\n"
             "from rankscope.analysis.pipeline import analyze",
     load="digests = load_digests([sys.argv[1]])",
     analyse="    stragglers = [int(r) for r in analyze(digests).stragglers]",

@@ -1,3 +1,3 @@
-from rankscope.cli import main
+from rankscope.cli import run
 
-raise SystemExit(main())
+raise SystemExit(run())

@@ -31,6 +31,38 @@ def test_the_rank_wrapper_starts_without_the_analysis() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_the_command_analyses_without_importing_pandas_and_reports_the_same(tmp_path) -> None:
+    """pyarrow would import pandas (~0.4 s, ~36 MiB) on its first array; the command's own
+    process keeps it out, and its report is the one an in-process run writes."""
+    from rankscope.analysis import simulate
+
+    simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=4, seed=3), tmp_path / "job")
+    code = ("import sys; from rankscope import cli; sys.argv = ['rankscope', *sys.argv[1:]]; code = cli.run(); "
+            "print(code, 'pandas' in sys.modules)")
+    command = [sys.executable, "-c", code, "analyze", str(tmp_path / "job"), "--format", "json", "-o", str(tmp_path / "own.json")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["0", "False"], done.stderr
+    assert cli.main(["analyze", str(tmp_path / "job"), "--format", "json", "-o", str(tmp_path / "shared.json")]) == 0
+    assert (tmp_path / "own.json").read_text() == (tmp_path / "shared.json").read_text()
+
+
+def test_pyarrow_kept_from_pandas_still_converts_to_pandas_when_asked() -> None:
+    code = ("import sys; from rankscope import cli; import pyarrow as pa; cli.arrow_without_pandas(); "
+            "before = 'pandas' in sys.modules; frame = pa.table({'x': [1, None]}).to_pandas(); "
+            "import pandas as pd; back = pa.Table.from_pandas(pd.DataFrame({'x': [1.5]})); "
+            "print(before, frame['x'].isna().tolist(), back.column('x').to_pylist())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False [False, True] [1.5]", done.stderr
+
+
+def test_the_rank_wrapper_command_does_not_load_pyarrow_to_keep_it_from_pandas() -> None:
+    code = ("import sys; from rankscope import cli; sys.argv = ['rankscope', 'rank', '--help']\n"
+            "try:\n    cli.run()\nexcept SystemExit:\n    pass\nprint('pyarrow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stderr
+    assert cli.ARROW_COMMANDS <= set(cli.COMMANDS)
+
+
 AGENT = ["agent", "--coordinator", "127.0.0.1:1", "--backend", "sim"]
 COORDINATOR = ["coordinator", "--listen", "127.0.0.1:0"]
 
