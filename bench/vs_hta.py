@@ -64,7 +64,9 @@ print(json.dumps({{"load_s": t1 - t0, "analysis_s": t2 - t1, "seconds": t2 - t0,
 """
 
 RANKSCOPE = _MEASURE.format(
+    # numpy.ma (~20 ms) is imported by pyarrow's first numpy conversion: an import, excluded as HTA's are
     imports="from rankscope.cli import arrow_without_pandas\narrow_without_pandas()  # as `rankscope analyze` runs\n"
+            "import numpy.ma\n"
             "from rankscope.analysis import kineto\nfrom rankscope.analysis.sources import load_digests\n"
             "from rankscope.analysis.pipeline import analyze",
     load="digests = load_digests([sys.argv[1]])",
