@@ -1,4 +1,5 @@
-"""Replacing a state file whole: the old file or the new one, the writer's OSError as it is."""
+"""Replacing a file whole: the old file or the new one; a state file's writer gets the
+OSError as it is, a user's output one clear error."""
 
 from __future__ import annotations
 
@@ -8,17 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from rankscope import atomic
+from rankscope import atomic, output
+from rankscope.errors import InputError
 
 
-def test_a_failed_write_keeps_the_old_file_leaves_nothing_and_raises_the_oserror(tmp_path: Path) -> None:
-    path = tmp_path / "capture.json"
+@pytest.mark.parametrize("replacing, error, message", [
+    (atomic.replacing, OSError, "No space left"),  # a state file: the OSError as it is
+    (output.replacing, InputError, "report.json: cannot write the output \\(No space left on device\\)"),  # a user's output
+])
+def test_a_failed_write_keeps_the_old_file_and_leaves_nothing_behind(tmp_path: Path, replacing, error, message) -> None:
+    path = tmp_path / "report.json"
     path.write_text("old")
-    with pytest.raises(OSError, match="No space left"):
-        with atomic.replacing(path) as tmp:
+    with pytest.raises(error, match=message):
+        with replacing(path) as tmp:
             tmp.write_text("half")
             raise OSError(28, "No space left on device")
-    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["capture.json"]
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
 
 
 def test_the_temporary_name_escapes_readers_globbing_the_suffix(tmp_path: Path) -> None:
