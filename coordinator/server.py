@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rankscope import states
+from rankscope.address import bind_problem
 from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.config import CoordinatorConfig, resolve
@@ -371,6 +372,9 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
                   **settings: object) -> tuple[CoordinatorServer, int]:
     """A coordinator bound to ``listen`` (``127.0.0.1:0`` picks a port), not yet started."""
     config = config or resolve({"listen": listen, "data_dir": data_dir, **settings}, environ={})
+    problem = bind_problem(config.listen)  # before any state is opened
+    if problem is not None:
+        raise ConfigError(f"cannot listen on {config.listen}: {problem}")
     coordinator = Coordinator(config, analyze=analyze)
     keep_chunk_memory()  # upload chunks reuse freed pages instead of faulting in new ones
     server = grpc.server(
@@ -386,6 +390,9 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
             ("grpc.keepalive_timeout_ms", 10_000),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            # gRPC sets SO_REUSEPORT by default: a second coordinator on the same port would
+            # bind too, and the kernel would share the agents' connections between the two.
+            ("grpc.so_reuseport", 0),
         ],
     )
     pb_grpc.add_AgentServiceServicer_to_server(AgentServicer(coordinator), server)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 
 def host_port(address: str) -> tuple[str, int] | None:
     """``HOST:PORT`` (an IPv6 host in brackets) as (host, port); None where it is not one."""
@@ -9,3 +11,29 @@ def host_port(address: str) -> tuple[str, int] | None:
     if not (host and sep and port.isdigit()):
         return None
     return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def bind_problem(address: str) -> str | None:
+    """Why no TCP listener can bind ``address`` (HOST:PORT) now, in the system's words
+    (address in use, not a local address, unknown host); None where one can. gRPC only
+    logs that reason and raises a bare "Failed to bind". Like gRPC, one bindable address
+    of those the host resolves to is enough."""
+    parsed = host_port(address)
+    if parsed is None:
+        return "not HOST:PORT"
+    host, port = parsed
+    try:
+        resolved = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"cannot resolve {host} ({exc.strerror})"
+    problem = "the host resolves to no address"
+    for family, kind, proto, _, sockaddr in resolved:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                problem = (exc.strerror or str(exc)).lower()
+                continue
+        return None
+    return problem

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
-from rankscope.address import host_port
+from rankscope.address import bind_problem, host_port
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -15,3 +17,13 @@ from rankscope.address import host_port
 ])
 def test_host_port(text: str, parsed) -> None:
     assert host_port(text) == parsed
+
+
+def test_bind_problem_says_why_an_address_cannot_be_listened_on() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = f"127.0.0.1:{held.getsockname()[1]}"
+        assert bind_problem(taken) == "address already in use"
+    assert bind_problem("127.0.0.1:0") is None
+    assert bind_problem("no-such-host.invalid:7443").startswith("cannot resolve no-such-host.invalid")

@@ -18,7 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rankscope.cli import main
 from rankscope.cli import parse_duration
+from rankscope.coordinator import server
 from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_PARTIAL
+from rankscope.errors import ConfigError
 
 
 def answer(agent, data: bytes | None) -> threading.Thread:
@@ -153,6 +155,22 @@ def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path) 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_second_coordinator_on_a_taken_port_fails_and_opens_no_state(coordinator, tmp_path, capsys) -> None:
+    # gRPC's default SO_REUSEPORT would let it bind beside the first and take some agents.
+    data = tmp_path / "second"
+    assert main(["coordinator", "--listen", coordinator.address, "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rankscope: error: cannot listen on {coordinator.address}: address already in use\n"
+    assert not (data / "state.sqlite").exists()
+
+
+def test_the_server_itself_refuses_a_taken_port(coordinator, tmp_path, monkeypatch) -> None:
+    # Where another server takes the port between the check and the bind.
+    monkeypatch.setattr(server, "bind_problem", lambda address: None)
+    with pytest.raises(ConfigError, match=f"cannot listen on {coordinator.address}"):
+        server.create_server(coordinator.address, tmp_path / "second")
 
 
 def test_report_draws_the_sweeps_picture(coordinator, wire, digests, tmp_path, capsys) -> None:
