@@ -5,6 +5,8 @@ compute nodes. The stream carries events up (Hello first, heartbeats, pongs, nod
 statuses) and commands down (start, cancel, ping). When it breaks, the session
 registers again and reopens it after an exponential backoff with jitter, forever,
 until the agent stops; the agent re-reports what the coordinator may have missed.
+Only one end is final: another agent taking over this node's name (ALREADY_EXISTS),
+where reconnecting would take it back, and so on without end.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from rankscope.errors import ConfigError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -110,6 +113,8 @@ class Session:
                 failures = 0
                 self._serve(registration)
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    raise ConfigError(f"coordinator: {exc.details()}") from None
                 # Loud once per outage, quiet while it lasts.
                 log.log(logging.INFO if failures else logging.WARNING, "coordinator session: %s: %s",
                         exc.code().name, exc.details())

@@ -156,9 +156,9 @@ class Coordinator:
             raise NotAuthenticated(f"session token does not belong to agent {agent_id!r}")
         return agent
 
-    def connect(self, agent: AgentRecord) -> Connection:
+    def connect(self, agent: AgentRecord, peer: str = "") -> Connection:
         """A live session: it gets StartCapture for every running sweep still waiting on its node."""
-        connection = self.registry.connect(agent)
+        connection = self.registry.connect(agent, peer)
         with self._lock:
             for sweep in self._active.values():
                 if agent.node in sweep.open_nodes():

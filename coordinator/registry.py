@@ -16,13 +16,18 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from rankscope.errors import InputError
+from rankscope.errors import ConfigError, InputError
 
 CLOCK_SAMPLES = 16
 
 
 class UnknownAgent(InputError):
     """No agent registered under that name, id or token."""
+
+
+class NodeTakenOver(ConfigError):
+    """A newer session for the same node replaced this live one: two agents run under one
+    node name (a restarted agent replaces its own stale session and never sees this)."""
 
 
 @dataclass
@@ -57,8 +62,10 @@ def clock_sample(sent_ns: int, agent_ns: int, received_ns: int) -> ClockSample:
 class Connection:
     """One agent's live session: commands queued here are sent down its stream."""
 
-    def __init__(self, agent: AgentRecord) -> None:
+    def __init__(self, agent: AgentRecord, peer: str = "") -> None:
         self.agent = agent
+        self.peer = peer  # the agent's address as gRPC names it, e.g. ipv4:10.0.0.7:51234
+        self.taken_over_by: str | None = None  # the peer of the session that replaced this one
         self.outbox: queue.Queue = queue.Queue()
         self.closed = threading.Event()
         self.samples: deque[ClockSample] = deque(maxlen=CLOCK_SAMPLES)
@@ -87,12 +94,15 @@ class Registry:
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
 
-    def connect(self, agent: AgentRecord) -> Connection:
-        """A new session for this node replaces (and closes) an older one."""
-        connection = Connection(agent)
+    def connect(self, agent: AgentRecord, peer: str = "") -> Connection:
+        """A new session for this node replaces (and closes) an older one: a restarted
+        agent's, or that of another agent under the same name, which is told so."""
+        connection = Connection(agent, peer)
         with self._lock:
             previous = self._connections.get(agent.node)
             self._connections[agent.node] = connection
+            if previous is not None:
+                previous.taken_over_by = peer
         if previous is not None:
             previous.close()
         return connection

@@ -31,7 +31,7 @@ from rankscope.coordinator.coordinator import (
     NotAuthenticated,
     NotPermitted,
 )
-from rankscope.coordinator.registry import Connection, UnknownAgent
+from rankscope.coordinator.registry import Connection, NodeTakenOver, UnknownAgent
 from rankscope.coordinator.reports import Analyze
 from rankscope.errors import (
     ConfigError,
@@ -63,6 +63,7 @@ _STATUS: tuple[tuple[type[RankscopeError], grpc.StatusCode], ...] = (
     (NotPermitted, grpc.StatusCode.PERMISSION_DENIED),
     (sw.UnknownSweep, grpc.StatusCode.NOT_FOUND),
     (UnknownAgent, grpc.StatusCode.NOT_FOUND),
+    (NodeTakenOver, grpc.StatusCode.ALREADY_EXISTS),
     (InputError, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (TransportError, grpc.StatusCode.UNAVAILABLE),
@@ -217,7 +218,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         if first.WhichOneof("event") != "hello":
             raise NotAuthenticated("a session must open with Hello (agent id and session token)")
         agent = self.coordinator.authenticate(first.hello.agent_id, first.hello.session_token)
-        connection = self.coordinator.connect(agent)
+        connection = self.coordinator.connect(agent, context.peer())
         context.add_callback(connection.close)
         reader = threading.Thread(target=self._read_events, args=(request_iterator, connection),
                                   name=f"session-{agent.node}", daemon=True)
@@ -233,6 +234,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                 if order is None:
                     break
                 yield _command(order)
+            if connection.taken_over_by is not None:
+                raise NodeTakenOver(f"node {agent.node}: a newer agent session from {connection.taken_over_by} took "
+                                    "over; give each agent its own --name")
         finally:
             self.coordinator.disconnect(connection)
 

@@ -24,7 +24,7 @@ import pytest
 from rankscope.agent import agent as agent_mod
 from rankscope.agent import commands, dcgm
 from rankscope.agent.agent import Agent, AgentConfig, load_backend, safe_name
-from rankscope.cli import parse_labels
+from rankscope.cli import main, parse_labels
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.sim_backend import SimBackend
 from rankscope.analysis import digest, sources
@@ -45,6 +45,7 @@ class Coordinator(pb_grpc.AgentServiceServicer):
         self.uploads: dict[str, bytearray] = {}
         self.complete: dict[str, str] = {}
         self.register_delay_s = 0.0
+        self.session_refusal: tuple[grpc.StatusCode, str] | None = None
 
     def Register(self, request, context):
         time.sleep(self.register_delay_s)
@@ -53,6 +54,9 @@ class Coordinator(pb_grpc.AgentServiceServicer):
                                 chunk_bytes=4096, coordinator_time_ns=time.time_ns())
 
     def Session(self, request_iterator, context):
+        if self.session_refusal is not None:
+            context.abort(*self.session_refusal)
+
         def pump():
             try:
                 for event in request_iterator:
@@ -349,3 +353,16 @@ def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordin
     finally:
         agent.close()
         thread.join(10)
+
+
+def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordinator, tmp_path: Path, capsys) -> None:
+    servicer, address = coordinator
+    servicer.session_refusal = (grpc.StatusCode.ALREADY_EXISTS,
+                                "node n0: a newer agent session from ipv4:10.0.0.9:4242 took over; give each agent its own --name")
+    code = main(["agent", "--coordinator", address, "--name", "n0", "--spool", str(tmp_path / "spool"),
+                 "--work-dir", str(tmp_path / "work"), "--backend", "sim", "--dcgm", "none", "--max-backoff", "0.5"])
+    assert code == 2  # not retried: reconnecting would take the node back, and so on without end
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "rankscope: error: coordinator: node n0: a newer agent session from ipv4:10.0.0.9:4242 took over; "
+        "give each agent its own --name")
+    assert len(servicer.registered) == 1

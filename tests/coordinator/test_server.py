@@ -185,3 +185,18 @@ def test_an_unreadable_digest_fails_the_sweep_with_the_reason(coordinator, wire)
     assert done.error.startswith("analysis failed: ") and "not a readable Parquet digest" in done.error
     assert reply.report_json == "" and not (coordinator.data_dir / "reports").exists()
     agent.close()
+
+
+def test_a_second_agent_under_one_node_name_takes_over_and_the_first_is_told(coordinator, wire, digests) -> None:
+    node = next(iter(digests))
+    first = wire.FakeAgent(coordinator, node)
+    second = wire.FakeAgent(coordinator, node)
+    first.reader.join(20)
+    assert first.call.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert first.call.details().startswith(f"node {node}: a newer agent session from ipv4:127.0.0.1:")
+    assert first.call.details().endswith("took over; give each agent its own --name")
+    # the newer session is the node's: it gets the captures
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(nodes=[node], duration_s=1.0, backend="sim")
+    assert started_capture(second).sweep_id == sweep.sweep_id
+    second.close()
