@@ -32,6 +32,7 @@ from rankscope.agent.spool import local_ranks
 from rankscope.agent.uploader import Artifact, Uploader
 from rankscope.analysis import digest as digest_mod
 from rankscope.errors import ConfigError, RankscopeError, TransportError
+from rankscope.lock import FolderLock
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.states import NodeState
 
@@ -126,6 +127,7 @@ class Agent:
         self.channel = tls.channel(config.coordinator, config.tls, CHANNEL_OPTIONS)
         self.session = Session(self.channel, self.register_request, self.on_command, self.on_connect,
                                max_backoff_s=config.max_backoff_s, stop=self.stop)
+        self.hold = FolderLock(config.work_dir, "agent")
         self.pauses = dcgm_mod.PauseManager(dcgm_mod.discover(config.dcgm), config.work_dir / "dcgm-journal.json")
         self.runs: dict[str, CaptureRun] = {}
         self.registered = threading.Event()
@@ -135,15 +137,15 @@ class Agent:
 
     def run(self) -> None:
         """Reconcile what a previous process left, then serve until stopped."""
-        self.config.work_dir.mkdir(parents=True, exist_ok=True)
-        left = self.pauses.recover()
-        if left is not None:
-            log.warning("resumed a DCGM pause left by a previous agent: %s %s", left.value, self.pauses.error)
-        for run in CaptureRun.load_all(self):
-            self.runs[run.sweep_id] = run
-            if not run.capture.done:
-                run.begin(restarted=True)
         try:
+            self.hold.acquire()  # before reading what only one agent may carry on
+            left = self.pauses.recover()
+            if left is not None:
+                log.warning("resumed a DCGM pause left by a previous agent: %s %s", left.value, self.pauses.error)
+            for run in CaptureRun.load_all(self):
+                self.runs[run.sweep_id] = run
+                if not run.capture.done:
+                    run.begin(restarted=True)
             self.session.run()
         finally:
             self.close()
@@ -156,6 +158,7 @@ class Agent:
             run.join(5.0)
         self.pauses.close()
         self.channel.close()
+        self.hold.release()
 
     # coordinator ---------------------------------------------------------------------
 

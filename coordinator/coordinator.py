@@ -34,6 +34,7 @@ from rankscope.coordinator.registry import (
 from rankscope.coordinator.store import Store
 from rankscope.coordinator import sweeps as sw
 from rankscope.errors import InputError, RankscopeError, TransportError
+from rankscope.lock import FolderLock
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,13 @@ class Coordinator:
         self.config = config = replace(config, data_dir=config.data_dir.absolute())
         self.clock = clock
         self.analyze = analyze
-        self.store = Store(config.state_db)
-        self.artifacts = ArtifactStore(config.artifacts_dir, max_bytes=config.max_upload_bytes)
+        self._hold = FolderLock(config.data_dir, "coordinator").acquire()
+        try:
+            self.store = Store(config.state_db)
+            self.artifacts = ArtifactStore(config.artifacts_dir, max_bytes=config.max_upload_bytes)
+        except BaseException:
+            self._hold.release()
+            raise
         self.registry = Registry()
         self._active: dict[str, sw.Sweep] = {}
         self._lock = threading.RLock()
@@ -113,6 +119,7 @@ class Coordinator:
             self._ticker.join()
         self._analysis.shutdown(wait=True, cancel_futures=True)
         self.store.close()
+        self._hold.release()
 
     # agents -------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import queue
 import threading
 import time
@@ -29,6 +30,7 @@ from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.sim_backend import SimBackend
 from rankscope.analysis import digest, sources
 from rankscope.errors import ConfigError
+from rankscope.lock import FolderInUse
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -366,3 +368,20 @@ def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordin
         "rankscope: error: coordinator: node n0: a newer agent session from ipv4:10.0.0.9:4242 took over; "
         "give each agent its own --name")
     assert len(servicer.registered) == 1
+
+
+def test_a_second_agent_on_a_work_dir_in_use_stops_before_touching_it(coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        assert agent.registered.wait(WAIT_S)
+        second = Agent(agent.config)
+        with pytest.raises(FolderInUse, match=f"work: in use by agent pid {os.getpid()} on .*; one agent per folder$"):
+            second.run()
+        assert len(servicer.registered) == 1 and log.calls == []  # never registered, no DCGM call
+        servicer.commands.put(start("s9"))  # the first still owns its captures
+        assert servicer.statuses("s9", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+    finally:
+        agent.close()
+        thread.join(10)

@@ -166,6 +166,16 @@ def test_a_second_coordinator_on_a_taken_port_fails_and_opens_no_state(coordinat
     assert not (data / "state.sqlite").exists()
 
 
+def test_a_second_coordinator_on_a_data_dir_in_use_fails_before_touching_it(coordinator, capsys) -> None:
+    # It would resume the first one's sweeps as its own and time them out.
+    before = (coordinator.data_dir / "state.sqlite").read_bytes()
+    assert main(["coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(coordinator.data_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rankscope: error: {coordinator.data_dir}: in use by coordinator pid {os.getpid()} on ")
+    assert err.endswith("; one coordinator per folder\n") and err.count("\n") == 1
+    assert (coordinator.data_dir / "state.sqlite").read_bytes() == before
+
+
 def test_the_server_itself_refuses_a_taken_port(coordinator, tmp_path, monkeypatch) -> None:
     # Where another server takes the port between the check and the bind.
     monkeypatch.setattr(server, "bind_problem", lambda address: None)
