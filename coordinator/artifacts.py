@@ -17,18 +17,21 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import mmap
 import os
 import queue
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from rankscope import atomic
 from rankscope.errors import RankscopeError, UploadRejected
+
+log = logging.getLogger(__name__)
 
 KINDS = ("digest", "raw")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
@@ -64,6 +67,31 @@ class TooLarge(UploadRejected):
 
 class UploadBusy(RankscopeError):
     """Another stream is writing this upload right now; retry shortly."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StorageFull(RankscopeError):
+    """The coordinator's disk or quota is full: uploads (and state writes) fail until space
+    is freed. A state of the machine, not a bug: one logged line, no traceback."""
+
+
+def storage_full(reason: str, root: Path) -> StorageFull:
+    """The error for a full disk under ``root``, logged for the operator as it is raised."""
+    error = StorageFull(f"coordinator storage is full ({reason}): free space under {root}")
+    log.error("%s", error)
+    return error
+
+
+@contextlib.contextmanager
+def _full_as_error(root: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        raise storage_full(exc.strerror or str(exc), root) from None
 
 
 @dataclass(frozen=True)
@@ -263,6 +291,8 @@ class _Stage:
                     self.error = exc
 
     def _raise(self) -> None:
+        if isinstance(self.error, OSError) and self.error.errno in _FULL:
+            raise self.error  # the writer names a full disk as such
         if self.error is not None:
             raise RankscopeError(f"cannot store the upload ({self.error})") from self.error
 
@@ -405,10 +435,13 @@ class UploadWriter:
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
         try:
             if exc_type is None:
-                self._drain()
+                with _full_as_error(self.store.root):
+                    self._drain()
             else:
-                with contextlib.suppress(RankscopeError):
-                    self._drain()  # keep what was accepted, so a retry resumes after it
+                # Keep what was accepted, so a retry resumes after it; the error that ended the
+                # stream is the one told, not a repeat of it from the stages.
+                with contextlib.suppress(RankscopeError, OSError):
+                    self._drain()
         finally:
             self.store._forget_unbegun(self.partial)
             self.partial.lock.release()
@@ -419,6 +452,10 @@ class UploadWriter:
 
     def write(self, offset: int, data: bytes | memoryview) -> UploadResult | None:
         """Append ``data`` at ``offset`` (which must be the committed offset); the result once complete."""
+        with _full_as_error(self.store.root):
+            return self._write(offset, data)
+
+    def _write(self, offset: int, data: bytes | memoryview) -> UploadResult | None:
         header = self.partial.header
         if self.result is not None:
             if data:

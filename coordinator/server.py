@@ -58,6 +58,7 @@ _STATUS: tuple[tuple[type[RankscopeError], grpc.StatusCode], ...] = (
     (art.ChecksumMismatch, grpc.StatusCode.DATA_LOSS),
     (art.TooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (art.UploadBusy, grpc.StatusCode.ABORTED),
+    (art.StorageFull, grpc.StatusCode.RESOURCE_EXHAUSTED),  # gRPC's own words: "the entire file system is out of space"
     (UploadRejected, grpc.StatusCode.INVALID_ARGUMENT),
     (NotAuthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (NotPermitted, grpc.StatusCode.PERMISSION_DENIED),

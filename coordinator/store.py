@@ -13,7 +13,7 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from rankscope.coordinator.artifacts import UploadHeader, UploadResult
+from rankscope.coordinator.artifacts import UploadHeader, UploadResult, storage_full
 from rankscope.coordinator.registry import AgentRecord, UnknownAgent
 from rankscope.coordinator.sweeps import Sweep, SweepState, UnknownSweep
 from rankscope.errors import RankscopeError
@@ -77,15 +77,21 @@ class Store:
             self._db.close()
 
     def _write(self, *statements: tuple[str, tuple]) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for sql, params in statements:
-                    self._db.execute(sql, params)
-            except BaseException:
-                self._db.execute("ROLLBACK")
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for sql, params in statements:
+                        self._db.execute(sql, params)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:  # a COMMIT that failed (disk full) leaves it open
+                        self._db.execute("ROLLBACK")
+                    raise
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_FULL:
                 raise
-            self._db.execute("COMMIT")
+            raise storage_full(str(exc), self.path.parent) from None
 
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:

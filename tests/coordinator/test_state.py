@@ -109,3 +109,16 @@ def test_config_from_defaults_environment_and_flags() -> None:
         resolve(environ={"RANKSCOPE_MAX_UPLOAD_BYTES": "lots"})
     with pytest.raises(ConfigError, match="HOST:PORT"):
         resolve({"listen": "7443"}, environ={})
+
+
+def test_a_full_disk_is_a_storage_error_and_the_store_writes_again_once_there_is_room(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.sqlite")
+    store._db.execute(f"PRAGMA max_page_count = {store._db.execute('PRAGMA page_count').fetchone()[0]}")
+    big = AgentRecord("agent-1", "node-a", "host-a", "tok", T0, labels={"blob": "x" * 100_000})
+    with pytest.raises(art.StorageFull, match=rf"^coordinator storage is full \(database or disk is full\): "
+                                              rf"free space under {tmp_path}$"):
+        store.save_agent(big)
+    assert not store._db.in_transaction
+    store._db.execute("PRAGMA max_page_count = 1000000")  # room again
+    store.save_agent(big)
+    assert store.agents() == [big]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from rankscope.coordinator import artifacts as art
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 DATA = os.urandom(700_000)
@@ -94,3 +96,30 @@ def test_an_upload_resumed_past_several_writes_is_stored_whole(tmp_path, wire, m
         assert [p.read_bytes() for p in wire.stored_files(running.data_dir)] == [DATA]
     finally:
         wire.stop(running)
+
+
+def test_a_full_disk_refuses_the_upload_as_resource_exhausted_and_a_retry_resumes(coordinator, wire, monkeypatch,
+                                                                                  caplog) -> None:
+    token = coordinator.register("node-a").session_token
+    head = wire.header(DATA, node="node-a", token=token)
+    written = art.PartFile.write
+    room = {"bytes": 200_000}
+
+    def write(part, data):  # the disk fills after 200 kB
+        if len(data) > room["bytes"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        room["bytes"] -= len(data)
+        return written(part, data)
+
+    monkeypatch.setattr(art.PartFile, "write", write)
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.agents.Upload(wire.chunks(head, DATA), timeout=10)
+    full = f"coordinator storage is full (No space left on device): free space under {coordinator.data_dir / 'artifacts'}"
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and caught.value.details() == full
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [full]  # a line, no traceback
+    committed = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).committed_offset
+    assert 0 < committed <= 200_000
+
+    monkeypatch.setattr(art.PartFile, "write", written)  # space freed
+    reply = coordinator.agents.Upload(wire.chunks(head, DATA, start=committed), timeout=10)
+    assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
