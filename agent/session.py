@@ -115,8 +115,9 @@ class Session:
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
                     raise ConfigError(f"coordinator: {exc.details()}") from None
-                # Loud once per outage, quiet while it lasts.
-                log.log(logging.INFO if failures else logging.WARNING, "coordinator session: %s: %s",
+                # Loud once per outage, quiet while it lasts; our own close cancels the call.
+                quiet = failures or self.stop.is_set()
+                log.log(logging.INFO if quiet else logging.WARNING, "coordinator session: %s: %s",
                         exc.code().name, exc.details())
             finally:
                 self._close_outbox()

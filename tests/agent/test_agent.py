@@ -385,3 +385,13 @@ def test_a_second_agent_on_a_work_dir_in_use_stops_before_touching_it(coordinato
     finally:
         agent.close()
         thread.join(10)
+
+
+def test_stopping_the_agent_logs_no_warning_about_its_own_cancelled_session(coordinator, tmp_path: Path,
+                                                                           monkeypatch, caplog) -> None:
+    agent, thread = start_agent(coordinator[1], tmp_path, Log(), monkeypatch)
+    assert agent.registered.wait(WAIT_S)
+    agent.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
