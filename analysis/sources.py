@@ -180,7 +180,10 @@ def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
 
         return kineto.read_kineto(path, rank_from=rank_from)
     if suffix == DIGEST_SUFFIX or digest.is_digest(path):
-        return digest.read(path)
+        table = digest.read(path)
+        # Messages name the file given, beside the export it was made from (which may be
+        # in the same input: then both claim its ranks).
+        return _named(table, [f"{path} (digest of {source})" for source in table.column("source_file").to_pylist()])
     raise ExportError(
         "unknown input type (expected an nsys .sqlite export or .nsys-rep report, Kineto .json/.json.gz, or a digest .parquet)",
         path=path,
@@ -205,8 +208,12 @@ def _read_report(path: Path, rank_from: str | None) -> pa.Table:
         except ToolError as exc:
             raise ToolError(f"{exc}; try: {suggestion}", path=path) from None
         table = nsys.read_nsys(output, rank_from=rank_from)
-    # The temporary export is gone: name the report the user gave.
-    return table.set_column(table.schema.get_field_index("source_file"), "source_file", pa.array([str(path)] * table.num_rows))
+    return _named(table, [str(path)] * table.num_rows)  # the temporary export is gone: the report the user gave
+
+
+def _named(table: pa.Table, sources: list[str]) -> pa.Table:
+    """``table`` with its rows' source_file (what messages name) replaced."""
+    return table.set_column(table.schema.get_field_index("source_file"), "source_file", pa.array(sources, pa.string()))
 
 
 def _suffix(path: Path) -> str:

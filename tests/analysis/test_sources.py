@@ -87,7 +87,21 @@ def test_digests_and_exports_mix(dsl: Path, tmp_path: Path) -> None:
     assert table.column("rank").to_pylist() == [0, 1]
     assert table.column("source_format").to_pylist() == ["nsys-sqlite", "nsys-sqlite"]
     direct = nsys.read_nsys(exports[0])
-    assert table.slice(0, 1).drop_columns(["warnings"]).equals(direct.drop_columns(["warnings"]))
+    same = ["warnings", "source_file"]
+    assert table.slice(0, 1).drop_columns(same).equals(direct.drop_columns(same))
+    # messages name the digest given, beside the export it was made from
+    assert table.column("source_file").to_pylist() == [f"{tmp_path / 'rank0.parquet'} (digest of {exports[0]})",
+                                                       str(exports[1])]
+
+
+def test_an_export_beside_its_own_digest_names_both_files(dsl: Path, tmp_path: Path) -> None:
+    export = sorted(dsl.glob("*.sqlite"))[0]
+    shutil.copy(export, tmp_path / export.name)
+    digest.write(nsys.read_nsys(tmp_path / export.name), tmp_path / "rank0.parquet")
+    with pytest.raises(ConsistencyError) as caught:
+        sources.load_digests([tmp_path])
+    assert str(caught.value) == (f"{tmp_path / 'rank0.parquet'} (digest of {tmp_path / export.name}): "
+                                 f"rank 0 is also claimed by {tmp_path / export.name}")
 
 
 def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Path) -> None:
