@@ -34,13 +34,18 @@ def _shell_invocations(path: Path) -> list[list[str]]:
         line = line.split(" #", 1)[0].strip()
         if line.startswith("#") or "rankscope " not in line:
             continue
-        words = shlex.split(_substitute(line))
-        start = next((i for i, w in enumerate(words) if w == "rankscope" or w.endswith("/rankscope")), None)
-        if start is None:
-            continue
-        end = next((i for i, w in enumerate(words) if w in {">", "&", "|", "&&"} and i > start), len(words))
-        found.append(words[start + 1 : end])
+        found += _invocations(shlex.split(_substitute(line)))
     return found
+
+
+def _invocations(words: list[str]) -> list[list[str]]:
+    """The rankscope command line among shell words, also inside a `bash -c '...'` word."""
+    start = next((i for i, w in enumerate(words) if w == "rankscope" or w.endswith("/rankscope")), None)
+    if start is None:
+        inner = next((w for w in words if "rankscope " in w), None)
+        return [] if inner is None else _invocations(shlex.split(inner))
+    end = next((i for i, w in enumerate(words) if w in {">", "&", "|", "&&"} and i > start), len(words))
+    return [words[start + 1 : end]]
 
 
 def _manifest_invocations(path: Path) -> list[list[str]]:
