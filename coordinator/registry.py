@@ -62,10 +62,9 @@ def clock_sample(sent_ns: int, agent_ns: int, received_ns: int) -> ClockSample:
 class Connection:
     """One agent's live session: commands queued here are sent down its stream."""
 
-    def __init__(self, agent: AgentRecord, peer: str = "") -> None:
+    def __init__(self, agent: AgentRecord) -> None:
         self.agent = agent
-        self.peer = peer  # the agent's address as gRPC names it, e.g. ipv4:10.0.0.7:51234
-        self.taken_over_by: str | None = None  # the peer of the session that replaced this one
+        self.taken_over_by: str | None = None  # gRPC's name of the newer session's peer, e.g. ipv4:10.0.0.7:51234
         self.outbox: queue.Queue = queue.Queue()
         self.closed = threading.Event()
         self.samples: deque[ClockSample] = deque(maxlen=CLOCK_SAMPLES)
@@ -97,7 +96,7 @@ class Registry:
     def connect(self, agent: AgentRecord, peer: str = "") -> Connection:
         """A new session for this node replaces (and closes) an older one: a restarted
         agent's, or that of another agent under the same name, which is told so."""
-        connection = Connection(agent, peer)
+        connection = Connection(agent)
         with self._lock:
             previous = self._connections.get(agent.node)
             self._connections[agent.node] = connection
