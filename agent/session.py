@@ -95,6 +95,7 @@ class Session:
         self._outbox: queue.Queue | None = None
         self._lock = threading.Lock()
         self._call = None
+        self._heard = False  # the coordinator sent something on the current session
 
     def send(self, event: pb.AgentEvent) -> bool:
         """Queue an event on the open stream; False while disconnected (re-reported on connect)."""
@@ -106,24 +107,25 @@ class Session:
 
     def run(self) -> None:
         """Connect, serve, reconnect; returns when ``stop`` is set."""
-        failures = 0
+        failures = 0  # attempts since the coordinator last spoke on a session
         while not self.stop.is_set():
+            # Only a session the coordinator spoke on ends an outage: registering is not
+            # enough (a coordinator at its session limit takes the one, refuses the other).
+            self._heard = False
             try:
-                registration = self._register()
-                failures = 0
-                self._serve(registration)
+                self._serve(self._register())
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
                     raise ConfigError(f"coordinator: {exc.details()}") from None
                 # Loud once per outage, quiet while it lasts; our own close cancels the call.
-                quiet = failures or self.stop.is_set()
+                quiet = (failures and not self._heard) or self.stop.is_set()
                 log.log(logging.INFO if quiet else logging.WARNING, "coordinator session: %s: %s",
                         exc.code().name, exc.details())
             finally:
                 self._close_outbox()
             if self.stop.is_set():
                 break
-            failures += 1
+            failures = 1 if self._heard else failures + 1
             self.stop.wait(backoff_delay(failures, self.backoff_s, self.max_backoff_s))
 
     def close(self) -> None:
@@ -155,6 +157,7 @@ class Session:
         log.info("connected to the coordinator as %s", registration.agent_id)
         self.on_connect(registration)
         for command in self._call:
+            self._heard = True
             if command.HasField("ping"):
                 self.send(pb.AgentEvent(pong=pb.Pong(ping_id=command.ping.ping_id,
                                                      coordinator_time_ns=command.ping.coordinator_time_ns,

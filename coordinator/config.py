@@ -29,13 +29,19 @@ class CoordinatorConfig:
     heartbeat_interval_s: float = 10.0
     ping_interval_s: float = 5.0
     # The sync gRPC server holds one worker thread per open stream: every connected agent's
-    # session, every upload and every watching user. Size it to the fleet plus headroom; calls
-    # beyond it are refused at once (RESOURCE_EXHAUSTED) rather than queued behind sessions.
-    max_workers: int = 256
+    # session, every upload and every watching user; calls beyond it are refused at once
+    # (RESOURCE_EXHAUSTED) rather than queued. Agent sessions may take half (`max_sessions`),
+    # so that a fleet's uploads after a capture, and the users' commands, always find a
+    # thread. Threads start only as calls need them: a large pool costs nothing idle.
+    max_workers: int = 4096
     grace_s: float = 5.0  # how long a stopping server lets RPCs finish
     tls_cert: Path | None = None  # PEM; with tls_key the port speaks TLS
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # PEM; set, clients must present a certificate it signed (mTLS)
+
+    @property
+    def max_sessions(self) -> int:
+        return max(1, self.max_workers // 2)
 
     @property
     def state_db(self) -> Path:

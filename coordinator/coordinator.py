@@ -27,6 +27,7 @@ from rankscope.coordinator.registry import (
     AgentRecord,
     Connection,
     Registry,
+    SessionLimit,
     UnknownAgent,
     clock_sample,
     select_nodes,
@@ -165,7 +166,11 @@ class Coordinator:
 
     def connect(self, agent: AgentRecord, peer: str = "") -> Connection:
         """A live session: it gets StartCapture for every running sweep still waiting on its node."""
-        connection = self.registry.connect(agent, peer)
+        try:
+            connection = self.registry.connect(agent, peer, limit=self.config.max_sessions)
+        except SessionLimit as exc:
+            log.warning("node %s refused: %s", agent.node, exc)
+            raise
         with self._lock:
             for sweep in self._active.values():
                 if agent.node in sweep.open_nodes():

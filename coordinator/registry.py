@@ -16,13 +16,17 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from rankscope.errors import ConfigError, InputError
+from rankscope.errors import ConfigError, InputError, RankscopeError
 
 CLOCK_SAMPLES = 16
 
 
 class UnknownAgent(InputError):
     """No agent registered under that name, id or token."""
+
+
+class SessionLimit(RankscopeError):
+    """The coordinator holds as many agent sessions as it serves; this one must wait."""
 
 
 class NodeTakenOver(ConfigError):
@@ -93,12 +97,16 @@ class Registry:
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
 
-    def connect(self, agent: AgentRecord, peer: str = "") -> Connection:
+    def connect(self, agent: AgentRecord, peer: str = "", *, limit: int | None = None) -> Connection:
         """A new session for this node replaces (and closes) an older one: a restarted
-        agent's, or that of another agent under the same name, which is told so."""
+        agent's, or that of another agent under the same name, which is told so. A new
+        node beyond ``limit`` sessions is refused."""
         connection = Connection(agent)
         with self._lock:
             previous = self._connections.get(agent.node)
+            if previous is None and limit is not None and len(self._connections) >= limit:
+                raise SessionLimit(f"coordinator at its limit of {limit} agent sessions (half its RPC workers): "
+                                   "its operator can raise RANKSCOPE_MAX_WORKERS")
             self._connections[agent.node] = connection
             if previous is not None:
                 previous.taken_over_by = peer

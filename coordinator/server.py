@@ -31,7 +31,7 @@ from rankscope.coordinator.coordinator import (
     NotAuthenticated,
     NotPermitted,
 )
-from rankscope.coordinator.registry import Connection, NodeTakenOver, UnknownAgent
+from rankscope.coordinator.registry import Connection, NodeTakenOver, SessionLimit, UnknownAgent
 from rankscope.coordinator.reports import Analyze
 from rankscope.errors import (
     ConfigError,
@@ -65,6 +65,7 @@ _STATUS: tuple[tuple[type[RankscopeError], grpc.StatusCode], ...] = (
     (sw.UnknownSweep, grpc.StatusCode.NOT_FOUND),
     (UnknownAgent, grpc.StatusCode.NOT_FOUND),
     (NodeTakenOver, grpc.StatusCode.ALREADY_EXISTS),
+    (SessionLimit, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (InputError, grpc.StatusCode.INVALID_ARGUMENT),
     (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (TransportError, grpc.StatusCode.UNAVAILABLE),

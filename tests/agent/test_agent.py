@@ -395,3 +395,22 @@ def test_stopping_the_agent_logs_no_warning_about_its_own_cancelled_session(coor
     thread.join(10)
     assert not thread.is_alive()
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
+
+
+def test_a_session_refused_after_registering_backs_off_and_warns_once(coordinator, tmp_path: Path, monkeypatch,
+                                                                     caplog) -> None:
+    # A coordinator at its session limit registers the agent, then refuses the session:
+    # registering must not count as the end of the outage.
+    servicer, address = coordinator
+    servicer.session_refusal = (grpc.StatusCode.RESOURCE_EXHAUSTED, "coordinator at its limit of 2 agent sessions")
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(servicer.registered) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(servicer.registered) >= 4
+    finally:
+        agent.close()
+        thread.join(10)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == ["coordinator session: RESOURCE_EXHAUSTED: coordinator at its limit of 2 agent sessions"]

@@ -200,3 +200,27 @@ def test_a_second_agent_under_one_node_name_takes_over_and_the_first_is_told(coo
         sweep = client.start(nodes=[node], duration_s=1.0, backend="sim")
     assert started_capture(second).sweep_id == sweep.sweep_id
     second.close()
+
+
+def test_agent_sessions_take_at_most_half_the_workers_so_commands_and_uploads_get_through(tmp_path, wire,
+                                                                                          caplog) -> None:
+    running = wire.start(tmp_path / "data", max_workers=6)  # three sessions at most
+    try:
+        agents = [wire.FakeAgent(running, f"node-{i}") for i in range(3)]
+        reply = running.register("node-3")
+        refused = running.agents.Session(iter([pb.AgentEvent(hello=pb.Hello(agent_id=reply.agent_id,
+                                                                            session_token=reply.session_token))]))
+        with pytest.raises(grpc.RpcError) as caught:
+            next(refused)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.details() == ("coordinator at its limit of 3 agent sessions (half its RPC workers): "
+                                          "its operator can raise RANKSCOPE_MAX_WORKERS")
+        assert "node node-3 refused: coordinator at its limit of 3 agent sessions" in caplog.text
+        with SweepClient(running.address) as client:  # a user's command still finds a worker
+            assert client.sweeps() == []
+        again = wire.FakeAgent(running, "node-0")  # a known node reconnecting replaces its session
+        agents[0].reader.join(20)
+        for agent in [again, *agents[1:]]:
+            agent.close()
+    finally:
+        wire.stop(running)
