@@ -310,6 +310,7 @@ class CaptureRun:
         self.backend = load_backend(name)()
         if hasattr(self.backend, "on_counters_released"):  # nsys: DCGM resumes before the export
             self.backend.on_counters_released = lambda request: self.agent.pauses.release(self.sweep_id)
+        self.backend.check(self.request())  # no DCGM pause for a capture that cannot start
 
     def _drive(self, instructions: list) -> None:
         pending = deque(instructions)

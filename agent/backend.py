@@ -32,6 +32,10 @@ class CaptureBackend(ABC):
     # must release first (dcgm.md); the agent pauses DCGM only for these.
     needs_gpu_counters: ClassVar[bool] = False
 
+    def check(self, request: CaptureRequest) -> None:
+        """Raise where the capture plainly cannot start (tool missing, no rank to record),
+        before DCGM is paused for it; default: nothing to check."""
+
     @abstractmethod
     def start(self, request: CaptureRequest) -> None:
         """Begin recording on every rank of the request."""

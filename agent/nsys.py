@@ -227,6 +227,10 @@ class NsysBackend(CaptureBackend):
         # and must fail the capture rather than silently go missing from it.
         self._started: dict[str, list[RankInfo]] = {}
 
+    def check(self, request: CaptureRequest) -> None:
+        find_nsys(self.nsys)
+        self._ranks(request)
+
     def start(self, request: CaptureRequest) -> None:
         exe = find_nsys(self.nsys)
         ranks = self._ranks(request)

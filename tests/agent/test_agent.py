@@ -29,7 +29,7 @@ from rankscope.cli import main, parse_labels
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.sim_backend import SimBackend
 from rankscope.analysis import digest, sources
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, ToolError
 from rankscope.lock import FolderInUse
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -142,10 +142,14 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
     return path
 
 
-def make_backend(log: Log, *, fail_on_stop: bool = False) -> type[CaptureBackend]:
+def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "") -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
         needs_gpu_counters = True
+
+        def check(self, request: CaptureRequest) -> None:
+            if cannot_start:
+                raise ToolError(cannot_start)
 
         def start(self, request: CaptureRequest) -> None:
             log.calls.append("backend.start")
@@ -235,6 +239,20 @@ def test_failure_mid_capture_resumes_dcgm_and_names_the_reason(coordinator, tmp_
         seen = servicer.statuses("s2", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and "profiler crashed" in seen[-1].reason
         assert log.calls[-1] == "dcgm.resume" and "export" not in log.calls
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_capture_that_cannot_start_fails_without_pausing_dcgm(coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, cannot_start="nsys not found")
+    try:
+        servicer.commands.put(start("s3"))
+        seen = servicer.statuses("s3", pb.NODE_STATE_DCGM_RESUMED)
+        assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_FAILED]
+        assert seen[-1].reason == "nsys not found" and log.calls == []  # telemetry never went dark
     finally:
         agent.close()
         thread.join(10)

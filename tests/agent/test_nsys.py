@@ -210,8 +210,9 @@ def test_gpu_metrics_are_dropped_when_an_unpaused_dcgm_holds_the_counters(node, 
 
 def test_nsys_missing_is_a_tool_error(node, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    with pytest.raises(ToolError, match="nsys not found"):
-        nsys.NsysBackend().start(request_for(node, tmp_path))
+    for step in (nsys.NsysBackend().check, nsys.NsysBackend().start):  # check: before DCGM is paused
+        with pytest.raises(ToolError, match="nsys not found"):
+            step(request_for(node, tmp_path))
 
 
 def test_export_failure_names_the_rank_and_nsys_words(node, tmp_path, monkeypatch):
@@ -273,8 +274,9 @@ def test_a_hung_nsys_times_out(tmp_path):
 
 def test_no_ranks_under_nsys_is_an_error(tmp_path):
     request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=())
-    with pytest.raises(ToolError, match="no rank on this node"):
-        nsys.NsysBackend(nsys=sys.executable).start(request)
+    for step in (nsys.NsysBackend(nsys=sys.executable).check, nsys.NsysBackend(nsys=sys.executable).start):
+        with pytest.raises(ToolError, match="no rank on this node"):
+            step(request)
 
 
 def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node, tmp_path, monkeypatch):
