@@ -20,6 +20,9 @@ from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 30.0
+# The largest reply the coordinator sends and this client takes: a report's JSON is ~1.5 kB
+# per rank (400 kB at 256 ranks), past gRPC's default 4 MiB limit from ~2700 ranks.
+MAX_REPLY_BYTES = 256 << 20
 FINAL_STATES = frozenset({pb.SWEEP_STATE_ANALYSED, pb.SWEEP_STATE_PARTIAL, pb.SWEEP_STATE_FAILED})
 _USER_MISTAKES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
@@ -50,7 +53,7 @@ class SweepClient:
         if ":" not in address:
             raise InputError(f"coordinator address {address!r} must be HOST:PORT")
         self.address = address
-        self.channel = channel(address, tls)
+        self.channel = channel(address, tls, [("grpc.max_receive_message_length", MAX_REPLY_BYTES)])
         self.stub = pb_grpc.SweepServiceStub(self.channel)
 
     def close(self) -> None:

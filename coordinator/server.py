@@ -23,6 +23,7 @@ from rankscope import states
 from rankscope.address import bind_problem
 from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import sweeps as sw
+from rankscope.coordinator.client import MAX_REPLY_BYTES
 from rankscope.coordinator.config import CoordinatorConfig, resolve
 from rankscope.coordinator.coordinator import (
     CancelOrder,
@@ -50,7 +51,7 @@ from rankscope.tls import TlsFiles, server_credentials
 log = logging.getLogger(__name__)
 
 SERVICES = ("rankscope.v1.AgentService", "rankscope.v1.SweepService")
-MAX_MESSAGE_BYTES = 4 << 20  # gRPC's default receive limit; chunks stay at 1 MiB, well below it
+MAX_RECEIVE_BYTES = 4 << 20  # gRPC's default; upload chunks stay at 1 MiB, well below it
 
 # Most specific first: the first matching class decides the status.
 _STATUS: tuple[tuple[type[RankscopeError], grpc.StatusCode], ...] = (
@@ -388,8 +389,8 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
         maximum_concurrent_rpcs=config.max_workers,
         interceptors=[_UploadChunks()],
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            ("grpc.max_send_message_length", MAX_REPLY_BYTES),
             # Agents keep their session open for days: find dead peers, and accept the agents'
             # own keepalive pings (deployment.md §4: server minimum interval <= 30 s).
             ("grpc.keepalive_time_ms", 30_000),

@@ -224,3 +224,21 @@ def test_agent_sessions_take_at_most_half_the_workers_so_commands_and_uploads_ge
             agent.close()
     finally:
         wire.stop(running)
+
+
+def test_the_report_of_a_job_of_thousands_of_ranks_comes_over_the_wire(coordinator, wire, digests) -> None:
+    agents = [wire.FakeAgent(coordinator, name) for name in digests]
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim")
+        for agent in agents:
+            started_capture(agent)
+            agent.finish(sweep.sweep_id, digests[agent.node])
+        assert final(client, sweep.sweep_id).state == pb.SWEEP_STATE_ANALYSED
+        stored = Path(client.report(sweep.sweep_id).path)
+        report = json.loads(stored.read_text())
+        report["ranks"] = report["ranks"] * 2000  # 4000 ranks' worth: past gRPC's default 4 MiB
+        stored.write_text(json.dumps(report, indent=1))
+        assert stored.stat().st_size > 4 << 20
+        assert client.report(sweep.sweep_id).report_json == stored.read_text()
+    for agent in agents:
+        agent.close()
