@@ -26,6 +26,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/analyze_scale.py
 	$(BIN)/python bench/upload_throughput.py
+	$(BIN)/python bench/sweep_scale.py
 
 # HTA lives in its own environment: it is what we compare against, not a dependency.
 .venv-hta/bin/python:

@@ -279,7 +279,9 @@ class Coordinator:
         return self.store.sweeps(limit=limit)
 
     def watch(self, sweep_id: str, active: Callable[[], bool]) -> Iterator[tuple[sw.Sweep, str]]:
-        """The sweep now, then after each change, until it is final or ``active()`` turns false."""
+        """The sweep now, then after each change, until it is final or ``active()`` turns false.
+        A node's change comes with that node's record only; the first, the sweep-level and the
+        final snapshots have every node's."""
         changes: queue.Queue = queue.Queue()
         with self._lock:
             current = self.sweep(sweep_id)
@@ -329,9 +331,15 @@ class Coordinator:
             self._active.pop(sweep.sweep_id, None)
             log.info("sweep %s %s%s", sweep.sweep_id, sweep.state.value,
                      f" (missing: {', '.join(sweep.missing)})" if sweep.missing else "")
-        snapshot = copy.deepcopy(sweep)
-        for watcher in self._watchers.get(sweep.sweep_id, []):
-            for node in changed:
+        watchers = self._watchers.get(sweep.sweep_id, [])
+        if not watchers:
+            return
+        # Every node's state in the first event of a watch, on sweep-level changes and at the
+        # end; otherwise only the node that changed: a fleet's statuses cost linear, not square.
+        whole = copy.deepcopy(sweep) if sweep.final or "" in changed else None
+        for node in changed:
+            snapshot = whole or copy.deepcopy(sweep.only([node]))
+            for watcher in watchers:
                 watcher.put((snapshot, node))
 
     def _run_analysis(self, sweep: sw.Sweep, digests: tuple[sw.ArtifactInfo, ...]) -> None:

@@ -126,9 +126,9 @@ class Store:
 
     def save_sweep(self, sweep: Sweep, nodes: list[str] | None = None) -> None:
         """Write the sweep, and the given node records (all of them by default)."""
-        data = sweep.to_dict()
-        node_data = data.pop("nodes")
         names = list(sweep.nodes) if nodes is None else nodes
+        data = sweep.only(names).to_dict()
+        node_data = data.pop("nodes")
         self._write(
             (
                 "INSERT INTO sweeps(sweep_id, state, created_ns, data) VALUES (?, ?, ?, ?) "

@@ -16,7 +16,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from rankscope.errors import InputError
 from rankscope.states import NodeState
@@ -319,6 +319,11 @@ class Sweep:
         return []
 
     # persistence --------------------------------------------------------------------
+
+    def only(self, nodes: Iterable[str]) -> Sweep:
+        """This sweep with only the named nodes' records (the same objects, not copies): what
+        one node's change touches, so storing or showing it costs that node, not the fleet."""
+        return replace(self, nodes={name: self.nodes[name] for name in nodes})
 
     def to_dict(self) -> dict:
         return asdict(self)

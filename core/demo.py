@@ -120,11 +120,11 @@ def _sweep(address: str, duration: float, started: float, on_captured) -> object
         windows = {pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING}
         for event in client.watch(sweep.sweep_id):
             final = event.sweep
-            for node in final.nodes:
+            for node in final.nodes:  # every node at first, then the one that changed
                 if seen.get(node.node) != node.state:
                     seen[node.node] = node.state
                     _say(started, f"  {node.node}: {node_state_name(node.state)} {node.reason or node.detail}".rstrip())
-            if not any(node.state in windows for node in final.nodes):
+            if not any(state in windows for state in seen.values()):
                 on_captured()  # the job is no longer needed: its CPU goes to the digests
         if final is None or final.state == pb.SWEEP_STATE_FAILED:
             raise ToolError(f"sweep {sweep.sweep_id} failed: {final.error if final else 'no news'}")

@@ -242,3 +242,27 @@ def test_the_report_of_a_job_of_thousands_of_ranks_comes_over_the_wire(coordinat
         assert client.report(sweep.sweep_id).report_json == stored.read_text()
     for agent in agents:
         agent.close()
+
+
+def test_a_watch_sends_every_node_first_and_last_and_between_only_the_one_that_changed(coordinator, wire,
+                                                                                        digests) -> None:
+    # With every node in every event, a fleet's sweep cost the square of its size (1024 nodes:
+    # 400 s of coordinator time; bench/sweep_scale.py).
+    agents = [wire.FakeAgent(coordinator, name) for name in digests]
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim")
+        events = client.watch(sweep.sweep_id)
+        first = next(events)
+        for agent in agents:
+            started_capture(agent)
+            agent.finish(sweep.sweep_id, digests[agent.node])
+        rest = list(events)
+    assert sorted(n.node for n in first.sweep.nodes) == sorted(digests)
+    states = [first.sweep.state] + [e.sweep.state for e in rest]
+    # a node's change alone: that node; one that moved the sweep on (to analysing): all
+    alone = [e for e, before in zip(rest, states) if e.node and e.sweep.state == before]
+    assert len(alone) >= 2 * 6 and all([n.node for n in e.sweep.nodes] == [e.node] for e in alone)
+    assert rest[-1].final and sorted(n.node for n in rest[-1].sweep.nodes) == sorted(digests)
+    assert {n.state for n in rest[-1].sweep.nodes} == {pb.NODE_STATE_ANALYSED}
+    for agent in agents:
+        agent.close()
