@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 from rankscope.analysis.report import ranks_text
@@ -141,6 +142,11 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
 # capture / sweeps / report -------------------------------------------------------------
 
+# Above this many nodes, `capture --wait` shows counts per state (and each failed node),
+# not a line per change: a fleet's six changes per node would be thousands of lines.
+FLEET_NODES = 16
+_FAILED_NODE = frozenset({pb.NODE_STATE_FAILED, pb.NODE_STATE_TIMED_OUT})
+
 
 def run_capture(args: argparse.Namespace) -> int:
     if args.fail_on_findings and not args.wait:
@@ -154,8 +160,9 @@ def run_capture(args: argparse.Namespace) -> int:
         sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
                              duration_s=args.duration, backend=args.backend, timeout_s=args.timeout,
                              options=options, upload_raw=args.upload_raw)
-        names = ", ".join(n.node for n in sweep.nodes)
-        print(f"sweep {sweep.sweep_id} started on {len(sweep.nodes)} node(s): {names}", file=sys.stderr, flush=True)
+        names = [n.node for n in sweep.nodes]
+        shown = ", ".join(names if len(names) <= FLEET_NODES else [*names[:3], "...", names[-1]])
+        print(f"sweep {sweep.sweep_id} started on {len(names)} node(s): {shown}", file=sys.stderr, flush=True)
         if not args.wait:
             print(sweep.sweep_id)
             return 0
@@ -170,25 +177,43 @@ def run_capture(args: argparse.Namespace) -> int:
 
 
 def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
-    """Print one line on stderr per node change; return the final sweep."""
+    """Progress on stderr, a line per node change; for a fleet (over `FLEET_NODES`), a
+    line per failed node and the count of nodes in each state, at most once a second
+    (and when all nodes share a state, and at the end). The final sweep is returned."""
     seen: dict[str, tuple[int, str]] = {}
     started = time.monotonic()
-    sweep = None
+    counted, counted_at = "", 0.0
+    sweep = fleet = None
     for event in client.watch(sweep_id):
         sweep = event.sweep
+        fleet = len(sweep.nodes) > FLEET_NODES if fleet is None else fleet  # the first event has every node
         for node in sweep.nodes:
             key = (node.state, node.detail)
             if seen.get(node.node) != key:
                 seen[node.node] = key
-                extra = node.reason or node.detail
-                if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
-                    extra = f"dcgm {pb.DcgmOutcome.Name(node.dcgm).removeprefix('DCGM_OUTCOME_').lower()}"
-                    extra += f": {node.dcgm_detail}" if node.dcgm_detail else ""
-                line = f"  {time.monotonic() - started:6.1f}s  {node.node:<20} {node_state_name(node.state):<13} {extra}"
-                print(line.rstrip(), file=sys.stderr, flush=True)
+                if not fleet or node.state in _FAILED_NODE:
+                    _say(started, _node_line(node))
+        if fleet:
+            counts = Counter(state for state, _ in seen.values())
+            line = f"{len(seen)} nodes: " + ", ".join(f"{n} {node_state_name(s)}" for s, n in sorted(counts.items()))
+            if line != counted and (time.monotonic() - counted_at >= 1.0 or len(counts) == 1 or event.final):
+                _say(started, line)
+                counted, counted_at = line, time.monotonic()
     if sweep is None:
         raise TransportError(f"coordinator at {client.address} sent nothing about sweep {sweep_id}")
     return sweep
+
+
+def _node_line(node: pb.NodeProgress) -> str:
+    extra = node.reason or node.detail
+    if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
+        extra = f"dcgm {pb.DcgmOutcome.Name(node.dcgm).removeprefix('DCGM_OUTCOME_').lower()}"
+        extra += f": {node.dcgm_detail}" if node.dcgm_detail else ""
+    return f"{node.node:<20} {node_state_name(node.state):<13} {extra}"
+
+
+def _say(started: float, text: str) -> None:
+    print(f"  {time.monotonic() - started:6.1f}s  {text}".rstrip(), file=sys.stderr, flush=True)
 
 
 def _check_plot(path: Path) -> None:

@@ -21,6 +21,7 @@ from rankscope.cli import parse_duration
 from rankscope.coordinator import server
 from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_PARTIAL
 from rankscope.errors import ConfigError
+from rankscope.proto.v1 import rankscope_pb2 as pb
 
 
 def answer(agent, data: bytes | None) -> threading.Thread:
@@ -205,3 +206,31 @@ def test_a_plot_that_cannot_be_written_stops_capture_before_it_starts(coordinato
     assert code == 2 and "output folder does not exist" in capsys.readouterr().err
     assert main(["capture", "--coordinator", coordinator.address, "--all", "--plot", str(tmp_path / "x.png")]) == 2
     assert "only --wait" in capsys.readouterr().err
+
+
+def test_a_fleet_capture_shows_counts_per_state_and_each_failure_not_a_line_per_change(capsys) -> None:
+    from rankscope.coordinator import commands
+
+    names = [f"node-{i:02d}" for i in range(commands.FLEET_NODES + 4)]
+
+    def sweep(states: dict[str, int], *, final: bool = False, reason: str = "") -> pb.SweepEvent:
+        nodes = [pb.NodeProgress(node=n, state=s, reason=reason if s == pb.NODE_STATE_FAILED else "")
+                 for n, s in states.items()]
+        return pb.SweepEvent(sweep=pb.Sweep(sweep_id="s1", nodes=nodes), final=final)
+
+    events = [sweep(dict.fromkeys(names, pb.NODE_STATE_PENDING))]
+    events += [sweep({n: pb.NODE_STATE_CAPTURING}) for n in names]  # as the coordinator sends them: one node each
+    events += [sweep({"node-03": pb.NODE_STATE_FAILED}, reason="nsys not found")]
+    events += [sweep({n: pb.NODE_STATE_FAILED if n == "node-03" else pb.NODE_STATE_ANALYSED for n in names},
+                     final=True, reason="nsys not found")]
+
+    class Client:
+        address = "here:1"
+
+        def watch(self, sweep_id: str):
+            return iter(events)
+
+    assert commands._follow(Client(), "s1").nodes[3].state == pb.NODE_STATE_FAILED
+    lines = [line.split("s  ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert lines == ["20 nodes: 20 pending", "20 nodes: 20 capturing", "node-03              failed        nsys not found",
+                     "20 nodes: 1 failed, 19 analysed"]
