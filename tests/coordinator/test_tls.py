@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -100,3 +102,14 @@ def test_an_agent_without_a_certificate_is_not_let_in(secure, pki, tmp_path) -> 
         assert not agent.registered.wait(3)
     finally:
         agent.session.close()
+
+
+def test_a_certificate_the_client_does_not_trust_is_one_line_from_the_command(secure, pki, tmp_path) -> None:
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "other.key", "-out", "other.pem", "-days", "2",
+             "-subj", "/CN=another CA", cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    done = subprocess.run([sys.executable, "-m", "rankscope", "sweeps", "--coordinator", secure.address,
+                           "--tls-ca", str(tmp_path / "other.pem")], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()  # gRPC's own log of the failed handshake is not shown
+    assert line.startswith(f"rankscope: error: coordinator at {secure.address} unreachable") and "CERTIFICATE_VERIFY_FAILED" in line
