@@ -264,6 +264,10 @@ class Coordinator:
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
             sweep, instructions = sw.Sweep.start(spec, nodes, self.clock())
+            connected = self.registry.connected()
+            for name in nodes:  # named, known, away: say so rather than an unexplained wait
+                if name not in connected:
+                    sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"
             self._active[sweep.sweep_id] = sweep
             self._apply(sweep, instructions)
             log.info("sweep %s started on %s", sweep.sweep_id, ", ".join(nodes))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import grpc
@@ -266,3 +267,18 @@ def test_a_watch_sends_every_node_first_and_last_and_between_only_the_one_that_c
     assert {n.state for n in rest[-1].sweep.nodes} == {pb.NODE_STATE_ANALYSED}
     for agent in agents:
         agent.close()
+
+
+def test_a_named_node_whose_agent_is_away_is_said_to_be_so(coordinator, wire, digests) -> None:
+    away, here = list(digests)
+    gone = wire.FakeAgent(coordinator, away)
+    gone.close()
+    present = wire.FakeAgent(coordinator, here)
+    deadline = time.monotonic() + 20
+    while away in coordinator.server.coordinator.registry.connected() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(nodes=[away, here], duration_s=1.0, backend="sim")
+    detail = {n.node: n.detail for n in sweep.nodes}
+    assert detail == {away: "agent not connected: it gets the capture if it connects in time", here: ""}
+    present.close()
