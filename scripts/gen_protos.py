@@ -3,7 +3,9 @@
 The .proto files are copied into a temporary tree ``rankscope/proto/v1/`` and compiled with
 ``-I <tmp>``, so generated code imports ``from rankscope.proto.v1 import rankscope_pb2``
 (the installed name) rather than a bare ``rankscope_pb2`` (grpc#29390, fixed as in grpc#29459).
-tests/test_protos_fresh.py regenerates into a temporary folder and compares.
+Each stub's first line names its .proto's sha256, so a change protoc would not carry into the
+code (a comment) still makes the stubs stale; tests/test_protos_fresh.py regenerates into a
+temporary folder and compares.
 
 Usage: python scripts/gen_protos.py [--out DIR]
 """
@@ -11,6 +13,7 @@ Usage: python scripts/gen_protos.py [--out DIR]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import sys
@@ -57,10 +60,12 @@ def generate(out_dir: Path) -> list[Path]:
                 raise SystemExit("protoc failed (see its message above)")
         finally:
             os.chdir(cwd)
+        sources = {p.stem: hashlib.sha256(p.read_bytes()).hexdigest() for p in protos}
         for path in sorted(package.iterdir()):
             if path.name.endswith(GENERATED_SUFFIXES):
+                stem = path.name.split("_pb2", 1)[0]
                 target = out_dir / path.name
-                shutil.copy(path, target)
+                target.write_text(f"# from {stem}.proto, sha256 {sources[stem]}\n" + path.read_text())
                 written.append(target)
     return written
 

@@ -1,3 +1,4 @@
+# from rankscope.proto, sha256 c9558f55f7be032f4732dc68c601dd6c15c63915992d9e9f7596deee467ed1bb
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
