@@ -257,14 +257,14 @@ class Coordinator:
             spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
         with self._lock:
             agents = self.store.agents()
-            nodes = select_nodes(agents, self.registry.connected(), names=names, labels=labels, everything=everything)
+            connected = self.registry.connected()
+            nodes = select_nodes(agents, connected, names=names, labels=labels, everything=everything)
             lacking = [a for a in agents if a.node in nodes and a.backends and spec.backend not in a.backends]
             if lacking:
                 raise InputError("; ".join(
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
             sweep, instructions = sw.Sweep.start(spec, nodes, self.clock())
-            connected = self.registry.connected()
             for name in nodes:  # named, known, away: say so rather than an unexplained wait
                 if name not in connected:
                     sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"
