@@ -85,13 +85,17 @@ def storage_full(reason: str, root: Path) -> StorageFull:
 
 
 @contextlib.contextmanager
-def _full_as_error(root: Path) -> Iterator[None]:
+def _storage_errors(root: Path) -> Iterator[None]:
+    """The one place an upload's OSError gets its meaning: a full disk is StorageFull, any
+    other a failure to store; both logged for the operator, neither a traceback."""
     try:
         yield
     except OSError as exc:
-        if exc.errno not in _FULL:
-            raise
-        raise storage_full(exc.strerror or str(exc), root) from None
+        reason = exc.strerror or str(exc)
+        if exc.errno in _FULL:
+            raise storage_full(reason, root) from None
+        log.error("cannot store an upload under %s (%s)", root, reason)
+        raise RankscopeError(f"cannot store the upload ({reason})") from None
 
 
 @dataclass(frozen=True)
@@ -291,8 +295,8 @@ class _Stage:
                     self.error = exc
 
     def _raise(self) -> None:
-        if isinstance(self.error, OSError) and self.error.errno in _FULL:
-            raise self.error  # the writer names a full disk as such
+        if isinstance(self.error, OSError):
+            raise self.error  # the writer says what it means (_storage_errors)
         if self.error is not None:
             raise RankscopeError(f"cannot store the upload ({self.error})") from self.error
 
@@ -435,7 +439,7 @@ class UploadWriter:
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
         try:
             if exc_type is None:
-                with _full_as_error(self.store.root):
+                with _storage_errors(self.store.root):
                     self._drain()
             else:
                 # Keep what was accepted, so a retry resumes after it; the error that ended the
@@ -452,7 +456,7 @@ class UploadWriter:
 
     def write(self, offset: int, data: bytes | memoryview) -> UploadResult | None:
         """Append ``data`` at ``offset`` (which must be the committed offset); the result once complete."""
-        with _full_as_error(self.store.root):
+        with _storage_errors(self.store.root):
             return self._write(offset, data)
 
     def _write(self, offset: int, data: bytes | memoryview) -> UploadResult | None:

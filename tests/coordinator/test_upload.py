@@ -123,3 +123,19 @@ def test_a_full_disk_refuses_the_upload_as_resource_exhausted_and_a_retry_resume
     monkeypatch.setattr(art.PartFile, "write", written)  # space freed
     reply = coordinator.agents.Upload(wire.chunks(head, DATA, start=committed), timeout=10)
     assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
+
+
+def test_another_storage_error_fails_the_upload_with_its_reason_and_no_traceback(coordinator, wire, monkeypatch,
+                                                                                 caplog) -> None:
+    token = coordinator.register("node-a").session_token
+
+    def broken(part, data):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(art.PartFile, "write", broken)
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.agents.Upload(wire.chunks(wire.header(DATA, node="node-a", token=token), DATA), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INTERNAL
+    assert caught.value.details() == "cannot store the upload (Input/output error)"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"cannot store an upload under {coordinator.data_dir / 'artifacts'} (Input/output error)"]
