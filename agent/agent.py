@@ -128,7 +128,8 @@ class Agent:
         self.session = Session(self.channel, self.register_request, self.on_command, self.on_connect,
                                max_backoff_s=config.max_backoff_s, stop=self.stop)
         self.hold = FolderLock(config.work_dir, "agent")
-        self.pauses = dcgm_mod.PauseManager(dcgm_mod.discover(config.dcgm), config.work_dir / "dcgm-journal.json")
+        self.pauses = dcgm_mod.PauseManager(dcgm_mod.discover(config.dcgm), config.dcgm.ledger_dir,
+                                             who=f"agent {config.name}")
         self.runs: dict[str, CaptureRun] = {}
         self.registered = threading.Event()
         self._lock = threading.Lock()
@@ -414,9 +415,9 @@ class CaptureRun:
         outcome = self.agent.pauses.release(self.sweep_id)
         if outcome is dcgm_mod.DcgmOutcome.SKIPPED:  # no lease left: the restart's recovery resumed it
             self._set_dcgm(pb.DCGM_OUTCOME_RESUMED,
-                           "resumed when the previous agent process ended or by its pause journal")
+                           "resumed when the previous agent process ended, or as its lease expired")
         elif outcome is dcgm_mod.DcgmOutcome.PAUSED:
-            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "released; another capture on this node still holds the pause")
+            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "released; another capture on this host still holds the pause")
         elif outcome is dcgm_mod.DcgmOutcome.FAILED:
             self._set_dcgm(pb.DCGM_OUTCOME_RESUME_FAILED, self.agent.pauses.error)
         else:

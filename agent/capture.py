@@ -230,7 +230,7 @@ class Capture:
         if self.state is NodeState.EXPORTING:
             return [Report(self.state, "resumed after agent restart"), Export(tuple(self.exports))]
         # The capture window itself died with the old process; its DCGM pause is
-        # resumed by the DCGM journal's reaper, but say so here too.
+        # resumed by the pause ledger's recovery, but say so here too.
         return self._fail(f"agent restarted while {self.state.value}")
 
     def _enter(self, state: NodeState, detail: str = "") -> list[Instruction]:

@@ -1,11 +1,11 @@
-"""DCGM profiling pause/resume: the node's single authority over the global pause flag.
+"""DCGM profiling pause/resume: the host's authority over the global pause flag.
 
 On pre-Hopper GPUs DCGM's profiling metrics and nsys GPU metrics need the same perfmon
 resource, so a capture that samples GPU counters must pause DCGM first (reference/dcgm.md).
 DCGM keeps ONE global, non-reference-counted flag per host engine that nothing resumes by
-itself, so this module owns what DCGM lacks: a reference count of overlapping captures, a
-lease per capture that resumes on expiry without the coordinator, and an on-disk journal
-that a restarted agent replays to resume a pause it left behind.
+itself, so this module owns what DCGM lacks: a reference count of overlapping captures (of
+every agent on the host, through the shared ``pause_ledger``), a lease per capture that
+resumes on expiry without the coordinator, and recovery of a pause whose agent is gone.
 
 Three ways to reach the host engine, picked by :func:`discover`: DCGM's own Python bindings
 (``BindingsControl``, shipped with DCGM, not on PyPI), the ``dcgmi`` CLI (``DcgmiControl``),
@@ -16,22 +16,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import ModuleType
 
-from rankscope import atomic
+from rankscope.agent.pause_ledger import DEFAULT_FOLDER, Holder, NoLedger, PauseLedger
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +70,19 @@ class DcgmConfig:
     bindings_path: Path | None = None  # folder holding pydcgm.py/dcgm_agent.py
     dcgmi: str = "dcgmi"
     timeout_s: float = 10.0
+    ledger_dir: Path = DEFAULT_FOLDER  # shared by every agent on the host (pause_ledger)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> DcgmConfig:
-        """RANKSCOPE_DCGM (mode), RANKSCOPE_DCGM_HOST, RANKSCOPE_DCGM_BINDINGS, RANKSCOPE_DCGMI."""
+        """RANKSCOPE_DCGM (mode), RANKSCOPE_DCGM_HOST, RANKSCOPE_DCGM_BINDINGS, RANKSCOPE_DCGMI,
+        RANKSCOPE_DCGM_STATE (the pause ledger's folder)."""
         bindings = environ.get("RANKSCOPE_DCGM_BINDINGS")
         return cls(
             mode=environ.get("RANKSCOPE_DCGM", "auto"),
             host=environ.get("RANKSCOPE_DCGM_HOST", DEFAULT_HOST),
             bindings_path=Path(bindings) if bindings else None,
             dcgmi=environ.get("RANKSCOPE_DCGMI", "dcgmi"),
+            ledger_dir=Path(environ.get("RANKSCOPE_DCGM_STATE", DEFAULT_FOLDER)),
         )
 
 
@@ -94,11 +97,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dcgm-bindings", type=Path, default=env.bindings_path,
                        help="folder with DCGM's Python bindings (default: the install's)")
     group.add_argument("--dcgmi", default=env.dcgmi, help="dcgmi executable (default: dcgmi on PATH)")
+    group.add_argument("--dcgm-state", type=Path, default=env.ledger_dir, metavar="DIR",
+                       help="folder where the agents of this host record their DCGM pauses, so none "
+                            "resumes while another captures; every agent on the host must share it "
+                            f"(default: {DEFAULT_FOLDER})")
 
 
 def config_from_args(args: argparse.Namespace) -> DcgmConfig:
     return DcgmConfig(mode=args.dcgm, host=args.dcgm_host, bindings_path=args.dcgm_bindings,
-                      dcgmi=args.dcgmi)
+                      dcgmi=args.dcgmi, ledger_dir=args.dcgm_state)
 
 
 class DcgmControl(ABC):
@@ -117,7 +124,7 @@ class DcgmControl(ABC):
 
     @abstractmethod
     def describe(self) -> str:
-        """Which engine, through what: recorded in the journal and the node record."""
+        """Which engine, through what: recorded in the pause ledger and the node record."""
 
 
 class NoDcgm(DcgmControl):
@@ -274,128 +281,151 @@ def discover(config: DcgmConfig | None = None) -> DcgmControl:
     return NoDcgm(f"unknown DCGM mode {config.mode!r}")
 
 
-@dataclass
-class _Journal:
-    """What is on disk: whether we paused, and the live leases (capture id -> wall expiry)."""
-
-    engine: str = ""
-    paused: bool = False
-    leases: dict[str, float] = field(default_factory=dict)
-
-
 class PauseManager:
-    """The node's single pause authority: reference-counted leases over DCGM's global flag.
+    """One process's pauses: reference-counted leases over DCGM's global flag, shared host-wide.
 
     ``acquire`` pauses (idempotently, so it also re-asserts a pause someone else resumed) and
-    records a lease; ``release`` drops it and resumes when the last lease goes. A lease not
-    released by its expiry is released by a local timer, so a lost coordinator never leaves
-    the node dark. The journal is written (atomically, fsynced) before every Pause call, so a
-    crash at any point leaves enough on disk for :meth:`recover` to resume.
+    records a lease; ``release`` drops it and resumes when no lease of any agent on the host
+    is left (``pause_ledger``). A lease not released by its expiry is released by a local
+    timer, so a lost coordinator never leaves the node dark; the same timer resumes a pause
+    whose agent ended without resuming it. The ledger is written (durably) before every Pause
+    call, so a crash at any point leaves enough on disk for the next agent to resume.
     """
 
-    def __init__(self, control: DcgmControl, journal: Path, *,
+    def __init__(self, control: DcgmControl, ledger_dir: Path, *, who: str = "rankscope",
                  clock: Callable[[], float] = time.time, resume_retries: int = 3,
                  retry_delay_s: float = 0.5, reassert_s: float = 30.0) -> None:
         self.control = control
-        self.journal = Path(journal)
+        self.ledger = NoLedger() if isinstance(control, NoDcgm) else PauseLedger(
+            ledger_dir, f"{who} pid {os.getpid()} on {socket.gethostname()} ({control.describe()})")
         self.clock = clock
         self.resume_retries = resume_retries
         self.retry_delay_s = retry_delay_s
         self.reassert_s = reassert_s
         self._asserted = 0.0  # when Pause was last called
+        self._checked = 0.0  # when the ledger was last looked at while idle
         self.error = ""  # reason behind the last FAILED / NOT_SUPPORTED / NO_DCGM
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
-        self._state = _Journal(engine=control.describe())
+        self._paused = False  # this process paused DCGM and owes the resume
+        self._leases: dict[str, float] = {}  # capture id -> wall expiry
         self._outcomes: dict[str, DcgmOutcome] = {}  # acquire outcome per capture not yet released
         self._released: dict[str, DcgmOutcome] = {}  # so a repeated release answers the same
         self._timer: threading.Thread | None = None
+        self._opened = False
         self._closed = False
 
     # -- public -----------------------------------------------------------------------------
 
+    def open(self) -> None:
+        """Join the host's ledger (ConfigError where it is unusable) and start the timer."""
+        with self._lock:
+            if not self._opened:
+                self.ledger.open()
+                self._opened = True
+            self._ensure_timer()
+
     def acquire(self, capture_id: str, lease_s: float) -> DcgmOutcome:
         """Pause DCGM for one capture, holding it at most ``lease_s`` seconds."""
         with self._lock:
+            self.open()
             self._released.pop(capture_id, None)
-            self._state.leases[capture_id] = self.clock() + lease_s
-            self._write()  # journal first: a crash inside Pause is still recovered
-            outcome = self.control.pause()
-            self.error = self.control.error
-            if outcome is DcgmOutcome.PAUSED:
-                self._state.paused = True
-                self._asserted = self.clock()
-            else:
-                del self._state.leases[capture_id]
-            self._write()
+            with self.ledger.deciding() as others:
+                self._leases[capture_id] = self.clock() + lease_s
+                self._save()  # ledger first: a crash inside Pause is still recovered
+                outcome = self.control.pause()
+                self.error = self.control.error
+                if outcome is DcgmOutcome.PAUSED:
+                    self._paused = True
+                    self._asserted = self.clock()
+                    for holder in others:  # our pause covers what they left: our resume ends it
+                        if holder.left_behind:
+                            self.ledger.forget(holder)
+                else:
+                    del self._leases[capture_id]
+                self._save()
             self._outcomes[capture_id] = outcome
-            self._ensure_timer()
             self._wake.notify_all()
             log.info("DCGM pause for %s: %s %s", capture_id, outcome.value, self.error)
             return outcome
 
     def release(self, capture_id: str) -> DcgmOutcome:
-        """Drop a capture's lease; resume DCGM if it was the last one.
+        """Drop a capture's lease; resume DCGM if it was the host's last one.
 
-        Returns RESUMED when this call resumed, PAUSED while other captures still hold it,
-        the acquire outcome for a capture that never paused, FAILED if resume kept failing
-        (the timer keeps retrying), SKIPPED for a capture this process holds nothing for (its
-        lease expired, or a restart's recovery resumed it). Repeating a release answers the
-        same as the first."""
+        Returns RESUMED when this call resumed, PAUSED while other captures (of this agent or
+        another on the host) still hold it, the acquire outcome for a capture that never
+        paused, FAILED if resume kept failing (the timer keeps retrying), SKIPPED for a
+        capture this process holds nothing for (its lease expired, or a restart's recovery
+        resumed it). Repeating a release answers the same as the first."""
         with self._lock:
             if capture_id in self._released:  # released already (e.g. early, before export)
                 return self._released[capture_id]
             outcome = self._outcomes.pop(capture_id, None)
-            held = self._state.leases.pop(capture_id, None) is not None
-            if not held:
+            if self._leases.pop(capture_id, None) is None:
                 return outcome or DcgmOutcome.SKIPPED
-            if self._state.leases:
-                self._write()
-                outcome = DcgmOutcome.PAUSED
-            else:
-                outcome = self._resume()
+            with self.ledger.deciding() as others:
+                outcome = self._settle(others) or DcgmOutcome.RESUMED
             self._released[capture_id] = outcome
             return outcome
 
     def recover(self) -> DcgmOutcome | None:
-        """At agent start: resume any pause a previous agent process left in the journal.
-
-        Returns RESUMED (or the failure) when something was left, None when nothing was."""
+        """At agent start: resume a pause that an agent gone from this host left behind, unless
+        a live one still holds it. The outcome when something was resumed, else None."""
         with self._lock:
-            left = self._read()
-            if left is None or not (left.paused or left.leases):
-                return None
-            log.warning("resuming DCGM left paused by a previous agent (leases: %s)",
-                        ", ".join(left.leases) or "none")
-            self._state = _Journal(engine=self.control.describe(), paused=True)
-            outcome = self._resume()
-            self._ensure_timer()
-            return outcome
+            self.open()
+            with self.ledger.deciding() as others:
+                self._checked = self.clock()
+                outcome = self._settle(others)
+            return None if outcome is DcgmOutcome.PAUSED else outcome
 
     def close(self) -> DcgmOutcome | None:
-        """Agent exit: drop every lease and resume if we hold a pause."""
+        """Agent exit: drop every lease, resume if nothing else on the host holds the pause,
+        and leave the ledger."""
         with self._lock:
             self._closed = True
             self._wake.notify_all()
             self._outcomes.clear()
-            if not (self._state.paused or self._state.leases):
+            if not self._opened:  # never joined the ledger, or closed already
                 return None
-            self._state.leases.clear()
-            return self._resume()
+            self._opened = False
+            self._leases.clear()
+            try:
+                with self.ledger.deciding() as others:
+                    return self._settle(others)
+            finally:
+                self.ledger.close()
 
     def holders(self) -> list[str]:
         with self._lock:
-            return sorted(self._state.leases)
+            return sorted(self._leases)
 
     @property
     def paused(self) -> bool:
         with self._lock:
-            return self._state.paused
+            return self._paused
 
-    # -- internals --------------------------------------------------------------------------
+    # -- internals (the caller holds the lock and, but for _resume, the ledger) ---------------
+
+    def _settle(self, others: list[Holder]) -> DcgmOutcome | None:
+        """After leases changed: resume when no lease on the host needs the pause any more.
+        PAUSED while one does, the resume's outcome when one ran, None when none was owed."""
+        if self._leases or any(holder.holds(self.clock()) for holder in others):
+            self._paused = self._paused and bool(self._leases)  # a holder left owes the resume now
+            self._save()
+            return DcgmOutcome.PAUSED
+        left = [holder for holder in others if holder.left_behind]
+        if not (self._paused or left):
+            return None
+        if left:
+            log.warning("resuming DCGM left paused by %s", ", ".join(holder.who for holder in left))
+        outcome = self._resume()
+        if outcome is not DcgmOutcome.FAILED:
+            for holder in left:
+                self.ledger.forget(holder)
+        return outcome
 
     def _resume(self) -> DcgmOutcome:
-        """Resume with retries; on success clear the journal. Caller holds the lock."""
+        """Resume with retries; until one succeeds the pause stays owed (on disk too)."""
         outcome = DcgmOutcome.FAILED
         for attempt in range(self.resume_retries):
             outcome = self.control.resume()
@@ -403,39 +433,45 @@ class PauseManager:
                 break
             log.warning("DCGM resume failed (attempt %d): %s", attempt + 1, self.control.error)
             if attempt + 1 < self.resume_retries:
-                time.sleep(self.retry_delay_s * 2**attempt)  # holding the lock: no acquire races a resume
+                time.sleep(self.retry_delay_s * 2**attempt)  # holding the ledger: no acquire races a resume
         self.error = self.control.error
-        if outcome is not DcgmOutcome.FAILED:
-            self._state.paused = False
-        self._write()
+        self._paused = outcome is DcgmOutcome.FAILED
+        self._save()
         self._wake.notify_all()  # the timer retries a failed resume
         return outcome
 
-    def _expire(self) -> None:
-        """Release leases past their expiry, retry a resume that failed earlier, and re-assert
-        a held pause now and then: any client's Resume clears DCGM's one flag (dcgm.md §9.6)."""
-        now = self.clock()
-        if self._state.paused and self._state.leases and now - self._asserted >= self.reassert_s:
-            self._asserted = now
-            if self.control.pause() is not DcgmOutcome.PAUSED:
-                log.warning("re-asserting the DCGM pause failed: %s", self.control.error)
-        expired = [cid for cid, until in self._state.leases.items() if until <= now]
-        for cid in expired:
-            log.warning("DCGM pause lease of %s expired: releasing it", cid)
-            self._outcomes.pop(cid, None)
-            del self._state.leases[cid]
-        if self._state.paused and not self._state.leases:
-            self._resume()
-        elif expired:
-            self._write()
+    def _save(self) -> None:
+        self.ledger.write(self._paused, self._leases)
 
-    def _next_wake(self) -> float | None:
-        if self._state.leases:
-            until = min(min(self._state.leases.values()), self._asserted + self.reassert_s)
-            return max(0.0, until - self.clock())
-        if self._state.paused:  # a resume failed: retry
-            return self.retry_delay_s * 4
-        return None
+    def _expire(self) -> None:
+        """Release leases past their expiry, retry a resume that failed earlier, re-assert a
+        held pause now and then (any client's Resume clears DCGM's one flag, dcgm.md §9.6),
+        and resume a pause another agent on the host left behind."""
+        now = self.clock()
+        self._checked = now
+        with self.ledger.deciding() as others:
+            if self._paused and self._leases and now - self._asserted >= self.reassert_s:
+                self._asserted = now
+                if self.control.pause() is not DcgmOutcome.PAUSED:
+                    log.warning("re-asserting the DCGM pause failed: %s", self.control.error)
+            expired = [cid for cid, until in self._leases.items() if until <= now]
+            for cid in expired:
+                log.warning("DCGM pause lease of %s expired: releasing it", cid)
+                self._outcomes.pop(cid, None)
+                del self._leases[cid]
+            if expired or (self._paused and not self._leases) or any(holder.left_behind for holder in others):
+                self._settle(others)
+
+    def _next_wake(self) -> float:
+        """Seconds to the next look: a lease's expiry or a re-assertion while holding, a resume
+        retry while one is owed, else the idle look for pauses other agents left."""
+        if self._leases:
+            until = min(min(self._leases.values()), self._asserted + self.reassert_s)
+        elif self._paused:
+            until = self._checked + self.retry_delay_s * 4
+        else:
+            until = self._checked + self.reassert_s
+        return until - self.clock()
 
     def _ensure_timer(self) -> None:
         if self._timer is None or not self._timer.is_alive():
@@ -446,29 +482,11 @@ class PauseManager:
         with self._lock:
             while not self._closed:
                 delay = self._next_wake()
-                if delay is None:
-                    self._wake.wait()
-                    continue
                 if delay > 0:
-                    self._wake.wait(min(delay, 1.0))
-                if not self._closed:
+                    self._wake.wait(min(delay, 1.0))  # woken early by changes; wall-clock jumps re-read
+                    continue
+                try:
                     self._expire()
-
-    def _read(self) -> _Journal | None:
-        try:
-            data = json.loads(self.journal.read_text())
-            return _Journal(engine=str(data.get("engine", "")), paused=bool(data.get("paused")),
-                            leases={str(k): float(v) for k, v in dict(data.get("leases", {})).items()})
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, TypeError, AttributeError):
-            # An unreadable journal may hide a pause: assume the worst and resume.
-            log.warning("unreadable DCGM pause journal %s: assuming a pause was left", self.journal)
-            return _Journal(paused=True)
-
-    def _write(self) -> None:
-        """Atomic and durable: the journal must say the truth after a crash or power cut."""
-        self.journal.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"engine": self._state.engine, "paused": self._state.paused,
-                           "leases": self._state.leases, "pid": os.getpid()})
-        atomic.write_text(self.journal, body, durable=True)
+                except OSError as exc:  # the ledger's folder went away under us: say so, keep trying
+                    log.warning("DCGM pause ledger %s: %s", self.ledger.folder, exc)
+                    self._wake.wait(self.retry_delay_s * 4)

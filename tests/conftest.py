@@ -16,3 +16,12 @@ def samples() -> Path:
     if not SAMPLES.is_dir():
         pytest.skip(f"real sample traces not found at {SAMPLES} (the shared/ folder beside the checkout)")
     return SAMPLES
+
+
+@pytest.fixture(autouse=True)
+def dcgm_ledger(tmp_path, monkeypatch) -> Path:
+    """A DCGM pause ledger of each test's own: the host's (/tmp/rankscope-dcgm) would join
+    its agents with those of tests running beside it, as agents of one host."""
+    folder = tmp_path / "dcgm-ledger"
+    monkeypatch.setenv("RANKSCOPE_DCGM_STATE", str(folder))
+    return folder

@@ -189,7 +189,8 @@ def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, **backend) 
 
     monkeypatch.setattr(sources, "load_digests", load_digests)
     config = AgentConfig(coordinator=address, name="n0", labels={"pool": "a"}, spool=tmp_path / "spool",
-                         work_dir=tmp_path / "work", backends=("fake",), max_backoff_s=0.5)
+                         work_dir=tmp_path / "work", backends=("fake",), max_backoff_s=0.5,
+                         dcgm=dcgm.DcgmConfig(ledger_dir=tmp_path / "dcgm-ledger"))
     agent = Agent(config)
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()

@@ -40,6 +40,10 @@ class NsysCluster(Cluster):
         self.spec = simulate.write_truth(spec, tmp_path / "truth.json")
         self.world = nodes * GPUS
         self.agent_args: dict[str, list[str]] = {}
+        self.hosts: dict[str, str] = {}  # an agent's host, where it is not its own
+
+    def host(self, name: str) -> str:
+        return self.hosts.get(name, name)
 
     def nsys_state(self, name: str) -> Path:
         return self.tmp / f"nsys-{name}"
@@ -48,16 +52,24 @@ class NsysCluster(Cluster):
         return self.tmp / f"spool-{name}"
 
     def engine(self, name: str) -> Path:
-        return self.tmp / f"dcgm-{name}.json"
+        return self.tmp / f"dcgm-{self.host(name)}.json"
+
+    def ledger(self, name: str) -> Path:
+        """The DCGM pause ledger of the agent's host: one per host, as one DCGM engine."""
+        return self.tmp / f"ledger-{self.host(name)}"
 
     def node_env(self, name: str) -> dict[str, str]:
         env = standin_nsys.env(self.nsys_state(name), self.spec, base=self.env)
         return {**env, "RANKSCOPE_STANDIN_DCGM_STATE": str(self.engine(name))}
 
     def node(self, name: str, index: int, *, dcgm: str = "bindings", agent_env: dict[str, str] | None = None,
-             **engine: object) -> None:
-        """The node's DCGM engine, its ranks under `rankscope rank`, then its agent."""
-        standin_dcgm.configure(self.engine(name), **engine)
+             host: str | None = None, **engine: object) -> None:
+        """The node's DCGM engine (``host``'s, when the agent shares that host), its ranks under
+        `rankscope rank`, then its agent."""
+        if host is None:
+            standin_dcgm.configure(self.engine(name), **engine)
+        else:
+            self.hosts[name] = host
         for local in range(GPUS):
             rank = index * GPUS + local
             env = {**self.node_env(name), "RANK": str(rank), "LOCAL_RANK": str(local),
@@ -74,7 +86,7 @@ class NsysCluster(Cluster):
         self.agent_args[name] = [
             "agent", "--coordinator", f"127.0.0.1:{self.port}", "--name", name, "--backend", "nsys",
             "--spool", str(self.spool(name)), "--work-dir", str(self.work_dir(name)), "--max-backoff", "1",
-            *dcgm_args]
+            "--dcgm-state", str(self.ledger(name)), *dcgm_args]
         self.start_agent(name, agent_env)
 
     def start_agent(self, name: str, agent_env: dict[str, str] | None = None) -> None:
@@ -216,6 +228,27 @@ def test_nsys_missing_or_an_export_failing_fails_that_node_with_the_reason(make_
         wait_for(f"{name}'s DCGM to resume", lambda: not cluster.paused(name), 30)
 
 
+def test_two_agents_of_one_host_keep_dcgm_paused_until_both_captures_end(make_cluster) -> None:
+    """A fleet agent and a Slurm job's agent on one host: the job's short capture ending must
+    not hand the counters back to DCGM under the fleet's longer one."""
+    cluster = make_cluster(2)
+    cluster.coordinator()
+    cluster.node("n0", 0, dcgm="bindings")
+    cluster.node("n0-job", 1, dcgm="dcgmi", host="n0")
+    fleet = cluster.capture(["n0"], duration_s=6)
+    wait_for("n0 to capture", lambda: cluster.node_state(fleet, "n0") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    job = cluster.wait_final(cluster.capture(["n0-job"], duration_s=0.3), 60)
+    assert job.state == pb.SWEEP_STATE_ANALYSED, (job.error, states(job), [n.reason for n in job.nodes])
+    assert cluster.node_state(fleet, "n0") == pb.NODE_STATE_CAPTURING
+    assert cluster.paused("n0"), "the job agent's resume took the counters from the fleet agent's capture"
+    assert job.nodes[0].dcgm == pb.DCGM_OUTCOME_RESUMED
+    assert "another capture on this host" in job.nodes[0].dcgm_detail
+    assert cluster.wait_final(fleet, 120).state == pb.SWEEP_STATE_ANALYSED
+    assert not cluster.paused("n0")
+    assert [(c["op"], c["via"]) for c in cluster.dcgm_calls("n0")] == [
+        ("pause", "bindings"), ("pause", "dcgmi"), ("resume", "bindings")]
+
+
 def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -> None:
     cluster = make_cluster(1)
     cluster.coordinator()
@@ -250,6 +283,6 @@ def test_dcgm_is_resumed_with_the_coordinator_unreachable(make_cluster) -> None:
     cluster.kill("coordinator")
     wait_for("n0 to resume DCGM on its own", lambda: not cluster.paused("n0"), 60)
     assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume"]
-    # The journal is written just after the engine resumes: give it that moment.
-    journal = cluster.work_dir("n0") / "dcgm-journal.json"
-    wait_for("the DCGM journal to drop the lease", lambda: json.loads(journal.read_text())["leases"] == {}, 10)
+    # The ledger is written just after the engine resumes: give it that moment.
+    [record] = cluster.ledger("n0").glob("holder-*.json")
+    wait_for("the DCGM ledger to drop the lease", lambda: json.loads(record.read_text())["leases"] == {}, 10)
