@@ -83,8 +83,10 @@ class Session:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         stop: threading.Event | None = None,
+        explain: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.stub = pb_grpc.AgentServiceStub(channel)
+        self.explain = explain  # why an UNAVAILABLE coordinator refuses us, where that can be told
         self.hello = hello
         self.on_command = on_command
         self.on_connect = on_connect
@@ -119,8 +121,10 @@ class Session:
                     raise ConfigError(f"coordinator: {exc.details()}") from None
                 # Loud once per outage, quiet while it lasts; our own close cancels the call.
                 quiet = (failures and not self._heard) or self.stop.is_set()
+                hint = None if quiet or exc.code() != grpc.StatusCode.UNAVAILABLE else self.explain()
                 log.log(logging.INFO if quiet else logging.WARNING, "coordinator session: %s: %s",
-                        exc.code().name, exc.details())
+                        exc.code().name, f"the coordinator refuses this agent's TLS settings: {hint}" if hint
+                        else exc.details())
             finally:
                 self._close_outbox()
             if self.stop.is_set():

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
-from rankscope.tls import TlsFiles, channel
-from rankscope.errors import InputError, RankscopeError, TransportError
+from rankscope.tls import TlsFiles, channel, mismatch
+from rankscope.errors import ConfigError, InputError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -30,9 +30,14 @@ _USER_MISTAKES = frozenset({
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
-def rpc_error(address: str, exc: grpc.RpcError) -> RankscopeError:
-    """The rankscope error for a failed call, naming the coordinator."""
+def rpc_error(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> RankscopeError:
+    """The rankscope error for a failed call, naming the coordinator (and, where it is up but
+    refuses the client's TLS settings, what to change)."""
     code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        hint = mismatch(address, tls)
+        if hint:
+            return ConfigError(f"coordinator at {address} refuses this client's TLS settings: {hint}")
     if code in _UNREACHABLE:
         return TransportError(f"coordinator at {address} unreachable ({code.name.lower()}: {details})")
     if code in _USER_MISTAKES:
@@ -53,6 +58,7 @@ class SweepClient:
         if ":" not in address:
             raise InputError(f"coordinator address {address!r} must be HOST:PORT")
         self.address = address
+        self.tls = tls
         self.channel = channel(address, tls, [("grpc.max_receive_message_length", MAX_REPLY_BYTES)])
         self.stub = pb_grpc.SweepServiceStub(self.channel)
 
@@ -93,9 +99,9 @@ class SweepClient:
                         return
                 lost: RankscopeError = TransportError(f"coordinator at {self.address} ended the watch of {sweep_id} early")
             except grpc.RpcError as exc:
-                if exc.code() not in _UNREACHABLE:
-                    raise rpc_error(self.address, exc) from None
-                lost = rpc_error(self.address, exc)
+                lost = rpc_error(self.address, exc, self.tls)
+                if not isinstance(lost, TransportError):  # only being unreachable may pass
+                    raise lost from None
             lost_since = lost_since or time.monotonic()
             if time.monotonic() - lost_since > reconnect_s:
                 raise lost
@@ -106,4 +112,4 @@ class SweepClient:
         try:
             return method(request, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
-            raise rpc_error(self.address, exc) from None
+            raise rpc_error(self.address, exc, self.tls) from None

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from rankscope.address import host_port
 from rankscope.errors import ConfigError
+
+PROBE_TIMEOUT_S = 2.0
+# HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 §3.4): a plaintext
+# gRPC server answers with its own SETTINGS frame (frame type 4 in the header's 4th byte).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_H2_SETTINGS = 4
 
 
 @dataclass(frozen=True)
@@ -82,3 +91,96 @@ def client_files(args: argparse.Namespace) -> TlsFiles:
 def _env_path(name: str) -> Path | None:
     value = os.environ.get(name)
     return Path(value) if value else None
+
+
+def mismatch(address: str, files: TlsFiles | None) -> str | None:
+    """Why the coordinator at ``address`` would refuse this client's TLS settings, found by
+    speaking to it (gRPC says only "Socket closed" to a plaintext client of a TLS port, or
+    an OpenSSL code): None where the port does not answer, or the settings fit it."""
+    target = host_port(address)
+    if target is None:
+        return None
+    tls = files is not None and files.enabled
+    plaintext = _speaks_plaintext_h2(*target)
+    if plaintext is None:  # nothing takes the connection: gRPC's message says so
+        return None
+    if plaintext:
+        return "it serves plaintext, not TLS: drop --tls-ca, --tls-cert and --tls-key" if tls else None
+    if tls:
+        return _refused_tls(*target, files)
+    if _speaks_tls(*target):
+        return ("it serves TLS: pass --tls-ca with the CA that signed its certificate, and --tls-cert and "
+                "--tls-key where it requires client certificates")
+    return None
+
+
+def _connect(host: str, port: int) -> socket.socket | None:
+    try:
+        return socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S)
+    except OSError:
+        return None
+
+
+def _speaks_plaintext_h2(host: str, port: int) -> bool | None:
+    """Whether the port answers HTTP/2 in the clear; None where nothing accepts the connection."""
+    sock = _connect(host, port)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            sock.sendall(_H2_PREFACE)
+            header = sock.recv(9)
+        except OSError:
+            return False
+    return len(header) >= 4 and header[3] == _H2_SETTINGS
+
+
+def _speaks_tls(host: str, port: int) -> bool:
+    """Whether the port completes a TLS handshake (its certificate unchecked: any will do here)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    sock = _connect(host, port)
+    if sock is None:
+        return False
+    try:
+        with context.wrap_socket(sock, server_hostname=host):
+            return True
+    except OSError:  # ssl.SSLError included
+        return False
+    finally:
+        sock.close()
+
+
+def _refused_tls(host: str, port: int, files: TlsFiles) -> str | None:
+    """A TLS port that refuses this client: its certificate does not verify against ours, or
+    it wants a client certificate we lack or it does not trust."""
+    context = ssl.create_default_context(cafile=str(files.ca) if files.ca else None)
+    context.set_alpn_protocols(["h2"])  # gRPC drops a TLS connection that does not offer HTTP/2
+    try:
+        if files.cert and files.key:
+            context.load_cert_chain(files.cert, files.key)
+    except (OSError, ssl.SSLError):
+        return None  # gRPC's reading of the files reports these
+    sock = _connect(host, port)
+    if sock is None:
+        return None
+    try:
+        with context.wrap_socket(sock, server_hostname=host) as tls:
+            tls.settimeout(0.5)
+            closed = tls.recv(1) == b""  # TLS 1.3 refuses a client certificate after the handshake
+    except ssl.SSLCertVerificationError as exc:
+        trusted = f"the CA in {files.ca}" if files.ca else "the system's CAs"
+        return f"its certificate does not verify against {trusted} ({exc.verify_message})"
+    except ssl.SSLError:
+        closed = True
+    except OSError:  # a timeout: it waits for the HTTP/2 preface, as a port that takes us does
+        closed = False
+    finally:
+        sock.close()
+    if not closed:
+        return None
+    if files.cert is None:
+        return "it requires a client certificate: pass --tls-cert and --tls-key"
+    return f"it refused the client certificate {files.cert} (not signed by a CA it trusts?)"

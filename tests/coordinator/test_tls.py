@@ -15,7 +15,7 @@ import pytest
 from rankscope.agent.agent import Agent, AgentConfig
 from rankscope.agent.dcgm import DcgmConfig
 from rankscope.coordinator.client import SweepClient
-from rankscope.tls import TlsFiles, channel
+from rankscope.tls import TlsFiles, channel, mismatch
 from rankscope.errors import ConfigError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -60,8 +60,51 @@ def test_a_client_with_a_certificate_from_the_ca_is_served(secure, pki) -> None:
     assert reply.agent_id and reply.session_token
 
 
-def test_a_client_without_a_certificate_is_refused(secure, pki) -> None:
+def test_a_client_without_a_certificate_is_refused_and_told_what_to_pass(secure, pki) -> None:
     with SweepClient(secure.address, TlsFiles(ca=pki / "ca.pem")) as client:
+        with pytest.raises(ConfigError, match="requires a client certificate: pass --tls-cert and --tls-key"):
+            client.sweeps()
+
+
+@pytest.fixture
+def plaintext(tmp_path, wire):
+    running = wire.start(tmp_path / "plain")
+    yield running
+    wire.stop(running)
+
+
+@pytest.fixture
+def server_tls_only(tmp_path, wire, pki):
+    running = wire.start(tmp_path / "tls", tls_cert=pki / "server.pem", tls_key=pki / "server.key")
+    yield running
+    wire.stop(running)
+
+
+def test_client_tls_settings_that_do_not_fit_the_port_are_named_with_the_fix(secure, plaintext, server_tls_only,
+                                                                          pki, tmp_path) -> None:
+    """gRPC says "Socket closed" or an OpenSSL code: the client's own handshake says which fix."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "other.key", "-out", "other.pem", "-days", "2",
+             "-subj", "/CN=another CA", cwd=tmp_path)
+    ca = TlsFiles(ca=pki / "ca.pem")
+    mine = TlsFiles(cert=pki / "client.pem", key=pki / "client.key", ca=pki / "ca.pem")
+    cases = [
+        (secure.address, None, "it serves TLS: pass --tls-ca"),
+        (server_tls_only.address, TlsFiles(), "it serves TLS: pass --tls-ca"),
+        (plaintext.address, ca, "it serves plaintext, not TLS: drop --tls-ca"),
+        (server_tls_only.address, TlsFiles(ca=tmp_path / "other.pem"),
+         f"its certificate does not verify against the CA in {tmp_path / 'other.pem'} (unable to get local issuer"),
+        (secure.address, TlsFiles(cert=tmp_path / "other.pem", key=tmp_path / "other.key", ca=pki / "ca.pem"),
+         f"it refused the client certificate {tmp_path / 'other.pem'}"),
+    ]
+    for address, files, fix in cases:
+        with SweepClient(address, files) as client:
+            with pytest.raises(ConfigError) as caught:
+                client.sweeps()
+        assert str(caught.value).startswith(f"coordinator at {address} refuses this client's TLS settings: {fix}")
+    # Settings that fit, and a port nobody listens on, get no advice.
+    assert [mismatch(a, f) for a, f in ((secure.address, mine), (server_tls_only.address, ca),
+                                        (plaintext.address, None))] == [None, None, None]
+    with SweepClient("127.0.0.1:1") as client:
         with pytest.raises(TransportError, match="unreachable"):
             client.sweeps()
 
@@ -96,12 +139,15 @@ def test_an_agent_dials_a_mtls_coordinator_with_its_certificate(secure, pki, tmp
         agent.session.close()
 
 
-def test_an_agent_without_a_certificate_is_not_let_in(secure, pki, tmp_path) -> None:
+def test_an_agent_without_a_certificate_is_not_let_in_and_says_why(secure, pki, tmp_path, caplog) -> None:
     agent = _agent(secure.address, tmp_path, TlsFiles(ca=pki / "ca.pem"))
     try:
         assert not agent.registered.wait(3)
     finally:
         agent.session.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "rankscope.agent.session" and r.levelname == "WARNING"]
+    assert warned == ["coordinator session: UNAVAILABLE: the coordinator refuses this agent's TLS settings: "
+                      "it requires a client certificate: pass --tls-cert and --tls-key"]
 
 
 def test_a_certificate_the_client_does_not_trust_is_one_line_from_the_command(secure, pki, tmp_path) -> None:
@@ -110,6 +156,8 @@ def test_a_certificate_the_client_does_not_trust_is_one_line_from_the_command(se
     env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
     done = subprocess.run([sys.executable, "-m", "rankscope", "sweeps", "--coordinator", secure.address,
                            "--tls-ca", str(tmp_path / "other.pem")], capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 1
+    assert done.returncode == 2
     (line,) = done.stderr.splitlines()  # gRPC's own log of the failed handshake is not shown
-    assert line.startswith(f"rankscope: error: coordinator at {secure.address} unreachable") and "CERTIFICATE_VERIFY_FAILED" in line
+    assert line == (f"rankscope: error: coordinator at {secure.address} refuses this client's TLS settings: its "
+                    f"certificate does not verify against the CA in {tmp_path / 'other.pem'} (unable to get local "
+                    "issuer certificate)")
