@@ -224,6 +224,8 @@ def _check_plot(path: Path) -> None:
 
 def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> None:
     if not reply.report_json:
+        if reply.state == pb.SWEEP_STATE_FAILED:  # it never will have one: say why
+            raise InputError(f"sweep {reply.sweep_id} failed: {reply.error}")
         raise InputError(f"sweep {reply.sweep_id} has no report yet (state {state_name(reply.state)})")
     if fmt == "json":
         print(reply.report_json)

@@ -334,7 +334,7 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
     def GetReport(self, request: pb.GetReportRequest, context: grpc.ServicerContext) -> pb.ReportReply:
         sweep, text, path = self.coordinator.report(request.sweep_id)
         return pb.ReportReply(sweep_id=sweep.sweep_id, state=sweep_message(sweep).state, report_json=text, path=path,
-                              missing=sweep.missing)
+                              missing=sweep.missing, error=sweep.error)
 
 
 def _describe(targets: pb.Targets) -> str:

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 c9558f55f7be032f4732dc68c601dd6c15c63915992d9e9f7596deee467ed1bb
+# from rankscope.proto, sha256 fc04f7f7bdde8583b21b81ca2b27de763c849f9f90a37fd6c8ae00e4d4e09169
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -501,15 +501,17 @@ class GetReportRequest(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("sweep_id", "state", "report_json", "path", "missing")
+    __slots__ = ("sweep_id", "state", "report_json", "path", "missing", "error")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: SweepState
     report_json: str
     path: str
     missing: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., report_json: _Optional[str] = ..., path: _Optional[str] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...
+    error: str
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., report_json: _Optional[str] = ..., path: _Optional[str] = ..., missing: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...

@@ -234,3 +234,21 @@ def test_a_fleet_capture_shows_counts_per_state_and_each_failure_not_a_line_per_
     lines = [line.split("s  ", 1)[1] for line in capsys.readouterr().err.splitlines()]
     assert lines == ["20 nodes: 20 pending", "20 nodes: 20 capturing", "node-03              failed        nsys not found",
                      "20 nodes: 1 failed, 19 analysed"]
+
+
+def test_report_of_a_failed_sweep_says_why_it_has_none(coordinator, wire, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    code = main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--duration", "1s",
+                 "--backend", "sim"])
+    assert code == 0
+    sweep_id = agent.next_command().start.sweep_id
+    capsys.readouterr()
+    agent.status(sweep_id, pb.NODE_STATE_FAILED, reason="nsys not found on PATH")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and main(["sweeps", "--coordinator", coordinator.address]) == 0 \
+            and " failed " not in capsys.readouterr().out:
+        time.sleep(0.05)
+    assert main(["report", sweep_id, "--coordinator", coordinator.address]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"rankscope: error: sweep {sweep_id} failed: no node delivered a digest: node-a: nsys not found on PATH"]
+    agent.close()
