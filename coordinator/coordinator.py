@@ -255,6 +255,9 @@ class Coordinator:
                     everything: bool) -> sw.Sweep:
         if spec.timeout_s <= 0:
             spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
+        elif spec.timeout_s <= spec.duration_s:  # every node would time out, each one's capture wasted
+            raise InputError(f"timeout {spec.timeout_s:g}s ends before the {spec.duration_s:g}s capture window "
+                             "does: nodes need time after it to export and upload")
         with self._lock:
             agents = self.store.agents()
             connected = self.registry.connected()

@@ -146,6 +146,9 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
         coordinator.agents.Register(pb.RegisterRequest(node="gpu-1", backends=["nsys", "sim"]), timeout=10)
         with pytest.raises(InputError, match="node gpu-1 offers capture backends nsys, sim, not 'torch'"):
             client.start(nodes=["gpu-1"], duration_s=1.0, backend="torch")
+        with pytest.raises(InputError, match="timeout 60s ends before the 120s capture window does: nodes need "
+                                             "time after it to export and upload"):
+            client.start(nodes=["gpu-1"], duration_s=120.0, backend="sim", timeout_s=60.0)
         assert client.sweeps() == []
 
 

@@ -253,7 +253,7 @@ def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -
     cluster = make_cluster(1)
     cluster.coordinator()
     cluster.node("n0", 0)
-    sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=30)
+    sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=90)
     wait_for("n0 to capture", lambda: cluster.node_state(sweep_id, "n0") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
     assert cluster.paused("n0")
     cluster.kill("n0")
