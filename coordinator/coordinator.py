@@ -267,7 +267,8 @@ class Coordinator:
                 raise InputError("; ".join(
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
-            sweep, instructions = sw.Sweep.start(spec, nodes, self.clock())
+            busy = {name: other.sweep_id for other in self._active.values() for name in other.open_nodes()}
+            sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy)
             for name in nodes:  # named, known, away: say so rather than an unexplained wait
                 if name not in connected:
                     sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"

@@ -203,10 +203,16 @@ class Sweep:
     slow_links: list[SlowLink] = field(default_factory=list)  # once analysed: the links it flags
 
     @classmethod
-    def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None) -> tuple[Sweep, list[Instruction]]:
+    def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None,
+              busy: Mapping[str, str] | None = None) -> tuple[Sweep, list[Instruction]]:
+        """A new sweep over ``nodes``; those in ``busy`` (node -> the sweep still capturing there:
+        a node's ranks are in one capture at a time) fail at once, with that reason."""
         names = sorted(set(nodes))
         if not names:
             raise InputError("a sweep needs at least one node")
+        busy = {n: busy[n] for n in names if n in busy} if busy else {}
+        if len(busy) == len(names):
+            raise InputError(_busy_message(busy))
         sweep = cls(
             sweep_id=sweep_id or new_sweep_id(now_ns),
             spec=spec,
@@ -214,7 +220,10 @@ class Sweep:
             deadline_ns=now_ns + int(spec.timeout_s * 1e9),
             nodes={n: NodeRecord(n, updated_ns=now_ns) for n in names},
         )
-        return sweep, [Changed(), *(SendCapture(n) for n in names)]
+        for name, other in busy.items():
+            sweep.nodes[name].state = NodeState.FAILED
+            sweep.nodes[name].reason = f"busy: still capturing for sweep {other}"
+        return sweep, [Changed(), *(SendCapture(n) for n in names if n not in busy)]
 
     @property
     def final(self) -> bool:
@@ -346,6 +355,15 @@ class Sweep:
         slow_links = [SlowLink(**{**link, "ranks": tuple(link["ranks"])}) for link in data.get("slow_links", ())]
         return cls(**{**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]), "stragglers": stragglers,
                       "slow_links": slow_links})
+
+
+def _busy_message(busy: Mapping[str, str]) -> str:
+    """Every target is still in another sweep's capture: which, briefly at fleet scale."""
+    if len(busy) <= 3:
+        return "; ".join(f"node {n} is still capturing for sweep {other}" for n, other in busy.items())
+    others = sorted(set(busy.values()))
+    return (f"all {len(busy)} target nodes are still capturing for sweep(s) {', '.join(others[:3])}"
+            + (f" and {len(others) - 3} more" if len(others) > 3 else ""))
 
 
 def new_sweep_id(now_ns: int | None = None) -> str:

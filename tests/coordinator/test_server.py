@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import time
 from pathlib import Path
 
@@ -150,6 +151,26 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
                                              "time after it to export and upload"):
             client.start(nodes=["gpu-1"], duration_s=120.0, backend="sim", timeout_s=60.0)
         assert client.sweeps() == []
+
+
+def test_a_node_is_in_one_capture_at_a_time(coordinator, wire) -> None:
+    """Its ranks' nsys sessions (or profilers) take one capture at a time: an overlapping
+    sweep, e.g. a scheduled health sweep over a node someone is investigating, skips it."""
+    a, b = wire.FakeAgent(coordinator, "node-a"), wire.FakeAgent(coordinator, "node-b")
+    with SweepClient(coordinator.address) as client:
+        first = client.start(nodes=["node-a"], duration_s=30.0, backend="sim").sweep_id
+        with pytest.raises(InputError, match=f"^coordinator at .*: node node-a is still capturing for sweep {first}$"):
+            client.start(nodes=["node-a"], duration_s=1.0, backend="sim")
+        health = client.start(everything=True, duration_s=1.0, backend="sim")
+    nodes = {n.node: (n.state, n.reason) for n in health.nodes}
+    assert nodes == {"node-a": (pb.NODE_STATE_FAILED, f"busy: still capturing for sweep {first}"),
+                     "node-b": (pb.NODE_STATE_PENDING, "")}
+    assert a.next_command().start.sweep_id == first
+    assert b.next_command().start.sweep_id == health.sweep_id
+    with pytest.raises(queue.Empty):  # node-a is sent nothing of the health sweep
+        a.next_command(timeout=0.5)
+    a.close()
+    b.close()
 
 
 def test_watching_rides_out_a_coordinator_restart(tmp_path, wire, digests) -> None:

@@ -151,3 +151,21 @@ def test_round_trips_through_json_mid_sweep() -> None:
 def test_a_sweep_needs_nodes() -> None:
     with pytest.raises(InputError):
         sw.Sweep.start(SPEC, [], T0)
+
+
+def test_a_node_still_capturing_for_another_sweep_fails_at_once_and_the_rest_go_on() -> None:
+    sweep, instructions = sw.Sweep.start(SPEC, ["a", "b"], T0, sweep_id="s2", busy={"a": "s1", "z": "s0"})
+    assert [i for i in instructions if isinstance(i, sw.SendCapture)] == [sw.SendCapture("b")]
+    assert (sweep.nodes["a"].state, sweep.nodes["a"].reason) == (sw.NodeState.FAILED, "busy: still capturing for sweep s1")
+    assert sweep.open_nodes() == ["b"]  # a reconnecting a is not sent this capture either
+    finish(sweep, "b")
+    sweep.handle(sw.AnalysisDone("/r/s2.json", T0 + 2 * S, (), ()))
+    assert sweep.state is sw.SweepState.PARTIAL and sweep.missing == ["a"]
+
+
+def test_a_sweep_whose_every_node_is_busy_is_refused() -> None:
+    with pytest.raises(InputError, match="^node a is still capturing for sweep s1$"):
+        sw.Sweep.start(SPEC, ["a"], T0, busy={"a": "s1"})
+    fleet = {f"n{i:03d}": f"s{i % 5}" for i in range(100)}
+    with pytest.raises(InputError, match=r"^all 100 target nodes are still capturing for sweep\(s\) s0, s1, s2 and 2 more$"):
+        sw.Sweep.start(SPEC, fleet, T0, busy=fleet)
