@@ -40,6 +40,8 @@ from rankscope.lock import FolderLock
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+# Nodes refused at the session limit retry every few seconds each: log them once a minute.
+REFUSALS_LOG_S = 60.0
 
 
 class NotAuthenticated(RankscopeError):
@@ -95,6 +97,8 @@ class Coordinator:
         self._analysis = ThreadPoolExecutor(max_workers=1, thread_name_prefix="analysis")
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, name="sweep-ticker", daemon=True)
+        self._refused: set[str] = set()  # nodes refused a session since the last such log line
+        self._refused_logged = -REFUSALS_LOG_S
 
     # lifecycle ----------------------------------------------------------------------
 
@@ -169,7 +173,7 @@ class Coordinator:
         try:
             connection = self.registry.connect(agent, peer, limit=self.config.max_sessions)
         except SessionLimit as exc:
-            log.warning("node %s refused: %s", agent.node, exc)
+            self._log_refusal(agent.node, exc)
             raise
         with self._lock:
             for sweep in self._active.values():
@@ -177,6 +181,16 @@ class Coordinator:
                     connection.send(CaptureOrder(sweep.sweep_id, sweep.spec))
         log.info("agent %s (%s) connected", agent.node, agent.agent_id)
         return connection
+
+    def _log_refusal(self, node: str, exc: SessionLimit) -> None:
+        with self._lock:
+            self._refused.add(node)
+            now = time.monotonic()
+            if now - self._refused_logged < REFUSALS_LOG_S:
+                return
+            nodes, self._refused, self._refused_logged = sorted(self._refused), set(), now
+        who = f"node {nodes[0]}" if len(nodes) == 1 else f"{len(nodes)} nodes ({', '.join(nodes[:3])}, ...)"
+        log.warning("%s refused: %s", who, exc)
 
     def disconnect(self, connection: Connection) -> None:
         self.registry.disconnect(connection)

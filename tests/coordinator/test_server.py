@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rankscope.analysis.report import Report
 from rankscope.cli import main
+from rankscope.coordinator import coordinator as coordinator_mod
 from rankscope.coordinator.client import SweepClient
 from rankscope.coordinator.store import Store
 from rankscope.errors import InputError
@@ -241,6 +242,20 @@ def test_agent_sessions_take_at_most_half_the_workers_so_commands_and_uploads_ge
         assert caught.value.details() == ("coordinator at its limit of 3 agent sessions (half its RPC workers): "
                                           "its operator can raise RANKSCOPE_MAX_WORKERS")
         assert "node node-3 refused: coordinator at its limit of 3 agent sessions" in caplog.text
+        # Refused nodes retry every few seconds each: the log names them once a minute, not per try.
+        for name in ("node-3", "node-4", "node-5", "node-6"):
+            again = running.register(name)
+            with pytest.raises(grpc.RpcError):
+                next(running.agents.Session(iter([pb.AgentEvent(hello=pb.Hello(
+                    agent_id=again.agent_id, session_token=again.session_token))])))
+        refusals = [r.getMessage() for r in caplog.records if "refused: coordinator at its limit" in r.getMessage()]
+        assert len(refusals) == 1
+        running.server.coordinator._refused_logged -= coordinator_mod.REFUSALS_LOG_S  # a minute on
+        with pytest.raises(grpc.RpcError):
+            next(running.agents.Session(iter([pb.AgentEvent(hello=pb.Hello(agent_id=reply.agent_id,
+                                                                            session_token=reply.session_token))])))
+        refusals = [r.getMessage() for r in caplog.records if "refused: coordinator at its limit" in r.getMessage()]
+        assert refusals[1].startswith("4 nodes (node-3, node-4, node-5, ...) refused: coordinator at its limit")
         with SweepClient(running.address) as client:  # a user's command still finds a worker
             assert client.sweeps() == []
         again = wire.FakeAgent(running, "node-0")  # a known node reconnecting replaces its session
