@@ -23,6 +23,7 @@ import os
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ KINDS = ("digest", "raw")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _HASH_BLOCK = 8 << 20
+FULL_LOG_S = 60.0  # a full disk is logged at most this often, per message
+_full_logged: dict[str, float] = {}
+_full_lock = threading.Lock()
 _PIPELINE_DEPTH = 8  # chunks in flight per stage: bounds an upload's memory to a few MiB
 # Buffered writes start the disk's writeback every this many bytes, so the final fsync finds
 # little left to write (1 GiB on a VM disk: 0.4 s of fsync at the end without it, 0.02 s with it).
@@ -78,9 +82,15 @@ class StorageFull(RankscopeError):
 
 
 def storage_full(reason: str, root: Path) -> StorageFull:
-    """The error for a full disk under ``root``, logged for the operator as it is raised."""
+    """The error for a full disk under ``root``, logged for the operator as it is raised:
+    once a minute at most, as every upload retry, status and save meanwhile fails alike."""
     error = StorageFull(f"coordinator storage is full ({reason}): free space under {root}")
-    log.error("%s", error)
+    now = time.monotonic()
+    with _full_lock:
+        last = _full_logged.get(str(error), -FULL_LOG_S)
+        if now - last >= FULL_LOG_S:
+            _full_logged[str(error)] = now
+            log.error("%s", error)
     return error
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from rankscope import __version__
 from rankscope.coordinator import reports
-from rankscope.coordinator.artifacts import ArtifactStore, UploadHeader, UploadWriter
+from rankscope.coordinator.artifacts import ArtifactStore, StorageFull, UploadHeader, UploadWriter
 from rankscope.coordinator.config import CoordinatorConfig
 from rankscope.coordinator.registry import (
     AgentRecord,
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 TICK_S = 0.25
 # Nodes refused at the session limit retry every few seconds each: log them once a minute.
 REFUSALS_LOG_S = 60.0
+# A sweep whose state could not be saved (full disk) is saved again this often.
+SAVE_RETRY_S = 5.0
 
 
 class NotAuthenticated(RankscopeError):
@@ -99,6 +101,8 @@ class Coordinator:
         self._ticker = threading.Thread(target=self._tick_loop, name="sweep-ticker", daemon=True)
         self._refused: set[str] = set()  # nodes refused a session since the last such log line
         self._refused_logged = -REFUSALS_LOG_S
+        self._unsaved: set[str] = set()  # sweeps whose last save failed: kept active, saved whole later
+        self._save_retry_at = 0.0
 
     # lifecycle ----------------------------------------------------------------------
 
@@ -211,7 +215,10 @@ class Coordinator:
         agent = connection.agent
         if (agent.clock_offset_ns, agent.rtt_ns) != (best.offset_ns, best.rtt_ns):
             connection.agent = replace(agent, clock_offset_ns=best.offset_ns, rtt_ns=best.rtt_ns, last_seen_ns=self.clock())
-            self.store.save_agent(connection.agent)
+            try:
+                self.store.save_agent(connection.agent)
+            except StorageFull:  # logged as raised; the session keeps the sample, a later one saves it
+                pass
 
     def clock_hints(self) -> dict[str, int]:
         """Host (and node name) -> agent clock minus coordinator clock, where pinged."""
@@ -286,6 +293,7 @@ class Coordinator:
             for name in nodes:  # named, known, away: say so rather than an unexplained wait
                 if name not in connected:
                     sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"
+            self.store.save_sweep(sweep)  # a full disk refuses a new sweep rather than run it unsaved
             self._active[sweep.sweep_id] = sweep
             self._apply(sweep, instructions)
             log.info("sweep %s started on %s", sweep.sweep_id, ", ".join(nodes))
@@ -348,11 +356,7 @@ class Coordinator:
                 self._analysis.submit(self._run_analysis, copy.deepcopy(sweep), instruction.digests)
         if not changed:
             return
-        self.store.save_sweep(sweep, None if "" in changed else sorted(set(changed)))
-        if sweep.final:
-            self._active.pop(sweep.sweep_id, None)
-            log.info("sweep %s %s%s", sweep.sweep_id, sweep.state.value,
-                     f" (missing: {', '.join(sweep.missing)})" if sweep.missing else "")
+        self._save(sweep, None if "" in changed else sorted(set(changed)))
         watchers = self._watchers.get(sweep.sweep_id, [])
         if not watchers:
             return
@@ -363,6 +367,26 @@ class Coordinator:
             snapshot = whole or copy.deepcopy(sweep.only([node]))
             for watcher in watchers:
                 watcher.put((snapshot, node))
+
+    def _save(self, sweep: sw.Sweep, nodes: list[str] | None = None) -> None:
+        """Store the sweep (the given nodes' records), and retire it once final and stored.
+        On a full disk it stays active in memory, so watchers, deadlines and the analysis go
+        on; the ticker saves it whole once there is room. Called with the lock held."""
+        unsaved = sweep.sweep_id in self._unsaved
+        try:
+            self.store.save_sweep(sweep, None if unsaved else nodes)
+        except StorageFull as exc:
+            if not unsaved:
+                log.error("sweep %s: state kept in memory until it can be saved: %s", sweep.sweep_id, exc)
+                self._unsaved.add(sweep.sweep_id)
+            return
+        if unsaved:
+            self._unsaved.discard(sweep.sweep_id)
+            log.warning("sweep %s: state saved again", sweep.sweep_id)
+        if sweep.final:
+            self._active.pop(sweep.sweep_id, None)
+            log.info("sweep %s %s%s", sweep.sweep_id, sweep.state.value,
+                     f" (missing: {', '.join(sweep.missing)})" if sweep.missing else "")
 
     def _run_analysis(self, sweep: sw.Sweep, digests: tuple[sw.ArtifactInfo, ...]) -> None:
         out = self.config.reports_dir / f"{sweep.sweep_id}.json"
@@ -389,4 +413,11 @@ class Coordinator:
             now = self.clock()
             with self._lock:
                 for sweep in list(self._active.values()):
-                    self._apply(sweep, sweep.handle(sw.Tick(now)))
+                    try:
+                        self._apply(sweep, sweep.handle(sw.Tick(now)))
+                    except Exception:  # one sweep's bug must not stop every sweep's deadlines
+                        log.exception("sweep %s: tick failed", sweep.sweep_id)
+                if self._unsaved and time.monotonic() >= self._save_retry_at:
+                    self._save_retry_at = time.monotonic() + SAVE_RETRY_S
+                    for sweep_id in list(self._unsaved):
+                        self._save(self._active[sweep_id])

@@ -321,3 +321,65 @@ def test_a_named_node_whose_agent_is_away_is_said_to_be_so(coordinator, wire, di
     detail = {n.node: n.detail for n in sweep.nodes}
     assert detail == {away: "agent not connected: it gets the capture if it connects in time", here: ""}
     present.close()
+
+
+
+def test_a_clock_sample_the_full_disk_cannot_store_leaves_the_session_up(coordinator, wire, monkeypatch) -> None:
+    from rankscope.coordinator.artifacts import StorageFull
+
+    coord = coordinator.server.coordinator
+    saved, pongs = coord.store.save_agent, []
+
+    def full_for_samples(agent):  # registering still works; the pong's clock sample finds no room
+        if agent.clock_offset_ns is None:
+            return saved(agent)
+        pongs.append(agent.node)
+        raise StorageFull("coordinator storage is full (No space left on device): free space under /data")
+
+    monkeypatch.setattr(coord.store, "save_agent", full_for_samples)
+    agent = wire.FakeAgent(coordinator, "node-a")
+    deadline = time.monotonic() + 20
+    while not pongs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pongs == ["node-a"]
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(nodes=["node-a"], duration_s=1.0, backend="sim")
+    assert agent.next_command(timeout=10).start.sweep_id == sweep.sweep_id  # the same session, still up
+    agent.close()
+
+@pytest.mark.timeout(60)  # without the ticker the watch would wait for ever
+def test_a_full_disk_mid_sweep_keeps_it_going_in_memory_and_saves_it_once_there_is_room(
+        coordinator, wire, digests, monkeypatch, caplog) -> None:
+    """Statuses, deadlines and watchers go on while state writes fail; the ticker (which a
+    failed write used to kill, and with it every sweep's deadline) saves the sweep later."""
+    from rankscope.coordinator.artifacts import StorageFull
+
+    coord = coordinator.server.coordinator
+    monkeypatch.setattr(coordinator_mod, "SAVE_RETRY_S", 0.1)
+    talking, silent = (wire.FakeAgent(coordinator, name) for name in digests)
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=2.0)
+        started_capture(silent)
+        sweep_id = started_capture(talking).sweep_id
+        saved = coord.store.save_sweep
+
+        def full(*args, **kwargs):
+            raise StorageFull("coordinator storage is full (No space left on device): free space under /data")
+
+        monkeypatch.setattr(coord.store, "save_sweep", full)
+        talking.finish(sweep_id, digests[talking.node])
+        done = final(client, sweep.sweep_id)  # the silent node timed out: the ticker is alive
+        assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == [silent.node]
+        assert client.sweeps()[0].state == pb.SWEEP_STATE_RUNNING  # the store's stale view, meanwhile
+        monkeypatch.setattr(coord.store, "save_sweep", saved)  # room again
+        deadline = time.monotonic() + 10
+        while client.sweeps()[0].state != pb.SWEEP_STATE_PARTIAL and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.sweeps()[0].state == pb.SWEEP_STATE_PARTIAL
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"sweep {sweep_id}: state kept in memory until it can be saved: coordinator storage is full "
+                      "(No space left on device): free space under /data"]
+    assert f"sweep {sweep_id}: state saved again" in caplog.text
+    assert sweep_id not in coord._active and not coord._unsaved
+    talking.close()
+    silent.close()

@@ -139,3 +139,13 @@ def test_another_storage_error_fails_the_upload_with_its_reason_and_no_traceback
     assert caught.value.details() == "cannot store the upload (Input/output error)"
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
         f"cannot store an upload under {coordinator.data_dir / 'artifacts'} (Input/output error)"]
+
+
+def test_a_full_disk_is_logged_once_a_minute_not_on_every_failed_write(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(art, "_full_logged", {})
+    for _ in range(5):  # upload retries, statuses, saves: all failing alike
+        art.storage_full("No space left on device", tmp_path)
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+    monkeypatch.setattr(art, "FULL_LOG_S", 0.0)  # a minute on
+    art.storage_full("No space left on device", tmp_path)
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 2
