@@ -43,7 +43,7 @@ class TorchBackend(CaptureBackend):
             atomic.write_text(folder / "start.json", json.dumps({"pids": [r.pid for r in group]}))
         started, failed = _wait(request, ranks, lambda f, r: f / f"{r.pid}.started", START_TIMEOUT_S)
         if not started:
-            raise ToolError(f"no torch rank started its profiler within {START_TIMEOUT_S:g} s: {_why(failed)}")
+            raise ToolError(f"no torch rank started its profiler{_within(failed, START_TIMEOUT_S)}: {_why(failed)}")
         if failed:
             log.warning("ranks %s did not start recording: %s", [r.rank for _, r in failed], _why(failed))
 
@@ -57,7 +57,7 @@ class TorchBackend(CaptureBackend):
         if failed:
             log.warning("no trace from ranks %s: %s", [r.rank for _, r in failed], _why(failed))
         if not done:
-            raise ToolError(f"no torch rank wrote its trace within {STOP_TIMEOUT_S:g} s: {_why(failed)}")
+            raise ToolError(f"no torch rank wrote its trace{_within(failed, STOP_TIMEOUT_S)}: {_why(failed)}")
         out = request.workdir / "exports"
         out.mkdir(parents=True, exist_ok=True)
         paths = []
@@ -120,6 +120,15 @@ def _wait(request: CaptureRequest, ranks: list[RankInfo], marker, timeout_s: flo
     return done, failed
 
 
+def _within(failed: list[tuple[str | None, RankInfo]], timeout_s: float) -> str:
+    """" within N s" where some rank gave no answer in time; nothing where each said why."""
+    return f" within {timeout_s:g} s" if any(error is None for error, _ in failed) else ""
+
+
 def _why(failed: list[tuple[str | None, RankInfo]]) -> str:
-    return "; ".join(f"rank {r.rank}: {error or 'no answer (is the rank a Python process?)'}"
-                     for error, r in failed) or "no ranks"
+    """Each reason once, with the ranks that gave it (a node's 8 ranks often fail alike)."""
+    ranks: dict[str, list[int]] = {}
+    for error, rank in failed:
+        ranks.setdefault(error or "no answer (is the rank a Python process?)", []).append(rank.rank)
+    return "; ".join(f"rank{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}: {error}"
+                     for error, numbers in ranks.items()) or "no ranks"

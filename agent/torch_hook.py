@@ -138,17 +138,33 @@ class _Hook:
                 if self.closing.wait(POLL_S):
                     break
             window.finish(folder / trace_name(self.info.rank, self.info.pid))
+        except NoWindow as exc:
+            atomic.write_text(folder / f"{self.info.pid}.error", str(exc))
         except Exception as exc:  # reported to the agent, never raised into the user's job
             atomic.write_text(folder / f"{self.info.pid}.error", f"{type(exc).__name__}: {exc}")
 
 
+class NoWindow(Exception):
+    """This rank records no window, for the reason given (said as it is, not as a crash)."""
+
+
 class _Window:
-    """One profiler window, started and ended on the hook's thread (Kineto requires one thread)."""
+    """One profiler window, started and ended on the hook's thread (Kineto requires one thread).
+
+    A process has one Kineto session: the job's own ``torch.profiler`` and ours cannot
+    overlap. So no window starts while the job's profiler records, and where the job starts
+    one during the window (it takes the session over), ours is abandoned: stopping or
+    exporting a session taken over crashes the process (torch 2.13, SIGSEGV), and the job's
+    own profile must come out unharmed."""
 
     def __init__(self, info: RankInfo) -> None:
         import torch
+        import torch.autograd.profiler as autograd_profiler
         from torch.profiler import ProfilerActivity, profile
 
+        if getattr(autograd_profiler, "_is_profiler_enabled", False):
+            raise NoWindow("the job's own torch.profiler is recording: a second one would end it, "
+                               "so this rank records no window")
         self.info = info
         self.torch = torch
         self.started_ns = time.time_ns()
@@ -159,8 +175,25 @@ class _Window:
         config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
         self.profiler = profile(activities=activities, record_shapes=False, experimental_config=config)
         self.profiler.start()
+        self.taken_over = False
+        self._watch_takeover(autograd_profiler.profile)
+
+    def _watch_takeover(self, session_class: type) -> None:
+        """Note any profiler the job starts until ``finish`` (each starts through ``_start_trace``)."""
+        original = session_class._start_trace
+
+        def start_trace(profiler, *args, **kwargs):
+            self.taken_over = True
+            return original(profiler, *args, **kwargs)
+
+        session_class._start_trace = start_trace
+        self._unwatch = lambda: setattr(session_class, "_start_trace", original)
 
     def finish(self, path: Path) -> None:
+        self._unwatch()
+        if self.taken_over:
+            raise NoWindow("the job started its own torch.profiler during the window, which ends "
+                               "rankscope's recording: no trace from this rank (the job's own profile is unharmed)")
         meta = {
             "rank": self.info.rank,
             "local_rank": self.info.local_rank,

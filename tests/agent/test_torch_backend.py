@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,14 +60,40 @@ def test_a_rank_that_never_answers_fails_the_start_and_says_why(tmp_path, monkey
         TorchBackend().start(request)
 
 
-def _start_script(tmp_path):
+# A job with a torch.profiler of its own: "now" records from the start until it is told to
+# stop, "later" records a short window once the file ``own`` appears; either writes job.json.
+OWN_PROFILER = """
+import sys, time, torch
+from pathlib import Path
+ready, stop, when = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+own, out = ready.parent / "own", ready.parent / "job.json"
+x = torch.randn(64, 64)
+profiler = torch.profiler.profile()
+if when == "now":
+    profiler.start()
+ready.touch()
+while not stop.exists():
+    if when == "later" and own.exists() and not out.exists():
+        with profiler:
+            for _ in range(50):
+                x = (x @ x).tanh_()
+        profiler.export_chrome_trace(str(out))
+    x = (x @ x).tanh_()
+    time.sleep(0.001)
+if when == "now":
+    profiler.stop()
+    profiler.export_chrome_trace(str(out))
+"""
+
+
+def _start_script(tmp_path, script_text: str = SCRIPT, *args: str):
     """The unchanged script as one rank under the hook, once it runs; the process and its ranks."""
     spool, ready, stop = tmp_path / "spool", tmp_path / "ready", tmp_path / "stop"
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", RANKSCOPE_JOB_ID="job-9")
     proc = subprocess.Popen([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool),
-                             "--", sys.executable, str(script), str(ready), str(stop)], env=env)
+                             "--", sys.executable, str(script), str(ready), str(stop), *args], env=env)
     deadline = time.monotonic() + 120
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -121,3 +148,46 @@ def test_a_job_that_exits_mid_window_exits_cleanly_and_leaves_its_trace(tmp_path
         warnings.simplefilter("ignore")
         row = read_kineto(paths[0]).to_pylist()[0]
     assert row["rank"] == 0 and row["kernels"]
+
+
+def _job_trace(tmp_path) -> list:
+    return json.loads((tmp_path / "job.json").read_text())["traceEvents"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_job_profiling_itself_gets_no_second_profiler_and_keeps_its_own(tmp_path):
+    proc, ranks = _start_script(tmp_path, OWN_PROFILER, "now")
+    request = CaptureRequest(sweep_id="w3", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
+    try:
+        with pytest.raises(ToolError, match=r"^no torch rank started its profiler: rank 0: the job's own "
+                                            r"torch.profiler is recording: a second one would end it"):
+            TorchBackend().start(request)
+    finally:
+        (tmp_path / "stop").touch()
+        assert proc.wait(timeout=60) == 0
+    assert _job_trace(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_job_starting_its_own_profiler_mid_window_survives_and_keeps_its_profile(tmp_path):
+    """One Kineto session per process: the job's takes ours over, and stopping or exporting
+    ours then crashed the job (SIGSEGV); now ours is abandoned and the rank says why."""
+    proc, ranks = _start_script(tmp_path, OWN_PROFILER, "later")
+    request = CaptureRequest(sweep_id="w4", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
+    backend = TorchBackend()
+    try:
+        backend.start(request)
+        (tmp_path / "own").touch()
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "job.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(ToolError, match=r"^no torch rank wrote its trace: rank 0: the job started its own "
+                                            r"torch.profiler during the window"):
+            backend.stop(request)
+        assert proc.poll() is None  # still training
+    finally:
+        (tmp_path / "stop").touch()
+        assert proc.wait(timeout=60) == 0
+    assert _job_trace(tmp_path)
