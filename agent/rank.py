@@ -24,7 +24,7 @@ from rankscope.agent import nsys
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, withdraw
 from rankscope import output
 from rankscope.errors import CommandError, InputError
-from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
+from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, starts_ranks
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--one-shot needs exactly one of --duration SECONDS or --capture-range")
     if (args.capture_range == "nvtx") != (args.nvtx_capture is not None):
         raise InputError("--capture-range nvtx needs --nvtx-capture RANGE@DOMAIN (and only it takes one)")
+    launcher = starts_ranks(cmd)
+    if args.backend == "torch" and launcher:
+        # The hook lives in the process it starts (and not in that process's children).
+        raise InputError(f"--backend torch profiles the Python process it runs, and {launcher} starts the ranks "
+                         "as its children: put the wrapper inside the launcher, e.g. `torchrun ... --no-python "
+                         "rankscope rank --backend torch -- python train.py`")
     info = rank_info(os.environ, pid=os.getpid(), backend=args.backend)
     output.make_folder(args.spool)
     if args.backend == "torch":

@@ -8,3 +8,18 @@ RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "PMI_SIZE")
 JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
+
+# Commands that start a job's ranks as their own child processes (torch elastic's launcher,
+# as a program or as a module).
+RANK_STARTERS = ("torchrun",)
+RANK_STARTER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def starts_ranks(cmd: list[str]) -> str | None:
+    """The launcher ``cmd`` runs where it starts the job's ranks itself, else None."""
+    if cmd and cmd[0].rsplit("/", 1)[-1] in RANK_STARTERS:
+        return cmd[0].rsplit("/", 1)[-1]
+    for flag, module in zip(cmd, cmd[1:]):
+        if flag == "-m" and module in RANK_STARTER_MODULES:
+            return f"python -m {module}"
+    return None

@@ -211,3 +211,44 @@ def test_one_shot_nvtx_capture_range_needs_its_range(nsys_env, tmp_path):
     proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--capture-range", "nvtx", "--", "true", env=env)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "--nvtx-capture" in err
+
+
+@pytest.mark.parametrize("launcher, shown", [
+    (["torchrun", "--nproc-per-node", "8"], "torchrun"),
+    (["/opt/venv/bin/torchrun"], "torchrun"),
+    (["python", "-m", "torch.distributed.run", "--nproc-per-node", "8"], "python -m torch.distributed.run"),
+])
+def test_torch_backend_around_a_launcher_says_where_the_wrapper_goes(tmp_path, launcher, shown):
+    """The hook lives in the one process the wrapper runs, not in the ranks a launcher starts."""
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool",
+                           str(tmp_path / "spool"), "--", *launcher, "train.py"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"rankscope: error: --backend torch profiles the Python process it runs, and {shown} starts the ranks as its "
+        "children: put the wrapper inside the launcher, e.g. `torchrun ... --no-python rankscope rank --backend "
+        "torch -- python train.py`"]
+    assert not (tmp_path / "spool").exists()  # nothing announced
+
+
+@pytest.mark.slow
+def test_the_wrapper_inside_torchrun_announces_each_rank(tmp_path):
+    """What the advice above says to run: torchrun starts `rankscope rank` as each rank."""
+    pytest.importorskip("torch")
+    script, spool = tmp_path / "train.py", tmp_path / "spool"
+    script.write_text("import sys, time\nfrom pathlib import Path\nPath(sys.argv[1]).mkdir(exist_ok=True)\n"
+                      "while not Path(sys.argv[2]).exists():\n    time.sleep(0.05)\n")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.Popen([str(torchrun), "--nproc-per-node", "2", "--no-python", sys.executable, "-m",
+                             "rankscope", "rank", "--backend", "torch", "--spool", str(spool), "--", sys.executable,
+                             str(script), str(tmp_path / "up"), str(tmp_path / "stop")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(local_ranks(spool)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted((r.rank, r.local_rank, r.world_size, r.backend) for r in local_ranks(spool)) == [
+            (0, 0, 2, "torch"), (1, 1, 2, "torch")]
+    finally:
+        (tmp_path / "stop").touch()
+        assert proc.wait(timeout=60) == 0
