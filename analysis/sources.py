@@ -34,6 +34,8 @@ _KNOWN = (NSYS_REPORT, SQLITE, DIGEST_SUFFIX, *KINETO_SUFFIXES)
 LOCAL_CHUNK = 256
 TASK_CHUNK = 32
 _KINETO_KEY = b'"traceEvents"'
+# rankscope's own outputs found beside the traces: a report, the simulator's truth file.
+_OWN_SCHEMA = b'"schema": "rankscope.'
 # Read at a time while looking for the key: it is near the top, and a gzipped trace is
 # decompressed only as far as it is read (1 MiB of it: ~1.5 ms per trace; 64 KiB: ~0.15).
 _SNIFF_BYTES = 1 << 16
@@ -103,36 +105,26 @@ def _files_under(folder: Path) -> Iterator[Path]:
 
 def _kineto_or_warn(path: Path) -> bool:
     """True for a Kineto trace (it has a "traceEvents" key, near the top as the profiler
-    writes it); other JSON found on a folder walk is skipped with a warning. A file that
-    cannot be read counts as a trace, so its reader reports the problem."""
+    writes it); other JSON found on a folder walk is skipped, with a warning unless it is
+    rankscope's own output (a report written into the folder, the simulator's truth). A
+    file that cannot be read counts as a trace, so its reader reports the problem."""
     opener = gzip.open if _suffix(path) == ".json.gz" else open
-    seen = b""
+    seen, ours, keep = b"", False, max(len(_KINETO_KEY), len(_OWN_SCHEMA))
     try:
         with opener(path, "rb") as handle:
             while chunk := handle.read(_SNIFF_BYTES):
                 seen += chunk
                 if _KINETO_KEY in seen:
                     return True
-                seen = seen[-len(_KINETO_KEY) :]
+                ours = ours or _OWN_SCHEMA in seen
+                seen = seen[-keep:]
     except (OSError, EOFError, gzip.BadGzipFile):
         return True
-    if _is_simulator_truth(path):
-        return False  # `rankscope simulate`'s answer key beside its traces: not input, nothing to say
+    if ours:
+        return False  # not input, and nothing to say about it
     warnings.warn(f"{path}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder dump); skipped",
                   RankscopeWarning, stacklevel=3)
     return False
-
-
-def _is_simulator_truth(path: Path) -> bool:
-    """A truth file `rankscope simulate` writes (its schema is its first key)."""
-    from rankscope.analysis.simulate import TRUTH_SCHEMA
-
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(256)
-    except OSError:
-        return False
-    return f'"schema": "{TRUTH_SCHEMA}"'.encode() in head
 
 
 class _Reader:

@@ -203,7 +203,7 @@ def test_exports_read_in_batches_match_one_file_at_a_time(samples: Path, monkeyp
     assert nsys.read_many(exports).equals(one_by_one)
 
 
-def test_a_simulated_folder_is_analysed_without_a_word_about_its_truth_file(tmp_path: Path) -> None:
+def test_a_simulated_folder_is_analysed_without_a_word_about_its_truth_file_or_an_earlier_report(tmp_path: Path) -> None:
     import warnings
 
     from rankscope.analysis import simulate
@@ -211,8 +211,17 @@ def test_a_simulated_folder_is_analysed_without_a_word_about_its_truth_file(tmp_
     spec = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, seed=3)
     simulate.simulate(spec, tmp_path, fmt="kineto")
     simulate.write_truth(spec, tmp_path / "truth.json")
+    from rankscope.analysis.pipeline import analyze
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (tmp_path / "report.json").write_text(analyze(sources.load_digests([tmp_path])).to_json())
+    (tmp_path / "fr_dump.json").write_text('{"version": "2.4", "entries": []}')
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         files = sources.discover([tmp_path])
     assert sorted(f.name for f in files) == ["sim_rank00000.json", "sim_rank00001.json"]
-    assert not [w for w in caught if "truth.json" in str(w.message)]
+    # The report an earlier `analyze -o` wrote into the folder is ours too; other JSON is named.
+    assert [str(w.message) for w in caught] == [
+        f"{tmp_path / 'fr_dump.json'}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder "
+        "dump); skipped"]
