@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
-from rankscope.agent.spool import RankInfo
+from rankscope.agent.spool import RankInfo, alive
 from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -254,6 +254,11 @@ class NsysBackend(CaptureBackend):
         self._started[request.sweep_id] = started
 
     def stop(self, request: CaptureRequest) -> list[Path]:
+        """Stop every rank's collection and export each report. A rank whose process ended
+        during the window has no session left to stop, but nsys wrote its report as the
+        process ended: it is exported like the others. The node's capture fails only where
+        no rank's export came out; otherwise the ranks that failed are logged and left out
+        (the report then names them missing)."""
         exe = find_nsys(self.nsys)
         ranks = self._started.pop(request.sweep_id, None) or self._ranks(request)
         errors: list[str] = []
@@ -263,11 +268,23 @@ class NsysBackend(CaptureBackend):
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
                 stopped.append(info)
             except ToolError as exc:
-                errors.append(f"rank {info.rank}: {exc}")
+                if alive(info.pid):
+                    errors.append(f"rank {info.rank}: {exc}")
+                else:
+                    log.warning("rank %d ended during the window: exporting what nsys recorded until then", info.rank)
+                    stopped.append(info)
         self.release_counters(request)
-        if errors:
+        exports: list[Path] = []
+        for info in stopped:
+            try:
+                exports.append(self._export(exe, request, info))
+            except ToolError as exc:
+                errors.append(str(exc))
+        if errors and not exports:
             raise ToolError("; ".join(errors))
-        return [self._export(exe, request, info) for info in stopped]
+        if errors:
+            log.warning("capture %s goes on without ranks that failed: %s", request.sweep_id, "; ".join(errors))
+        return exports
 
     def release_counters(self, request: CaptureRequest) -> None:
         if self.on_counters_released is not None:
