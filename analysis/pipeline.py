@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rankscope.analysis import clock, links, matching, metrics, stragglers
 from rankscope.analysis.digest import columns
@@ -37,6 +38,7 @@ from rankscope.analysis.report import (
     Report,
     TpOverhead,
     field_names,
+    ranks_text,
 )
 from rankscope.errors import InputError, RankscopeWarning
 
@@ -64,6 +66,10 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     steps = columns(digests, "steps", keep=("rank",))
     ranks, host_of_rank = meta["rank"].tolist(), meta["host"].tolist()
     notes = _rank_notes(ranks, digests.column("warnings").to_pylist())
+    world, missing = _missing_ranks(ranks, digests.column("world_size"))
+    if missing:
+        notes.append(f"{len(missing)} of the job's {world} ranks not in the input ({ranks_text(missing)}): lateness, "
+                     f"blame and stragglers are judged among the {len(ranks)} present")
 
     matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
@@ -118,7 +124,17 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         ),
         top_kernels=_records(top, list(top)) if top is not None else [],
         warnings=all_warnings,
+        world_size=world,
+        missing_ranks=missing,
     )
+
+
+def _missing_ranks(ranks: list[int], world_sizes: pa.ChunkedArray) -> tuple[int | None, list[int]]:
+    """The job's world size where the traces say it, and its ranks the input lacks."""
+    world = pc.max(world_sizes).as_py()
+    if world is None:
+        return None, []
+    return world, sorted(set(range(world)) - set(ranks))
 
 
 def _host_row(clock_: clock.HostClock) -> HostClockRow:

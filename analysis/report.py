@@ -132,6 +132,8 @@ class Report:
     top_kernels: list[dict[str, Any]]
     warnings: list[str]
     slow_communicators: list[SlowCommunicator] = field(default_factory=list)
+    world_size: int | None = None  # where the traces say it
+    missing_ranks: list[int] = field(default_factory=list)  # of that world, not in the input
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +162,8 @@ class Report:
                 top_kernels=list(data.get("top_kernels", [])),
                 warnings=list(data.get("warnings", [])),
                 slow_communicators=[SlowCommunicator(**c) for c in data.get("slow_communicators", [])],
+                world_size=data.get("world_size"),
+                missing_ranks=list(data.get("missing_ranks", [])),
                 schema=data["schema"],
             )
         except (KeyError, TypeError) as exc:
@@ -224,7 +228,9 @@ def _render(report: Report) -> list[str]:
     by_rank = {r.rank: r for r in report.ranks}
     hosts = len({r.host for r in report.ranks})
     out = [
-        f"rankscope report — job {report.job_id or '?'}: {len(report.ranks)} ranks on {hosts} host(s)",
+        f"rankscope report — job {report.job_id or '?'}: {len(report.ranks)}"
+        + (f" of {report.world_size}" if report.missing_ranks else "")
+        + f" ranks on {hosts} host(s)" + (f" (missing: {ranks_text(report.missing_ranks)})" if report.missing_ranks else ""),
         f"alignment: {a.method}; matched {a.matched_collectives} collective instances ({a.matching}), "
         f"dropped {a.dropped_incomplete} incomplete + {a.dropped_inconsistent} inconsistent; "
         f"happens-before violations {a.happens_before_violations}/{a.happens_before_checked} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from rankscope.analysis import digest
@@ -30,6 +31,22 @@ def test_report_contract_on_a_synthetic_job() -> None:
     assert rank2["late_mean_ns"] == pytest.approx(truth.late_mean_ns[2], abs=1_000)
     assert rank2["nccl_wait_ns"] + rank2["nccl_transfer_ns"] == rank2["nccl_kernel_ns"]
     assert 0 < rank2["gpu_busy_pct"] <= 100
+
+
+def test_ranks_missing_from_the_input_are_named_against_the_jobs_world_size() -> None:
+    import pyarrow.compute as pc
+
+    digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=4, steps=10, seed=11))
+    whole = analyze(digests)
+    assert (whole.world_size, whole.missing_ranks) == (8, [])
+    assert whole.render_table().splitlines()[0].endswith(": 8 ranks on 2 host(s)")
+    part = analyze(digests.filter(pc.invert(pc.is_in(digests.column("rank"), value_set=pa.array([5, 6])))))
+    assert (part.world_size, part.missing_ranks) == (8, [5, 6])
+    assert part.render_table().splitlines()[0].endswith(": 6 of 8 ranks on 2 host(s) (missing: 5,6)")
+    assert ("2 of the job's 8 ranks not in the input (5,6): lateness, blame and stragglers are judged among the "
+            "6 present") in part.warnings
+    again = Report.from_dict(json.loads(part.to_json()))
+    assert (again.world_size, again.missing_ranks) == (8, [5, 6])
 
 
 def test_clock_hints_only_change_the_gauge() -> None:
