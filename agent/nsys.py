@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
-from rankscope.agent.spool import RankInfo, alive
+from rankscope.agent.spool import RankInfo, lives
 from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ class NsysBackend(CaptureBackend):
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
                 stopped.append(info)
             except ToolError as exc:
-                if alive(info.pid):
+                if lives(info):
                     errors.append(f"rank {info.rank}: {exc}")
                 else:
                     log.warning("rank %d ended during the window: exporting what nsys recorded until then", info.rank)

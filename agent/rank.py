@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rankscope.agent import nsys
-from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, withdraw
+from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, withdraw
 from rankscope import output
 from rankscope.errors import CommandError, InputError
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, starts_ranks
@@ -111,7 +111,7 @@ def rank_info(environ: Mapping[str, str], *, pid: int, backend: str = "nsys") ->
         raise InputError(f"rank {rank} is outside a world of {world} (check {', '.join(RANK_ENV)})")
     job_id = next((environ[v] for v in JOB_ID_VARS if environ.get(v)), "")
     return RankInfo(rank=rank, local_rank=local, world_size=world, pid=pid, host=socket.gethostname(),
-                    job_id=job_id, gpu=_gpu(environ, local), backend=backend)
+                    job_id=job_id, gpu=_gpu(environ, local), backend=backend, token=new_token(pid))
 
 
 def _int_var(environ: Mapping[str, str], names: Sequence[str], default: int | None) -> int | None:
@@ -166,7 +166,7 @@ def run_in_session(argv: Sequence[str], info: RankInfo, spool: Path, exe: str) -
     try:
         return supervise(argv, started)
     finally:
-        withdraw(spool, info.pid)
+        withdraw(spool, info)
 
 
 def _wait_for_session(child: subprocess.Popen, session: str, exe: str) -> bool:

@@ -1,8 +1,8 @@
 """The `torch` capture backend: PyTorch-profiler windows on the ranks run under the torch hook.
 
 The agent and each rank's hook talk through files in the rank's spool
-(``captures/<sweep>/``, see torch_hook.py): start writes ``start.json`` naming the ranks'
-wrapper pids and waits until each hook says its profiler runs; stop writes ``stop.json``,
+(``captures/<sweep>/``, see torch_hook.py): start writes ``start.json`` naming the ranks
+(by their spool keys) and waits until each hook says its profiler runs; stop writes ``stop.json``,
 waits (bounded) for every started rank's Kineto trace, and moves the traces into the
 capture's work folder for the digest step.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from rankscope import atomic
 from rankscope.agent import torch_hook
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
-from rankscope.agent.spool import RankInfo, alive
+from rankscope.agent.spool import RankInfo, lives
 from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ class TorchBackend(CaptureBackend):
         ranks = _torch_ranks(request)
         for folder, group in _by_folder(request, ranks).items():
             folder.mkdir(parents=True, exist_ok=True)
-            atomic.write_text(folder / "start.json", json.dumps({"pids": [r.pid for r in group]}))
-        started, failed = _wait(request, ranks, lambda f, r: f / f"{r.pid}.started", START_TIMEOUT_S)
+            atomic.write_text(folder / "start.json", json.dumps({"ranks": [r.key for r in group]}))
+        started, failed = _wait(request, ranks, lambda f, r: f / f"{r.key}.started", START_TIMEOUT_S)
         if not started:
             raise ToolError(f"no torch rank started its profiler{_within(failed, START_TIMEOUT_S)}: {_why(failed)}")
         if failed:
@@ -52,7 +52,7 @@ class TorchBackend(CaptureBackend):
         folders = _by_folder(request, ranks)
         for folder in folders:
             atomic.write_text(folder / "stop.json", "{}")
-        recording = [r for r in ranks if (_folder(request, r) / f"{r.pid}.started").exists()]
+        recording = [r for r in ranks if (_folder(request, r) / f"{r.key}.started").exists()]
         done, failed = _wait(request, recording, _trace, STOP_TIMEOUT_S)
         if failed:
             log.warning("no trace from ranks %s: %s", [r.rank for _, r in failed], _why(failed))
@@ -90,7 +90,7 @@ def _by_folder(request: CaptureRequest, ranks: list[RankInfo]) -> dict[Path, lis
 
 
 def _trace(folder: Path, rank: RankInfo) -> Path:
-    return folder / torch_hook.trace_name(rank.rank, rank.pid)
+    return folder / torch_hook.trace_name(rank.rank, rank.key)
 
 
 def _wait(request: CaptureRequest, ranks: list[RankInfo], marker, timeout_s: float):
@@ -102,14 +102,14 @@ def _wait(request: CaptureRequest, ranks: list[RankInfo], marker, timeout_s: flo
     while pending:
         for rank in list(pending):
             folder = _folder(request, rank)
-            error = folder / f"{rank.pid}.error"
+            error = folder / f"{rank.key}.error"
             if marker(folder, rank).exists():
                 done.append(rank)
                 pending.remove(rank)
             elif error.exists():
                 failed.append((error.read_text(), rank))
                 pending.remove(rank)
-            elif not alive(rank.pid):
+            elif not lives(rank):
                 failed.append(("the rank exited", rank))
                 pending.remove(rank)
         if pending and time.monotonic() > deadline:

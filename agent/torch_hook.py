@@ -6,11 +6,13 @@
 subprocesses start without it). The hook's daemon thread watches the spool's
 ``captures/<sweep>/`` folders that the agent's torch backend writes:
 
-    start.json            {"pids": [wrapper pids]}      the agent asks these ranks to record
-    <pid>.started         the hook's reply once its profiler runs
+    start.json            {"ranks": [rank keys]}        the agent asks these ranks to record
+    <key>.started         the hook's reply once its profiler runs
     stop.json             the agent ends the window
-    rank<R>.<pid>.pt.trace.json   the Kineto trace, written atomically
-    <pid>.error           the reason, if this rank could not record
+    rank<R>.<key>.pt.trace.json   the Kineto trace, written atomically
+    <key>.error           the reason, if this rank could not record
+
+(a rank's key, not its pid: containers sharing the spool have pids of their own, spool.py)
 
 A job that exits while a window is open ends the window there: the trace is still
 written, before the interpreter shuts down.
@@ -66,8 +68,8 @@ def captures_dir(spool: Path) -> Path:
     return Path(spool) / "captures"
 
 
-def trace_name(rank: int, pid: int) -> str:
-    return f"rank{rank}.{pid}.pt.trace.json"
+def trace_name(rank: int, key: str) -> str:
+    return f"rank{rank}.{key}.pt.trace.json"
 
 
 def run(info: RankInfo, cmd: list[str], spool: Path) -> int:
@@ -75,24 +77,24 @@ def run(info: RankInfo, cmd: list[str], spool: Path) -> int:
     from rankscope.agent.rank import supervise
 
     spool = Path(spool)
-    info = replace(info, backend="torch", session=str(spool))
+    info = replace(info, backend="torch", session=str(spool), spool=str(spool))
     boot = spool / "torch_hook"
     boot.mkdir(parents=True, exist_ok=True)
     atomic.write_text(boot / "sitecustomize.py", SITECUSTOMIZE)
-    os.environ[ENV] = json.dumps({"spool": str(spool), **asdict(info)})
+    os.environ[ENV] = json.dumps(asdict(info))
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), os.environ.get("PYTHONPATH", "")) if p)
     announce(spool, info)
     try:
         return supervise(cmd)
     finally:
-        withdraw(spool, info.pid)
+        withdraw(spool, info)
 
 
 def install() -> None:
     """Start the hook's watcher thread in this process (called from sitecustomize)."""
-    config = json.loads(os.environ.pop(ENV))
-    hook = _Hook(Path(config.pop("spool")), RankInfo(**config))
+    info = RankInfo(**json.loads(os.environ.pop(ENV)))
+    hook = _Hook(Path(info.spool), info)
     thread = threading.Thread(target=hook.watch, name="rankscope-torch-hook", daemon=True)
     thread.start()
     # Registered first, so it runs after the job's own exit handlers, while the interpreter
@@ -126,22 +128,22 @@ class _Hook:
                 except (OSError, ValueError):
                     self.seen.discard(folder.name)  # being written: try again next turn
                     continue
-                if self.info.pid in request.get("pids", []) and start.stat().st_mtime >= self.installed - 1:
+                if self.info.key in request.get("ranks", []) and start.stat().st_mtime >= self.installed - 1:
                     self.capture(folder)
 
     def capture(self, folder: Path) -> None:
         try:
             window = _Window(self.info)
-            (folder / f"{self.info.pid}.started").write_text(str(time.time_ns()))
+            (folder / f"{self.info.key}.started").write_text(str(time.time_ns()))
             deadline = time.monotonic() + MAX_WINDOW_S
             while not (folder / "stop.json").exists() and time.monotonic() < deadline:
                 if self.closing.wait(POLL_S):
                     break
-            window.finish(folder / trace_name(self.info.rank, self.info.pid))
+            window.finish(folder / trace_name(self.info.rank, self.info.key))
         except NoWindow as exc:
-            atomic.write_text(folder / f"{self.info.pid}.error", str(exc))
+            atomic.write_text(folder / f"{self.info.key}.error", str(exc))
         except Exception as exc:  # reported to the agent, never raised into the user's job
-            atomic.write_text(folder / f"{self.info.pid}.error", f"{type(exc).__name__}: {exc}")
+            atomic.write_text(folder / f"{self.info.key}.error", f"{type(exc).__name__}: {exc}")
 
 
 class NoWindow(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -101,12 +102,13 @@ def test_signals_reach_the_command_and_the_announcement_lives_as_long_as_it(nsys
         time.sleep(0.1)
     (info,) = local_ranks(spool)
     assert (info.rank, info.local_rank, info.pid, info.session) == (1, 1, proc.pid, f"rankscope_55_r1_{proc.pid}")
-    assert json.loads((ranks_dir(spool) / f"{proc.pid}.json").read_text())["session"] == info.session
+    assert info.key.startswith(f"{proc.pid}-") and info.locked  # unique to the wrapper, and held while it lives
+    assert json.loads((ranks_dir(spool) / f"{info.key}.json").read_text())["session"] == info.session
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert marker.exists()  # the command itself got the SIGTERM
     assert proc.returncode == 3
-    assert local_ranks(spool) == [] and not (ranks_dir(spool) / f"{proc.pid}.json").exists()
+    assert local_ranks(spool) == [] and not (ranks_dir(spool) / f"{info.key}.json").exists()
 
 
 def test_nsys_missing_fails_before_running_anything(tmp_path):
@@ -252,3 +254,39 @@ def test_the_wrapper_inside_torchrun_announces_each_rank(tmp_path):
     finally:
         (tmp_path / "stop").touch()
         assert proc.wait(timeout=60) == 0
+
+
+def _can_unshare_pids() -> bool:
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _can_unshare_pids(), reason="needs `unshare --pid` (Linux, as root)")
+def test_ranks_of_containers_with_pids_of_their_own_share_one_spool(tmp_path):
+    """Kubernetes pods on one node share the hostPath spool, each in its own PID namespace
+    (the DaemonSet has no hostPID): both ranks here are pid 1, which in the agent's
+    namespace is some other process. Each must still be announced, and each seen to end."""
+    spool = tmp_path / "spool"
+    pods = [subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "rankscope", "rank", "--backend",
+         "torch", "--spool", str(spool), "--", "sleep", "120"],
+        env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2"}) for r in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while len(local_ranks(spool)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ranks = local_ranks(spool)
+        assert sorted((r.rank, r.pid) for r in ranks) == [(0, 1), (1, 1)]
+        pods[0].kill()  # the pod goes: --kill-child takes its namespace with it
+        pods[0].wait(30)
+        deadline = time.monotonic() + 30
+        while [r.rank for r in local_ranks(spool)] != [1] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [r.rank for r in local_ranks(spool)] == [1]
+    finally:
+        for pod in pods:
+            pod.kill()
+            pod.wait(30)
