@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0  # a hook imports torch on its first window: seconds on a cold node
 STOP_TIMEOUT_S = 120.0  # stopping writes the trace; large windows take a while
+# Beyond the capture's duration, when a rank ends its window by itself: the agent was lost.
+WINDOW_GRACE_S = 60.0
 POLL_S = 0.05
 
 
@@ -40,7 +42,8 @@ class TorchBackend(CaptureBackend):
         ranks = _torch_ranks(request)
         for folder, group in _by_folder(request, ranks).items():
             folder.mkdir(parents=True, exist_ok=True)
-            atomic.write_text(folder / "start.json", json.dumps({"ranks": [r.key for r in group]}))
+            atomic.write_text(folder / "start.json", json.dumps({"ranks": [r.key for r in group],
+                                                                 "max_s": request.duration_s + WINDOW_GRACE_S}))
         started, failed = _wait(request, ranks, lambda f, r: f / f"{r.key}.started", START_TIMEOUT_S)
         if not started:
             raise ToolError(f"no torch rank started its profiler{_within(failed, START_TIMEOUT_S)}: {_why(failed)}")

@@ -6,7 +6,9 @@
 subprocesses start without it). The hook's daemon thread watches the spool's
 ``captures/<sweep>/`` folders that the agent's torch backend writes:
 
-    start.json            {"ranks": [rank keys]}        the agent asks these ranks to record
+    start.json            {"ranks": [rank keys], "max_s": S}   the agent asks these ranks to record, for
+                          S seconds at most: a window whose stop never comes (the agent
+                          lost) ends there, so a profiler's buffers cannot grow in the job
     <key>.started         the hook's reply once its profiler runs
     stop.json             the agent ends the window
     rank<R>.<key>.pt.trace.json   the Kineto trace, written atomically
@@ -42,7 +44,7 @@ from rankscope.agent.spool import RankInfo, announce, withdraw
 ENV = "RANKSCOPE_TORCH_HOOK"
 FR_BUFFER = "20000"  # Flight Recorder entries kept per process (a ring buffer)
 POLL_S = 0.05
-MAX_WINDOW_S = 3600.0  # a window whose stop never comes ends here, so a lost agent cannot leak a profiler
+MAX_WINDOW_S = 3600.0  # the longest window, whatever start.json asks
 EXIT_WAIT_S = 120.0  # at exit, how long the job waits for an open window's trace to be written
 SITECUSTOMIZE = """\
 import importlib.machinery, importlib.util, os, sys
@@ -129,13 +131,13 @@ class _Hook:
                     self.seen.discard(folder.name)  # being written: try again next turn
                     continue
                 if self.info.key in request.get("ranks", []) and start.stat().st_mtime >= self.installed - 1:
-                    self.capture(folder)
+                    self.capture(folder, min(float(request.get("max_s", MAX_WINDOW_S)), MAX_WINDOW_S))
 
-    def capture(self, folder: Path) -> None:
+    def capture(self, folder: Path, max_s: float) -> None:
         try:
             window = _Window(self.info)
             (folder / f"{self.info.key}.started").write_text(str(time.time_ns()))
-            deadline = time.monotonic() + MAX_WINDOW_S
+            deadline = time.monotonic() + max_s
             while not (folder / "stop.json").exists() and time.monotonic() < deadline:
                 if self.closing.wait(POLL_S):
                     break

@@ -13,6 +13,7 @@ import pytest
 
 from rankscope.agent.backend import CaptureRequest
 from rankscope.agent.spool import RankInfo, local_ranks
+from rankscope.agent import torch_hook
 from rankscope.agent.torch_backend import TorchBackend
 from rankscope.analysis.kineto import read_kineto
 from rankscope.errors import ToolError
@@ -191,3 +192,26 @@ def test_a_job_starting_its_own_profiler_mid_window_survives_and_keeps_its_profi
         (tmp_path / "stop").touch()
         assert proc.wait(timeout=60) == 0
     assert _job_trace(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_window_whose_agent_is_lost_ends_by_itself_soon_after_its_duration(tmp_path, monkeypatch):
+    """No stop.json ever comes (the agent died, for good): the rank ends the window at the
+    capture's duration plus a grace, not after an hour of profiler buffers in the job."""
+    from rankscope.agent import torch_backend
+
+    monkeypatch.setattr(torch_backend, "WINDOW_GRACE_S", 1.0)
+    proc, ranks = _start_script(tmp_path)
+    request = CaptureRequest(sweep_id="w5", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
+    try:
+        TorchBackend().start(request)  # and nothing more from this agent
+        trace = tmp_path / "spool" / "captures" / "w5" / torch_hook.trace_name(0, ranks[0].key)
+        deadline = time.monotonic() + 60
+        while not trace.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert trace.exists(), "the window was still open a minute after its 2 s"
+        assert proc.poll() is None
+    finally:
+        (tmp_path / "stop").touch()
+        assert proc.wait(timeout=60) == 0
