@@ -81,7 +81,7 @@ class PauseLedger:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 _readable_by_all(self._fd, 0o644)
-                self._write(False, {})
+                self.write(False, {})
         except OSError as exc:
             self.close()
             raise ConfigError(f"cannot use the DCGM pause ledger ({exc.strerror or exc}); pass --dcgm-state DIR",
@@ -95,7 +95,10 @@ class PauseLedger:
 
     def write(self, paused: bool, leases: Mapping[str, float]) -> None:
         """Record this process's state; call inside ``deciding``. Durable: it must be true after a crash."""
-        self._write(paused, leases)
+        body = json.dumps({"who": self.who, "paused": paused, "leases": dict(leases)}).encode()
+        os.pwrite(self._fd, body, 0)
+        os.ftruncate(self._fd, len(body))  # a crash before this leaves unparsable JSON: read as a pause left
+        os.fsync(self._fd)
 
     def forget(self, holder: Holder) -> None:
         """Drop a gone holder's file once what it left is dealt with."""
@@ -126,12 +129,6 @@ class PauseLedger:
             yield
         finally:
             fcntl.flock(self._mutex, fcntl.LOCK_UN)
-
-    def _write(self, paused: bool, leases: Mapping[str, float]) -> None:
-        body = json.dumps({"who": self.who, "paused": paused, "leases": dict(leases)}).encode()
-        os.pwrite(self._fd, body, 0)
-        os.ftruncate(self._fd, len(body))  # a crash before this leaves unparsable JSON: read as a pause left
-        os.fsync(self._fd)
 
     def _others(self) -> list[Holder]:
         holders = []
