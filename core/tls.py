@@ -48,17 +48,38 @@ def _read(path: Path | None, what: str) -> bytes | None:
         raise ConfigError(f"cannot read the {what} ({exc.strerror})", path=path) from None
 
 
+def _check_pem(files: TlsFiles) -> None:
+    """Files gRPC would take as they are and refuse at the first handshake, with C-core
+    log lines and no name: a CA that holds no PEM certificate, a key not of its certificate."""
+    if files.ca is not None:
+        try:
+            ssl.create_default_context(cadata=Path(files.ca).read_text(errors="replace"))
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"not a PEM CA certificate ({exc.reason or exc})" if isinstance(exc, ssl.SSLError)
+                              else "not a PEM CA certificate", path=files.ca) from None
+    if files.cert is not None and files.key is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(files.cert, files.key)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"not a PEM certificate with its private key {files.key} ({exc.reason or exc})",
+                              path=files.cert) from None
+
+
 def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     if files.cert is None or files.key is None:
         raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and --tls-key)")
     pair = (_read(files.key, "TLS private key"), _read(files.cert, "TLS certificate"))
     client_ca = _read(files.ca, "client CA certificate")
+    _check_pem(files)
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
 def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     if (files.cert is None) != (files.key is None):
         raise ConfigError("a client certificate needs its private key and the other way round (--tls-cert, --tls-key)")
+    for path, what in ((files.ca, "CA certificate"), (files.key, "TLS private key"), (files.cert, "TLS certificate")):
+        _read(path, what)  # unreadable: said before any parsing
+    _check_pem(files)
     return grpc.ssl_channel_credentials(
         root_certificates=_read(files.ca, "CA certificate"),
         private_key=_read(files.key, "TLS private key"),
@@ -156,13 +177,10 @@ def _speaks_tls(host: str, port: int) -> bool:
 def _refused_tls(host: str, port: int, files: TlsFiles) -> str | None:
     """A TLS port that refuses this client: its certificate does not verify against ours, or
     it wants a client certificate we lack or it does not trust."""
-    context = ssl.create_default_context(cafile=str(files.ca) if files.ca else None)
+    context = ssl.create_default_context(cafile=str(files.ca) if files.ca else None)  # checked: _check_pem
+    if files.cert and files.key:
+        context.load_cert_chain(files.cert, files.key)
     context.set_alpn_protocols(["h2"])  # gRPC drops a TLS connection that does not offer HTTP/2
-    try:
-        if files.cert and files.key:
-            context.load_cert_chain(files.cert, files.key)
-    except (OSError, ssl.SSLError):
-        return None  # gRPC's reading of the files reports these
     sock = _connect(host, port)
     if sock is None:
         return None

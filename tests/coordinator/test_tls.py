@@ -123,6 +123,18 @@ def test_tls_settings_must_come_in_pairs(tmp_path, wire, pki) -> None:
         wire.start(tmp_path / "data", tls_cert=pki / "server.pem", tls_key=tmp_path / "missing.key")
 
 
+def test_files_that_are_not_pem_or_not_a_pair_are_named_before_any_handshake(tmp_path, wire, pki) -> None:
+    """gRPC takes such bytes as they are, then logs C-core lines at the first handshake."""
+    (tmp_path / "notes.pem").write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'notes.pem'}: not a PEM CA certificate"):
+        channel("127.0.0.1:1", TlsFiles(ca=tmp_path / "notes.pem"))
+    with pytest.raises(ConfigError, match=rf"^{pki / 'client.pem'}: not a PEM certificate with its private key "
+                                          rf"{pki / 'server.key'} \(KEY_VALUES_MISMATCH\)$"):
+        channel("127.0.0.1:1", TlsFiles(ca=pki / "ca.pem", cert=pki / "client.pem", key=pki / "server.key"))
+    with pytest.raises(ConfigError, match=f"^{tmp_path / 'notes.pem'}: not a PEM certificate with its private key"):
+        wire.start(tmp_path / "data", tls_cert=tmp_path / "notes.pem", tls_key=pki / "server.key")
+
+
 def _agent(address: str, tmp_path: Path, files: TlsFiles) -> Agent:
     config = AgentConfig(coordinator=address, name="tls-node", spool=tmp_path / "spool", work_dir=tmp_path / "work",
                          backends=("sim",), dcgm=DcgmConfig(mode="none"), max_backoff_s=0.2, tls=files)
