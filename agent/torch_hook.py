@@ -136,16 +136,24 @@ class _Hook:
     def capture(self, folder: Path, max_s: float) -> None:
         try:
             window = _Window(self.info)
-            (folder / f"{self.info.key}.started").write_text(str(time.time_ns()))
-            deadline = time.monotonic() + max_s
-            while not (folder / "stop.json").exists() and time.monotonic() < deadline:
-                if self.closing.wait(POLL_S):
-                    break
-            window.finish(folder / trace_name(self.info.rank, self.info.key))
+            try:
+                (folder / f"{self.info.key}.started").write_text(str(time.time_ns()))
+                deadline = time.monotonic() + max_s
+                while not (folder / "stop.json").exists() and time.monotonic() < deadline:
+                    if self.closing.wait(POLL_S):
+                        break
+            finally:  # whatever went wrong, no profiler is left running in the job
+                window.finish(folder / trace_name(self.info.rank, self.info.key))
         except NoWindow as exc:
-            atomic.write_text(folder / f"{self.info.key}.error", str(exc))
+            self._tell(folder, str(exc))
         except Exception as exc:  # reported to the agent, never raised into the user's job
-            atomic.write_text(folder / f"{self.info.key}.error", f"{type(exc).__name__}: {exc}")
+            self._tell(folder, f"{type(exc).__name__}: {exc}")
+
+    def _tell(self, folder: Path, reason: str) -> None:
+        try:
+            atomic.write_text(folder / f"{self.info.key}.error", reason)
+        except OSError:  # the capture's folder went away: no agent waits for the answer
+            pass
 
 
 class NoWindow(Exception):

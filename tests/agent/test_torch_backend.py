@@ -87,14 +87,15 @@ if when == "now":
 """
 
 
-def _start_script(tmp_path, script_text: str = SCRIPT, *args: str):
+def _start_script(tmp_path, script_text: str = SCRIPT, *args: str, stderr=None):
     """The unchanged script as one rank under the hook, once it runs; the process and its ranks."""
     spool, ready, stop = tmp_path / "spool", tmp_path / "ready", tmp_path / "stop"
     script = tmp_path / "train.py"
     script.write_text(script_text)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", RANKSCOPE_JOB_ID="job-9")
     proc = subprocess.Popen([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool),
-                             "--", sys.executable, str(script), str(ready), str(stop), *args], env=env)
+                             "--", sys.executable, str(script), str(ready), str(stop), *args], env=env,
+                            stderr=stderr)
     deadline = time.monotonic() + 120
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -215,3 +216,31 @@ def test_a_window_whose_agent_is_lost_ends_by_itself_soon_after_its_duration(tmp
     finally:
         (tmp_path / "stop").touch()
         assert proc.wait(timeout=60) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_window_whose_folder_vanishes_ends_quietly_and_the_next_capture_works(tmp_path, monkeypatch):
+    """The agent's folder for a capture removed mid-window (its spool wiped, say): the window
+    still ends, nothing is printed into the job, and the hook serves the next capture."""
+    import shutil
+
+    from rankscope.agent import torch_backend
+
+    monkeypatch.setattr(torch_backend, "WINDOW_GRACE_S", 0.5)
+    with open(tmp_path / "job.err", "w") as err:
+        proc, ranks = _start_script(tmp_path, stderr=err)
+        try:
+            first = CaptureRequest(sweep_id="w6", duration_s=0.5, workdir=tmp_path / "work", ranks=ranks)
+            TorchBackend().start(first)
+            shutil.rmtree(tmp_path / "spool" / "captures" / "w6")
+            time.sleep(3)  # past the window's 1 s
+            again = CaptureRequest(sweep_id="w7", duration_s=0.5, workdir=tmp_path / "work7", ranks=ranks)
+            backend = TorchBackend()
+            backend.start(again)
+            time.sleep(0.5)
+            assert len(backend.stop(again)) == 1
+        finally:
+            (tmp_path / "stop").touch()
+            assert proc.wait(timeout=60) == 0
+    assert "Traceback" not in (tmp_path / "job.err").read_text()
