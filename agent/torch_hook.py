@@ -127,10 +127,11 @@ class _Hook:
                 self.seen.add(folder.name)
                 try:
                     request = json.loads(start.read_text())
+                    written = start.stat().st_mtime
                 except (OSError, ValueError):
-                    self.seen.discard(folder.name)  # being written: try again next turn
+                    self.seen.discard(folder.name)  # being written (or just removed): look again next turn
                     continue
-                if self.info.key in request.get("ranks", []) and start.stat().st_mtime >= self.installed - 1:
+                if self.info.key in request.get("ranks", []) and written >= self.installed - 1:
                     self.capture(folder, min(float(request.get("max_s", MAX_WINDOW_S)), MAX_WINDOW_S))
 
     def capture(self, folder: Path, max_s: float) -> None:
