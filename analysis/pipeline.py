@@ -67,9 +67,10 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     ranks, host_of_rank = meta["rank"].tolist(), meta["host"].tolist()
     notes = _rank_notes(ranks, digests.column("warnings").to_pylist())
     world, missing = _missing_ranks(ranks, digests.column("world_size"))
-    if missing:
+    if missing:  # said on stderr too: a whole node's ranks may be what is missing
         notes.append(f"{len(missing)} of the job's {world} ranks not in the input ({ranks_text(missing)}): lateness, "
                      f"blame and stragglers are judged among the {len(ranks)} present")
+        pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=2)
 
     matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
