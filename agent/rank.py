@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--backend torch profiles the Python process it runs, and {launcher} starts the ranks "
                          "as its children: put the wrapper inside the launcher, e.g. `torchrun ... --no-python "
                          "rankscope rank --backend torch -- python train.py`")
+    if launcher:  # nsys follows the launcher's children, so this works, but as one "rank"
+        log.warning("%s starts the ranks: they share this one nsys session and announcement (rank identities "
+                    "come from each process's trace); one wrapper per rank, inside the launcher, is what "
+                    "the agent expects: `torchrun ... --no-python rankscope rank -- python train.py`", launcher)
     info = rank_info(os.environ, pid=os.getpid(), backend=args.backend)
     output.make_folder(args.spool)
     if args.backend == "torch":

@@ -290,3 +290,11 @@ def test_ranks_of_containers_with_pids_of_their_own_share_one_spool(tmp_path):
         for pod in pods:
             pod.kill()
             pod.wait(30)
+
+
+def test_nsys_around_a_launcher_runs_but_says_one_wrapper_per_rank_is_expected(nsys_env, tmp_path):
+    state, env = nsys_env
+    proc = subprocess.run([sys.executable, "-m", "rankscope", "rank", "--spool", str(tmp_path / "spool"), "--",
+                           "torchrun", "--version"], capture_output=True, text=True, timeout=60, env=env)
+    assert "torchrun starts the ranks: they share this one nsys session" in proc.stderr
+    assert any(argv[0] == "launch" for argv in standin_nsys.calls(state))  # it ran all the same
