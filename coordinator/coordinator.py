@@ -306,7 +306,10 @@ class Coordinator:
             return copy.deepcopy(active) if active else self.store.sweep(sweep_id)
 
     def sweeps(self, limit: int = 0) -> list[sw.Sweep]:
-        return self.store.sweeps(limit=limit)
+        """Newest first, as stored; a sweep in flight as it is now (its last save may have failed)."""
+        stored = self.store.sweeps(limit=limit)
+        with self._lock:
+            return [copy.deepcopy(self._active[s.sweep_id]) if s.sweep_id in self._active else s for s in stored]
 
     def watch(self, sweep_id: str, active: Callable[[], bool]) -> Iterator[tuple[sw.Sweep, str]]:
         """The sweep now, then after each change, until it is final or ``active()`` turns false.
