@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -156,18 +158,32 @@ def _job_trace(tmp_path) -> list:
     return json.loads((tmp_path / "job.json").read_text())["traceEvents"]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_a_job_profiling_itself_gets_no_second_profiler_and_keeps_its_own(tmp_path):
-    proc, ranks = _start_script(tmp_path, OWN_PROFILER, "now")
-    request = CaptureRequest(sweep_id="w3", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
+@contextmanager
+def _job(tmp_path, script_text: str = SCRIPT, *args: str, stderr=None):
+    """The script running as one rank under the hook; told to stop at the end, and it must exit 0."""
+    proc, ranks = _start_script(tmp_path, script_text, *args, stderr=stderr)
     try:
-        with pytest.raises(ToolError, match=r"^no torch rank started its profiler: rank 0: the job's own "
-                                            r"torch.profiler is recording: a second one would end it"):
-            TorchBackend().start(request)
+        yield proc, ranks
     finally:
         (tmp_path / "stop").touch()
         assert proc.wait(timeout=60) == 0
+
+
+def _appears(path: Path, within_s: float = 60) -> bool:
+    deadline = time.monotonic() + within_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_job_profiling_itself_gets_no_second_profiler_and_keeps_its_own(tmp_path):
+    with _job(tmp_path, OWN_PROFILER, "now") as (_, ranks):
+        request = CaptureRequest(sweep_id="w3", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
+        with pytest.raises(ToolError, match=r"^no torch rank started its profiler: rank 0: the job's own "
+                                            r"torch.profiler is recording: a second one would end it"):
+            TorchBackend().start(request)
     assert _job_trace(tmp_path)
 
 
@@ -176,22 +192,16 @@ def test_a_job_profiling_itself_gets_no_second_profiler_and_keeps_its_own(tmp_pa
 def test_a_job_starting_its_own_profiler_mid_window_survives_and_keeps_its_profile(tmp_path):
     """One Kineto session per process: the job's takes ours over, and stopping or exporting
     ours then crashed the job (SIGSEGV); now ours is abandoned and the rank says why."""
-    proc, ranks = _start_script(tmp_path, OWN_PROFILER, "later")
-    request = CaptureRequest(sweep_id="w4", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
-    backend = TorchBackend()
-    try:
+    with _job(tmp_path, OWN_PROFILER, "later") as (proc, ranks):
+        request = CaptureRequest(sweep_id="w4", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
+        backend = TorchBackend()
         backend.start(request)
         (tmp_path / "own").touch()
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "job.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert _appears(tmp_path / "job.json")
         with pytest.raises(ToolError, match=r"^no torch rank wrote its trace: rank 0: the job started its own "
                                             r"torch.profiler during the window"):
             backend.stop(request)
         assert proc.poll() is None  # still training
-    finally:
-        (tmp_path / "stop").touch()
-        assert proc.wait(timeout=60) == 0
     assert _job_trace(tmp_path)
 
 
@@ -203,19 +213,12 @@ def test_a_window_whose_agent_is_lost_ends_by_itself_soon_after_its_duration(tmp
     from rankscope.agent import torch_backend
 
     monkeypatch.setattr(torch_backend, "WINDOW_GRACE_S", 1.0)
-    proc, ranks = _start_script(tmp_path)
-    request = CaptureRequest(sweep_id="w5", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
-    try:
+    with _job(tmp_path) as (proc, ranks):
+        request = CaptureRequest(sweep_id="w5", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
         TorchBackend().start(request)  # and nothing more from this agent
         trace = tmp_path / "spool" / "captures" / "w5" / torch_hook.trace_name(0, ranks[0].key)
-        deadline = time.monotonic() + 60
-        while not trace.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert trace.exists(), "the window was still open a minute after its 2 s"
+        assert _appears(trace), "the window was still open a minute after its 2 s"
         assert proc.poll() is None
-    finally:
-        (tmp_path / "stop").touch()
-        assert proc.wait(timeout=60) == 0
 
 
 @pytest.mark.slow
@@ -228,19 +231,14 @@ def test_a_window_whose_folder_vanishes_ends_quietly_and_the_next_capture_works(
     from rankscope.agent import torch_backend
 
     monkeypatch.setattr(torch_backend, "WINDOW_GRACE_S", 0.5)
-    with open(tmp_path / "job.err", "w") as err:
-        proc, ranks = _start_script(tmp_path, stderr=err)
-        try:
-            first = CaptureRequest(sweep_id="w6", duration_s=0.5, workdir=tmp_path / "work", ranks=ranks)
-            TorchBackend().start(first)
-            shutil.rmtree(tmp_path / "spool" / "captures" / "w6")
-            time.sleep(3)  # past the window's 1 s
-            again = CaptureRequest(sweep_id="w7", duration_s=0.5, workdir=tmp_path / "work7", ranks=ranks)
-            backend = TorchBackend()
-            backend.start(again)
-            time.sleep(0.5)
-            assert len(backend.stop(again)) == 1
-        finally:
-            (tmp_path / "stop").touch()
-            assert proc.wait(timeout=60) == 0
+    with open(tmp_path / "job.err", "w") as err, _job(tmp_path, stderr=err) as (_, ranks):
+        first = CaptureRequest(sweep_id="w6", duration_s=0.5, workdir=tmp_path / "work", ranks=ranks)
+        TorchBackend().start(first)
+        shutil.rmtree(tmp_path / "spool" / "captures" / "w6")
+        time.sleep(3)  # past the window's 1 s
+        again = CaptureRequest(sweep_id="w7", duration_s=0.5, workdir=tmp_path / "work7", ranks=ranks)
+        backend = TorchBackend()
+        backend.start(again)
+        time.sleep(0.5)
+        assert len(backend.stop(again)) == 1
     assert "Traceback" not in (tmp_path / "job.err").read_text()
