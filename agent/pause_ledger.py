@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope.errors import ConfigError
+from rankscope.lock import held
 
 DEFAULT_FOLDER = Path("/tmp/rankscope-dcgm")
 MUTEX_NAME = ".mutex"
@@ -177,11 +178,7 @@ def _read_holder(path: Path) -> Holder | None:
     except OSError:  # it just went, or is not one of ours (a link, a file we may not read)
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            alive = False
-        except BlockingIOError:
-            alive = True
+        alive = held(fd)
         raw = os.pread(fd, 1 << 20, 0)
     finally:
         os.close(fd)

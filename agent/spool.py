@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rankscope.errors import InputError
+from rankscope.lock import held
 
 log = logging.getLogger(__name__)
 _HELD: dict[Path, int] = {}  # this process's announcements -> the descriptor holding each one's lock
@@ -123,12 +124,9 @@ def lives(info: RankInfo) -> bool:
     except FileNotFoundError:
         return False  # withdrawn
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return held(fd)
     finally:
-        os.close(fd)  # and with it the lock, where we got it
-    return False
+        os.close(fd)
 
 
 def alive(pid: int) -> bool:

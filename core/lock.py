@@ -5,6 +5,9 @@ two agents on one work dir would each carry on the other's captures. The lock is
 exclusive ``flock`` on ``FOLDER/.rankscope.lock``, held while the process runs. The kernel
 drops it when the process ends, however it ends (kill -9 included), so no stale lock is
 ever left to clean up; the file only names the last holder, for the message.
+
+The same property tells others whether a process lives (``held``): the DCGM pause ledger's
+holder files and the spool's rank announcements are flock-held by their writers.
 """
 
 from __future__ import annotations
@@ -69,3 +72,15 @@ class FolderLock:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
+
+
+def held(fd: int) -> bool:
+    """Whether another open file holds an flock on the file open as ``fd``: its holder lives,
+    for the kernel drops the lock however a process ends. Works across the containers of a
+    host, whatever their PID namespaces. Where the lock is free it is taken and let go."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
