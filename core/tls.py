@@ -77,14 +77,10 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
 def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     if (files.cert is None) != (files.key is None):
         raise ConfigError("a client certificate needs its private key and the other way round (--tls-cert, --tls-key)")
-    for path, what in ((files.ca, "CA certificate"), (files.key, "TLS private key"), (files.cert, "TLS certificate")):
-        _read(path, what)  # unreadable: said before any parsing
+    ca, key = _read(files.ca, "CA certificate"), _read(files.key, "TLS private key")
+    cert = _read(files.cert, "TLS certificate")  # each unreadable file said before any parsing
     _check_pem(files)
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(files.ca, "CA certificate"),
-        private_key=_read(files.key, "TLS private key"),
-        certificate_chain=_read(files.cert, "TLS certificate"),
-    )
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
 def channel(address: str, files: TlsFiles | None, options: list[tuple[str, object]] | None = None) -> grpc.Channel:
