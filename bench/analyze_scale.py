@@ -10,11 +10,14 @@ on the same files:
 Time: one fresh process times floor and analysis alternately, --repeat rounds, and keeps
 each one's best (other users of shared cores only ever add time; the load average is
 printed); load and analyze are each their own best too, so load/floor compares like
-with like. Memory: one fresh process per mode runs it once; peak RSS is shown, and its
+with like. `paired` is the median over rounds of analysis/floor timed back to back: where
+the machine's speed drifts (shared cores run 11 to 27 ms for one 8-rank floor within
+seconds), the best of each favours the shorter run, which more often fits a quiet spell;
+a pair sees one speed. Memory: one fresh process per mode runs it once; peak RSS is shown, and its
 growth over the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
 
-    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20] [--repeat 3]
+    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20] [--repeat 5]
     .venv/bin/python bench/analyze_scale.py --child time FOLDER [--repeat 5]   # one written set: JSON
 """
 
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,15 +91,20 @@ def child(mode: str, folder: str, repeat: int) -> dict:
     floor(paths)  # page cache warm for both
     best: dict[str, dict] = {}
     parts: dict[str, float] = {}
-    for _ in range(repeat):
-        for name in MODES:  # alternate, so load from others hits both alike
+    ratios = []
+    for round_ in range(repeat):
+        # Alternate, so load from others hits both alike; each round in the other order.
+        seconds = {}
+        for name in list(MODES)[:: 1 if round_ % 2 == 0 else -1]:
             result = _timed(name, paths)
+            seconds[name] = result["seconds"]
             if name not in best or result["seconds"] < best[name]["seconds"]:
                 best[name] = result
             for part in ("load_s", "analyze_s"):
                 if part in result:
                     parts[part] = min(parts.get(part, result[part]), result[part])
-    best["analysis"].update(parts)
+        ratios.append(seconds["analysis"] / seconds["floor"])
+    best["analysis"].update(parts, paired=statistics.median(ratios))
     return best
 
 
@@ -111,7 +120,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 512])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeat", type=int, default=3, help="timing rounds (best kept)")
+    parser.add_argument("--repeat", type=int, default=5, help="timing rounds (best kept; paired: median of the rounds)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -121,7 +130,7 @@ def main() -> int:
 
     print(f"{os.cpu_count()} CPUs; best of {args.repeat} alternating rounds; load = 1-min load average before/after")
     print(f"{'ranks':>5} {'MB':>6} {'analysis s':>10} {'load s':>7} {'analyze s':>9} {'floor s':>8} {'ratio':>6} "
-          f"{'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} {'floor +MB':>9} {'load avg':>10}")
+          f"{'paired':>6} {'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} {'floor +MB':>9} {'load avg':>10}")
     for size in args.sizes:
         spec = sim.JobSpec(nodes=max(1, size // 8), gpus_per_node=min(8, size), tp=min(8, size), steps=args.steps,
                            stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),), seed=1)
@@ -136,7 +145,7 @@ def main() -> int:
         an, fl = timed["analysis"], timed["floor"]
         grown = an_mem["peak_mb"] - an_mem["baseline_mb"]
         print(f"{spec.world_size:>5} {megabytes:>6.1f} {an['seconds']:>10.3f} {an['load_s']:>7.3f} {an['analyze_s']:>9.3f} "
-              f"{fl['seconds']:>8.3f} {an['seconds'] / fl['seconds']:>6.2f} {an['load_s'] / fl['seconds']:>10.2f} "
+              f"{fl['seconds']:>8.3f} {an['seconds'] / fl['seconds']:>6.2f} {an['paired']:>6.2f} {an['load_s'] / fl['seconds']:>10.2f} "
               f"{an_mem['peak_mb']:>8.0f} {grown:>6.0f} {grown / spec.world_size:>8.2f} "
               f"{fl_mem['peak_mb'] - fl_mem['baseline_mb']:>9.0f} {load_before:>4.1f}/{load_after:<4.1f}", flush=True)
     return 0
