@@ -23,6 +23,7 @@ from rankscope.proto.v1 import rankscope_pb2 as pb
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
 EXIT_PARTIAL = 3
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT, as the CLI gives it elsewhere
 EXIT_FINDINGS = 4  # with --fail-on-findings: a straggler or a slow link (a scheduled health sweep's alarm)
 
 
@@ -166,7 +167,13 @@ def run_capture(args: argparse.Namespace) -> int:
         if not args.wait:
             print(sweep.sweep_id)
             return 0
-        final = _follow(client, sweep.sweep_id)
+        try:
+            final = _follow(client, sweep.sweep_id)
+        except KeyboardInterrupt:
+            # Only the waiting stops: the nodes capture on, and the coordinator analyses.
+            print(f"rankscope: stopped waiting; sweep {sweep.sweep_id} goes on "
+                  f"(rankscope report {sweep.sweep_id} prints its report)", file=sys.stderr)
+            return EXIT_INTERRUPTED
         if final.state == pb.SWEEP_STATE_FAILED:
             print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
             return EXIT_FAILED

@@ -252,3 +252,25 @@ def test_report_of_a_failed_sweep_says_why_it_has_none(coordinator, wire, capsys
     assert capsys.readouterr().err.splitlines() == [
         f"rankscope: error: sweep {sweep_id} failed: no node delivered a digest: node-a: nsys not found on PATH"]
     agent.close()
+
+
+def test_ctrl_c_while_waiting_leaves_the_sweep_running_and_says_so(coordinator, wire, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    silent = answer(agent, None)  # the node captures on, past the interrupt
+    waiting = subprocess.Popen([sys.executable, "-m", "rankscope", "capture", "--coordinator", coordinator.address,
+                                "--nodes", "node-a", "--backend", "sim", "--duration", "30s", "--wait"],
+                               stderr=subprocess.PIPE, text=True)
+    first = waiting.stderr.readline()
+    assert first.startswith("sweep "), first
+    sweep_id = first.split()[1]
+    silent.join(10)  # the agent has its start: the sweep is under way
+    waiting.send_signal(signal.SIGINT)
+    _, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (f"rankscope: stopped waiting; sweep {sweep_id} goes on "
+                                            f"(rankscope report {sweep_id} prints its report)")
+    assert "Traceback" not in err
+    assert main(["sweeps", "--coordinator", coordinator.address]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(sweep_id))
+    assert "running" in row
+    agent.close()
