@@ -16,12 +16,15 @@ import numpy as np
 
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, locate, member_of, take, take_or
 from rankscope.analysis.matching import UNMATCHED
-from rankscope.analysis.ops import bus_factor
+from rankscope.analysis.ops import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, P2P_OPS, REDUCESCATTER, bus_factor
 
 SIGMAS = 3.0
 TOP_KERNELS = 5
 _TP_NAME = re.compile(r"(^|[^a-z])(tp|tensor)([^a-z]|$)", re.I)
 _DP_NAME = re.compile(r"(^|[^a-z])(dp|data|fsdp)([^a-z]|$)", re.I)
+# What data parallelism runs: gradient AllReduce, FSDP/ZeRO's AllGather and ReduceScatter,
+# the initial Broadcast of parameters.
+_DP_OPS = frozenset({ALLREDUCE, ALLGATHER, REDUCESCATTER, BROADCAST})
 
 
 def instance_frame(aligned: Table) -> dict[str, ArrayLike]:
@@ -148,23 +151,42 @@ def job_top_kernels(kernels: Table, limit: int = 10) -> dict[str, np.ndarray]:
     }
 
 
-def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[int, str]) -> str:
+def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[int, str],
+                      op_names: frozenset[str] = frozenset()) -> str:
     """tp: named TP by the trace, or consecutive ranks all on one host (intra-node TP, as
     Megatron and a torch DeviceMesh with TP innermost lay it out); dp: one member per host
-    across hosts (or named DP); other: anything else (world, mixed, single, and strided
-    groups inside one host, which could be DP or pipeline stages alike)."""
+    across hosts, or a strided group inside one host whose operations (``op_names``, those
+    it carried) are all data-parallel reductions (or named DP); other: anything else
+    (world, mixed, single). A group that only exchanges point to point (pipeline stages,
+    ring attention) or only runs AllToAll (expert parallel) is neither TP nor DP, wherever
+    its ranks are."""
     if name and _TP_NAME.search(name):
         return "tp"
     if name and _DP_NAME.search(name):
         return "dp"
-    if len(ranks) < 2:
+    if len(ranks) < 2 or (op_names and (op_names <= P2P_OPS or op_names == {ALLTOALL})):
         return "other"
     hosts = [hosts_of.get(r) for r in ranks]
     if len(set(hosts)) == 1:
-        return "tp" if max(ranks) - min(ranks) + 1 == len(set(ranks)) else "other"
+        if max(ranks) - min(ranks) + 1 == len(set(ranks)):
+            return "tp"
+        return "dp" if op_names and op_names <= _DP_OPS else "other"
     if len(set(hosts)) == len(hosts):
         return "dp"
     return "other"
+
+
+def communicator_ops(events: Table) -> dict[str, frozenset[str]]:
+    """The operations each communicator carried (its rows' distinct ops)."""
+    comm, comm_ids = codes(events["comm_id"])
+    op, op_ids = codes(events["op"])
+    pairs = Groups(comm, op)
+    comm_ids, op_ids = list(comm_ids), list(op_ids)
+    found: dict[str, set[str]] = {}
+    for c, o in zip(pairs.keys[0].tolist(), pairs.keys[1].tolist()):  # one per distinct pair: few
+        if c >= 0 and o >= 0:  # -1: no value
+            found.setdefault(comm_ids[c], set()).add(op_ids[o])
+    return {c: frozenset(names) for c, names in found.items()}
 
 
 def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:

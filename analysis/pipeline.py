@@ -97,7 +97,9 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         pywarnings.warn(message, RankscopeWarning, stacklevel=2)
 
     hosts_of = dict(zip(ranks, host_of_rank))
-    kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of) for c, m in matched.members.items()}
+    comm_ops = metrics.communicator_ops(events)
+    kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of, comm_ops.get(c, frozenset()))
+             for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
     comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -70,6 +71,27 @@ def test_communicator_kind() -> None:
     # one node of 4 with TP=2: the strided groups are DP (or pipeline stages), not TP
     node = {r: "a" for r in range(4)}
     assert [metrics.communicator_kind(None, g, node) for g in ((0, 1), (2, 3), (0, 2), (1, 3))] == ["tp", "tp", "other", "other"]
+
+
+@pytest.mark.parametrize(("ranks", "op_names", "kind"), [
+    ((0, 2), {"allreduce"}, "dp"),  # one 4-GPU node, TP=2: the strided groups reduce gradients
+    ((1, 3), {"allgather", "reducescatter"}, "dp"),  # ... or shard them (FSDP, ZeRO-3)
+    ((0, 2), {"sendrecv"}, "other"),  # ... or pass activations between pipeline stages
+    ((0, 1), {"send", "recv"}, "other"),  # consecutive, but point to point: not TP
+    ((0, 4), {"sendrecv"}, "other"),  # pipeline stages on two hosts: not DP
+    ((0, 4), {"alltoall"}, "other"),  # expert parallel
+    ((0, 4), {"allreduce", "broadcast"}, "dp"),
+    ((0, 1), {"allreduce", "sendrecv"}, "tp"),
+])
+def test_communicator_kind_weighs_what_the_group_ran(ranks, op_names, kind) -> None:
+    hosts = {r: "a" if r < 4 else "b" for r in range(8)}
+    assert metrics.communicator_kind(None, ranks, hosts, frozenset(op_names)) == kind
+
+
+def test_communicator_ops_are_each_communicators_distinct_operations() -> None:
+    events = {"comm_id": np.array(["pp", "tp", "pp", "tp", "tp"], object),
+              "op": np.array(["send", "allreduce", "recv", "allreduce", "allgather"], object)}
+    assert metrics.communicator_ops(events) == {"pp": {"send", "recv"}, "tp": {"allreduce", "allgather"}}
 
 
 def test_tp_overhead_splits_exposed_time() -> None:

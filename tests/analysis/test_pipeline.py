@@ -103,3 +103,25 @@ def test_torchrun_file_splits_into_two_ranks_with_sendrecv_matched(samples) -> N
     assert report.alignment.dropped_inconsistent == 0
     assert all(r.matched == 33 for r in report.ranks)
     assert Report.from_dict(json.loads(report.to_json())) == report
+
+
+def test_one_node_job_tells_its_dp_groups_from_tp_by_what_they_run(tmp_path) -> None:
+    """One 4-GPU node, TP=2: consecutive pairs are TP, the strided pairs reduce gradients
+    (DP); only TP groups get a TP overhead."""
+    from rankscope.analysis import simulate
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=4, tp=2, steps=5, seed=3)
+    report = analyze(load_digests(simulate.simulate(spec, tmp_path)))
+    kinds = {tuple(c.ranks): c.kind for c in report.communicators}
+    assert kinds == {(0, 1): "tp", (2, 3): "tp", (0, 2): "dp", (1, 3): "dp"}
+    tp_ids = {c.comm_id for c in report.communicators if c.kind == "tp"}
+    assert {t.comm_id for t in report.tp_overhead} == tp_ids
+
+
+def test_a_pair_that_only_sends_and_receives_is_not_tensor_parallel(samples) -> None:
+    from rankscope.analysis.sources import load_digests
+
+    report = analyze(load_digests([samples / "nsys" / "nsysai_2gpu_sendrecv" / "mfu_2gpu_before.sqlite"]))
+    (comm,) = report.communicators
+    assert comm.kind == "other" and not report.tp_overhead
