@@ -1040,7 +1040,8 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
                            for key, o in zip(frame[fallback][missing], op[missing])]
             notes.append(
                 f"{int(missing.sum())} collective(s) carry no process group and the trace lists "
-                f"{len(configs) or 'no'} group(s): grouped by {fallback} and op, ordered within the group"
+                f"{len(configs) or 'no'} group(s): grouped by {'op' if fallback == 'op' else fallback + ' and op'}, "
+                "ordered within the group"
             )
     p2p = _equal_any(op, list(ops.P2P_OPS))
     frame["comm_id"] = np.where(p2p, pg + "/p2p", pg)

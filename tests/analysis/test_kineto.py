@@ -15,7 +15,7 @@ import pytest
 
 from rankscope.analysis import digest
 from rankscope.analysis.kineto import read_kineto
-from rankscope.errors import ExportError
+from rankscope.errors import ExportError, RankscopeWarning
 
 GLOO = "kineto/gloo_cpu_torch2.13"
 HTA = "kineto/hta"
@@ -628,3 +628,16 @@ def test_cpu_op_starting_100ns_before_the_previous_ends_is_nested_at_epoch_times
                _event("aten::inner", "1712195495520009.900", "5.000", tid=1)]
     kernels = digest.explode(_read(_write(tmp_path / "abs.json", _trace(events))), "kernels")
     assert "aten::outer" in set(kernels["name"]) and "aten::inner" not in set(kernels["name"])
+
+
+def test_gloo_collectives_of_several_groups_without_their_names_are_grouped_by_op(tmp_path):
+    """torch 2.13's gloo c10d ops carry no process group; where the trace lists several,
+    each op is its own guessed group, and the warning says so in so many words."""
+    data = _trace(_gloo_events("200.000", "201.000"))
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}, {"pg_name": "1", "ranks": [2, 3]}]
+    with pytest.warns(RankscopeWarning) as caught:
+        table = read_kineto(_write(tmp_path / "a.json", data))
+    assert set(_collectives(table)["comm_id"]) == {"unresolved-pg:allreduce"}
+    notes = [str(w.message) for w in caught if "carry no process group" in str(w.message)]
+    assert notes == [f"{tmp_path / 'a.json'}: 1 collective(s) carry no process group and the trace lists 2 group(s): "
+                     "grouped by op, ordered within the group"]
