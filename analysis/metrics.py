@@ -22,6 +22,8 @@ SIGMAS = 3.0
 TOP_KERNELS = 5
 _TP_NAME = re.compile(r"(^|[^a-z])(tp|tensor)([^a-z]|$)", re.I)
 _DP_NAME = re.compile(r"(^|[^a-z])(dp|data|fsdp)([^a-z]|$)", re.I)
+# torch's description of its default process group (distributedInfo pg_config pg_desc).
+WORLD_PG_DESC = "default_pg"
 # What data parallelism runs: gradient AllReduce, FSDP/ZeRO's AllGather and ReduceScatter,
 # the initial Broadcast of parameters.
 _DP_OPS = frozenset({ALLREDUCE, ALLGATHER, REDUCESCATTER, BROADCAST})
@@ -157,14 +159,15 @@ def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[i
     Megatron and a torch DeviceMesh with TP innermost lay it out); dp: one member per host
     across hosts, or a strided group inside one host whose operations (``op_names``, those
     it carried) are all data-parallel reductions (or named DP); other: anything else
-    (world, mixed, single). A group that only exchanges point to point (pipeline stages,
+    (world, mixed, single). torch's default group is the job's world, so never TP by its
+    layout: on one node it is what DDP reduces gradients on. A group that only exchanges point to point (pipeline stages,
     ring attention) or only runs AllToAll (expert parallel) is neither TP nor DP, wherever
     its ranks are."""
     if name and _TP_NAME.search(name):
         return "tp"
     if name and _DP_NAME.search(name):
         return "dp"
-    if len(ranks) < 2 or (op_names and (op_names <= P2P_OPS or op_names == {ALLTOALL})):
+    if name == WORLD_PG_DESC or len(ranks) < 2 or (op_names and (op_names <= P2P_OPS or op_names == {ALLTOALL})):
         return "other"
     hosts = [hosts_of.get(r) for r in ranks]
     if len(set(hosts)) == 1:

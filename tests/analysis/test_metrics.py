@@ -88,6 +88,14 @@ def test_communicator_kind_weighs_what_the_group_ran(ranks, op_names, kind) -> N
     assert metrics.communicator_kind(None, ranks, hosts, frozenset(op_names)) == kind
 
 
+def test_torchs_default_group_on_one_node_is_not_taken_for_tensor_parallel() -> None:
+    """Single-node DDP reduces gradients on the default group: consecutive ranks on one
+    host, but not a TP group."""
+    node = {r: "a" for r in range(4)}
+    assert metrics.communicator_kind("default_pg", (0, 1, 2, 3), node, frozenset({"allreduce"})) == "other"
+    assert metrics.communicator_kind("undefined", (0, 1, 2, 3), node, frozenset({"allreduce"})) == "tp"
+
+
 def test_communicator_ops_are_each_communicators_distinct_operations() -> None:
     events = {"comm_id": np.array(["pp", "tp", "pp", "tp", "tp"], object),
               "op": np.array(["send", "allreduce", "recv", "allreduce", "allgather"], object)}

@@ -125,3 +125,15 @@ def test_a_pair_that_only_sends_and_receives_is_not_tensor_parallel(samples) -> 
     report = analyze(load_digests([samples / "nsys" / "nsysai_2gpu_sendrecv" / "mfu_2gpu_before.sqlite"]))
     (comm,) = report.communicators
     assert comm.kind == "other" and not report.tp_overhead
+
+
+def test_the_default_group_beside_a_tp_group_of_the_same_ranks_is_not_tp(tmp_path) -> None:
+    """One node, TP over all 4 GPUs, a world barrier each step (Kineto names the groups):
+    the TP group "1.0" is TP; torch's default group "0", with the same members, is not."""
+    from rankscope.analysis import simulate
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=4, tp=4, steps=4, barrier=True, seed=3)
+    report = analyze(load_digests(simulate.simulate(spec, tmp_path, fmt="kineto")))
+    assert {c.comm_id: c.kind for c in report.communicators} == {"0": "other", "1.0": "tp"}
+    assert [t.comm_id for t in report.tp_overhead] == ["1.0"]
