@@ -160,9 +160,9 @@ def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[i
     across hosts, or a strided group inside one host whose operations (``op_names``, those
     it carried) are all data-parallel reductions (or named DP); other: anything else
     (world, mixed, single). torch's default group is the job's world, so never TP by its
-    layout: on one node it is what DDP reduces gradients on. A group that only exchanges point to point (pipeline stages,
-    ring attention) or only runs AllToAll (expert parallel) is neither TP nor DP, wherever
-    its ranks are."""
+    layout: on one node it is what DDP reduces gradients on. A group that only exchanges
+    point to point (pipeline stages, ring attention) or only runs AllToAll (expert
+    parallel) is neither TP nor DP, wherever its ranks are."""
     if name and _TP_NAME.search(name):
         return "tp"
     if name and _DP_NAME.search(name):
