@@ -7,6 +7,8 @@ prints them like any other user-facing error.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -88,17 +90,48 @@ class SweepClient:
         return self._call(self.stub.GetReport, pb.GetReportRequest(sweep_id=sweep_id))
 
     def watch(self, sweep_id: str, *, reconnect_s: float = 120.0) -> Iterator[pb.SweepEvent]:
-        """Progress events until the sweep is final; rides out a coordinator restart of up to ``reconnect_s``."""
-        lost_since: float | None = None
-        while True:
+        """Progress events until the sweep is final; rides out a coordinator restart of up to ``reconnect_s``.
+
+        The stream is read on a thread of its own, the caller waits on a queue: a Ctrl-C then
+        lands in that wait, never inside gRPC's iterator, where it leaves the call unfinished
+        and ``channel.close()`` waiting for it for ever (grpc/grpc#19973: seen here, a capture
+        --wait hung on Ctrl-C). The watch's call is cancelled when the caller stops reading."""
+        events: queue.Queue[tuple[pb.SweepEvent | None, BaseException | None]] = queue.Queue()
+        watch = _Watch()
+
+        def pump() -> None:
             try:
-                for event in self.stub.WatchSweep(pb.WatchSweepRequest(sweep_id=sweep_id)):
+                for event in self._events(sweep_id, reconnect_s, watch):
+                    events.put((event, None))
+                events.put((None, None))
+            except BaseException as exc:  # handed to the caller, raised there
+                events.put((None, exc))
+
+        threading.Thread(target=pump, name=f"watch-{sweep_id}", daemon=True).start()
+        try:
+            while True:
+                event, error = events.get()
+                if error is not None:
+                    raise error
+                if event is None:
+                    return
+                yield event
+        finally:
+            watch.cancel()
+
+    def _events(self, sweep_id: str, reconnect_s: float, watch: _Watch) -> Iterator[pb.SweepEvent]:
+        lost_since: float | None = None
+        while not watch.cancelled:
+            try:
+                for event in watch.follow(self.stub.WatchSweep(pb.WatchSweepRequest(sweep_id=sweep_id))):
                     lost_since = None
                     yield event
                     if event.final:
                         return
                 lost: RankscopeError = TransportError(f"coordinator at {self.address} ended the watch of {sweep_id} early")
             except grpc.RpcError as exc:
+                if watch.cancelled:
+                    return
                 lost = rpc_error(self.address, exc, self.tls)
                 if not isinstance(lost, TransportError):  # only being unreachable may pass
                     raise lost from None
@@ -113,3 +146,25 @@ class SweepClient:
             return method(request, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
             raise rpc_error(self.address, exc, self.tls) from None
+
+
+class _Watch:
+    """The call a watch reads, to cancel from the caller's thread."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._call: grpc.Call | None = None
+        self._lock = threading.Lock()
+
+    def follow(self, call: grpc.Call) -> grpc.Call:
+        with self._lock:
+            self._call = call
+            if self.cancelled:
+                call.cancel()
+        return call
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._call is not None:
+                self._call.cancel()

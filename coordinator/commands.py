@@ -86,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     capture.add_argument("--upload-raw", action="store_true", help="also upload the raw profiler exports")
     capture.add_argument("--wait", action="store_true",
                          help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed "
-                              f"({EXIT_FINDINGS}: findings, with --fail-on-findings)")
+                              f"({EXIT_FINDINGS}: findings, with --fail-on-findings; {EXIT_INTERRUPTED}: stopped "
+                              "waiting with Ctrl-C, the sweep goes on)")
     capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait")
     capture.add_argument("--plot", type=Path, metavar="FILE",
                          help="with --wait, also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
@@ -161,13 +162,12 @@ def run_capture(args: argparse.Namespace) -> int:
         sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
                              duration_s=args.duration, backend=args.backend, timeout_s=args.timeout,
                              options=options, upload_raw=args.upload_raw)
-        names = [n.node for n in sweep.nodes]
-        shown = ", ".join(names if len(names) <= FLEET_NODES else [*names[:3], "...", names[-1]])
-        print(f"sweep {sweep.sweep_id} started on {len(names)} node(s): {shown}", file=sys.stderr, flush=True)
         if not args.wait:
+            _say_started(sweep)
             print(sweep.sweep_id)
             return 0
         try:
+            _say_started(sweep)
             final = _follow(client, sweep.sweep_id)
         except KeyboardInterrupt:
             # Only the waiting stops: the nodes capture on, and the coordinator analyses.
@@ -181,6 +181,12 @@ def run_capture(args: argparse.Namespace) -> int:
         if args.fail_on_findings and (final.stragglers or final.slow_links):
             return EXIT_FINDINGS
         return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
+
+
+def _say_started(sweep: pb.Sweep) -> None:
+    names = [n.node for n in sweep.nodes]
+    shown = ", ".join(names if len(names) <= FLEET_NODES else [*names[:3], "...", names[-1]])
+    print(f"sweep {sweep.sweep_id} started on {len(names)} node(s): {shown}", file=sys.stderr, flush=True)
 
 
 def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
