@@ -127,7 +127,7 @@ class Agent:
         self.channel = tls.channel(config.coordinator, config.tls, CHANNEL_OPTIONS)
         self.session = Session(self.channel, self.register_request, self.on_command, self.on_connect,
                                max_backoff_s=config.max_backoff_s, stop=self.stop,
-                               explain=lambda: tls.mismatch(config.coordinator, config.tls))
+                               explain=lambda: tls.refusal(config.coordinator, config.tls, "this agent"))
         self.hold = FolderLock(config.work_dir, "agent")
         self.pauses = dcgm_mod.PauseManager(dcgm_mod.discover(config.dcgm), config.dcgm.ledger_dir,
                                              who=f"agent {config.name}")

@@ -24,6 +24,7 @@ import grpc
 from rankscope.errors import ConfigError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+from rankscope.tls import not_a_coordinator
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class Session:
         explain: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.stub = pb_grpc.AgentServiceStub(channel)
-        self.explain = explain  # why an UNAVAILABLE coordinator refuses us, where that can be told
+        self.explain = explain  # why an UNAVAILABLE coordinator refuses us (`tls.refusal`), where that can be told
         self.hello = hello
         self.on_command = on_command
         self.on_connect = on_connect
@@ -122,9 +123,12 @@ class Session:
                 # Loud once per outage, quiet while it lasts; our own close cancels the call.
                 quiet = (failures and not self._heard) or self.stop.is_set()
                 hint = None if quiet or exc.code() != grpc.StatusCode.UNAVAILABLE else self.explain()
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    hint = f"the server there {not_a_coordinator(exc.details() or '')}"
+                elif hint:
+                    hint = f"the coordinator {hint}"
                 log.log(logging.INFO if quiet else logging.WARNING, "coordinator session: %s: %s",
-                        exc.code().name, f"the coordinator refuses this agent's TLS settings: {hint}" if hint
-                        else exc.details())
+                        exc.code().name, hint or exc.details())
             finally:
                 self._close_outbox()
             if self.stop.is_set():

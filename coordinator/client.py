@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
-from rankscope.tls import TlsFiles, channel, mismatch
+from rankscope.tls import TlsFiles, channel, not_a_coordinator, refusal
 from rankscope.errors import ConfigError, InputError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -37,9 +37,11 @@ def rpc_error(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> 
     refuses the client's TLS settings, what to change)."""
     code, details = exc.code(), exc.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
-        hint = mismatch(address, tls)
+        hint = refusal(address, tls, "this client")
         if hint:
-            return ConfigError(f"coordinator at {address} refuses this client's TLS settings: {hint}")
+            return ConfigError(f"coordinator at {address} {hint}")
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return ConfigError(f"coordinator at {address} {not_a_coordinator(details)}")
     if code in _UNREACHABLE:
         return TransportError(f"coordinator at {address} unreachable ({code.name.lower()}: {details})")
     if code in _USER_MISTAKES:

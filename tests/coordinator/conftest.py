@@ -178,4 +178,16 @@ def wire():
 
     return types.SimpleNamespace(header=header, chunks=chunks, start=start, stop=stop, stored_files=stored_files,
                                  recorded_uploads=recorded_uploads,
-                                 FakeAgent=FakeAgent)
+                                 FakeAgent=FakeAgent, real_agent=real_agent)
+
+
+def real_agent(address: str, tmp_path: Path, files=None):
+    """A real node agent (sim backend, no DCGM) dialling ``address`` on a thread of its own."""
+    from rankscope.agent.agent import Agent, AgentConfig
+    from rankscope.agent.dcgm import DcgmConfig
+
+    config = AgentConfig(coordinator=address, name="tls-node", spool=tmp_path / "spool", work_dir=tmp_path / "work",
+                         backends=("sim",), dcgm=DcgmConfig(mode="none"), max_backoff_s=0.2, tls=files)
+    agent = Agent(config)
+    threading.Thread(target=agent.run, daemon=True).start()
+    return agent

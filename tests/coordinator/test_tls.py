@@ -6,14 +6,11 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import grpc
 import pytest
 
-from rankscope.agent.agent import Agent, AgentConfig
-from rankscope.agent.dcgm import DcgmConfig
 from rankscope.coordinator.client import SweepClient
 from rankscope.tls import TlsFiles, channel, mismatch
 from rankscope.errors import ConfigError, TransportError
@@ -135,24 +132,16 @@ def test_files_that_are_not_pem_or_not_a_pair_are_named_before_any_handshake(tmp
         wire.start(tmp_path / "data", tls_cert=tmp_path / "notes.pem", tls_key=pki / "server.key")
 
 
-def _agent(address: str, tmp_path: Path, files: TlsFiles) -> Agent:
-    config = AgentConfig(coordinator=address, name="tls-node", spool=tmp_path / "spool", work_dir=tmp_path / "work",
-                         backends=("sim",), dcgm=DcgmConfig(mode="none"), max_backoff_s=0.2, tls=files)
-    agent = Agent(config)
-    threading.Thread(target=agent.run, daemon=True).start()
-    return agent
-
-
-def test_an_agent_dials_a_mtls_coordinator_with_its_certificate(secure, pki, tmp_path) -> None:
-    agent = _agent(secure.address, tmp_path, TlsFiles(cert=pki / "client.pem", key=pki / "client.key", ca=pki / "ca.pem"))
+def test_an_agent_dials_a_mtls_coordinator_with_its_certificate(secure, pki, tmp_path, wire) -> None:
+    agent = wire.real_agent(secure.address, tmp_path, TlsFiles(cert=pki / "client.pem", key=pki / "client.key", ca=pki / "ca.pem"))
     try:
         assert agent.registered.wait(20), "the agent never registered over mTLS"
     finally:
         agent.session.close()
 
 
-def test_an_agent_without_a_certificate_is_not_let_in_and_says_why(secure, pki, tmp_path, caplog) -> None:
-    agent = _agent(secure.address, tmp_path, TlsFiles(ca=pki / "ca.pem"))
+def test_an_agent_without_a_certificate_is_not_let_in_and_says_why(secure, pki, tmp_path, caplog, wire) -> None:
+    agent = wire.real_agent(secure.address, tmp_path, TlsFiles(ca=pki / "ca.pem"))
     try:
         assert not agent.registered.wait(3)
     finally:

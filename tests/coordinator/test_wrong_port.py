@@ -1,0 +1,64 @@
+"""A coordinator address whose port is something else: an HTTP/1 server, or a gRPC server
+with no rankscope service. gRPC calls the first unreachable (with an HTTP/2 parsing error)
+and answers the second UNIMPLEMENTED; the command and the agent say what is there."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2_grpc
+
+from rankscope.cli import main
+
+
+@pytest.fixture
+def http1_port():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def other_grpc_port():
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=0)
+
+
+def test_an_http1_port_is_named_as_no_grpc_server(http1_port, capsys) -> None:
+    assert main(["sweeps", "--coordinator", http1_port]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"rankscope: error: coordinator at {http1_port} answers, but neither in HTTP/2 nor in TLS: "
+        "no gRPC server listens there (check the port)")
+
+
+def test_another_grpc_service_is_named_as_no_coordinator(other_grpc_port, capsys) -> None:
+    assert main(["sweeps", "--coordinator", other_grpc_port]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"rankscope: error: coordinator at {other_grpc_port} is no rankscope coordinator: it answered "
+        "'Method not found!' (check the port)")
+
+
+@pytest.mark.parametrize("port, said", [
+    ("http1_port", "UNAVAILABLE: the coordinator answers, but neither in HTTP/2 nor in TLS: no gRPC server listens "
+                   "there (check the port)"),
+    ("other_grpc_port", "UNIMPLEMENTED: the server there is no rankscope coordinator: it answered "
+                        "'Method not found!' (check the port)"),
+])
+def test_the_agent_says_once_what_answers_at_its_coordinator_address(port, said, request, wire, tmp_path, caplog) -> None:
+    agent = wire.real_agent(request.getfixturevalue(port), tmp_path)
+    try:
+        assert not agent.registered.wait(2)
+    finally:
+        agent.session.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "rankscope.agent.session" and r.levelname == "WARNING"]
+    assert warned == [f"coordinator session: {said}"]
