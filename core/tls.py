@@ -111,29 +111,11 @@ def _env_path(name: str) -> Path | None:
 
 
 def refusal(address: str, files: TlsFiles | None, who: str) -> str | None:
-    """Why the port at ``address`` refuses ``who`` ("this client", "this agent"), as what
-    follows "coordinator at ADDRESS": TLS settings that do not fit it (`mismatch`), or no
-    gRPC server there at all (an HTTP/1 server, say: gRPC calls it unreachable, with an
-    HTTP/2 parsing error). None where nothing answers, or neither can be told."""
-    hint = mismatch(address, files)
-    if hint:
-        return f"refuses {who}'s TLS settings: {hint}"
-    target = host_port(address)
-    if target is not None and _speaks_plaintext_h2(*target) is False and not _speaks_tls(*target):
-        return "answers, but neither in HTTP/2 nor in TLS: no gRPC server listens there (check the port)"
-    return None
-
-
-def not_a_coordinator(details: str) -> str:
-    """What follows "coordinator at ADDRESS" where a server there answers gRPC (or HTTP/2)
-    but has no rankscope service: another service's port, or a proxy in front of none."""
-    return f"is no rankscope coordinator: it answered {details!r} (check the port)"
-
-
-def mismatch(address: str, files: TlsFiles | None) -> str | None:
-    """Why the coordinator at ``address`` would refuse this client's TLS settings, found by
-    speaking to it (gRPC says only "Socket closed" to a plaintext client of a TLS port, or
-    an OpenSSL code): None where the port does not answer, or the settings fit it."""
+    """Why the port at ``address`` refuses ``who`` ("this client", "this agent"), found by
+    speaking to it, as what follows "coordinator at ADDRESS": TLS settings that do not fit
+    it (gRPC says only "Socket closed" to a plaintext client of a TLS port, or an OpenSSL
+    code), or no gRPC server there at all (an HTTP/1 server, say: gRPC calls it unreachable,
+    with an HTTP/2 parsing error). None where nothing answers, or the settings fit it."""
     target = host_port(address)
     if target is None:
         return None
@@ -142,13 +124,21 @@ def mismatch(address: str, files: TlsFiles | None) -> str | None:
     if plaintext is None:  # nothing takes the connection: gRPC's message says so
         return None
     if plaintext:
-        return "it serves plaintext, not TLS: drop --tls-ca, --tls-cert and --tls-key" if tls else None
+        return f"refuses {who}'s TLS settings: it serves plaintext, not TLS: drop --tls-ca, --tls-cert and --tls-key" \
+            if tls else None
+    if not _speaks_tls(*target):
+        return "answers, but neither in HTTP/2 nor in TLS: no gRPC server listens there (check the port)"
     if tls:
-        return _refused_tls(*target, files)
-    if _speaks_tls(*target):
-        return ("it serves TLS: pass --tls-ca with the CA that signed its certificate, and --tls-cert and "
-                "--tls-key where it requires client certificates")
-    return None
+        hint = _refused_tls(*target, files)
+        return f"refuses {who}'s TLS settings: {hint}" if hint else None
+    return (f"refuses {who}'s TLS settings: it serves TLS: pass --tls-ca with the CA that signed its certificate, "
+            "and --tls-cert and --tls-key where it requires client certificates")
+
+
+def not_a_coordinator(details: str) -> str:
+    """What follows "coordinator at ADDRESS" where a server there answers gRPC (or HTTP/2)
+    but has no rankscope service: another service's port, or a proxy in front of none."""
+    return f"is no rankscope coordinator: it answered {details!r} (check the port)"
 
 
 def _connect(host: str, port: int) -> socket.socket | None:

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from rankscope.coordinator.client import SweepClient
-from rankscope.tls import TlsFiles, channel, mismatch
+from rankscope.tls import TlsFiles, channel, refusal
 from rankscope.errors import ConfigError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -99,8 +99,8 @@ def test_client_tls_settings_that_do_not_fit_the_port_are_named_with_the_fix(sec
                 client.sweeps()
         assert str(caught.value).startswith(f"coordinator at {address} refuses this client's TLS settings: {fix}")
     # Settings that fit, and a port nobody listens on, get no advice.
-    assert [mismatch(a, f) for a, f in ((secure.address, mine), (server_tls_only.address, ca),
-                                        (plaintext.address, None))] == [None, None, None]
+    assert [refusal(a, f, "this client") for a, f in ((secure.address, mine), (server_tls_only.address, ca),
+                                                          (plaintext.address, None))] == [None, None, None]
     with SweepClient("127.0.0.1:1") as client:
         with pytest.raises(TransportError, match="unreachable"):
             client.sweeps()

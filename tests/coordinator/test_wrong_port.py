@@ -5,6 +5,8 @@ and answers the second UNIMPLEMENTED; the command and the agent say what is ther
 from __future__ import annotations
 
 import http.server
+import shutil
+import subprocess
 import threading
 import time
 from concurrent import futures
@@ -37,6 +39,16 @@ def other_grpc_port():
 
 def test_an_http1_port_is_named_as_no_grpc_server(http1_port, capsys) -> None:
     assert main(["sweeps", "--coordinator", http1_port]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"rankscope: error: coordinator at {http1_port} answers, but neither in HTTP/2 nor in TLS: "
+        "no gRPC server listens there (check the port)")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_an_http1_port_is_no_grpc_server_to_a_tls_client_too(http1_port, tmp_path, capsys) -> None:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+                    "-days", "1", "-subj", "/CN=test CA"], cwd=tmp_path, check=True, capture_output=True)
+    assert main(["sweeps", "--coordinator", http1_port, "--tls-ca", str(tmp_path / "ca.pem")]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"rankscope: error: coordinator at {http1_port} answers, but neither in HTTP/2 nor in TLS: "
         "no gRPC server listens there (check the port)")
