@@ -295,7 +295,7 @@ class Coordinator:
                     sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"
             self.store.save_sweep(sweep)  # a full disk refuses a new sweep rather than run it unsaved
             self._active[sweep.sweep_id] = sweep
-            self._apply(sweep, [i for i in instructions if not isinstance(i, sw.Changed)])  # saved just now
+            self._apply(sweep, instructions)
             log.info("sweep %s started on %s", sweep.sweep_id, ", ".join(nodes))
             return copy.deepcopy(sweep)
 

@@ -205,8 +205,9 @@ class Sweep:
     @classmethod
     def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None,
               busy: Mapping[str, str] | None = None) -> tuple[Sweep, list[Instruction]]:
-        """A new sweep over ``nodes``; those in ``busy`` (node -> the sweep still capturing there:
-        a node's ranks are in one capture at a time) fail at once, with that reason."""
+        """A new sweep over ``nodes``, and its captures to send; those in ``busy`` (node -> the
+        sweep still capturing there: a node's ranks are in one capture at a time) fail at once,
+        with that reason. The caller stores the new sweep (no Changed: nobody watches it yet)."""
         names = sorted(set(nodes))
         if not names:
             raise InputError("a sweep needs at least one node")
@@ -223,7 +224,7 @@ class Sweep:
         for name, other in busy.items():
             sweep.nodes[name].state = NodeState.FAILED
             sweep.nodes[name].reason = f"busy: still capturing for sweep {other}"
-        return sweep, [Changed(), *(SendCapture(n) for n in names if n not in busy)]
+        return sweep, [SendCapture(n) for n in names if n not in busy]
 
     @property
     def final(self) -> bool:
