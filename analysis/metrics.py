@@ -16,14 +16,14 @@ import numpy as np
 
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, locate, member_of, take, take_or
 from rankscope.analysis.matching import UNMATCHED
-from rankscope.analysis.ops import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, P2P_OPS, REDUCESCATTER, bus_factor
+from rankscope.analysis.ops import (
+    ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, P2P_OPS, REDUCESCATTER, WORLD_PG_DESC, bus_factor,
+)
 
 SIGMAS = 3.0
 TOP_KERNELS = 5
 _TP_NAME = re.compile(r"(^|[^a-z])(tp|tensor)([^a-z]|$)", re.I)
 _DP_NAME = re.compile(r"(^|[^a-z])(dp|data|fsdp)([^a-z]|$)", re.I)
-# torch's description of its default process group (distributedInfo pg_config pg_desc).
-WORLD_PG_DESC = "default_pg"
 # What data parallelism runs: gradient AllReduce, FSDP/ZeRO's AllGather and ReduceScatter,
 # the initial Broadcast of parameters.
 _DP_OPS = frozenset({ALLREDUCE, ALLGATHER, REDUCESCATTER, BROADCAST})

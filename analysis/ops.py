@@ -35,6 +35,8 @@ CANONICAL_OPS = frozenset(
 # times are comparable, so they anchor clock alignment and lateness.
 N_TO_N_OPS = frozenset({ALLREDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, BARRIER})
 P2P_OPS = frozenset({SEND, RECV, SENDRECV})
+# torch's description of its default process group, the job's world (Kineto distributedInfo pg_desc).
+WORLD_PG_DESC = "default_pg"
 
 # Normalised spelling (lower case, no separators) -> canonical op. One table for all
 # sources: NCCL API names without the `nccl` prefix, kernel collective tokens, c10d op

@@ -1207,7 +1207,7 @@ def _meta_export(rt: _RankTimes, path: Path, utc: int) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------- Kineto JSON
 
 KINETO_WARMUP_STEPS = 10
-_PG_DESC = {"world": "default_pg", "tp": "TENSOR_MODEL_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP"}
+_PG_DESC = {"world": ops.WORLD_PG_DESC, "tp": "TENSOR_MODEL_PARALLEL_GROUP", "dp": "DATA_PARALLEL_GROUP"}
 
 
 def _pg_name(kind: str, group: int) -> str:
