@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -39,6 +40,10 @@ _OWN_SCHEMA = b'"schema": "rankscope.'
 # Read at a time while looking for the key: it is near the top, and a gzipped trace is
 # decompressed only as far as it is read (1 MiB of it: ~1.5 ms per trace; 64 KiB: ~0.15).
 _SNIFF_BYTES = 1 << 16
+# A digest's rows name the digest given beside the export it was built from.
+_DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
+# What makes a digest's row and an export's one capture of one rank, to the nanosecond.
+_CAPTURE_KEY = ("rank", "host", "pid", "gpu", "window_start_ns", "window_end_ns", "gpu_busy_ns")
 
 
 def load_digests(
@@ -60,9 +65,31 @@ def load_digests(
     results = runner.map(_Reader(rank_from), chunks)
     if progress:
         results = engine.with_progress(results, len(chunks), f"reading exports ({size} per batch)")
-    digests = digest.concat(results)
+    digests = _without_digests_of_exports(digest.concat(results))
     digest.check_consistent(digests)
     return digests
+
+
+def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
+    """The rows less each digest's whose export is in the input too (`rankscope digest`
+    writes beside the export: a folder then holds both): the same capture of a rank, from
+    an export of the file name the digest was built from. The export is read, with a
+    warning. Other rows claiming one rank stay, for `digest.check_consistent` to refuse."""
+    ranks = digests.column("rank").to_pylist()
+    if len(set(ranks)) == len(ranks):
+        return digests
+    files = digests.column("source_file").to_pylist()
+    captures = list(zip(*(digests.column(name).to_pylist() for name in _CAPTURE_KEY)))
+    exports = {(capture, Path(file).name): file for capture, file in zip(captures, files) if not _DIGEST_OF.fullmatch(file)}
+    keep = []
+    for capture, file in zip(captures, files):
+        made = _DIGEST_OF.fullmatch(file)
+        export = made and exports.get((capture, Path(made["export"]).name))
+        keep.append(not export)
+        if export:
+            warnings.warn(f"{made['digest']}: a digest of {export}, which is in the input too (same rank {capture[0]}, "
+                          "host, process and window); read the export alone", RankscopeWarning, stacklevel=3)
+    return digests.filter(pa.array(keep))
 
 
 def discover(paths: Sequence[Path | str]) -> list[Path]:

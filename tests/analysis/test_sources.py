@@ -7,10 +7,11 @@ import shutil
 import stat
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from rankscope.analysis import digest, nsys, sources
-from rankscope.errors import ConsistencyError, ExportError, InputError
+from rankscope.errors import ConsistencyError, ExportError, InputError, RankscopeWarning
 
 DSL = "nsys/dsl_2node_2rank_allreduce"
 
@@ -94,18 +95,35 @@ def test_digests_and_exports_mix(dsl: Path, tmp_path: Path) -> None:
                                                        str(exports[1])]
 
 
-def test_an_export_beside_its_own_digest_names_both_files(dsl: Path, tmp_path: Path) -> None:
-    export = sorted(dsl.glob("*.sqlite"))[0]
-    shutil.copy(export, tmp_path / export.name)
-    digest.write(nsys.read_nsys(tmp_path / export.name), tmp_path / "rank0.parquet")
+def test_an_export_beside_its_own_digest_is_read_once(dsl: Path, tmp_path: Path, monkeypatch) -> None:
+    original = sorted(dsl.glob("*.sqlite"))[0]
+    export = tmp_path / original.name
+    shutil.copy(original, export)
+    monkeypatch.chdir(tmp_path)  # as `rankscope digest` run in the folder writes it: a relative source
+    digest.write(nsys.read_nsys(Path(export.name)), tmp_path / "rank0.parquet")
+    with pytest.warns(RankscopeWarning) as caught:
+        table = sources.load_digests([tmp_path])
+    assert table.column("source_file").to_pylist() == [str(export)]
+    assert [str(w.message) for w in caught] == [
+        f"{tmp_path / 'rank0.parquet'}: a digest of {export}, which is in the input too "
+        "(same rank 0, host, process and window); read the export alone"]
+
+
+def test_a_digest_of_another_capture_beside_an_export_names_both_files(dsl: Path, tmp_path: Path) -> None:
+    original = sorted(dsl.glob("*.sqlite"))[0]
+    export = tmp_path / original.name
+    shutil.copy(original, export)
+    stale = nsys.read_nsys(export)  # as if built before the export was captured again
+    stale = stale.set_column(stale.schema.get_field_index("window_end_ns"), "window_end_ns",
+                             pa.array([stale.column("window_end_ns")[0].as_py() + 1], pa.int64()))
+    digest.write(stale, tmp_path / "rank0.parquet")
     with pytest.raises(ConsistencyError) as caught:
         sources.load_digests([tmp_path])
-    assert str(caught.value) == (f"{tmp_path / 'rank0.parquet'} (digest of {tmp_path / export.name}): "
-                                 f"rank 0 is also claimed by {tmp_path / export.name}")
+    assert str(caught.value) == (f"{tmp_path / 'rank0.parquet'} (digest of {export}): "
+                                 f"rank 0 is also claimed by {export}")
 
 
 def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Path) -> None:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     digest.write(nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]), tmp_path / "rank0.parquet")
@@ -181,8 +199,6 @@ def test_folder_walk_finds_the_key_across_reads_and_deep_in_the_file(tmp_path: P
 def test_digests_already_in_the_schema_are_not_cast_or_joined_again(dsl: Path) -> None:
     """One table, one chunk, in the digest schema: returned as it is; chunks are joined and
     other schemas cast, with equal rows."""
-    import pyarrow as pa
-
     table = sources.load_digests([dsl])
     assert digest.concat([table]) is table
     two_chunks = pa.concat_tables([table.slice(0, 1), table.slice(1)])
