@@ -148,8 +148,11 @@ class _Processes:
     def __enter__(self) -> _Processes:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop_job()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc) -> None:
+        if exc_type is None:
+            self.stop_job()
+        # On a failure or Ctrl-C the job is stopped with the rest: asked to end, ranks still
+        # starting would not read the stop file for seconds.
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
