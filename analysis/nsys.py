@@ -1033,8 +1033,11 @@ def _rank_override(export: _File, rank_from: str) -> int:
     kind, _, spec = rank_from.partition(":")
     if kind == "env" and spec:
         value = export.env.get(spec)
-        if value is None or not re.fullmatch(r"\s*-?\d+\s*", value):
-            raise ExportError(f"--rank-from {rank_from}: {spec} is not an integer in the captured environment", path=export.path)
+        if value is None:
+            raise ExportError(f"--rank-from {rank_from}: {spec} is not in the captured environment", path=export.path)
+        if not re.fullmatch(r"\s*-?\d+\s*", value):
+            raise ExportError(f"--rank-from {rank_from}: {spec}={value!r} in the captured environment is not an integer",
+                              path=export.path)
         return int(value)
     if kind == "filename" and spec:
         try:

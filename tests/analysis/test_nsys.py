@@ -194,8 +194,10 @@ def test_rank_from_override(dsl: list[Path]) -> None:
     assert by_name.column("rank").to_pylist() == [1013529]
     with pytest.raises(InputError, match="expected env:VAR or filename:REGEX"):
         nsys.read_nsys(dsl[1], rank_from="bogus")
-    with pytest.raises(ExportError, match="NO_SUCH_VAR"):
+    with pytest.raises(ExportError, match="NO_SUCH_VAR is not in the captured environment"):
         nsys.read_nsys(dsl[1], rank_from="env:NO_SUCH_VAR")
+    with pytest.raises(ExportError, match="HOSTNAME='ault4.*' in the captured environment is not an integer"):
+        nsys.read_nsys(dsl[1], rank_from="env:HOSTNAME")
 
 
 def test_rank_from_cannot_name_several_ranks_of_one_file(torchrun: Path) -> None:
