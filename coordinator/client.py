@@ -76,7 +76,7 @@ class SweepClient:
         self.close()
 
     def start(self, *, nodes: Sequence[str] = (), labels: Mapping[str, str] | None = None, everything: bool = False,
-              duration_s: float, backend: str, timeout_s: float = 0.0, options: Mapping[str, str] | None = None,
+              duration_s: float, backend: str = "", timeout_s: float = 0.0, options: Mapping[str, str] | None = None,
               upload_raw: bool = False) -> pb.Sweep:
         request = pb.StartSweepRequest(
             targets=pb.Targets(nodes=list(nodes), labels=dict(labels or {}), all=everything),

@@ -77,7 +77,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     targets.add_argument("--all", action="store_true", help="every connected agent")
     capture.add_argument("--duration", type=parse_duration, default=20.0, metavar="DURATION",
                          help="capture window (default 20s)")
-    capture.add_argument("--backend", default="nsys", help="capture backend: nsys, torch or sim (default nsys)")
+    capture.add_argument("--backend", default="", help="capture backend: nsys, torch or sim (default: the nodes' "
+                         "own, the first each agent offers, where they agree)")
     capture.add_argument("--timeout", type=parse_duration, default=0.0, metavar="DURATION",
                          help="give up on nodes not finished this long after the start (default: duration + the "
                               "coordinator's node timeout)")

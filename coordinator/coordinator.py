@@ -30,6 +30,7 @@ from rankscope.coordinator.registry import (
     SessionLimit,
     UnknownAgent,
     clock_sample,
+    default_backend,
     select_nodes,
 )
 from rankscope.coordinator.store import Store
@@ -283,6 +284,8 @@ class Coordinator:
             agents = self.store.agents()
             connected = self.registry.connected()
             nodes = select_nodes(agents, connected, names=names, labels=labels, everything=everything)
+            if not spec.backend:
+                spec = replace(spec, backend=default_backend(a for a in agents if a.node in nodes))
             lacking = [a for a in agents if a.node in nodes and a.backends and spec.backend not in a.backends]
             if lacking:
                 raise InputError("; ".join(

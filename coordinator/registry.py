@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from rankscope.errors import ConfigError, InputError, RankscopeError
 
 CLOCK_SAMPLES = 16
+# What an agent that registered no backends runs: the agent's own default.
+DEFAULT_BACKEND = "nsys"
 
 
 class UnknownAgent(InputError):
@@ -171,3 +173,14 @@ def select_nodes(
     if not live:
         raise UnknownAgent("no agent is connected")
     return sorted(a.node for a in live)
+
+
+def default_backend(agents: Iterable[AgentRecord]) -> str:
+    """The capture backend of a sweep that names none: the default (first offered) of
+    every chosen node, where they agree."""
+    defaults = {a.node: (a.backends or [DEFAULT_BACKEND])[0] for a in agents}
+    chosen = set(defaults.values())
+    if len(chosen) > 1:
+        differ = ", ".join(f"{node}: {backend}" for node, backend in sorted(defaults.items()))
+        raise InputError(f"the nodes' default capture backends differ ({differ}): name one for the sweep")
+    return chosen.pop() if chosen else DEFAULT_BACKEND

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 fc04f7f7bdde8583b21b81ca2b27de763c849f9f90a37fd6c8ae00e4d4e09169
+# from rankscope.proto, sha256 8d7684fa8c35ffb821deae83de0bf39fa53c11df6a1f1ab2df3676c7080c0d8d
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

@@ -154,6 +154,19 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
         assert client.sweeps() == []
 
 
+def test_a_sweep_naming_no_backend_takes_the_nodes_default(coordinator, wire) -> None:
+    """The first backend each agent offers is its default: a torch-only fleet needs no
+    --backend torch on every capture; nodes whose defaults differ are refused by name."""
+    for node, backends in (("t-1", ["torch", "sim"]), ("t-2", ["torch"]), ("n-1", ["nsys"])):
+        coordinator.agents.Register(pb.RegisterRequest(node=node, backends=backends), timeout=10)
+    with SweepClient(coordinator.address) as client:
+        assert client.start(nodes=["t-1", "t-2"], duration_s=1.0).backend == "torch"
+        with pytest.raises(InputError, match=r"the nodes' default capture backends differ \(n-1: nsys, t-1: torch\): "
+                                             "name one for the sweep"):
+            client.start(nodes=["t-1", "n-1"], duration_s=1.0)
+        assert [s.backend for s in client.sweeps()] == ["torch"]
+
+
 def test_a_node_is_in_one_capture_at_a_time(coordinator, wire) -> None:
     """Its ranks' nsys sessions (or profilers) take one capture at a time: an overlapping
     sweep, e.g. a scheduled health sweep over a node someone is investigating, skips it."""
