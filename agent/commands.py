@@ -12,7 +12,7 @@ from pathlib import Path
 from rankscope.agent import dcgm
 from rankscope.agent.agent import BACKENDS, Agent, AgentConfig
 from rankscope.agent.spool import DEFAULT_SPOOL
-from rankscope import output, tls
+from rankscope import node_name, output, tls
 from rankscope.address import host_port
 from rankscope.cli import parse_labels
 from rankscope.errors import ConfigError
@@ -46,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
     name = args.name or socket.gethostname()
+    if (wrong := node_name.problem(name)) is not None:
+        raise ConfigError(f"--name {name!r}: {wrong}" if args.name else f"host name {name!r}: {wrong}; choose one with --name")
     backends = tuple(filter(None, (b.strip() for b in args.backend.split(","))))
     if not backends:
         raise ConfigError("--backend names no capture backend")

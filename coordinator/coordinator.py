@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from rankscope import __version__
+from rankscope import __version__, node_name
 from rankscope.coordinator import reports
 from rankscope.coordinator.artifacts import ArtifactStore, StorageFull, UploadHeader, UploadWriter
 from rankscope.coordinator.config import CoordinatorConfig
@@ -138,6 +138,8 @@ class Coordinator:
         """Record the node; the same node keeps its id and token across agent restarts."""
         if not node:
             raise InputError("registration without a node name or hostname")
+        if (wrong := node_name.problem(node)) is not None:
+            raise InputError(f"node name {node!r}: {wrong}")
         previous = self.store.agent_by_node(node)
         now = self.clock()
         agent = AgentRecord(

@@ -327,7 +327,9 @@ def test_labels_and_backends_are_checked() -> None:
     assert config.work_dir == Path("/s/agent-x") and config.backends == ("sim",)
     assert safe_name("../a/b..c") == "a_b.c"
     for bad, message in ((["--coordinator", "nohost"], "must be HOST:PORT"), (["--coordinator", "h:x"], "must be HOST:PORT"),
-                         (["--coordinator", "h:1", "--max-backoff", "0"], "--max-backoff must be positive")):
+                         (["--coordinator", "h:1", "--max-backoff", "0"], "--max-backoff must be positive"),
+                         (["--coordinator", "h:1", "--name", "a,b"], "--name 'a,b': a node name is 1 to 253 letters"),
+                         (["--coordinator", "h:1", "--name", "rack 1/gpu"], "--name 'rack 1/gpu': a node name")):
         with pytest.raises(ConfigError, match=message):
             commands.config_from_args(parser.parse_args(["agent", "--backend", "sim", *bad]))
 

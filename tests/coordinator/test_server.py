@@ -146,6 +146,10 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
         with pytest.raises(InputError, match="no sweep 'nope'"):
             client.report("nope")
         coordinator.agents.Register(pb.RegisterRequest(node="gpu-1", backends=["nsys", "sim"]), timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:  # --nodes a,b could never target it
+            coordinator.agents.Register(pb.RegisterRequest(node="gpu-1,gpu-2"), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == "node name 'gpu-1,gpu-2': a node name is 1 to 253 letters, digits, '.', '_' or '-' (as host names are)"
         with pytest.raises(InputError, match="node gpu-1 offers capture backends nsys, sim, not 'torch'"):
             client.start(nodes=["gpu-1"], duration_s=1.0, backend="torch")
         with pytest.raises(InputError, match="timeout 60s ends before the 120s capture window does: nodes need "
