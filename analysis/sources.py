@@ -40,7 +40,7 @@ _OWN_SCHEMA = b'"schema": "rankscope.'
 # Read at a time while looking for the key: it is near the top, and a gzipped trace is
 # decompressed only as far as it is read (1 MiB of it: ~1.5 ms per trace; 64 KiB: ~0.15).
 _SNIFF_BYTES = 1 << 16
-# A digest's rows name the digest given beside the export it was built from.
+# A digest's rows name the digest given beside the export it was built from (`_digest_name`).
 _DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
 # What makes a digest's row and an export's one capture of one rank, to the nanosecond.
 _CAPTURE_KEY = ("rank", "host", "pid", "gpu", "window_start_ns", "window_end_ns", "gpu_busy_ns")
@@ -71,8 +71,8 @@ def load_digests(
 
 
 def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
-    """The rows less each digest's whose export is in the input too (`rankscope digest`
-    writes beside the export: a folder then holds both): the same capture of a rank, from
+    """The rows less each digest's whose export is in the input too (a digest written
+    beside its export: a folder then holds both): the same capture of a rank, from
     an export of the file name the digest was built from. The export is read, with a
     warning. Other rows claiming one rank stay, for `digest.check_consistent` to refuse."""
     ranks = digests.column("rank").to_pylist()
@@ -202,7 +202,7 @@ def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
         table = digest.read(path)
         # Messages name the file given, beside the export it was made from (which may be
         # in the same input: then both claim its ranks).
-        return _named(table, [f"{path} (digest of {source})" for source in table.column("source_file").to_pylist()])
+        return _named(table, [_digest_name(path, source) for source in table.column("source_file").to_pylist()])
     raise ExportError(
         "unknown input type (expected an nsys .sqlite export or .nsys-rep report, Kineto .json/.json.gz, or a digest .parquet)",
         path=path,
@@ -228,6 +228,10 @@ def _read_report(path: Path, rank_from: str | None) -> pa.Table:
             raise ToolError(f"{exc}; try: {suggestion}", path=path) from None
         table = nsys.read_nsys(output, rank_from=rank_from)
     return _named(table, [str(path)] * table.num_rows)  # the temporary export is gone: the report the user gave
+
+
+def _digest_name(digest_path: Path, source: str) -> str:
+    return f"{digest_path} (digest of {source})"  # read back by _DIGEST_OF
 
 
 def _named(table: pa.Table, sources: list[str]) -> pa.Table:
