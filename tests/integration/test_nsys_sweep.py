@@ -255,6 +255,11 @@ def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -
     cluster.node("n0", 0)
     sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=90)
     wait_for("n0 to capture", lambda: cluster.node_state(sweep_id, "n0") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+
+    def session_states() -> list[str]:
+        return [s["state"] for s in standin_nsys.sessions(cluster.nsys_state("n0")).values()]
+
+    wait_for("both ranks' windows to open", lambda: session_states() == ["collecting"] * 2, START_S, 0.05)
     assert cluster.paused("n0")
     cluster.kill("n0")
     time.sleep(1.0)
@@ -265,6 +270,8 @@ def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -
     resumed = [c for c in cluster.dcgm_calls("n0") if c["op"] == "resume"]
     assert len(resumed) == 1
     assert resumed[0]["t"] - restarted < 5, "DCGM resumed more than 5 s after the agent restarted"
+    # It stops the collection the dead agent left open too: not left to run until the rank ends.
+    wait_for("the restarted agent to stop the windows left open", lambda: set(session_states()) == {"launched"}, START_S, 0.05)
     # The collection the dead agent left open does not block the next capture.
     first = cluster.wait_final(sweep_id, 60)
     assert first.state in (pb.SWEEP_STATE_FAILED, pb.SWEEP_STATE_PARTIAL), states(first)
