@@ -213,8 +213,16 @@ def _num(value: float | None) -> str:
     return _shown(value, ".2f")
 
 
-def _gbps(value: float | None) -> str:
-    return _shown(value, ".3g", " GB/s")
+def fmt_gbps(value: float | None) -> str:
+    """A bandwidth given in GB/s, shown in the unit that keeps it readable: a 4-byte
+    flag's AllReduce runs at KB/s, where GB/s reads "1.97e-06"."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    scale, unit = next(((scale, unit) for scale, unit in _RATES if abs(value) >= scale), _RATES[-1])
+    return f"{value / scale:.3g} {unit}"
+
+
+_RATES = ((1.0, "GB/s"), (1e-3, "MB/s"), (1e-6, "KB/s"))  # in GB/s, largest first
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -278,7 +286,7 @@ def _render(report: Report) -> list[str]:
     out.append("               imbal = CV of per-rank NCCL time; network = CV of transfer over time)")
     comm_rows = [
         [_short(c.comm_id), c.kind, ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
-         fmt_ns(o.transfer_mean_ns), _gbps(o.busbw_gbps), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv),
+         fmt_ns(o.transfer_mean_ns), fmt_gbps(o.busbw_gbps), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv),
          _num(o.network_cv)]
         for c in report.communicators
         for o in c.ops
@@ -288,8 +296,8 @@ def _render(report: Report) -> list[str]:
     if report.slow_communicators:
         out.append("")
         out.append("SLOW LINKS (bus bandwidth far below like communicators': same op, kind, size and hosts)")
-        out += [f"  {_short(c.comm_id)} (ranks {ranks_text(c.ranks)}) {c.op}: {_gbps(c.busbw_gbps)}, like ones "
-                f"{_gbps(c.peers_busbw_gbps)} (median of {c.peers})" for c in report.slow_communicators]
+        out += [f"  {_short(c.comm_id)} (ranks {ranks_text(c.ranks)}) {c.op}: {fmt_gbps(c.busbw_gbps)}, like ones "
+                f"{fmt_gbps(c.peers_busbw_gbps)} (median of {c.peers})" for c in report.slow_communicators]
     if report.tp_overhead:
         out.append("")
         out.append("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rankscope.analysis.pipeline import analyze
-from rankscope.analysis.report import Report, fmt_ns
+from rankscope.analysis.report import Report, fmt_gbps, fmt_ns
 from rankscope.analysis.testing import SyntheticJob, synthetic_job
 from rankscope.errors import InputError
 
@@ -71,3 +71,12 @@ def test_durations_are_printed_with_units() -> None:
     assert fmt_ns(1_790_000) == "1.79 ms"
     assert fmt_ns(12_300) == "12.3 µs"
     assert fmt_ns(None) == "-"
+
+
+def test_bandwidths_are_printed_in_a_unit_that_reads() -> None:
+    """A 4-byte flag's AllReduce on gloo runs at KB/s: "1.97e-06 GB/s" was printed."""
+    assert fmt_gbps(285.36) == "285 GB/s"
+    assert fmt_gbps(0.317) == "317 MB/s"
+    assert fmt_gbps(1.97e-06) == "1.97 KB/s"
+    assert fmt_gbps(0.0) == "0 KB/s"
+    assert fmt_gbps(None) == fmt_gbps(float("nan")) == "-"
