@@ -35,8 +35,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _capture(tmp: Path, slow_rank: int) -> tuple[list[Path], list[int]]:
-    """Run the demo job on WORLD ranks, record one window, end the job; trace paths and exit codes."""
+def _demo_job(slow_rank: int) -> list[str]:
+    return ["-m", "rankscope.demo", "--slow-rank", str(slow_rank), "--compute-ms", "10", "--extra-ms", "40",
+            "--max-seconds", "240"]
+
+
+def _capture(tmp: Path, job: list[str]) -> tuple[list[Path], list[int]]:
+    """Run ``job`` (python arguments, given --stop-file and --ready-dir) on WORLD ranks, record
+    one window, end the job; trace paths and exit codes."""
     spool, stop, ready = tmp / "spool", tmp / "stop", tmp / "ready"
     port = str(_free_port())
     procs = []
@@ -47,8 +53,7 @@ def _capture(tmp: Path, slow_rank: int) -> tuple[list[Path], list[int]]:
                        PYTHONFAULTHANDLER="1")  # a rank that crashes shows every thread's stack
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool), "--",
-                 sys.executable, "-m", "rankscope.demo", "--stop-file", str(stop), "--ready-dir", str(ready),
-                 "--slow-rank", str(slow_rank), "--compute-ms", "10", "--extra-ms", "40", "--max-seconds", "240"],
+                 sys.executable, *job, "--stop-file", str(stop), "--ready-dir", str(ready)],
                 env=env))
         deadline = time.monotonic() + 180
         while len(list(ready.glob("*"))) < WORLD:
@@ -78,7 +83,7 @@ def _report(paths):
 
 
 def test_slowed_rank_and_only_it_is_flagged(tmp_path):
-    paths, codes = _capture(tmp_path, slow_rank=2)
+    paths, codes = _capture(tmp_path, _demo_job(slow_rank=2))
     assert codes == [0] * WORLD
     table, report = _report(paths)
     assert sorted(table.column("rank").to_pylist()) == list(range(WORLD))
@@ -90,7 +95,21 @@ def test_slowed_rank_and_only_it_is_flagged(tmp_path):
 
 
 def test_balanced_job_flags_none(tmp_path):
-    paths, codes = _capture(tmp_path, slow_rank=-1)
+    paths, codes = _capture(tmp_path, _demo_job(slow_rank=-1))
     assert codes == [0] * WORLD
     _, report = _report(paths)
     assert report.stragglers == []
+
+
+def test_tp_by_dp_job_groups_are_told_apart_and_the_slow_tp_rank_is_named(tmp_path):
+    """Investigating TP imbalance on real processes: TP pairs, DP pairs and the world are
+    each a communicator of their own kind (by the Flight Recorder's process groups), every
+    TP pair gets its exposed-communication share, and the rank slowing its pair is named."""
+    paths, codes = _capture(tmp_path, [str(Path(__file__).with_name("tp_dp_job.py")), "--slow-rank", "1"])
+    assert codes == [0] * WORLD
+    _, report = _report(paths)
+    kinds = {tuple(c.ranks): c.kind for c in report.communicators}
+    assert kinds == {(0, 1): "tp", (2, 3): "tp", (0, 2): "dp", (1, 3): "dp", (0, 1, 2, 3): "other"}
+    assert sorted(tuple(t.ranks) for t in report.tp_overhead) == [(0, 1), (2, 3)]
+    assert all(0 < t.exposed_frac < 1 for t in report.tp_overhead)
+    assert report.stragglers == [1]
