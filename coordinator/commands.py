@@ -270,7 +270,7 @@ def run_sweeps(args: argparse.Namespace) -> int:
         done = sum(n.state == pb.NODE_STATE_ANALYSED for n in sweep.nodes)
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_ns / 1e9))
         # "none": analysed and nothing stands out; "-": no report (yet)
-        flagged = ",".join(f"{s.rank}@{s.host}" for s in sweep.stragglers) or "none" if sweep.report_path else "-"
+        flagged = ",".join(f"{s.rank}@{s.node}" for s in sweep.stragglers) or "none" if sweep.report_path else "-"
         links = " ".join(f"{ranks_text(list(link.ranks))}:{link.busbw_gbps / link.peers_busbw_gbps:.0%}"
                          for link in sweep.slow_links) or "none" if sweep.report_path else "-"
         rows.append([sweep.sweep_id, state_name(sweep.state), f"{done}/{len(sweep.nodes)}", sweep.backend, started,
@@ -292,10 +292,10 @@ def repeat_findings(sweeps: list[pb.Sweep]) -> str:
     links: dict[tuple[int, ...], set[str]] = {}
     for sweep in analysed:
         for straggler in sweep.stragglers:
-            nodes.setdefault(straggler.host, set()).add(sweep.sweep_id)
+            nodes.setdefault(straggler.node, set()).add(sweep.sweep_id)
         for link in sweep.slow_links:
             links.setdefault(tuple(link.ranks), set()).add(sweep.sweep_id)
-    found = [(len(ids), f"node {host}") for host, ids in nodes.items() if len(ids) > 1]
+    found = [(len(ids), f"node {node}") for node, ids in nodes.items() if len(ids) > 1]
     found += [(len(ids), f"link of ranks {ranks_text(list(ranks))}") for ranks, ids in links.items() if len(ids) > 1]
     return ", ".join(f"{what} in {count} of {len(analysed)} sweeps" for count, what in sorted(found, key=lambda f: -f[0]))
 

@@ -29,11 +29,15 @@ def default_analyze() -> Analyze:
     return analyze
 
 
-def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, int], out: Path, at_ns: int,
+def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str]], clock_hints: Mapping[str, int], out: Path, at_ns: int,
           analyze: Analyze | None = None) -> AnalysisDone:
-    """Analyse the digests, write the report atomically to ``out``; the sweep's event, with
-    the stragglers and slow links the report flags."""
-    tables: list[pa.Table] = [digest.read(path) for path in digest_paths]
+    """Analyse the digests (each with the node that uploaded it), write the report atomically
+    to ``out``; the sweep's event, with the stragglers (by the node they ran on) and the slow
+    links the report flags."""
+    tables: list[pa.Table] = [digest.read(path) for path, _ in digests_of]
+    # The agent's node name, not the trace's host name: in a pod the trace names the pod,
+    # which a scheduled sweep next week will not find; the node it can.
+    node_of = {rank: node for (_, node), table in zip(digests_of, tables) for rank in table.column("rank").to_pylist()}
     digests = digest.concat(tables)
     digest.check_consistent(digests)
     with warnings.catch_warnings():
@@ -43,10 +47,9 @@ def build(sweep: Sweep, digest_paths: Sequence[Path], clock_hints: Mapping[str, 
     data["warnings"] = [*data.get("warnings", []), *missing_notes(sweep)]
     data["sweep"] = sweep_facts(sweep)
     write_json(data, out)
-    hosts = {rank.rank: rank.host for rank in report.ranks}
     return AnalysisDone(
         str(out), at_ns,
-        stragglers=tuple(RankOn(rank, hosts.get(rank, "")) for rank in report.stragglers),
+        stragglers=tuple(RankOn(rank, node_of[rank]) for rank in report.stragglers),
         slow_links=tuple(SlowLink(c.comm_id, c.op, tuple(c.ranks), c.busbw_gbps, c.peers_busbw_gbps)
                          for c in report.slow_communicators),
     )

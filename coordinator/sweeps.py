@@ -118,10 +118,11 @@ class Tick:
 
 @dataclass(frozen=True)
 class RankOn:
-    """A rank and the host it ran on (a straggler in a sweep's report)."""
+    """A rank and the node it ran on, by the name of the agent that uploaded its digest (a
+    straggler in a sweep's report)."""
 
     rank: int
-    host: str
+    node: str
 
 
 @dataclass(frozen=True)
@@ -351,8 +352,9 @@ class Sweep:
             )
             for name, rec in data["nodes"].items()
         }
-        # stragglers and slow links are absent in sweeps stored before they were kept
-        stragglers = [RankOn(**s) for s in data.get("stragglers", ())]
+        # stragglers and slow links are absent in sweeps stored before they were kept; their
+        # node was once stored as "host" (the trace's host name)
+        stragglers = [RankOn(s["rank"], s.get("node", s.get("host", ""))) for s in data.get("stragglers", ())]
         slow_links = [SlowLink(**{**link, "ranks": tuple(link["ranks"])}) for link in data.get("slow_links", ())]
         return cls(**{**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]), "stragglers": stragglers,
                       "slow_links": slow_links})

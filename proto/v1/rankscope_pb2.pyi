@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 8d7684fa8c35ffb821deae83de0bf39fa53c11df6a1f1ab2df3676c7080c0d8d
+# from rankscope.proto, sha256 2d0ed95a55e06e263a91c3ad36c6db1a15797de56628e8e34b29ccc5347082e5
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -445,12 +445,12 @@ class Sweep(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[RankRef, _Mapping]]] = ..., slow_links: _Optional[_Iterable[_Union[SlowLink, _Mapping]]] = ...) -> None: ...
 
 class RankRef(_message.Message):
-    __slots__ = ("rank", "host")
+    __slots__ = ("rank", "node")
     RANK_FIELD_NUMBER: _ClassVar[int]
-    HOST_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     rank: int
-    host: str
-    def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ...) -> None: ...
+    node: str
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
 
 class SlowLink(_message.Message):
     __slots__ = ("comm_id", "op", "ranks", "busbw_gbps", "peers_busbw_gbps")

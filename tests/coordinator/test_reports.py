@@ -42,7 +42,7 @@ def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_p
     job, paths = slow_link_job
     hosts = [sm.host_name(job, n) for n in range(job.nodes)]
     sweep, _ = sw.Sweep.start(SPEC, hosts, 0, sweep_id="s1")
-    done = reports.build(sweep, paths, {}, tmp_path / "s1.json", 7 * S)
+    done = reports.build(sweep, list(zip(paths, hosts)), {}, tmp_path / "s1.json", 7 * S)
     (slow,) = [c for c in sm.truth(job)["communicators"] if c["kind"] == "dp" and 19 in c["ranks"]]
     assert [(link.comm_id, link.op, link.ranks) for link in done.slow_links] == [
         (slow["comm_id"], "allreduce", tuple(slow["ranks"]))]
@@ -71,7 +71,7 @@ def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_p
 def _listed(sweep_id: str, stragglers=(), links=(), analysed: bool = True):
     return sweep_message(sw.Sweep(
         sweep_id=sweep_id, spec=SPEC, created_ns=0, deadline_ns=0, nodes={}, report_path="r.json" if analysed else "",
-        stragglers=[sw.RankOn(rank, host) for rank, host in stragglers],
+        stragglers=[sw.RankOn(rank, node) for rank, node in stragglers],
         slow_links=[sw.SlowLink("c", "allreduce", ranks, 20.0, 40.0) for ranks in links]))
 
 
@@ -84,3 +84,29 @@ def test_findings_that_come_back_across_sweeps_are_summed_up() -> None:
     ]
     assert commands.repeat_findings(sweeps) == "node node-b in 3 of 3 sweeps, link of ranks 3,11 in 2 of 3 sweeps"
     assert commands.repeat_findings(sweeps[2:]) == ""
+
+
+def test_stragglers_are_named_by_the_node_that_uploaded_them(tmp_path) -> None:
+    """In a pod the trace's host is the pod's name, gone by the next scheduled sweep: the
+    sweep keeps the agent's node name, which `sweeps` counts across sweeps."""
+    from rankscope.analysis.testing import SyntheticJob, synthetic_job
+
+    table, truth = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=20, stragglers={3: 400_000}))
+    paths = []
+    for pod, node in (("trainer-0", "gpu-node-a"), ("trainer-1", "gpu-node-b")):
+        host = table.column("host").unique()[len(paths)].as_py()
+        paths.append((tmp_path / f"{pod}.parquet", node))
+        digest.write(table.filter(pc.equal(table.column("host"), host)), paths[-1][0])
+    sweep, _ = sw.Sweep.start(SPEC, ["gpu-node-a", "gpu-node-b"], 0, sweep_id="s1")
+    done = reports.build(sweep, paths, {}, tmp_path / "s1.json", 7 * S)
+    assert truth.stragglers == [3] and done.stragglers == (sw.RankOn(3, "gpu-node-b"),)
+    assert [(r.rank, r.node) for r in sweep_message(sw.Sweep(
+        sweep_id="s1", spec=SPEC, created_ns=0, deadline_ns=0, nodes={}, stragglers=list(done.stragglers))).stragglers] == [
+        (3, "gpu-node-b")]
+
+
+def test_a_straggler_stored_with_its_trace_host_still_loads() -> None:
+    sweep = sw.Sweep(sweep_id="s1", spec=SPEC, created_ns=0, deadline_ns=0, nodes={}, stragglers=[sw.RankOn(2, "n")])
+    data = json.loads(json.dumps(sweep.to_dict()))
+    data["stragglers"] = [{"rank": 2, "host": "node000"}]  # as stored before the node was kept
+    assert sw.Sweep.from_dict(data).stragglers == [sw.RankOn(2, "node000")]
