@@ -45,7 +45,7 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str]], clock_hints: Map
         report = (analyze or default_analyze())(digests, clock_hints=dict(clock_hints))
     data = report.to_dict()
     data["warnings"] = [*data.get("warnings", []), *missing_notes(sweep)]
-    data["sweep"] = sweep_facts(sweep)
+    data["sweep"] = sweep_facts(sweep, node_of)
     write_json(data, out)
     return AnalysisDone(
         str(out), at_ns,
@@ -62,9 +62,13 @@ def missing_notes(sweep: Sweep) -> list[str]:
     ]
 
 
-def sweep_facts(sweep: Sweep) -> dict[str, Any]:
-    """As they will stand once this report is stored: the nodes not missing are analysed."""
+def sweep_facts(sweep: Sweep, node_of: Mapping[int, str]) -> dict[str, Any]:
+    """As they will stand once this report is stored: the nodes not missing are analysed;
+    each with the ranks its digests held (``node_of``: rank -> node)."""
     missing = set(sweep.missing)
+    ranks: dict[str, list[int]] = {}
+    for rank, node in sorted(node_of.items()):
+        ranks.setdefault(node, []).append(rank)
     return {
         "sweep_id": sweep.sweep_id,
         "state": "partial" if missing else "analysed",
@@ -72,7 +76,8 @@ def sweep_facts(sweep: Sweep) -> dict[str, Any]:
         "duration_s": sweep.spec.duration_s,
         "nodes": {
             name: {"state": rec.state.value if name in missing else "analysed", "reason": rec.reason,
-                   "dcgm": rec.dcgm, "dcgm_detail": rec.dcgm_detail, "digests": [a.sha256 for a in rec.digests]}
+                   "dcgm": rec.dcgm, "dcgm_detail": rec.dcgm_detail, "digests": [a.sha256 for a in rec.digests],
+                   "ranks": ranks.get(name, [])}
             for name, rec in sorted(sweep.nodes.items())
         },
         "missing": list(sweep.missing),

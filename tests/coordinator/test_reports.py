@@ -100,6 +100,8 @@ def test_stragglers_are_named_by_the_node_that_uploaded_them(tmp_path) -> None:
     sweep, _ = sw.Sweep.start(SPEC, ["gpu-node-a", "gpu-node-b"], 0, sweep_id="s1")
     done = reports.build(sweep, paths, {}, tmp_path / "s1.json", 7 * S)
     assert truth.stragglers == [3] and done.stragglers == (sw.RankOn(3, "gpu-node-b"),)
+    nodes = json.loads((tmp_path / "s1.json").read_text())["sweep"]["nodes"]  # which ranks each node delivered
+    assert {name: facts["ranks"] for name, facts in nodes.items()} == {"gpu-node-a": [0, 1], "gpu-node-b": [2, 3]}
     assert [(r.rank, r.node) for r in sweep_message(sw.Sweep(
         sweep_id="s1", spec=SPEC, created_ns=0, deadline_ns=0, nodes={}, stragglers=list(done.stragglers))).stragglers] == [
         (3, "gpu-node-b")]
