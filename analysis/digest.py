@@ -289,19 +289,31 @@ def _to_pandas(array: pa.Array | pa.ChunkedArray, pd: ModuleType) -> np.ndarray 
     return array.to_numpy(zero_copy_only=False)
 
 
+def _twice_hint(window: tuple[int, int], other: tuple[int, int]) -> str:
+    """What two captures of one rank most likely are: one file twice, two runs, or two
+    processes of one run that took one rank number."""
+    if window == other:
+        return " (the same capture: one file given twice?)"
+    if window[0] > other[1] or other[0] > window[1]:
+        return " (another capture window: analyse one run at a time)"
+    return " (at the same time: two processes of one job took one rank; check RANK or use --rank-from)"
+
+
 def check_consistent(digests: pa.Table) -> None:
     """Refuse inputs that cannot belong to one job: one rank twice, a rank outside the world
     its own trace gives, or two job ids."""
     ranks = digests.column("rank").to_numpy()
     files = digests.column("source_file").to_pylist()
     worlds = digests.column("world_size").to_pylist()
-    seen: dict[int, str] = {}
-    for rank, file, world in zip(ranks.tolist(), files, worlds):
+    windows = zip(digests.column("window_start_ns").to_pylist(), digests.column("window_end_ns").to_pylist())
+    seen: dict[int, tuple[str, tuple[int, int]]] = {}
+    for rank, file, world, window in zip(ranks.tolist(), files, worlds, windows):
         if rank in seen:
-            raise ConsistencyError(f"rank {rank} is also claimed by {seen[rank]}", path=file)
+            first, other = seen[rank]
+            raise ConsistencyError(f"rank {rank} is also claimed by {first}{_twice_hint(window, other)}", path=file)
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
-        seen[rank] = file
+        seen[rank] = file, window
     jobs = digests.column("job_id").to_pylist()
     known = {job: file for job, file in zip(jobs, files) if job}
     if len(known) > 1:

@@ -113,14 +113,15 @@ def test_a_digest_of_another_capture_beside_an_export_names_both_files(dsl: Path
     original = sorted(dsl.glob("*.sqlite"))[0]
     export = tmp_path / original.name
     shutil.copy(original, export)
-    stale = nsys.read_nsys(export)  # as if built before the export was captured again
-    stale = stale.set_column(stale.schema.get_field_index("window_end_ns"), "window_end_ns",
-                             pa.array([stale.column("window_end_ns")[0].as_py() + 1], pa.int64()))
+    stale = nsys.read_nsys(export)  # as if built from the capture before this one, an hour earlier
+    for name in ("window_start_ns", "window_end_ns"):
+        stale = stale.set_column(stale.schema.get_field_index(name), name,
+                                 pa.array([stale.column(name)[0].as_py() - 3600 * 10**9], pa.int64()))
     digest.write(stale, tmp_path / "rank0.parquet")
     with pytest.raises(ConsistencyError) as caught:
         sources.load_digests([tmp_path])
     assert str(caught.value) == (f"{tmp_path / 'rank0.parquet'} (digest of {export}): "
-                                 f"rank 0 is also claimed by {export}")
+                                 f"rank 0 is also claimed by {export} (another capture window: analyse one run at a time)")
 
 
 def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Path) -> None:
@@ -241,3 +242,14 @@ def test_a_simulated_folder_is_analysed_without_a_word_about_its_truth_file_or_a
     assert [str(w.message) for w in caught] == [
         f"{tmp_path / 'fr_dump.json'}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder "
         "dump); skipped"]
+
+
+def test_one_rank_claimed_twice_says_what_the_two_likely_are(dsl: Path, samples: Path, tmp_path: Path) -> None:
+    export = sorted(dsl.glob("*ault43*.sqlite"))[0]
+    shutil.copy(export, tmp_path / "twin.sqlite")
+    with pytest.raises(ConsistencyError, match=r"\(the same capture: one file given twice\?\)$"):
+        sources.load_digests([export, tmp_path / "twin.sqlite"])
+    with pytest.raises(ConsistencyError, match=r"\(at the same time: two processes of one job took one rank; "):
+        sources.load_digests([dsl], rank_from="env:SLURM_LOCALID")  # both nodes' rank is local rank 0
+    with pytest.raises(ConsistencyError, match=r"\(another capture window: analyse one run at a time\)$"):
+        sources.load_digests([samples / "nsys" / "nsysai_2gpu_sendrecv"])  # before and after a fix
