@@ -26,6 +26,10 @@ from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 MIN_DRIFT_ANCHORS = 20
 ROUNDS = 5
 HUBER_K = 1.345
+# The IRLS stops once an iteration moves no host's line by more than this share of its
+# residual scale (or MIN_TOLERANCE_NS, for noise-free anchors): 10 iterations at most.
+CONVERGED = 0.01
+MIN_TOLERANCE_NS = 0.01
 # nsys documents "one to tens of milliseconds" for NTP-synchronised hosts; a ping-based
 # hint from the coordinator is better but still far from collective-anchored.
 NTP_UNCERTAINTY_NS = 10_000_000.0
@@ -277,15 +281,19 @@ def _windows(
 
 def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``y`` (NaN = not observed): slope and intercept on ``x`` by IRLS with
-    Huber weights and a MAD scale, all hosts at once."""
+    Huber weights and a MAD scale, all hosts at once. Stops early once no host's line
+    moved, anywhere over its anchors, by more than `CONVERGED` of its residual scale:
+    what is left to move is far below the uncertainty the fit reports."""
     seen = ~np.isnan(y)
     xs = np.where(seen, x[None, :], np.nan)
     xm = np.nanmean(xs, axis=1, keepdims=True)
     xc = np.where(seen, xs - xm, 0.0)
+    reach = np.abs(xc).max(axis=1)  # how far a change of slope moves the line, at most
     yy = np.where(seen, y, 0.0)
     weights = seen.astype(np.float64)
     slope = np.ones(len(y))
     intercept = np.zeros(len(y))
+    tolerance = None
     every = seen.all()  # the common case: masking below would change nothing
     for _ in range(iterations):
         w_sum = np.maximum(weights.sum(axis=1), 1e-300)
@@ -294,13 +302,18 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
         dx = xc - x_bar[:, None]
         spread = (weights * dx**2).sum(axis=1)
         cov = (weights * dx * (yy - y_bar[:, None])).sum(axis=1)
+        moved_slope, moved_intercept = slope, intercept
         slope = np.divide(cov, spread, out=np.ones_like(cov), where=spread > 0)
         intercept = y_bar - slope * x_bar
+        if tolerance is not None and (
+                np.abs(intercept - moved_intercept) + np.abs(slope - moved_slope) * reach <= tolerance).all():
+            break
         residual = yy - (slope[:, None] * xc + intercept[:, None])
         if not every:
             residual = np.where(seen, residual, np.nan)
         centre = nanmedian(residual, axis=1, keepdims=True)
         scale = MAD_TO_SIGMA * nanmedian(np.abs(residual - centre), axis=1, keepdims=True)
+        tolerance = np.maximum(CONVERGED * scale[:, 0], MIN_TOLERANCE_NS)
         u = np.abs(residual if every else np.where(seen, residual, 0.0)) / np.maximum(HUBER_K * scale, 1e-9)
         weights = 1.0 / np.maximum(u, 1.0)  # Huber: 1 inside k * scale, k * scale / |r| beyond
         if not every:
