@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from rankscope.errors import InputError
 
 SCHEMA = "rankscope.report/1"
+# Rows of the rank and communicator tables a terminal shows at most; JSON has them all.
+TABLE_ROWS = 64
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -225,6 +229,20 @@ def fmt_gbps(value: float | None) -> str:
 _RATES = ((1.0, "GB/s"), (1e-3, "MB/s"), (1e-6, "KB/s"))  # in GB/s, largest first
 
 
+def _most(items: list[_T], first: Callable[[_T], tuple]) -> list[_T]:
+    """All of ``items``, or the `TABLE_ROWS` of them that sort first by ``first``, in
+    their own order: what a person looks at first in a job too large to read whole."""
+    if len(items) <= TABLE_ROWS:
+        return items
+    chosen = sorted(range(len(items)), key=lambda i: first(items[i]))[:TABLE_ROWS]
+    return [items[i] for i in sorted(chosen)]
+
+
+def _not_shown(shown: int, total: int, which: str) -> list[str]:
+    return [] if shown == total else [f"({total - shown} more not shown: those shown are {which}; "
+                                      f"--format json lists all {total})"]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
@@ -267,6 +285,8 @@ def _render(report: Report) -> list[str]:
                  " (members of the slow links below)" if set(others) <= behind_links else "")
         out.append(f"LATE ARRIVALS, mean lateness{cause}: rank {shown}{more}")
     out.append("")
+    flagged = set(report.stragglers)
+    shown = _most(sorted(report.ranks, key=lambda r: r.rank), lambda r: (r.rank not in flagged, -(r.blame_ns or 0)))
     rows = [
         [
             str(r.rank), r.host, fmt_ns(r.clock_offset_ns), fmt_ns(r.clock_uncertainty_ns),
@@ -274,25 +294,29 @@ def _render(report: Report) -> list[str]:
             fmt_ns(r.blame_ns), fmt_ns(r.nccl_kernel_ns), fmt_ns(r.nccl_wait_ns), fmt_ns(r.nccl_transfer_ns),
             "-" if r.gpu_busy_pct is None else f"{r.gpu_busy_pct:.1f}%", "*" if r.rank in report.stragglers else "",
         ]
-        for r in sorted(report.ranks, key=lambda r: r.rank)
+        for r in shown
     ]
     out += _table(
         ["rank", "host", "clock off", "±σ", "late mean", "late p99", "late max", "last", "blame",
          "nccl", "wait", "transfer", "busy", "!"],
         rows,
     )
+    out += _not_shown(len(shown), len(report.ranks), "the stragglers and the most blamed ranks")
     out.append("")
     out.append("COMMUNICATORS (busbw = bus bandwidth as nccl-tests counts it, over the transfer once all arrived;")
     out.append("               imbal = CV of per-rank NCCL time; network = CV of transfer over time)")
+    pairs = [(c, o) for c in report.communicators for o in c.ops]
+    slow = {(c.comm_id, c.op) for c in report.slow_communicators}
+    listed = _most(pairs, lambda pair: ((pair[0].comm_id, pair[1].op) not in slow, -(pair[1].skew_mean_ns or 0.0)))
     comm_rows = [
         [_short(c.comm_id), c.kind, ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
          fmt_ns(o.transfer_mean_ns), fmt_gbps(o.busbw_gbps), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv),
          _num(o.network_cv)]
-        for c in report.communicators
-        for o in c.ops
+        for c, o in listed
     ]
     out += _table(["comm", "kind", "ranks", "op", "inst", "dur mean", "transfer", "busbw", "skew mean", "imbal", "network"],
                   comm_rows)
+    out += _not_shown(len(listed), len(pairs), "the slow links and those of the largest skew")
     if report.slow_communicators:
         out.append("")
         out.append("SLOW LINKS (bus bandwidth far below like communicators': same op, kind, size and hosts)")
@@ -301,12 +325,14 @@ def _render(report: Report) -> list[str]:
     if report.tp_overhead:
         out.append("")
         out.append("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)")
+        groups = _most(report.tp_overhead, lambda t: (-(t.exposed_frac or 0.0),))
         tp_rows = [
             [_short(t.comm_id), ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
              _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
-            for t in report.tp_overhead
+            for t in groups
         ]
         out += _table(["comm", "ranks", "time base", "time", "exposed", "exposed", "wait", "transfer"], tp_rows)
+        out += _not_shown(len(groups), len(report.tp_overhead), "the groups of the largest exposed share")
     if report.top_kernels:
         out.append("")
         out.append("TOP KERNELS (all ranks)")

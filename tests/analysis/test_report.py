@@ -80,3 +80,24 @@ def test_bandwidths_are_printed_in_a_unit_that_reads() -> None:
     assert fmt_gbps(1.97e-06) == "1.97 KB/s"
     assert fmt_gbps(0.0) == "0 KB/s"
     assert fmt_gbps(None) == fmt_gbps(float("nan")) == "-"
+
+
+def test_a_large_job_table_shows_the_ranks_to_look_at_and_says_what_it_left_out() -> None:
+    """80 ranks: the terminal gets the straggler and the most blamed (TABLE_ROWS of them, in
+    rank order) and a line saying how many more the JSON holds; a small job shows every rank."""
+    from rankscope.analysis.report import TABLE_ROWS
+
+    digests, truth = synthetic_job(SyntheticJob(nodes=10, gpus_per_node=8, steps=8, stragglers={77: 300_000}, seed=3))
+    report = analyze(digests)
+    assert truth.stragglers == [77] and report.stragglers == [77] and len(report.ranks) == 80 > TABLE_ROWS
+    lines = report.render_table().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
+    rows = lines[header + 2: header + 2 + TABLE_ROWS]
+    shown = [int(line.split()[0]) for line in rows]
+    assert shown == sorted(shown) and 77 in shown and rows[shown.index(77)].rstrip().endswith("*")
+    others = sorted((r for r in report.ranks if r.rank != 77), key=lambda r: (-r.blame_ns, r.rank))
+    most_blamed = others[: TABLE_ROWS - 1]
+    assert {r.rank for r in most_blamed} | {77} == set(shown)
+    assert lines[header + 2 + TABLE_ROWS] == (f"({80 - TABLE_ROWS} more not shown: those shown are the stragglers and "
+                                              "the most blamed ranks; --format json lists all 80)")
+    assert len(report.to_dict()["ranks"]) == 80
