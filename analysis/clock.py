@@ -302,11 +302,11 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
         dx = xc - x_bar[:, None]
         spread = (weights * dx**2).sum(axis=1)
         cov = (weights * dx * (yy - y_bar[:, None])).sum(axis=1)
-        moved_slope, moved_intercept = slope, intercept
+        last_slope, last_intercept = slope, intercept
         slope = np.divide(cov, spread, out=np.ones_like(cov), where=spread > 0)
         intercept = y_bar - slope * x_bar
         if tolerance is not None and (
-                np.abs(intercept - moved_intercept) + np.abs(slope - moved_slope) * reach <= tolerance).all():
+                np.abs(intercept - last_intercept) + np.abs(slope - last_slope) * reach <= tolerance).all():
             break
         residual = yy - (slope[:, None] * xc + intercept[:, None])
         if not every:

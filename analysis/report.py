@@ -217,6 +217,9 @@ def _num(value: float | None) -> str:
     return _shown(value, ".2f")
 
 
+_RATES = ((1.0, "GB/s"), (1e-3, "MB/s"), (1e-6, "KB/s"))  # in GB/s, largest first
+
+
 def fmt_gbps(value: float | None) -> str:
     """A bandwidth given in GB/s, shown in the unit that keeps it readable: a 4-byte
     flag's AllReduce runs at KB/s, where GB/s reads "1.97e-06"."""
@@ -224,9 +227,6 @@ def fmt_gbps(value: float | None) -> str:
         return "-"
     scale, unit = next(((scale, unit) for scale, unit in _RATES if abs(value) >= scale), _RATES[-1])
     return f"{value / scale:.3g} {unit}"
-
-
-_RATES = ((1.0, "GB/s"), (1e-3, "MB/s"), (1e-6, "KB/s"))  # in GB/s, largest first
 
 
 def _most(items: list[_T], first: Callable[[_T], tuple]) -> list[_T]:
