@@ -13,7 +13,7 @@ printed); load and analyze are each their own best too, so load/floor compares l
 with like. `paired` is the median over rounds of analysis/floor timed back to back: where
 the machine's speed drifts (shared cores run 11 to 27 ms for one 8-rank floor within
 seconds), the best of each favours the shorter run, which more often fits a quiet spell;
-a pair sees one speed. Memory: one fresh process per mode runs it once; peak RSS is shown, and its
+a pair sees one speed; `rounds` is the lowest and highest pair, the noise to read it by. Memory: one fresh process per mode runs it once; peak RSS is shown, and its
 growth over the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
 
@@ -104,7 +104,7 @@ def child(mode: str, folder: str, repeat: int) -> dict:
                 if part in result:
                     parts[part] = min(parts.get(part, result[part]), result[part])
         ratios.append(seconds["analysis"] / seconds["floor"])
-    best["analysis"].update(parts, paired=statistics.median(ratios))
+    best["analysis"].update(parts, paired=statistics.median(ratios), paired_range=(min(ratios), max(ratios)))
     return best
 
 
@@ -130,7 +130,7 @@ def main() -> int:
 
     print(f"{os.cpu_count()} CPUs; best of {args.repeat} alternating rounds; load = 1-min load average before/after")
     print(f"{'ranks':>5} {'MB':>6} {'analysis s':>10} {'load s':>7} {'analyze s':>9} {'floor s':>8} {'ratio':>6} "
-          f"{'paired':>6} {'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} {'floor +MB':>9} {'load avg':>10}")
+          f"{'paired':>6} {'rounds':>9} {'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} {'floor +MB':>9} {'load avg':>10}")
     for size in args.sizes:
         spec = sim.JobSpec(nodes=max(1, size // 8), gpus_per_node=min(8, size), tp=min(8, size), steps=args.steps,
                            stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),), seed=1)
@@ -145,7 +145,7 @@ def main() -> int:
         an, fl = timed["analysis"], timed["floor"]
         grown = an_mem["peak_mb"] - an_mem["baseline_mb"]
         print(f"{spec.world_size:>5} {megabytes:>6.1f} {an['seconds']:>10.3f} {an['load_s']:>7.3f} {an['analyze_s']:>9.3f} "
-              f"{fl['seconds']:>8.3f} {an['seconds'] / fl['seconds']:>6.2f} {an['paired']:>6.2f} {an['load_s'] / fl['seconds']:>10.2f} "
+              f"{fl['seconds']:>8.3f} {an['seconds'] / fl['seconds']:>6.2f} {an['paired']:>6.2f} {'%.2f-%.2f' % tuple(an['paired_range']):>9} {an['load_s'] / fl['seconds']:>10.2f} "
               f"{an_mem['peak_mb']:>8.0f} {grown:>6.0f} {grown / spec.world_size:>8.2f} "
               f"{fl_mem['peak_mb'] - fl_mem['baseline_mb']:>9.0f} {load_before:>4.1f}/{load_after:<4.1f}", flush=True)
     return 0
