@@ -13,8 +13,9 @@ printed); load and analyze are each their own best too, so load/floor compares l
 with like. `paired` is the median over rounds of analysis/floor timed back to back: where
 the machine's speed drifts (shared cores run 11 to 27 ms for one 8-rank floor within
 seconds), the best of each favours the shorter run, which more often fits a quiet spell;
-a pair sees one speed; `rounds` is the lowest and highest pair, the noise to read it by. Memory: one fresh process per mode runs it once; peak RSS is shown, and its
-growth over the process's baseline after imports (aim: linear in ranks).
+a pair sees one speed; `rounds` is the lowest and highest pair, the noise to read it by.
+Memory: one fresh process per mode runs it once; peak RSS is shown, and its growth over
+the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
 
     .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20] [--repeat 5]
