@@ -145,12 +145,15 @@ def _require_cmd(cmd: Sequence[str]) -> None:
 
 
 def find_nsys(nsys: str = NSYS) -> str:
-    """The nsys executable, or a ToolError saying how to get one."""
+    """The nsys executable, or a ToolError saying how to get one: a name is looked up on
+    PATH, a path (RANKSCOPE_NSYS, --nsys) taken as it is."""
     path = shutil.which(nsys)
-    if path is None:
-        raise ToolError(f"nsys not found ({nsys!r} is not on PATH): install Nsight Systems "
-                        "or set RANKSCOPE_NSYS")
-    return path
+    if path is not None:
+        return path
+    if os.sep in nsys:
+        why = "is not executable" if os.path.isfile(nsys) else "does not exist"
+        raise ToolError(f"nsys at {nsys} {why}: point RANKSCOPE_NSYS (or --nsys) at Nsight Systems' nsys")
+    raise ToolError(f"nsys not found ({nsys!r} is not on PATH): install Nsight Systems or set RANKSCOPE_NSYS")
 
 
 def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:

@@ -318,3 +318,16 @@ def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node,
     assert standin_nsys.calls(node.state)[before + 1:before + 4] == [
         start, ["stop", f"--session={first.session}"], start]
     assert len(backend.stop(request)) == 2
+
+
+def test_an_nsys_that_cannot_run_is_named_for_what_is_wrong(tmp_path: Path, monkeypatch) -> None:
+    """A name is looked up on PATH; a path given (RANKSCOPE_NSYS, --nsys) is not 'not on PATH'."""
+    plain = tmp_path / "nsys"
+    plain.write_text("#!/bin/sh\n")  # there, but not executable
+    with pytest.raises(ToolError, match=f"^nsys at {plain} is not executable: point RANKSCOPE_NSYS"):
+        nsys.find_nsys(str(plain))
+    with pytest.raises(ToolError, match=f"^nsys at {tmp_path / 'gone'} does not exist: point RANKSCOPE_NSYS"):
+        nsys.find_nsys(str(tmp_path / "gone"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(ToolError, match=r"^nsys not found \('nsys' is not on PATH\): install Nsight Systems"):
+        nsys.find_nsys("nsys")
