@@ -88,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    print(f"rankscope agent {agent.config.name} (pid {os.getpid()}) -> {agent.config.coordinator}", flush=True)
+    control = agent.pauses.control
+    print(f"rankscope agent {agent.config.name} (pid {os.getpid()}) -> {agent.config.coordinator}; "
+          f"DCGM: {control.describe()}" + (f" ({control.error})" if isinstance(control, dcgm.NoDcgm) else ""), flush=True)
+    if isinstance(control, dcgm.NoDcgm) and config.dcgm.mode in ("bindings", "dcgmi"):
+        # Asked for by name, so expected here: captures will run, but without pausing DCGM.
+        log.warning("--dcgm %s, yet %s: captures will not pause DCGM profiling", config.dcgm.mode, control.error)
     agent.run()
     return 0

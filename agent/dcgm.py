@@ -277,6 +277,8 @@ def discover(config: DcgmConfig | None = None) -> DcgmControl:
         path = shutil.which(config.dcgmi)
         if path:
             return DcgmiControl(path, config.host, config.timeout_s)
+        if config.mode == "dcgmi":
+            return NoDcgm(f"{config.dcgmi} not found, or not executable")
         return NoDcgm(f"neither DCGM's Python bindings nor {config.dcgmi} found")
     return NoDcgm(f"unknown DCGM mode {config.mode!r}")
 

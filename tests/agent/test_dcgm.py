@@ -342,3 +342,24 @@ def test_an_idle_agent_resumes_a_pause_another_agent_died_with(engine, tmp_path)
         time.sleep(0.05)
     assert not paused(engine) and ops(engine) == ["pause", "resume"]
     m.close()
+
+
+def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_named_is_missing(tmp_path):
+    """Asked for dcgmi by name where there is none, the agent runs (tracing needs no
+    counters) but says at start that its captures will not pause DCGM."""
+    import signal
+    import subprocess
+
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "agent", "--coordinator", "127.0.0.1:1", "--name", "n1",
+         "--spool", str(tmp_path / "spool"), "--dcgm", "dcgmi", "--dcgmi", str(tmp_path / "no-dcgmi")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = agent.stdout.readline()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=30)
+    assert first.startswith("rankscope agent n1 (pid ") and first.rstrip().endswith(
+        f"; DCGM: none ({tmp_path / 'no-dcgmi'} not found, or not executable)")
+    assert (f"--dcgm dcgmi, yet {tmp_path / 'no-dcgmi'} not found, or not executable: captures will not pause DCGM "
+            "profiling") in err
