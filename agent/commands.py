@@ -60,7 +60,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--max-backoff must be positive, got {args.max_backoff}")
     # The agent retries an unreachable coordinator for ever: a typo must not. (gRPC's unix: targets pass.)
     if host_port(args.coordinator) is None and not args.coordinator.startswith("unix:"):
-        raise ConfigError(f"--coordinator {args.coordinator!r} must be HOST:PORT")
+        raise ConfigError(f"--coordinator {args.coordinator!r} must be HOST:PORT, the port at most 65535")
     return AgentConfig(
         coordinator=args.coordinator,
         name=name,

@@ -99,9 +99,9 @@ def _check(config: CoordinatorConfig) -> None:
     if config.tls_client_ca is not None and config.tls_cert is None:
         raise ConfigError("--tls-client-ca needs the server's own --tls-cert and --tls-key")
     if host_port(config.listen) is None:
-        raise ConfigError(f"listen address {config.listen!r} must be HOST:PORT")
+        raise ConfigError(f"listen address {config.listen!r} must be HOST:PORT, the port 0-65535 (0 picks one)")
     if config.max_upload_bytes <= 0:
-        raise ConfigError(f"max_upload_bytes must be positive, got {config.max_upload_bytes}")
+        raise ConfigError(f"--max-upload-bytes must be positive, got {config.max_upload_bytes}")
     if not 1 << 10 <= config.chunk_bytes <= 3 << 20:
         raise ConfigError(f"chunk_bytes {config.chunk_bytes} must be between 1 KiB and 3 MiB (gRPC's limit is 4 MiB)")
     for name in ("node_timeout_s", "restart_grace_s", "heartbeat_interval_s", "ping_interval_s", "grace_s"):

@@ -5,10 +5,15 @@ from __future__ import annotations
 import socket
 
 
+MAX_PORT = 65535
+
+
 def host_port(address: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (an IPv6 host in brackets) as (host, port); None where it is not one."""
+    """``HOST:PORT`` (an IPv6 host in brackets) as (host, port); None where it is not one,
+    as where the port is beyond `MAX_PORT` (the socket layer would take it modulo 65536:
+    :99999 listened on 34463)."""
     host, sep, port = address.rpartition(":")
-    if not (host and sep and port.isdigit()):
+    if not (host and sep and port.isdigit()) or int(port) > MAX_PORT:
         return None
     return host.removeprefix("[").removesuffix("]"), int(port)
 

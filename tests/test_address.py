@@ -14,6 +14,7 @@ from rankscope.address import bind_problem, host_port
     ("127.0.0.1:0", ("127.0.0.1", 0)),
     ("[::1]:6379", ("::1", 6379)),
     ("notaport", None), (":7443", None), ("host:", None), ("host:x", None),
+    ("host:65535", ("host", 65535)), ("host:65536", None), ("host:99999", None),  # 99999 bound 34463
 ])
 def test_host_port(text: str, parsed) -> None:
     assert host_port(text) == parsed
@@ -27,3 +28,26 @@ def test_bind_problem_says_why_an_address_cannot_be_listened_on() -> None:
         assert bind_problem(taken) == "address already in use"
     assert bind_problem("127.0.0.1:0") is None
     assert bind_problem("no-such-host.invalid:7443").startswith("cannot resolve no-such-host.invalid")
+
+
+def test_a_listen_port_out_of_range_is_refused_not_taken_modulo_65536(tmp_path) -> None:
+    from rankscope.coordinator import config
+    from rankscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"listen address '127.0.0.1:99999' must be HOST:PORT, the port 0-65535"):
+        config.resolve({"listen": "127.0.0.1:99999", "data_dir": tmp_path})
+
+
+def test_a_dial_port_out_of_range_is_refused(capsys) -> None:
+    import argparse
+
+    from rankscope.agent import commands as agent_commands
+    from rankscope.cli import main
+    from rankscope.errors import ConfigError
+
+    assert main(["capture", "--coordinator", "127.0.0.1:99999", "--all"]) == 2
+    assert "coordinator address '127.0.0.1:99999' must be HOST:PORT" in capsys.readouterr().err
+    parser = argparse.ArgumentParser()
+    agent_commands.register(parser.add_subparsers())
+    with pytest.raises(ConfigError, match="--coordinator '127.0.0.1:70000' must be HOST:PORT"):
+        agent_commands.config_from_args(parser.parse_args(["agent", "--coordinator", "127.0.0.1:70000"]))
