@@ -243,6 +243,7 @@ class CaptureRun:
     @classmethod
     def new(cls, agent: Agent, start: pb.StartCapture) -> CaptureRun:
         options = dict(start.options)
+        requested = sorted(options)  # the sweep's own; the node's name and labels join them below
         options.setdefault("node", agent.config.name)
         for key, value in agent.config.labels.items():  # node-specific settings, e.g. sim.node_index
             options.setdefault(key, value)
@@ -252,6 +253,7 @@ class CaptureRun:
             "duration_s": start.duration_s,
             "timeout_s": start.timeout_s,
             "options": options,
+            "requested_options": requested,
             "upload_raw": start.upload_raw,
             "capture": cap.Capture(start.sweep_id).to_dict(),
             "dcgm": pb.DCGM_OUTCOME_UNSPECIFIED,
@@ -310,6 +312,10 @@ class CaptureRun:
             raise ConfigError(f"backend {name!r} is not enabled on this agent "
                               f"(--backend {','.join(self.agent.config.backends)})")
         self.backend = load_backend(name)()
+        unknown = self.backend.unknown_options(self.record.get("requested_options", ()))
+        if unknown:
+            known = ", ".join(sorted(self.backend.options)) or "none"
+            raise ConfigError(f"unknown capture option {unknown[0]!r} for the {name} backend (it reads: {known})")
         if hasattr(self.backend, "on_counters_released"):  # nsys: DCGM resumes before the export
             self.backend.on_counters_released = lambda request: self.agent.pauses.release(self.sweep_id)
         self.backend.check(self.request())  # no DCGM pause for a capture that cannot start

@@ -7,7 +7,7 @@ agent's capture state machine does not know which profiler runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -31,6 +31,12 @@ class CaptureBackend(ABC):
     # True where the backend reads GPU performance counters, which DCGM profiling
     # must release first (dcgm.md); the agent pauses DCGM only for these.
     needs_gpu_counters: ClassVar[bool] = False
+    # The capture options (`rankscope capture --option K=V`) it reads; a sweep asking for
+    # another is refused, so a misspelt option fails the node rather than do nothing.
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    def unknown_options(self, names: Iterable[str]) -> list[str]:
+        return sorted(set(names) - self.options)
 
     def check(self, request: CaptureRequest) -> None:
         """Raise where the capture plainly cannot start (tool missing, no rank to record),

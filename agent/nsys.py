@@ -217,6 +217,7 @@ class NsysBackend(CaptureBackend):
 
     name = "nsys"
     needs_gpu_counters = True
+    options = frozenset({"gpu_metrics"})
 
     def __init__(self, *, nsys: str = NSYS, timeout_s: float = COMMAND_TIMEOUT_S, export_timeout_s: float = EXPORT_TIMEOUT_S,
                  report_wait_s: float = COMMAND_TIMEOUT_S,

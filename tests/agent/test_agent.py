@@ -146,6 +146,7 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
     class Recording(CaptureBackend):
         name = "fake"
         needs_gpu_counters = True
+        options = frozenset({"gpu_metrics"})
 
         def check(self, request: CaptureRequest) -> None:
             if cannot_start:
@@ -254,6 +255,25 @@ def test_a_capture_that_cannot_start_fails_without_pausing_dcgm(coordinator, tmp
         seen = servicer.statuses("s3", pb.NODE_STATE_DCGM_RESUMED)
         assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_FAILED]
         assert seen[-1].reason == "nsys not found" and log.calls == []  # telemetry never went dark
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_capture_option_the_backend_does_not_read_fails_the_node_before_dcgm(coordinator, tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """`--option gpu_metric=false` (for gpu_metrics) would otherwise do nothing, silently; the
+    agent's own labels, which join the options, are not the sweep's to be checked."""
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        servicer.commands.put(start("s6", options={"gpu_metric": "false"}))
+        seen = servicer.statuses("s6", pb.NODE_STATE_DCGM_RESUMED)
+        assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_FAILED] and log.calls == []
+        assert seen[-1].reason == "unknown capture option 'gpu_metric' for the fake backend (it reads: gpu_metrics)"
+        servicer.commands.put(start("s7", options={"gpu_metrics": "false"}))
+        assert servicer.statuses("s7", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
     finally:
         agent.close()
         thread.join(10)
