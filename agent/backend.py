@@ -31,12 +31,14 @@ class CaptureBackend(ABC):
     # True where the backend reads GPU performance counters, which DCGM profiling
     # must release first (dcgm.md); the agent pauses DCGM only for these.
     needs_gpu_counters: ClassVar[bool] = False
-    # The capture options (`rankscope capture --option K=V`) it reads; a sweep asking for
-    # another is refused, so a misspelt option fails the node rather than do nothing.
+    # The capture options (`rankscope capture --option K=V`) it reads, ``prefix.*`` for a
+    # family; a sweep asking for another is refused, so a misspelt option fails the node
+    # rather than do nothing.
     options: ClassVar[frozenset[str]] = frozenset()
 
     def unknown_options(self, names: Iterable[str]) -> list[str]:
-        return sorted(set(names) - self.options)
+        prefixes = tuple(option[:-1] for option in self.options if option.endswith("*"))
+        return sorted(name for name in set(names) - self.options if not name.startswith(prefixes))
 
     def check(self, request: CaptureRequest) -> None:
         """Raise where the capture plainly cannot start (tool missing, no rank to record),

@@ -72,3 +72,9 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
 
 def test_sim_needs_no_gpu_counters() -> None:
     assert SimBackend.name == "sim" and SimBackend.needs_gpu_counters is False
+
+
+def test_the_sim_backend_reads_the_sim_family_of_options_only() -> None:
+    from rankscope.agent.sim_backend import SimBackend
+
+    assert SimBackend().unknown_options(["sim.nodes", "sim.node_index.n3", "gpu_metric"]) == ["gpu_metric"]
