@@ -75,6 +75,4 @@ def test_sim_needs_no_gpu_counters() -> None:
 
 
 def test_the_sim_backend_reads_the_sim_family_of_options_only() -> None:
-    from rankscope.agent.sim_backend import SimBackend
-
     assert SimBackend().unknown_options(["sim.nodes", "sim.node_index.n3", "gpu_metric"]) == ["gpu_metric"]
