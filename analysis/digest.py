@@ -289,12 +289,23 @@ def _to_pandas(array: pa.Array | pa.ChunkedArray, pd: ModuleType) -> np.ndarray 
     return array.to_numpy(zero_copy_only=False)
 
 
-def _twice_hint(window: tuple[int, int], other: tuple[int, int]) -> str:
+# What makes two rows one capture of one rank, to the nanosecond: a digest and the export it
+# was built from, or a copy of a file. The window is last: (start, end).
+CAPTURE_KEY = ("rank", "host", "pid", "gpu", "gpu_busy_ns", "window_start_ns", "window_end_ns")
+
+
+def captures(digests: pa.Table) -> list[tuple]:
+    """Each row's `CAPTURE_KEY` values."""
+    return list(zip(*(digests.column(name).to_pylist() for name in CAPTURE_KEY)))
+
+
+def _twice_hint(capture: tuple, other: tuple) -> str:
     """What two captures of one rank most likely are: one file twice, two runs, or two
     processes of one run that took one rank number."""
-    if window == other:
+    if capture == other:
         return " (the same capture: one file given twice?)"
-    if window[0] > other[1] or other[0] > window[1]:
+    (start, end), (other_start, other_end) = capture[-2:], other[-2:]
+    if start > other_end or other_start > end:
         return " (another capture window: analyse one run at a time)"
     return " (at the same time: two processes of one job took one rank; check RANK or use --rank-from)"
 
@@ -305,15 +316,14 @@ def check_consistent(digests: pa.Table) -> None:
     ranks = digests.column("rank").to_numpy()
     files = digests.column("source_file").to_pylist()
     worlds = digests.column("world_size").to_pylist()
-    windows = zip(digests.column("window_start_ns").to_pylist(), digests.column("window_end_ns").to_pylist())
-    seen: dict[int, tuple[str, tuple[int, int]]] = {}
-    for rank, file, world, window in zip(ranks.tolist(), files, worlds, windows):
+    seen: dict[int, tuple[str, tuple]] = {}
+    for rank, file, world, capture in zip(ranks.tolist(), files, worlds, captures(digests)):
         if rank in seen:
             first, other = seen[rank]
-            raise ConsistencyError(f"rank {rank} is also claimed by {first}{_twice_hint(window, other)}", path=file)
+            raise ConsistencyError(f"rank {rank} is also claimed by {first}{_twice_hint(capture, other)}", path=file)
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
-        seen[rank] = file, window
+        seen[rank] = file, capture
     jobs = digests.column("job_id").to_pylist()
     known = {job: file for job, file in zip(jobs, files) if job}
     if len(known) > 1:

@@ -42,8 +42,6 @@ _OWN_SCHEMA = b'"schema": "rankscope.'
 _SNIFF_BYTES = 1 << 16
 # A digest's rows name the digest given beside the export it was built from (`_digest_name`).
 _DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
-# What makes a digest's row and an export's one capture of one rank, to the nanosecond.
-_CAPTURE_KEY = ("rank", "host", "pid", "gpu", "window_start_ns", "window_end_ns", "gpu_busy_ns")
 
 
 def load_digests(
@@ -79,7 +77,7 @@ def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
     if len(set(ranks)) == len(ranks):
         return digests
     files = digests.column("source_file").to_pylist()
-    captures = list(zip(*(digests.column(name).to_pylist() for name in _CAPTURE_KEY)))
+    captures = digest.captures(digests)
     exports = {(capture, Path(file).name): file for capture, file in zip(captures, files) if not _DIGEST_OF.fullmatch(file)}
     keep = []
     for capture, file in zip(captures, files):
