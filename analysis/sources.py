@@ -55,8 +55,6 @@ def load_digests(
     consistency. ``map_engine`` runs the reads, a chunk of files per call (local by
     default, or one Ray task per chunk); each chunk's nsys exports are built as a batch."""
     files = discover(paths)
-    if not files:
-        raise InputError("no exports or digests found in " + ", ".join(str(p) for p in paths))
     runner = map_engine or engine.LocalEngine()
     size = LOCAL_CHUNK if isinstance(runner, engine.LocalEngine) else TASK_CHUNK
     chunks = [files[i : i + size] for i in range(0, len(files), size)]
@@ -93,7 +91,7 @@ def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
 def discover(paths: Sequence[Path | str]) -> list[Path]:
     """The input files named by ``paths``, folders walked (sorted), reports that have an
     export beside them dropped; on a walk, JSON that is not a Kineto trace is skipped
-    with a warning (a file named explicitly is always read)."""
+    with a warning (a file named explicitly is always read). None found is an error."""
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -102,19 +100,36 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
         except OSError:
             mode = 0
         if stat.S_ISDIR(mode):
-            found = sorted(p for p in _files_under(path) if _suffix(p) in _KNOWN)
+            found = [_not_empty(p) for p in sorted(_files_under(path)) if _suffix(p) in _KNOWN]
             # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
             found = [p for p in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p)]
             files.extend(p for p in found if _suffix(p) not in KINETO_SUFFIXES or _kineto_or_warn(p))
         elif stat.S_ISREG(mode):
-            files.append(path)
+            files.append(_not_empty(path))
         else:
             raise InputError("no such file or folder", path=path)
     suffixes = [_suffix(p) for p in files]
     if NSYS_REPORT in suffixes:
         exports = {_stem(p) for p, suffix in zip(files, suffixes) if suffix == SQLITE}
         files = [p for p, suffix in zip(files, suffixes) if not (suffix == NSYS_REPORT and _stem(p) in exports)]
+    if not files:
+        raise InputError("no exports or digests found in " + ", ".join(str(p) for p in paths))
     return list({str(p): p for p in files}.values())  # the same file named twice: read once
+
+
+def _not_empty(path: Path) -> Path:
+    """``path``, refused where it is empty: each reader's own message for no bytes (a
+    JSON decoder's "truncated", SQLite's "not a database") hides the plain cause, and a
+    walk would skip an empty trace as JSON that is not Kineto."""
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise InputError("no such file or folder", path=path) from None
+    except OSError as exc:
+        raise ExportError(f"cannot read ({exc.strerror})", path=path) from None
+    if size == 0:
+        raise ExportError("empty file (0 bytes): was its capture cut short?", path=path)
+    return path
 
 
 def _files_under(folder: Path) -> Iterator[Path]:
@@ -187,6 +202,7 @@ def _export_of(path: Path) -> Path | None:
 
 def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
     """Digest rows of one file, by its format."""
+    _not_empty(path)
     suffix = _suffix(path)
     if suffix == SQLITE:
         return nsys.read_nsys(path, rank_from=rank_from)

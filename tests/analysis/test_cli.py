@@ -154,3 +154,9 @@ def test_bad_rank_from_spec_is_a_usage_error(exports: list[Path], tmp_path: Path
     result = rankscope("digest", exports[0], "-o", tmp_path / "d.parquet", "--rank-from", "hostname")
     assert result.returncode == 2
     assert "expected env:VAR or filename:REGEX" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_folder_with_nothing_to_read_is_named(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("no traces here")
+    result = rankscope("analyze", tmp_path)
+    assert result.returncode == 2 and result.stderr == f"rankscope: error: no exports or digests found in {tmp_path}\n"

@@ -148,7 +148,7 @@ def test_refusals(dsl: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
         sources.load_digests([tmp_path / "missing.sqlite"])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match="no exports or digests"):
+    with pytest.raises(InputError, match="no exports or digests found in .*empty$"):
         sources.load_digests([tmp_path / "empty"])
     odd = tmp_path / "notes.txt"
     odd.write_text("hello")
@@ -253,3 +253,22 @@ def test_one_rank_claimed_twice_says_what_the_two_likely_are(dsl: Path, samples:
         sources.load_digests([dsl], rank_from="env:SLURM_LOCALID")  # both nodes' rank is local rank 0
     with pytest.raises(ConsistencyError, match=r"\(another capture window: analyse one run at a time\)$"):
         sources.load_digests([samples / "nsys" / "nsysai_2gpu_sendrecv"])  # before and after a fix
+
+
+@pytest.mark.parametrize("name", ["rank2.json", "rank2.json.gz", "rank2.sqlite", "rank2.parquet"])
+def test_an_empty_file_is_refused_by_name_not_skipped_or_misread(name: str, tmp_path: Path) -> None:
+    """An empty trace in a folder walk is a capture cut short, not JSON to skip; named, it
+    is refused as empty rather than with its reader's "truncated" or "not a database"."""
+    from rankscope.analysis import simulate
+
+    simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), tmp_path, fmt="kineto")
+    empty = tmp_path / name
+    empty.touch()
+    for given in ([tmp_path], [empty]):
+        with pytest.raises(ExportError, match=r"empty file \(0 bytes\)") as err:
+            sources.load_digests(given)
+        assert str(err.value).startswith(f"{empty}: ")
+    with pytest.raises(ExportError, match=r"empty file \(0 bytes\)"):
+        sources.read_one(empty)
+    with pytest.raises(InputError, match="no such file or folder"):
+        sources.read_one(tmp_path / "gone.json")
