@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     targets.add_argument("--labels", type=parse_labels, metavar="K=V,...", help="connected agents with all these labels")
     targets.add_argument("--all", action="store_true", help="every connected agent")
     capture.add_argument("--duration", type=parse_duration, default=20.0, metavar="DURATION",
-                         help="capture window (default 20s)")
+                         help="capture window (default 20s, at most 1h)")
     capture.add_argument("--backend", default="", help="capture backend: nsys, torch or sim (default: the nodes' "
                          "own, the first each agent offers, where they agree)")
     capture.add_argument("--timeout", type=parse_duration, default=0.0, metavar="DURATION",

@@ -45,6 +45,9 @@ TICK_S = 0.25
 REFUSALS_LOG_S = 60.0
 # A sweep whose state could not be saved (full disk) is saved again this often.
 SAVE_RETRY_S = 5.0
+# The longest capture window a sweep may ask for. DCGM stays paused throughout, and a
+# trace of one grows without bound: a mistyped 20h for 20s is refused, not run.
+MAX_DURATION_S = 3600.0
 
 
 class NotAuthenticated(RankscopeError):
@@ -277,6 +280,9 @@ class Coordinator:
 
     def start_sweep(self, spec: sw.SweepSpec, *, names: list[str], labels: Mapping[str, str],
                     everything: bool) -> sw.Sweep:
+        if not 0 < spec.duration_s <= MAX_DURATION_S:
+            raise InputError(f"capture window {spec.duration_s:g}s: it must be positive and at most "
+                             f"{MAX_DURATION_S:g}s (DCGM stays paused throughout; capture more often instead)")
         if spec.timeout_s <= 0:
             spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
         elif spec.timeout_s <= spec.duration_s:  # every node would time out, each one's capture wasted

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 2d0ed95a55e06e263a91c3ad36c6db1a15797de56628e8e34b29ccc5347082e5
+# from rankscope.proto, sha256 85240467c2eb04f79a2e13731e4bd7d42180d35d0cbf16ee4a05be543736ff19
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

@@ -155,6 +155,9 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
         with pytest.raises(InputError, match="timeout 60s ends before the 120s capture window does: nodes need "
                                              "time after it to export and upload"):
             client.start(nodes=["gpu-1"], duration_s=120.0, backend="sim", timeout_s=60.0)
+        for window in (0.0, -1.0, 3600.5, 72000.0):  # 72000: a mistyped 20h for 20s
+            with pytest.raises(InputError, match=rf"capture window {window:g}s: it must be positive and at most 3600s"):
+                client.start(nodes=["gpu-1"], duration_s=window, backend="sim")
         assert client.sweeps() == []
 
 
