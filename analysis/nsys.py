@@ -28,11 +28,12 @@ import gc
 import logging
 import re
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +74,12 @@ _PID = "(globalPid >> 24) & 16777215"
 _MAX_DEVICE = 2**16  # CUDA ordinals; packed below the pid in a unit key
 # Rows (kernels, copies, launches, NVTX) held before a batch is built: bounds memory.
 BATCH_ROWS = 4_000_000
+# Rows of the big tables fetched at a time and turned into int64 arrays at once: a fetch
+# makes a Python tuple per row (~220 bytes for a kernel's six ints, 4.5x its array row),
+# so a large export's peak stays near its arrays rather than its tuples.
+FETCH_ROWS = 1 << 16
+_INT_WIDTHS = {"kernels": 6, "copies": 4, "launches": 4}
+_NO_ROWS = {width: np.empty((0, width), np.int64) for width in (4, 6)}
 # Payload blob: [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64] payload.
 _BLOB_HEADER = 32
 # NVTX payload entry type -> (bytes, signed) for the integer types NCCL uses
@@ -312,8 +319,8 @@ class _File:
     copies: np.ndarray  # start, end, pid, device
     launches: np.ndarray  # correlation, pid, tid, start
     nvtx: np.ndarray  # pid, tid, start, end, blob length, kind
-    nvtx_names: tuple
-    nvtx_blobs: tuple
+    nvtx_names: list[str | None]
+    nvtx_blobs: list[bytes | None]
     payload_entries: list[tuple]  # (entry name, schema id, offset, type)
     host: str = ""
     offset: int = 0  # add to exported timestamps to get UTC epoch ns
@@ -348,7 +355,7 @@ def _read_file(path: Path) -> _File:
         if not columns:
             _check_magic(path)
         _check_tables(path, columns)
-        rows = {name: db.execute(sql).fetchall() for name, sql in statements.items()}
+        rows = {name: _fetch(db.execute(sql), name) for name, sql in statements.items()}
     except sqlite3.DatabaseError as exc:
         _check_magic(path)
         raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
@@ -368,22 +375,44 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
         raise ExportError(f"{KERNEL_TABLE} lacks kernel names or globalPid", path=path)
 
 
-def _ints(rows: list[tuple], width: int) -> np.ndarray:
+def _fetch(cursor: sqlite3.Cursor, table: str) -> Any:
+    """A statement's rows: the big tables' as they are fetched, `FETCH_ROWS` at a time,
+    into int64 arrays (NVTX: and its names and blobs), other tables' as tuples."""
+    if table in _INT_WIDTHS:
+        width = _INT_WIDTHS[table]
+        parts = [_ints(rows, width) for rows in _chunks(cursor)]
+        return np.concatenate(parts) if parts else _NO_ROWS[width]
+    if table == "nvtx":
+        parts, names, blobs = [], [], []
+        for rows in _chunks(cursor):
+            columns = list(zip(*rows))
+            parts.append(_ints(columns[:6], len(rows)).T)
+            names.extend(columns[6])
+            blobs.extend(columns[7])
+        return np.concatenate(parts) if parts else _NO_ROWS[6], names, blobs
+    return cursor.fetchall()
+
+
+def _chunks(cursor: sqlite3.Cursor) -> Iterator[list[tuple]]:
+    return iter(lambda: cursor.fetchmany(FETCH_ROWS), [])
+
+
+def _ints(rows: Sequence[tuple], width: int) -> np.ndarray:
     """(len(rows), width) int64 array of integer tuples (fromiter: twice np.array's speed)."""
     return np.fromiter(chain.from_iterable(rows), np.int64, count=len(rows) * width).reshape(len(rows), width)
 
 
-def _parse(path: Path, rows: dict[str, list[tuple]]) -> _File:
-    """Metadata, checks and the time offset; rows stay as fetched (one array per table)."""
-    nvtx = list(zip(*rows.get("nvtx", ()))) or [()] * 8
+def _parse(path: Path, rows: dict[str, Any]) -> _File:
+    """Metadata, checks and the time offset; the big tables stay as fetched (`_fetch`)."""
+    nvtx, nvtx_names, nvtx_blobs = rows.get("nvtx", (_NO_ROWS[6], [], []))
     capture = rows.get("capture", [])
     export = _File(
         path=path, meta=dict(rows.get("export", ())), env=_captured_env(capture),
         cuda_devices=None if "cuda_devices" not in rows else {},
         gpus=None if "gpus" not in rows else [(str(o), str(u)) for o, u in rows["gpus"]],
-        kernels=_ints(rows.get("kernels", []), 6), kernel_names=rows.get("kernel_names", []),
-        copies=_ints(rows.get("copies", []), 4), launches=_ints(rows.get("launches", []), 4),
-        nvtx=_ints(nvtx[:6], len(nvtx[0])).T, nvtx_names=nvtx[6], nvtx_blobs=nvtx[7],
+        kernels=rows.get("kernels", _NO_ROWS[6]), kernel_names=rows.get("kernel_names", []),
+        copies=rows.get("copies", _NO_ROWS[4]), launches=rows.get("launches", _NO_ROWS[4]),
+        nvtx=nvtx, nvtx_names=nvtx_names, nvtx_blobs=nvtx_blobs,
         payload_entries=rows.get("payload_entries", []),
     )
     for pid, ordinal, uuid in rows.get("cuda_devices", []):

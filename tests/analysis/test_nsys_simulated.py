@@ -121,3 +121,15 @@ def test_reading_runs_without_the_cyclic_collector_and_restores_it(job, monkeypa
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_rows_fetched_a_few_at_a_time_give_the_same_digest(job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The big tables are fetched `FETCH_ROWS` at a time into arrays: chunks that split
+    kernels, launches and NVTX rows anywhere join up to the digest of one fetch."""
+    _, paths = job
+    whole = nsys.read_many(paths)
+    kernels = nsys._read_file(paths[0]).kernels
+    assert len(kernels) > 7 * 3  # several chunks of 7, the last one short
+    monkeypatch.setattr(nsys, "FETCH_ROWS", 7)
+    assert nsys._read_file(paths[0]).kernels.tolist() == kernels.tolist()
+    assert nsys.read_many(paths).equals(whole)
