@@ -39,8 +39,8 @@ import mmap
 import os
 import re
 import shutil
+import logging
 import tempfile
-import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -55,7 +55,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rankscope.analysis import digest, groups, intervals, ops
-from rankscope.errors import ExportError, RankscopeWarning
+from rankscope.errors import ExportError
+
+_log = logging.getLogger(__name__)
 
 SOURCE_FORMAT = "kineto-json"
 HOOK_KEY = "rankscope"  # top-level metadata written by rankscope's torch hook
@@ -163,8 +165,8 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     collectives = _with_context(collectives, busy, steps, meta["window_start_ns"])
     meta.update(busy.totals)
     meta["warnings"] = notes
-    for note in notes:
-        warnings.warn(f"{path}: {note}", RankscopeWarning, stacklevel=2)
+    for note in notes:  # as nsys exports' notes: the report lists them, by rank
+        _log.info("%s: %s", path, note)
     row = digest.digest_row(
         meta, collectives=_collective_columns(collectives), kernels=busy.kernels, steps=steps,
         communicators=_communicators(trace.top, collectives),

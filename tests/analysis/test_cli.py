@@ -160,3 +160,17 @@ def test_a_folder_with_nothing_to_read_is_named(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("no traces here")
     result = rankscope("analyze", tmp_path)
     assert result.returncode == 2 and result.stderr == f"rankscope: error: no exports or digests found in {tmp_path}\n"
+
+
+def test_kineto_traces_notes_go_to_the_report_and_a_failing_run_ends_in_one_line(samples: Path, tmp_path: Path) -> None:
+    """As for nsys exports: each trace's notes (here: CPU-only, no sequence numbers) are
+    listed once in the report, by rank, not printed per file; so a run that then fails
+    prints its error alone."""
+    gloo = samples / "kineto" / "gloo_cpu_torch2.13"
+    result = rankscope("analyze", gloo / "rank0.json", gloo / "rank1.json")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "  - ranks 0,1: CPU-only trace: no device activity" in result.stdout
+    shutil.copy(gloo / "rank0.json", tmp_path / "again.json")
+    result = rankscope("analyze", gloo / "rank0.json", gloo / "rank1.json", tmp_path / "again.json")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"rankscope: error: {tmp_path / 'again.json'}: rank 0 is also claimed by ")
