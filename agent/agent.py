@@ -260,6 +260,7 @@ class CaptureRun:
             "dcgm_detail": "",
             "uploaded": [],
             "uploads": {},
+            "notes": [],  # what the capture went on without (CaptureBackend.note)
         }
         run = cls(agent, record)
         run.persist()
@@ -361,11 +362,18 @@ class CaptureRun:
         if isinstance(instruction, cap.PauseDcgm):
             return self._pause()
         if isinstance(instruction, cap.StartCapture):
-            self.backend.start(self.request())
+            try:
+                self.backend.start(self.request())
+            finally:
+                self._keep_notes()
             return cap.CaptureStarted()
         if isinstance(instruction, cap.StopCapture):
             self.cancelled.wait(self.record["duration_s"])
-            return cap.CaptureStopped(tuple(str(p) for p in self.backend.stop(self.request())))
+            try:
+                exports = self.backend.stop(self.request())
+            finally:
+                self._keep_notes()
+            return cap.CaptureStopped(tuple(str(p) for p in exports))
         if isinstance(instruction, cap.AbortCapture):
             self._abort()
             return None
@@ -480,6 +488,11 @@ class CaptureRun:
 
     # reporting ----------------------------------------------------------------------
 
+    def _keep_notes(self) -> None:
+        if self.backend.notes != self.record.get("notes", []):
+            self.record["notes"] = list(self.backend.notes)
+            self.persist()
+
     def _set_dcgm(self, outcome: int, detail: str) -> None:
         self.record["dcgm"] = outcome
         self.record["dcgm_detail"] = detail
@@ -488,7 +501,7 @@ class CaptureRun:
     def _status(self, state: NodeState, detail: str) -> pb.NodeStatus:
         status = pb.NodeStatus(sweep_id=self.sweep_id, state=states.to_wire(state), detail=detail,
                                dcgm=self.record["dcgm"], dcgm_detail=self.record["dcgm_detail"],
-                               agent_time_ns=time.time_ns())
+                               agent_time_ns=time.time_ns(), notes=self.record.get("notes", []))
         if state is NodeState.FAILED:
             status.reason = self.capture.reason or detail
         if state is NodeState.UPLOADED:

@@ -6,6 +6,7 @@ agent's capture state machine does not know which profiler runs.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from rankscope.agent.spool import RankInfo
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,7 @@ class CaptureRequest:
 
 
 class CaptureBackend(ABC):
-    """Start and stop one capture window on every local rank."""
+    """Start and stop one capture window on every local rank (an instance per capture)."""
 
     name: ClassVar[str]
     # True where the backend reads GPU performance counters, which DCGM profiling
@@ -35,6 +38,15 @@ class CaptureBackend(ABC):
     # family; a sweep asking for another is refused, so a misspelt option fails the node
     # rather than do nothing.
     options: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, message: str) -> None:
+        """What the capture goes on without (a rank that did not record, GPU metrics): logged
+        here, and sent with the node's status so the sweep's report says it."""
+        log.warning(message)
+        self.notes.append(message)
 
     def unknown_options(self, names: Iterable[str]) -> list[str]:
         prefixes = tuple(option[:-1] for option in self.options if option.endswith("*"))

@@ -222,6 +222,7 @@ class NsysBackend(CaptureBackend):
     def __init__(self, *, nsys: str = NSYS, timeout_s: float = COMMAND_TIMEOUT_S, export_timeout_s: float = EXPORT_TIMEOUT_S,
                  report_wait_s: float = COMMAND_TIMEOUT_S,
                  on_counters_released: Callable[[CaptureRequest], None] | None = None) -> None:
+        super().__init__()
         self.nsys = nsys
         self.timeout_s = timeout_s
         self.export_timeout_s = export_timeout_s
@@ -242,8 +243,7 @@ class NsysBackend(CaptureBackend):
         gpu_metrics = request.options.get("gpu_metrics", "true").lower() != "false"
         if gpu_metrics and any(r.local_rank == 0 for r in ranks) and gpu_metrics_held(nsys=exe):
             # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
-            log.warning("GPU counters are held by another tool (DCGM not paused?): "
-                        "capturing without GPU metrics")
+            self.note("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
             gpu_metrics = False
         started: list[RankInfo] = []
         for info in ranks:
@@ -261,8 +261,7 @@ class NsysBackend(CaptureBackend):
         """Stop every rank's collection and export each report. A rank whose process ended
         during the window has no session left to stop, but nsys wrote its report as the
         process ended: it is exported like the others. The node's capture fails only where
-        no rank's export came out; otherwise the ranks that failed are logged and left out
-        (the report then names them missing)."""
+        no rank's export came out; otherwise the ranks that failed are noted and left out."""
         exe = find_nsys(self.nsys)
         ranks = self._started.pop(request.sweep_id, None) or self._ranks(request)
         errors: list[str] = []
@@ -275,7 +274,7 @@ class NsysBackend(CaptureBackend):
                 if lives(info):
                     errors.append(f"rank {info.rank}: {exc}")
                 else:
-                    log.warning("rank %d ended during the window: exporting what nsys recorded until then", info.rank)
+                    self.note(f"rank {info.rank} ended during the window: exported what nsys recorded until then")
                     stopped.append(info)
         self.release_counters(request)
         exports: list[Path] = []
@@ -286,8 +285,8 @@ class NsysBackend(CaptureBackend):
                 errors.append(str(exc))
         if errors and not exports:
             raise ToolError("; ".join(errors))
-        if errors:
-            log.warning("capture %s goes on without ranks that failed: %s", request.sweep_id, "; ".join(errors))
+        for error in errors:
+            self.note(f"went on without {error}")
         return exports
 
     def release_counters(self, request: CaptureRequest) -> None:

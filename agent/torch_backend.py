@@ -47,8 +47,8 @@ class TorchBackend(CaptureBackend):
         started, failed = _wait(request, ranks, lambda f, r: f / f"{r.key}.started", START_TIMEOUT_S)
         if not started:
             raise ToolError(f"no torch rank started its profiler{_within(failed, START_TIMEOUT_S)}: {_why(failed)}")
-        if failed:
-            log.warning("ranks %s did not start recording: %s", [r.rank for _, r in failed], _why(failed))
+        for reason in _reasons(failed):
+            self.note(f"did not start recording on {reason}")
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         ranks = _torch_ranks(request)
@@ -57,8 +57,8 @@ class TorchBackend(CaptureBackend):
             atomic.write_text(folder / "stop.json", "{}")
         recording = [r for r in ranks if (_folder(request, r) / f"{r.key}.started").exists()]
         done, failed = _wait(request, recording, _trace, STOP_TIMEOUT_S)
-        if failed:
-            log.warning("no trace from ranks %s: %s", [r.rank for _, r in failed], _why(failed))
+        for reason in _reasons(failed):
+            self.note(f"no trace from {reason}")
         if not done:
             raise ToolError(f"no torch rank wrote its trace{_within(failed, STOP_TIMEOUT_S)}: {_why(failed)}")
         out = request.workdir / "exports"
@@ -129,9 +129,13 @@ def _within(failed: list[tuple[str | None, RankInfo]], timeout_s: float) -> str:
 
 
 def _why(failed: list[tuple[str | None, RankInfo]]) -> str:
+    return "; ".join(_reasons(failed)) or "no ranks"
+
+
+def _reasons(failed: list[tuple[str | None, RankInfo]]) -> list[str]:
     """Each reason once, with the ranks that gave it (a node's 8 ranks often fail alike)."""
     ranks: dict[str, list[int]] = {}
     for error, rank in failed:
         ranks.setdefault(error or "no answer (is the rank a Python process?)", []).append(rank.rank)
-    return "; ".join(f"rank{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}: {error}"
-                     for error, numbers in ranks.items()) or "no ranks"
+    return [f"rank{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}: {error}"
+            for error, numbers in ranks.items()]

@@ -414,7 +414,8 @@ class Coordinator:
             event: sw.Event = reports.build(sweep, paths, self.clock_hints(), out, self.clock(), self.analyze)
             self.store.save_report(sweep.sweep_id, out, self.clock())
         except RankscopeError as exc:
-            event = sw.AnalysisFailed(f"analysis failed: {exc}", self.clock())
+            notes = reports.node_notes(sweep)  # often why: a rank that never recorded
+            event = sw.AnalysisFailed(f"analysis failed: {exc}" + "".join(f"; {note}" for note in notes), self.clock())
         except Exception as exc:  # a bug in the analysis must not leave the sweep analysing forever
             log.exception("analysis of sweep %s crashed", sweep.sweep_id)
             event = sw.AnalysisFailed(f"analysis crashed: {type(exc).__name__}: {exc}", self.clock())

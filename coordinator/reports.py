@@ -2,7 +2,8 @@
 
 The file is the analysis' ``rankscope.report/1`` document with the sweep's facts
 added under ``"sweep"`` (id, state, per-node outcome, missing nodes), and a warning
-per missing node, so a partial report says what it lacks wherever it is read.
+per missing node and per note of a node's capture (a rank that did not record), so a
+partial report says what it lacks wherever it is read.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str]], clock_hints: Map
         warnings.simplefilter("ignore")  # the report carries them in its own warnings list
         report = (analyze or default_analyze())(digests, clock_hints=dict(clock_hints))
     data = report.to_dict()
-    data["warnings"] = [*data.get("warnings", []), *missing_notes(sweep)]
+    data["warnings"] = [*data.get("warnings", []), *missing_notes(sweep), *node_notes(sweep)]
     data["sweep"] = sweep_facts(sweep, node_of)
     write_json(data, out)
     return AnalysisDone(
@@ -62,6 +63,11 @@ def missing_notes(sweep: Sweep) -> list[str]:
     ]
 
 
+def node_notes(sweep: Sweep) -> list[str]:
+    """What each node's capture went on without (a rank that did not record, GPU metrics)."""
+    return [f"node {name}: {note}" for name, rec in sorted(sweep.nodes.items()) for note in rec.notes]
+
+
 def sweep_facts(sweep: Sweep, node_of: Mapping[int, str]) -> dict[str, Any]:
     """As they will stand once this report is stored: the nodes not missing are analysed;
     each with the ranks its digests held (``node_of``: rank -> node)."""
@@ -77,7 +83,7 @@ def sweep_facts(sweep: Sweep, node_of: Mapping[int, str]) -> dict[str, Any]:
         "nodes": {
             name: {"state": rec.state.value if name in missing else "analysed", "reason": rec.reason,
                    "dcgm": rec.dcgm, "dcgm_detail": rec.dcgm_detail, "digests": [a.sha256 for a in rec.digests],
-                   "ranks": ranks.get(name, [])}
+                   "ranks": ranks.get(name, []), "notes": rec.notes}
             for name, rec in sorted(sweep.nodes.items())
         },
         "missing": list(sweep.missing),

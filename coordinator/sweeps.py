@@ -71,6 +71,7 @@ class NodeRecord:
     dcgm_resumed: bool = False
     artifacts: list[ArtifactInfo] = field(default_factory=list)
     updated_ns: int = 0
+    notes: list[str] = field(default_factory=list)  # what its capture went on without
 
     @property
     def finished(self) -> bool:
@@ -109,6 +110,7 @@ class NodeReported:
     dcgm: str = ""
     dcgm_detail: str = ""
     artifacts: tuple[ArtifactInfo, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,8 @@ class Sweep:
         else:
             return []  # ANALYSED / TIMED_OUT are the coordinator's to set
         record.detail = event.detail
+        if event.notes:
+            record.notes = list(event.notes)
         if event.dcgm:
             record.dcgm, record.dcgm_detail = event.dcgm, event.dcgm_detail
         record.updated_ns = event.at_ns

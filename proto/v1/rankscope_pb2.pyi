@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 85240467c2eb04f79a2e13731e4bd7d42180d35d0cbf16ee4a05be543736ff19
+# from rankscope.proto, sha256 6814d50bd051b7f51023d42ff024d19ad9e7ff3dce5591c33041d1f8bdde827a
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -206,7 +206,7 @@ class Pong(_message.Message):
     def __init__(self, ping_id: _Optional[int] = ..., coordinator_time_ns: _Optional[int] = ..., agent_time_ns: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("sweep_id", "state", "detail", "reason", "dcgm", "dcgm_detail", "artifacts", "agent_time_ns")
+    __slots__ = ("sweep_id", "state", "detail", "reason", "dcgm", "dcgm_detail", "artifacts", "agent_time_ns", "notes")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +215,7 @@ class NodeStatus(_message.Message):
     DCGM_DETAIL_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: NodeState
     detail: str
@@ -223,7 +224,8 @@ class NodeStatus(_message.Message):
     dcgm_detail: str
     artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactRef]
     agent_time_ns: int
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., dcgm_detail: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., agent_time_ns: _Optional[int] = ...) -> None: ...
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., dcgm_detail: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., agent_time_ns: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentEvent(_message.Message):
     __slots__ = ("hello", "heartbeat", "pong", "status")

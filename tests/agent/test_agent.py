@@ -142,7 +142,7 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
     return path
 
 
-def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "") -> type[CaptureBackend]:
+def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "") -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
         needs_gpu_counters = True
@@ -157,6 +157,8 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
 
         def stop(self, request: CaptureRequest) -> list[Path]:
             log.calls.append("backend.stop")
+            if note_on_stop:
+                self.note(note_on_stop)
             if fail_on_stop:
                 raise RuntimeError("profiler crashed")
             request.workdir.mkdir(parents=True, exist_ok=True)
@@ -200,6 +202,25 @@ def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, **backend) 
 
 def start(sweep_id: str, **kw) -> pb.CoordinatorCommand:
     return pb.CoordinatorCommand(start=pb.StartCapture(sweep_id=sweep_id, backend="fake", duration_s=0.05, **kw))
+
+
+def test_what_the_capture_went_on_without_is_sent_from_then_on(coordinator, tmp_path: Path, monkeypatch) -> None:
+    """A backend's note (a rank that did not record) goes with every later status and is
+    kept in the capture's record, so a reconnect or a restarted agent still sends it."""
+    servicer, address = coordinator
+    note = "no trace from rank 1: the rank exited"
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, note_on_stop=note)
+    try:
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        notes = {pb.NodeState.Name(s.state): list(s.notes) for s in seen}
+        assert notes["NODE_STATE_CAPTURING"] == [] and notes["NODE_STATE_EXPORTING"] == [note]
+        assert notes["NODE_STATE_UPLOADED"] == notes["NODE_STATE_DCGM_RESUMED"] == [note]
+        record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
+        assert record["notes"] == [note]
+    finally:
+        agent.close()
+        thread.join(10)
 
 
 def test_capture_pauses_before_and_resumes_before_export(coordinator, tmp_path: Path, monkeypatch) -> None:

@@ -155,14 +155,16 @@ class FakeAgent:
         return pb.ArtifactRef(name=name, sha256=reply.sha256, size=len(data), kind=pb.ARTIFACT_KIND_DIGEST,
                               upload_id=head.upload_id)
 
-    def finish(self, sweep_id: str, digest_bytes: bytes) -> None:
-        """The states of a whole capture, with the digest uploaded between them."""
-        for state in (pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING,
-                      pb.NODE_STATE_EXPORTING, pb.NODE_STATE_UPLOADING):
+    def finish(self, sweep_id: str, digest_bytes: bytes, notes: tuple[str, ...] = ()) -> None:
+        """The states of a whole capture, with the digest uploaded between them; ``notes``,
+        what the capture went on without, sent from the export on (as the agent does)."""
+        for state in (pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING):
             self.status(sweep_id, state)
+        for state in (pb.NODE_STATE_EXPORTING, pb.NODE_STATE_UPLOADING):
+            self.status(sweep_id, state, notes=notes)
         ref = self.upload(sweep_id, f"{self.node}.digest.parquet", digest_bytes)
-        self.status(sweep_id, pb.NODE_STATE_UPLOADED, artifacts=[ref])
-        self.status(sweep_id, pb.NODE_STATE_DCGM_RESUMED, dcgm=pb.DCGM_OUTCOME_NOT_NEEDED)
+        self.status(sweep_id, pb.NODE_STATE_UPLOADED, artifacts=[ref], notes=notes)
+        self.status(sweep_id, pb.NODE_STATE_DCGM_RESUMED, dcgm=pb.DCGM_OUTCOME_NOT_NEEDED, notes=notes)
 
     def close(self) -> None:
         """Half-close, so every queued event reaches the coordinator before the session ends."""

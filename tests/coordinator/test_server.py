@@ -72,6 +72,23 @@ def test_a_sweep_runs_to_a_stored_report_naming_the_straggler(coordinator, wire,
         agent.close()
 
 
+def test_what_a_node_went_on_without_is_in_its_report(coordinator, wire, digests) -> None:
+    """A rank that did not record is named with its node's reason in the report's warnings
+    and the node's facts, not only in the agent's log."""
+    note = "did not start recording on rank 3: the rank exited"
+    agents = {name: wire.FakeAgent(coordinator, name) for name in digests}
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim")
+        for name, agent in agents.items():
+            agent.finish(started_capture(agent).sweep_id, digests[name], notes=(note,) if name == "node001" else ())
+        assert final(client, sweep.sweep_id).state == pb.SWEEP_STATE_ANALYSED
+        report = json.loads(client.report(sweep.sweep_id).report_json)
+    assert f"node node001: {note}" in report["warnings"]
+    assert {name: facts["notes"] for name, facts in report["sweep"]["nodes"].items()} == {"node000": [], "node001": [note]}
+    for agent in agents.values():
+        agent.close()
+
+
 def test_a_silent_node_makes_the_sweep_partial_with_it_named(coordinator, wire, digests) -> None:
     talking, silent = (wire.FakeAgent(coordinator, name) for name in digests)
     with SweepClient(coordinator.address) as client:
@@ -222,13 +239,14 @@ def test_an_unreadable_digest_fails_the_sweep_with_the_reason(coordinator, wire)
     agent = wire.FakeAgent(coordinator, "node-a")
     with SweepClient(coordinator.address) as client:
         sweep_id = client.start(nodes=["node-a"], duration_s=1.0, backend="sim").sweep_id
-        agent.finish(started_capture(agent).sweep_id, b"not parquet at all")
+        agent.finish(started_capture(agent).sweep_id, b"not parquet at all", notes=("no trace from rank 1: the rank exited",))
         done = final(client, sweep_id)
         reply = client.report(sweep_id)
         with pytest.raises(InputError, match="no sweep 'nope'"):
             list(client.watch("nope"))
     assert done.state == pb.SWEEP_STATE_FAILED
     assert done.error.startswith("analysis failed: ") and "not a readable Parquet digest" in done.error
+    assert done.error.endswith("; node node-a: no trace from rank 1: the rank exited")  # often the why
     assert reply.report_json == "" and not (coordinator.data_dir / "reports").exists()
     agent.close()
 
