@@ -23,7 +23,10 @@ from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
 
-START_TIMEOUT_S = 30.0  # a hook imports torch on its first window: seconds on a cold node
+# A rank's first window takes seconds to start: torch.profiler's start imports
+# torch._inductor (to read its CUDA-graph setting) where the job has not (torch 2.13 on
+# this CPU: 2.5 s and +71 MiB in the rank's process), on a busy rank longer.
+START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 120.0  # stopping writes the trace; large windows take a while
 # Beyond the capture's duration, when a rank ends its window by itself: the agent was lost.
 WINDOW_GRACE_S = 60.0
