@@ -49,6 +49,7 @@ def run_digest(args: argparse.Namespace) -> int:
         raise InputError("a folder: `rankscope digest` builds one export's digest (`rankscope analyze` reads folders)",
                          path=args.export)
     output.check_writable(args.output)
+    output.check_not_input(args.output, [args.export])
     table = sources.read_one(args.export, rank_from=args.rank_from)
     digest.check_consistent(table)
     digest.write(table, args.output)
@@ -64,8 +65,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         from rankscope.analysis import plot
 
         plot.check(args.plot)
-    map_engine = engine.create(args.engine, address=args.ray_address)
     files = sources.discover(args.paths)
+    for destination in filter(None, (args.output, args.plot)):
+        output.check_not_input(destination, files)
+    map_engine = engine.create(args.engine, address=args.ray_address)
     digests = sources.load_digests(
         files, rank_from=args.rank_from, progress=len(files) >= _PROGRESS_FROM, map_engine=map_engine
     )

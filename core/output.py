@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from rankscope import atomic
@@ -24,6 +24,22 @@ def check_writable(path: Path) -> None:
         raise InputError("output folder does not exist", path=path)
     if reason := _unwritable(path.parent):
         raise InputError(f"cannot write in its folder ({reason})", path=path)
+
+
+def check_not_input(path: Path, inputs: Iterable[Path]) -> None:
+    """Fail where ``path`` is one of ``inputs`` (by file identity, so through links too):
+    the output would replace a capture that may not be taken again."""
+    try:
+        target = path.stat()
+    except OSError:
+        return  # not there yet: it is no input
+    for source in inputs:
+        try:
+            found = source.stat()
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (target.st_dev, target.st_ino):
+            raise InputError("the output is one of the inputs: writing it would destroy that input", path=path)
 
 
 def make_folder(path: Path) -> Path:

@@ -174,3 +174,20 @@ def test_kineto_traces_notes_go_to_the_report_and_a_failing_run_ends_in_one_line
     result = rankscope("analyze", gloo / "rank0.json", gloo / "rank1.json", tmp_path / "again.json")
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"rankscope: error: {tmp_path / 'again.json'}: rank 0 is also claimed by ")
+
+
+def test_an_output_that_is_one_of_the_inputs_is_refused_and_the_input_kept(simulated: Path, tmp_path: Path) -> None:
+    """`-o` naming the export itself, or one in the folder analysed (through a link too),
+    would replace a capture that may not be taken again."""
+    folder = tmp_path / "job"
+    shutil.copytree(simulated, folder)
+    export = sorted(folder.glob("*.sqlite"))[0]
+    (tmp_path / "link.sqlite").symlink_to(export)
+    before = export.read_bytes()
+    for args in (["digest", export, "-o", export], ["digest", export, "-o", tmp_path / "link.sqlite"],
+                 ["analyze", folder, "-o", export], ["analyze", folder, "--format", "json", "-o", tmp_path / "link.sqlite"]):
+        result = rankscope(*args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.endswith(": the output is one of the inputs: writing it would destroy that input\n")
+        assert len(result.stderr.splitlines()) == 1 and result.stdout == ""
+    assert export.read_bytes() == before
