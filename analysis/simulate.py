@@ -30,6 +30,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -497,6 +498,9 @@ def _pid(spec: JobSpec, rank: int) -> int:
 def global_pid(pid: int) -> int:
     """nsys serialized id <HW:8><VM:8><PID:24><TID:24> with VM id 1 (nsys-export.md §4)."""
     return (1 << 48) | (pid << 24)
+
+
+_EXPORT_NAME = re.compile(r".+_rank\d{5}\.(sqlite|json)")  # what export_name gives, for any job
 
 
 def export_name(spec: JobSpec, rank: int, fmt: str) -> str:
@@ -1363,6 +1367,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_cli)
 
 
+def _check_outdir(spec: JobSpec, outdir: Path, nodes: Sequence[int] | None, fmt: str) -> None:
+    """Refuse a folder where simulated exports this run does not write would stay beside
+    its own (a larger job's ranks): analysing the folder would mix two jobs under one
+    truth. The same job's, written node by node with --only-nodes, add up."""
+    if not outdir.is_dir():
+        return
+    every = nodes is None or _same_job(spec, outdir / "truth.json")
+    chosen = range(spec.nodes) if every else nodes
+    written = {export_name(spec, node * spec.gpus_per_node + local, fmt)
+               for node in chosen for local in range(spec.gpus_per_node)}
+    others = sorted(p.name for p in outdir.iterdir() if _EXPORT_NAME.fullmatch(p.name) and p.name not in written)
+    if others:
+        raise ConfigError(f"holds {len(others)} simulated export(s) this job would not replace ({', '.join(others[:3])}"
+                          f"{', ...' if len(others) > 3 else ''}): analysed together they mix two jobs; "
+                          "write to an empty folder", path=outdir)
+
+
+def _same_job(spec: JobSpec, truth_file: Path) -> bool:
+    try:
+        return json.loads(truth_file.read_text()) == json.loads(json.dumps(truth(spec)))
+    except (OSError, ValueError):
+        return False
+
+
 def _run_cli(args: argparse.Namespace) -> int:
     spec = JobSpec(
         nodes=args.nodes, gpus_per_node=args.gpus_per_node, tp=args.tp, steps=args.steps,
@@ -1372,6 +1400,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         slow_links=tuple(args.slow_link), seed=args.seed,
         job_id=args.job_id,
     )
+    _check_outdir(spec, args.outdir, args.only_nodes, args.format)
     paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format)
     truth_path = write_truth(spec, args.outdir / "truth.json")
     print(f"wrote {len(paths)} {args.format} exports ({spec.nodes}x{spec.gpus_per_node} ranks, tp={spec.tp}, "

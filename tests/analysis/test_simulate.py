@@ -330,6 +330,25 @@ def test_cli_writes_exports_and_truth(tmp_path, capsys):
     assert not list(out.glob("*.tmp"))
 
 
+def test_cli_refuses_to_leave_another_jobs_ranks_beside_its_own(tmp_path, capsys):
+    """A smaller job written over a larger one would leave the larger one's extra ranks in
+    the folder under the new truth; the same job written node by node adds up."""
+    def simulate(*extra: str) -> int:
+        return main(["simulate", str(tmp_path / "job"), "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
+                     "--steps", "2", *extra])
+
+    assert simulate("--only-nodes", "0") == 0 and simulate("--only-nodes", "1") == 0  # one job, two nodes
+    assert simulate("--seed", "9") == 0  # another job, every file replaced
+    capsys.readouterr()
+    before = sorted((tmp_path / "job").iterdir())
+    assert main(["simulate", str(tmp_path / "job"), "--nodes", "1", "--gpus-per-node", "2", "--tp", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"rankscope: error: {tmp_path / 'job'}: holds 2 simulated export(s) this job would not replace "
+        "(sim_rank00002.sqlite, sim_rank00003.sqlite): analysed together they mix two jobs; write to an empty folder\n")
+    assert simulate("--only-nodes", "1", "--steps", "3") == 2  # another job's node 0 would stay
+    assert sorted((tmp_path / "job").iterdir()) == before
+
+
 def test_cli_rejects_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["simulate", str(tmp_path), "--straggler", "x:slow"])
