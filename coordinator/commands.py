@@ -246,7 +246,11 @@ def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> No
     if fmt == "table" or plot_path is not None:
         from rankscope.analysis.report import Report
 
-        report = Report.from_dict(json.loads(reply.report_json))
+        try:
+            report = Report.from_dict(json.loads(reply.report_json))
+        except (ValueError, KeyError, TypeError) as exc:  # e.g. a coordinator of another version
+            raise InputError(f"the report of sweep {reply.sweep_id} cannot be read here "
+                             f"({type(exc).__name__}: {exc}); --format json prints it as it came") from None
         if fmt == "table":
             print(report.render_table())
         if plot_path is not None:

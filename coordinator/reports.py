@@ -96,7 +96,15 @@ def write_json(data: dict[str, Any], out: Path) -> None:
 
 
 def read_text(path: Path) -> str:
+    """A stored report's JSON, checked to be one (the file is written whole, so a bad one was
+    changed or cut short since): a client is sent a report or a reason, never broken text."""
     try:
-        return Path(path).read_text()
+        text = Path(path).read_text()
+        if not isinstance(json.loads(text), dict):
+            raise ValueError("not a JSON object")
     except OSError as exc:
         raise InputError(f"cannot read the report ({exc.strerror})", path=path) from None
+    except ValueError as exc:
+        raise InputError(f"the stored report is not a rankscope report ({exc}): the file was changed "
+                         "after the coordinator wrote it", path=path) from None
+    return text

@@ -89,6 +89,33 @@ def test_what_a_node_went_on_without_is_in_its_report(coordinator, wire, digests
         agent.close()
 
 
+def test_a_stored_report_changed_on_disk_is_refused_with_a_reason_not_sent_broken(
+        coordinator, wire, digests, capsys) -> None:
+    agents = [wire.FakeAgent(coordinator, name) for name in digests]
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(everything=True, duration_s=0.5, backend="sim").sweep_id
+        for agent in agents:
+            agent.finish(started_capture(agent).sweep_id, digests[agent.node])
+        final(client, sweep_id)
+        path = Path(client.report(sweep_id).path)
+        path.write_text(path.read_text()[:100])  # cut short, as a copy that ran out of room
+        with pytest.raises(InputError, match=r": the stored report is not a rankscope report \(.*\): the file was "
+                                             "changed after the coordinator wrote it$"):
+            client.report(sweep_id)
+    assert main(["report", sweep_id, "--coordinator", coordinator.address]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    for agent in agents:
+        agent.close()
+
+
+def test_a_report_this_client_cannot_read_is_one_line_not_a_traceback() -> None:
+    from rankscope.coordinator.commands import _print_report
+
+    for text in ('{"garbage', '{"schema": "rankscope.report/1"}'):
+        with pytest.raises(InputError, match="^the report of sweep s1 cannot be read here .*; --format json prints it"):
+            _print_report(pb.ReportReply(sweep_id="s1", report_json=text), "table", None)
+
+
 def test_a_silent_node_makes_the_sweep_partial_with_it_named(coordinator, wire, digests) -> None:
     talking, silent = (wire.FakeAgent(coordinator, name) for name in digests)
     with SweepClient(coordinator.address) as client:
