@@ -8,6 +8,7 @@ completed change.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from dataclasses import asdict
@@ -17,6 +18,8 @@ from rankscope.coordinator.artifacts import UploadHeader, UploadResult, storage_
 from rankscope.coordinator.registry import AgentRecord, UnknownAgent
 from rankscope.coordinator.sweeps import Sweep, SweepState, UnknownSweep
 from rankscope.errors import RankscopeError
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS agents (
@@ -58,6 +61,10 @@ CREATE INDEX IF NOT EXISTS sweeps_by_time ON sweeps(created_ns);
 """
 
 
+class UnreadableSweep(RankscopeError):
+    """A stored sweep whose record does not parse (changed by hand, or cut short)."""
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -71,6 +78,7 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise RankscopeError(f"cannot open the coordinator state ({exc})", path=self.path) from None
         self._lock = threading.Lock()
+        self._unreadable: set[str] = set()  # sweeps already logged as left out
 
     def close(self) -> None:
         with self._lock:
@@ -161,11 +169,23 @@ class Store:
         sql += " ORDER BY created_ns DESC, sweep_id DESC"
         if limit > 0:
             sql += f" LIMIT {int(limit)}"
-        return [self._assemble(sweep_id, data) for sweep_id, data in self._read(sql, params)]
+        found = []
+        for sweep_id, data in self._read(sql, params):
+            try:
+                found.append(self._assemble(sweep_id, data))
+            except UnreadableSweep as exc:  # one bad record must not hide every other sweep
+                if sweep_id not in self._unreadable:
+                    self._unreadable.add(sweep_id)
+                    log.warning("%s; left out of listings", exc)
+        return found
 
     def _assemble(self, sweep_id: str, data: str) -> Sweep:
-        nodes = {node: json.loads(rec) for node, rec in self._read("SELECT node, data FROM nodes WHERE sweep_id = ?", (sweep_id,))}
-        return Sweep.from_dict({**json.loads(data), "nodes": nodes})
+        rows = self._read("SELECT node, data FROM nodes WHERE sweep_id = ?", (sweep_id,))
+        try:
+            return Sweep.from_dict({**json.loads(data), "nodes": {node: json.loads(rec) for node, rec in rows}})
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UnreadableSweep(f"stored sweep {sweep_id} cannot be read ({type(exc).__name__}: {exc})",
+                                  path=self.path) from None
 
     # uploads ------------------------------------------------------------------------
 

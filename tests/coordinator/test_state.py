@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from pathlib import Path
 
@@ -41,6 +42,41 @@ def test_store_keeps_agents_sweeps_uploads_and_reports_across_a_reopen(tmp_path:
     assert again.report_path("s1") == tmp_path / "s1.json"
     with pytest.raises(sw.UnknownSweep):
         again.sweep("s2")
+
+
+def test_one_unreadable_sweep_record_is_left_out_and_the_rest_still_list(tmp_path: Path, caplog) -> None:
+    """A record changed by hand (or cut short) costs its own sweep, not every listing and
+    not the coordinator's start; asked for by id, it is a one-line error."""
+    import sqlite3
+
+    from rankscope.coordinator.store import UnreadableSweep
+
+    store = Store(tmp_path / "state.sqlite")
+    for n, sweep_id in enumerate(("s1", "s2", "s3")):
+        store.save_sweep(sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0), ["node-a"], T0 + n, sweep_id=sweep_id)[0])
+    db = sqlite3.connect(tmp_path / "state.sqlite")
+    db.execute("UPDATE sweeps SET data = '{\"cut' WHERE sweep_id = 's2'")
+    db.execute("UPDATE nodes SET data = '[]' WHERE sweep_id = 's3'")
+    db.commit()
+    db.close()
+    assert [s.sweep_id for s in store.sweeps()] == ["s1"]
+    assert [s.sweep_id for s in store.sweeps(states=(sw.SweepState.RUNNING,))] == ["s1"]
+    assert caplog.text.count("stored sweep s2 cannot be read (JSONDecodeError") == 1  # once, not per listing
+    with pytest.raises(UnreadableSweep, match=r"state.sqlite: stored sweep s3 cannot be read \(TypeError"):
+        store.sweep("s3")
+
+
+def test_a_sweep_stored_by_a_newer_rankscope_loads_without_its_new_fields() -> None:
+    """A coordinator rolled back to an older release still reads what the newer one stored."""
+    sweep, _ = sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0), ["node-a"], T0, sweep_id="s1")
+    sweep.handle(sw.NodeReported("node-a", sw.NodeState.UPLOADED, T0 + 1, artifacts=(
+        sw.ArtifactInfo("d.parquet", "a" * 64, 10, "digest", "u1", (0,)),)))
+    data = json.loads(json.dumps(sweep.to_dict()))
+    data["later"] = 1
+    data["spec"]["later"] = 2
+    data["nodes"]["node-a"]["later"] = 3
+    data["nodes"]["node-a"]["artifacts"][0]["later"] = 4
+    assert sw.Sweep.from_dict(data) == sweep
 
 
 def test_a_node_re_registering_under_a_new_id_replaces_its_old_record(tmp_path: Path) -> None:
