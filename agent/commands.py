@@ -13,7 +13,7 @@ from rankscope.agent import dcgm
 from rankscope.agent.agent import BACKENDS, Agent, AgentConfig
 from rankscope.agent.spool import DEFAULT_SPOOL
 from rankscope import node_name, output, tls
-from rankscope.address import host_port
+from rankscope.address import dial_problem
 from rankscope.cli import parse_labels
 from rankscope.errors import ConfigError
 
@@ -58,9 +58,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         raise ConfigError(f"--upload-limit must be positive, got {args.upload_limit}")
     if not args.max_backoff > 0:
         raise ConfigError(f"--max-backoff must be positive, got {args.max_backoff}")
-    # The agent retries an unreachable coordinator for ever: a typo must not. (gRPC's unix: targets pass.)
-    if host_port(args.coordinator) is None and not args.coordinator.startswith("unix:"):
-        raise ConfigError(f"--coordinator {args.coordinator!r} must be HOST:PORT, the port at most 65535")
+    # The agent retries an unreachable coordinator for ever: a typo must not.
+    if problem := dial_problem(args.coordinator):
+        raise ConfigError(f"--coordinator {args.coordinator!r} {problem}")
     return AgentConfig(
         coordinator=args.coordinator,
         name=name,

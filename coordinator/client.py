@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 
-from rankscope.address import host_port
+from rankscope.address import dial_problem
 from rankscope.tls import TlsFiles, channel, not_a_coordinator, refusal
 from rankscope.errors import ConfigError, InputError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
@@ -60,8 +60,8 @@ def node_state_name(state: int) -> str:
 
 class SweepClient:
     def __init__(self, address: str, tls: TlsFiles | None = None) -> None:
-        if host_port(address) is None and not address.startswith("unix:"):  # gRPC's unix: targets pass
-            raise InputError(f"coordinator address {address!r} must be HOST:PORT, the port at most 65535")
+        if problem := dial_problem(address):
+            raise InputError(f"coordinator address {address!r} {problem}")
         self.address = address
         self.tls = tls
         self.channel = channel(address, tls, [("grpc.max_receive_message_length", MAX_REPLY_BYTES)])

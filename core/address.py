@@ -18,6 +18,14 @@ def host_port(address: str) -> tuple[str, int] | None:
     return host.removeprefix("[").removesuffix("]"), int(port)
 
 
+def dial_problem(address: str) -> str | None:
+    """What is wrong with ``address`` as a coordinator to dial; None where it is HOST:PORT
+    or one of gRPC's ``unix:`` targets."""
+    if host_port(address) is None and not address.startswith("unix:"):
+        return f"must be HOST:PORT, the port at most {MAX_PORT}"
+    return None
+
+
 def bind_problem(address: str) -> str | None:
     """Why no TCP listener can bind ``address`` (HOST:PORT) now, in the system's words
     (address in use, not a local address, unknown host); None where one can. gRPC only

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from rankscope.address import bind_problem, host_port
+from rankscope.address import bind_problem, dial_problem, host_port
 
 
 @pytest.mark.parametrize("text, parsed", [
@@ -51,3 +51,9 @@ def test_a_dial_port_out_of_range_is_refused(capsys) -> None:
     agent_commands.register(parser.add_subparsers())
     with pytest.raises(ConfigError, match="--coordinator '127.0.0.1:70000' must be HOST:PORT"):
         agent_commands.config_from_args(parser.parse_args(["agent", "--coordinator", "127.0.0.1:70000"]))
+
+
+def test_a_coordinator_to_dial_is_host_port_or_a_unix_target() -> None:
+    assert dial_problem("gpu-head:7443") is None and dial_problem("unix:///run/rankscope.sock") is None
+    for bad in ("gpu-head", "gpu-head:99999", ":7443"):
+        assert dial_problem(bad) == "must be HOST:PORT, the port at most 65535"
