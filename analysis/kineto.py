@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import functools
 import gzip
+import logging
 import math
 import mmap
 import os
 import re
 import shutil
-import logging
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator

@@ -8,6 +8,7 @@ and nothing is left behind."""
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -35,10 +36,10 @@ def check_not_input(path: Path, inputs: Iterable[Path]) -> None:
         return  # not there yet: it is no input
     for source in inputs:
         try:
-            found = source.stat()
+            same = os.path.samestat(source.stat(), target)
         except OSError:
             continue
-        if (found.st_dev, found.st_ino) == (target.st_dev, target.st_ino):
+        if same:
             raise InputError("the output is one of the inputs: writing it would destroy that input", path=path)
 
 
