@@ -108,7 +108,7 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
         if len(sizes) > 1:
             kinds.setdefault("whose ranks disagree on the size", []).append(f"{comm_id}: {'/'.join(map(str, sizes))}")
         elif seen < sizes[0]:
-            kinds.setdefault("with members missing from the input", []).append(f"{comm_id}: {seen} of {sizes[0]}")
+            kinds.setdefault("used by fewer ranks than their size", []).append(f"{comm_id}: {seen} of {sizes[0]}")
         elif seen > sizes[0]:
             kinds.setdefault("used by more ranks than their size (told apart only by op and size?)", []).append(
                 f"{comm_id}: {seen} for {sizes[0]}")

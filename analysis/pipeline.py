@@ -71,6 +71,12 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         notes.append(f"{len(missing)} of the job's {world} ranks not in the input ({ranks_text(missing)}): lateness, "
                      f"blame and stragglers are judged among the {len(ranks)} present")
         pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=2)
+    silent = _silent_ranks(ranks, collectives["rank"])
+    if silent:  # as telling as a rank missing: it may have hung or exited
+        notes.append(f"{len(silent)} of the {len(ranks)} ranks in the input recorded no collectives "
+                     f"({ranks_text(silent)}): no lateness or blame is measured for them (hung, exited, or "
+                     "idle through the window?)")
+        pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=2)
 
     matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
@@ -138,6 +144,11 @@ def _missing_ranks(ranks: list[int], world_sizes: pa.ChunkedArray) -> tuple[int 
     if world is None:
         return None, []
     return world, sorted(set(range(world)) - set(ranks))
+
+
+def _silent_ranks(ranks: list[int], collective_ranks: np.ndarray) -> list[int]:
+    """Ranks in the input with no collective rows."""
+    return sorted(set(ranks) - set(np.unique(collective_ranks).tolist()))
 
 
 def _host_row(clock_: clock.HostClock) -> HostClockRow:

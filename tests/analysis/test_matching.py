@@ -97,7 +97,7 @@ def test_inferred_members_are_checked_against_the_communicator_size() -> None:
     assert agree.members["c"] == (0, 1) and agree.instances == 1
     assert not any("member" in w for w in agree.warnings)  # verified: nothing to say
     short = match(rows, _unlisted({0: 4, 1: 4}), {0, 1})
-    assert any("1 communicator(s) with members missing from the input (c: 2 of 4)" in w for w in short.warnings)
+    assert any("1 communicator(s) used by fewer ranks than their size (c: 2 of 4)" in w for w in short.warnings)
     lumped = match(rows, _unlisted({0: 1, 1: 1}), {0, 1})
     assert any("used by more ranks than their size" in w and "c: 2 for 1" in w for w in lumped.warnings)
     split = match(rows, _unlisted({0: 2, 1: 3}), {0, 1})

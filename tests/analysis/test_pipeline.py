@@ -50,6 +50,19 @@ def test_ranks_missing_from_the_input_are_named_against_the_jobs_world_size() ->
     assert (again.world_size, again.missing_ranks) == (8, [5, 6])
 
 
+def test_a_rank_in_the_input_that_recorded_no_collectives_is_named() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=4, steps=10, seed=11))
+    column = digests.schema.get_field_index("collectives")
+    calls = digests.column(column).to_pylist()
+    calls[digests.column("rank").to_pylist().index(5)] = []  # a rank that hung before its first collective
+    silent = digests.set_column(column, digests.schema.field(column), pa.array(calls, digests.schema.field(column).type))
+    with pytest.warns(RankscopeWarning, match=r"1 of the 8 ranks in the input recorded no collectives \(5\)"):
+        report = analyze(silent)
+    assert report.missing_ranks == []  # it is present, only silent
+    assert not any("not in the input" in w for w in report.warnings)
+    assert report.ranks[5].late_mean_ns is None and report.ranks[5].blame_ns == 0
+
+
 def test_clock_hints_only_change_the_gauge() -> None:
     digests, _ = synthetic_job(SyntheticJob(nodes=3, gpus_per_node=2, steps=25, seed=12))
     plain = analyze(digests)
