@@ -249,6 +249,9 @@ _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _LINKED_CATS = ("kernel", *_LAUNCH_CATS)
 
 
+_CUT_SHORT = "incomplete (was its capture or its copy cut short?)"
+
+
 def _load(path: Path) -> _Trace:
     try:
         text = _Text(path)
@@ -257,9 +260,13 @@ def _load(path: Path) -> _Trace:
         if document is None:  # no cuts found, or one was wrong: split the text by decoding it
             columns = _Columns()
             document = _split(text, columns)
-    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as exc:
+    except EOFError:  # gzip's "Compressed file ended before the end-of-stream marker was reached"
+        raise ExportError(f"Kineto trace ends early: its gzip stream is {_CUT_SHORT}", path=path) from None
+    except (OSError, gzip.BadGzipFile, zlib.error) as exc:
         raise ExportError(f"cannot read Kineto trace ({exc})", path=path) from None
     except msgspec.DecodeError as exc:
+        if "truncated" in str(exc):  # msgspec: "Input data was truncated"
+            raise ExportError(f"Kineto trace ends early: its JSON is {_CUT_SHORT}", path=path) from None
         raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExportError(f"unreadable event time ({exc})", path=path) from None

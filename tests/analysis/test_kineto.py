@@ -589,16 +589,27 @@ def test_corrupt_or_truncated_gzip_is_an_export_error(tmp_path, monkeypatch, in_
     packed = gzip.compress(json.dumps(_trace(_gloo_events("200.000", "201.000"))).encode() * 50)
     (tmp_path / "corrupt.json.gz").write_bytes(packed[:20] + b"\xff" * 30 + packed[50:])
     (tmp_path / "truncated.json.gz").write_bytes(packed[: len(packed) // 2])
-    for name in ("corrupt.json.gz", "truncated.json.gz"):
-        with pytest.raises(ExportError, match="cannot read Kineto trace"):
-            read_kineto(tmp_path / name)
+    with pytest.raises(ExportError, match="cannot read Kineto trace"):
+        read_kineto(tmp_path / "corrupt.json.gz")
+    with pytest.raises(ExportError, match=r"ends early: its gzip stream is incomplete \(was its capture or its copy cut"):
+        read_kineto(tmp_path / "truncated.json.gz")
+
+
+def test_truncated_json_is_said_to_end_early(tmp_path):
+    text = json.dumps(_trace(_gloo_events("200.000", "201.000")))
+    (tmp_path / "rank0.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ExportError, match=r"Kineto trace ends early: its JSON is incomplete"):
+        read_kineto(tmp_path / "rank0.json")
+    (tmp_path / "rank1.json").write_text(text.replace('"traceEvents"', '"traceEvents" x', 1))
+    with pytest.raises(ExportError, match="not a Kineto JSON trace"):  # malformed, not short
+        read_kineto(tmp_path / "rank1.json")
 
 
 def test_empty_file_is_an_export_error(tmp_path):
     """An empty file cannot be mapped: it is read as empty text, not a trace."""
     empty = tmp_path / "rank0.json"
     empty.write_bytes(b"")
-    with pytest.raises(ExportError, match="not a Kineto JSON trace"):
+    with pytest.raises(ExportError, match="Kineto trace ends early: its JSON is incomplete"):
         read_kineto(empty)
 
 
