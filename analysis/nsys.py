@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import re
 import sqlite3
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,6 +71,7 @@ _PUSH_POP_RANGE, _START_END_RANGE, _DOMAIN_CREATE = 59, 60, 75
 # What the NVTX query tags each row as.
 _NCCL_DOMAIN, _NCCL_RANGE, _NCCL_NAMED, _OTHER_RANGE = 0, 1, 2, 3
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_SQLITE_HEADER = 100  # bytes
 _MAX_SESSION_NS = 7 * 24 * 3600 * 10**9
 _PID = "(globalPid >> 24) & 16777215"
 _MAX_DEVICE = 2**16  # CUDA ordinals; packed below the pid in a unit key
@@ -292,16 +295,34 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
 
 
 def _check_magic(path: Path) -> None:
-    """Raise the precise error for a file that is missing, unreadable or not SQLite.
-    Called once SQLite has failed (or found no tables: an empty file is an empty
-    database to it), not for every file."""
+    """Raise the precise error for a file that is missing, unreadable, not SQLite or
+    shorter than its header says. Called once SQLite has failed (or found no tables: an
+    empty file is an empty database to it), not for every file."""
     try:
         with path.open("rb") as handle:
-            magic = handle.read(len(_SQLITE_MAGIC))
+            header = handle.read(_SQLITE_HEADER)
+            length = os.fstat(handle.fileno()).st_size
     except OSError as exc:
         raise ExportError(f"cannot open ({exc.strerror})", path=path) from None
-    if magic != _SQLITE_MAGIC:
+    if not header.startswith(_SQLITE_MAGIC):
         raise ExportError("not an SQLite export (file is not a database)", path=path)
+    expected = _declared_length(header)
+    if expected and length < expected:
+        raise ExportError(f"export ends early: {length:,} of its {expected:,} bytes (was its export or its copy "
+                          "cut short?)", path=path)
+
+
+def _declared_length(header: bytes) -> int | None:
+    """The database's length as its header gives it (sqlite.org/fileformat.html §1.3:
+    page size at offset 16, 1 meaning 65536; page count at 28, valid where the change
+    counter at 24 equals the version-valid-for number at 92), or None."""
+    if len(header) < _SQLITE_HEADER:
+        return None
+    page_size, = struct.unpack_from(">H", header, 16)
+    pages, = struct.unpack_from(">I", header, 28)
+    if header[24:28] != header[92:96] or not pages:
+        return None
+    return (65536 if page_size == 1 else page_size) * pages
 
 
 # ---------------------------------------------------------------- one file: rows

@@ -214,7 +214,7 @@ def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path])
 
     truncated = tmp_path / "truncated.sqlite"
     truncated.write_bytes(dsl[0].read_bytes()[:600_000])
-    with pytest.raises(ExportError, match="malformed|not a database"):
+    with pytest.raises(ExportError, match=r"export ends early: 600,000 of its 1,359,872 bytes \(was its export or"):
         nsys.read_nsys(truncated)
 
     other = tmp_path / "other.sqlite"
@@ -238,6 +238,20 @@ def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path])
         db.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
     with pytest.raises(ExportError, match="no CUDA kernels"):
         nsys.read_nsys(no_kernels)
+
+
+def test_an_export_cut_short_says_so_where_its_header_gives_its_length(tmp_path: Path) -> None:
+    from rankscope.analysis import simulate
+
+    simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), tmp_path)
+    whole = (tmp_path / "sim_rank00000.sqlite").read_bytes()
+    for cut in (100, len(whole) // 2):
+        (tmp_path / "cut.sqlite").write_bytes(whole[:cut])
+        with pytest.raises(ExportError, match=f"export ends early: {cut:,} of its {len(whole):,} bytes"):
+            nsys.read_nsys(tmp_path / "cut.sqlite")
+    (tmp_path / "header.sqlite").write_bytes(whole[:99])  # no whole header: no length to go by
+    with pytest.raises(ExportError, match="cannot read the SQLite export"):
+        nsys.read_nsys(tmp_path / "header.sqlite")
 
 
 @pytest.mark.parametrize(
