@@ -53,7 +53,7 @@ if os.environ.get("RANKSCOPE_TORCH_HOOK"):
         from rankscope.agent.torch_hook import install
         install()
     except Exception as exc:  # the job must run even when the hook cannot
-        sys.stderr.write(f"rankscope: torch hook not installed ({exc})\\n")
+        sys.stderr.write(f"rankscope: torch hook not installed in {sys.executable} ({exc}): the job runs unprofiled\\n")
 # Python runs only the first sitecustomize on sys.path: run the one this file shadows
 # (the user's, a virtualenv's or the distribution's), as if it had been found first.
 _here = os.path.dirname(os.path.abspath(__file__))
