@@ -42,6 +42,8 @@ from rankscope.analysis.report import (
 )
 from rankscope.errors import InputError, RankscopeWarning
 
+# Far past any job run (the largest train on ~100k GPUs): a larger world size is a corrupt field.
+MAX_WORLD_SIZE = 1 << 22
 _META = ["rank", "host", "job_id", "window_start_ns", "window_end_ns", "gpu_busy_ns"]
 # the report rows' fields, looked up once (dataclasses.fields costs ~9 us a call)
 _RANK_FIELDS = [n for n in field_names(RankRow) if n != "top_kernels"]
@@ -66,7 +68,8 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     steps = columns(digests, "steps", keep=("rank",))
     ranks, host_of_rank = meta["rank"].tolist(), meta["host"].tolist()
     notes = _rank_notes(ranks, digests.column("warnings").to_pylist())
-    world, missing = _missing_ranks(ranks, digests.column("world_size"))
+    world = _world_size(digests.column("world_size"), notes)
+    missing = _missing_ranks(ranks, world)
     if missing:  # said on stderr too: a whole node's ranks may be what is missing
         notes.append(f"{len(missing)} of the job's {world} ranks not in the input ({ranks_text(missing)}): lateness, "
                      f"blame and stragglers are judged among the {len(ranks)} present")
@@ -138,12 +141,19 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     )
 
 
-def _missing_ranks(ranks: list[int], world_sizes: pa.ChunkedArray) -> tuple[int | None, list[int]]:
-    """The job's world size where the traces say it, and its ranks the input lacks."""
+def _world_size(world_sizes: pa.ChunkedArray, notes: list[str]) -> int | None:
+    """The job's world size where the traces say it (a note where what they say cannot be)."""
     world = pc.max(world_sizes).as_py()
-    if world is None:
-        return None, []
-    return world, sorted(set(range(world)) - set(ranks))
+    if world is not None and world > MAX_WORLD_SIZE:  # a corrupt WORLD_SIZE or nranks
+        notes.append(f"world size {world:,} in the traces is past {MAX_WORLD_SIZE:,} ranks: taken as unknown")
+        pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=3)
+        return None
+    return world
+
+
+def _missing_ranks(ranks: list[int], world: int | None) -> list[int]:
+    """The job's ranks the input lacks."""
+    return [] if world is None else np.setdiff1d(np.arange(world), ranks).tolist()
 
 
 def _silent_ranks(ranks: list[int], collective_ranks: np.ndarray) -> list[int]:

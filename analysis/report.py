@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -351,11 +351,13 @@ def _short(text: str, width: int = 28) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
     """Compact rank sets: 0-7, or 0,8,16,... for strided groups."""
     if not ranks:
         return "-"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+    ranks = list(ranks)
+    # consecutive: ascending steps of one (not compared with a range: rank numbers may be huge)
+    if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1 and all(b - a == 1 for a, b in zip(ranks, ranks[1:])):
         return f"{ranks[0]}-{ranks[-1]}"
     text = ",".join(map(str, ranks[:6]))
     return text + (",…" if len(ranks) > 6 else "")

@@ -50,6 +50,16 @@ def test_ranks_missing_from_the_input_are_named_against_the_jobs_world_size() ->
     assert (again.world_size, again.missing_ranks) == (8, [5, 6])
 
 
+def test_a_world_size_no_job_has_is_taken_as_unknown() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=5, seed=11))
+    column = digests.schema.get_field_index("world_size")
+    huge = pa.array([2**31 - 1] * digests.num_rows, digests.schema.field(column).type)
+    with pytest.warns(RankscopeWarning, match="world size 2,147,483,647 in the traces is past 4,194,304 ranks"):
+        report = analyze(digests.set_column(column, digests.schema.field(column), huge))
+    assert (report.world_size, report.missing_ranks) == (None, [])
+    assert any("taken as unknown" in w for w in report.warnings)
+
+
 def test_a_rank_in_the_input_that_recorded_no_collectives_is_named() -> None:
     digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=4, steps=10, seed=11))
     column = digests.schema.get_field_index("collectives")

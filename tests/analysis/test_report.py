@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rankscope.analysis.pipeline import analyze
-from rankscope.analysis.report import Report, fmt_gbps, fmt_ns
+from rankscope.analysis.report import Report, fmt_gbps, fmt_ns, ranks_text
 from rankscope.analysis.testing import SyntheticJob, synthetic_job
 from rankscope.errors import InputError
 
@@ -101,3 +101,12 @@ def test_a_large_job_table_shows_the_ranks_to_look_at_and_says_what_it_left_out(
     assert lines[header + 2 + TABLE_ROWS] == (f"({80 - TABLE_ROWS} more not shown: those shown are the stragglers and "
                                               "the most blamed ranks; --format json lists all 80)")
     assert len(report.to_dict()["ranks"]) == 80
+
+
+def test_ranks_text_runs_and_lists() -> None:
+    assert ranks_text([]) == "-"
+    assert ranks_text((3, 4, 5, 6)) == "3-6"  # a tuple (a communicator's members) as a list
+    assert ranks_text([0, 8, 16]) == "0,8,16"
+    assert ranks_text([0, 1, 3]) == "0,1,3"
+    assert ranks_text(list(range(10))[::-1]) == "9,8,7,6,5,4,…"
+    assert ranks_text([0, 2_000_000_000]) == "0,2000000000"  # no range built between them
