@@ -77,13 +77,19 @@ _NEVER = np.iinfo(np.int64).max
 # ReduceScatter's recvcount; nccl-in-traces.md), whichever a source shows.
 _SPLIT_OPS = (ops.ALLGATHER, ops.REDUCESCATTER)
 
-# Bytes per element for record_param_comms `dtype` and `Input type` spellings.
+# Bytes per element for record_param_comms `dtype` (torch ScalarType names) and `Input type`
+# (C++ type names, as torch 2.13 spells them: 'c10::BFloat16', 'long int', 'short unsigned
+# int', ...) spellings, lowercased.
 _DTYPE_BYTES = {
-    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
-    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8,
-    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2,
-    "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1,
-    "unsigned char": 1, "signed char": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4, "unsigned int": 4,
+    "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "uint64": 8, "long unsigned int": 8,
+    "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2, "c10::bfloat16": 2,
+    "short": 2, "short int": 2, "int16": 2, "uint16": 2, "short unsigned int": 2,
+    "byte": 1, "char": 1, "int8": 1, "uint8": 1, "bool": 1, "unsigned char": 1, "signed char": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "c10::float8_e4m3fnuz": 1, "c10::float8_e5m2fnuz": 1,
+    "complexhalf": 4, "complexfloat": 8, "complexdouble": 16,
+    "c10::complex<c10::half>": 4, "c10::complex<float>": 8, "c10::complex<double>": 16,
 }
 
 

@@ -647,3 +647,15 @@ def test_gloo_collectives_of_several_groups_without_their_names_are_grouped_by_o
     notes = [note for note in _row(table)["warnings"] if "carry no process group" in note]
     assert notes == ["1 collective(s) carry no process group and the trace lists 2 group(s): "
                      "grouped by op, ordered within the group"]
+
+
+# `Input type` as torch 2.13's profiler writes it for these dtypes (recorded on this CPU build)
+@pytest.mark.parametrize(("spelling", "element"), [
+    ("c10::BFloat16", 2), ("c10::Half", 2), ("long int", 8), ("short int", 2), ("short unsigned int", 2),
+    ("unsigned int", 4), ("c10::Float8_e4m3fn", 1), ("c10::complex<float>", 8), ("c10::complex<c10::Half>", 4),
+])
+def test_message_bytes_from_torchs_type_spellings(tmp_path, spelling, element):
+    events = _gloo_events("200.000", "201.000")
+    events[1]["args"]["Input type"] = [spelling]
+    coll = _collectives(read_kineto(_write(tmp_path / "rank0.json", _trace(events))))
+    assert coll.loc[0, "bytes"] == 1024 * element
