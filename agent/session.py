@@ -66,9 +66,13 @@ class Registration:
         )
 
 
+# Past any cap: 2**attempt grows without bound over a long outage (a float overflows past 1023).
+_MAX_DOUBLINGS = 64
+
+
 def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
     """Exponential with full jitter, so a fleet reconnecting after a coordinator restart spreads out."""
-    return random.uniform(0.0, min(cap_s, base_s * 2**attempt))
+    return random.uniform(0.0, min(cap_s, base_s * 2.0 ** min(attempt, _MAX_DOUBLINGS)))
 
 
 class Session:
@@ -139,7 +143,8 @@ class Session:
     def close(self) -> None:
         self.stop.set()
         self._close_outbox()
-        call = self._call
+        with self._lock:  # after stop is set: `_serve` either saw it or has its call here to cancel
+            call = self._call
         if call is not None:
             call.cancel()
 
@@ -156,8 +161,10 @@ class Session:
         outbox: queue.Queue = queue.Queue()
         outbox.put(pb.AgentEvent(hello=pb.Hello(agent_id=registration.agent_id,
                                                 session_token=registration.session_token)))
-        self._call = self.stub.Session(self._drain(outbox))
         with self._lock:
+            if self.stop.is_set():  # told to stop while registering: open no session
+                return
+            self._call = self.stub.Session(self._drain(outbox))
             self._outbox = outbox
         beat = threading.Thread(target=self._heartbeat, args=(outbox, registration.heartbeat_interval_s),
                                 name="heartbeat", daemon=True)
