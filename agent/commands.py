@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 from pathlib import Path
 
 from rankscope.agent import dcgm
 from rankscope.agent.agent import BACKENDS, Agent, AgentConfig
 from rankscope.agent.spool import DEFAULT_SPOOL
-from rankscope import node_name, output, tls
+from rankscope import node_name, output, signals, tls
 from rankscope.address import dial_problem
 from rankscope.cli import parse_labels
 from rankscope.errors import ConfigError
@@ -86,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("signal %d: stopping the agent", signum)
         agent.session.close()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signals.on_stop(stop)
     control = agent.pauses.control
     print(f"rankscope agent {agent.config.name} (pid {os.getpid()}) -> {agent.config.coordinator}; "
           f"DCGM: {control.describe()}" + (f" ({control.error})" if isinstance(control, dcgm.NoDcgm) else ""), flush=True)

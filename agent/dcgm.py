@@ -395,7 +395,9 @@ class PauseManager:
                 with self.ledger.deciding() as others:
                     return self._settle(others)
             finally:
-                self.ledger.close()
+                # A resume still owed stays on record, unlocked: the next agent on the host
+                # finds it left behind and resumes.
+                self.ledger.close(keep=self._paused)
 
     def holders(self) -> list[str]:
         with self._lock:

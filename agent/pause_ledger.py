@@ -110,13 +110,15 @@ class PauseLedger:
         except OSError:  # another user's, in the sticky folder: it stays, and is skipped from now on
             self._forgotten.add(holder.path)
 
-    def close(self) -> None:
-        """Remove this process's holder file and let go of the folder; once only, whoever calls."""
+    def close(self, *, keep: bool = False) -> None:
+        """Let go of the folder and of this process's holder file, removing it unless
+        ``keep`` (a pause still owed); once only, whoever calls."""
         with self._guard:
             fd, self._fd = self._fd, None
             mutex, self._mutex = self._mutex, None
         if fd is not None and self.path is not None:
-            self.path.unlink(missing_ok=True)
+            if not keep:
+                self.path.unlink(missing_ok=True)
             os.close(fd)
         if mutex is not None:
             os.close(mutex)

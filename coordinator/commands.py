@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -16,7 +15,7 @@ from rankscope.analysis.report import ranks_text
 from rankscope.cli import parse_duration, parse_labels
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
-from rankscope import output, tls
+from rankscope import output, signals, tls
 from rankscope.errors import InputError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
@@ -128,8 +127,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
         output.check_writable(args.port_file)  # before serving: a server must not start only to fail
     server, port = create_server(config=config)
     stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    signals.on_stop(lambda *_: stop.set())
     server.start()
     host = config.listen.rsplit(":", 1)[0]
     if args.port_file:

@@ -212,6 +212,20 @@ def test_failed_resume_is_retried_until_the_engine_answers(engine, tmp_path):
     assert not paused(engine)
 
 
+def test_a_resume_that_fails_at_exit_is_left_for_the_next_agent(engine, tmp_path):
+    m = manager(tmp_path, resume_retries=1)
+    m.acquire("a", 60)
+    standin_dcgm.configure(engine, up=False)  # the engine unreachable as the agent stops
+    assert m.close() is DcgmOutcome.FAILED
+    assert paused(engine)
+    standin_dcgm.configure(engine, up=True)
+    successor = manager(tmp_path)
+    assert successor.recover() is DcgmOutcome.RESUMED  # the record stayed: the resume is owed
+    assert not paused(engine)
+    assert list((tmp_path / "ledger").glob("holder-*")) == [successor.ledger.path]  # and then went
+    successor.close()
+
+
 @pytest.mark.parametrize("setting, outcome", [({"gpm": True}, DcgmOutcome.NOT_SUPPORTED),
                                               ({"library": False}, DcgmOutcome.NO_DCGM)])
 def test_not_supported_and_no_dcgm_let_the_capture_proceed(engine, tmp_path, setting, outcome):
@@ -344,7 +358,8 @@ def test_an_idle_agent_resumes_a_pause_another_agent_died_with(engine, tmp_path)
     m.close()
 
 
-def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_named_is_missing(tmp_path):
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])  # SIGHUP: its terminal or ssh session closed
+def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_named_is_missing(tmp_path, signum):
     """Asked for dcgmi by name where there is none, the agent runs (tracing needs no
     counters) but says at start that its captures will not pause DCGM."""
     import signal
@@ -357,8 +372,9 @@ def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_named_is_miss
     try:
         first = agent.stdout.readline()
     finally:
-        agent.send_signal(signal.SIGTERM)
+        agent.send_signal(getattr(signal, signum))
         _, err = agent.communicate(timeout=30)
+    assert agent.returncode == 0  # ended through its clean-up (Agent.close resumes DCGM), not by the signal
     assert first.startswith("rankscope agent n1 (pid ") and first.rstrip().endswith(
         f"; DCGM: none ({tmp_path / 'no-dcgmi'} not found, or not executable)")
     assert (f"--dcgm dcgmi, yet {tmp_path / 'no-dcgmi'} not found, or not executable: captures will not pause DCGM "

@@ -133,7 +133,8 @@ def test_a_listing_limit_that_is_not_a_count_is_a_usage_error(limit: str, capsys
 
 
 @pytest.mark.slow
-def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)  # SIGHUP: its terminal or ssh session closed
+def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path, signum: int) -> None:
     port_file = tmp_path / "port"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rankscope", "coordinator", "--listen", "127.0.0.1:0", "--data-dir",
@@ -150,7 +151,7 @@ def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path) 
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         assert (tmp_path / "data" / "state.sqlite").is_file()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         assert proc.wait(timeout=30) == 0
         assert f"listening on 127.0.0.1:{port}" in proc.stderr.read()
     finally:
