@@ -22,11 +22,12 @@ import secrets
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from rankscope.errors import InputError
 from rankscope.lock import held
+from rankscope.records import known_fields
 
 log = logging.getLogger(__name__)
 _HELD: dict[Path, int] = {}  # this process's announcements -> the descriptor holding each one's lock
+_UNREADABLE: set[Path] = set()  # announcements already warned about
 
 DEFAULT_SPOOL = Path(os.environ.get("RANKSCOPE_SPOOL", "/tmp/rankscope-spool"))
 
@@ -104,9 +105,13 @@ def local_ranks(spool: Path) -> list[RankInfo]:
         return []
     for path in folder.glob("*.json"):
         try:
-            info = RankInfo(**json.loads(path.read_text()))
+            info = RankInfo(**known_fields(RankInfo, json.loads(path.read_text())))
         except (OSError, ValueError, TypeError) as exc:
-            raise InputError(f"unreadable rank announcement ({exc})", path=path) from None
+            # Not the agent's to end on, nor to delete: the rank may live (another rankscope's wrapper).
+            if path not in _UNREADABLE:
+                _UNREADABLE.add(path)
+                log.warning("%s: unreadable rank announcement (%s): left out of captures", path, exc)
+            continue
         info = replace(info, spool=str(spool))
         if lives(info):
             found.append(info)

@@ -16,10 +16,10 @@ import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
 
 from rankscope.errors import InputError
+from rankscope.records import known_fields
 from rankscope.states import NodeState
 
 
@@ -346,12 +346,12 @@ class Sweep:
 
     @classmethod
     def from_dict(cls, data: dict) -> Sweep:
-        spec = SweepSpec(**_known(SweepSpec, data["spec"]))
+        spec = SweepSpec(**known_fields(SweepSpec, data["spec"]))
         nodes = {
-            name: NodeRecord(**_known(NodeRecord, {
+            name: NodeRecord(**known_fields(NodeRecord, {
                 **rec,
                 "state": NodeState(rec["state"]),
-                "artifacts": [ArtifactInfo(**_known(ArtifactInfo, {**a, "ranks": tuple(a["ranks"])}))
+                "artifacts": [ArtifactInfo(**known_fields(ArtifactInfo, {**a, "ranks": tuple(a["ranks"])}))
                               for a in rec["artifacts"]],
             }))
             for name, rec in data["nodes"].items()
@@ -359,17 +359,10 @@ class Sweep:
         # stragglers and slow links are absent in sweeps stored before they were kept; their
         # node was once stored as "host" (the trace's host name)
         stragglers = [RankOn(s["rank"], s.get("node", s.get("host", ""))) for s in data.get("stragglers", ())]
-        slow_links = [SlowLink(**_known(SlowLink, {**link, "ranks": tuple(link["ranks"])}))
+        slow_links = [SlowLink(**known_fields(SlowLink, {**link, "ranks": tuple(link["ranks"])}))
                       for link in data.get("slow_links", ())]
-        return cls(**_known(cls, {**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]),
+        return cls(**known_fields(cls, {**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]),
                                   "stragglers": stragglers, "slow_links": slow_links}))
-
-
-def _known(kind: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` less what ``kind`` has no field for: a record written by a newer rankscope
-    (a coordinator rolled back) loads, without what was added since."""
-    names = {f.name for f in fields(kind)}
-    return {key: value for key, value in data.items() if key in names}
 
 
 def _busy_message(busy: Mapping[str, str]) -> str:

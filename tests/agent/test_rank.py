@@ -298,3 +298,23 @@ def test_nsys_around_a_launcher_runs_but_says_one_wrapper_per_rank_is_expected(n
                            "torchrun", "--version"], capture_output=True, text=True, timeout=60, env=env)
     assert "torchrun starts the ranks: they share this one nsys session" in proc.stderr
     assert any(argv[0] == "launch" for argv in standin_nsys.calls(state))  # it ran all the same
+
+
+def test_announcements_of_another_rankscope_neither_stop_nor_fool_the_agent(tmp_path, caplog):
+    """One from a newer wrapper (a field added since) is read without it; one that cannot be
+    read is left out with a warning, once, and left in place: the agent must not end on it."""
+    from dataclasses import asdict
+
+    from rankscope.agent.spool import RankInfo
+
+    folder = ranks_dir(tmp_path)
+    folder.mkdir(parents=True)
+    newer = {**asdict(RankInfo(rank=3, local_rank=0, world_size=4, pid=os.getpid(), host="h")), "numa_node": 1}
+    (folder / "newer.json").write_text(json.dumps(newer))
+    (folder / "torn.json").write_text('{"rank": 1, "local_')
+    (folder / "odd.json").write_text(json.dumps({"rank": 2}))  # required fields missing
+    for _ in range(2):
+        assert [r.rank for r in local_ranks(tmp_path)] == [3]
+    warned = [r.getMessage() for r in caplog.records if "unreadable rank announcement" in r.getMessage()]
+    assert len(warned) == 2 and {"torn.json", "odd.json"} == {Path(m.split(":")[0]).name for m in warned}
+    assert (folder / "torn.json").exists() and (folder / "odd.json").exists()
