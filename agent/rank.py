@@ -23,6 +23,7 @@ from pathlib import Path
 from rankscope.agent import nsys
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, withdraw
 from rankscope import output
+from rankscope.cli import parse_duration
 from rankscope.errors import CommandError, InputError
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, starts_ranks
 
@@ -54,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "advanced = nsys -t nccl, auto = advanced where this nsys has it")
     parser.add_argument("--one-shot", action="store_true",
                         help="profile once with `nsys profile` instead of an on-demand session")
-    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                        help="one-shot: how long to collect")
+    parser.add_argument("--duration", type=parse_duration, default=None, metavar="DURATION",
+                        help="one-shot: how long to collect (20s, 500ms, 2m, or seconds)")
     parser.add_argument("--capture-range", choices=("cudaProfilerApi", "nvtx"), default=None,
                         help="one-shot: collect inside this capture range instead of a duration")
     parser.add_argument("--nvtx-capture", default=None, metavar="RANGE@DOMAIN",

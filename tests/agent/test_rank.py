@@ -318,3 +318,13 @@ def test_announcements_of_another_rankscope_neither_stop_nor_fool_the_agent(tmp_
     warned = [r.getMessage() for r in caplog.records if "unreadable rank announcement" in r.getMessage()]
     assert len(warned) == 2 and {"torn.json", "odd.json"} == {Path(m.split(":")[0]).name for m in warned}
     assert (folder / "torn.json").exists() and (folder / "odd.json").exists()
+
+
+@pytest.mark.parametrize("duration", ["nan", "inf", "-3", "0", "soon"])
+def test_a_one_shot_duration_that_is_not_a_positive_time_is_a_usage_error(duration, capsys):
+    from rankscope.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["rank", "--one-shot", "--duration", duration, "--", "true"])
+    assert exc.value.code == 2
+    assert f"argument --duration: {duration!r} is not a positive duration" in capsys.readouterr().err
