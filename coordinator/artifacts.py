@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from rankscope import atomic
+from rankscope import atomic, output
 from rankscope.errors import RankscopeError, UploadRejected
 
 log = logging.getLogger(__name__)
@@ -181,8 +181,8 @@ class ArtifactStore:
         self.root = Path(root)
         self.objects = self.root / "objects"
         self.partial = self.root / "partial"
-        self.objects.mkdir(parents=True, exist_ok=True)
-        self.partial.mkdir(parents=True, exist_ok=True)
+        output.make_folder(self.objects)  # one line naming what is in the way, not a traceback
+        output.make_folder(self.partial)
         self.max_bytes = max_bytes
         self._partials: dict[str, _Partial] = {}
         self._guard = threading.Lock()

@@ -283,3 +283,13 @@ def test_ctrl_c_while_waiting_leaves_the_sweep_running_and_says_so(coordinator, 
     assert all(any(line.startswith(s) and "running" in line for line in listing) for s in sweeps)
     for agent in agents:
         agent.close()
+
+
+def test_a_data_dir_whose_artifacts_folder_is_a_file_is_one_line(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "artifacts").write_text("")
+    assert main(["coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rankscope: error: {data / 'artifacts' / 'objects'}: cannot create the folder")
+    assert len(err.splitlines()) == 1
