@@ -38,7 +38,7 @@ COLLECTIVE = pa.struct(
         pa.field("seq_source", pa.string(), nullable=False),  # "trace" or "ordinal"
         pa.field("op", pa.string(), nullable=False),  # canonical, see ops.py
         pa.field("bytes", pa.int64()),  # per rank, as NCCL's API counts (AllGather sendcount, ReduceScatter recvcount); null where not carried
-        pa.field("peer", pa.int32()),  # p2p peer (global rank) where known
+        pa.field("peer", pa.int32()),  # p2p peer's rank within the communicator (NCCL's peer argument) where known
         pa.field("start_ns", pa.int64(), nullable=False),  # arrival: device-side start
         pa.field("end_ns", pa.int64(), nullable=False),
         pa.field("cpu_call_ns", pa.int64()),  # host API call, when known

@@ -30,6 +30,7 @@ class Matching:
 
     events: dict[str, ArrayLike]  # the input's columns, plus instance
     members: dict[str, tuple[int, ...]]  # comm_id -> member ranks present in the input
+    sizes: dict[str, int]  # comm_id -> member count, those absent from the input too where the traces say
     names: dict[str, str | None]  # comm_id -> name from the trace (PG name, commName)
     method: str  # "trace seq", "ordinal", or "trace seq + ordinal"
     instances: int
@@ -40,13 +41,15 @@ class Matching:
 
 def communicator_members(
     communicators: Table, collectives: Table, present: set[int]
-) -> tuple[dict[str, tuple[int, ...]], dict[str, str | None], list[str]]:
-    """Members of each communicator among the ranks present, from the traces' member lists.
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, str | None], list[str]]:
+    """Members of each communicator among the ranks present, from the traces' member lists,
+    and each communicator's size (members absent from the input count too, where the
+    traces list them or give the size).
 
     Where no rank lists the members, they are inferred as the ranks that report the
     communicator or call collectives on it, checked against the communicator's size
     where the traces give it (NCCL nranks); a warning says so where the size is unknown
-    or disagrees.
+    or disagrees, and where listed members are not in the input.
     """
     warnings: list[str] = []
     (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
@@ -71,12 +74,16 @@ def communicator_members(
         if size is not None and size == size:  # NaN: not known
             sizes.setdefault(comm_id, set()).add(int(size))
     members: dict[str, tuple[int, ...]] = {}
+    counts: dict[str, int] = {}
     inferred: list[str] = []
     checked: dict[str, tuple[int, list[int]]] = {}
+    absent: list[str] = []
     for comm_id, seen in reported.items():
         lists = declared.get(comm_id)
         if not lists:
             members[comm_id] = tuple(sorted(seen))
+            told = sizes.get(comm_id, set())
+            counts[comm_id] = next(iter(told)) if len(told) == 1 and len(seen) <= min(told) else len(seen)
             if comm_id in sizes:
                 checked[comm_id] = (len(seen), sorted(sizes[comm_id]))
             else:
@@ -89,6 +96,9 @@ def communicator_members(
         if strangers:
             warnings.append(f"communicator {comm_id}: ranks {sorted(strangers)} use it but are not listed as members")
         members[comm_id] = tuple(sorted((full & present) | strangers))
+        counts[comm_id] = len(full | strangers)
+        if full - present:
+            absent.append(f"{comm_id}: {len(full & present)} of {len(full)}")
     if len(present) > 1:
         if inferred:
             shown = ", ".join(inferred[:3]) + (" ..." if len(inferred) > 3 else "")
@@ -96,7 +106,10 @@ def communicator_members(
                 f"{len(inferred)} communicator(s) without member lists ({shown}): members inferred from the ranks that use them"
             )
         warnings += _size_warnings(checked)
-    return members, {c: names.get(c) for c in members}, warnings
+    if absent:
+        warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({', '.join(absent[:3])}"
+                        f"{' ...' if len(absent) > 3 else ''}): matched among the members present")
+    return members, counts, {c: names.get(c) for c in members}, warnings
 
 
 def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
@@ -121,7 +134,7 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
 
 def match(collectives: Table, communicators: Table, present: set[int]) -> Matching:
     """Assign an instance id to every collective row that belongs to a complete, consistent instance."""
-    members, names, warnings = communicator_members(communicators, collectives, present)
+    members, sizes, names, warnings = communicator_members(communicators, collectives, present)
     events = dict(collectives.items())
     comm, comm_ids = codes(events["comm_id"])
     rank = np.asarray(events["rank"], np.int64)
@@ -149,7 +162,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
 
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
     if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
-        peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, is_p2p, warnings)
+        peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, sizes, is_p2p, warnings)
         lo = np.where(is_p2p, np.minimum(rank, peer), -1)
         hi = np.where(is_p2p, np.maximum(rank, peer), -1)
         p2p_rows = is_p2p & (peer >= 0)
@@ -179,6 +192,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     return Matching(
         events=events,
         members=members,
+        sizes=sizes,
         names=names,
         method=method,
         instances=int(len(ok)),
@@ -194,18 +208,30 @@ def _p2p_peers(
     comm_ids: np.ndarray,
     rank: np.ndarray,
     members: dict[str, tuple[int, ...]],
+    sizes: dict[str, int],
     is_p2p: np.ndarray,
     warnings: list[str],
 ) -> np.ndarray:
-    """The peer of each p2p row: traced, or the other member of a two-rank communicator."""
-    peer = np.array(traced, dtype=np.float64)
-    missing = is_p2p & np.isnan(peer)
-    if missing.any():
-        pair_sum = np.array([sum(members[c]) if len(members[c]) == 2 else np.nan for c in comm_ids], dtype=np.float64)
-        peer[missing] = pair_sum[comm[missing]] - rank[missing]
-        unknown = missing & np.isnan(peer)
-        if unknown.any():
-            warnings.append(f"{int(unknown.sum())} point-to-point call(s) without a known peer were not matched")
+    """The global rank of each p2p row's peer: the other member of a two-rank communicator;
+    else the traced peer, which is NCCL's peer argument, a rank within the communicator,
+    mapped through the members in global order (as torch numbers a group's ranks: new_group
+    sorts them, split_group keys by global rank), where every member is in the input."""
+    peer = np.full(len(rank), np.nan)
+    pair_sum = np.array([sum(members[c]) if sizes[c] == 2 == len(members[c]) else np.nan for c in comm_ids])
+    paired = is_p2p & ~np.isnan(pair_sum[comm])
+    peer[paired] = pair_sum[comm[paired]] - rank[paired]
+    local = np.asarray(traced, dtype=np.float64)
+    mapped = is_p2p & ~paired & ~np.isnan(local)
+    for c in np.unique(comm[mapped]).tolist():
+        ranks = members[comm_ids[c]]
+        if sizes[comm_ids[c]] != len(ranks):  # a member absent: its place in the order is not known
+            continue
+        rows = mapped & (comm == c)
+        inside = rows & (local >= 0) & (local < len(ranks))
+        peer[inside] = np.asarray(ranks, dtype=np.float64)[local[inside].astype(np.int64)]
+    unknown = is_p2p & np.isnan(peer)
+    if unknown.any():
+        warnings.append(f"{int(unknown.sum())} point-to-point call(s) without a known peer were not matched")
     return np.where(np.isnan(peer), -1, peer).astype(np.int64)
 
 

@@ -11,6 +11,7 @@ host) is shown as 0: it cannot be told from alignment error.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -192,10 +193,11 @@ def communicator_ops(events: Table) -> dict[str, frozenset[str]]:
     return {c: frozenset(names) for c, names in found.items()}
 
 
-def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
+def op_spread(events: Table, inst: Table, sizes: Mapping[str, int]) -> dict[str, np.ndarray]:
     """Per (comm_id, op): instances, size, duration, imbalance CV across ranks, transfer CV
     over time, and the bus bandwidth of the transfer (median over instances: message size
-    over the time from the last arrival to the median end, so waiting does not count)."""
+    over the time from the last arrival to the median end, so waiting does not count; the
+    nccl-tests factor for the communicator's ``sizes``, members absent from the input too)."""
     comm, comm_ids = codes(events["comm_id"])
     op, ops = codes(events["op"])
     per_rank = Groups(comm, op, np.asarray(events["rank"], np.int64))
@@ -224,10 +226,12 @@ def op_spread(events: Table, inst: Table) -> dict[str, np.ndarray]:
     median = typical.broadcast(typical.median(transfer))
     with np.errstate(invalid="ignore", divide="ignore"):
         relative = transfer / np.where(median > 0, median, np.nan)
+    members = np.array([sizes.get(c, 0) for c in comm_ids.tolist()], dtype=np.int64)[i_comm]
     factor = np.full(len(i_op), np.nan)
     for code, name in enumerate(ops.tolist()):
         of_op = i_op == code
-        factor[of_op] = bus_factor(name, instances.size[of_op])
+        # a point-to-point instance is its pair, whatever the communicator's size
+        factor[of_op] = bus_factor(name, instances.size[of_op] if name in P2P_OPS else members[of_op])
     with np.errstate(invalid="ignore", divide="ignore"):
         busbw = np.where(transfer > 0, size / transfer * factor, np.nan)  # bytes per ns: GB/s
     # every (comm, op) with instances also has calls: place its figures on that row

@@ -111,7 +111,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
              for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
-    comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst))
+    comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst, matched.sizes))
     return Report(
         job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
         ranks=_rank_rows(per_rank, model, found, kernels),

@@ -118,6 +118,27 @@ def test_send_pairs_with_recv_per_peer() -> None:
     assert ev[(0, 100)] == ev[(1, 120)] and ev[(0, 200)] == ev[(1, 230)] and ev[(0, 150)] == ev[(2, 160)]
 
 
+def test_traced_peers_are_ranks_within_their_communicator() -> None:
+    """NCCL's peer argument (what nsys's payload gives) numbers the communicator's members:
+    on pipeline groups {1, 3} and {1, 3, 5}, peer 0 is global rank 1."""
+    rows = _rows(
+        [(1, "pp", 0, "ordinal", "send", 8, 1, 100), (3, "pp", 0, "ordinal", "recv", 8, 0, 120),
+         (1, "tri", 0, "ordinal", "send", 8, 2, 200), (5, "tri", 0, "ordinal", "recv", 8, 0, 230),
+         (3, "tri", 0, "ordinal", "send", 8, 2, 300), (5, "tri", 1, "ordinal", "recv", 8, 1, 330)]
+    )
+    m = match(rows, _comms({"pp": [1, 3], "tri": [1, 3, 5]}, [1, 3, 5]), {1, 3, 5})
+    assert m.instances == 3 and m.dropped_incomplete == m.dropped_inconsistent == 0
+    ev = pd.DataFrame(m.events).set_index(["rank", "start_ns"])["instance"]
+    assert ev[(1, 100)] == ev[(3, 120)] and ev[(1, 200)] == ev[(5, 230)] and ev[(3, 300)] == ev[(5, 330)]
+    # a member absent: its place in the order is unknown, so no peer is guessed from it
+    part = match(rows[rows["rank"] != 3], _comms({"pp": [1, 3], "tri": [1, 3, 5]}, [1, 3, 5]), {1, 5})
+    assert part.instances == 0
+    assert any("point-to-point call(s) without a known peer were not matched" in w for w in part.warnings)
+    assert any("2 communicator(s) with listed members not in the input (pp: 1 of 2, tri: 2 of 3)" in w
+               for w in part.warnings)
+    assert part.sizes == {"pp": 2, "tri": 3}
+
+
 def test_two_sends_do_not_make_a_pair() -> None:
     rows = _rows([(0, "p", 0, "ordinal", "send", 8, None, 100), (1, "p", 0, "ordinal", "send", 8, None, 120)])
     m = match(rows, _comms({"p": [0, 1]}, [0, 1]), {0, 1})

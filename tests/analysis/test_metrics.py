@@ -131,8 +131,12 @@ def test_imbalance_and_network_spread() -> None:
         rows += [(i, 0, "a", base, base + 500 + transfer), (i, 1, "b", base + 500, base + 500 + transfer)]
     aligned = _aligned(rows)
     inst = metrics.instance_frame(aligned)
-    spread = pd.DataFrame(metrics.op_spread(aligned, inst)).iloc[0]
+    spread = pd.DataFrame(metrics.op_spread(aligned, inst, {"c": 2})).iloc[0]
     assert spread["instances"] == 4
     assert spread["transfer_mean_ns"] == pytest.approx(150)
     assert spread["network_cv"] > 0.5
     assert spread["imbalance_cv"] > 0.3  # rank 0 waits 500 ns in every call
+    # AllReduce over 2 ranks: busbw = size / transfer x 2(n-1)/n = 1024 B / 100 ns x 1 (the median transfer)
+    assert spread["busbw_gbps"] == pytest.approx(10.24)
+    of_four = pd.DataFrame(metrics.op_spread(aligned, inst, {"c": 4})).iloc[0]  # two members not in the input
+    assert of_four["busbw_gbps"] == pytest.approx(10.24 * 1.5)  # 2(n-1)/n of the communicator, not of those present
