@@ -190,13 +190,17 @@ def _rank_list(ranks: list[int]) -> str:
 def _late_ranks(per_rank: Table, min_effect: float) -> list[int]:
     """Ranks arriving late beyond their peers: root causes and the ranks they delayed.
 
-    Too few ranks for robust statistics (a two-rank job): every rank late beyond the
-    minimum effect, so a single late rank is still named with its lateness.
+    Too few ranks for robust statistics (a two-rank job): a rank later than its peer by the
+    minimum effect, so a single late rank is still named with its lateness. (Lateness counts
+    from the earliest arrival, so in a balanced pair each rank is late about half the time:
+    it is the difference that tells a late rank.)
     """
     ranks, late = per_rank["rank"], np.asarray(per_rank["late_mean_ns"], dtype=np.float64)
     flagged, _ = stragglers.stands_out(ranks, late, min_effect)
-    if (~np.isnan(late)).sum() < 3:
-        flagged = [int(r) for r in ranks[late > min_effect]]
+    known = ~np.isnan(late)
+    if known.sum() < 3:
+        earliest = late[known].min() if known.any() else 0.0
+        flagged = [int(r) for r in ranks[known & (late - earliest > min_effect)]]
     late_of = dict(zip(ranks.tolist(), late.tolist()))
     return sorted(flagged, key=lambda r: -late_of[r])
 

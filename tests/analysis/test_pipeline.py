@@ -160,3 +160,19 @@ def test_the_default_group_beside_a_tp_group_of_the_same_ranks_is_not_tp(tmp_pat
     report = analyze(load_digests(simulate.simulate(spec, tmp_path, fmt="kineto")))
     assert {c.comm_id: c.kind for c in report.communicators} == {"0": "other", "1.0": "tp"}
     assert [t.comm_id for t in report.tp_overhead] == ["1.0"]
+
+
+def test_a_balanced_pair_names_no_late_rank_and_a_slowed_one_is_named(tmp_path) -> None:
+    """Lateness counts from the earlier arrival, so each rank of a balanced pair is late about
+    half the time (12-16 us means in such simulated jobs): only a difference tells a late rank."""
+    from rankscope.analysis import simulate
+    from rankscope.analysis.sources import load_digests
+
+    for seed in range(1, 4):
+        simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=20, seed=seed), tmp_path / f"b{seed}")
+        balanced = analyze(load_digests([tmp_path / f"b{seed}"]))
+        assert max(r.late_mean_ns for r in balanced.ranks) > 0 and balanced.late_ranks == []
+    slowed = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=20, seed=1,
+                              stragglers=(simulate.Straggler(1, "compute", 200 * simulate.US),))
+    simulate.simulate(slowed, tmp_path / "s")
+    assert analyze(load_digests([tmp_path / "s"])).late_ranks == [1]
