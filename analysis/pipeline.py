@@ -110,6 +110,12 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of, comm_ops.get(c, frozenset()))
              for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
+    tp_table = metrics.tp_overhead(events, steps, meta, tp_comms)
+    if outside := sorted(set(tp_comms) - set(tp_table["comm_id"].tolist())):
+        # only collectives inside a traced step count where a rank traced steps
+        all_warnings.append(f"{len(outside)} TP communicator(s) ran no collective inside the traced steps "
+                            f"({', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''}): no TP overhead for them")
+        pywarnings.warn(all_warnings[-1], RankscopeWarning, stacklevel=2)
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
     comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst, matched.sizes))
     return Report(
@@ -119,7 +125,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         late_ranks=_late_ranks(per_rank, found.min_effect_ns),
         communicators=comm_rows,
         slow_communicators=links.slow_communicators(comm_rows),
-        tp_overhead=_tp_rows(metrics.tp_overhead(events, steps, meta, tp_comms), matched),
+        tp_overhead=_tp_rows(tp_table, matched),
         alignment=Alignment(
             method=model.method,
             matching=matched.method,

@@ -176,3 +176,16 @@ def test_a_balanced_pair_names_no_late_rank_and_a_slowed_one_is_named(tmp_path) 
                               stragglers=(simulate.Straggler(1, "compute", 200 * simulate.US),))
     simulate.simulate(slowed, tmp_path / "s")
     assert analyze(load_digests([tmp_path / "s"])).late_ranks == [1]
+
+
+def test_tp_groups_with_no_collective_inside_the_traced_steps_are_named() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=4, steps=10, seed=11))
+    assert {t.comm_id for t in analyze(digests).tp_overhead} == {"tp0", "tp1"}
+    assert digests.column("steps").to_pylist()[0]  # the ranks traced steps
+    column = digests.schema.get_field_index("collectives")
+    calls = [[{**call, "step": None} for call in rank] for rank in digests.column(column).to_pylist()]
+    outside = digests.set_column(column, digests.schema.field(column), pa.array(calls, digests.schema.field(column).type))
+    with pytest.warns(RankscopeWarning, match=r"2 TP communicator\(s\) ran no collective inside the traced steps "
+                                              r"\(tp0, tp1\): no TP overhead for them"):
+        report = analyze(outside)
+    assert report.tp_overhead == []
