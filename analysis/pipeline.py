@@ -110,6 +110,10 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of, comm_ops.get(c, frozenset()))
              for c, m in matched.members.items()}
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
+    if guessed := [c for c in tp_comms if not matched.names.get(c) and set(matched.members[c]) == set(ranks)]:
+        # a TP group as wide as the job looks just like a data-parallel job's world group
+        all_warnings.append(f"{len(guessed)} unnamed communicator(s) spanning every rank, on one host, taken as TP "
+                            f"by their layout ({', '.join(guessed[:3])}): a data-parallel job's world group looks the same")
     tp_table = metrics.tp_overhead(events, steps, meta, tp_comms)
     if outside := sorted(set(tp_comms) - set(tp_table["comm_id"].tolist())):
         # only collectives inside a traced step count where a rank traced steps

@@ -189,3 +189,19 @@ def test_tp_groups_with_no_collective_inside_the_traced_steps_are_named() -> Non
                                               r"\(tp0, tp1\): no TP overhead for them"):
         report = analyze(outside)
     assert report.tp_overhead == []
+
+
+def test_an_unnamed_group_of_every_rank_on_one_host_is_taken_as_tp_with_a_warning(tmp_path) -> None:
+    """One node, no names in the trace (nsys): a TP=4 job and a 4-way DDP job look the same."""
+    from rankscope.analysis import simulate
+    from rankscope.analysis.sources import load_digests
+
+    simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=4, tp=1, steps=5), tmp_path / "ddp")
+    report = analyze(load_digests([tmp_path / "ddp"]))
+    (world,) = [c.comm_id for c in report.communicators if c.kind == "tp"]
+    assert any(w.startswith("1 unnamed communicator(s) spanning every rank, on one host, taken as TP by their layout "
+                            f"({world})") for w in report.warnings)
+    simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=5), tmp_path / "tp")
+    two_nodes = analyze(load_digests([tmp_path / "tp"]))  # TP groups of one node each: no doubt, no warning
+    assert {c.kind for c in two_nodes.communicators} == {"tp", "dp"}
+    assert not any("taken as TP by their layout" in w for w in two_nodes.warnings)
