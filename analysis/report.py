@@ -259,8 +259,9 @@ def _render(report: Report) -> list[str]:
         + f" ranks on {hosts} host(s)" + (f" (missing: {ranks_text(report.missing_ranks)})" if report.missing_ranks else ""),
         f"alignment: {a.method}; matched {a.matched_collectives} collective instances ({a.matching}), "
         f"dropped {a.dropped_incomplete} incomplete + {a.dropped_inconsistent} inconsistent; "
-        f"happens-before violations {a.happens_before_violations}/{a.happens_before_checked} "
-        f"({_pct(a.happens_before_violation_rate)})",
+        + (f"happens-before violations {a.happens_before_violations}/{a.happens_before_checked} "
+         f"({_pct(a.happens_before_violation_rate)})" if a.happens_before_checked else
+         "happens-before not checked (no N-to-N instance matched)"),
         "",
     ]
     if report.stragglers:

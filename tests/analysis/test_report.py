@@ -110,3 +110,11 @@ def test_ranks_text_runs_and_lists() -> None:
     assert ranks_text([0, 1, 3]) == "0,1,3"
     assert ranks_text(list(range(10))[::-1]) == "9,8,7,6,5,4,…"
     assert ranks_text([0, 2_000_000_000]) == "0,2000000000"  # no range built between them
+
+
+def test_no_happens_before_check_is_not_shown_as_a_pass() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=5, seed=3))
+    report = analyze(digests)
+    assert "happens-before violations 0/" in report.render_table().splitlines()[1]
+    report.alignment.happens_before_checked = 0
+    assert report.render_table().splitlines()[1].endswith("; happens-before not checked (no N-to-N instance matched)")
