@@ -864,6 +864,16 @@ def _calls(events: _Events, top: dict, notes: list[str]) -> dict[str, np.ndarray
     return _with_flight_recorder(calls, top, notes)
 
 
+# Calls gloo's worker runs as another op (torch 2.13: a reduce_scatter_tensor's worker op is
+# gloo:all_reduce), unless the trace shows that op's own worker.
+_GLOO_RUNS_AS = {ops.REDUCESCATTER: ops.ALLREDUCE}
+
+
+def _gloo_runs_as(shown: set[str]) -> dict[str, str]:
+    """`_GLOO_RUNS_AS` where the trace shows the worker's op run (``shown``) and not the call's own."""
+    return {call: worker for call, worker in _GLOO_RUNS_AS.items() if worker in shown and call not in shown}
+
+
 def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[str]) -> dict[str, np.ndarray]:
     """Join the hook's Flight Recorder entries to the calls: an entry is created inside
     its c10d call, on the same clock (checked on torch 2.13 gloo: 10-90 µs after the
@@ -878,8 +888,11 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[s
     by_time = np.argsort(created, kind="stable")
     entries, created = [entries[i] for i in by_time], created[by_time]
     known = np.flatnonzero(_present(calls["op"]))
-    ops_, op_code = np.unique(np.concatenate([calls["op"][known], np.array([op for _, op in entries], object)]),
-                              return_inverse=True)
+    entry_ops = np.array([op for _, op in entries], object)
+    call_ops = calls["op"][known].copy()
+    for call_op, worker_op in _gloo_runs_as(set(entry_ops.tolist())).items():  # the recorder names the worker's op
+        call_ops[call_ops == call_op] = worker_op
+    ops_, op_code = np.unique(np.concatenate([call_ops, entry_ops]), return_inverse=True)
     call_op, entry_op = op_code[: len(known)], op_code[len(known) :]
     by_op = np.lexsort((calls["ts"][known], call_op))
     at = intervals.last_at_or_before(call_op[by_op], calls["ts"][known][by_op], entry_op, created)
@@ -1000,7 +1013,7 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
     host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(paired.tolist())
     host, own = _arg_columns(host_args), _arg_columns(own_args)
-    op = events.names.op[events.name[paired]]
+    op = np.where(call >= 0, groups.take_or(calls["op"], call, None), events.names.op[events.name[paired]])  # the call's
     frame = {
         "start_ns": events.ts[paired],
         "end_ns": events.ts[paired] + events.dur[paired],
@@ -1018,11 +1031,14 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
 
 def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Pair each gloo worker op (rows) with its enqueue: the k-th call of an op with the
-    k-th worker op of that op that started after the first such call (FIFO per op). Ops
-    never enqueued in the trace (no c10d events recorded) stay, unpaired, last. Returns
-    the kept worker rows and each one's position in ``calls`` (-1: unpaired)."""
+    k-th worker op of that op that started after the first such call (FIFO per op; a call
+    gloo runs as another op, `_GLOO_RUNS_AS`, in that op's line). Ops never enqueued in
+    the trace (no c10d events recorded) stay, unpaired, last. Returns the kept worker rows
+    and each one's position in ``calls`` (-1: unpaired)."""
     op_code = events.names.op_code
-    work_code, call_code = op_code[events.name[work]], op_code[events.name[calls["row"]]]
+    work_code, call_code = op_code[events.name[work]], op_code[events.name[calls["row"]]].copy()
+    for call_op, worker_op in _gloo_runs_as(set(events.names.op[events.name[work]].tolist())).items():
+        call_code[calls["op"] == call_op] = op_code[np.flatnonzero(events.names.op == worker_op)[0]]
     first = np.full(len(op_code), _NEVER)  # per op, its first call
     np.minimum.at(first, call_code, calls["ts"])
     known = first[work_code] != _NEVER
