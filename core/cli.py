@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -142,3 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rankscope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as a program SIGPIPE ends
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor fail again flushing at exit
+        return 128 + signal.SIGPIPE

@@ -4,6 +4,7 @@ one imports only that module (the rank wrapper starts on every rank of a job).""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -81,3 +82,18 @@ def test_a_daemon_given_a_folder_it_cannot_write_in_says_so_in_one_line(args: li
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {folder}: "), done.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path) -> None:
+    """`rankscope report ... | head`: exit as SIGPIPE would end it (141), with no traceback."""
+    import signal
+
+    from rankscope.analysis import simulate
+
+    simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), tmp_path)
+    read, write = os.pipe()
+    os.close(read)  # gone before the command writes its report
+    done = subprocess.run([sys.executable, "-m", "rankscope", "analyze", str(tmp_path)], stdout=write,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(write)
+    assert done.returncode == 128 + signal.SIGPIPE and "Traceback" not in done.stderr, done.stderr
