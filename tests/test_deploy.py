@@ -91,3 +91,18 @@ def test_environment_variables_named_in_deploy_are_read_by_the_code() -> None:
     unread = {v for v in named if v not in code}
     assert not unread, f"deploy/ sets variables no code reads: {sorted(unread)}"
 
+
+
+def test_the_fleet_agents_spool_is_where_ranks_announce_by_default_and_open_to_every_user() -> None:
+    """`rankscope rank -- ...` in a job names no spool: the unit's agent must read the default
+    one, made before it starts sticky and writable by all (a job's user writes its ranks there)."""
+    from rankscope.agent.spool import DEFAULT_SPOOL, ranks_dir
+
+    unit = DEPLOY / "systemd" / "rankscope-agent.service"
+    (agent,) = _shell_invocations(unit)
+    args = build_parser().parse_args(agent)
+    assert args.spool == DEFAULT_SPOOL
+    made = next(line for line in unit.read_text().splitlines() if line.startswith("ExecStartPre="))
+    words = shlex.split(made.partition("=")[2])
+    assert words[:4] == ["/usr/bin/install", "-d", "-m", "1777"]
+    assert {str(args.spool), str(ranks_dir(args.spool))} <= set(words[4:])
