@@ -106,3 +106,16 @@ def test_the_fleet_agents_spool_is_where_ranks_announce_by_default_and_open_to_e
     words = shlex.split(made.partition("=")[2])
     assert words[:4] == ["/usr/bin/install", "-d", "-m", "1777"]
     assert {str(args.spool), str(ranks_dir(args.spool))} <= set(words[4:])
+
+
+def test_the_kubernetes_fleet_talks_mtls() -> None:
+    """deployment.md §2: agents reach the coordinator over gRPC with mTLS; so does the sweep."""
+    for path in MANIFESTS:
+        for doc in yaml.safe_load_all(path.read_text()):
+            for container in _containers(doc):
+                args = container.get("args", [])
+                env = {e["name"] for e in container.get("env", [])}
+                if args[:1] == ["coordinator"]:
+                    assert {"--tls-cert", "--tls-key", "--tls-client-ca"} <= set(args), path.name
+                elif any(a.startswith("--coordinator") for a in args):
+                    assert {"RANKSCOPE_TLS_CA", "RANKSCOPE_TLS_CERT", "RANKSCOPE_TLS_KEY"} <= env, path.name
