@@ -137,6 +137,27 @@ def test_a_silent_node_makes_the_sweep_partial_with_it_named(coordinator, wire, 
     silent.close()
 
 
+def test_a_node_still_working_on_an_ended_sweep_is_told_to_stop(coordinator, wire, digests) -> None:
+    """A cancel sent while the agent was away is lost; its next status for that sweep (an
+    agent re-reports on reconnecting) brings the cancel again: the node must not stay busy."""
+    talking, away = (wire.FakeAgent(coordinator, name) for name in digests)
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=2.0)
+        talking.finish(started_capture(talking).sweep_id, digests[talking.node])
+        started_capture(away)
+        final(client, sweep.sweep_id)
+    assert away.next_command().HasField("cancel")  # the one it would have missed
+    away.status(sweep.sweep_id, pb.NODE_STATE_UPLOADING)  # back, and still at it
+    again = away.next_command()
+    assert again.HasField("cancel") and again.cancel.sweep_id == sweep.sweep_id
+    assert again.cancel.reason == f"sweep {sweep.sweep_id} has ended"
+    away.status(sweep.sweep_id, pb.NODE_STATE_DCGM_RESUMED)  # done with it: nothing more to say
+    with pytest.raises(queue.Empty):
+        away.next_command(timeout=1.0)
+    talking.close()
+    away.close()
+
+
 def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, digests) -> None:
     first, second = sorted(digests)
     running = wire.start(tmp_path / "data")
