@@ -463,7 +463,15 @@ class CaptureRun:
             artifact = Artifact(path, self.sweep_id, self.agent.config.name,
                                 kind=pb.ARTIFACT_KIND_DIGEST if digest else pb.ARTIFACT_KIND_RAW,
                                 ranks=tuple(self.record.get("ranks", ())) if digest else ())
-            result = uploader.upload(artifact)
+            try:
+                result = uploader.upload(artifact)
+            except RankscopeError as exc:
+                if digest or self.cancelled.is_set():
+                    raise
+                # The digest, stored already, is what the analysis needs: a raw export is extra.
+                self.record["notes"].append(f"raw export {path.name} not uploaded: {exc}")
+                self.persist()
+                continue
             self.record["uploaded"].append({"name": result.name, "sha256": result.sha256, "size": result.size,
                                             "kind": result.kind, "upload_id": result.upload_id,
                                             "ranks": list(result.ranks), "resumed_from": result.resumed_from})

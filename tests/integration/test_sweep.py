@@ -264,6 +264,21 @@ def test_an_agent_killed_mid_upload_resumes_from_the_committed_offset(cluster: C
     assert_stored_once_and_verified(cluster, sweep, per_node=3)
 
 
+def test_a_raw_export_the_coordinator_refuses_leaves_the_digest_analysed(cluster: Cluster) -> None:
+    """--upload-raw is extra: a raw export over the coordinator's upload limit is a note,
+    not a failed node, when the digest (about 16 kB here) is stored."""
+    cluster.coordinator(RANKSCOPE_MAX_UPLOAD_BYTES="60000")  # the raw exports are about 120 kB per rank
+    cluster.agent("n0", 0)
+    sweep_id = cluster.start_sweep(["n0"], duration_s=0.2, timeout_s=60, upload_raw=True, options=sim_options(1))
+    sweep = cluster.wait_final(sweep_id, 70)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
+    assert [n.artifacts for n in sweep.nodes] == [1]  # the digest
+    reply = cluster.sweeps.GetReport(pb.GetReportRequest(sweep_id=sweep_id), timeout=10)
+    notes = json.loads(reply.report_json)["sweep"]["nodes"]["n0"]["notes"]
+    assert notes and all(n.startswith("raw export sim_rank") and "not uploaded" in n and "upload limit" in n
+                         for n in notes), notes
+
+
 def test_the_coordinator_killed_mid_sweep_finishes_it_after_restart(cluster: Cluster) -> None:
     cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
     names = ["n0", "n1", "n2", "n3"]
