@@ -846,7 +846,11 @@ def _calls(events: _Events, top: dict, notes: list[str]) -> dict[str, np.ndarray
             inner_of[column][inside[found]] = inner[found]  # several inside one call: the last
             if column == "rpc":
                 lone = rpc[~found]
-    # record_param_comms outside any c10d op: a call of its own
+    # record_param_comms outside any c10d op: a call of its own, with any annotation inside it
+    lone_ann = np.full(len(lone), -1)
+    if len(ann) and len(lone):
+        inside = _containing(events, ann, lone)
+        lone_ann[inside[inside >= 0]] = ann[inside >= 0]
     rows = np.concatenate([c10d, lone])
     order = np.argsort(events.ts[rows], kind="stable")
     rows = rows[order]
@@ -854,7 +858,7 @@ def _calls(events: _Events, top: dict, notes: list[str]) -> dict[str, np.ndarray
         "row": rows,
         "op": np.concatenate([events.names.op[events.name[c10d]], np.full(len(lone), None)])[order],
         "rpc": np.concatenate([inner_of["rpc"], lone])[order],
-        "ann": np.concatenate([inner_of["ann"], np.full(len(lone), -1)])[order],
+        "ann": np.concatenate([inner_of["ann"], lone_ann])[order],
         "ts": events.ts[rows],
         "end": events.ts[rows] + events.dur[rows],
         "fr_pg": np.full(len(rows), None),
@@ -959,7 +963,14 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     own = {key: np.where(rpc >= 0, own[key], kernel[key]) for key in own}
     host = _arg_columns(host_args)
     annotation = _arg_columns(ann_args)
-    frame["op"] = _coalesce(own["op"], chosen["op"], kernel["op"])
+    # Older traces' record_param_comms may name no collective: the nccl:<op> annotation inside it does.
+    ann = chosen["ann"]
+    ann_op = np.full(len(ann), None, object)
+    ann_op[ann >= 0] = [_canonical(n) for n in events.names.text[events.name[ann[ann >= 0]]].tolist()]
+    frame["op"] = _coalesce(own["op"], chosen["op"], kernel["op"], ann_op)
+    unnamed = int((~_present(frame["op"])).sum())
+    if unnamed:
+        notes.append(f"{unnamed} NCCL call(s) name no operation (no Collective name, no nccl: annotation): not matched")
     frame["bytes"] = _counted(frame["op"], _coalesce(own["bytes"], annotation["bytes"], host["bytes"], chosen["fr_bytes"]),
                               (kernel_args, rpc_args, host_args, ann_args), chosen["fr_bytes"])
     frame["pg"] = _coalesce(own["pg"], kernel["pg"], chosen["fr_pg"])

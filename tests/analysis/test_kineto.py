@@ -45,8 +45,8 @@ def _collectives(table):
         (f"{HTA}/ns_resolution_trace/rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz", 0, 1, set(), set()),
         (f"{HTA}/df_index_resolver/df_index_resolver.json.gz", 1, 2, {"allreduce"}, None),
         (f"{HTA}/negative_queue_length_values_check/rank0.json.gz", 0, 16, None, None),
-        (f"{HTA}/trace_diff/control/control.json.gz", 3, 8, {"allreduce"}, None),
-        (f"{HTA}/trace_diff/test/test.json.gz", 1, 2, {"allreduce"}, None),
+        (f"{HTA}/trace_diff/control/control.json.gz", 3, 8, {"allreduce", "alltoall"}, None),
+        (f"{HTA}/trace_diff/test/test.json.gz", 1, 2, {"allreduce", "alltoall"}, None),
         (f"{HTA}/trace_filter/sampled_rank-0.json.gz", 0, 128, {"allreduce", "alltoall", "allgather"}, None),
     ],
 )
@@ -692,3 +692,19 @@ def test_the_flight_recorder_names_a_gloo_reduce_scatter_by_its_worker_op(tmp_pa
     coll = _collectives(read_kineto(_write(tmp_path / "rank3.json", _trace(events, **top))))
     assert coll["op"].tolist() == ["allreduce", "reducescatter", "allreduce"]
     assert coll["seq"].tolist() == [1, 2, 3] and set(coll["seq_source"]) == {"trace"}
+
+
+def test_a_record_param_comms_naming_no_collective_takes_the_op_of_its_nccl_annotation(tmp_path):
+    """Older traces (HTA's trace_diff): an all_to_all is a bare record_param_comms, no
+    Collective name, around nccl:all_to_all and the launch; its SendRecv kernel was dropped."""
+    def events(annotation):
+        inner = [_event(annotation, "105.000", "30.000", cat="user_annotation", tid=1)] if annotation else []
+        return [_event("record_param_comms", "100.000", "50.000", tid=1, args={"External id": 5}), *inner,
+                _event("cudaLaunchKernel", "110.000", "5.000", cat="cuda_runtime", tid=1, args={"correlation": 9}),
+                _event("ncclKernel_SendRecv", "200.000", "50.000", cat="kernel", tid=7,
+                       args={"correlation": 9, "stream": 7})]
+    table = read_kineto(_write(tmp_path / "rank0.json", _trace(events("nccl:all_to_all"))))
+    assert _collectives(table)["op"].tolist() == ["alltoall"]
+    bare = read_kineto(_write(tmp_path / "rank1.json", _trace(events(None))))
+    assert _collectives(bare).empty  # the kernel's name alone is never the op
+    assert "1 NCCL call(s) name no operation (no Collective name, no nccl: annotation): not matched" in _row(bare)["warnings"]
