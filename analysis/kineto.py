@@ -1023,7 +1023,7 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
     paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
     host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(paired.tolist())
-    host, own = _arg_columns(host_args), _arg_columns(own_args)
+    host = _arg_columns(host_args)
     op = np.where(call >= 0, groups.take_or(calls["op"], call, None), events.names.op[events.name[paired]])  # the call's
     frame = {
         "start_ns": events.ts[paired],
@@ -1031,7 +1031,7 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
         "cpu_call_ns": groups.take_or(calls["ts"], call, 0),
         "called": call >= 0,
         "op": op,
-        "bytes": _counted(op, _coalesce(paired_call["fr_bytes"], own["bytes"], host["bytes"]),
+        "bytes": _counted(op, _coalesce(paired_call["fr_bytes"], _total_bytes(own_args), host["bytes"]),
                           (own_args, host_args), paired_call["fr_bytes"]),
         "pg": _coalesce(host["pg"], paired_call["fr_pg"]),
         "seq_trace": _coalesce(host["seq"], paired_call["fr_seq"]),
@@ -1224,6 +1224,12 @@ def _sizes(args: list[_Args]) -> np.ndarray:
     `Input Dims` x `Input type` (per rank, as sent)."""
     return _ints([n * size if (n := _int(a.nelems)) is not None and (size := _element_size(a.dtype))
                   else next(_tensor_bytes(a), None) for a in args])
+
+
+def _total_bytes(args: list[_Args]) -> np.ndarray:
+    """Bytes of all the tensors in `Input Dims` x `Input type`: a gloo worker op lists every
+    tensor it moves as an input (a coalesced allreduce's each, an all_to_all's send list)."""
+    return _ints([sum(_tensor_bytes(a)) or None for a in args])
 
 
 def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[_Args], ...], recorded: np.ndarray) -> np.ndarray:

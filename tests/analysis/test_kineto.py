@@ -708,3 +708,17 @@ def test_a_record_param_comms_naming_no_collective_takes_the_op_of_its_nccl_anno
     bare = read_kineto(_write(tmp_path / "rank1.json", _trace(events(None))))
     assert _collectives(bare).empty  # the kernel's name alone is never the op
     assert "1 NCCL call(s) name no operation (no Collective name, no nccl: annotation): not matched" in _row(bare)["warnings"]
+
+
+def test_a_gloo_workers_message_is_every_tensor_it_moves(tmp_path):
+    """torch 2.13 gloo: all_reduce_coalesced([10 floats, 20 floats]) runs as gloo:all_reduce with
+    Input Dims [[10], [20]], all_to_all of two 8-float chunks as gloo:all_to_all [[8], [8]]
+    (the whole send buffer, as record_param_comms counts an AllToAll)."""
+    events = [_event("c10d::allreduce_coalesced_", "100.000", "5.000", tid=1),
+              _event("gloo:all_reduce", "110.000", "50.000", cat="user_annotation", tid=2,
+                     args={"Input Dims": [[10], [20]], "Input type": ["float", "float"]}),
+              _event("c10d::alltoall_", "200.000", "5.000", tid=1),
+              _event("gloo:all_to_all", "210.000", "50.000", cat="user_annotation", tid=2,
+                     args={"Input Dims": [[8], [8]], "Input type": ["float", "float"]})]
+    coll = _collectives(read_kineto(_write(tmp_path / "rank0.json", _trace(events))))
+    assert coll[["op", "bytes"]].values.tolist() == [["allreduce", 120], ["alltoall", 64]]
