@@ -173,10 +173,13 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     meta["warnings"] = notes
     for note in notes:  # as nsys exports' notes: the report lists them, by rank
         _log.info("%s: %s", path, note)
-    row = digest.digest_row(
-        meta, collectives=_collective_columns(collectives), kernels=busy.kernels, steps=steps,
-        communicators=_communicators(trace.top, collectives),
-    )
+    try:
+        row = digest.digest_row(
+            meta, collectives=_collective_columns(collectives), kernels=busy.kernels, steps=steps,
+            communicators=_communicators(trace.top, collectives),
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a metadata value of the wrong type (rank: true)
+        raise ExportError(f"malformed trace metadata ({exc})", path=path) from None
     # Arrow's allocator (mimalloc) keeps the pages freed by the conversions above; a job
     # reads one trace after another, so each read hands them back (~1 µs).
     pa.default_memory_pool().release_unused()
@@ -282,6 +285,7 @@ def _load(path: Path) -> _Trace:
     top = {key: value for key, value in zip(_TOP_KEYS, (
         document.schemaVersion, document.distributedInfo, document.baseTimeNanoseconds,
         document.host_name, document.trace_id, document.hook)) if value is not None}
+    _check_top(path, top)
     events = columns.events(_base(path, top))
     kept = columns.kept
 
@@ -641,6 +645,26 @@ def _base(path: Path, top: dict) -> int:
         return int(base) if base is not None else 0
     except (TypeError, ValueError):
         raise ExportError(f"baseTimeNanoseconds {base!r} is not an integer", path=path) from None
+
+
+# The hook's Flight Recorder columns the reading looks up by name.
+_FR_COLUMNS = ("pg_name", "seq", "profiling_name", "time_created_ns")
+
+
+def _check_top(path: Path, top: dict) -> None:
+    """The metadata objects the reading walks into are objects, and the hook's Flight
+    Recorder has the columns it reads: else one error naming the file, not a traceback."""
+    for key in ("distributedInfo", HOOK_KEY):
+        if key in top and not isinstance(top[key], dict):
+            raise ExportError(f"malformed trace: {key} is a {type(top[key]).__name__}, not an object", path=path)
+    recorder = top.get(HOOK_KEY, {}).get("flight_recorder")
+    if recorder is None:
+        return
+    columns = recorder.get("columns") if isinstance(recorder, dict) else None
+    if not isinstance(columns, list) or not isinstance(recorder.get("rows"), list) or \
+            not set(_FR_COLUMNS) <= set(columns):
+        raise ExportError(f"malformed trace: {HOOK_KEY}.flight_recorder lacks columns and rows with "
+                          f"{', '.join(_FR_COLUMNS)}", path=path)
 
 
 # ---------------------------------------------------------------- identity

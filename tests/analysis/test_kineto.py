@@ -722,3 +722,18 @@ def test_a_gloo_workers_message_is_every_tensor_it_moves(tmp_path):
                      args={"Input Dims": [[8], [8]], "Input type": ["float", "float"]})]
     coll = _collectives(read_kineto(_write(tmp_path / "rank0.json", _trace(events))))
     assert coll[["op", "bytes"]].values.tolist() == [["allreduce", 120], ["alltoall", 64]]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(distributedInfo=[0, 2]), "malformed trace: distributedInfo is a list, not an object"),
+    (lambda d: d.update(rankscope="x"), "malformed trace: rankscope is a str, not an object"),
+    (lambda d: d.update(rankscope={"flight_recorder": {"columns": ["seq"], "rows": []}}),
+     "malformed trace: rankscope.flight_recorder lacks columns and rows with pg_name, seq"),
+    (lambda d: d["distributedInfo"].update(rank=True), r"malformed trace metadata \(Expected integer, got bool\)"),
+    (lambda d: d["distributedInfo"].update(world_size="4"), r"malformed trace metadata \(Could not convert '4'"),
+])
+def test_trace_metadata_of_the_wrong_shape_is_one_export_error(tmp_path, edit, message):
+    data = _trace(_gloo_events("200.000", "201.000"))
+    edit(data)
+    with pytest.raises(ExportError, match=message):
+        read_kineto(_write(tmp_path / "rank0.json", data))
