@@ -931,11 +931,13 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[s
     calls["fr_pg"][labels] = [str(entries[i][0][field["pg_name"]]) for i in taken]
     calls["fr_seq"][labels] = [int(entries[i][0][field["seq"]]) for i in taken]
     calls["fr_bytes"][labels] = _ints([_recorded_bytes(*entries[i], field) for i in taken])
-    unmatched = len(known) - len(labels)
+    keep = ~_present(calls["op"])
+    keep[labels] = True
+    # Ops the recorder records none of (torch 2.13 gloo: send and recv) are no window's edge: kept, unjoined.
+    keep[known[~_equal_any(call_ops, sorted(set(entry_ops.tolist())))]] = True
+    unmatched = int((~keep).sum())
     if unmatched:
         notes.append(f"{unmatched} collective call(s) at the window's edges have no Flight Recorder entry: not matched")
-        keep = ~_present(calls["op"])
-        keep[labels] = True
         calls = _take(calls, keep)
     return calls
 
@@ -1098,18 +1100,20 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
     op, pg = frame["op"], frame["pg"].copy()
     configs = _pg_config(top)
     missing = ~_present(pg)
+    p2p = _equal_any(op, list(ops.P2P_OPS))
     if missing.any():
         if len(configs) == 1:
             pg[missing] = next(iter(configs))
         else:
-            pg[missing] = [f"unresolved-pg:{key}" + ("" if fallback == "op" else f":{o}")
-                           for key, o in zip(frame[fallback][missing], op[missing])]
+            # Sends and recvs share one key: a send must be able to meet its recv.
+            key = np.where(p2p, "p2p", frame[fallback])
+            pg[missing] = [f"unresolved-pg:{k}" + ("" if fallback == "op" or is_p2p else f":{o}")
+                           for k, o, is_p2p in zip(key[missing], op[missing], p2p[missing])]
             notes.append(
                 f"{int(missing.sum())} collective(s) carry no process group and the trace lists "
                 f"{len(configs) or 'no'} group(s): grouped by {'op' if fallback == 'op' else fallback + ' and op'}, "
                 "ordered within the group"
             )
-    p2p = _equal_any(op, list(ops.P2P_OPS))
     frame["comm_id"] = np.where(p2p, pg + "/p2p", pg)
     ordinal = groups.Groups(groups.factorize(frame["comm_id"])[0]).cumcount() + 1  # hashed, not sorted
     traced = _present(frame["seq_trace"])

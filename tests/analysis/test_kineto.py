@@ -737,3 +737,28 @@ def test_trace_metadata_of_the_wrong_shape_is_one_export_error(tmp_path, edit, m
     edit(data)
     with pytest.raises(ExportError, match=message):
         read_kineto(_write(tmp_path / "rank0.json", data))
+
+
+def test_sends_the_flight_recorder_never_records_are_kept_and_meet_their_recvs(tmp_path):
+    """torch 2.13 gloo's Flight Recorder records no send or recv: such calls are no window's
+    edge. With several process groups and none named on the call, sends and recvs share one
+    unresolved group, so a send can still pair with its recv."""
+    base = 1_700_000_000_000_000_000
+    comms = []
+    for rank, (call, worker) in enumerate([("c10d::send", "gloo:send"), ("c10d::recv_", "gloo:recv")]):
+        events = [_event("c10d::allreduce_", "0.000", "20.000", tid=1),
+                  _event("gloo:all_reduce", "30.000", "100.000", cat="user_annotation", tid=2),
+                  _event(call, "1000.000", "20.000", tid=1),
+                  _event(worker, "1030.000", "100.000", cat="user_annotation", tid=2)]
+        top = {"baseTimeNanoseconds": base, "rankscope": {"rank": rank, "flight_recorder": {
+            "columns": ["pg_name", "seq", "profiling_name", "time_created_ns"],
+            "rows": [["0", 1, "gloo:all_reduce", base + 5_000]]}}}
+        data = _trace(events, **top)
+        data["distributedInfo"].update(rank=rank, world_size=2, pg_config=[{"pg_name": "0", "ranks": [0, 1]},
+                                                                          {"pg_name": "1", "ranks": [0, 1]}])
+        table = read_kineto(_write(tmp_path / f"rank{rank}.json", data))
+        coll = _collectives(table)
+        assert coll["op"].tolist() == ["allreduce", call.removeprefix("c10d::").rstrip("_")]
+        assert not any("window's edges" in w for w in _row(table)["warnings"])
+        comms.append(coll["comm_id"].tolist()[1])
+    assert comms == ["unresolved-pg:p2p/p2p"] * 2
