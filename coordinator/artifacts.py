@@ -220,6 +220,25 @@ class ArtifactStore:
             )
         return UploadWriter(self, partial, wait_s)
 
+    def drop_partials(self, sweep_id: str) -> list[str]:
+        """Remove the uploads of a sweep that ended before they did (an agent cancelled or gone
+        mid-upload): nothing will complete them, and raw exports run to gigabytes. One a stream
+        is writing stays. Returns the upload ids removed."""
+        dropped = []
+        for meta in sorted(self.partial.glob("*.json")):
+            try:
+                partial = self._lookup(meta.stem)
+            except RankscopeError:  # a corrupt header: not this sweep's to judge
+                continue
+            if partial is None or partial.header.sweep_id != sweep_id or not partial.lock.acquire(blocking=False):
+                continue
+            try:
+                self._discard(partial)
+            finally:
+                partial.lock.release()
+            dropped.append(partial.header.upload_id)
+        return dropped
+
     def _lookup(self, upload_id: str) -> _Partial | None:
         partial = self._partials.get(upload_id)
         if partial is not None:

@@ -405,6 +405,8 @@ class Coordinator:
             self._active.pop(sweep.sweep_id, None)
             log.info("sweep %s %s%s", sweep.sweep_id, sweep.state.value,
                      f" (missing: {', '.join(sweep.missing)})" if sweep.missing else "")
+            if dropped := self.artifacts.drop_partials(sweep.sweep_id):
+                log.info("sweep %s: removed %d upload(s) it ended before", sweep.sweep_id, len(dropped))
 
     def _run_analysis(self, sweep: sw.Sweep, digests: tuple[sw.ArtifactInfo, ...]) -> None:
         out = self.config.reports_dir / f"{sweep.sweep_id}.json"

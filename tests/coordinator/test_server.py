@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import time
 from pathlib import Path
@@ -154,6 +155,36 @@ def test_a_node_still_working_on_an_ended_sweep_is_told_to_stop(coordinator, wir
     away.status(sweep.sweep_id, pb.NODE_STATE_DCGM_RESUMED)  # done with it: nothing more to say
     with pytest.raises(queue.Empty):
         away.next_command(timeout=1.0)
+    talking.close()
+    away.close()
+
+
+def test_an_upload_its_sweep_ended_before_is_removed(coordinator, wire, digests) -> None:
+    """A raw export half-uploaded when its node timed out is never completed: its part file
+    (gigabytes, for real exports) must not stay in the store for good."""
+    talking, away = (wire.FakeAgent(coordinator, name) for name in digests)
+    data = os.urandom(300_000)
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
+        talking.finish(started_capture(talking).sweep_id, digests[talking.node])
+        started_capture(away)
+        head = wire.header(data, node=away.node, token=away.token, upload_id="raw-1")
+        head.sweep_id = sweep.sweep_id
+
+        def cut_short():
+            for i, message in enumerate(wire.chunks(head, data)):
+                if i == 3:  # the header and two chunks stored, then the agent is gone
+                    while coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).committed_offset < 2 * (64 << 10):
+                        time.sleep(0.01)
+                    raise RuntimeError("agent gone")
+                yield message
+
+        with pytest.raises(grpc.RpcError):
+            coordinator.agents.Upload(cut_short(), timeout=10)
+        assert coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
+        final(client, sweep.sweep_id)
+    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
+    assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
     talking.close()
     away.close()
 
