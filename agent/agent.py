@@ -52,6 +52,9 @@ DCGM_OUTCOMES = {
     dcgm_mod.DcgmOutcome.RESUMED: pb.DCGM_OUTCOME_RESUMED,
 }
 RECORD_KEEP_S = 7 * 86400.0  # a finished capture's record answers a repeated StartCapture this long
+# Past its sweep's deadline the coordinator cancels a capture; an agent that cannot hear it
+# (its link down) gives the capture up itself this much later.
+DEADLINE_GRACE_S = 30.0
 LEASE_MARGIN_S = 120.0  # beyond the window: stop and release may take a while on a busy node
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -252,6 +255,7 @@ class CaptureRun:
             "backend": start.backend or agent.config.backends[0],
             "duration_s": start.duration_s,
             "timeout_s": start.timeout_s,
+            "deadline": time.time() + start.timeout_s if start.timeout_s > 0 else None,  # wall clock: survives restarts
             "options": options,
             "requested_options": requested,
             "upload_raw": start.upload_raw,
@@ -289,6 +293,15 @@ class CaptureRun:
         self._thread = threading.Thread(target=self._run, args=(restarted,), name=f"capture-{self.sweep_id}",
                                         daemon=True)
         self._thread.start()
+        deadline = self.record.get("deadline")
+        if deadline is not None and not self.capture.done:
+            timer = threading.Timer(max(0.0, deadline + DEADLINE_GRACE_S - time.time()), self._past_deadline)
+            timer.daemon = True
+            timer.start()
+
+    def _past_deadline(self) -> None:
+        if not self.capture.done:  # the coordinator's cancel never came: it gave up on this node long ago
+            self.cancel(f"the sweep's {self.record['timeout_s']:g}s timeout passed with no word from the coordinator")
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:

@@ -476,3 +476,23 @@ def test_a_session_refused_after_registering_backs_off_and_warns_once(coordinato
         thread.join(10)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned == ["coordinator session: RESOURCE_EXHAUSTED: coordinator at its limit of 2 agent sessions"]
+
+
+def test_a_capture_past_its_sweeps_deadline_is_given_up_without_the_coordinators_cancel(coordinator, tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """The coordinator cancels at the deadline; an agent that cannot hear it (its link down)
+    must not capture and upload on for ever, holding the node and its DCGM pause."""
+    monkeypatch.setattr(agent_mod, "DEADLINE_GRACE_S", 0.5)
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="s9", backend="fake",
+                                                                          duration_s=600, timeout_s=1.0)))
+        seen = servicer.statuses("s9", pb.NODE_STATE_DCGM_RESUMED)  # no cancel is ever sent
+        assert seen[-1].state == pb.NODE_STATE_FAILED
+        assert seen[-1].reason == "the sweep's 1s timeout passed with no word from the coordinator"
+        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
+    finally:
+        agent.close()
+        thread.join(10)
