@@ -917,8 +917,9 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[s
     entries, created = [entries[i] for i in by_time], created[by_time]
     known = np.flatnonzero(_present(calls["op"]))
     entry_ops = np.array([op for _, op in entries], object)
+    recorded = set(entry_ops.tolist())
     call_ops = calls["op"][known].copy()
-    for call_op, worker_op in _gloo_runs_as(set(entry_ops.tolist())).items():  # the recorder names the worker's op
+    for call_op, worker_op in _gloo_runs_as(recorded).items():  # the recorder names the worker's op
         call_ops[call_ops == call_op] = worker_op
     ops_, op_code = np.unique(np.concatenate([call_ops, entry_ops]), return_inverse=True)
     call_op, entry_op = op_code[: len(known)], op_code[len(known) :]
@@ -934,7 +935,7 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[s
     keep = ~_present(calls["op"])
     keep[labels] = True
     # Ops the recorder records none of (torch 2.13 gloo: send and recv) are no window's edge: kept, unjoined.
-    keep[known[~_equal_any(call_ops, sorted(set(entry_ops.tolist())))]] = True
+    keep[known[~_equal_any(call_ops, sorted(recorded))]] = True
     unmatched = int((~keep).sum())
     if unmatched:
         notes.append(f"{unmatched} collective call(s) at the window's edges have no Flight Recorder entry: not matched")
@@ -992,7 +993,9 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     # Older traces' record_param_comms may name no collective: the nccl:<op> annotation inside it does.
     ann = chosen["ann"]
     ann_op = np.full(len(ann), None, object)
-    ann_op[ann >= 0] = [_canonical(n) for n in events.names.text[events.name[ann[ann >= 0]]].tolist()]
+    if (ann >= 0).any():  # each distinct annotation name's op once, then taken per call
+        used, which = np.unique(events.name[ann[ann >= 0]], return_inverse=True)
+        ann_op[ann >= 0] = np.array([_canonical(n) for n in events.names.text[used].tolist()], object)[which]
     frame["op"] = _coalesce(own["op"], chosen["op"], kernel["op"], ann_op)
     unnamed = int((~_present(frame["op"])).sum())
     if unnamed:

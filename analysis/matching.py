@@ -19,6 +19,7 @@ import numpy as np
 
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
+from rankscope.analysis.report import some_of
 
 UNMATCHED = -1
 _RANK_SPAN = 1 << 32  # (communicator, rank) pairs as one int64 key
@@ -101,14 +102,12 @@ def communicator_members(
             absent.append(f"{comm_id}: {len(full & present)} of {len(full)}")
     if len(present) > 1:
         if inferred:
-            shown = ", ".join(inferred[:3]) + (" ..." if len(inferred) > 3 else "")
-            warnings.append(
-                f"{len(inferred)} communicator(s) without member lists ({shown}): members inferred from the ranks that use them"
-            )
+            warnings.append(f"{len(inferred)} communicator(s) without member lists ({some_of(inferred)}): "
+                            "members inferred from the ranks that use them")
         warnings += _size_warnings(checked)
     if absent:
-        warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({', '.join(absent[:3])}"
-                        f"{' ...' if len(absent) > 3 else ''}): matched among the members present")
+        warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({some_of(absent)}): "
+                        "matched among the members present")
     return members, counts, {c: names.get(c) for c in members}, warnings
 
 
@@ -126,7 +125,7 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
             kinds.setdefault("used by more ranks than their size (told apart only by op and size?)", []).append(
                 f"{comm_id}: {seen} for {sizes[0]}")
     return [
-        f"{len(found)} communicator(s) {kind} ({', '.join(found[:3])}{' ...' if len(found) > 3 else ''}): "
+        f"{len(found)} communicator(s) {kind} ({some_of(found)}): "
         "members inferred from the ranks that use them"
         for kind, found in kinds.items()
     ]

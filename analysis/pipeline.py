@@ -39,6 +39,7 @@ from rankscope.analysis.report import (
     TpOverhead,
     field_names,
     ranks_text,
+    some_of,
 )
 from rankscope.errors import InputError, RankscopeWarning
 
@@ -113,12 +114,12 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     if guessed := [c for c in tp_comms if not matched.names.get(c) and set(matched.members[c]) == set(ranks)]:
         # a TP group as wide as the job looks just like a data-parallel job's world group
         all_warnings.append(f"{len(guessed)} unnamed communicator(s) spanning every rank, on one host, taken as TP "
-                            f"by their layout ({', '.join(guessed[:3])}): a data-parallel job's world group looks the same")
+                            f"by their layout ({some_of(guessed)}): a data-parallel job's world group looks the same")
     tp_table = metrics.tp_overhead(events, steps, meta, tp_comms)
     if outside := sorted(set(tp_comms) - set(tp_table["comm_id"].tolist())):
         # only collectives inside a traced step count where a rank traced steps
         all_warnings.append(f"{len(outside)} TP communicator(s) ran no collective inside the traced steps "
-                            f"({', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''}): no TP overhead for them")
+                            f"({some_of(outside)}): no TP overhead for them")
         pywarnings.warn(all_warnings[-1], RankscopeWarning, stacklevel=2)
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
     comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst, matched.sizes))

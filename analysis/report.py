@@ -352,6 +352,11 @@ def _short(text: str, width: int = 28) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def some_of(names: Sequence[str], shown: int = 3) -> str:
+    """The first few of many names, for a one-line warning: 'a, b, c ...'."""
+    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")
+
+
 def ranks_text(ranks: Sequence[int]) -> str:
     """Compact rank sets: 0-7, or 0,8,16,... for strided groups."""
     if not ranks:
