@@ -15,10 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from rankscope.states import NodeState
-
-
-TERMINAL = frozenset({NodeState.DCGM_RESUMED, NodeState.FAILED})
+from rankscope.states import AGENT_DONE, NodeState
 
 # DCGM outcomes (dcgm.md §9.9). Only "paused" leaves something to resume.
 PAUSED = "paused"
@@ -145,7 +142,7 @@ class Capture:
 
     @property
     def done(self) -> bool:
-        return self.state in TERMINAL
+        return self.state in AGENT_DONE
 
     @property
     def owes_resume(self) -> bool:

@@ -37,6 +37,7 @@ from rankscope.coordinator.store import Store
 from rankscope.coordinator import sweeps as sw
 from rankscope.errors import InputError, RankscopeError, TransportError
 from rankscope.lock import FolderLock
+from rankscope.states import AGENT_DONE
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ SAVE_RETRY_S = 5.0
 # The longest capture window a sweep may ask for. DCGM stays paused throughout, and a
 # trace of one grows without bound: a mistyped 20h for 20s is refused, not run.
 MAX_DURATION_S = 3600.0
-# An agent's last states of a capture: past them it holds nothing (DCGM resumed, files sent or given up).
-_AGENT_DONE = frozenset({sw.NodeState.DCGM_RESUMED, sw.NodeState.FAILED})
 
 
 class NotAuthenticated(RankscopeError):
@@ -248,7 +247,7 @@ class Coordinator:
             sweep = self._active.get(sweep_id)
             if sweep is None:
                 log.info("node %s reports on sweep %s, which is not running", node, sweep_id)
-                if event.state not in _AGENT_DONE:  # a cancel it missed while away: its node is not to stay busy
+                if event.state not in AGENT_DONE:  # a cancel it missed while away: its node is not to stay busy
                     self.registry.send(node, CancelOrder(sweep_id, f"sweep {sweep_id} has ended"))
                 return
             self._apply(sweep, sweep.handle(event))

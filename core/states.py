@@ -25,6 +25,10 @@ class NodeState(str, enum.Enum):
     TIMED_OUT = "timed_out"
 
 
+# The agent's last states of a capture: past them it holds nothing (DCGM resumed, files sent or given up).
+AGENT_DONE = frozenset({NodeState.DCGM_RESUMED, NodeState.FAILED})
+
+
 def to_wire(state: NodeState) -> int:
     return pb.NodeState.Value(_PREFIX + state.name)
 
