@@ -379,7 +379,7 @@ def _read_file(path: Path) -> _File:
         if not columns:
             _check_magic(path)
         _check_tables(path, columns)
-        rows = {name: _fetch(db.execute(sql), name) for name, sql in statements.items()}
+        rows = {name: _fetch_checked(path, db.execute(sql), name) for name, sql in statements.items()}
     except sqlite3.DatabaseError as exc:
         _check_magic(path)
         raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
@@ -397,6 +397,16 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
         raise ExportError(f"export has no CUDA kernels (no {KERNEL_TABLE} table; capture with -t cuda)", path=path)
     if _kernel_name_column(columns[KERNEL_TABLE]) is None or "globalPid" not in columns[KERNEL_TABLE]:
         raise ExportError(f"{KERNEL_TABLE} lacks kernel names or globalPid", path=path)
+
+
+def _fetch_checked(path: Path, cursor: sqlite3.Cursor, table: str) -> Any:
+    """`_fetch`, with a NULL or text where the statement reads integers (the schema lets
+    globalPid and globalTid be NULL) refused as an error naming the export."""
+    try:
+        return _fetch(cursor, table)
+    except (TypeError, ValueError):
+        raise ExportError(f"its {table} rows hold a NULL or a non-integer where integers are read "
+                          "(times, process and thread ids)", path=path) from None
 
 
 def _fetch(cursor: sqlite3.Cursor, table: str) -> Any:

@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from rankscope.analysis import digest, nsys
+from rankscope.errors import ExportError
 
 simulate = pytest.importorskip("rankscope.analysis.simulate")
 
@@ -133,3 +134,20 @@ def test_rows_fetched_a_few_at_a_time_give_the_same_digest(job, monkeypatch: pyt
     monkeypatch.setattr(nsys, "FETCH_ROWS", 7)
     assert nsys._read_file(paths[0]).kernels.tolist() == kernels.tolist()
     assert nsys.read_many(paths).equals(whole)
+
+
+@pytest.mark.parametrize("edit, table", [
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET globalPid = NULL WHERE rowid = 1", "kernels"),
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = 1", "kernels"),
+    ("UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS)", "nvtx"),
+])
+def test_a_null_where_integers_are_read_is_an_error_naming_the_export(job, tmp_path: Path, edit: str, table: str) -> None:
+    # The schema lets globalPid and globalTid be NULL; a traceback named no file.
+    _, paths = job
+    copy = tmp_path / "edited.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(edit)
+    with pytest.raises(ExportError, match=f"its {table} rows hold a NULL or a non-integer") as err:
+        nsys.read_nsys(copy)
+    assert str(copy) in str(err.value)
