@@ -299,14 +299,22 @@ def captures(digests: pa.Table) -> list[tuple]:
     return list(zip(*(digests.column(name).to_pylist() for name in CAPTURE_KEY)))
 
 
-def _twice_hint(capture: tuple, other: tuple) -> str:
-    """What two captures of one rank most likely are: one file twice, two runs, or two
-    processes of one run that took one rank number."""
+# What a user can do where a report holds several ranks and nothing names them.
+SEVERAL_RANKS_HINT = ("give each rank its own report (rankscope rank), or export with --include-blobs=true "
+                      "so NCCL's CommInitRank names the ranks")
+
+
+def _twice_hint(capture: tuple, other: tuple, by_pid: bool) -> str:
+    """What two captures of one rank most likely are: one file twice, two runs, two
+    reports that each numbered their processes from 0 (``by_pid``), or two processes of
+    one run that took one rank number."""
     if capture == other:
         return " (the same capture: one file given twice?)"
     (start, end), (other_start, other_end) = capture[-2:], other[-2:]
     if start > other_end or other_start > end:
         return " (another capture window: analyse one run at a time)"
+    if by_pid:
+        return f" (each report numbered its processes 0, 1, ... by pid: {SEVERAL_RANKS_HINT})"
     return " (at the same time: two processes of one job took one rank; check RANK or use --rank-from)"
 
 
@@ -316,14 +324,16 @@ def check_consistent(digests: pa.Table) -> None:
     ranks = digests.column("rank").to_numpy()
     files = digests.column("source_file").to_pylist()
     worlds = digests.column("world_size").to_pylist()
-    seen: dict[int, tuple[str, tuple]] = {}
-    for rank, file, world, capture in zip(ranks.tolist(), files, worlds, captures(digests)):
+    by_pid = [source == "order:pid" for source in digests.column("rank_source").to_pylist()]
+    seen: dict[int, tuple[str, tuple, bool]] = {}
+    for rank, file, world, capture, numbered in zip(ranks.tolist(), files, worlds, captures(digests), by_pid):
         if rank in seen:
-            first, other = seen[rank]
-            raise ConsistencyError(f"rank {rank} is also claimed by {first}{_twice_hint(capture, other)}", path=file)
+            first, other, other_numbered = seen[rank]
+            hint = _twice_hint(capture, other, numbered and other_numbered)
+            raise ConsistencyError(f"rank {rank} is also claimed by {first}{hint}", path=file)
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
-        seen[rank] = file, capture
+        seen[rank] = file, capture, numbered
     jobs = digests.column("job_id").to_pylist()
     known = {job: file for job, file in zip(jobs, files) if job}
     if len(known) > 1:

@@ -771,6 +771,11 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     comm_name = ops.is_comm_kernel(names)  # each distinct name once
     is_comm = comm_name[kernels["name"]]
     unit_keys, unit = _unique_runs(_process(kernels) * _MAX_DEVICE + kernels["device"])
+    stray = _stray_devices(files, unit_keys, np.bincount(unit[is_comm], minlength=unit_keys.size) > 0)
+    if stray is not None:
+        keep = ~stray[unit]
+        kernels, is_comm = {key: values[keep] for key, values in kernels.items()}, is_comm[keep]
+        unit_keys, unit = _unique_runs(_process(kernels) * _MAX_DEVICE + kernels["device"])
     units = {"process": unit_keys // _MAX_DEVICE, "device": unit_keys % _MAX_DEVICE}
     units["file"], units["pid"] = units["process"] >> 24, units["process"] & 0xFFFFFF
     n = unit_keys.size
@@ -788,6 +793,23 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
         "communicators": _communicator_part(collectives, comm_ids, n),
     }
     return _table(files, units, identity, scalars, parts)
+
+
+def _stray_devices(files: list[_File], unit_keys: np.ndarray, has_comm: np.ndarray) -> np.ndarray | None:
+    """Per unit (process, device; sorted): True where a process ran no NCCL kernel on this
+    device but did on another, such as work on cuda:0 before ``torch.cuda.set_device``.
+    Such a unit is not a rank of its own; None where there is none."""
+    process = unit_keys // _MAX_DEVICE
+    opens = np.flatnonzero(run_starts(process))
+    process_comm = np.repeat(np.maximum.reduceat(has_comm, opens), np.diff(np.append(opens, process.size)))
+    stray = process_comm & ~has_comm
+    if not stray.any():
+        return None
+    for key in unit_keys[stray].tolist():
+        export = files[key // _MAX_DEVICE >> 24]
+        export.warn(f"pid {key // _MAX_DEVICE & 0xFFFFFF} ran kernels on cuda:{key % _MAX_DEVICE} but its NCCL kernels on "
+                    "another GPU: those left out (work before torch.cuda.set_device?)")
+    return stray
 
 
 def _activity(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit: np.ndarray,
@@ -1121,7 +1143,10 @@ def _identities(files: list[_File], units: Columns, nccl: Columns, rank_from: st
     rank, source = [0] * n, [""] * n
     local, local_na, world_size, world_na = [0] * n, [True] * n, [0] * n, [True] * n
     bounds = np.searchsorted(units["file"], np.arange(len(files) + 1)).tolist()
-    env = [tuple(_env_int(e.env, names) for names in (WORLD_SIZE_ENV, RANK_ENV, LOCAL_RANK_ENV)) for e in files]
+    # A file of several ranks (torchrun under one nsys) holds its launcher's environment, whose
+    # world size and rank count tasks or nodes (srun, a PyTorchJob), not these ranks.
+    env = [tuple(_env_int(e.env, names) for names in (WORLD_SIZE_ENV, RANK_ENV, LOCAL_RANK_ENV)) if hi - lo == 1
+           else (None, None, None) for e, lo, hi in zip(files, bounds[:-1], bounds[1:])]
     # Payload ranks are only needed where the environment does not settle the rank.
     needs = np.array([not (world and (rank_from is not None or (hi - lo == 1 and rank_env)))
                       for (world, rank_env, _), lo, hi in zip(env, bounds[:-1], bounds[1:])])
@@ -1139,7 +1164,8 @@ def _identities(files: list[_File], units: Columns, nccl: Columns, rank_from: st
         found = payload["comm_rank"][lo:hi] if needs[i] else None
         if rank_from is not None:
             if not single:
-                raise InputError(f"--rank-from cannot name the ranks of {export.path}: it holds {hi - lo} processes/GPUs")
+                raise InputError(f"--rank-from names one rank per file, and {export.path} holds {hi - lo} "
+                                 f"processes/GPUs: {digest.SEVERAL_RANKS_HINT}")
             rank[lo], source[lo] = _rank_override(export, rank_from), f"override:{rank_from}"
         elif single and rank_env:
             rank[lo], source[lo] = rank_env[1], f"env:{rank_env[0]}"
@@ -1151,8 +1177,8 @@ def _identities(files: list[_File], units: Columns, nccl: Columns, rank_from: st
                 local[lo:hi], local_na[lo:hi] = list(range(hi - lo)), [False] * (hi - lo)
             export.warn(
                 "no rank in the captured environment or NCCL payloads; "
-                + (f"numbered {hi - lo} (process, GPU) pairs by pid" if not single else "assumed rank 0")
-                + " (use --rank-from env:VAR or filename:REGEX)"
+                + (f"numbered {hi - lo} (process, GPU) pairs by pid ({digest.SEVERAL_RANKS_HINT})" if not single
+                   else "assumed rank 0 (use --rank-from env:VAR or filename:REGEX)")
             )
     return {"rank": np.array(rank, np.int64), "rank_na": np.zeros(n, bool), "rank_source": source,
             "local_rank": np.array(local, np.int64), "local_rank_na": np.array(local_na, bool),

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pytest
 
 from rankscope.analysis import digest, nsys
-from rankscope.errors import ExportError, InputError
+from rankscope.errors import ConsistencyError, ExportError, InputError
 
 DSL = "nsys/dsl_2node_2rank_allreduce"
 TORCHRUN = "nsys/nsysai_2gpu_sendrecv/mfu_2gpu_before.sqlite"
@@ -186,6 +186,24 @@ def test_payload_blobs_give_communicator_bytes_peer_and_rank(torchrun: Path, tmp
     assert any(f"{unlinked} of 66 NCCL kernels carry no communicator id" in w for w in table.column("warnings")[0].as_py())
 
 
+@pytest.mark.parametrize("payloads", [False, True])
+def test_a_launcher_environment_names_neither_world_nor_rank_of_the_ranks_it_launched(torchrun: Path, tmp_path: Path, payloads: bool) -> None:
+    # `srun -n1 nsys profile torchrun --nproc_per_node=2`: the captured environment is
+    # torchrun's, with srun's one task. Its world of 1 refused rank 1, and hid the payloads.
+    path = tmp_path / "srun.sqlite"
+    if payloads:
+        _with_payloads(torchrun, path)
+    else:
+        shutil.copy(torchrun, path)
+    with sqlite3.connect(path) as db:
+        db.executemany("INSERT INTO META_DATA_CAPTURE (name, value) VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
+                       [('SLURM_PROCID="0"',), ('SLURM_NTASKS="1"',)])
+    table = nsys.read_nsys(path)
+    by_pid = dict(zip(table.column("pid").to_pylist(), table.column("rank").to_pylist()))
+    assert by_pid == ({144: 1, 145: 0} if payloads else {144: 0, 145: 1})
+    assert table.column("world_size").to_pylist() == ([2, 2] if payloads else [None, None])
+
+
 def test_rank_from_override(dsl: list[Path]) -> None:
     by_env = nsys.read_nsys(dsl[1], rank_from="env:SLURM_LOCALID")
     assert by_env.column("rank").to_pylist() == [0]
@@ -201,8 +219,22 @@ def test_rank_from_override(dsl: list[Path]) -> None:
 
 
 def test_rank_from_cannot_name_several_ranks_of_one_file(torchrun: Path) -> None:
-    with pytest.raises(InputError, match="holds 2"):
+    with pytest.raises(InputError, match=r"holds 2 processes/GPUs: give each rank its own report \(rankscope rank\)"):
         nsys.read_nsys(torchrun, rank_from="env:RANK")
+
+
+def test_reports_of_two_nodes_each_numbered_by_pid_are_refused_with_what_would_name_their_ranks(torchrun: Path, tmp_path: Path) -> None:
+    from rankscope.analysis.sources import load_digests
+
+    for node in ("node0", "node1"):
+        path = tmp_path / f"{node}.sqlite"
+        shutil.copy(torchrun, path)
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'Hostname'", (node,))
+    # The hint was "check RANK or use --rank-from", a flag such a report refuses.
+    with pytest.raises(ConsistencyError, match=r"rank 0 is also claimed by .*node0.sqlite \(each report numbered its "
+                                               r"processes 0, 1, ... by pid: give each rank its own report"):
+        load_digests([tmp_path])
 
 
 def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path]) -> None:

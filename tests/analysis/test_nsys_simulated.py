@@ -151,3 +151,23 @@ def test_a_null_where_integers_are_read_is_an_error_naming_the_export(job, tmp_p
     with pytest.raises(ExportError, match=f"its {table} rows hold a NULL or a non-integer") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
+
+
+def test_a_kernel_on_another_gpu_of_a_rank_process_is_left_out_not_taken_for_a_rank(job, tmp_path: Path) -> None:
+    # PyTorch work on cuda:0 before torch.cuda.set_device made a second "rank" numbered
+    # by pid, which then collided with the real rank 0 and dropped the env rank.
+    _, paths = job
+    copy = tmp_path / "stray.sqlite"
+    copy.write_bytes(paths[1].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute("CREATE TEMP TABLE one AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = "
+                   "(SELECT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1) LIMIT 1")
+        db.execute("UPDATE one SET deviceId = deviceId + 1, correlationId = -7")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM one")
+    original, edited = nsys.read_nsys(paths[1]), nsys.read_nsys(copy)
+    assert edited.num_rows == 1
+    assert edited.column("rank").to_pylist() == original.column("rank").to_pylist() == [1]
+    assert edited.column("rank_source").to_pylist() == ["env:RANK"]
+    assert edited.column("gpu_busy_ns").equals(original.column("gpu_busy_ns"))
+    (warnings,) = edited.column("warnings").to_pylist()
+    assert any("but its NCCL kernels on another GPU" in w for w in warnings)
