@@ -267,7 +267,10 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
     saying which."""
     text, join = _nvtx_name_sql(columns)
     pid = "(n.globalTid >> 24) & 16777215"
-    ranges = f'n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND n."end" IS NOT NULL'
+    # A group bracket left without an end still counts toward its thread's group depth (else
+    # every later call on the thread looked grouped); its own kernels are unlinked (end 0).
+    ended = f"""(n."end" IS NOT NULL OR {text} IN ('ncclGroupStart', 'ncclGroupEnd'))"""
+    ranges = f"n.eventType IN ({_PUSH_POP_RANGE}, {_START_END_RANGE}) AND {ended}"
     step = "name LIKE 'step%' OR name LIKE 'ProfilerStep#%'"
     if "domainId" not in columns:
         return (

@@ -362,6 +362,22 @@ def test_ungrouped_calls_each_launch_their_own_kernels() -> None:
     assert calls["call_group"].tolist() == launchers["call_group"].tolist() == [1, 2, 3]
 
 
+def test_a_group_end_left_without_an_end_unlinks_its_own_kernels_only(torchrun: Path, tmp_path: Path) -> None:
+    # Dropped, its ncclGroupStart left the thread's group depth above 0 for good: every
+    # later call looked grouped and 27 more kernels lost their API range.
+    path = tmp_path / "open_group.sqlite"
+    shutil.copy(torchrun, path)
+    with sqlite3.connect(path) as db:
+        db.execute("""UPDATE NVTX_EVENTS SET "end" = NULL WHERE rowid = (
+            SELECT n.rowid FROM NVTX_EVENTS AS n JOIN StringIds AS s ON s.id = n.textId
+            WHERE s.value = 'ncclGroupEnd' AND (n.globalTid >> 24) & 16777215 = 144 ORDER BY n.start LIMIT 1 OFFSET 5)""")
+    def unlinked(table: pa.Table) -> int:
+        (said,) = [w for w in table.column("warnings")[0].as_py() if "have no NCCL API range" in w]
+        return int(said.split(" of ")[0])
+
+    assert unlinked(nsys.read_nsys(path)) == unlinked(nsys.read_nsys(torchrun)) + 1
+
+
 def test_without_nvtx_the_kernel_name_is_only_a_hint_and_said_so(dsl: list[Path], tmp_path: Path) -> None:
     copy = tmp_path / "no_nvtx.sqlite"
     shutil.copy(dsl[1], copy)
