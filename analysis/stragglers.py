@@ -3,8 +3,11 @@
 Lateness propagates: a slow rank delays its TP group's collective, so its node-mates
 reach the next DP collective late too. Each rank's *own* delay is clock-free: the gap
 between the end of its previous collective and its arrival at this one, minus the
-median gap of the instance's participants. A slow rank has a large excess gap; its
-node-mates, delayed by waiting inside the previous collective, do not.
+median gap of its peers. A slow rank has a large excess gap; its node-mates, delayed by
+waiting inside the previous collective, do not. Peers are the instance's other
+participants and, where every collective lies in a traced step, those of its sibling
+communicators' instances at the same place in the step (same op, size, member count and
+layout): a whole slow TP group (a slow node) then stands out from the other TP groups.
 
 A rank is a straggler when its mean own delay stands out robustly from all ranks'
 (median/MAD z-score above ``Z_MIN``) *and* by a minimum absolute effect tied to the
@@ -18,13 +21,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analysis.groups import Groups, Table
+from rankscope.analysis.groups import Groups, Table, codes, take
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 
 Z_MIN = 6.0
 MIN_EFFECT_NS = 5_000.0
 MIN_EFFECT_OF_DURATION = 0.1
+# A gap above most ranks' values that sets the ranks above it apart: this many times the
+# spread (range) of the values below it, and Z_MIN robust sigmas of them.
+JUMP_OVER_SPREAD = 2.0
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,7 @@ class Stragglers:
 
 def own_delay(events: Table) -> dict[str, np.ndarray]:
     """Matched rows (rank, instance, gap) with ``excess``: the gap since the rank's previous
-    collective minus the median gap of the *other* participants, floored at 0 (local clocks only).
+    collective minus the median gap of its *other* peers (`peers`), floored at 0 (local clocks only).
 
     Leaving the rank itself out keeps a two-rank group from splitting the delay between
     its members; the floor keeps early ranks from looking like the cause of anything.
@@ -53,11 +59,11 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     )[previous[1:]]  # int64 difference first: epoch ns do not fit float64 exactly
     instance_sorted = np.asarray(events["instance"], np.int64)[ordered]
     kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
-    per = Groups(instance_sorted[kept], within=gap_sorted[kept])
-    kept = kept[per.order][np.repeat(per.size, per.size) > 1]  # rows now by instance: each row's group size
+    per = Groups(peers(events)[ordered][kept], within=gap_sorted[kept])
+    kept = kept[per.order][np.repeat(per.size, per.size) > 1]  # rows now by peer group: each row's group size
     gap = gap_sorted[kept]
     instance = instance_sorted[kept]
-    sizes = per.size[per.size > 1]  # the instances kept, in order
+    sizes = per.size[per.size > 1]  # the peer groups kept, in order
     first = np.cumsum(sizes) - sizes
     base = np.repeat(first, sizes)
     position = np.arange(len(kept)) - base
@@ -66,6 +72,32 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     # index j among the others is index j + (j >= position) in the sorted instance
     median_others = 0.5 * (gap[base + lo + (lo >= position)] + gap[base + hi + (hi >= position)])
     return {"rank": rank[ordered[kept]], "instance": instance, "gap": gap, "excess": np.maximum(gap - median_others, 0.0)}
+
+
+def peers(events: Table) -> np.ndarray:
+    """Per row, its peer group: its instance; or, where every matched row lies in a traced
+    step, the instances of sibling communicators at the same place in that step: the same
+    op, bytes, member count and rank stride, and the same count of calls on the communicator
+    before it in the step. (Without steps a capture window may cut sibling communicators at
+    different calls, and their k-th calls need not be the same work.) UNMATCHED rows keep
+    UNMATCHED."""
+    instance = np.asarray(events["instance"], np.int64)
+    matched = np.flatnonzero(instance != UNMATCHED)
+    step = np.asarray(events["step"], np.float64)[matched]
+    if not matched.size or np.isnan(step).any():
+        return instance
+    inst, rank = instance[matched], np.asarray(events["rank"], np.int64)[matched]
+    by_rank = Groups(inst, within=rank)
+    low = rank[by_rank.order[by_rank.starts]]
+    second = rank[by_rank.order[np.minimum(by_rank.starts + 1, matched.size - 1)]]
+    stride = np.where(by_rank.size > 1, second - low, 0)
+    (op, _), (comm, _) = codes(take(events["op"], matched)), codes(take(events["comm_id"], matched))
+    size = np.nan_to_num(np.asarray(events["bytes"], np.float64)[matched], nan=-1.0).astype(np.int64)
+    step = step.astype(np.int64)
+    place = Groups(rank, comm, step, within=np.asarray(events["start_ns"], np.int64)[matched]).cumcount()
+    out = instance.copy()
+    out[matched] = Groups(op, size, by_rank.size[by_rank.id], stride[by_rank.id], step, place).id
+    return out
 
 
 def _by_rank_then_start(rank: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -107,15 +139,45 @@ def _causes(events: Table, flagged: list[int]) -> dict[int, str]:
 
 def stands_out(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tuple[list[int], np.ndarray]:
     """Ranks whose value (NaN: unknown) exceeds the median by ``Z_MIN`` robust sigmas and by
-    ``min_effect``, and every rank's robust z-score."""
+    ``min_effect``, and every rank's robust z-score.
+
+    Where up to half the ranks are slow (one of each TP pair), the median and MAD take them
+    in and nothing stands out: so the ranks above a jump of ``Z_MIN`` robust sigmas of the
+    ranks below it (at least half of them) are judged against those below alone, too."""
     value = np.asarray(values, dtype=np.float64)
-    known = value[~np.isnan(value)]
+    known = np.sort(value[~np.isnan(value)])
     if len(known) < 3:
         return [], np.full(len(value), np.nan)
-    centre = float(nanmedian(known))
-    scale = MAD_TO_SIGMA * float(nanmedian(np.abs(known - centre)))
-    effect = value - centre
+    score, effect = _robust_score(value, known)
+    flagged = (score > Z_MIN) & (effect > min_effect)
+    if (below := _below_a_jump(known)) is not None:
+        score, effect = _robust_score(value, below)
+        flagged |= (value > below[-1]) & (effect > min_effect)
+    return sorted(int(r) for r in np.asarray(ranks)[flagged]), score
+
+
+def _robust_score(value: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(z-score, excess over the median) of each value against ``reference``'s median and MAD."""
+    effect, scale = value - float(np.median(reference)), _scale(reference)
     # A zero spread (identical peers) makes any real difference infinitely significant.
-    score = effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)
-    flagged = np.asarray(ranks)[(score > Z_MIN) & (effect > min_effect)]
-    return sorted(int(r) for r in flagged), score
+    return (effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)), effect
+
+
+def _below_a_jump(known: np.ndarray) -> np.ndarray | None:
+    """The sorted values below the lowest gap that leaves at least half of them (and 3)
+    below it and is over ``Z_MIN`` robust sigmas and ``JUMP_OVER_SPREAD`` times the range of
+    the values below; else None. (The lowest: above it lie the stragglers and the ranks
+    they delayed, however those spread. The range: a MAD of a few values can be small by
+    chance.)"""
+    low = max(3, (len(known) + 1) // 2)
+    gaps = known[low:] - known[low - 1 : -1]
+    for at in (low + np.flatnonzero(gaps > Z_MIN * _scale(known[:low]))).tolist():
+        gap, below = known[at] - known[at - 1], known[:at]
+        if gap > Z_MIN * _scale(below) and gap > JUMP_OVER_SPREAD * (below[-1] - below[0]):
+            return below
+    return None
+
+
+def _scale(values: np.ndarray) -> float:
+    """Robust sigma: the MAD, scaled."""
+    return MAD_TO_SIGMA * float(np.median(np.abs(values - np.median(values))))

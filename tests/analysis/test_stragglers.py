@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.report import Report
 from rankscope.analysis.robust import nanmedian
 from rankscope.analysis.testing import SyntheticJob, synthetic_job
 
@@ -50,3 +51,37 @@ def test_median_is_numpys(values: list[float]) -> None:
 
 def test_median_of_nothing_is_nan() -> None:
     assert np.isnan(nanmedian(np.array([np.nan]))) and np.isnan(nanmedian(np.array([], dtype=np.int64)))
+
+
+def _simulated(tmp_path, **spec) -> Report:
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.sources import load_digests
+
+    stragglers = tuple(sim.Straggler(rank, "compute", 2 * sim.MS) for rank in spec.pop("stragglers"))
+    sim.simulate(sim.JobSpec(steps=12, stragglers=stragglers, seed=3, **spec), tmp_path)
+    return analyze(load_digests([tmp_path]))
+
+
+def test_a_whole_slow_tp_group_is_named_against_the_other_tp_groups(tmp_path) -> None:
+    # A slow node: its 8 TP ranks are equally slow, so against the other participants of
+    # their own TP instances none was; the other TP groups at the same place in the step say it.
+    report = _simulated(tmp_path, nodes=4, gpus_per_node=8, tp=8, stragglers=range(8, 16))
+    assert report.stragglers == list(range(8, 16))
+
+
+def test_half_the_ranks_slow_are_named_and_so_are_the_ranks_they_delay(tmp_path) -> None:
+    # One of each TP pair: the median and MAD of all ranks took the slow half in.
+    assert _simulated(tmp_path / "pairs", nodes=4, gpus_per_node=2, tp=2, stragglers=[0, 2, 4, 6]).stragglers == [0, 2, 4, 6]
+    # Rank 0 delays its 7 node-mates: half the ranks late, which the late-rank list missed.
+    report = _simulated(tmp_path / "node", nodes=2, gpus_per_node=8, tp=8, stragglers=[0])
+    assert report.stragglers == [0]
+    assert sorted(report.late_ranks) == list(range(8))
+
+
+def test_a_few_close_values_below_a_modest_gap_are_no_cluster() -> None:
+    from rankscope.analysis.stragglers import stands_out
+
+    # own delays (us) of a balanced 8-rank job at 100 us jitter: four by chance close together
+    delays = np.array([115.4, 58.7, 54.5, 92.7, 39.5, 113.3, 102.1, 60.9]) * 1e3
+    assert stands_out(np.arange(8), delays, 11_000)[0] == []
+    assert stands_out(np.arange(8), np.array([7, 650, 5, 660, 9, 640, 6, 655]) * 1e3, 5_000)[0] == [1, 3, 5, 7]
