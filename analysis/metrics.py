@@ -11,6 +11,7 @@ host) is shown as 0: it cannot be told from alignment error.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 
 import numpy as np
@@ -177,7 +178,24 @@ def communicator_kind(name: str | None, ranks: tuple[int, ...], hosts_of: dict[i
         return "dp" if op_names and op_names <= _DP_OPS else "other"
     if len(set(hosts)) == len(hosts):
         return "dp"
-    return "other"
+    # Several members per host, as many on each, none next to another (DP over TP > 1): DP
+    # where it reduces or shards only, like a strided group inside one host.
+    per_host = Counter(hosts)
+    strided = len(set(per_host.values())) == 1 and all(b - a > 1 for a, b in zip(sorted(ranks), sorted(ranks)[1:]))
+    return "dp" if strided and op_names and op_names <= _DP_OPS else "other"
+
+
+def communicator_kinds(members: Mapping[str, tuple[int, ...]], names: Mapping[str, str], hosts_of: dict[int, str],
+                       comm_ops: Mapping[str, frozenset[str]]) -> dict[str, str]:
+    """`communicator_kind` of each communicator; a group TP by its layout alone that holds a
+    smaller TP group is "other" (one node's world barrier around its TP groups)."""
+    kinds = {c: communicator_kind(names.get(c), m, hosts_of, comm_ops.get(c, frozenset())) for c, m in members.items()}
+    tp = {c: frozenset(members[c]) for c, kind in kinds.items() if kind == "tp"}
+    for c, ranks in tp.items():
+        named = names.get(c) and _TP_NAME.search(names[c])
+        if not named and any(other < ranks for other in tp.values()):
+            kinds[c] = "other"
+    return kinds
 
 
 def communicator_ops(events: Table) -> dict[str, frozenset[str]]:

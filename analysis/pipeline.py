@@ -108,8 +108,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
 
     hosts_of = dict(zip(ranks, host_of_rank))
     comm_ops = metrics.communicator_ops(events)
-    kinds = {c: metrics.communicator_kind(matched.names.get(c), m, hosts_of, comm_ops.get(c, frozenset()))
-             for c, m in matched.members.items()}
+    kinds = metrics.communicator_kinds(matched.members, matched.names, hosts_of, comm_ops)
     tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
     if guessed := [c for c in tp_comms if not matched.names.get(c) and set(matched.members[c]) == set(ranks)]:
         # a TP group as wide as the job looks just like a data-parallel job's world group

@@ -88,6 +88,24 @@ def test_communicator_kind_weighs_what_the_group_ran(ranks, op_names, kind) -> N
     assert metrics.communicator_kind(None, ranks, hosts, frozenset(op_names)) == kind
 
 
+def test_a_strided_group_with_several_members_on_each_host_is_dp_where_it_reduces() -> None:
+    # 2 hosts of 4 GPUs, TP=2: the DP groups {0, 2, 4, 6} and {1, 3, 5, 7} were "other"
+    hosts = {r: "a" if r < 4 else "b" for r in range(8)}
+    assert metrics.communicator_kind(None, (0, 2, 4, 6), hosts, frozenset({"allreduce"})) == "dp"
+    assert metrics.communicator_kind(None, (1, 3, 5, 7), hosts, frozenset({"allgather", "reducescatter"})) == "dp"
+    assert metrics.communicator_kind(None, (0, 2, 4, 6), hosts, frozenset({"sendrecv"})) == "other"
+    assert metrics.communicator_kind(None, (0, 1, 4, 5), hosts, frozenset({"allreduce"})) == "other"  # blocks
+    assert metrics.communicator_kind(None, (0, 2, 4), hosts, frozenset({"allreduce"})) == "other"  # 2 + 1
+
+
+def test_a_group_holding_a_smaller_tp_group_is_not_tp_by_its_layout() -> None:
+    # One node, TP=4, and a world barrier around both TP groups: it was a third "TP group".
+    node = {r: "a" for r in range(8)}
+    members = {"tp0": (0, 1, 2, 3), "tp1": (4, 5, 6, 7), "world": tuple(range(8)), "named": tuple(range(8))}
+    kinds = metrics.communicator_kinds(members, {"named": "TP::all"}, node, {})
+    assert kinds == {"tp0": "tp", "tp1": "tp", "world": "other", "named": "tp"}
+
+
 def test_torchs_default_group_on_one_node_is_not_taken_for_tensor_parallel() -> None:
     """Single-node DDP reduces gradients on the default group: consecutive ranks on one
     host, but not a TP group."""
