@@ -21,7 +21,7 @@ import numpy as np
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, take
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.ops import N_TO_N_OPS
-from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
+from rankscope.analysis.robust import MAD_TO_SIGMA, median_of_others, nanmedian
 
 MIN_DRIFT_ANCHORS = 20
 ROUNDS = 5
@@ -217,6 +217,11 @@ def _fit_component(
         consensus = nanmedian((y - bend - offset[:, None]) / rate[:, None], axis=0)
         bend = np.vstack([np.interp(consensus, *w) if w[0] else np.zeros_like(consensus) for w in windows])
         residual = y - bend - (rate[:, None] * consensus[None, :] + offset[:, None])
+    else:
+        bend = 0.0
+    # The spread is taken against the other hosts' consensus: against one the host is part
+    # of, its residuals shrink (to 0 for the median host of three).
+    residual = y - bend - (rate[:, None] * median_of_others((y - bend - offset[:, None]) / rate[:, None]) + offset[:, None])
     seen = (~np.isnan(residual)).sum(axis=1)
     mad = nanmedian(np.abs(residual - nanmedian(residual, axis=1, keepdims=True)), axis=1)
     sigmas = np.where(seen > 1, MAD_TO_SIGMA * mad, 0.0)

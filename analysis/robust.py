@@ -28,3 +28,22 @@ def nanmedian(values: np.ndarray, axis: int = 0, keepdims: bool = False) -> np.n
         high = np.take_along_axis(ranked, np.minimum(seen // 2, length - 1), axis)
         median = np.where(seen > 0, (low + high) / 2, np.nan)
     return median if keepdims else np.squeeze(median, axis)
+
+
+def median_of_others(values: np.ndarray) -> np.ndarray:
+    """Each entry's column median (axis 0, NaN skipped) over the column's *other* rows, by
+    one sort; NaN where the entry is NaN or no other row is observed. A host's clock
+    residuals against a consensus it is part of shrink (with 3 hosts, the median host's
+    are all 0): against the others' they do not."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, axis=0, kind="stable")  # NaN sort last
+    ranked = np.take_along_axis(values, order, 0)
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.arange(values.shape[0])[:, None].repeat(values.shape[1], 1), 0)
+    others = (~np.isnan(values)).sum(axis=0, keepdims=True) - 1
+    low, high = (others - 1) // 2, others // 2
+    # index j among the others is index j + (j >= position) in the sorted column
+    at_low = np.clip(low + (low >= position), 0, values.shape[0] - 1)
+    at_high = np.clip(high + (high >= position), 0, values.shape[0] - 1)
+    median = (np.take_along_axis(ranked, at_low, 0) + np.take_along_axis(ranked, at_high, 0)) / 2
+    return np.where((others > 0) & ~np.isnan(values), median, np.nan)

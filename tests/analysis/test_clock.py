@@ -132,3 +132,15 @@ def test_clock_rate_change_mid_capture_is_followed_by_windows() -> None:
     assert worst < 3_000  # a straight line is off by ~10 us at the ends and the bend
     steady, _, _ = _fit(SyntheticJob(nodes=3, gpus_per_node=1, steps=400, tp_calls=1, compute_ns=3_000_000, seed=6))
     assert not any("windowed" in c.method for c in steady.hosts.values())
+
+
+def test_no_host_of_three_is_reported_exact_for_sitting_in_the_middle(tmp_path) -> None:
+    # Against a median consensus that includes it, the middle host of three had residuals
+    # of 0 at every anchor: "±σ 0 ns", and a 3σ filter that hid no lateness on it.
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    sim.simulate(sim.JobSpec(nodes=3, gpus_per_node=1, tp=1, steps=10, seed=4), tmp_path)
+    sigmas = sorted(host.uncertainty_ns for host in analyze(load_digests([tmp_path])).alignment.hosts)
+    assert sigmas[0] > 0.25 * sigmas[-1]
