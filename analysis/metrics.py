@@ -108,14 +108,18 @@ def rank_frame(meta: Table, events: Table, inst: Table) -> dict[str, np.ndarray]
     # each call's rank as its position among the ranks: per-rank counts and int sums without a grouping
     event_rank = np.asarray(events["rank"], np.int64)
     at, known = ranks.searchsorted(event_rank), in_sorted(event_rank, ranks)
-    kernel_ns = np.zeros(len(ranks), dtype=np.int64)
-    np.add.at(kernel_ns, at[known], np.asarray(events["duration"], np.int64)[known])
+    duration = np.asarray(events["duration"], np.int64)
+    kernel_ns, unmatched_ns = np.zeros(len(ranks), dtype=np.int64), np.zeros(len(ranks), dtype=np.int64)
+    np.add.at(kernel_ns, at[known], duration[known])
+    alone = known & (np.asarray(events["instance"], np.int64) == UNMATCHED)  # no wait or transfer to split
+    np.add.at(unmatched_ns, at[alone], duration[alone])
     columns = {
         "rank": meta_rank[order],
         "host": np.asarray(meta["host"], dtype=object)[order],
         "gpu_busy_pct": np.where(window > 0, 100.0 * busy_ns / np.where(window > 0, window, 1), np.nan),
         "collectives": np.bincount(at[known], minlength=len(ranks)),
         "nccl_kernel_ns": kernel_ns,
+        "nccl_unmatched_ns": unmatched_ns,
     }
     late_ranks, late = rank_lateness(inst)
     if np.array_equal(late_ranks, ranks):  # every rank in some matched call (the usual case): rows align

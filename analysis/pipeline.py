@@ -226,7 +226,8 @@ def _rank_rows(per_rank: Table, model: clock.ClockModel, found: stragglers.Strag
         "late_cause": [found.causes.get(r) for r in ranks],
     }
     names = _RANK_FIELDS
-    integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched"}
+    integers = {"rank", "blame_ns", "nccl_kernel_ns", "nccl_wait_ns", "nccl_transfer_ns", "collectives", "matched",
+                "nccl_unmatched_ns"}
     for name in names:
         values = columns[name] if name in columns else _plain_list(per_rank[name])
         columns[name] = [int(v) if v is not None else v for v in values] if name in integers else values

@@ -39,6 +39,7 @@ class RankRow:
     gpu_busy_pct: float | None
     collectives: int = 0
     matched: int = 0
+    nccl_unmatched_ns: int = 0  # NCCL time in collectives matched to no instance: not split into wait and transfer
     own_delay_ns: float | None = None  # mean excess gap before arrival vs peers (straggler signal)
     straggler_score: float | None = None  # robust z-score of own_delay_ns
     late_cause: str | None = None  # stragglers: "compute" (busy until arrival) or "launch/host" (idle)

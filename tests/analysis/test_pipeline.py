@@ -142,6 +142,19 @@ def test_one_node_job_tells_its_dp_groups_from_tp_by_what_they_run(tmp_path) -> 
     assert {t.comm_id for t in report.tp_overhead} == tp_ids
 
 
+def test_nccl_time_of_collectives_matched_to_no_instance_is_accounted_for(tmp_path) -> None:
+    """Rank 3 missing: its TP partner 2's TP calls match no instance. Their time was in
+    nccl_kernel_ns but in neither wait nor transfer, and said nowhere."""
+    from rankscope.analysis import simulate
+    from rankscope.analysis.sources import load_digests
+
+    paths = simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=4, tp=2, steps=5, seed=3), tmp_path, fmt="kineto")
+    report = analyze(load_digests([p for p in paths if not p.name.startswith("sim_rank00003")]))
+    for r in report.ranks:
+        assert r.nccl_kernel_ns == r.nccl_wait_ns + r.nccl_transfer_ns + r.nccl_unmatched_ns
+    assert {r.rank for r in report.ranks if r.nccl_unmatched_ns} == {2}
+
+
 def test_a_pair_that_only_sends_and_receives_is_not_tensor_parallel(samples) -> None:
     from rankscope.analysis.sources import load_digests
 
