@@ -92,8 +92,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     capture.add_argument("--plot", type=Path, metavar="FILE",
                          help="with --wait, also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     capture.add_argument("--fail-on-findings", action="store_true",
-                         help=f"with --wait, exit {EXIT_FINDINGS} when the report flags a straggler or a slow link "
-                              "(for scheduled health sweeps: the job fails, and alerting sees it)")
+                         help=f"with --wait, exit {EXIT_FINDINGS} when the report flags a straggler or a slow link, "
+                              "else 0, a partial report too (its warnings name the nodes missing); for scheduled "
+                              "health sweeps: the job fails, and alerting sees it")
     capture.set_defaults(func=run_capture)
 
     listing = subparsers.add_parser("sweeps", help="list sweeps, newest first")
@@ -177,8 +178,8 @@ def run_capture(args: argparse.Namespace) -> int:
             print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
             return EXIT_FAILED
         _print_report(client.report(final.sweep_id), args.format, args.plot)
-        if args.fail_on_findings and (final.stragglers or final.slow_links):
-            return EXIT_FINDINGS
+        if args.fail_on_findings:  # the health sweep's question: did the report flag anything?
+            return EXIT_FINDINGS if final.stragglers or final.slow_links else 0
         return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
 
 

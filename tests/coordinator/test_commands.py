@@ -91,6 +91,21 @@ def test_capture_wait_exits_partial_naming_the_missing_node(coordinator, wire, d
         agent.close()
 
 
+def test_a_health_sweep_missing_a_node_but_flagging_nothing_passes(coordinator, wire, digests, capsys) -> None:
+    # An idle or busy node made every scheduled sweep exit 3, which the job took as failed:
+    # alarms that were not findings. node001's ranks alone hold no straggler.
+    silent, talking = (wire.FakeAgent(coordinator, name) for name in digests)
+    threads = [answer(talking, digests[talking.node]), answer(silent, None)]
+    code = main(["capture", "--coordinator", coordinator.address, "--nodes", f"{talking.node},{silent.node}",
+                 "--duration", "1s", "--timeout", "3s", "--backend", "sim", "--wait", "--fail-on-findings"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"missing nodes: {silent.node}" in err
+    for agent, thread in zip((talking, silent), threads):
+        thread.join(10)
+        agent.close()
+
+
 def test_capture_without_wait_prints_the_sweep_id(coordinator, wire, capsys) -> None:
     agent = wire.FakeAgent(coordinator, "node-a")
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim",
