@@ -489,6 +489,8 @@ class CaptureRun:
                                             "kind": result.kind, "upload_id": result.upload_id,
                                             "ranks": list(result.ranks), "resumed_from": result.resumed_from})
             self.persist()
+            if digest and len(artifacts) > 1:  # the sweep can stand on it, should the raw exports run late
+                self._report(cap.Report(NodeState.UPLOADING, "digest uploaded; uploading raw exports"))
 
     def note_upload(self, upload_id: str, offset: int, size: int) -> None:
         """First bytes of an upload: record its id, so an operator (or a test) can query it."""
@@ -525,7 +527,7 @@ class CaptureRun:
                                agent_time_ns=time.time_ns(), notes=self.record.get("notes", []))
         if state is NodeState.FAILED:
             status.reason = self.capture.reason or detail
-        if state is NodeState.UPLOADED:
+        if state in (NodeState.UPLOADING, NodeState.UPLOADED):  # uploading: its digest, once stored
             status.artifacts.extend(
                 pb.ArtifactRef(name=e["name"], sha256=e["sha256"], size=e["size"], kind=e["kind"],
                                upload_id=e["upload_id"], ranks=e["ranks"]) for e in self.record["uploaded"]

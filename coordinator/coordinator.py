@@ -243,6 +243,8 @@ class Coordinator:
             if absent:
                 event = replace(event, state=sw.NodeState.FAILED,
                                 reason=f"reported uploaded, but not stored here: {', '.join(absent)}")
+        elif event.artifacts:  # uploading: the artifacts done so far, kept only where stored
+            event = replace(event, artifacts=tuple(a for a in event.artifacts if self.artifacts.has(a.sha256)))
         with self._lock:
             sweep = self._active.get(sweep_id)
             if sweep is None:

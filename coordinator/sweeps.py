@@ -267,6 +267,8 @@ class Sweep:
             if event.state is NodeState.UPLOADED:
                 record.uploaded = True
                 record.artifacts = list(event.artifacts)
+            elif event.state is NodeState.UPLOADING and event.artifacts:  # its digest, stored before its raw exports
+                record.artifacts = list(event.artifacts)
             if event.state is NodeState.DCGM_RESUMED:
                 record.dcgm_resumed = True
         else:
@@ -284,7 +286,14 @@ class Sweep:
             return []
         out: list[Instruction] = []
         for name, record in self.nodes.items():
-            if not record.terminal:
+            if not record.terminal and record.state is NodeState.UPLOADING and record.digests:
+                # Its digest, all the analysis needs, is stored; only raw exports were still on
+                # their way. (Its DCGM came back before the export, as the agent orders it.)
+                reason = f"raw exports not all uploaded within {self.spec.timeout_s:g}s: the report stands on its digest"
+                record.state, record.uploaded, record.dcgm_resumed = NodeState.UPLOADED, True, True
+                record.detail, record.notes, record.updated_ns = reason, [*record.notes, reason], now_ns
+                out += [Changed(name), CancelNode(name, reason)]
+            elif not record.terminal:
                 reason = f"no answer within {self.spec.timeout_s:g}s (last state: {record.state.value})"
                 record.state, record.reason, record.updated_ns = NodeState.TIMED_OUT, reason, now_ns
                 out += [Changed(name), CancelNode(name, reason)]

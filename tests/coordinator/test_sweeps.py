@@ -169,3 +169,21 @@ def test_a_sweep_whose_every_node_is_busy_is_refused() -> None:
     fleet = {f"n{i:03d}": f"s{i % 5}" for i in range(100)}
     with pytest.raises(InputError, match=r"^all 100 target nodes are still capturing for sweep\(s\) s0, s1, s2 and 2 more$"):
         sw.Sweep.start(SPEC, fleet, T0, busy=fleet)
+
+
+def test_a_node_whose_digest_is_stored_but_raw_exports_run_late_is_analysed_at_the_deadline() -> None:
+    # --upload-raw: multi-GB exports still uploading at the deadline failed the whole sweep,
+    # though every digest, all the analysis needs, had arrived.
+    sweep = started("a", "b")
+    finish(sweep, "a")
+    for state in (sw.NodeState.PENDING, sw.NodeState.CAPTURING, sw.NodeState.UPLOADING):
+        sweep.handle(sw.NodeReported("b", state, T0 + S, dcgm="resumed"))
+    other = sw.ArtifactInfo("b.parquet", "b" * 64, 10, "digest", "u-b", (2, 3))
+    sweep.handle(sw.NodeReported("b", sw.NodeState.UPLOADING, T0 + 2 * S, artifacts=(other,)))
+    out = sweep.handle(sw.Tick(T0 + 30 * S))
+    reason = "raw exports not all uploaded within 30s: the report stands on its digest"
+    assert sw.CancelNode("b", reason) in out
+    assert analyses(out) == [sw.Analyse((DIGEST, other))]
+    assert sweep.missing == [] and reason in sweep.nodes["b"].notes
+    # a restarted coordinator holds the same
+    assert sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict()))).nodes["b"].finished

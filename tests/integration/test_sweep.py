@@ -279,6 +279,19 @@ def test_a_raw_export_the_coordinator_refuses_leaves_the_digest_analysed(cluster
                          for n in notes), notes
 
 
+def test_raw_exports_still_uploading_at_the_deadline_leave_the_digest_analysed(cluster: Cluster) -> None:
+    """A raw upload throttled past the sweep's deadline failed the whole sweep, though the
+    digest, all the analysis needs, was stored seconds before."""
+    cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")  # chunks the limit paces (one of a file goes at once)
+    cluster.agent("n0", 0, "--upload-limit", "0.02")  # 20 kB/s: the raw exports, ~240 kB, take ~12 s
+    sweep_id = cluster.start_sweep(["n0"], duration_s=0.2, timeout_s=6, upload_raw=True, options=sim_options(1))
+    sweep = cluster.wait_final(sweep_id, 40)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
+    reply = cluster.sweeps.GetReport(pb.GetReportRequest(sweep_id=sweep_id), timeout=10)
+    notes = json.loads(reply.report_json)["sweep"]["nodes"]["n0"]["notes"]
+    assert "raw exports not all uploaded within 6s: the report stands on its digest" in notes
+
+
 def test_the_coordinator_killed_mid_sweep_finishes_it_after_restart(cluster: Cluster) -> None:
     cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")
     names = ["n0", "n1", "n2", "n3"]
