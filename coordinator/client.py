@@ -89,6 +89,9 @@ class SweepClient:
     def sweeps(self, limit: int = 0) -> list[pb.Sweep]:
         return list(self._call(self.stub.ListSweeps, pb.ListSweepsRequest(limit=limit)).sweeps)
 
+    def cancel(self, sweep_id: str, reason: str = "") -> pb.Sweep:
+        return self._call(self.stub.CancelSweep, pb.CancelSweepRequest(sweep_id=sweep_id, reason=reason))
+
     def report(self, sweep_id: str) -> pb.ReportReply:
         return self._call(self.stub.GetReport, pb.GetReportRequest(sweep_id=sweep_id))
 

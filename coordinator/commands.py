@@ -102,6 +102,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing.add_argument("--limit", type=parse_count, default=20, help="at most this many (0: all)")
     listing.set_defaults(func=run_sweeps)
 
+    cancel = subparsers.add_parser("cancel", help="stop a running sweep: its nodes end their captures, "
+                                                  "what finished is analysed")
+    add_coordinator(cancel)
+    cancel.add_argument("sweep", metavar="SWEEP")
+    cancel.add_argument("--reason", default="cancelled by the user", help="shown as each stopped node's reason")
+    cancel.set_defaults(func=run_cancel)
+
     report = subparsers.add_parser("report", help="print a sweep's report")
     add_coordinator(report)
     report.add_argument("sweep", metavar="SWEEP")
@@ -301,6 +308,17 @@ def repeat_findings(sweeps: list[pb.Sweep]) -> str:
     found = [(len(ids), f"node {node}") for node, ids in nodes.items() if len(ids) > 1]
     found += [(len(ids), f"link of ranks {ranks_text(list(ranks))}") for ranks, ids in links.items() if len(ids) > 1]
     return ", ".join(f"{what} in {count} of {len(analysed)} sweeps" for count, what in sorted(found, key=lambda f: -f[0]))
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        sweep = client.cancel(args.sweep, args.reason)
+    stopped = [n.node for n in sweep.nodes if n.reason == args.reason]
+    print(f"sweep {sweep.sweep_id}: stopped {len(stopped)} node(s) ({', '.join(stopped) or 'none'}); "
+          + ("the nodes that finished are being analysed (rankscope report " + sweep.sweep_id + ")"
+             if sweep.state == pb.SWEEP_STATE_ANALYSING else f"now {state_name(sweep.state)}: {sweep.error}"),
+          file=sys.stderr)
+    return 0
 
 
 def run_report(args: argparse.Namespace) -> int:

@@ -315,6 +315,18 @@ class Coordinator:
             log.info("sweep %s started on %s", sweep.sweep_id, ", ".join(nodes))
             return copy.deepcopy(sweep)
 
+    def cancel_sweep(self, sweep_id: str, reason: str) -> sw.Sweep:
+        """Stop a running sweep: its open nodes' captures end (DCGM back), what finished is analysed."""
+        sw.check_sweep_id(sweep_id)
+        with self._lock:
+            sweep = self._active.get(sweep_id)
+            if sweep is None or sweep.state is not sw.SweepState.RUNNING:
+                state = (sweep or self.store.sweep(sweep_id)).state.value
+                raise InputError(f"sweep {sweep_id} is {state}: only a running sweep can be cancelled")
+            self._apply(sweep, sweep.handle(sw.Cancelled(reason, self.clock())))
+            log.info("sweep %s cancelled: %s", sweep_id, reason)
+            return copy.deepcopy(sweep)
+
     def sweep(self, sweep_id: str) -> sw.Sweep:
         sw.check_sweep_id(sweep_id)
         with self._lock:

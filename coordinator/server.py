@@ -327,6 +327,10 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
             yield pb.SweepEvent(sweep=sweep_message(sweep), node=node, final=sweep.final)
 
     @_mapped
+    def CancelSweep(self, request: pb.CancelSweepRequest, context: grpc.ServicerContext) -> pb.Sweep:
+        return sweep_message(self.coordinator.cancel_sweep(request.sweep_id, request.reason or "cancelled"))
+
+    @_mapped
     def GetReport(self, request: pb.GetReportRequest, context: grpc.ServicerContext) -> pb.ReportReply:
         sweep, text, path = self.coordinator.report(request.sweep_id)
         return pb.ReportReply(sweep_id=sweep.sweep_id, state=sweep_message(sweep).state, report_json=text, path=path,

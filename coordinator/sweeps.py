@@ -161,7 +161,15 @@ class Restarted:
     grace_ns: int
 
 
-Event = NodeReported | Tick | AnalysisDone | AnalysisFailed | Restarted
+@dataclass(frozen=True)
+class Cancelled:
+    """A user stopped the sweep: its open nodes stop, what finished is analysed."""
+
+    reason: str
+    at_ns: int
+
+
+Event = NodeReported | Tick | AnalysisDone | AnalysisFailed | Restarted | Cancelled
 
 
 # Instructions: what the coordinator must do next. ----------------------------------
@@ -251,6 +259,8 @@ class Sweep:
             return self._analysis_failed(event)
         if isinstance(event, Restarted):
             return self._restarted(event)
+        if isinstance(event, Cancelled):
+            return self._cancelled(event)
         raise TypeError(f"not a sweep event: {event!r}")
 
     # transitions --------------------------------------------------------------------
@@ -298,6 +308,16 @@ class Sweep:
                 record.state, record.reason, record.updated_ns = NodeState.TIMED_OUT, reason, now_ns
                 out += [Changed(name), CancelNode(name, reason)]
         return out + self._maybe_analyse(now_ns)
+
+    def _cancelled(self, event: Cancelled) -> list[Instruction]:
+        if self.state is not SweepState.RUNNING:
+            return []
+        out: list[Instruction] = []
+        for name, record in self.nodes.items():
+            if not record.terminal:
+                record.state, record.reason, record.updated_ns = NodeState.FAILED, event.reason, event.at_ns
+                out += [Changed(name), CancelNode(name, event.reason)]
+        return out + self._maybe_analyse(event.at_ns)
 
     def _maybe_analyse(self, now_ns: int) -> list[Instruction]:
         if not all(rec.terminal for rec in self.nodes.values()):

@@ -28,6 +28,7 @@ COMMANDS = {
     "capture": "rankscope.coordinator.commands",
     "sweeps": "rankscope.coordinator.commands",
     "report": "rankscope.coordinator.commands",
+    "cancel": "rankscope.coordinator.commands",
     "agent": "rankscope.agent.commands",
     "rank": "rankscope.agent.rank",
     "demo": "rankscope.demo",

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 6814d50bd051b7f51023d42ff024d19ad9e7ff3dce5591c33041d1f8bdde827a
+# from rankscope.proto, sha256 3a50039a7ecee9ca6152f6308766f4a004e1813138c5cf004d8e738badbbe184
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -355,6 +355,14 @@ class UploadStatus(_message.Message):
     sha256: str
     known: bool
     def __init__(self, upload_id: _Optional[str] = ..., committed_offset: _Optional[int] = ..., complete: _Optional[bool] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., known: _Optional[bool] = ...) -> None: ...
+
+class CancelSweepRequest(_message.Message):
+    __slots__ = ("sweep_id", "reason")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    reason: str
+    def __init__(self, sweep_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Targets(_message.Message):
     __slots__ = ("nodes", "labels", "all")

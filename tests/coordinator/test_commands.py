@@ -117,6 +117,26 @@ def test_capture_without_wait_prints_the_sweep_id(coordinator, wire, capsys) -> 
     agent.close()
 
 
+def test_cancel_stops_a_running_sweep_and_its_nodes_capture(coordinator, wire, capsys) -> None:
+    # A mistyped --duration 1h held its nodes (and, under nsys, DCGM paused) for the hour:
+    # nothing could stop it short of killing the agents.
+    agent = wire.FakeAgent(coordinator, "node-a")
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim",
+                 "--duration", "1h"]) == 0
+    sweep_id = capsys.readouterr().out.strip()
+    assert agent.next_command().start.sweep_id == sweep_id
+    assert main(["cancel", "--coordinator", coordinator.address, sweep_id, "--reason", "wrong duration"]) == 0
+    assert "stopped 1 node(s) (node-a); now failed" in capsys.readouterr().err
+    cancel = agent.next_command().cancel
+    assert cancel.sweep_id == sweep_id and cancel.reason == "wrong duration"
+    # The node is free for the next sweep; an ended sweep cannot be cancelled again.
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim"]) == 0
+    capsys.readouterr()
+    assert main(["cancel", "--coordinator", coordinator.address, sweep_id]) == 2
+    assert f"sweep {sweep_id} is failed: only a running sweep can be cancelled" in capsys.readouterr().err
+    agent.close()
+
+
 def test_capture_refusal_is_one_line(coordinator, capsys) -> None:
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "ghost", "--backend", "sim"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

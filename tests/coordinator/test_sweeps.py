@@ -187,3 +187,21 @@ def test_a_node_whose_digest_is_stored_but_raw_exports_run_late_is_analysed_at_t
     assert sweep.missing == [] and reason in sweep.nodes["b"].notes
     # a restarted coordinator holds the same
     assert sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict()))).nodes["b"].finished
+
+
+def test_a_cancelled_sweep_stops_its_open_nodes_and_analyses_what_finished() -> None:
+    sweep = started("a", "b")
+    finish(sweep, "a")
+    sweep.handle(sw.NodeReported("b", sw.NodeState.CAPTURING, T0 + S))
+    out = sweep.handle(sw.Cancelled("cancelled by the user", T0 + 2 * S))
+    assert sw.CancelNode("b", "cancelled by the user") in out
+    assert analyses(out) == [sw.Analyse((DIGEST,))]
+    assert sweep.nodes["b"].state is sw.NodeState.FAILED and sweep.missing == ["b"]
+    assert sweep.handle(sw.Cancelled("again", T0 + 3 * S)) == []  # analysing: nothing left to stop
+
+
+def test_a_cancelled_sweep_with_nothing_finished_fails_naming_the_reason() -> None:
+    sweep = started("a")
+    out = sweep.handle(sw.Cancelled("wrong duration", T0 + S))
+    assert sw.CancelNode("a", "wrong duration") in out and not analyses(out)
+    assert sweep.state is sw.SweepState.FAILED and "a: wrong duration" in sweep.error
