@@ -197,3 +197,28 @@ def test_an_uploader_keeps_chunk_sized_buffers_in_the_heap(server) -> None:
     before = mallinfo2().hblks
     chunks = [os.urandom(1 << 20) for _ in range(4)]
     assert mallinfo2().hblks == before and len(chunks) == 4
+
+
+def test_the_rate_limit_paces_every_chunk_before_it_goes_across_files(server, blob: Path, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    # The pause came after a chunk: a file of one chunk (a digest), and each file's first
+    # chunk, went out at line speed whatever the limit. On a clock that moves only as the
+    # uploader waits, the waits add up to every byte sent before the last chunk, at the
+    # limit: the second file's one chunk waits for the first file's bytes.
+    import rankscope.agent.uploader as uploader_mod
+
+    clock = [1000.0]
+
+    class Waits(threading.Event):
+        def wait(self, timeout=None) -> bool:
+            clock[0] += timeout
+            return False
+
+    monkeypatch.setattr(uploader_mod.time, "monotonic", lambda: clock[0])
+    other = tmp_path / "r1.sqlite"
+    other.write_bytes(os.urandom(40_000))  # one chunk
+    rate = 100_000.0
+    up = Uploader(server[1], chunk_bytes=1 << 20, rate_limit_bps=rate, stop=Waits())
+    up.upload(Artifact(blob, "s", "n"))
+    up.upload(Artifact(other, "s", "n"))
+    assert clock[0] - 1000.0 == pytest.approx(blob.stat().st_size / rate)

@@ -282,7 +282,7 @@ def test_a_raw_export_the_coordinator_refuses_leaves_the_digest_analysed(cluster
 def test_raw_exports_still_uploading_at_the_deadline_leave_the_digest_analysed(cluster: Cluster) -> None:
     """A raw upload throttled past the sweep's deadline failed the whole sweep, though the
     digest, all the analysis needs, was stored seconds before."""
-    cluster.coordinator(RANKSCOPE_CHUNK_BYTES="16384")  # chunks the limit paces (one of a file goes at once)
+    cluster.coordinator()
     cluster.agent("n0", 0, "--upload-limit", "0.02")  # 20 kB/s: the raw exports, ~240 kB, take ~12 s
     sweep_id = cluster.start_sweep(["n0"], duration_s=0.2, timeout_s=6, upload_raw=True, options=sim_options(1))
     sweep = cluster.wait_final(sweep_id, 40)
