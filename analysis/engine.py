@@ -10,13 +10,15 @@ cluster at ``--ray-address`` (or starts a local one, the same code path).
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from rankscope.address import host_port
+from rankscope.address import MAX_PORT, host_port
 from rankscope.errors import ConfigError, TransportError
 
 T = TypeVar("T")
@@ -45,13 +47,12 @@ class RayEngine(Engine):
             raise ConfigError("the Ray engine needs Ray: pip install 'rankscope[ray]'") from None
         self._ray = ray
         if not ray.is_initialized():
-            if address:
-                check_reachable(address)
-            try:
-                ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
-            except ConnectionError as exc:
-                raise TransportError(f"cannot join the Ray cluster at {address} ({exc})") from None
+            joining = address or os.environ.get("RAY_ADDRESS")  # Ray reads the environment's itself
+            if joining:
+                check_reachable(joining)
+            _init_within(lambda: ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
+                                          log_to_driver=False, configure_logging=False),
+                         joining, JOIN_TIMEOUT_S if joining else None)
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         ray = self._ray
@@ -78,18 +79,47 @@ def _call(fn: Callable[[Any], Any], item: Any) -> tuple[str, Any]:
 
 # A cluster's head answers at once; Ray itself retries an unreachable one for a minute or more.
 _CONNECT_TIMEOUT_S = 5.0
+# Joining a cluster takes seconds; something else on the port (or a GCS that never answers)
+# kept ray.init retrying for 8 minutes and more.
+JOIN_TIMEOUT_S = 60.0
 
 
 def check_reachable(address: str) -> None:
-    """Fail fast where nothing listens at a Ray ``HOST:PORT`` (or ``ray://HOST:PORT``);
-    ``auto`` and other forms are left to Ray."""
+    """Fail fast where ``address`` is no Ray address (``HOST:PORT``, ``ray://HOST:PORT``,
+    ``auto``, ``local``) or nothing listens at its ``HOST:PORT``."""
+    if address in ("auto", "local"):
+        return
     target = host_port(address.removeprefix("ray://"))
     if target is None:
-        return
+        raise ConfigError(f"Ray address {address!r}: expected HOST:PORT (the port at most {MAX_PORT}), "
+                          "ray://HOST:PORT or auto")
     try:
         socket.create_connection(target, timeout=_CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         raise TransportError(f"no Ray cluster answers at {address} ({exc.strerror or exc})") from None
+
+
+def _init_within(init: Callable[[], object], address: str | None, timeout_s: float | None) -> None:
+    """Run ``ray.init`` on a thread of its own and give up after ``timeout_s`` (None: wait)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            init()
+        except BaseException as exc:  # handed to the caller, raised there
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TransportError(f"no Ray cluster answered at {address} within {timeout_s:g}s "
+                             "(is it a Ray head's port?)")
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, (ConnectionError, ValueError)):  # ValueError: an address Ray cannot parse
+            raise TransportError(f"cannot join the Ray cluster at {address} ({exc})") from None
+        raise exc
 
 
 def create(name: str, *, address: str | None = None) -> Engine:
@@ -105,9 +135,11 @@ def create(name: str, *, address: str | None = None) -> Engine:
 def with_progress(results: Iterable[R], total: int, label: str) -> Iterator[R]:
     """Yield results, drawing a one-line counter on stderr when it is a terminal."""
     show = total > 1 and sys.stderr.isatty()
-    for done, result in enumerate(results, 1):
+    try:
+        for done, result in enumerate(results, 1):
+            if show:
+                print(f"\r{label}: {done}/{total}", end="", file=sys.stderr, flush=True)
+            yield result
+    finally:  # an error's line starts on a line of its own
         if show:
-            print(f"\r{label}: {done}/{total}", end="", file=sys.stderr, flush=True)
-        yield result
-    if show:
-        print(file=sys.stderr)
+            print(file=sys.stderr)

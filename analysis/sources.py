@@ -56,12 +56,20 @@ def load_digests(
     default, or one Ray task per chunk); each chunk's nsys exports are built as a batch."""
     files = discover(paths)
     runner = map_engine or engine.LocalEngine()
-    size = LOCAL_CHUNK if isinstance(runner, engine.LocalEngine) else TASK_CHUNK
-    chunks = [files[i : i + size] for i in range(0, len(files), size)]
+    local = isinstance(runner, engine.LocalEngine)
+    size = LOCAL_CHUNK if local else TASK_CHUNK
+    # A task runs in its worker's folder, not this one: it is handed absolute paths, and the
+    # digests name the files as given.
+    given = {} if local else {str(f.absolute()): str(f) for f in files}
+    shipped = files if local else [f.absolute() for f in files]
+    chunks = [shipped[i : i + size] for i in range(0, len(shipped), size)]
     results = runner.map(_Reader(rank_from), chunks)
     if progress:
         results = engine.with_progress(results, len(chunks), f"reading exports ({size} per batch)")
-    digests = _without_digests_of_exports(digest.concat(results))
+    digests = digest.concat(results)
+    if given:
+        digests = _named(digests, [given.get(name, name) for name in digests.column("source_file").to_pylist()])
+    digests = _without_digests_of_exports(digests)
     digest.check_consistent(digests)
     return digests
 
@@ -250,7 +258,8 @@ def _digest_name(digest_path: Path, source: str) -> str:
 
 def _named(table: pa.Table, sources: list[str]) -> pa.Table:
     """``table`` with its rows' source_file (what messages name) replaced."""
-    return table.set_column(table.schema.get_field_index("source_file"), "source_file", pa.array(sources, pa.string()))
+    at = table.schema.get_field_index("source_file")
+    return table.set_column(at, table.schema.field(at), pa.array(sources, pa.string()))
 
 
 def _suffix(path: Path) -> str:

@@ -52,3 +52,59 @@ def test_a_ray_address_without_the_ray_engine_is_a_usage_error() -> None:
 
     with pytest.raises(ConfigError, match="--ray-address is for --engine ray"):
         engine.create("local", address="127.0.0.1:6379")
+
+
+@pytest.mark.parametrize("address", ["garbage", "localhost", "localhost:63x", "127.0.0.1:99999"])
+def test_a_ray_address_of_the_wrong_form_is_refused_in_one_line(address: str, monkeypatch) -> None:
+    # Ray's own parse failed with a traceback (ValueError), or retried for minutes (:99999).
+    from rankscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"Ray address {address!r}: expected HOST:PORT"):
+        engine.create("ray", address=address)
+    monkeypatch.setenv("RAY_ADDRESS", address)  # the one Ray would read for itself
+    with pytest.raises(ConfigError, match="expected HOST:PORT"):
+        engine.create("ray")
+    assert not ray.is_initialized()
+
+
+def test_something_else_on_the_port_is_given_up_on_not_waited_for(monkeypatch) -> None:
+    # An HTTP server on the port: TCP answers, ray.init then retried for 8 minutes and more.
+    import socket
+
+    from rankscope.errors import TransportError
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    hung = []
+    monkeypatch.setattr(engine, "JOIN_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: hung.append(kwargs) or __import__("time").sleep(5))
+    try:
+        with pytest.raises(TransportError, match=f"no Ray cluster answered at {address} within 0.2s"):
+            engine.create("ray", address=address)
+    finally:
+        listener.close()
+    assert hung and hung[0]["address"] == address
+
+
+def test_files_given_by_relative_path_are_read_where_a_task_runs_elsewhere(samples: Path, tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    # A Ray worker of a cluster runs in its own folder: `job/rank0.sqlite` was not found there.
+    import os
+
+    class Elsewhere(engine.Engine):
+        def map(self, fn, items):
+            for item in items:
+                here = os.getcwd()
+                os.chdir(tmp_path)
+                try:
+                    yield fn(item)
+                finally:
+                    os.chdir(here)
+
+    monkeypatch.chdir(samples / DSL)
+    names = sorted(p.name for p in Path(".").glob("*.sqlite"))
+    remote = sources.load_digests(names, map_engine=Elsewhere())
+    assert remote.equals(sources.load_digests(names))
+    assert remote.column("source_file").to_pylist() == names
