@@ -17,12 +17,14 @@ ranks is ever named.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analysis.groups import Groups, Table, codes, take
+from rankscope.analysis.groups import Groups, Table, codes, member_of, take
 from rankscope.analysis.matching import UNMATCHED
+from rankscope.analysis.ops import N_TO_N_OPS
 from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 
 Z_MIN = 6.0
@@ -76,11 +78,10 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
 
 def peers(events: Table) -> np.ndarray:
     """Per row, its peer group: its instance; or, where every matched row lies in a traced
-    step, the instances of sibling communicators at the same place in that step: the same
-    op, bytes, member count and rank stride, and the same count of calls on the communicator
-    before it in the step. (Without steps a capture window may cut sibling communicators at
-    different calls, and their k-th calls need not be the same work.) UNMATCHED rows keep
-    UNMATCHED."""
+    step, the instances of its communicator's replicas (`_replicas`) at the same place in
+    that step: the same op, bytes, member count and rank stride, and the same count of calls
+    on the communicator before it in the step. (Without steps a capture window may cut
+    replicas at different calls.) UNMATCHED rows keep UNMATCHED."""
     instance = np.asarray(events["instance"], np.int64)
     matched = np.flatnonzero(instance != UNMATCHED)
     step = np.asarray(events["step"], np.float64)[matched]
@@ -91,13 +92,46 @@ def peers(events: Table) -> np.ndarray:
     low = rank[by_rank.order[by_rank.starts]]
     second = rank[by_rank.order[np.minimum(by_rank.starts + 1, matched.size - 1)]]
     stride = np.where(by_rank.size > 1, second - low, 0)
-    (op, _), (comm, _) = codes(take(events["op"], matched)), codes(take(events["comm_id"], matched))
+    (op, op_names), (comm, _) = codes(take(events["op"], matched)), codes(take(events["comm_id"], matched))
     size = np.nan_to_num(np.asarray(events["bytes"], np.float64)[matched], nan=-1.0).astype(np.int64)
     step = step.astype(np.int64)
     place = Groups(rank, comm, step, within=np.asarray(events["start_ns"], np.int64)[matched]).cumcount()
+    replica = _replicas(comm, rank, member_of(op_names, N_TO_N_OPS)[op])
     out = instance.copy()
-    out[matched] = Groups(op, size, by_rank.size[by_rank.id], stride[by_rank.id], step, place).id
+    out[matched] = Groups(replica[comm], op, size, by_rank.size[by_rank.id], stride[by_rank.id], step, place).id
     return out
+
+
+def _replicas(comm: np.ndarray, rank: np.ndarray, reduces: np.ndarray) -> np.ndarray:
+    """Per communicator code, its replica class. Communicators are replicas (one shard of the
+    model on other ranks, doing the same work) where an N-to-N communicator holds exactly
+    one member of each, as a DP group holds one rank of each TP group. TP groups of other
+    pipeline stages share no such group, nor do they through a world group, which holds
+    all their members. Worked out in Python over distinct (communicator, rank) pairs."""
+    pairs = Groups(comm, rank)
+    members: dict[int, list[int]] = {}
+    comms_of: dict[int, list[int]] = {}
+    for c, r in zip(pairs.keys[0].tolist(), pairs.keys[1].tolist()):
+        members.setdefault(c, []).append(r)
+        comms_of.setdefault(r, []).append(c)
+    parent = list(range(int(comm.max()) + 1 if comm.size else 0))
+
+    def root(c: int) -> int:
+        while parent[c] != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    for linking in set(comm[reduces].tolist()):
+        shared = Counter(other for r in members[linking] for other in comms_of[r] if other != linking)
+        first = None
+        for other in (other for other, count in shared.items() if count == 1):
+            top = root(other)
+            if first is None:
+                first = top
+            elif top != first:
+                parent[top] = first
+    return np.array([root(c) for c in range(len(parent))], np.int64)
 
 
 def _by_rank_then_start(rank: np.ndarray, start: np.ndarray) -> np.ndarray:
@@ -115,10 +149,18 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     count = np.bincount(at, minlength=len(ranks))
     with np.errstate(invalid="ignore", divide="ignore"):
         delay = np.where(count > 0, np.bincount(at, weights=rows["excess"], minlength=len(ranks)) / count, np.nan)
+        square = np.bincount(at, weights=rows["excess"] ** 2, minlength=len(ranks)) / count
+        # each rank's mean's standard error: how far apart noise alone sets the ranks' means
+        error = np.sqrt(np.maximum(square - delay**2, 0.0) / np.maximum(count - 1, 1))
     durations = np.asarray(events["end_ns"], np.int64) - np.asarray(events["start_ns"], np.int64)
     typical = float(nanmedian(durations)) if len(durations) else 0.0
     min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * typical)
-    flagged, score = stands_out(ranks, delay, min_effect)
+    # ... and out of reach of the noise of the means: with a few ranks the MAD can be small
+    # by chance, and a rank's noise stood out
+    noise = float(nanmedian(error[count > 1])) if (count > 1).any() else 0.0
+    significant = max(min_effect, Z_MIN * noise)
+    flagged, score = stands_out(ranks, delay, significant)
+    flagged = sorted(set(flagged) | set(_above_a_jump(ranks, delay, significant)))
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
 
@@ -139,21 +181,30 @@ def _causes(events: Table, flagged: list[int]) -> dict[int, str]:
 
 def stands_out(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tuple[list[int], np.ndarray]:
     """Ranks whose value (NaN: unknown) exceeds the median by ``Z_MIN`` robust sigmas and by
-    ``min_effect``, and every rank's robust z-score.
-
-    Where up to half the ranks are slow (one of each TP pair), the median and MAD take them
-    in and nothing stands out: so the ranks above a jump of ``Z_MIN`` robust sigmas of the
-    ranks below it (at least half of them) are judged against those below alone, too."""
+    ``min_effect``, and every rank's robust z-score."""
     value = np.asarray(values, dtype=np.float64)
-    known = np.sort(value[~np.isnan(value)])
+    known = value[~np.isnan(value)]
     if len(known) < 3:
         return [], np.full(len(value), np.nan)
     score, effect = _robust_score(value, known)
-    flagged = (score > Z_MIN) & (effect > min_effect)
-    if (below := _below_a_jump(known)) is not None:
-        score, effect = _robust_score(value, below)
-        flagged |= (value > below[-1]) & (effect > min_effect)
-    return sorted(int(r) for r in np.asarray(ranks)[flagged]), score
+    return sorted(int(r) for r in np.asarray(ranks)[(score > Z_MIN) & (effect > min_effect)]), score
+
+
+def _above_a_jump(ranks: np.ndarray, delay: np.ndarray, min_effect: float) -> list[int]:
+    """Ranks above a jump in own delay, where up to half the ranks are slow (one of each TP
+    pair) and the median and MAD take them in, so that nothing stands out. The jump must
+    leave at least half the ranks (and 3) below it, be wider than ``min_effect`` and
+    ``Z_MIN`` robust sigmas of the ranks below, and ``JUMP_OVER_SPREAD`` times their range."""
+    known = ~np.isnan(delay)
+    order = np.flatnonzero(known)[np.argsort(delay[known], kind="stable")]
+    values = delay[order]
+    low = max(3, (len(values) + 1) // 2)
+    gaps = values[low:] - values[low - 1 : -1]
+    for at in (low + np.flatnonzero(gaps > min_effect)).tolist():  # the lowest such jump first
+        gap, below = values[at] - values[at - 1], values[:at]
+        if gap > Z_MIN * _scale(below) and gap > JUMP_OVER_SPREAD * (below[-1] - below[0]):
+            return sorted(int(r) for r in np.asarray(ranks)[order[at:]])
+    return []
 
 
 def _robust_score(value: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -161,21 +212,6 @@ def _robust_score(value: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray,
     effect, scale = value - float(np.median(reference)), _scale(reference)
     # A zero spread (identical peers) makes any real difference infinitely significant.
     return (effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)), effect
-
-
-def _below_a_jump(known: np.ndarray) -> np.ndarray | None:
-    """The sorted values below the lowest gap that leaves at least half of them (and 3)
-    below it and is over ``Z_MIN`` robust sigmas and ``JUMP_OVER_SPREAD`` times the range of
-    the values below; else None. (The lowest: above it lie the stragglers and the ranks
-    they delayed, however those spread. The range: a MAD of a few values can be small by
-    chance.)"""
-    low = max(3, (len(known) + 1) // 2)
-    gaps = known[low:] - known[low - 1 : -1]
-    for at in (low + np.flatnonzero(gaps > Z_MIN * _scale(known[:low]))).tolist():
-        gap, below = known[at] - known[at - 1], known[:at]
-        if gap > Z_MIN * _scale(below) and gap > JUMP_OVER_SPREAD * (below[-1] - below[0]):
-            return below
-    return None
 
 
 def _scale(values: np.ndarray) -> float:
