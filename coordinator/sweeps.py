@@ -296,13 +296,8 @@ class Sweep:
             return []
         out: list[Instruction] = []
         for name, record in self.nodes.items():
-            if not record.terminal and record.state is NodeState.UPLOADING and record.digests:
-                # Its digest, all the analysis needs, is stored; only raw exports were still on
-                # their way. (Its DCGM came back before the export, as the agent orders it.)
-                reason = f"raw exports not all uploaded within {self.spec.timeout_s:g}s: the report stands on its digest"
-                record.state, record.uploaded, record.dcgm_resumed = NodeState.UPLOADED, True, True
-                record.detail, record.notes, record.updated_ns = reason, [*record.notes, reason], now_ns
-                out += [Changed(name), CancelNode(name, reason)]
+            if _on_its_digest(record, f"raw exports not all uploaded within {self.spec.timeout_s:g}s", now_ns):
+                out += [Changed(name), CancelNode(name, record.detail)]
             elif not record.terminal:
                 reason = f"no answer within {self.spec.timeout_s:g}s (last state: {record.state.value})"
                 record.state, record.reason, record.updated_ns = NodeState.TIMED_OUT, reason, now_ns
@@ -314,7 +309,9 @@ class Sweep:
             return []
         out: list[Instruction] = []
         for name, record in self.nodes.items():
-            if not record.terminal:
+            if _on_its_digest(record, f"raw exports not all uploaded ({event.reason})", event.at_ns):
+                out += [Changed(name), CancelNode(name, event.reason)]
+            elif not record.terminal:
                 record.state, record.reason, record.updated_ns = NodeState.FAILED, event.reason, event.at_ns
                 out += [Changed(name), CancelNode(name, event.reason)]
         return out + self._maybe_analyse(event.at_ns)
@@ -392,6 +389,18 @@ class Sweep:
                       for link in data.get("slow_links", ())]
         return cls(**known_fields(cls, {**data, "spec": spec, "nodes": nodes, "state": SweepState(data["state"]),
                                   "stragglers": stragglers, "slow_links": slow_links}))
+
+
+def _on_its_digest(record: NodeRecord, why: str, now_ns: int) -> bool:
+    """Finish a node still uploading whose digest, all the analysis needs, is stored (only raw
+    exports were on their way), with a note saying why; False for any other node. Its DCGM
+    came back before the export, as the agent orders it."""
+    if record.terminal or record.state is not NodeState.UPLOADING or not record.digests:
+        return False
+    note = f"{why}: the report stands on its digest"
+    record.state, record.uploaded, record.dcgm_resumed = NodeState.UPLOADED, True, True
+    record.detail, record.notes, record.updated_ns = note, [*record.notes, note], now_ns
+    return True
 
 
 def _busy_message(busy: Mapping[str, str]) -> str:

@@ -205,3 +205,14 @@ def test_a_cancelled_sweep_with_nothing_finished_fails_naming_the_reason() -> No
     out = sweep.handle(sw.Cancelled("wrong duration", T0 + S))
     assert sw.CancelNode("a", "wrong duration") in out and not analyses(out)
     assert sweep.state is sw.SweepState.FAILED and "a: wrong duration" in sweep.error
+
+
+def test_a_cancelled_sweep_keeps_the_digests_stored_while_raw_exports_upload() -> None:
+    # The multi-GB raw-upload case is where a user reaches for cancel: it failed the sweep.
+    sweep = started("a")
+    for state in (sw.NodeState.PENDING, sw.NodeState.CAPTURING, sw.NodeState.UPLOADING):
+        sweep.handle(sw.NodeReported("a", state, T0 + S, dcgm="resumed"))
+    sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADING, T0 + S, artifacts=(DIGEST,)))
+    out = sweep.handle(sw.Cancelled("cancelled by the user", T0 + 2 * S))
+    assert analyses(out) == [sw.Analyse((DIGEST,))] and sw.CancelNode("a", "cancelled by the user") in out
+    assert sweep.nodes["a"].notes == ["raw exports not all uploaded (cancelled by the user): the report stands on its digest"]
