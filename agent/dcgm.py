@@ -113,6 +113,9 @@ class DcgmControl(ABC):
     with the one-line reason in ``error``."""
 
     error: str = ""
+    # A FAILED call that may have taken effect all the same (it went unanswered): a pause
+    # then owes a resume, which is harmless where it had not (resume is idempotent).
+    unanswered: bool = False
 
     @abstractmethod
     def pause(self) -> DcgmOutcome:
@@ -161,14 +164,16 @@ class DcgmiControl(DcgmControl):
 
     def _run(self, action: str, success: DcgmOutcome) -> DcgmOutcome:
         argv = self.command(action)
+        self.unanswered = False
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
                                   stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             self.error = f"{self.dcgmi} not found"
             return DcgmOutcome.NO_DCGM
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # a busy host engine may have paused all the same
             self.error = f"`{' '.join(argv)}` did not answer within {self.timeout_s:g} s"
+            self.unanswered = True
             return DcgmOutcome.FAILED
         text = " ".join((done.stdout + " " + done.stderr).split())
         if done.returncode == 0:
@@ -345,6 +350,8 @@ class PauseManager:
                             self.ledger.forget(holder)
                 else:
                     del self._leases[capture_id]
+                    # unanswered, it may have paused: the resume is owed (the timer runs it)
+                    self._paused = self._paused or (outcome is DcgmOutcome.FAILED and self.control.unanswered)
                 self._save()
             self._outcomes[capture_id] = outcome
             self._wake.notify_all()

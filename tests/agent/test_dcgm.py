@@ -212,6 +212,22 @@ def test_failed_resume_is_retried_until_the_engine_answers(engine, tmp_path):
     assert not paused(engine)
 
 
+def test_a_pause_left_unanswered_is_resumed_as_it_may_have_taken_effect(engine, tmp_path):
+    # A busy host engine paused but answered after the timeout: FAILED, the lease dropped,
+    # and nothing ever resumed: the node's DCGM_FI_PROF_* series stayed dark for good.
+    control = dcgm.DcgmiControl(str(standin_dcgm.BIN / "dcgmi"), "localhost", timeout_s=0.5)
+    m = dcgm.PauseManager(control, tmp_path / "ledger", retry_delay_s=0.05)
+    standin_dcgm.configure(engine, answer_after_s=2)
+    assert m.acquire("a", 60) is DcgmOutcome.FAILED and "did not answer" in m.error
+    assert paused(engine)
+    standin_dcgm.configure(engine, answer_after_s=0)
+    deadline = time.monotonic() + 10
+    while paused(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not paused(engine)
+    m.close()
+
+
 def test_a_resume_that_fails_at_exit_is_left_for_the_next_agent(engine, tmp_path):
     m = manager(tmp_path, resume_retries=1)
     m.acquire("a", 60)

@@ -4,7 +4,8 @@ One JSON file (``$RANKSCOPE_STANDIN_DCGM_STATE``) holds the engine, so every pro
 the "node" sees the same single, global, non-reference-counted profiling pause flag
 (reference/dcgm.md §5). Fields: ``up`` (engine running), ``gpm`` (Hopper+ GPUs: pause is
 DCGM_ST_NOT_SUPPORTED, §6), ``library`` (libdcgm installed), ``addresses`` (where the
-engine listens), ``paused``. Every pause/resume call is appended to ``<state>.log`` as a
+engine listens), ``paused``, and for `dcgmi` ``answer_after_s`` (a busy engine: it applies
+the call, then answers this late). Every pause/resume call is appended to ``<state>.log`` as a
 JSON line, for the tests to read.
 """
 
