@@ -56,6 +56,9 @@ RECORD_KEEP_S = 7 * 86400.0  # a finished capture's record answers a repeated St
 # (its link down) gives the capture up itself this much later.
 DEADLINE_GRACE_S = 30.0
 LEASE_MARGIN_S = 120.0  # beyond the window: stop and release may take a while on a busy node
+# At exit, how long captures get to stop their ranks' recording before DCGM is resumed all
+# the same (under systemd's default 90 s before it kills the agent).
+CLOSE_WAIT_S = 60.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -158,9 +161,14 @@ class Agent:
     def close(self) -> None:
         self.stop.set()
         self.session.close()
-        for run in list(self.runs.values()):
+        runs = list(self.runs.values())
+        for run in runs:
             run.cancel("agent stopping")
-            run.join(5.0)
+        # DCGM gets the counters back only once the ranks' recording has stopped (nsys stop
+        # writes its report first, seconds on end): resumed sooner, the two fight over them.
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for run in runs:
+            run.join(max(0.0, deadline - time.monotonic()))
         self.pauses.close()
         self.channel.close()
         self.hold.release()

@@ -9,6 +9,7 @@ machines would. Every process is killed in teardown.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -248,6 +249,33 @@ def test_two_agents_of_one_host_keep_dcgm_paused_until_both_captures_end(make_cl
     assert not cluster.paused("n0")
     assert [(c["op"], c["via"]) for c in cluster.dcgm_calls("n0")] == [
         ("pause", "bindings"), ("pause", "dcgmi"), ("resume", "bindings")]
+
+
+def test_an_agent_stopped_mid_capture_resumes_dcgm_only_after_the_ranks_stop_recording(make_cluster) -> None:
+    """SIGTERM in the window, with `nsys stop` taking seconds (it writes the report): the agent
+    resumed DCGM after 5 s while a session still sampled GPU metrics, and exited with the
+    other rank's session never stopped."""
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    standin_nsys.configure(cluster.nsys_state("n0"), stop_s=4)
+    sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=90)
+
+    def sessions() -> list[dict]:
+        return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
+
+    wait_for("both ranks' windows to open", lambda: [s["state"] for s in sessions()] == ["collecting"] * 2,
+             START_S, 0.05)
+    agent = cluster.procs["n0"]
+    agent.send_signal(signal.SIGTERM)
+    overlap = False
+    while agent.poll() is None:
+        overlap |= not cluster.paused("n0") and any(s["state"] == "collecting" for s in sessions())
+        time.sleep(0.05)
+    assert agent.returncode == 0
+    assert not overlap, "DCGM resumed while a rank still recorded"
+    assert not cluster.paused("n0") and {s["state"] for s in sessions()} == {"launched"}
+    assert cluster.wait_final(sweep_id, 90).state != pb.SWEEP_STATE_ANALYSED
 
 
 def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -> None:
