@@ -259,7 +259,7 @@ def test_an_agent_stopped_mid_capture_resumes_dcgm_only_after_the_ranks_stop_rec
     cluster.coordinator()
     cluster.node("n0", 0)
     standin_nsys.configure(cluster.nsys_state("n0"), stop_s=4)
-    sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=90)
+    cluster.capture(["n0"], duration_s=60, timeout_s=90)
 
     def sessions() -> list[dict]:
         return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
@@ -275,7 +275,6 @@ def test_an_agent_stopped_mid_capture_resumes_dcgm_only_after_the_ranks_stop_rec
     assert agent.returncode == 0
     assert not overlap, "DCGM resumed while a rank still recorded"
     assert not cluster.paused("n0") and {s["state"] for s in sessions()} == {"launched"}
-    assert cluster.wait_final(sweep_id, 90).state != pb.SWEEP_STATE_ANALYSED
 
 
 def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -> None:
