@@ -325,7 +325,7 @@ class CaptureRun:
         else:
             self._report(cap.Report(NodeState.PENDING, "capture accepted"))
             failed = self._attempt("backend", self._prepare)
-            first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters))
+            first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters(self.request())))
         self._drive(first)
 
     def _prepare(self) -> None:

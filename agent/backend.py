@@ -31,9 +31,6 @@ class CaptureBackend(ABC):
     """Start and stop one capture window on every local rank (an instance per capture)."""
 
     name: ClassVar[str]
-    # True where the backend reads GPU performance counters, which DCGM profiling
-    # must release first (dcgm.md); the agent pauses DCGM only for these.
-    needs_gpu_counters: ClassVar[bool] = False
     # The capture options (`rankscope capture --option K=V`) it reads, ``prefix.*`` for a
     # family; a sweep asking for another is refused, so a misspelt option fails the node
     # rather than do nothing.
@@ -55,6 +52,11 @@ class CaptureBackend(ABC):
     def check(self, request: CaptureRequest) -> None:
         """Raise where the capture plainly cannot start (tool missing, no rank to record),
         before DCGM is paused for it; default: nothing to check."""
+
+    def needs_gpu_counters(self, request: CaptureRequest) -> bool:
+        """True where this capture reads GPU performance counters, which DCGM profiling must
+        release first (dcgm.md); the agent pauses DCGM only then. Default: never."""
+        return False
 
     @abstractmethod
     def start(self, request: CaptureRequest) -> None:

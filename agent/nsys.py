@@ -216,7 +216,6 @@ class NsysBackend(CaptureBackend):
     export, so the agent resumes DCGM as early as possible (dcgm.md §9.7)."""
 
     name = "nsys"
-    needs_gpu_counters = True
     options = frozenset({"gpu_metrics"})
 
     def __init__(self, *, nsys: str = NSYS, timeout_s: float = COMMAND_TIMEOUT_S, export_timeout_s: float = EXPORT_TIMEOUT_S,
@@ -236,12 +235,18 @@ class NsysBackend(CaptureBackend):
         find_nsys(self.nsys)
         self._ranks(request)
 
+    def needs_gpu_counters(self, request: CaptureRequest) -> bool:
+        """Only local rank 0 samples GPU metrics, where they are asked for: plain CUDA, NVTX and
+        NCCL tracing reads no counters (dcgm.md §6), so DCGM is paused for nothing else (§9.2)."""
+        return request.options.get("gpu_metrics", "true").lower() != "false" and any(
+            r.local_rank == 0 for r in self._ranks(request))
+
     def start(self, request: CaptureRequest) -> None:
         exe = find_nsys(self.nsys)
         ranks = self._ranks(request)
         request.workdir.mkdir(parents=True, exist_ok=True)
-        gpu_metrics = request.options.get("gpu_metrics", "true").lower() != "false"
-        if gpu_metrics and any(r.local_rank == 0 for r in ranks) and gpu_metrics_held(nsys=exe):
+        gpu_metrics = self.needs_gpu_counters(request)
+        if gpu_metrics and gpu_metrics_held(nsys=exe):
             # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
             self.note("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
             gpu_metrics = False

@@ -112,7 +112,6 @@ class SimBackend(CaptureBackend):
     """Simulated nsys exports for this node's ranks; reads no GPU counters."""
 
     name = "sim"
-    needs_gpu_counters = False
     options = frozenset({PREFIX + "*"})  # each checked by job_spec
 
     def start(self, request: CaptureRequest) -> None:

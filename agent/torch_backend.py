@@ -39,7 +39,6 @@ class TorchBackend(CaptureBackend):
     name = "torch"
     # CPU activity and CUPTI activity tracing do not use the GPU performance counters
     # DCGM profiling holds, so DCGM keeps running.
-    needs_gpu_counters = False
 
     def start(self, request: CaptureRequest) -> None:
         ranks = _torch_ranks(request)

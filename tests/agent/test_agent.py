@@ -145,8 +145,10 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
 def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "") -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
-        needs_gpu_counters = True
         options = frozenset({"gpu_metrics"})
+
+        def needs_gpu_counters(self, request: CaptureRequest) -> bool:
+            return True
 
         def check(self, request: CaptureRequest) -> None:
             if cannot_start:

@@ -71,7 +71,7 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
 
 
 def test_sim_needs_no_gpu_counters() -> None:
-    assert SimBackend.name == "sim" and SimBackend.needs_gpu_counters is False
+    assert SimBackend.name == "sim" and not SimBackend().needs_gpu_counters(None)
 
 
 def test_the_sim_backend_reads_the_sim_family_of_options_only() -> None:

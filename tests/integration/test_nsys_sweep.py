@@ -190,6 +190,20 @@ def test_not_supported_and_no_dcgm_let_the_capture_proceed_and_the_report_says_w
     assert standin_dcgm.calls(cluster.engine("n0"))[0]["code"] == -6 and not cluster.paused("n0")
 
 
+def test_a_capture_that_samples_no_gpu_metrics_leaves_dcgm_alone(make_cluster) -> None:
+    # `--option gpu_metrics=false` paused DCGM all the same: its DCGM_FI_PROF_* series went
+    # dark, and alerting on them fired, for a capture that read no counters (dcgm.md §9.2).
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    sweep_id = cluster.start_sweep(["n0"], duration_s=0.3, timeout_s=120, backend="nsys",
+                                   options={"gpu_metrics": "false"})
+    sweep = cluster.wait_final(sweep_id, 150)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep), [n.reason for n in sweep.nodes])
+    assert cluster.dcgm_calls("n0") == [] and sweep.nodes[0].dcgm == pb.DCGM_OUTCOME_NOT_NEEDED
+    assert not any("--gpu-metrics-devices" in " ".join(argv) for argv in standin_nsys.calls(cluster.nsys_state("n0")))
+
+
 def test_a_failed_pause_traces_on_without_gpu_metrics_and_says_why(make_cluster) -> None:
     cluster = make_cluster(1)
     cluster.coordinator()
