@@ -109,7 +109,11 @@ def profile_command(cmd: Sequence[str], output: Path, *, trace: str = trace_flag
     """One-shot ``nsys profile``: a ``--duration`` window or a ``--capture-range``
     (``nvtx`` names its range with ``--nvtx-capture=RANGE@DOMAIN``).
 
-    ``--kill=none``: nsys otherwise kills the application when a --duration ends."""
+    ``--kill=none``: nsys otherwise kills the application when a --duration ends; a capture
+    range ends with ``--capture-range-end=stop``, which leaves it running, not the default
+    ``stop-shutdown`` (nsys-export.md §9): the rank lives on, and its exit code is its own.
+    ``NSYS_NVTX_PROFILER_REGISTER_ONLY=0``: an NVTX range opens only on a registered string
+    otherwise, and PyTorch's ``torch.cuda.nvtx.range_push`` registers none."""
     _require_cmd(cmd)
     if (duration_s is None) == (capture_range is None):
         raise ValueError("one-shot profiling needs exactly one of a duration or a capture range")
@@ -119,9 +123,9 @@ def profile_command(cmd: Sequence[str], output: Path, *, trace: str = trace_flag
     if duration_s is not None:
         argv += [f"--duration={max(1, round(duration_s))}", "--kill=none"]
     else:
-        argv.append(f"--capture-range={capture_range}")
+        argv += [f"--capture-range={capture_range}", "--capture-range-end=stop", "--kill=none"]
         if nvtx_capture is not None:
-            argv.append(f"--nvtx-capture={nvtx_capture}")
+            argv += [f"--nvtx-capture={nvtx_capture}", "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0"]
     if gpu_metrics:
         argv.append("--gpu-metrics-devices=all")
     return [*argv, *cmd]

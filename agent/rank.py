@@ -24,7 +24,7 @@ from rankscope.agent import nsys
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, withdraw
 from rankscope import output
 from rankscope.cli import parse_duration
-from rankscope.errors import CommandError, InputError
+from rankscope.errors import CommandError, InputError, ToolError
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, starts_ranks
 
 log = logging.getLogger(__name__)
@@ -200,14 +200,22 @@ def run_one_shot(info: RankInfo, cmd: Sequence[str], args: argparse.Namespace, e
     folder = args.spool / "reports"
     folder.mkdir(parents=True, exist_ok=True)
     base = folder / f"{nsys.session_name(info.job_id, info.rank, info.pid)}"
+    gpu_metrics = info.local_rank == 0
+    if gpu_metrics and nsys.gpu_metrics_held(nsys=exe):
+        # No agent paused DCGM here: sampling beside it would fight it for the counters (dcgm.md §9.5).
+        log.warning("GPU counters are held by another tool (DCGM?): profiling without GPU metrics")
+        gpu_metrics = False
     argv = nsys.profile_command(cmd, base, trace=trace, duration_s=args.duration,
                                 capture_range=args.capture_range, nvtx_capture=args.nvtx_capture,
-                                gpu_metrics=info.local_rank == 0, nsys=exe)
+                                gpu_metrics=gpu_metrics, nsys=exe)
     log.info("rank %d: %s", info.rank, " ".join(map(str, argv)))
     code = supervise(argv)
     report = Path(f"{base}{nsys.REPORT_SUFFIX}")
-    if report.exists():
-        nsys.run(nsys.export_command(report, Path(f"{base}.sqlite"), nsys=exe), timeout_s=nsys.EXPORT_TIMEOUT_S)
-    else:
+    if not report.exists():
         log.warning("nsys profile wrote no report at %s", report)
+        return code
+    try:
+        nsys.run(nsys.export_command(report, Path(f"{base}.sqlite"), nsys=exe), timeout_s=nsys.EXPORT_TIMEOUT_S)
+    except ToolError as exc:  # the rank's own exit code stands: its run went as it went
+        log.warning("rank %d: the report %s was not exported: %s", info.rank, report, exc)
     return code

@@ -62,11 +62,14 @@ def test_profile_command_one_shot():
         "--duration=20", "--kill=none", "app"]
     assert nsys.profile_command(["app", "-x"], Path("/s/r0"), capture_range="cudaProfilerApi", gpu_metrics=True) == [
         "nsys", "profile", "--trace=cuda,nvtx,osrt", "--output=/s/r0", "--force-overwrite=true",
-        "--capture-range=cudaProfilerApi", "--gpu-metrics-devices=all", "app", "-x"]
+        "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--kill=none", "--gpu-metrics-devices=all",
+        "app", "-x"]
     with pytest.raises(ValueError):
         nsys.profile_command(["app"], Path("/s/r0"))
-    assert nsys.profile_command(["app"], Path("/s/r0"), capture_range="nvtx", nvtx_capture="step 3@*")[5:7] == [
-        "--capture-range=nvtx", "--nvtx-capture=step 3@*"]
+    # PyTorch's NVTX ranges use unregistered strings, which open no range unless nsys is told to look
+    assert nsys.profile_command(["app"], Path("/s/r0"), capture_range="nvtx", nvtx_capture="step 3@*")[5:10] == [
+        "--capture-range=nvtx", "--capture-range-end=stop", "--kill=none", "--nvtx-capture=step 3@*",
+        "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0"]
     with pytest.raises(ValueError):
         nsys.profile_command(["app"], Path("/s/r0"), duration_s=1, capture_range="cudaProfilerApi")
     with pytest.raises(ValueError, match="nvtx-capture"):

@@ -181,6 +181,36 @@ def test_one_shot_profiles_and_exports_into_the_spool(nsys_env, tmp_path):
     assert Path(f"{base}.sqlite").stat().st_size > 0
 
 
+def test_one_shot_keeps_the_programs_exit_code_when_the_export_fails(nsys_env, tmp_path):
+    # The export's failure became exit 1: a training run that succeeded looked failed to
+    # Slurm or torchrun, and a failure's own code was lost.
+    state, env = nsys_env
+    standin_nsys.fail(state, "export", "disk full")
+    for program_code in (0, 7):
+        proc = rankscope("rank", "--spool", str(tmp_path / "spool"), "--one-shot", "--duration", "5", "--",
+                         sys.executable, "-c", f"import sys; sys.exit({program_code})", env=env)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == program_code, err
+        assert "was not exported" in err and "disk full" in err
+
+
+def test_one_shot_on_local_rank_0_samples_no_gpu_metrics_where_dcgm_holds_the_counters(nsys_env, tmp_path):
+    # No agent pauses DCGM in one-shot mode: sampling beside a profiling DCGM fights it for
+    # the counters (dcgm.md §9.5), so rank 0 left them to it and said so.
+    state, env = nsys_env
+    engine = tmp_path / "engine.json"
+    engine.write_text(json.dumps({"up": True, "paused": False, "gpm": False}))
+    env = {**env, "LOCAL_RANK": "0", "RANKSCOPE_STANDIN_DCGM_STATE": str(engine)}
+    proc = rankscope("rank", "--spool", str(tmp_path / "spool"), "--one-shot", "--duration", "5", "--",
+                     sys.executable, "-c", "pass", env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "profiling without GPU metrics" in err
+    asked, profile = [argv for argv in standin_nsys.calls(state) if argv[0] == "profile"]
+    assert asked == ["profile", "--gpu-metrics-devices=help"]
+    assert not any(a.startswith("--gpu-metrics-devices") for a in profile)
+
+
 def test_one_shot_needs_a_duration_or_a_capture_range(nsys_env, tmp_path):
     _, env = nsys_env
     proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--", "true", env=env)
