@@ -224,7 +224,7 @@ def _fit_component(
     residual = y - bend - (rate[:, None] * median_of_others((y - bend - offset[:, None]) / rate[:, None]) + offset[:, None])
     seen = (~np.isnan(residual)).sum(axis=1)
     mad = nanmedian(np.abs(residual - nanmedian(residual, axis=1, keepdims=True)), axis=1)
-    sigmas = np.where(seen > 1, MAD_TO_SIGMA * mad, 0.0)
+    sigmas = np.where(seen > 1, MAD_TO_SIGMA * mad * _own_share(len(names) - 1), 0.0)
     sigmas = np.where(seen < MIN_SPREAD_ANCHORS, np.maximum(sigmas, SPARSE_UNCERTAINTY_NS), sigmas)
     clocks = {}
     for h, name in enumerate(names):
@@ -238,6 +238,14 @@ def _fit_component(
             *windows[h],
         )
     return clocks
+
+
+def _own_share(others: int) -> float:
+    """A host's part of the spread of its residuals against the other hosts' median. With
+    one other host, that spread is the pair's (both hosts' noise) for each: split evenly,
+    or a pair combined per host counted it twice. With more, the median's own noise is a
+    smaller part, left in (measured against simulated jobs: within their scatter)."""
+    return float(np.sqrt(0.5)) if others == 1 else 1.0
 
 
 def _windows(

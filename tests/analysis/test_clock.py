@@ -144,3 +144,26 @@ def test_no_host_of_three_is_reported_exact_for_sitting_in_the_middle(tmp_path) 
     sim.simulate(sim.JobSpec(nodes=3, gpus_per_node=1, tp=1, steps=10, seed=4), tmp_path)
     sigmas = sorted(host.uncertainty_ns for host in analyze(load_digests([tmp_path])).alignment.hosts)
     assert sigmas[0] > 0.25 * sigmas[-1]
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_the_pair_uncertainty_matches_the_spread_of_aligned_ends_between_hosts(nodes: int, tmp_path) -> None:
+    # With two hosts, each one's residuals against the other are the pair's spread: each
+    # host got it whole, and a pair, combined again, got it twice over.
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.robust import MAD_TO_SIGMA
+    from rankscope.analysis.sources import load_digests
+
+    sim.simulate(sim.JobSpec(nodes=nodes, gpus_per_node=1, tp=1, steps=30, seed=5, max_drift_ppm=0), tmp_path)
+    digests = load_digests([tmp_path])
+    events = matching.match(digest.columns(digests, "collectives"), digest.columns(digests, "communicators", keep=("rank",)),
+                            set(digests.column("rank").to_pylist())).events
+    model = clock.fit(events, sorted(set(digests.column("host").to_pylist())))
+    frame = pd.DataFrame({"instance": events["instance"], "host": np.asarray(events["host"].tolist()),
+                          "end": model.align(events["host"], events["end_ns"])})
+    ends = frame[frame["instance"] >= 0].groupby(["instance", "host"])["end"].median().unstack()
+    a, b = ends.columns[:2]
+    gap = (ends[a] - ends[b]).dropna().to_numpy()
+    measured = MAD_TO_SIGMA * float(np.median(np.abs(gap - np.median(gap))))
+    reported = float(np.hypot(model.hosts[a].uncertainty_ns, model.hosts[b].uncertainty_ns))
+    assert 0.7 * measured < reported < 1.3 * measured
