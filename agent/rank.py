@@ -25,7 +25,7 @@ from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, 
 from rankscope import output
 from rankscope.cli import parse_duration
 from rankscope.errors import CommandError, InputError, ToolError
-from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, starts_ranks
+from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, job_id, starts_ranks
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +114,9 @@ def rank_info(environ: Mapping[str, str], *, pid: int, backend: str = "nsys") ->
         local = 0
     if not 0 <= rank < world:
         raise InputError(f"rank {rank} is outside a world of {world} (check {', '.join(RANK_ENV)})")
-    job_id = next((environ[v] for v in JOB_ID_VARS if environ.get(v)), "")
     return RankInfo(rank=rank, local_rank=local, world_size=world, pid=pid, host=socket.gethostname(),
-                    job_id=job_id, gpu=_gpu(environ, local), backend=backend, token=new_token(pid))
+                    job_id=job_id(environ, JOB_ID_VARS) or "", gpu=_gpu(environ, local), backend=backend,
+                    token=new_token(pid))
 
 
 def _int_var(environ: Mapping[str, str], names: Sequence[str], default: int | None) -> int | None:

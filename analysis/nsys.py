@@ -43,7 +43,8 @@ import pyarrow as pa
 from rankscope.analysis import digest, intervals, ops
 from rankscope.analysis.groups import Groups, factorize, run_starts
 from rankscope.errors import ExportError, InputError
-from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
+from rankscope import launchers
+from rankscope.launchers import LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 
 _log = logging.getLogger(__name__)
 
@@ -1245,10 +1246,6 @@ def _gpu_id(export: _File, pid: int, device: int) -> str:
     return hits[0] if len(hits) == 1 else fallback
 
 
-def _job_id(env: dict[str, str]) -> str | None:
-    return next((env[name] for name in JOB_ENV if env.get(name)), None)
-
-
 # ---------------------------------------------------------------- a batch: the table
 
 
@@ -1336,7 +1333,7 @@ def _table(files: list[_File], units: Columns, identity: Columns, scalars: Colum
         "rank_source": identity["rank_source"],
         "host": [e.host for e in exports],
         "gpu": [_gpu_id(e, p, d) for e, p, d in zip(exports, pids, devices)],
-        "job_id": [_job_id(e.env) for e in exports],
+        "job_id": [launchers.job_id(e.env) for e in exports],
         "source_format": [SOURCE_FORMAT] * len(exports),
         "source_file": [str(e.path) for e in exports],
         "producer": [f"nsys {e.meta.get('EXPORT_PRODUCT_VERSION', '?')} schema {e.meta.get('EXPORT_SCHEMA_VERSION', '?')}"

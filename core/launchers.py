@@ -8,6 +8,13 @@ RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "PMI_SIZE")
 JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
+# torchrun sets TORCHELASTIC_RUN_ID to "none" unless given --rdzv-id: the same for every job.
+_NO_JOB = {"TORCHELASTIC_RUN_ID": "none"}
+
+
+def job_id(env: dict[str, str], names: tuple[str, ...] = JOB_ENV) -> str | None:
+    """The first job id the environment sets among ``names``, none that says no job."""
+    return next((env[name] for name in names if env.get(name) and env[name] != _NO_JOB.get(name)), None)
 
 # Commands that start a job's ranks as their own child processes (torch elastic's launcher,
 # as a program or as a module).

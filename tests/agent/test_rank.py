@@ -37,6 +37,9 @@ pytestmark = pytest.mark.timeout(120)
     ({"PMI_RANK": "2", "MPI_LOCALRANKID": "0", "PMI_SIZE": "3"}, (2, 0, 3, "", "")),
     ({}, (0, 0, 1, "", "")),  # a lone process
     ({"RANKSCOPE_JOB_ID": "mine", "SLURM_JOB_ID": "4242", "RANK": "0"}, (0, 0, 1, "mine", "")),
+    # torchrun without --rdzv-id: "none", the same for every job, is no job id
+    ({"RANK": "0", "TORCHELASTIC_RUN_ID": "none"}, (0, 0, 1, "", "")),
+    ({"RANK": "0", "TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}, (0, 0, 1, "77", "")),
 ])
 def test_rank_identity_from_the_launcher_environment(env, expected):
     info = rank.rank_info(env, pid=77)
