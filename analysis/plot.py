@@ -19,6 +19,10 @@ STRAGGLER = "#c0392b"
 PEER = "#7f8c8d"
 WAIT = "#e67e22"
 TRANSFER = "#2980b9"
+UNMATCHED = "#bdc3c7"
+FORMATS = ("png", "svg", "pdf")
+MAX_WIDTH_IN = 40.0
+MAX_TICKS = 128
 
 
 def _pyplot():
@@ -36,12 +40,10 @@ def check(path: Path) -> None:
     """Fail before any work where ``path`` cannot take the plot: no matplotlib, a suffix
     naming no format it draws, or a place that cannot be written."""
     _pyplot()
-    from matplotlib.backend_bases import FigureCanvasBase
-
     output.check_writable(path)
-    if path.suffix.lower().lstrip(".") not in FigureCanvasBase.get_supported_filetypes():
-        raise InputError(f"a plot's suffix names its format: one of .png, .svg, .pdf, ... (not {path.suffix or 'none'})",
-                         path=path)
+    # the formats matplotlib draws with no other program (.pgf and .ps need TeX or Ghostscript)
+    if path.suffix.lower().lstrip(".") not in FORMATS:
+        raise InputError(f"a plot's suffix names its format: .png, .svg or .pdf (not {path.suffix or 'none'})", path=path)
 
 
 def save(report: Report, path: str | Path) -> Path:
@@ -56,8 +58,9 @@ def save(report: Report, path: str | Path) -> Path:
     colors = [STRAGGLER if r.rank in flagged else PEER for r in ranks]
 
     links = [(c, o) for c in report.communicators for o in c.ops if o.busbw_gbps is not None]
-    fig, axes = plt.subplots(4 if links else 3, 1, figsize=(max(6.0, 0.25 * max(len(ranks), len(links)) + 3),
-                                                           10.5 if links else 8))
+    # a quarter inch a bar, up to MAX_WIDTH_IN: 8192 ranks drew a 225,610 px wide PNG in 70 s and 2.8 GB
+    width = min(MAX_WIDTH_IN, max(6.0, 0.25 * max(len(ranks), len(links)) + 3))
+    fig, axes = plt.subplots(4 if links else 3, 1, figsize=(width, 10.5 if links else 8))
     late, nccl, busy = axes[:3]
     for above in (late, nccl):
         above.sharex(busy)
@@ -73,8 +76,11 @@ def save(report: Report, path: str | Path) -> Path:
 
     wait = np.array([r.nccl_wait_ns for r in ranks], dtype=float) / 1e6
     transfer = np.array([r.nccl_transfer_ns for r in ranks], dtype=float) / 1e6
+    unmatched = np.array([r.nccl_unmatched_ns for r in ranks], dtype=float) / 1e6
     nccl.bar(x, wait, color=WAIT, label="waiting for peers")
     nccl.bar(x, transfer, bottom=wait, color=TRANSFER, label="transfer")
+    if unmatched.any():  # a rank's NCCL time in calls matched to no peer's: not split, still drawn
+        nccl.bar(x, unmatched, bottom=wait + transfer, color=UNMATCHED, label="matched to no peer")
     nccl.set_ylabel("collective time (ms)")
     nccl.legend(fontsize=8, loc="upper right")
 
@@ -82,7 +88,8 @@ def save(report: Report, path: str | Path) -> Path:
     busy.set_ylabel("busy %")
     busy.set_ylim(0, 100)
     busy.set_xlabel("rank")
-    busy.set_xticks(x, labels, fontsize=7 if len(ranks) > 32 else 9)
+    every = max(1, -(-len(ranks) // MAX_TICKS))  # a label each `every` ranks: at most MAX_TICKS
+    busy.set_xticks(x[::every], labels[::every], fontsize=7 if len(ranks) > 32 else 9)
     if links:
         _bandwidth(axes[3], report, links)
 
@@ -103,7 +110,8 @@ def _bandwidth(axis, report: Report, links: list) -> None:
              color=[STRAGGLER if (c.comm_id, o.op) in slow else TRANSFER for c, o in links])
     axis.set_ylabel("bus bandwidth (GB/s)")
     axis.set_title("bus bandwidth per communicator" + (" (slow links in red)" if slow else ""), fontsize=9, loc="left")
-    axis.set_xticks(x, [f"{c.kind} {ranks_text(c.ranks)} {o.op}" for c, o in links], rotation=90,
+    every = max(1, -(-len(links) // MAX_TICKS))
+    axis.set_xticks(x[::every], [f"{c.kind} {ranks_text(c.ranks)} {o.op}" for c, o in links][::every], rotation=90,
                     fontsize=6 if len(links) > 32 else 8)
 
 

@@ -57,7 +57,7 @@ def test_plot_into_a_missing_folder_fails_before_any_work(tmp_path: Path, sample
     assert "output folder does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["report.txt", "report"])
+@pytest.mark.parametrize("name", ["report.txt", "report", "report.pgf", "report.ps"])  # .pgf: TeX, after the analysis
 def test_a_plot_path_naming_no_format_is_refused_before_any_work(tmp_path: Path, name: str) -> None:
     from rankscope.errors import InputError
 
@@ -65,3 +65,29 @@ def test_a_plot_path_naming_no_format_is_refused_before_any_work(tmp_path: Path,
         plot.check(tmp_path / name)
     plot.check(tmp_path / "report.svg")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_nccl_time_matched_to_no_peer_is_drawn_not_left_out(tmp_path: Path, monkeypatch) -> None:
+    # One rank alone: 110 ms in NCCL in the table, an empty "collective time" panel.
+    from matplotlib.axes import Axes
+
+    from rankscope.analysis import simulate as sm
+    from rankscope.analysis.sources import load_digests
+
+    sm.simulate(sm.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3), tmp_path / "job")
+    report = analyze(load_digests([tmp_path / "job" / "sim_rank00000.sqlite"]))
+    (rank,) = report.ranks
+    assert rank.nccl_unmatched_ns == rank.nccl_kernel_ns > 0
+    drawn = {}
+    bar = Axes.bar
+    monkeypatch.setattr(Axes, "bar", lambda self, x, height, *a, **kw: drawn.setdefault(kw.get("label"), list(height))
+                        and bar(self, x, height, *a, **kw))
+    plot.save(report, tmp_path / "one.png")
+    assert drawn["matched to no peer"] == [pytest.approx(rank.nccl_kernel_ns / 1e6)]
+
+
+def test_a_plot_of_hundreds_of_ranks_stays_a_picture_one_can_open(tmp_path: Path) -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=64, gpus_per_node=8, steps=3))
+    out = plot.save(analyze(digests), tmp_path / "many.png")
+    width = int.from_bytes(out.read_bytes()[16:20], "big")
+    assert width <= plot.MAX_WIDTH_IN * 110 + 1  # 512 ranks: 14,410 px wide before
