@@ -339,3 +339,24 @@ def check_consistent(digests: pa.Table) -> None:
     if len(known) > 1:
         (job_a, file_a), (job_b, file_b) = list(known.items())[:2]
         raise ConsistencyError(f"job {job_b!r} differs from job {job_a!r} of {file_a}", path=file_b)
+    _check_windows_meet(digests, files)
+
+
+def _check_windows_meet(digests: pa.Table, files: list[str]) -> None:
+    """Ranks of one host (one clock) captured together have windows that overlap: where two
+    do not, they are traces of two runs (plain Kineto traces carry no job id to tell)."""
+    hosts = digests.column("host").to_pylist()
+    starts, ends = digests.column("window_start_ns").to_pylist(), digests.column("window_end_ns").to_pylist()
+    latest: dict[str, int] = {}
+    earliest: dict[str, int] = {}
+    for i, host in enumerate(hosts):
+        if host not in latest or starts[i] > starts[latest[host]]:
+            latest[host] = i
+        if host not in earliest or ends[i] < ends[earliest[host]]:
+            earliest[host] = i
+    for host, late in latest.items():
+        early = earliest[host]
+        if starts[late] > ends[early]:
+            gap = (starts[late] - ends[early]) / 1e9
+            raise ConsistencyError(f"its capture window starts {gap:.3g} s after that of {files[early]} on the same "
+                                   f"host ({host}) ends: another run? analyse one run at a time", path=files[late])

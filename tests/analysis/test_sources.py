@@ -272,3 +272,21 @@ def test_an_empty_file_is_refused_by_name_not_skipped_or_misread(name: str, tmp_
         sources.read_one(empty)
     with pytest.raises(InputError, match="no such file or folder"):
         sources.read_one(tmp_path / "gone.json")
+
+
+def test_traces_of_two_runs_on_one_host_are_refused(tmp_path: Path) -> None:
+    # Plain Kineto traces carry no job id: ranks 0-1 of one run and 2-3 of a run 44 s later
+    # were analysed as one job, ranks 2 and 3 "late" by 44 s.
+    from rankscope.analysis import simulate
+
+    base = simulate.JobSpec(nodes=1, gpus_per_node=4, tp=4, steps=3, seed=2, max_offset_ns=0)
+    first = simulate.simulate(base, tmp_path / "a", fmt="kineto")
+    later = simulate.simulate(simulate.JobSpec(**{**base.__dict__, "start_utc_ns": base.start_utc_ns + 44 * 10**9}),
+                              tmp_path / "b", fmt="kineto")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for path in (*first[:2], *later[2:]):
+        shutil.copy(path, mixed / path.name)
+    with pytest.raises(ConsistencyError, match=r"rank00002.json: its capture window starts 4\d s after that of .*rank00001.json on the same host"):
+        sources.load_digests([mixed])
+    assert sources.load_digests([tmp_path / "a"]).num_rows == 4
