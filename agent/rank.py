@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rank", help="run one rank under nsys (or the torch hook) so the node agent can profile it",
         description="Run CMD as one rank of a job, inside an nsys interactive session the node's "
                     "agent starts and stops on demand. Rank identity comes from the launcher's "
-                    "environment (torchrun, Slurm, Open MPI, PMI).",
+                    "environment (torchrun, Slurm, Open MPI, PMI). Under nsys, CMD runs only where nsys "
+                    "does: without it the command fails before CMD starts (--backend torch needs none). "
+                    "Exit status: CMD's, or 1 and 2 for rankscope's own errors.",
     )
     parser.add_argument("--backend", choices=("nsys", "torch"), default="nsys",
                         help="profiler the rank runs under (default: nsys)")
