@@ -5,14 +5,15 @@ reach the next DP collective late too. Each rank's *own* delay is clock-free: th
 between the end of its previous collective and its arrival at this one, minus the
 median gap of its peers. A slow rank has a large excess gap; its node-mates, delayed by
 waiting inside the previous collective, do not. Peers are the instance's other
-participants and, where every collective lies in a traced step, those of its sibling
-communicators' instances at the same place in the step (same op, size, member count and
-layout): a whole slow TP group (a slow node) then stands out from the other TP groups.
+participants and, where every collective lies in a traced step, those of its
+communicator's replicas' instances at the same place in the step (`peers`): a whole slow
+TP group (a slow node) then stands out from the other TP groups.
 
 A rank is a straggler when its mean own delay stands out robustly from all ranks'
 (median/MAD z-score above ``Z_MIN``) *and* by a minimum absolute effect tied to the
-typical collective duration, so a balanced job flags none and no fixed number of
-ranks is ever named.
+typical collective duration and to the noise of the ranks' means, so a balanced job flags
+none and no fixed number of ranks is ever named; or where up to half the ranks stand
+apart above a clear jump (`_above_a_jump`).
 """
 
 from __future__ import annotations
