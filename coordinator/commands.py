@@ -109,7 +109,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cancel.add_argument("--reason", default="cancelled by the user", help="shown as each stopped node's reason")
     cancel.set_defaults(func=run_cancel)
 
-    report = subparsers.add_parser("report", help="print a sweep's report")
+    report = subparsers.add_parser("report", help="print a sweep's report",
+                                   description="Print a sweep's report; exit 1 where the sweep failed and has none.")
     add_coordinator(report)
     report.add_argument("sweep", metavar="SWEEP")
     report.add_argument("--format", choices=("table", "json"), default="table")
@@ -244,8 +245,6 @@ def _check_plot(path: Path) -> None:
 
 def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> None:
     if not reply.report_json:
-        if reply.state == pb.SWEEP_STATE_FAILED:  # it never will have one: say why
-            raise InputError(f"sweep {reply.sweep_id} failed: {reply.error}")
         raise InputError(f"sweep {reply.sweep_id} has no report yet (state {state_name(reply.state)})")
     if fmt == "json":
         print(reply.report_json)
@@ -325,5 +324,9 @@ def run_report(args: argparse.Namespace) -> int:
     if args.plot is not None:
         _check_plot(args.plot)
     with _client(args) as client:
-        _print_report(client.report(args.sweep), args.format, args.plot)
+        reply = client.report(args.sweep)
+        if reply.state == pb.SWEEP_STATE_FAILED:  # it never will have a report: say why, as capture --wait does
+            print(f"rankscope: sweep {reply.sweep_id} failed: {reply.error}", file=sys.stderr)
+            return EXIT_FAILED
+        _print_report(reply, args.format, args.plot)
     return 0
