@@ -11,7 +11,8 @@ One trace is one rank. What is read, and why (reference/nccl-in-traces.md ยง4, ย
   id``) give arrival (first kernel start) and end. Kernel names only classify.
 - gloo collectives: ``c10d::<op>`` on the calling thread enqueues; ``gloo:<op>`` on a gloo
   worker thread is the real work (arrival = worker start). Worker events carry no PG or seq,
-  so each is paired with its enqueue by op and order.
+  so each is paired with its enqueue by op and order, and by group where several groups run
+  one op: each group has worker threads of its own (`_thread_groups`).
 - communicator = process-group name (the same on every member); instance = ``Seq`` when
   traced, else the rank's torch hook's per-PG sequence base plus order, else the order
   within the PG in the window ("ordinal").
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import logging
 import math
 import mmap
@@ -1046,10 +1048,8 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     work = work[_present(events.names.op[events.name[work]])]
     calls = _calls(events, trace.top, notes)
     calls = _take(calls, _present(calls["op"]))
-    paired, call = _pair_in_order(events, work, calls)
-    dropped = len(work) - len(paired)
-    if dropped:
-        notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
+    call_pg = _coalesce(np.array([_pg(a) for a in trace.args(calls["row"].tolist())], object), calls["fr_pg"])
+    paired, call = _pair_in_order(events, work, calls, call_pg, notes)
     paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
     host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(paired.tolist())
     host = _arg_columns(host_args)
@@ -1069,30 +1069,193 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     return _identify(frame, trace.top, notes, fallback="op")
 
 
-def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Pair each gloo worker op (rows) with its enqueue: the k-th call of an op with the
-    k-th worker op of that op that started after the first such call (FIFO per op; a call
-    gloo runs as another op, `_GLOO_RUNS_AS`, in that op's line). Ops never enqueued in
-    the trace (no c10d events recorded) stay, unpaired, last. Returns the kept worker rows
-    and each one's position in ``calls`` (-1: unpaired)."""
+def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray], call_pg: np.ndarray,
+                   notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Pair each gloo worker op (rows) with its enqueue: per line, the k-th call with the
+    k-th worker op that started after the line's first call (FIFO, as gloo's queue). A line
+    is an op (a call gloo runs as another op, `_GLOO_RUNS_AS`, in that op's line) and, where
+    calls of several process groups (``call_pg``) share the op, the group each worker op's
+    thread serves (`_thread_groups`). Ops never enqueued in the trace (no c10d events
+    recorded) stay, unpaired, last. Returns the kept worker rows and each one's position in
+    ``calls`` (-1: unpaired)."""
+    work_line, call_line = _op_lines(events, work, calls)
+    split = _thread_groups(events, work, work_line, calls, call_line, call_pg, notes)
+    key = groups.pack(np.concatenate([work_line, call_line]), np.concatenate([split.work_group, split.call_group]) + 1)
+    work_key, call_key = key[: len(work)], key[len(work) :]
+    sure_work, sure_call = np.flatnonzero(~split.doubtful_work), np.flatnonzero(~split.doubtful_call)
+    candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], calls["ts"][sure_call], call_key[sure_call])
+    lone = work[~groups.in_sorted(work_line, np.unique(call_line))]
+    dropped = len(sure_work) - len(candidates) - len(lone)
+    if dropped:
+        notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
+    return np.concatenate([work[sure_work[candidates]], lone]), np.concatenate([sure_call[call], np.full(len(lone), -1)])
+
+
+def _op_lines(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The op code of each worker op (rows) and of each call, a call gloo runs as another op
+    (`_GLOO_RUNS_AS`) under that op's code."""
     op_code = events.names.op_code
     work_code, call_code = op_code[events.name[work]], op_code[events.name[calls["row"]]].copy()
     for call_op, worker_op in _gloo_runs_as(set(events.names.op[events.name[work]].tolist())).items():
         call_code[calls["op"] == call_op] = op_code[np.flatnonzero(events.names.op == worker_op)[0]]
-    first = np.full(len(op_code), _NEVER)  # per op, its first call
-    np.minimum.at(first, call_code, calls["ts"])
-    known = first[work_code] != _NEVER
-    lone = work[~known]
-    ts = events.ts[work]
-    candidates = np.flatnonzero(known & (ts >= first[work_code]))
-    candidates = candidates[np.argsort(ts[candidates], kind="stable")]
-    k_work = groups.Groups(work_code[candidates]).cumcount()
-    k_call = groups.Groups(call_code).cumcount()
-    key = groups.pack(np.concatenate([call_code, work_code[candidates]]), np.concatenate([k_call, k_work]))
-    call = groups.locate(key[: len(call_code)], key[len(call_code) :])
+    return work_code, call_code
+
+
+def _fifo(work_ts: np.ndarray, work_line: np.ndarray, call_ts: np.ndarray, call_line: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Per line, the k-th call (calls by time) with the k-th worker op started at or after
+    the line's first call, where it starts at or after that call. Returns the paired worker
+    ops' positions, by start, and their calls' positions."""
+    lines, line_of = np.unique(call_line, return_inverse=True)
+    first = np.full(len(lines), _NEVER)
+    np.minimum.at(first, line_of, call_ts)
+    at = groups.locate(lines, work_line)
+    candidates = np.flatnonzero((at >= 0) & (work_ts >= groups.take_or(first, at, _NEVER)))
+    candidates = candidates[np.argsort(work_ts[candidates], kind="stable")]
+    k_work = groups.Groups(work_line[candidates]).cumcount()
+    k_call = groups.Groups(call_line).cumcount()
+    key = groups.pack(np.concatenate([call_line, work_line[candidates]]), np.concatenate([k_call, k_work]))
+    call = groups.locate(key[: len(call_line)], key[len(call_line) :])
     ok = call >= 0
-    ok[ok] = ts[candidates[ok]] >= calls["ts"][call[ok]]
-    return np.concatenate([work[candidates[ok]], lone]), np.concatenate([call[ok], np.full(len(lone), -1)])
+    ok[ok] = work_ts[candidates[ok]] >= call_ts[call[ok]]
+    return candidates[ok], call[ok]
+
+
+# Thread-to-group assignments tried where paired ops leave some worker threads' groups open.
+_ASSIGNMENTS = 256
+
+
+@dataclass
+class _Split:
+    """Per worker op and call, its group in a split line (a code; -1: the line is not
+    split), and whether the pair it is in is in doubt (left unpaired)."""
+
+    work_group: np.ndarray
+    call_group: np.ndarray
+    doubtful_work: np.ndarray
+    doubtful_call: np.ndarray
+
+
+def _thread_groups(events: _Events, work: np.ndarray, work_line: np.ndarray, calls: dict[str, np.ndarray],
+                   call_line: np.ndarray, call_pg: np.ndarray, notes: list[str]) -> _Split:
+    """The process group of each worker op (rows) and call in lines whose calls name several
+    groups. Worker events name no group, seq or id that links them to their call (torch
+    2.13: their External ids count per thread), but each gloo group runs its ops on worker
+    threads of its own: a thread's group is that of its calls paired beyond doubt by op
+    alone, and the threads left get the groups that pair the most calls. Where several
+    assignments do, the pairs they disagree on are in doubt. Where no assignment can be
+    tried, the lines stay unsplit, paired by op alone; either way with a warning."""
+    split = _Split(np.full(len(work), -1), np.full(len(call_line), -1),
+                   np.zeros(len(work), bool), np.zeros(len(call_line), bool))
+    pg = np.full(len(call_pg), -1)
+    known = _present(call_pg)
+    if known.any():
+        pg[known] = np.unique(call_pg[known].astype(str), return_inverse=True)[1]
+    shared = _split_lines(call_line, pg)
+    if not len(shared):
+        return split
+    in_work, in_calls = groups.in_sorted(work_line, shared), groups.in_sorted(call_line, shared)
+    threads, thread_of = np.unique(events.thread[work[in_work]], return_inverse=True)
+    lines = _Lines(events.ts[work[in_work]], work_line[in_work], thread_of, len(threads),
+                   calls["ts"][in_calls], call_line[in_calls], pg[in_calls])
+    callers = groups.in_sorted(threads, np.unique(events.thread[calls["row"]])).any()
+    assigned = None if callers else lines.assign()
+    if assigned is None:
+        notes.append(f"{int(in_work.sum())} gloo worker op(s) of ops several process groups run could not be "
+                     "told to their group (worker events name none, nor do their threads here): paired by op "
+                     "and order, so a call may carry another group's timing")
+        return split
+    thread_pg, doubtful_work, doubtful_call = assigned
+    split.work_group[in_work] = thread_pg[thread_of]
+    split.call_group[in_calls] = pg[in_calls]
+    split.doubtful_work[np.flatnonzero(in_work)[doubtful_work]] = True
+    split.doubtful_call[np.flatnonzero(in_calls)[doubtful_call]] = True
+    if doubtful_work.any():
+        notes.append(f"{len(doubtful_work)} gloo worker op(s) could belong to more than one process group's call "
+                     "(their events name no group, and their threads' groups are not certain): not matched")
+    return split
+
+
+def _split_lines(call_line: np.ndarray, pg: np.ndarray) -> np.ndarray:
+    """Lines (sorted) whose calls name two or more groups, each call one (pg >= 0)."""
+    named = groups.Groups(call_line)
+    spread = named.max(pg) > named.min(pg)
+    return np.sort(named.keys[0][spread & (named.min(pg) >= 0)])
+
+
+@dataclass
+class _Lines:
+    """Worker ops (start, line, thread) and calls (time, line, group) of the split lines."""
+
+    work_ts: np.ndarray
+    work_line: np.ndarray
+    thread: np.ndarray  # 0..threads-1
+    threads: int
+    call_ts: np.ndarray
+    call_line: np.ndarray
+    pg: np.ndarray
+
+    def pair(self, thread_pg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """FIFO per (line, group), each worker op in its thread's group."""
+        key = groups.pack(np.concatenate([self.work_line, self.call_line]),
+                          np.concatenate([thread_pg[self.thread], self.pg]) + 1)
+        return _fifo(self.work_ts, key[: len(self.work_ts)], self.call_ts, key[len(self.work_ts) :])
+
+    def _pairs(self, work: np.ndarray, call: np.ndarray) -> np.ndarray:
+        """One integer per (worker op, call) pair, the same in every pairing, sorted."""
+        return np.sort(work * (len(self.call_ts) + 1) + call)
+
+    def seeds(self) -> np.ndarray:
+        """Each thread's group where the pairs by op alone that leave no doubt give it one
+        (-1: none, or several): a pair leaves none where no other call of the line comes
+        between its call and the worker op's start, nor any other worker op start."""
+        work, call = _fifo(self.work_ts, self.work_line, self.call_ts, self.call_line)
+        next_call = _neighbour(self.call_line, self.call_ts, 1, _NEVER)[call]
+        previous_start = _neighbour(self.work_line[work], self.work_ts[work], -1, -_NEVER)
+        sure = (next_call > self.work_ts[work]) & (self.call_ts[call] > previous_start)
+        thread, vote = groups.Groups(self.thread[work[sure]], self.pg[call[sure]]).keys
+        seeded = np.full(self.threads, -1)
+        count = np.bincount(thread, minlength=self.threads)
+        single = count[thread] == 1
+        seeded[thread[single]] = vote[single]
+        return seeded
+
+    def assign(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Each thread's group, and the worker ops and calls (positions) whose pairs are in
+        doubt: the seeds, and for the other threads the groups of their lines that pair the
+        most calls; a pair is in doubt where the assignments that do pair differently. None
+        where too many assignments would have to be tried."""
+        assigned = self.seeds()
+        open_ = np.flatnonzero(assigned < 0)
+        options = [np.unique(self.pg[groups.in_sorted(self.call_line, np.unique(self.work_line[self.thread == t]))])
+                   for t in open_.tolist()]
+        if math.prod(len(o) for o in options) > _ASSIGNMENTS:
+            return None
+        best, pairings = -1, []
+        for choice in itertools.product(*options):
+            assigned[open_] = choice
+            work, call = self.pair(assigned)
+            if len(work) > best:
+                best, pairings, chosen = len(work), [], assigned.copy()
+            if len(work) == best:
+                pairings.append(self._pairs(work, call))
+        agreed = functools.reduce(np.intersect1d, pairings)
+        work, call = self.pair(chosen)
+        doubt = ~groups.in_sorted(self._pairs(work, call), agreed)
+        return chosen, work[doubt], call[doubt]
+
+
+def _neighbour(line: np.ndarray, ts: np.ndarray, step: int, missing: int) -> np.ndarray:
+    """Per row, the time of the next (step 1) or previous (-1) row of its line, by time."""
+    order = np.lexsort((ts, line))
+    line, ts = line[order], ts[order]
+    same = line[1:] == line[:-1]
+    out = np.full(len(order), missing, np.int64)
+    if step > 0:
+        out[order[:-1][same]] = ts[1:][same]
+    else:
+        out[order[1:][same]] = ts[:-1][same]
+    return out
 
 
 def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallback: str) -> dict[str, np.ndarray] | None:

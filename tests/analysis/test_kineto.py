@@ -6,6 +6,9 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import socket
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -762,3 +765,36 @@ def test_sends_the_flight_recorder_never_records_are_kept_and_meet_their_recvs(t
         assert not any("window's edges" in w for w in _row(table)["warnings"])
         comms.append(coll["comm_id"].tolist()[1])
     assert comms == ["unresolved-pg:p2p/p2p"] * 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_async_gloo_ops_of_two_groups_keep_their_own_groups_worker_timing(tmp_path):
+    """Real torch 2.13 gloo: worker events name no group, and paired to calls by op and
+    order alone, rank 0's last call on group a took group b's worker op (started first) and
+    b's call took a's, silently: an instance's arrival came from another collective. Each
+    group runs its ops on its own worker threads: pairs come from the thread's group, and
+    those that could still be either group's are left unmatched, with a warning."""
+    pytest.importorskip("torch")
+    job = Path(__file__).with_name("gloo_groups_job.py")
+    subprocess.run([sys.executable, str(job), str(_free_port()), str(tmp_path)], check=True, timeout=150)
+    for rank in (0, 1):
+        path = tmp_path / f"rank{rank}.json"
+        data = json.loads(path.read_text())
+        base = data["baseTimeNanoseconds"]
+        worker_bytes = {base + round(e["ts"] * 1000): 4 * e["args"]["Input Dims"][0][0]
+                        for e in data["traceEvents"] if e.get("name") == "gloo:all_reduce"}
+        table = read_kineto(path)
+        coll = _collectives(table)
+        assert set(coll["comm_id"]) == {"1", "2"} and set(coll["seq_source"]) == {"trace"}
+        starts = np.array(sorted(worker_bytes))
+        nearest = starts[np.abs(starts[:, None] - coll["start_ns"].to_numpy()[None, :]).argmin(axis=0)]
+        assert [worker_bytes[s] for s in nearest] == coll["bytes"].tolist(), f"rank {rank}"
+        doubtful = [w for w in _row(table)["warnings"] if "more than one process group" in w]
+        assert len(coll) + sum(int(w.split()[0]) for w in doubtful) == 6
