@@ -241,7 +241,18 @@ def _flight_recorder(since_ns: int) -> dict[str, Any] | None:
         for e in entries
         if e.get("time_created_ns", 0) >= since_ns
     ]
-    return {"columns": columns, "rows": rows}
+    return {"columns": columns, "rows": rows, "evicted_before_ns": _evicted_before(entries, since_ns)}
+
+
+def _evicted_before(entries: list[dict], since_ns: int) -> int | None:
+    """Where the ring (TORCH_FR_BUFFER_SIZE entries) dropped entries of the window: the
+    creation time of its oldest entry left, before which the window's calls lost theirs.
+    ``record_id`` counts every entry ever made, so an oldest one above 0 means entries were
+    dropped; they were the window's where that oldest one is in the window too."""
+    oldest = min(entries, key=lambda e: e.get("record_id", 0), default=None)
+    if oldest is None or not oldest.get("record_id") or oldest.get("time_created_ns", 0) < since_ns:
+        return None
+    return oldest["time_created_ns"]
 
 
 def _bytes(entry: dict, side: str) -> int | None:

@@ -854,11 +854,12 @@ def _present(values: np.ndarray) -> np.ndarray:
     return np.not_equal(values, None)
 
 
-def _calls(events: _Events, top: dict, notes: list[str]) -> dict[str, np.ndarray]:
+def _calls(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray]:
     """Host-side collective calls, by start: c10d ops, each with the row of the
     record_param_comms (``rpc``) and of the ``nccl:<op>`` annotation (``ann``) inside it,
     -1 where none, and the hook's Flight Recorder identity (``fr_pg``, ``fr_seq``,
     ``fr_bytes``) where given. ``row``: the call's event."""
+    events = trace.events
     cpu = events.of_cat("cpu_op")
     c10d = np.flatnonzero(cpu & events.prefixed(_C10D))
     rpc = np.flatnonzero(cpu & events.named(events.names.text == _RPC))
@@ -890,8 +891,11 @@ def _calls(events: _Events, top: dict, notes: list[str]) -> dict[str, np.ndarray
         "fr_pg": np.full(len(rows), None),
         "fr_seq": np.full(len(rows), None),
         "fr_bytes": np.full(len(rows), None),
+        "dropped": np.zeros(len(rows), bool),
     }
-    return _with_flight_recorder(calls, top, notes)
+    own = trace.args(calls["rpc"].tolist())
+    identified = np.array([_pg(a) is not None and _int(a.seq) is not None for a in own], bool)
+    return _with_flight_recorder(calls, identified, trace.top, notes)
 
 
 # Calls gloo's worker runs as another op (torch 2.13: a reduce_scatter_tensor's worker op is
@@ -904,11 +908,15 @@ def _gloo_runs_as(shown: set[str]) -> dict[str, str]:
     return {call: worker for call, worker in _GLOO_RUNS_AS.items() if worker in shown and call not in shown}
 
 
-def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[str]) -> dict[str, np.ndarray]:
+def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, top: dict,
+                          notes: list[str]) -> dict[str, np.ndarray]:
     """Join the hook's Flight Recorder entries to the calls: an entry is created inside
     its c10d call, on the same clock (checked on torch 2.13 gloo: 10-90 µs after the
     call starts, before it ends). Each entry goes to the latest call of its op started at
-    or before it; a call keeps its earliest entry."""
+    or before it; a call keeps its earliest entry. Calls of recorded ops left without one
+    are marked ``dropped``, unless their record_param_comms names their group and Seq
+    (``identified``): those need no entry. The hook's ``evicted_before_ns`` says the ring
+    lost the window's entries before then: calls before it lack theirs for that reason."""
     recorder = (top.get(HOOK_KEY) or {}).get("flight_recorder") if isinstance(top.get(HOOK_KEY), dict) else None
     if not recorder or not recorder.get("rows") or not len(calls["row"]):
         return calls
@@ -938,10 +946,16 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], top: dict, notes: list[s
     keep[labels] = True
     # Ops the recorder records none of (torch 2.13 gloo: send and recv) are no window's edge: kept, unjoined.
     keep[known[~_equal_any(call_ops, sorted(recorded))]] = True
-    unmatched = int((~keep).sum())
-    if unmatched:
-        notes.append(f"{unmatched} collective call(s) at the window's edges have no Flight Recorder entry: not matched")
-        calls = _take(calls, keep)
+    keep |= identified
+    evicted_before = _int(recorder.get("evicted_before_ns"))
+    evicted = ~keep & (calls["ts"] < (-_NEVER if evicted_before is None else evicted_before))
+    if evicted.any():
+        notes.append(f"{int(evicted.sum())} collective call(s) have no Flight Recorder entry: the ring "
+                     "(TORCH_FR_BUFFER_SIZE) was too short for the window and dropped their entries: not matched")
+    edges = int((~keep & ~evicted).sum())
+    if edges:
+        notes.append(f"{edges} collective call(s) at the window's edges have no Flight Recorder entry: not matched")
+    calls["dropped"] = ~keep  # paired still, so that their ops do not shift onto the next calls
     return calls
 
 
@@ -964,12 +978,13 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     kernels = np.flatnonzero(events.of_cat("kernel") & events.named(events.names.comm))
     if not len(kernels):
         return None
-    calls = _calls(events, trace.top, notes)
+    calls = _calls(trace, notes)
     call = _kernel_calls(events, kernels, calls)
     linked = call >= 0
     orphans = int((~linked).sum())
     if orphans:
         notes.append(f"{orphans} NCCL kernel(s) with no host-side collective call in the trace: not matched")
+    linked &= ~groups.take_or(calls["dropped"], call, False)
     # Per call: its first kernel (by start; ties in trace order) gives arrival, the last end its end.
     call, kernels = call[linked], kernels[linked]
     start = events.ts[kernels]
@@ -1046,10 +1061,12 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     if not len(work):
         return None
     work = work[_present(events.names.op[events.name[work]])]
-    calls = _calls(events, trace.top, notes)
+    calls = _calls(trace, notes)
     calls = _take(calls, _present(calls["op"]))
     call_pg = _coalesce(np.array([_pg(a) for a in trace.args(calls["row"].tolist())], object), calls["fr_pg"])
     paired, call = _pair_in_order(events, work, calls, call_pg, notes)
+    kept = (call < 0) | ~groups.take_or(calls["dropped"], call, False)
+    paired, call = paired[kept], call[kept]
     paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
     host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(paired.tolist())
     host = _arg_columns(host_args)

@@ -57,3 +57,15 @@ def test_flight_recorder_sizes_are_totals_of_each_side() -> None:
     assert (_bytes(gather, "input"), _bytes(gather, "output")) == (8192, 16384)
     assert _bytes({"input_sizes": [[4]], "input_dtypes": ["NoSuchType"]}, "input") is None
     assert _bytes(gather, "neither") is None
+
+
+def test_flight_recorder_says_where_its_ring_dropped_the_windows_entries() -> None:
+    """record_id counts every entry made (torch 2.13, TORCH_FR_BUFFER_SIZE=4 after 10 calls: ids
+    6-9 are left). The oldest left, inside the window, marks where the window's entries were lost."""
+    from rankscope.agent.torch_hook import _evicted_before
+
+    kept = [{"record_id": i, "time_created_ns": 100 * i} for i in range(6, 10)]
+    assert _evicted_before(kept, since_ns=500) == 600
+    assert _evicted_before(kept, since_ns=700) is None  # the ring still holds entries from before the window
+    assert _evicted_before([{"record_id": 0, "time_created_ns": 900}], since_ns=500) is None  # nothing dropped
+    assert _evicted_before([], since_ns=500) is None

@@ -798,3 +798,29 @@ def test_async_gloo_ops_of_two_groups_keep_their_own_groups_worker_timing(tmp_pa
         assert [worker_bytes[s] for s in nearest] == coll["bytes"].tolist(), f"rank {rank}"
         doubtful = [w for w in _row(table)["warnings"] if "more than one process group" in w]
         assert len(coll) + sum(int(w.split()[0]) for w in doubtful) == 6
+
+
+def test_a_flight_recorder_ring_too_short_drops_only_the_calls_that_need_it_and_says_so(tmp_path):
+    """TORCH_FR_BUFFER_SIZE shorter than the window: the ring kept only the last call's entry.
+    A call whose record_param_comms names its group and Seq needs none and is matched; one
+    without is dropped, said to be lost to the ring, not to the window's edges."""
+    base = 1_700_000_000_000_000_000
+    events = []
+    for i, identity in enumerate([{"Process Group Name": "0", "Seq": 1}, None, None]):
+        t = 1000 * i
+        events += [_event("c10d::allreduce_", f"{t}.000", "20.000", tid=1),
+                   _event("gloo:all_reduce", f"{t + 30}.000", "400.000", cat="user_annotation", tid=2)]
+        if identity:
+            events.append(_event("record_param_comms", f"{t + 1}.000", "5.000", tid=1,
+                                 args={"Collective name": "allreduce", **identity}))
+    entry_ns = base + 2000 * 1000 + 5_000
+    top = {"baseTimeNanoseconds": base, "rankscope": {"rank": 3, "flight_recorder": {
+        "columns": ["pg_name", "seq", "profiling_name", "time_created_ns"], "rows": [["0", 3, "gloo:all_reduce", entry_ns]],
+        "evicted_before_ns": entry_ns}}}
+    table = read_kineto(_write(tmp_path / "rank3.json", _trace(events, **top)))
+    coll = _collectives(table)
+    assert coll["seq"].tolist() == [1, 3] and coll["start_ns"].tolist() == [base + 30_000, base + 2_030_000]
+    warnings_ = _row(table)["warnings"]
+    assert ("1 collective call(s) have no Flight Recorder entry: the ring (TORCH_FR_BUFFER_SIZE) was too short "
+            "for the window and dropped their entries: not matched") in warnings_
+    assert not any("window's edges" in w for w in warnings_)
