@@ -121,12 +121,14 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
                             f"({some_of(outside)}): no TP overhead for them")
         pywarnings.warn(all_warnings[-1], RankscopeWarning, stacklevel=2)
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
+    late_ranks = _late_ranks(per_rank, found.min_effect_ns)
     comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst, matched.sizes))
     return Report(
         job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
         ranks=_rank_rows(per_rank, model, found, kernels),
         stragglers=found.ranks,
-        late_ranks=_late_ranks(per_rank, found.min_effect_ns),
+        stragglers_not_judged=stragglers.not_judged(found, events, inst, late_ranks),
+        late_ranks=late_ranks,
         communicators=comm_rows,
         slow_communicators=links.slow_communicators(comm_rows),
         tp_overhead=_tp_rows(tp_table, matched),

@@ -139,6 +139,8 @@ class Report:
     slow_communicators: list[SlowCommunicator] = field(default_factory=list)
     world_size: int | None = None  # where the traces say it
     missing_ranks: list[int] = field(default_factory=list)  # of that world, not in the input
+    # why the traces could not tell whether any rank is a straggler (stragglers then []); None: judged
+    stragglers_not_judged: str | None = None
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +171,7 @@ class Report:
                 slow_communicators=[SlowCommunicator(**c) for c in data.get("slow_communicators", [])],
                 world_size=data.get("world_size"),
                 missing_ranks=list(data.get("missing_ranks", [])),
+                stragglers_not_judged=data.get("stragglers_not_judged"),
                 schema=data["schema"],
             )
         except (KeyError, TypeError) as exc:
@@ -274,8 +277,8 @@ def _render(report: Report) -> list[str]:
                 f"late {fmt_ns(r.late_mean_ns)} mean / {fmt_ns(r.late_max_ns)} max, "
                 f"last in {_pct(r.last_arrival_share)}, blame {fmt_ns(r.blame_ns)}"
             )
-    elif all(r.own_delay_ns is None for r in report.ranks) or len(report.ranks) < 3:
-        out.append("STRAGGLERS: not judged (needs 3+ ranks with consecutive collectives)")
+    elif report.stragglers_not_judged:
+        out.append(f"STRAGGLERS: not judged ({report.stragglers_not_judged})")
     else:
         out.append("STRAGGLERS: none (no rank's own delay stands out from its peers)")
     others = [r for r in report.late_ranks if r not in report.stragglers]

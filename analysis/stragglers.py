@@ -14,6 +14,10 @@ A rank is a straggler when its mean own delay stands out robustly from all ranks
 typical collective duration and to the noise of the ranks' means, so a balanced job flags
 none and no fixed number of ranks is ever named; or where up to half the ranks stand
 apart above a clear jump (`_above_a_jump`).
+
+Where none is named, `not_judged` says whether that means "none" or "could not tell": a
+rank's first collective in the capture has no gap before it, so a rank late there (as
+a compute straggler is in a one-step capture) is late for a reason nothing measured.
 """
 
 from __future__ import annotations
@@ -163,6 +167,34 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     flagged, score = stands_out(ranks, delay, significant)
     flagged = sorted(set(flagged) | set(_above_a_jump(ranks, delay, significant)))
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
+
+
+def not_judged(found: Stragglers, events: Table, inst: Table, late_ranks: list[int]) -> str | None:
+    """Why no straggler could be named, where the test could not be made; None where it was
+    (a straggler named, or own delays measured and none standing out). ``inst`` is
+    `metrics.instance_frame` of ``events``; ``late_ranks`` the ranks arriving late."""
+    if found.ranks:
+        return None
+    if np.count_nonzero(~np.isnan(found.own_delay_ns)) < 3:
+        return "needs 3+ ranks with consecutive collectives"
+    blind = _late_at_first(events, inst, late_ranks, found.min_effect_ns)
+    if not blind:
+        return None
+    who = (f"rank {blind[0]} arrives late at its" if len(blind) == 1 else
+           f"ranks {', '.join(map(str, blind))} arrive late at their")
+    return f"{who} first collective in the capture, where no earlier one measures own delay: capture more steps"
+
+
+def _late_at_first(events: Table, inst: Table, late_ranks: list[int], min_effect: float) -> list[int]:
+    """The late ranks late by more than ``min_effect`` at their first collective (on their
+    own clock), which `own_delay` has no gap for."""
+    rank = np.asarray(events["rank"], np.int64)
+    ordered = _by_rank_then_start(rank, np.asarray(events["start_ns"], np.int64))
+    first = ordered[np.concatenate(([True], rank[ordered][1:] != rank[ordered][:-1]))]
+    lateness = np.zeros(len(rank))
+    lateness[np.asarray(inst["row"], np.int64)] = inst["lateness"]
+    late_there = set(rank[first[lateness[first] > min_effect]].tolist())
+    return [r for r in late_ranks if r in late_there]
 
 
 def _causes(events: Table, flagged: list[int]) -> dict[int, str]:

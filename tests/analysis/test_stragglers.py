@@ -15,7 +15,8 @@ from rankscope.analysis.testing import SyntheticJob, synthetic_job
 def test_balanced_job_flags_none(seed: int) -> None:
     digests, _ = synthetic_job(SyntheticJob(nodes=4, gpus_per_node=4, steps=30, jitter_ns=20_000, seed=seed))
     report = analyze(digests)
-    assert report.stragglers == []
+    assert report.stragglers == [] and report.stragglers_not_judged is None
+    assert "STRAGGLERS: none (no rank's own delay stands out from its peers)" in report.render_table().splitlines()
 
 
 def test_straggler_flagged_and_its_node_mates_are_not() -> None:
@@ -102,3 +103,32 @@ def test_replicas_are_the_groups_one_reduction_group_holds_one_member_of_each() 
     rank = np.array([r for ranks in members.values() for r in ranks])
     replica = _replicas(comm, rank, np.isin(comm, [0, 1, 2, 3, 4, 5]))
     assert replica[0] == replica[1] and len({replica[0], replica[2], replica[3]}) == 3
+
+
+def test_a_one_step_capture_says_the_stragglers_were_not_judged_and_why(tmp_path) -> None:
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.sources import load_digests
+
+    # The straggler's extra compute comes before the step's first collective, which has no
+    # earlier collective to measure its own delay from: "none" would contradict its lateness.
+    slow = (sim.Straggler(3, "compute", 2 * sim.MS),)
+    sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=4, tp=2, steps=1, stragglers=slow, seed=3), tmp_path)
+    report = analyze(load_digests([tmp_path]))
+    assert report.stragglers == [] and report.late_ranks[0] == 3
+    reason = report.stragglers_not_judged
+    assert reason is not None and reason.startswith("rank 3 arrives late at its first collective in the capture")
+    assert report.to_dict()["stragglers_not_judged"] == reason
+    lines = report.render_table().splitlines()
+    assert f"STRAGGLERS: not judged ({reason})" in lines
+    assert any(line.startswith("LATE ARRIVALS, mean lateness: rank 3 ") for line in lines)
+
+
+def test_two_ranks_are_too_few_to_judge() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, stragglers={1: 300_000}, seed=4))
+    report = analyze(digests)
+    assert report.stragglers == [] and report.stragglers_not_judged == "needs 3+ ranks with consecutive collectives"
+
+
+def test_a_straggler_found_leaves_nothing_unjudged() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=4, gpus_per_node=4, steps=30, stragglers={6: 150_000}, seed=7))
+    assert analyze(digests).stragglers_not_judged is None
