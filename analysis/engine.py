@@ -10,12 +10,14 @@ cluster at ``--ray-address`` (or starts a local one, the same code path).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from rankscope.address import MAX_PORT, host_port
@@ -48,11 +50,15 @@ class RayEngine(Engine):
         self._ray = ray
         if not ray.is_initialized():
             joining = address or os.environ.get("RAY_ADDRESS")  # Ray reads the environment's itself
+            # Ray's "ray" logger at ERROR (ray.init's documented logging_level): its warnings
+            # (token authentication on, no SIGTERM handler) are no part of a report.
+            init = partial(ray.init, address=address, num_cpus=num_cpus, include_dashboard=False,
+                           log_to_driver=False, logging_level=logging.ERROR)
             if joining:
                 check_reachable(joining)
-            _init_within(lambda: ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
-                                          log_to_driver=False, configure_logging=False),
-                         joining, JOIN_TIMEOUT_S if joining else None)
+                _join_within(init, joining, JOIN_TIMEOUT_S)
+            else:
+                init()  # here: a local cluster started on a thread that then ends never ran a task (Ray 2.60)
 
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
         ray = self._ray
@@ -99,8 +105,8 @@ def check_reachable(address: str) -> None:
         raise TransportError(f"no Ray cluster answers at {address} ({exc.strerror or exc})") from None
 
 
-def _init_within(init: Callable[[], object], address: str | None, timeout_s: float | None) -> None:
-    """Run ``ray.init`` on a thread of its own and give up after ``timeout_s`` (None: wait)."""
+def _join_within(init: Callable[[], object], address: str, timeout_s: float) -> None:
+    """Run ``ray.init`` joining ``address`` on a thread of its own and give up after ``timeout_s``."""
     failure: list[BaseException] = []
 
     def run() -> None:

@@ -108,3 +108,33 @@ def test_files_given_by_relative_path_are_read_where_a_task_runs_elsewhere(sampl
     remote = sources.load_digests(names, map_engine=Elsewhere())
     assert remote.equals(sources.load_digests(names))
     assert remote.column("source_file").to_pylist() == names
+
+
+def _add_one(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_a_local_cluster_runs_its_tasks_and_ray_says_nothing(monkeypatch, capfd) -> None:
+    # Started on a thread of its own, the cluster ran no task: 60 s, then Ray ended the process.
+    # Ray printed its token-authentication and SIGTERM-handler warnings into the report's terminal.
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray_engine = engine.create("ray")
+    try:
+        assert list(ray_engine.map(_add_one, [1, 2])) == [2, 3]
+    finally:
+        ray_engine.shutdown()
+    err = capfd.readouterr().err
+    assert "Token authentication" not in err and "SIGTERM" not in err
+
+
+def test_a_local_cluster_is_started_on_the_calling_thread(monkeypatch) -> None:
+    import threading
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    threads = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: threads.append(threading.current_thread()))
+    engine.create("ray")
+    assert threads == [threading.current_thread()]
