@@ -123,9 +123,30 @@ def _join_within(init: Callable[[], object], address: str, timeout_s: float) -> 
                              "(is it a Ray head's port?)")
     if failure:
         exc = failure[0]
+        if _token_refused(exc):
+            raise ConfigError(f"the Ray cluster at {address} refused this client's authentication token: run with "
+                              "RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH "
+                              "or ~/.ray/auth_token") from None
         if isinstance(exc, (ConnectionError, ValueError)):  # ValueError: an address Ray cannot parse
             raise TransportError(f"cannot join the Ray cluster at {address} ({exc})") from None
         raise exc
+
+
+def _token_refused(exc: BaseException | None) -> bool:
+    """Whether the cluster refused the token. Ray's join keeps the GCS's AuthenticationError
+    only as text (node.py's "last connection error", in the RuntimeError a ConnectionError
+    wraps): its qualified name in the chain is all that tells this from a cluster away."""
+    import ray.exceptions
+
+    refused = getattr(ray.exceptions, "AuthenticationError", None)  # Ray before 2.52 has no token auth
+    if refused is None:
+        return False
+    name = f"{refused.__module__}.{refused.__qualname__}"
+    while exc is not None:
+        if isinstance(exc, refused) or name in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def create(name: str, *, address: str | None = None) -> Engine:

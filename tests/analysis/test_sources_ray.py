@@ -138,3 +138,57 @@ def test_a_local_cluster_is_started_on_the_calling_thread(monkeypatch) -> None:
     monkeypatch.setattr(ray, "init", lambda **kwargs: threads.append(threading.current_thread()))
     engine.create("ray")
     assert threads == [threading.current_thread()]
+
+
+def _refusing_init(**kwargs) -> None:
+    """ray.init joining a token-authenticated cluster with the wrong token, as Ray 2.60
+    fails: the GCS's AuthenticationError only as text, in a RuntimeError, in a ConnectionError."""
+    import traceback
+
+    try:
+        raise ray.exceptions.AuthenticationError("RPC error: InvalidAuthToken: Authentication token is missing or incorrect")
+    except ray.exceptions.AuthenticationError:
+        last = traceback.format_exc()
+    try:
+        raise RuntimeError(f"Failed to connect to GCS. Last connection error: {last}")
+    except RuntimeError as gcs:
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}") from gcs
+
+
+@pytest.mark.skipif(not hasattr(ray.exceptions, "AuthenticationError"), reason="Ray without token authentication")
+def test_a_token_the_cluster_refuses_is_said_so_not_as_a_connection_failure(monkeypatch) -> None:
+    import socket
+
+    from rankscope.errors import ConfigError
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    monkeypatch.setattr(ray, "init", _refusing_init)
+    try:
+        with pytest.raises(ConfigError, match=f"the Ray cluster at {address} refused this client's authentication "
+                                              "token: run with RAY_AUTH_MODE=token"):
+            engine.create("ray", address=address)
+    finally:
+        listener.close()
+
+
+def test_a_cluster_that_fails_otherwise_is_still_a_failure_to_join(monkeypatch) -> None:
+    import socket
+
+    from rankscope.errors import TransportError
+
+    def away(**kwargs) -> None:
+        raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}") from RuntimeError("GCS gone")
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    monkeypatch.setattr(ray, "init", away)
+    try:
+        with pytest.raises(TransportError, match=f"cannot join the Ray cluster at {address}"):
+            engine.create("ray", address=address)
+    finally:
+        listener.close()
