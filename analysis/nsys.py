@@ -867,6 +867,10 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     launch_ns = _take(launches["launch_ns"], launch, 0)
     served = _served(nccl, np.flatnonzero(linked), _take(launches["thread"], launch, -1)[linked], launch_ns[linked])
     out.update(_summarise_calls(served, nccl, rows.size))
+    if out["comms_mixed"].any():
+        _warn_per_file(files, out["file"], out["comms_mixed"], "{} of {} NCCL kernels were launched by an ncclGroup "
+                       "spanning several communicators: each is given the first call's communicator and the whole "
+                       "group's bytes (the export does not say which of the calls a kernel serves)")
     unlinked = out["op"] < 0
     if unlinked.any():
         _warn_per_file(files, out["file"], unlinked, "{} of {} NCCL kernels have no NCCL API range around their launch "
@@ -958,7 +962,7 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
 def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time;
     each with a ``_na`` mask. Ops are codes (`_OPS`); kernels serving no call get -1."""
-    out: Columns = {"op": np.full(n, -1, np.int64)}
+    out: Columns = {"op": np.full(n, -1, np.int64), "comms_mixed": np.zeros(n, bool)}
     for column in ("comm", "bytes", "peer", "nranks", "cpu_call_ns"):
         out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
     if not served["kernel"].size:
@@ -973,16 +977,27 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     known = ~nccl["bytes_na"][row]
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
     out["bytes_na"][at] = ~np.maximum.reduceat(known, first)
-    peer, known = nccl["peer"][row], ~nccl["peer_na"][row]
-    low = np.minimum.reduceat(np.where(known, peer, _I64_MAX), first)
-    high = np.maximum.reduceat(np.where(known, peer, _I64_MIN), first)
+    known = ~nccl["peer_na"][row]
+    low, high = _known_range(nccl["peer"][row], known, first)
     single = np.minimum.reduceat(known, first) & (low == high)
     out["peer"][at], out["peer_na"][at] = np.where(single, low, 0), ~single
     for column in ("comm", "nranks"):
         out[column][at], out[f"{column}_na"][at] = nccl[column][lead], nccl[f"{column}_na"][lead]
+    # A group over several communicators launches kernels the export ties to no one call of it
+    # (reference/nccl-in-traces.md says nothing of which serves which): said, not guessed.
+    known = ~nccl["comm_na"][row]
+    low, high = _known_range(nccl["comm"][row], known, first)
+    out["comms_mixed"][at] = np.maximum.reduceat(known, first) & (low != high)
     out["cpu_call_ns"][at] = served["start"][order][first]  # sorted: the first call
     out["cpu_call_ns_na"][at] = False
     return out
+
+
+def _known_range(values: np.ndarray, known: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per run of rows (each starting at ``first``), the least and greatest known value;
+    the int64 extremes, reversed, where none is known."""
+    return (np.minimum.reduceat(np.where(known, values, _I64_MAX), first),
+            np.maximum.reduceat(np.where(known, values, _I64_MIN), first))
 
 
 def _comm_ids(files: list[_File], out: Columns, nccl: Columns) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

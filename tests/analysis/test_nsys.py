@@ -139,18 +139,20 @@ def _blob(schema: int, payload: bytes) -> bytes:
 COMM = 0xF123_4567_89AB_CDEF  # high bit set: must survive as an unsigned u64
 
 
-def _with_payloads(source: Path, target: Path) -> None:
+def _with_payloads(source: Path, target: Path, recv_comm: int = COMM) -> None:
     """As if exported with --include-blobs=true by NCCL 2.27: send/recv payloads on every
-    call, and a CommInitRank range per process giving ranks opposite to pid order."""
+    call (the recvs on ``recv_comm``), and a CommInitRank range per process giving ranks
+    opposite to pid order."""
     shutil.copy(source, target)
     with sqlite3.connect(target) as db:
         ids = dict(db.execute("SELECT value, id FROM StringIds WHERE value IN ('ncclSend', 'ncclRecv')"))
         for pid, peer in ((144, 1), (145, 0)):
-            payload = struct.pack("<QQi", COMM, 1024, peer) + b"\0" * 4
-            db.execute(
-                "UPDATE NVTX_EVENTS SET binaryData = ? WHERE domainId = 1 AND textId IN (?, ?) AND (globalTid >> 24) & 16777215 = ?",
-                (_blob(16777226, payload), ids["ncclSend"], ids["ncclRecv"], pid),
-            )
+            for call, comm in (("ncclSend", COMM), ("ncclRecv", recv_comm)):
+                payload = struct.pack("<QQi", comm, 1024, peer) + b"\0" * 4
+                db.execute(
+                    "UPDATE NVTX_EVENTS SET binaryData = ? WHERE domainId = 1 AND textId = ? AND (globalTid >> 24) & 16777215 = ?",
+                    (_blob(16777226, payload), ids[call], pid),
+                )
         init_id = db.execute("SELECT MAX(id) + 1 FROM StringIds").fetchone()[0]
         db.execute("INSERT INTO StringIds (id, value) VALUES (?, 'ncclCommInitRank')", (init_id,))
         for pid, rank, device in ((144, 1, 0), (145, 0, 1)):
@@ -184,6 +186,21 @@ def test_payload_blobs_give_communicator_bytes_peer_and_rank(torchrun: Path, tmp
     unlinked = int(coll["bytes"].isna().sum())
     assert unlinked <= 6  # kernels whose group the capture window cut off
     assert any(f"{unlinked} of 66 NCCL kernels carry no communicator id" in w for w in table.column("warnings")[0].as_py())
+    assert not any("spanning several communicators" in w for w in table.column("warnings")[0].as_py())
+
+
+def test_a_group_spanning_two_communicators_is_said_to_be_attributed_to_its_first_call(torchrun: Path,
+                                                                                     tmp_path: Path) -> None:
+    # The sends of each group on one communicator, the recvs on another: the export ties the
+    # group's kernel to no one call, so the report must not pass the first call's off as known.
+    path = tmp_path / "two_comms.sqlite"
+    _with_payloads(torchrun, path, recv_comm=COMM ^ 1)
+    table = nsys.read_nsys(path)
+    linked = int(_collectives(table)["bytes"].notna().sum())  # the kernels of a group in the window
+    assert linked >= 60
+    assert f"{linked} of 66 NCCL kernels were launched by an ncclGroup spanning several communicators: each is " \
+           "given the first call's communicator and the whole group's bytes (the export does not say which of the " \
+           "calls a kernel serves)" in table.column("warnings")[0].as_py()
 
 
 @pytest.mark.parametrize("payloads", [False, True])
