@@ -247,6 +247,7 @@ class CaptureRun:
         self.backend: CaptureBackend | None = None
         self._request: CaptureRequest | None = None
         self._thread: threading.Thread | None = None
+        self._deadline_timer: threading.Timer | None = None
         self._status_lock = threading.Lock()
         self.unsent = False  # the latest status found no session: on_connect reports it
         self._persist_lock = threading.Lock()
@@ -301,14 +302,23 @@ class CaptureRun:
         self._thread = threading.Thread(target=self._run, args=(restarted,), name=f"capture-{self.sweep_id}",
                                         daemon=True)
         self._thread.start()
+        self._arm_deadline()
+
+    def _arm_deadline(self) -> None:
         deadline = self.record.get("deadline")
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
         if deadline is not None and not self.capture.done:
-            timer = threading.Timer(max(0.0, deadline + DEADLINE_GRACE_S - time.time()), self._past_deadline)
-            timer.daemon = True
-            timer.start()
+            self._deadline_timer = threading.Timer(max(0.0, deadline + DEADLINE_GRACE_S - time.time()),
+                                                   self._past_deadline)
+            self._deadline_timer.daemon = True
+            self._deadline_timer.start()
 
     def _past_deadline(self) -> None:
-        if not self.capture.done:  # the coordinator's cancel never came: it gave up on this node long ago
+        # Export time does not count (as at the coordinator): the timer is armed again, the
+        # deadline pushed back by it, when the export ends (the backend bounds the export itself).
+        if not self.capture.done and self.capture.state is not NodeState.EXPORTING:
+            # the coordinator's cancel never came: it gave up on this node long ago
             self.cancel(f"the sweep's {self.record['timeout_s']:g}s timeout passed with no word from the coordinator")
 
     def join(self, timeout: float) -> None:
@@ -338,8 +348,6 @@ class CaptureRun:
         if unknown:
             known = ", ".join(sorted(self.backend.options)) or "none"
             raise ConfigError(f"unknown capture option {unknown[0]!r} for the {name} backend (it reads: {known})")
-        if hasattr(self.backend, "on_counters_released"):  # nsys: DCGM resumes before the export
-            self.backend.on_counters_released = lambda request: self.agent.pauses.release(self.sweep_id)
         self.backend.check(self.request())  # no DCGM pause for a capture that cannot start
 
     def _drive(self, instructions: list) -> None:
@@ -432,12 +440,16 @@ class CaptureRun:
         self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_PAUSE_FAILED), detail)
         return cap.DcgmPaused(outcome.value, detail)
 
+    def _loaded_backend(self) -> CaptureBackend:
+        """The backend; loaded again by an agent restarted with a capture under way."""
+        if self.backend is None:
+            self.backend = load_backend(self.record["backend"])()
+        return self.backend
+
     def _abort(self) -> None:
         """Stop the ranks' recording after a failure; its output is not used, its errors only logged."""
         try:
-            if self.backend is None:  # a restarted agent: the ranks may still be recording
-                self.backend = load_backend(self.record["backend"])()
-            self.backend.stop(self.request())
+            self._loaded_backend().stop(self.request())  # a restarted agent's ranks may still be recording
         except Exception as exc:  # the node is failing already; the reason stays the first one
             log.warning("capture %s: stopping the window after a failure: %s", self.sweep_id, exc)
 
@@ -460,17 +472,23 @@ class CaptureRun:
             self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_RESUMED), self.agent.pauses.error)
         return cap.DcgmResumed(self.agent.pauses.error)
 
-    def _export(self, exports: tuple[str, ...]) -> tuple[str, ...]:
-        """Digest at the edge: only the compact per-rank summary has to cross the network."""
+    def _export(self, outputs: tuple[str, ...]) -> tuple[str, ...]:
+        """The backend's exports (DCGM is back by now), then a digest at the edge: only the
+        compact per-rank summary has to cross the network."""
         from rankscope.analysis.sources import load_digests
 
-        if not exports:
+        if not outputs:
             return ()
-        table = load_digests([Path(p) for p in exports])
+        try:
+            exports = self._loaded_backend().export(self.request(), [Path(p) for p in outputs])
+        finally:
+            self._keep_notes()
+            self._export_ended()
+        table = load_digests(exports)
         path = self.folder / f"{safe_name(self.agent.config.name)}.digest.parquet"
         digest_mod.write(table, path)
         self.record["ranks"] = sorted(int(r) for r in table.column("rank").to_pylist())
-        raw = exports if self.record["upload_raw"] else ()
+        raw = tuple(map(str, exports)) if self.record["upload_raw"] else ()  # kept in the JSON record
         return (str(path), *raw)
 
     def _upload(self, artifacts: tuple[str, ...]) -> None:
@@ -529,10 +547,29 @@ class CaptureRun:
         self.record["dcgm_detail"] = detail
         self.persist()
 
+    def _export_began(self) -> None:
+        """Start the export clock (kept across a restart), which the timeout does not count."""
+        if "exporting_since" not in self.record:
+            self.record["exporting_since"] = time.time()
+            self.persist()
+
+    def _export_ended(self) -> None:
+        """Push the deadline back by the time spent exporting, up to the bound the coordinator
+        was told, as it does for this node, and arm the timer again."""
+        since = self.record.pop("exporting_since", None)
+        if since is None or self.record.get("deadline") is None:
+            return
+        bound = self._loaded_backend().export_timeout_s(self.capture.exports)
+        self.record["deadline"] += min(time.time() - since, bound)
+        self.persist()
+        self._arm_deadline()
+
     def _status(self, state: NodeState, detail: str) -> pb.NodeStatus:
         status = pb.NodeStatus(sweep_id=self.sweep_id, state=states.to_wire(state), detail=detail,
                                dcgm=self.record["dcgm"], dcgm_detail=self.record["dcgm_detail"],
                                agent_time_ns=time.time_ns(), notes=self.record.get("notes", []))
+        if state is NodeState.EXPORTING:
+            status.export_timeout_s = self._loaded_backend().export_timeout_s(self.capture.exports)
         if state is NodeState.FAILED:
             status.reason = self.capture.reason or detail
         if state in (NodeState.UPLOADING, NodeState.UPLOADED):  # uploading: its digest, once stored
@@ -545,6 +582,8 @@ class CaptureRun:
     def _report(self, report: cap.Report) -> None:
         log.info("sweep %s: %s %s", self.sweep_id, report.state.value, report.detail)
         self.record["detail"] = report.detail
+        if report.state is NodeState.EXPORTING:
+            self._export_began()
         with self._status_lock:
             self.unsent = not self.agent.send_status(self._status(report.state, report.detail))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -64,7 +64,19 @@ class CaptureBackend(ABC):
 
     @abstractmethod
     def stop(self, request: CaptureRequest) -> list[Path]:
-        """End recording and return the exports (nsys SQLite, Kineto JSON) to digest."""
+        """End recording and return what it wrote; ``export`` turns that into what is digested.
+        Keep it short: DCGM stays paused until it returns."""
+
+    def export(self, request: CaptureRequest, outputs: Sequence[Path]) -> list[Path]:
+        """Turn what ``stop`` returned into the exports to digest (nsys SQLite, Kineto JSON),
+        after DCGM is resumed, while the node reports EXPORTING. Called again with the same
+        outputs by an agent restarted mid-export. Default: they are the exports already."""
+        return list(outputs)
+
+    def export_timeout_s(self, outputs: Sequence[Path]) -> float:
+        """The longest ``export`` may run before it fails by itself; the sweep's timeout does
+        not count that time (0: too quick to matter, counted like the rest)."""
+        return 0.0
 
     def release_counters(self, request: CaptureRequest) -> None:
         """Called once GPU counters are no longer needed (before export); default: nothing."""

@@ -43,7 +43,7 @@ class CaptureStarted:
 
 @dataclass(frozen=True)
 class CaptureStopped:
-    exports: tuple[str, ...]
+    exports: tuple[str, ...]  # what the backend wrote (nsys reports): exported once DCGM is back
 
 
 @dataclass(frozen=True)

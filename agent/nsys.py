@@ -13,12 +13,14 @@ never a hung agent.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
@@ -216,21 +218,21 @@ def session_listed(session: str, *, nsys: str = NSYS) -> bool:
 class NsysBackend(CaptureBackend):
     """Start and stop the nsys sessions of the node's announced ranks, export each to SQLite.
 
-    ``on_counters_released`` is called once every session has stopped and before any
-    export, so the agent resumes DCGM as early as possible (dcgm.md §9.7)."""
+    ``stop`` only stops the sessions, so DCGM is resumed the moment the window closes
+    (dcgm.md §9.7); the exports follow in ``export``, one ``nsys export`` process per report,
+    as many at once as this node has CPUs."""
 
     name = "nsys"
     options = frozenset({"gpu_metrics"})
 
     def __init__(self, *, nsys: str = NSYS, timeout_s: float = COMMAND_TIMEOUT_S, export_timeout_s: float = EXPORT_TIMEOUT_S,
-                 report_wait_s: float = COMMAND_TIMEOUT_S,
-                 on_counters_released: Callable[[CaptureRequest], None] | None = None) -> None:
+                 report_wait_s: float = COMMAND_TIMEOUT_S, export_workers: int | None = None) -> None:
         super().__init__()
         self.nsys = nsys
         self.timeout_s = timeout_s
-        self.export_timeout_s = export_timeout_s
+        self.export_timeout_s_each = export_timeout_s
         self.report_wait_s = report_wait_s
-        self.on_counters_released = on_counters_released
+        self.export_workers = export_workers or len(os.sched_getaffinity(0))
         # The ranks each capture started: a rank that dies mid-capture drops out of the spool,
         # and must fail the capture rather than silently go missing from it.
         self._started: dict[str, list[RankInfo]] = {}
@@ -267,40 +269,38 @@ class NsysBackend(CaptureBackend):
         self._started[request.sweep_id] = started
 
     def stop(self, request: CaptureRequest) -> list[Path]:
-        """Stop every rank's collection and export each report. A rank whose process ended
-        during the window has no session left to stop, but nsys wrote its report as the
-        process ended: it is exported like the others. The node's capture fails only where
-        no rank's export came out; otherwise the ranks that failed are noted and left out."""
+        """Stop every rank's collection; the reports its ranks write, to ``export``. A rank whose
+        process ended during the window has no session left to stop, but nsys wrote its report
+        as the process ended: it is exported like the others. The node's capture fails only
+        where no rank stopped; otherwise the ranks that failed are noted and left out."""
         exe = find_nsys(self.nsys)
         ranks = self._started.pop(request.sweep_id, None) or self._ranks(request)
         errors: list[str] = []
-        stopped: list[RankInfo] = []
+        reports: list[Path] = []
         for info in ranks:  # stop them all even if one fails: no session left collecting
             try:
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
-                stopped.append(info)
             except ToolError as exc:
                 if lives(info):
                     errors.append(f"rank {info.rank}: {exc}")
-                else:
-                    self.note(f"rank {info.rank} ended during the window: exported what nsys recorded until then")
-                    stopped.append(info)
-        self.release_counters(request)
-        exports: list[Path] = []
-        for info in stopped:
-            try:
-                exports.append(self._export(exe, request, info))
-            except ToolError as exc:
-                errors.append(str(exc))
-        if errors and not exports:
-            raise ToolError("; ".join(errors))
-        for error in errors:
-            self.note(f"went on without {error}")
-        return exports
+                    continue
+                self.note(f"rank {info.rank} ended during the window: exported what nsys recorded until then")
+            reports.append(Path(f"{report_base(request, info)}{REPORT_SUFFIX}"))
+        return self._went_on(reports, errors)
 
-    def release_counters(self, request: CaptureRequest) -> None:
-        if self.on_counters_released is not None:
-            self.on_counters_released(request)
+    def export(self, request: CaptureRequest, outputs: Sequence[Path]) -> list[Path]:
+        """Export every report to SQLite, several at once (each is its own ``nsys export``
+        process); the reports that fail are noted and left out, unless all do."""
+        exe = find_nsys(self.nsys)
+        workers = max(1, min(len(outputs), self.export_workers))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nsys-export") as pool:
+            done = list(pool.map(lambda report: self._export_or_error(exe, request, Path(report)), outputs))
+        return self._went_on([r for r in done if isinstance(r, Path)], [r for r in done if isinstance(r, str)])
+
+    def export_timeout_s(self, outputs: Sequence[Path]) -> float:
+        """Each wave of exports waits for its reports, then exports them, each bounded."""
+        waves = math.ceil(len(outputs) / max(1, self.export_workers))
+        return waves * (self.report_wait_s + self.export_timeout_s_each)
 
     # internals
 
@@ -323,33 +323,45 @@ class NsysBackend(CaptureBackend):
             raise ToolError("no rank on this node runs under `rankscope rank --backend nsys`")
         return ranks
 
-    def _export(self, exe: str, request: CaptureRequest, info: RankInfo) -> Path:
-        base = report_base(request, info)
-        report = self._wait_for_report(Path(f"{base}{REPORT_SUFFIX}"), info)
+    def _went_on(self, done: list[Path], errors: list[str]) -> list[Path]:
+        if errors and not done:
+            raise ToolError("; ".join(errors))
+        for error in errors:
+            self.note(f"went on without {error}")
+        return done
+
+    def _export_or_error(self, exe: str, request: CaptureRequest, report: Path) -> Path | str:
+        try:
+            return self._export(exe, request, report)
+        except ToolError as exc:
+            return str(exc)
+
+    def _export(self, exe: str, request: CaptureRequest, report: Path) -> Path:
+        output = report.with_name(report.name.removesuffix(REPORT_SUFFIX) + ".sqlite")  # what analysis/nsys.py reads
+        if output.exists() and not report.exists():  # exported before an agent restart
+            return output
+        self._wait_for_report(report)
         free = shutil.disk_usage(request.workdir).free
         if free < max(MIN_FREE_BYTES, 2 * report.stat().st_size):
             raise ToolError(f"disk full: {free >> 20} MiB free in {request.workdir}, "
                             f"cannot export {report.name}")
-        output = Path(f"{base}.sqlite")  # what the ingest reads (analysis/nsys.py)
         try:
-            run(export_command(report, output, nsys=exe),
-                timeout_s=self.export_timeout_s)
+            run(export_command(report, output, nsys=exe), timeout_s=self.export_timeout_s_each)
         except ToolError as exc:
-            raise ToolError(f"rank {info.rank}: {exc}") from None
+            raise ToolError(f"{report.name}: {exc}") from None
         if not output.exists():
-            raise ToolError(f"rank {info.rank}: nsys export reported success but wrote no {output}")
+            raise ToolError(f"{report.name}: nsys export reported success but wrote no {output}")
         report.unlink()  # the export is what we keep; reports are large
         return output
 
-    def _wait_for_report(self, report: Path, info: RankInfo) -> Path:
+    def _wait_for_report(self, report: Path) -> None:
         """nsys writes the report when the session stops; give it a bounded time to appear."""
         deadline = time.monotonic() + self.report_wait_s
         while not report.exists():
             if time.monotonic() > deadline:
-                raise ToolError(f"rank {info.rank}: nsys session {info.session} stopped but wrote "
-                                f"no report at {report} within {self.report_wait_s:g} s")
+                raise ToolError(f"{report.name}: nsys stopped the session but wrote no report "
+                                f"within {self.report_wait_s:g} s")
             time.sleep(0.1)
-        return report
 
     def _stop_quietly(self, exe: str, ranks: Sequence[RankInfo]) -> None:
         for info in ranks:

@@ -273,6 +273,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             node=connection.node, state=state, at_ns=self.coordinator.clock(), detail=status.detail,
             reason=status.reason, dcgm=_dcgm(status.dcgm), dcgm_detail=status.dcgm_detail,
             artifacts=tuple(_artifact(a) for a in status.artifacts), notes=tuple(status.notes),
+            export_timeout_s=status.export_timeout_s,
         )
         self.coordinator.node_reported(connection.node, event, status.sweep_id)
 

@@ -73,6 +73,27 @@ class NodeRecord:
     artifacts: list[ArtifactInfo] = field(default_factory=list)
     updated_ns: int = 0
     notes: list[str] = field(default_factory=list)  # what its capture went on without
+    # Export time is not counted against the sweep's timeout, up to the agent's own bound on
+    # it: nsys exports grow with ranks and trace size, not with the capture window.
+    exporting_since_ns: int = 0  # while it exports: since when
+    export_allowance_ns: int = 0  # while it exports: the agent's bound on it
+    export_credit_ns: int = 0  # time spent exporting, added to its deadline
+
+    def deadline_ns(self, sweep_deadline_ns: int, now_ns: int) -> int:
+        """When this node times out: the sweep's deadline, pushed back by its export time."""
+        exporting = min(now_ns - self.exporting_since_ns, self.export_allowance_ns) if self.exporting_since_ns else 0
+        return sweep_deadline_ns + self.export_credit_ns + exporting
+
+    def note_export(self, state: NodeState, at_ns: int, allowance_s: float) -> None:
+        """Start or stop the clock that is not counted against the timeout; a repeated
+        EXPORTING (after a reconnect) keeps it running."""
+        if self.exporting_since_ns and state is NodeState.EXPORTING:
+            return
+        if self.exporting_since_ns:
+            self.export_credit_ns += min(at_ns - self.exporting_since_ns, self.export_allowance_ns)
+            self.exporting_since_ns = self.export_allowance_ns = 0
+        if state is NodeState.EXPORTING and allowance_s > 0:
+            self.exporting_since_ns, self.export_allowance_ns = at_ns, int(allowance_s * 1e9)
 
     @property
     def finished(self) -> bool:
@@ -112,6 +133,7 @@ class NodeReported:
     dcgm_detail: str = ""
     artifacts: tuple[ArtifactInfo, ...] = ()
     notes: tuple[str, ...] = ()
+    export_timeout_s: float = 0.0  # with EXPORTING: the agent's bound on its exports
 
 
 @dataclass(frozen=True)
@@ -269,6 +291,7 @@ class Sweep:
         record = self.nodes.get(event.node)
         if record is None or record.terminal or self.state is not SweepState.RUNNING:
             return []  # not ours, or too late: a timed-out node stays named as missing
+        record.note_export(event.state, event.at_ns, event.export_timeout_s)
         if event.state is NodeState.FAILED:
             record.state, record.reason = NodeState.FAILED, event.reason or event.detail or "agent reported failure"
         elif event.state in _ORDER:
@@ -296,10 +319,14 @@ class Sweep:
             return []
         out: list[Instruction] = []
         for name, record in self.nodes.items():
+            if now_ns < record.deadline_ns(self.deadline_ns, now_ns):
+                continue
             if _on_its_digest(record, f"raw exports not all uploaded within {self.spec.timeout_s:g}s", now_ns):
                 out += [Changed(name), CancelNode(name, record.detail)]
             elif not record.terminal:
-                reason = f"no answer within {self.spec.timeout_s:g}s (last state: {record.state.value})"
+                spent = record.deadline_ns(self.deadline_ns, now_ns) - self.deadline_ns
+                exporting = f" and {spent / 1e9:g}s exporting" if spent else ""
+                reason = f"no answer within {self.spec.timeout_s:g}s{exporting} (last state: {record.state.value})"
                 record.state, record.reason, record.updated_ns = NodeState.TIMED_OUT, reason, now_ns
                 out += [Changed(name), CancelNode(name, reason)]
         return out + self._maybe_analyse(now_ns)

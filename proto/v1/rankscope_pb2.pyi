@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 3a50039a7ecee9ca6152f6308766f4a004e1813138c5cf004d8e738badbbe184
+# from rankscope.proto, sha256 4602e080c5d0f039515de6d4c2e8ae708d12cd531da47b5de17cf674075d721c
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -206,7 +206,7 @@ class Pong(_message.Message):
     def __init__(self, ping_id: _Optional[int] = ..., coordinator_time_ns: _Optional[int] = ..., agent_time_ns: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("sweep_id", "state", "detail", "reason", "dcgm", "dcgm_detail", "artifacts", "agent_time_ns", "notes")
+    __slots__ = ("sweep_id", "state", "detail", "reason", "dcgm", "dcgm_detail", "artifacts", "agent_time_ns", "notes", "export_timeout_s")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,7 @@ class NodeStatus(_message.Message):
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: NodeState
     detail: str
@@ -225,7 +226,8 @@ class NodeStatus(_message.Message):
     artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactRef]
     agent_time_ns: int
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., dcgm_detail: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., agent_time_ns: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    export_timeout_s: float
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., dcgm_detail: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., agent_time_ns: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., export_timeout_s: _Optional[float] = ...) -> None: ...
 
 class AgentEvent(_message.Message):
     __slots__ = ("hello", "heartbeat", "pong", "status")

@@ -142,7 +142,8 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
     return path
 
 
-def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "") -> type[CaptureBackend]:
+def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "",
+                 export_gate: threading.Event | None = None) -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
         options = frozenset({"gpu_metrics"})
@@ -165,6 +166,15 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
                 raise RuntimeError("profiler crashed")
             request.workdir.mkdir(parents=True, exist_ok=True)
             return [fake_digest(request.workdir / f"r{r}.parquet", r, "n0") for r in (0, 1)]
+
+        def export(self, request: CaptureRequest, outputs) -> list[Path]:
+            log.calls.append("backend.export")
+            if export_gate is not None:
+                assert export_gate.wait(WAIT_S), "the test never let the export finish"
+            return list(outputs)
+
+        def export_timeout_s(self, outputs) -> float:
+            return 42.0
 
         def release_counters(self, request: CaptureRequest) -> None:
             log.calls.append("backend.release")
@@ -235,7 +245,8 @@ def test_capture_pauses_before_and_resumes_before_export(coordinator, tmp_path: 
         assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING,
                                            pb.NODE_STATE_EXPORTING, pb.NODE_STATE_UPLOADING, pb.NODE_STATE_UPLOADED,
                                            pb.NODE_STATE_DCGM_RESUMED]
-        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume", "export"]
+        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume",
+                             "backend.export", "export"]
         uploaded = seen[-2]
         (ref,) = uploaded.artifacts
         assert ref.kind == pb.ARTIFACT_KIND_DIGEST and list(ref.ranks) == [0, 1]
@@ -496,5 +507,57 @@ def test_a_capture_past_its_sweeps_deadline_is_given_up_without_the_coordinators
         assert seen[-1].reason == "the sweep's 1s timeout passed with no word from the coordinator"
         assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
     finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_the_node_reports_exporting_while_the_backend_exports_with_dcgm_already_back(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    """nsys exports of 8 large reports take minutes: the node must say it exports (not that it
+    still captures), with telemetry already resumed, and tell the coordinator its bound on it."""
+    servicer, address = coordinator
+    log, gate = Log(), threading.Event()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_gate=gate)
+    try:
+        servicer.commands.put(start("e1"))
+        seen = servicer.statuses("e1", pb.NODE_STATE_EXPORTING)
+        assert seen[-1].state == pb.NODE_STATE_EXPORTING and seen[-1].export_timeout_s == 42.0
+        assert seen[-2].state == pb.NODE_STATE_CAPTURING and seen[-2].export_timeout_s == 0
+        while "backend.export" not in log.calls:  # the export runs now, held by the gate
+            assert thread.is_alive()
+            time.sleep(0.05)
+        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume",
+                             "backend.export"]
+        gate.set()
+        assert servicer.statuses("e1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+    finally:
+        gate.set()
+        agent.close()
+        thread.join(10)
+
+
+def test_export_time_is_not_counted_against_the_sweeps_timeout_by_the_agent(coordinator, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    """An export still running when the deadline passes is not given up: it has its own bound
+    (as at the coordinator), and the deadline moves back by the time it took."""
+    monkeypatch.setattr(agent_mod, "DEADLINE_GRACE_S", 0.0)
+    servicer, address = coordinator
+    log, gate = Log(), threading.Event()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_gate=gate)
+    try:
+        servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="e2", backend="fake",
+                                                                          duration_s=0.05, timeout_s=4.0)))
+        servicer.statuses("e2", pb.NODE_STATE_EXPORTING)
+        record_path = tmp_path / "work" / "captures" / "e2" / "capture.json"
+        deadline = json.loads(record_path.read_text())["deadline"]
+        while time.time() < deadline + 1.0:  # the deadline passes while the export runs (and the
+            # few seconds before it were enough: after it, the upload has the rest of the timeout)
+            time.sleep(0.05)
+        gate.set()
+        seen = servicer.statuses("e2", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED, seen[-1].reason
+        assert json.loads(record_path.read_text())["deadline"] >= deadline + 1.0
+    finally:
+        gate.set()
         agent.close()
         thread.join(10)

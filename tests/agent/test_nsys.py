@@ -157,13 +157,14 @@ def test_rank_wrapper_launches_each_rank_in_its_own_session(node):
 
 def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch):
     use_env(monkeypatch, node.env)
-    released = []
-    backend = nsys.NsysBackend(on_counters_released=lambda req: released.append(
-        sum(argv[0] == "export" for argv in standin_nsys.calls(node.state))))
+    backend = nsys.NsysBackend(export_workers=1)  # one at a time: the calls come in rank order
     request = request_for(node, tmp_path)
     before = len(standin_nsys.calls(node.state))
     backend.start(request)
-    exports = backend.stop(request)
+    reports = backend.stop(request)
+    # stop exports nothing: DCGM is resumed between stop and export
+    assert not any(argv[0] == "export" for argv in standin_nsys.calls(node.state))
+    exports = backend.export(request, reports)
     ranks = local_ranks(node.spool)
     work = request.workdir
     expected = [["profile", "--gpu-metrics-devices=help"]]  # counters free? (nobody holds them here)
@@ -175,7 +176,6 @@ def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch
                   "--force-overwrite=true", "--include-blobs=true", f"{work}/sw1_{r.host}_rank{r.rank}.nsys-rep"]
                  for r in ranks]
     assert standin_nsys.calls(node.state)[before:] == expected
-    assert released == [0]  # DCGM may resume before the first export
     assert [p.name for p in exports] == [f"sw1_{r.host}_rank{r.rank}.sqlite" for r in ranks]
     assert not list(work.glob("*.nsys-rep"))  # reports removed once exported
     digests = load_digests(exports)
@@ -211,6 +211,32 @@ def test_gpu_metrics_are_dropped_when_an_unpaused_dcgm_holds_the_counters(node, 
     assert nsys.gpu_metrics_held() is False
 
 
+def test_the_ranks_reports_are_exported_at_once_each_by_its_own_nsys_export(node, tmp_path, monkeypatch):
+    """On an 8-GPU node the exports, one process per report, must not queue behind each other."""
+    use_env(monkeypatch, node.env)
+    standin_nsys.configure(node.state, export_together=2)  # each export waits for a second one to run
+    backend = nsys.NsysBackend(export_workers=2)
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    exports = backend.export(request, backend.stop(request))
+    assert sorted(load_digests(exports).column("rank").to_pylist()) == [0, 1] and backend.notes == []
+    # the bound told to the coordinator: one wave of exports here, two one at a time
+    assert backend.export_timeout_s(exports) == backend.report_wait_s + nsys.EXPORT_TIMEOUT_S
+    assert nsys.NsysBackend(export_workers=1).export_timeout_s(exports) == 2 * (
+        backend.report_wait_s + nsys.EXPORT_TIMEOUT_S)
+
+
+def test_exports_one_at_a_time_are_what_the_stand_in_catches(node, tmp_path, monkeypatch):
+    """The check above is real: one at a time, the first export waits in vain for a second."""
+    use_env(monkeypatch, node.env)
+    standin_nsys.configure(node.state, export_together=2, export_wait_s=1)
+    backend = nsys.NsysBackend(export_workers=1)
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    exports = backend.export(request, backend.stop(request))
+    assert len(exports) == 1 and "sw1_" in backend.notes[0] and "ran alone" in backend.notes[0]
+
+
 def test_nsys_missing_is_a_tool_error(node, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     for step in (nsys.NsysBackend().check, nsys.NsysBackend().start):  # check: before DCGM is paused
@@ -224,8 +250,10 @@ def test_export_failure_names_the_rank_and_nsys_words(node, tmp_path, monkeypatc
     backend = nsys.NsysBackend()
     request = request_for(node, tmp_path)
     backend.start(request)
-    with pytest.raises(ToolError, match=r"rank 0: `.*nsys export .*` failed \(exit 1\): Error: No space left on device"):
-        backend.stop(request)
+    reports = backend.stop(request)
+    with pytest.raises(ToolError, match=r"sw1_.*_rank0.nsys-rep: `.*nsys export .*` failed \(exit 1\): "
+                                        r"Error: No space left on device"):
+        backend.export(request, reports)
 
 
 def test_a_rank_that_died_mid_window_is_exported_as_far_as_it_lived_and_the_others_go_on(
@@ -241,7 +269,7 @@ def test_a_rank_that_died_mid_window_is_exported_as_far_as_it_lived_and_the_othe
     node.procs[1].wait(30)
     after = request_for(node, tmp_path)  # the spool as the agent reads it now: rank 1 is gone
     assert [r.rank for r in after.ranks] == [0]
-    exports = backend.stop(after)  # the ranks it started, dead or alive
+    exports = backend.export(after, backend.stop(after))  # the ranks it started, dead or alive
     assert ["stop", f"--session={request.ranks[0].session}"] in standin_nsys.calls(node.state)
     assert standin_nsys.sessions(node.state)[request.ranks[0].session]["state"] == "launched"
     assert sorted(load_digests(exports).column("rank").to_pylist()) == [0, 1]
@@ -258,16 +286,16 @@ def test_ranks_that_fail_to_export_are_left_out_while_one_exports(node, tmp_path
     monkeypatch.setattr(backend, "report_wait_s", 0.5)
     real_wait = backend._wait_for_report
 
-    def lose_rank_1(report, info):  # e.g. nsys could not write that report
+    def lose_rank_1(report):  # e.g. nsys could not write that report
         if report == lost:
             report.unlink()
-        return real_wait(report, info)
+        return real_wait(report)
 
     monkeypatch.setattr(backend, "_wait_for_report", lose_rank_1)
-    exports = backend.stop(request)
+    exports = backend.export(request, backend.stop(request))
     assert [p.name for p in exports] == [f"sw1_{request.ranks[0].host}_rank0.sqlite"]
     assert len(backend.notes) == 1 and backend.notes[0].startswith(
-        f"went on without rank 1: nsys session {request.ranks[1].session} stopped but wrote no report")
+        f"went on without {lost.name}: nsys stopped the session but wrote no report")
     assert backend.notes[0] in caplog.text
 
 
@@ -289,8 +317,9 @@ def test_disk_full_is_said_before_exporting(node, tmp_path, monkeypatch):
     backend.start(request)
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(nsys.shutil, "disk_usage", lambda path: usage._replace(free=1 << 20))
+    reports = backend.stop(request)
     with pytest.raises(ToolError, match="disk full: 1 MiB free"):
-        backend.stop(request)
+        backend.export(request, reports)
 
 
 def test_a_hung_nsys_times_out(tmp_path):

@@ -89,6 +89,35 @@ def test_a_silent_node_times_out_and_the_sweep_is_partial_with_it_named() -> Non
     assert sweep.nodes["b"].state is sw.NodeState.TIMED_OUT
 
 
+def test_export_time_is_not_counted_against_the_timeout_up_to_the_agents_bound() -> None:
+    """8 ranks of large nsys exports outlast window + 120 s: a node exporting is not timed
+    out while within the bound its agent gave, and the time it spent moves its deadline."""
+    sweep = started("a", "b")  # 30 s timeout
+    sweep.handle(sw.NodeReported("a", sw.NodeState.EXPORTING, T0 + 10 * S, export_timeout_s=100))
+    sweep.handle(sw.NodeReported("b", sw.NodeState.EXPORTING, T0 + 10 * S, export_timeout_s=100))
+    sweep.handle(sw.NodeReported("a", sw.NodeState.EXPORTING, T0 + 20 * S, export_timeout_s=100))  # a reconnect
+    assert sweep.handle(sw.Tick(T0 + 60 * S)) == []
+    sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADING, T0 + 70 * S))  # 60 s exporting
+    assert sweep.handle(sw.Tick(T0 + 89 * S)) == []
+    out = sweep.handle(sw.Tick(T0 + 90 * S))
+    assert sw.CancelNode("a", "no answer within 30s and 60s exporting (last state: uploading)") in out
+    assert sweep.nodes["b"].state is sw.NodeState.EXPORTING
+    assert sweep.handle(sw.Tick(T0 + 129 * S)) == []
+    out = sweep.handle(sw.Tick(T0 + 130 * S))  # past its agent's own bound on the export
+    assert sw.CancelNode("b", "no answer within 30s and 100s exporting (last state: exporting)") in out
+    # kept across a coordinator restart
+    again = sw.Sweep.from_dict(sweep.to_dict())
+    assert again.nodes["a"].export_credit_ns == 60 * S
+
+
+def test_an_export_without_a_bound_counts_against_the_timeout() -> None:
+    """An agent that predates the bound (0) is timed out as before."""
+    sweep = started("a")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.EXPORTING, T0 + 10 * S))
+    out = sweep.handle(sw.Tick(T0 + 30 * S))
+    assert sw.CancelNode("a", "no answer within 30s (last state: exporting)") in out
+
+
 def test_a_failed_node_is_missing_with_its_reason() -> None:
     sweep = started("a", "b")
     finish(sweep, "a")
