@@ -395,7 +395,7 @@ class CaptureRun:
                 self.backend.start(self.request())
             finally:
                 self._keep_notes()
-            return cap.CaptureStarted()
+            return self._window_opened()
         if isinstance(instruction, cap.StopCapture):
             self.cancelled.wait(self.record["duration_s"])
             try:
@@ -428,8 +428,7 @@ class CaptureRun:
     # steps --------------------------------------------------------------------------
 
     def _pause(self):
-        lease = self.record["duration_s"] + LEASE_MARGIN_S
-        outcome = self.agent.pauses.acquire(self.sweep_id, lease)
+        outcome = self.agent.pauses.acquire(self.sweep_id, self._lease_s())
         detail = self.agent.pauses.error
         if outcome is dcgm_mod.DcgmOutcome.FAILED:
             # Tracing needs no counters; only GPU-metrics sampling does, and DCGM may still
@@ -439,6 +438,20 @@ class CaptureRun:
             self._request = None
         self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_PAUSE_FAILED), detail)
         return cap.DcgmPaused(outcome.value, detail)
+
+    def _window_opened(self):
+        """The lease runs window + margin from now, not from the pause: a slow ``nsys start``
+        (8 ranks, each up to its timeout) must not eat the window's share. A start slower than
+        the lease itself fails the capture: DCGM was resumed under it (never left dark)."""
+        if self.capture.dcgm_mode != cap.PAUSED:
+            return cap.CaptureStarted()
+        if self.agent.pauses.renew(self.sweep_id, self._lease_s()):
+            return cap.CaptureStarted()
+        return cap.Failed(f"starting the ranks' recording outlasted the DCGM pause's {self._lease_s():g}s lease "
+                          "(DCGM was resumed meanwhile): the capture would have fought DCGM for the counters")
+
+    def _lease_s(self) -> float:
+        return self.record["duration_s"] + LEASE_MARGIN_S
 
     def _loaded_backend(self) -> CaptureBackend:
         """The backend; loaded again by an agent restarted with a capture under way."""

@@ -358,6 +358,19 @@ class PauseManager:
             log.info("DCGM pause for %s: %s %s", capture_id, outcome.value, self.error)
             return outcome
 
+    def renew(self, capture_id: str, lease_s: float) -> bool:
+        """Hold a capture's lease ``lease_s`` more seconds from now (when its window actually
+        opens, however long the start took). False where it expired already: DCGM may have
+        been resumed meanwhile, and the capture cannot count on the counters."""
+        with self._lock:
+            if capture_id not in self._leases:
+                return False
+            with self.ledger.deciding():
+                self._leases[capture_id] = self.clock() + lease_s
+                self._save()
+            self._wake.notify_all()
+            return True
+
     def release(self, capture_id: str) -> DcgmOutcome:
         """Drop a capture's lease; resume DCGM if it was the host's last one.
 

@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -143,7 +144,8 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
 
 
 def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "",
-                 export_gate: threading.Event | None = None) -> type[CaptureBackend]:
+                 export_gate: threading.Event | None = None,
+                 on_start: Callable[[CaptureRequest], None] | None = None) -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
         options = frozenset({"gpu_metrics"})
@@ -157,6 +159,8 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
 
         def start(self, request: CaptureRequest) -> None:
             log.calls.append("backend.start")
+            if on_start is not None:
+                on_start(request)
 
         def stop(self, request: CaptureRequest) -> list[Path]:
             log.calls.append("backend.stop")
@@ -559,5 +563,60 @@ def test_export_time_is_not_counted_against_the_sweeps_timeout_by_the_agent(coor
         assert json.loads(record_path.read_text())["deadline"] >= deadline + 1.0
     finally:
         gate.set()
+        agent.close()
+        thread.join(10)
+
+
+def test_the_dcgm_lease_runs_from_when_the_window_opens(coordinator, tmp_path: Path, monkeypatch) -> None:
+    """A slow start (8 ranks of `nsys start`) must not eat the window's share of the lease:
+    renewed when the window opens, it outlives a start that took longer than the margin."""
+    monkeypatch.setattr(agent_mod, "LEASE_MARGIN_S", 2.0)
+    servicer, address = coordinator
+    log, held = Log(), {}
+
+    def slow_start(request: CaptureRequest) -> None:  # done as the lease from the pause nears its end
+        (expiry,) = [until for cid, until in held["agent"].pauses._leases.items() if cid == request.sweep_id]
+        while time.time() < expiry - 1.0:  # unrenewed, the lease would end 1 s into the 3 s window
+            time.sleep(0.05)
+
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, on_start=slow_start)
+    held["agent"] = agent
+    try:
+        servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="l1", backend="fake",
+                                                                          duration_s=3.0)))
+        servicer.statuses("l1", pb.NODE_STATE_CAPTURING)
+        while "backend.stop" not in log.calls:
+            assert thread.is_alive()
+            time.sleep(0.05)
+        assert servicer.statuses("l1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+        # renewed from the window's opening; the pause's own lease would have run out mid-window
+        assert log.calls[:4] == ["dcgm.pause", "backend.start", "backend.stop", "backend.release"]
+        assert log.calls.count("dcgm.resume") == 1
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_start_that_outlasts_the_dcgm_lease_fails_the_capture(coordinator, tmp_path: Path, monkeypatch) -> None:
+    """A wedged start past the lease: DCGM was resumed by the lease's expiry (never left dark),
+    so the window must not run on against DCGM: the node fails, its ranks stopped."""
+    monkeypatch.setattr(agent_mod, "LEASE_MARGIN_S", 0.2)
+    servicer, address = coordinator
+    log, held = Log(), {}
+
+    def wedged_start(request: CaptureRequest) -> None:  # answers only after the lease expired
+        while request.sweep_id in held["agent"].pauses.holders():
+            time.sleep(0.05)
+
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, on_start=wedged_start)
+    held["agent"] = agent
+    try:
+        servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="l2", backend="fake",
+                                                                          duration_s=0.05)))
+        seen = servicer.statuses("l2", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED
+        assert seen[-1].reason.startswith("starting the ranks' recording outlasted the DCGM pause's 0.25s lease")
+        assert log.calls == ["dcgm.pause", "backend.start", "dcgm.resume", "backend.stop", "backend.release"]
+    finally:
         agent.close()
         thread.join(10)

@@ -198,6 +198,17 @@ def test_lease_expiry_resumes_without_anyone_releasing(engine, tmp_path):
     assert m.release("lost-coordinator") is DcgmOutcome.SKIPPED
 
 
+def test_a_lease_renewed_runs_from_the_renewal_and_an_expired_one_is_not_renewed(engine, tmp_path):
+    now = [1000.0]
+    m = manager(tmp_path, clock=lambda: now[0])
+    assert m.acquire("a", lease_s=10) is DcgmOutcome.PAUSED
+    now[0] += 8
+    assert m.renew("a", 10) is True and journal(m)["leases"] == {"a": 1018.0}
+    assert m.renew("never-paused", 10) is False
+    assert m.release("a") is DcgmOutcome.RESUMED and m.renew("a", 10) is False
+    m.close()
+
+
 def test_failed_resume_is_retried_until_the_engine_answers(engine, tmp_path):
     m = manager(tmp_path, resume_retries=1)
     m.acquire("a", 60)
