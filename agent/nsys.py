@@ -26,6 +26,7 @@ from pathlib import Path
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo, lives
 from rankscope.errors import ToolError
+from rankscope.lock import FolderInUse, FolderLock
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,7 @@ class NsysBackend(CaptureBackend):
         # The ranks each capture started: a rank that dies mid-capture drops out of the spool,
         # and must fail the capture rather than silently go missing from it.
         self._started: dict[str, list[RankInfo]] = {}
+        self._holds: dict[str, FolderLock] = {}  # session -> this capture's hold of it (session_hold)
 
     def check(self, request: CaptureRequest) -> None:
         find_nsys(self.nsys)
@@ -261,8 +263,10 @@ class NsysBackend(CaptureBackend):
             argv = start_command(info.session, report_base(request, info), nsys=exe,
                                  gpu_metrics=gpu_metrics and info.local_rank == 0)
             try:
+                self._hold(info)
                 self._start_rank(exe, argv, info)
             except ToolError as exc:
+                self._let_go(info)
                 self._stop_quietly(exe, started)
                 raise ToolError(f"rank {info.rank}: {exc}") from None
             started.append(info)
@@ -279,12 +283,15 @@ class NsysBackend(CaptureBackend):
         reports: list[Path] = []
         for info in ranks:  # stop them all even if one fails: no session left collecting
             try:
+                self._hold(info)  # held already, unless this agent restarted: never stop another's
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
             except ToolError as exc:
                 if lives(info):
                     errors.append(f"rank {info.rank}: {exc}")
                     continue
                 self.note(f"rank {info.rank} ended during the window: exported what nsys recorded until then")
+            finally:
+                self._let_go(info)
             reports.append(Path(f"{report_base(request, info)}{REPORT_SUFFIX}"))
         return self._went_on(reports, errors)
 
@@ -322,6 +329,23 @@ class NsysBackend(CaptureBackend):
         if not ranks:
             raise ToolError("no rank on this node runs under `rankscope rank --backend nsys`")
         return ranks
+
+    def _hold(self, info: RankInfo) -> None:
+        """Hold the rank's session host-wide while this capture's window is open. Two agents
+        reading one spool (a fleet agent beside a job's own) would otherwise stop each other's
+        collection: `nsys stop --session` stops whoever started it, and `_start_rank`'s
+        recovery of a collection left open cannot tell a dead agent's from a live one's."""
+        if info.session in self._holds:
+            return
+        try:
+            self._holds[info.session] = session_hold(info).acquire()
+        except FolderInUse as exc:
+            raise ToolError(f"nsys session {info.session} is in another capture on this host ({exc})") from None
+
+    def _let_go(self, info: RankInfo) -> None:
+        hold = self._holds.pop(info.session, None)
+        if hold is not None:
+            hold.release()
 
     def _went_on(self, done: list[Path], errors: list[str]) -> list[Path]:
         if errors and not done:
@@ -369,6 +393,14 @@ class NsysBackend(CaptureBackend):
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
             except ToolError as exc:
                 log.warning("could not stop nsys session %s: %s", info.session, exc)
+            finally:
+                self._let_go(info)
+
+
+def session_hold(info: RankInfo) -> FolderLock:
+    """The lock on a rank's nsys session, in the spool its announcement came from (the one
+    place every agent that can see the rank shares, across containers too)."""
+    return FolderLock(Path(info.spool) / "sessions" / info.session, f"capture of nsys session {info.session}")
 
 
 def report_base(request: CaptureRequest, info: RankInfo) -> Path:

@@ -340,7 +340,10 @@ def test_no_ranks_under_nsys_is_an_error(tmp_path):
 def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node, tmp_path, monkeypatch):
     use_env(monkeypatch, node.env)
     orphan = request_for(node, tmp_path)
-    nsys.NsysBackend().start(orphan)  # ... and the agent dies here, never stopping
+    dead = nsys.NsysBackend()
+    dead.start(orphan)  # ... and the agent dies here, never stopping
+    for hold in dead._holds.values():  # as the kernel drops a dead process's locks
+        hold.release()
     request = CaptureRequest(sweep_id="sw2", duration_s=0.1, workdir=tmp_path / "work2", ranks=orphan.ranks)
     before = len(standin_nsys.calls(node.state))
     backend = nsys.NsysBackend()
@@ -366,3 +369,24 @@ def test_an_nsys_that_cannot_run_is_named_for_what_is_wrong(tmp_path: Path, monk
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(ToolError, match=r"^nsys not found \('nsys' is not on PATH\): install Nsight Systems"):
         nsys.find_nsys("nsys")
+
+
+def test_two_captures_on_one_host_do_not_stop_each_others_sessions(node, tmp_path, monkeypatch):
+    """A fleet agent and a job's own agent reading one spool: the second must not take the
+    first's sessions over (its dead-agent recovery would stop the first's collection)."""
+    use_env(monkeypatch, node.env)
+    first, second = nsys.NsysBackend(), nsys.NsysBackend()
+    request = request_for(node, tmp_path)
+    other = CaptureRequest(sweep_id="sw2", duration_s=0.1, workdir=tmp_path / "work2", ranks=request.ranks)
+    first.start(request)
+    with pytest.raises(ToolError, match=rf"rank 0: nsys session {request.ranks[0].session} is in another capture "
+                                        r"on this host \(.*in use by capture of nsys session"):
+        second.start(other)
+    sessions = standin_nsys.sessions(node.state)
+    assert [sessions[r.session]["state"] for r in request.ranks] == ["collecting", "collecting"]
+    assert sessions[request.ranks[0].session]["report"] == f"{nsys.report_base(request, request.ranks[0])}.nsys-rep"
+    assert not any(argv[0] == "stop" for argv in standin_nsys.calls(node.state))
+    exports = first.export(request, first.stop(request))
+    assert sorted(load_digests(exports).column("rank").to_pylist()) == [0, 1]
+    second.start(other)  # the window closed: the sessions are free again
+    assert len(second.stop(other)) == 2
