@@ -251,6 +251,7 @@ class CaptureRun:
         self._status_lock = threading.Lock()
         self.unsent = False  # the latest status found no session: on_connect reports it
         self._persist_lock = threading.Lock()
+        self._unsaved = False  # the last save failed (logged once until one succeeds)
 
     @classmethod
     def new(cls, agent: Agent, start: pb.StartCapture) -> CaptureRun:
@@ -610,7 +611,17 @@ class CaptureRun:
             self.unsent = not self.agent.send_status(self._status(state, detail))
 
     def persist(self) -> None:
+        """Save the record, for a restarted agent to carry on from. A save that fails (a full
+        disk, say) is logged, once, and the capture goes on from memory: raising here would
+        end the capture's thread wherever it stood, DCGM paused and the node never ended."""
         with self._persist_lock:
             self.record["capture"] = self.capture.to_dict()
-            self.folder.mkdir(parents=True, exist_ok=True)
-            atomic.write_text(self.folder / "capture.json", json.dumps(self.record))
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                atomic.write_text(self.folder / "capture.json", json.dumps(self.record))
+                self._unsaved = False
+            except Exception:
+                if not self._unsaved:
+                    log.exception("capture %s: its record was not saved (an agent restarted now would not "
+                                  "know where it stood)", self.sweep_id)
+                self._unsaved = True

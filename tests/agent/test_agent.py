@@ -9,6 +9,7 @@ the real coordinator, are in tests/integration/test_sweep*.py.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ import grpc
 import pandas as pd
 import pytest
 
+from rankscope import atomic
 from rankscope.agent import agent as agent_mod
 from rankscope.agent import commands, dcgm
 from rankscope.agent.agent import Agent, AgentConfig, load_backend, safe_name
@@ -617,6 +619,33 @@ def test_a_start_that_outlasts_the_dcgm_lease_fails_the_capture(coordinator, tmp
         assert seen[-1].state == pb.NODE_STATE_FAILED
         assert seen[-1].reason.startswith("starting the ranks' recording outlasted the DCGM pause's 0.25s lease")
         assert log.calls == ["dcgm.pause", "backend.start", "dcgm.resume", "backend.stop", "backend.release"]
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_capture_record_that_cannot_be_saved_does_not_leave_dcgm_paused(coordinator, tmp_path: Path,
+                                                                            monkeypatch, caplog) -> None:
+    """The disk filling up mid-capture: saving the capture's record fails from the pause on.
+    The capture goes on from memory to its end, DCGM resumed, the failure logged once;
+    before, the capture thread died on the error, the node stuck with DCGM paused."""
+    servicer, address = coordinator
+    log = Log()
+    real_write = atomic.write_text
+
+    def write_text(path, text, *args, **kw):
+        if Path(path).name == "capture.json" and "dcgm.pause" in log.calls:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_write(path, text, *args, **kw)
+
+    monkeypatch.setattr(atomic, "write_text", write_text)
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        servicer.commands.put(start("s9"))
+        seen = servicer.statuses("s9", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
+        assert log.calls[-1] == "export" and "dcgm.resume" in log.calls
+        assert sum("its record was not saved" in r.getMessage() for r in caplog.records) == 1
     finally:
         agent.close()
         thread.join(10)
