@@ -15,7 +15,7 @@ import enum
 import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from rankscope.errors import InputError
@@ -317,31 +317,37 @@ class Sweep:
     def _tick(self, now_ns: int) -> list[Instruction]:
         if self.state is not SweepState.RUNNING or now_ns < self.deadline_ns:
             return []
-        out: list[Instruction] = []
-        for name, record in self.nodes.items():
-            if now_ns < record.deadline_ns(self.deadline_ns, now_ns):
-                continue
-            if _on_its_digest(record, f"raw exports not all uploaded within {self.spec.timeout_s:g}s", now_ns):
-                out += [Changed(name), CancelNode(name, record.detail)]
-            elif not record.terminal:
-                spent = record.deadline_ns(self.deadline_ns, now_ns) - self.deadline_ns
-                exporting = f" and {spent / 1e9:g}s exporting" if spent else ""
-                reason = f"no answer within {self.spec.timeout_s:g}s{exporting} (last state: {record.state.value})"
-                record.state, record.reason, record.updated_ns = NodeState.TIMED_OUT, reason, now_ns
-                out += [Changed(name), CancelNode(name, reason)]
-        return out + self._maybe_analyse(now_ns)
+        due = [name for name, record in self.nodes.items() if now_ns >= record.deadline_ns(self.deadline_ns, now_ns)]
+
+        def reason(record: NodeRecord) -> str:
+            spent = record.deadline_ns(self.deadline_ns, now_ns) - self.deadline_ns
+            exporting = f" and {spent / 1e9:g}s exporting" if spent else ""
+            return f"no answer within {self.spec.timeout_s:g}s{exporting} (last state: {record.state.value})"
+
+        return self._end(due, f"raw exports not all uploaded within {self.spec.timeout_s:g}s",
+                         NodeState.TIMED_OUT, reason, now_ns)
 
     def _cancelled(self, event: Cancelled) -> list[Instruction]:
         if self.state is not SweepState.RUNNING:
             return []
+        return self._end(list(self.nodes), f"raw exports not all uploaded ({event.reason})",
+                         NodeState.FAILED, lambda record: event.reason, event.at_ns, told=event.reason)
+
+    def _end(self, names: list[str], digest_why: str, state: NodeState, reason: Callable[[NodeRecord], str],
+             at_ns: int, told: str | None = None) -> list[Instruction]:
+        """End these nodes, each told to stop (why: ``told``, else what its record now says):
+        one still uploading raw exports beside its stored digest finishes on the digest
+        (`_on_its_digest`), any other unfinished one takes ``state`` and its ``reason``.
+        Then analyse, where all have ended."""
         out: list[Instruction] = []
-        for name, record in self.nodes.items():
-            if _on_its_digest(record, f"raw exports not all uploaded ({event.reason})", event.at_ns):
-                out += [Changed(name), CancelNode(name, event.reason)]
+        for name in names:
+            record = self.nodes[name]
+            if _on_its_digest(record, digest_why, at_ns):
+                out += [Changed(name), CancelNode(name, told or record.detail)]
             elif not record.terminal:
-                record.state, record.reason, record.updated_ns = NodeState.FAILED, event.reason, event.at_ns
-                out += [Changed(name), CancelNode(name, event.reason)]
-        return out + self._maybe_analyse(event.at_ns)
+                record.state, record.reason, record.updated_ns = state, reason(record), at_ns
+                out += [Changed(name), CancelNode(name, told or record.reason)]
+        return out + self._maybe_analyse(at_ns)
 
     def _maybe_analyse(self, now_ns: int) -> list[Instruction]:
         if not all(rec.terminal for rec in self.nodes.values()):
