@@ -1219,8 +1219,9 @@ class _Lines:
         return _fifo(self.work_ts, key[: len(self.work_ts)], self.call_ts, key[len(self.work_ts) :])
 
     def _pairs(self, work: np.ndarray, call: np.ndarray) -> np.ndarray:
-        """One integer per (worker op, call) pair, the same in every pairing, sorted."""
-        return np.sort(work * (len(self.call_ts) + 1) + call)
+        """One integer per (worker op, call) pair, the same in every pairing, in the pairs'
+        order (a mask over them must line up with ``work`` and ``call``)."""
+        return work * (len(self.call_ts) + 1) + call
 
     def seeds(self) -> np.ndarray:
         """Each thread's group where the pairs by op alone that leave no doubt give it one
@@ -1256,7 +1257,7 @@ class _Lines:
                 best, pairings, chosen = len(work), [], assigned.copy()
             if len(work) == best:
                 pairings.append(self._pairs(work, call))
-        agreed = functools.reduce(np.intersect1d, pairings)
+        agreed = np.unique(functools.reduce(np.intersect1d, pairings))  # sorted, for in_sorted, also when one
         work, call = self.pair(chosen)
         doubt = ~groups.in_sorted(self._pairs(work, call), agreed)
         return chosen, work[doubt], call[doubt]
