@@ -1212,15 +1212,18 @@ class _Lines:
     call_line: np.ndarray
     pg: np.ndarray
 
-    def pair(self, thread_pg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """FIFO per (line, group), each worker op in its thread's group."""
-        key = groups.pack(np.concatenate([self.work_line, self.call_line]),
-                          np.concatenate([thread_pg[self.thread], self.pg]) + 1)
-        return _fifo(self.work_ts, key[: len(self.work_ts)], self.call_ts, key[len(self.work_ts) :])
+    def _group_pairs(self, pg: int, threads: tuple[int, ...]) -> np.ndarray:
+        """The pairs (ids, `_ids`) of group ``pg``'s calls, FIFO per line, with the worker ops
+        of the threads assigned to it: each group pairs on its own, so assignments that give
+        a group the same threads give it the same pairs."""
+        serves = np.zeros(self.threads, bool)
+        serves[list(threads)] = True
+        work, call = np.flatnonzero(serves[self.thread]), np.flatnonzero(self.pg == pg)
+        w, c = _fifo(self.work_ts[work], self.work_line[work], self.call_ts[call], self.call_line[call])
+        return self._ids(work[w], call[c])
 
-    def _pairs(self, work: np.ndarray, call: np.ndarray) -> np.ndarray:
-        """One integer per (worker op, call) pair, the same in every pairing, in the pairs'
-        order (a mask over them must line up with ``work`` and ``call``)."""
+    def _ids(self, work: np.ndarray, call: np.ndarray) -> np.ndarray:
+        """One integer per (worker op, call) pair, the same in every pairing."""
         return work * (len(self.call_ts) + 1) + call
 
     def seeds(self) -> np.ndarray:
@@ -1249,18 +1252,22 @@ class _Lines:
                    for t in open_.tolist()]
         if math.prod(len(o) for o in options) > _ASSIGNMENTS:
             return None
+        # Pairing per group, cached: of the groups' thread sets across all assignments only a
+        # few differ, and a full pairing per assignment made a 20k-op trace take seconds.
+        group_pairs = functools.cache(self._group_pairs)
+        pgs = np.unique(self.pg).tolist()
         best, pairings = -1, []
         for choice in itertools.product(*options):
             assigned[open_] = choice
-            work, call = self.pair(assigned)
-            if len(work) > best:
-                best, pairings, chosen = len(work), [], assigned.copy()
-            if len(work) == best:
-                pairings.append(self._pairs(work, call))
+            ids = np.concatenate([group_pairs(pg, tuple(np.flatnonzero(assigned == pg).tolist())) for pg in pgs])
+            if len(ids) > best:
+                best, pairings, chosen, chosen_ids = len(ids), [], assigned.copy(), ids
+            if len(ids) == best:
+                pairings.append(ids)
         agreed = np.unique(functools.reduce(np.intersect1d, pairings))  # sorted, for in_sorted, also when one
-        work, call = self.pair(chosen)
-        doubt = ~groups.in_sorted(self._pairs(work, call), agreed)
-        return chosen, work[doubt], call[doubt]
+        doubtful = chosen_ids[~groups.in_sorted(chosen_ids, agreed)]
+        work, call = np.divmod(doubtful, len(self.call_ts) + 1)
+        return chosen, work, call
 
 
 def _neighbour(line: np.ndarray, ts: np.ndarray, step: int, missing: int) -> np.ndarray:

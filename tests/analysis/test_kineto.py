@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from rankscope.analysis import digest
+from rankscope.analysis.kineto import _fifo as _real_fifo
 from rankscope.analysis.kineto import read_kineto
 from rankscope.errors import ExportError
 
@@ -826,7 +827,7 @@ def test_a_flight_recorder_ring_too_short_drops_only_the_calls_that_need_it_and_
     assert not any("window's edges" in w for w in warnings_)
 
 
-def _two_group_trace(calls, workers, worker_order) -> dict:
+def _groups_trace(calls, workers, worker_order) -> dict:
     """A gloo trace whose all_reduce calls ((µs, group, seq)) the hook's Flight Recorder names,
     and worker ops ((µs, tid)) written to the file in ``worker_order``."""
     base = 1_700_000_000_000_000_000
@@ -849,8 +850,35 @@ def test_gloo_pairs_in_doubt_are_the_ones_left_unmatched_whatever_the_files_even
     workers = [(30, 3), (1030, 4), (1040, 5)]
     base = 1_700_000_000_000_000_000
     for order in ([0, 1, 2], [1, 2, 0]):
-        table = read_kineto(_write(tmp_path / "rank3.json", _two_group_trace(calls, workers, order)))
+        table = read_kineto(_write(tmp_path / "rank3.json", _groups_trace(calls, workers, order)))
         coll = _collectives(table)
         assert list(zip(coll["comm_id"], coll["seq"], coll["start_ns"])) == [("1", 1, base + 30_000)], order
         assert ("2 gloo worker op(s) could belong to more than one process group's call (their events name no "
                 "group, and their threads' groups are not certain): not matched") in _row(table)["warnings"]
+
+
+def test_gloo_thread_assignments_pair_each_groups_threads_once_not_each_assignment(tmp_path, monkeypatch):
+    """Four groups of two worker threads, the threads of groups 3 and 4 with no sure pair:
+    4 open threads, 4 groups each, 256 assignments to try. Each group pairs on its own, so
+    one pairing per group and set of threads it is given (at most 4 x 16) does: a FIFO
+    pairing of every line per assignment made a 20k-op trace take seconds."""
+    from rankscope.analysis import kineto
+
+    calls, workers, t = [], [], 0
+    for pg in (1, 2):  # a sure pair on each of their threads: calls far apart
+        for k in range(2):
+            t += 1000
+            calls.append((t, str(pg), len([c for c in calls if c[1] == str(pg)]) + 1))
+            workers.append((t + 10, 10 + 2 * pg + k))
+    for i in range(200):  # then every call comes before the previous one's worker op starts
+        pg = 1 + i % 4
+        calls.append((t + 1000 + 10 * i, str(pg), len([c for c in calls if c[1] == str(pg)]) + 1))
+        workers.append((t + 1015 + 10 * i, 10 + 2 * pg + (i // 4) % 2))
+    fifo_calls = []
+    monkeypatch.setattr(kineto, "_fifo", lambda *a: fifo_calls.append(1) or _real_fifo(*a))
+    table = read_kineto(_write(tmp_path / "rank3.json", _groups_trace(calls, workers, range(len(workers)))))
+    assert len(fifo_calls) <= 4 * 16 + 2  # the seeds' pairing by op alone, and the last one
+    coll = _collectives(table)
+    # groups 1 and 2 keep every pair; 3 and 4 could have each other's threads: theirs are in doubt
+    assert coll.groupby("comm_id").size().to_dict() == {"1": 52, "2": 52}
+    assert (coll["start_ns"] - coll["cpu_call_ns"]).isin([10_000, 15_000]).all()
