@@ -1102,7 +1102,7 @@ def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarra
     sure_work, sure_call = np.flatnonzero(~split.doubtful_work), np.flatnonzero(~split.doubtful_call)
     candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], calls["ts"][sure_call], call_key[sure_call])
     lone = work[~groups.in_sorted(work_line, np.unique(call_line))]
-    dropped = len(sure_work) - len(candidates) - len(lone)
+    dropped = len(sure_work) - len(candidates) - len(lone) - split.unnamed
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
     return np.concatenate([work[sure_work[candidates]], lone]), np.concatenate([sure_call[call], np.full(len(lone), -1)])
@@ -1151,6 +1151,7 @@ class _Split:
     call_group: np.ndarray
     doubtful_work: np.ndarray
     doubtful_call: np.ndarray
+    unnamed: int = 0  # calls of split lines naming no group: their worker ops stay unpaired, said already
 
 
 def _thread_groups(events: _Events, work: np.ndarray, work_line: np.ndarray, calls: dict[str, np.ndarray],
@@ -1185,6 +1186,7 @@ def _thread_groups(events: _Events, work: np.ndarray, work_line: np.ndarray, cal
     thread_pg, doubtful_work, doubtful_call = assigned
     split.work_group[in_work] = thread_pg[thread_of]
     split.call_group[in_calls] = pg[in_calls]
+    split.unnamed = int((pg[in_calls] < 0).sum())
     split.doubtful_work[np.flatnonzero(in_work)[doubtful_work]] = True
     split.doubtful_call[np.flatnonzero(in_calls)[doubtful_call]] = True
     if doubtful_work.any():
@@ -1194,10 +1196,12 @@ def _thread_groups(events: _Events, work: np.ndarray, work_line: np.ndarray, cal
 
 
 def _split_lines(call_line: np.ndarray, pg: np.ndarray) -> np.ndarray:
-    """Lines (sorted) whose calls name two or more groups, each call one (pg >= 0)."""
+    """Lines (sorted) whose calls name two or more groups (pg >= 0). Calls naming none (no
+    Flight Recorder entry: the ring's or the window's edges) do not keep a line unsplit: op
+    alone would pair its named calls across groups again; they pair with no worker op."""
     named = groups.Groups(call_line)
-    spread = named.max(pg) > named.min(pg)
-    return np.sort(named.keys[0][spread & (named.min(pg) >= 0)])
+    spread = named.max(pg) > named.min(np.where(pg >= 0, pg, _NEVER))
+    return np.sort(named.keys[0][spread])
 
 
 @dataclass
@@ -1248,14 +1252,14 @@ class _Lines:
         where too many assignments would have to be tried."""
         assigned = self.seeds()
         open_ = np.flatnonzero(assigned < 0)
-        options = [np.unique(self.pg[groups.in_sorted(self.call_line, np.unique(self.work_line[self.thread == t]))])
-                   for t in open_.tolist()]
+        options = [np.unique(self.pg[groups.in_sorted(self.call_line, np.unique(self.work_line[self.thread == t]))
+                                     & (self.pg >= 0)]) for t in open_.tolist()]
         if math.prod(len(o) for o in options) > _ASSIGNMENTS:
             return None
         # Pairing per group, cached: of the groups' thread sets across all assignments only a
         # few differ, and a full pairing per assignment made a 20k-op trace take seconds.
         group_pairs = functools.cache(self._group_pairs)
-        pgs = np.unique(self.pg).tolist()
+        pgs = np.unique(self.pg[self.pg >= 0]).tolist()
         best, pairings = -1, []
         for choice in itertools.product(*options):
             assigned[open_] = choice

@@ -827,16 +827,16 @@ def test_a_flight_recorder_ring_too_short_drops_only_the_calls_that_need_it_and_
     assert not any("window's edges" in w for w in warnings_)
 
 
-def _groups_trace(calls, workers, worker_order) -> dict:
-    """A gloo trace whose all_reduce calls ((µs, group, seq)) the hook's Flight Recorder names,
-    and worker ops ((µs, tid)) written to the file in ``worker_order``."""
+def _groups_trace(calls, workers, worker_order, **recorder) -> dict:
+    """A gloo trace whose all_reduce calls ((µs, group, seq)) the hook's Flight Recorder names
+    (group None: it has no entry), and worker ops ((µs, tid)) written in ``worker_order``."""
     base = 1_700_000_000_000_000_000
     events = [_event("c10d::allreduce_", f"{t}.000", "20.000", tid=1) for t, _, _ in calls]
     events += [_event("gloo:all_reduce", f"{workers[i][0]}.000", "100.000", cat="user_annotation", tid=workers[i][1])
                for i in worker_order]
-    rows = [[pg, seq, "gloo:all_reduce", base + t * 1000 + 5_000] for t, pg, seq in calls]
+    rows = [[pg, seq, "gloo:all_reduce", base + t * 1000 + 5_000] for t, pg, seq in calls if pg]
     data = _trace(events, baseTimeNanoseconds=base, rankscope={"rank": 3, "flight_recorder": {
-        "columns": ["pg_name", "seq", "profiling_name", "time_created_ns"], "rows": rows}})
+        "columns": ["pg_name", "seq", "profiling_name", "time_created_ns"], "rows": rows, **recorder}})
     data["distributedInfo"]["pg_config"] = [{"pg_name": "1", "ranks": [0, 1, 2, 3]}, {"pg_name": "2", "ranks": [0, 1, 2, 3]}]
     return data
 
@@ -882,3 +882,19 @@ def test_gloo_thread_assignments_pair_each_groups_threads_once_not_each_assignme
     # groups 1 and 2 keep every pair; 3 and 4 could have each other's threads: theirs are in doubt
     assert coll.groupby("comm_id").size().to_dict() == {"1": 52, "2": 52}
     assert (coll["start_ns"] - coll["cpu_call_ns"]).isin([10_000, 15_000]).all()
+
+
+def test_a_call_the_flight_recorder_ring_dropped_does_not_pair_the_other_groups_by_op_alone(tmp_path):
+    """Real 2-rank job, TORCH_FR_BUFFER_SIZE=14: the ring had lost the first calls' entries,
+    and a line with a call naming no group was left unsplit, paired by op alone: the kept
+    calls of two groups took each other's worker ops again, silently. Here group 1's last
+    call came first but group 2's worker op started first."""
+    base = 1_700_000_000_000_000_000
+    calls = [(0, None, None), (1000, "1", 2), (2000, "2", 1), (3000, "1", 3), (3010, "2", 2)]
+    workers = [(30, 3), (1010, 3), (2010, 4), (3030, 3), (3020, 4)]
+    data = _groups_trace(calls, workers, range(len(workers)), evicted_before_ns=base + 1_005_000)
+    table = read_kineto(_write(tmp_path / "rank3.json", data))
+    coll = _collectives(table)
+    starts = {(c, s): t - base for c, s, t in zip(coll["comm_id"], coll["seq"], coll["start_ns"])}
+    assert starts == {("1", 2): 1_010_000, ("2", 1): 2_010_000, ("1", 3): 3_030_000, ("2", 2): 3_020_000}
+    assert not any("enqueued before the window" in w for w in _row(table)["warnings"])
