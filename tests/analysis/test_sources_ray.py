@@ -67,25 +67,27 @@ def test_a_ray_address_of_the_wrong_form_is_refused_in_one_line(address: str, mo
     assert not ray.is_initialized()
 
 
-def test_something_else_on_the_port_is_given_up_on_not_waited_for(monkeypatch) -> None:
-    # An HTTP server on the port: TCP answers, ray.init then retried for 8 minutes and more.
+@pytest.fixture()
+def listening():
+    """HOST:PORT of a socket that accepts connections, as a Ray head's port would."""
     import socket
 
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_something_else_on_the_port_is_given_up_on_not_waited_for(monkeypatch, listening) -> None:
+    # An HTTP server on the port: TCP answers, ray.init then retried for 8 minutes and more.
     from rankscope.errors import TransportError
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
     hung = []
     monkeypatch.setattr(engine, "JOIN_TIMEOUT_S", 0.2)
     monkeypatch.setattr(ray, "init", lambda **kwargs: hung.append(kwargs) or __import__("time").sleep(5))
-    try:
-        with pytest.raises(TransportError, match=f"no Ray cluster answered at {address} within 0.2s"):
-            engine.create("ray", address=address)
-    finally:
-        listener.close()
-    assert hung and hung[0]["address"] == address
+    with pytest.raises(TransportError, match=f"no Ray cluster answered at {listening} within 0.2s"):
+        engine.create("ray", address=listening)
+    assert hung and hung[0]["address"] == listening
 
 
 def test_files_given_by_relative_path_are_read_where_a_task_runs_elsewhere(samples: Path, tmp_path: Path,
@@ -156,39 +158,21 @@ def _refusing_init(**kwargs) -> None:
 
 
 @pytest.mark.skipif(not hasattr(ray.exceptions, "AuthenticationError"), reason="Ray without token authentication")
-def test_a_token_the_cluster_refuses_is_said_so_not_as_a_connection_failure(monkeypatch) -> None:
-    import socket
-
+def test_a_token_the_cluster_refuses_is_said_so_not_as_a_connection_failure(monkeypatch, listening) -> None:
     from rankscope.errors import ConfigError
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
     monkeypatch.setattr(ray, "init", _refusing_init)
-    try:
-        with pytest.raises(ConfigError, match=f"the Ray cluster at {address} refused this client's authentication "
-                                              "token: run with RAY_AUTH_MODE=token"):
-            engine.create("ray", address=address)
-    finally:
-        listener.close()
+    with pytest.raises(ConfigError, match=f"the Ray cluster at {listening} refused this client's authentication "
+                                          "token: run with RAY_AUTH_MODE=token"):
+        engine.create("ray", address=listening)
 
 
-def test_a_cluster_that_fails_otherwise_is_still_a_failure_to_join(monkeypatch) -> None:
-    import socket
-
+def test_a_cluster_that_fails_otherwise_is_still_a_failure_to_join(monkeypatch, listening) -> None:
     from rankscope.errors import TransportError
 
     def away(**kwargs) -> None:
         raise ConnectionError(f"Failed to connect to Ray cluster at {kwargs['address']}") from RuntimeError("GCS gone")
 
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    address = f"127.0.0.1:{listener.getsockname()[1]}"
     monkeypatch.setattr(ray, "init", away)
-    try:
-        with pytest.raises(TransportError, match=f"cannot join the Ray cluster at {address}"):
-            engine.create("ray", address=address)
-    finally:
-        listener.close()
+    with pytest.raises(TransportError, match=f"cannot join the Ray cluster at {listening}"):
+        engine.create("ray", address=listening)
