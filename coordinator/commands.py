@@ -278,8 +278,7 @@ def run_sweeps(args: argparse.Namespace) -> int:
     for sweep in sweeps:
         done = sum(n.state == pb.NODE_STATE_ANALYSED for n in sweep.nodes)
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_ns / 1e9))
-        # "none": analysed and nothing stands out; "-": no report (yet)
-        flagged = ",".join(f"{s.rank}@{s.node}" for s in sweep.stragglers) or "none" if sweep.report_path else "-"
+        flagged = ",".join(f"{s.rank}@{s.node}" for s in sweep.stragglers) or _no_straggler(sweep)
         links = " ".join(f"{ranks_text(list(link.ranks))}:{link.busbw_gbps / link.peers_busbw_gbps:.0%}"
                          for link in sweep.slow_links) or "none" if sweep.report_path else "-"
         rows.append([sweep.sweep_id, state_name(sweep.state), f"{done}/{len(sweep.nodes)}", sweep.backend, started,
@@ -291,6 +290,15 @@ def run_sweeps(args: argparse.Namespace) -> int:
     if repeated:
         print(f"\nflagged again and again: {repeated}")
     return 0
+
+
+def _no_straggler(sweep: pb.Sweep) -> str:
+    """What a sweep naming no straggler shows: "none" where its report judged and nothing
+    stands out, "not judged" where the report could not tell (`rankscope report` says why),
+    "-" where there is no report (yet)."""
+    if not sweep.report_path:
+        return "-"
+    return "not judged" if sweep.stragglers_not_judged else "none"
 
 
 def repeat_findings(sweeps: list[pb.Sweep]) -> str:

@@ -53,6 +53,7 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str]], clock_hints: Map
         stragglers=tuple(RankOn(rank, node_of[rank]) for rank in report.stragglers),
         slow_links=tuple(SlowLink(c.comm_id, c.op, tuple(c.ranks), c.busbw_gbps, c.peers_busbw_gbps)
                          for c in report.slow_communicators),
+        stragglers_not_judged=report.stragglers_not_judged or "",
     )
 
 

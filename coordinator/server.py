@@ -166,6 +166,7 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
         stragglers=[pb.RankRef(rank=s.rank, node=s.node) for s in sweep.stragglers],
         slow_links=[pb.SlowLink(comm_id=link.comm_id, op=link.op, ranks=link.ranks, busbw_gbps=link.busbw_gbps,
                                 peers_busbw_gbps=link.peers_busbw_gbps) for link in sweep.slow_links],
+        stragglers_not_judged=sweep.stragglers_not_judged,
     )
 
 

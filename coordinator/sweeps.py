@@ -167,6 +167,7 @@ class AnalysisDone:
     at_ns: int
     stragglers: tuple[RankOn, ...] = ()
     slow_links: tuple[SlowLink, ...] = ()
+    stragglers_not_judged: str = ""  # the report's reason, where no straggler is named and it could not tell
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,7 @@ class Sweep:
     error: str = ""
     stragglers: list[RankOn] = field(default_factory=list)  # once analysed: who the report flags
     slow_links: list[SlowLink] = field(default_factory=list)  # once analysed: the links it flags
+    stragglers_not_judged: str = ""  # once analysed: why the report could not tell, where it could not
 
     @classmethod
     def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None,
@@ -375,6 +377,7 @@ class Sweep:
         self.report_path = event.report_path
         self.stragglers = list(event.stragglers)
         self.slow_links = list(event.slow_links)
+        self.stragglers_not_judged = event.stragglers_not_judged
         self.state = SweepState.PARTIAL if self.missing else SweepState.ANALYSED
         self.finished_ns = event.at_ns
         return [Changed()]

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 4602e080c5d0f039515de6d4c2e8ae708d12cd531da47b5de17cf674075d721c
+# from rankscope.proto, sha256 86be04fe3cdc2455ddbe4c518f916b58630a3cd9ceea81dd56aeb5d6b4735b83
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -427,7 +427,7 @@ class NodeProgress(_message.Message):
     def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ..., dcgm_detail: _Optional[str] = ...) -> None: ...
 
 class Sweep(_message.Message):
-    __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error", "stragglers", "slow_links")
+    __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error", "stragglers", "slow_links", "stragglers_not_judged")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +441,7 @@ class Sweep(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
     SLOW_LINKS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLERS_NOT_JUDGED_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: SweepState
     backend: str
@@ -454,7 +455,8 @@ class Sweep(_message.Message):
     error: str
     stragglers: _containers.RepeatedCompositeFieldContainer[RankRef]
     slow_links: _containers.RepeatedCompositeFieldContainer[SlowLink]
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[RankRef, _Mapping]]] = ..., slow_links: _Optional[_Iterable[_Union[SlowLink, _Mapping]]] = ...) -> None: ...
+    stragglers_not_judged: str
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., timeout_s: _Optional[float] = ..., created_ns: _Optional[int] = ..., finished_ns: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeProgress, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ..., report_path: _Optional[str] = ..., error: _Optional[str] = ..., stragglers: _Optional[_Iterable[_Union[RankRef, _Mapping]]] = ..., slow_links: _Optional[_Iterable[_Union[SlowLink, _Mapping]]] = ..., stragglers_not_judged: _Optional[str] = ...) -> None: ...
 
 class RankRef(_message.Message):
     __slots__ = ("rank", "node")

@@ -56,7 +56,13 @@ def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_p
     wire = sweep_message(sweep)
     assert [list(link.ranks) for link in wire.slow_links] == [slow["ranks"]]
 
-    class Listing:  # the coordinator's answer to ListSweeps, without a server
+    header, row = _listing(wire, monkeypatch, capsys)
+    assert "SLOW LINKS" in header and f"{','.join(map(str, slow['ranks']))}:50%" in row and "none" in row
+
+
+def _listing(wire, monkeypatch, capsys) -> list[str]:
+    """`rankscope sweeps` lines, the coordinator answering ListSweeps with ``wire`` alone."""
+    class Listing:  # the coordinator's answer, without a server
         def __init__(self, *_): ...
         def __enter__(self): return self
         def __exit__(self, *_): return False
@@ -64,8 +70,28 @@ def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_p
 
     monkeypatch.setattr(commands, "SweepClient", Listing)
     assert main(["sweeps", "--coordinator", "127.0.0.1:1"]) == 0
-    header, row = capsys.readouterr().out.splitlines()
-    assert "SLOW LINKS" in header and f"{','.join(map(str, slow['ranks']))}:50%" in row and "none" in row
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_sweep_whose_report_could_not_judge_is_listed_so_not_as_none(tmp_path, monkeypatch, capsys) -> None:
+    """A health sweep that could not tell (two ranks: too few to judge) must not read as a
+    clean bill: the reason travels from the report to the stored sweep and the wire, and
+    `rankscope sweeps` says "not judged"."""
+    from rankscope.analysis.testing import SyntheticJob, synthetic_job
+
+    table, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, stragglers={1: 300_000}, seed=4))
+    digest.write(table, tmp_path / "node-a.parquet")
+    sweep, _ = sw.Sweep.start(SPEC, ["node-a"], 0, sweep_id="s1")
+    done = reports.build(sweep, [(tmp_path / "node-a.parquet", "node-a")], {}, tmp_path / "s1.json", 7 * S)
+    assert done.stragglers == () and done.stragglers_not_judged == "needs 3+ ranks with consecutive collectives"
+    sweep.state = sw.SweepState.ANALYSING
+    sweep.handle(done)
+    stored = sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict())))
+    assert stored.stragglers_not_judged == done.stragglers_not_judged
+    wire = sweep_message(stored)
+    assert wire.stragglers_not_judged == done.stragglers_not_judged
+    header, row = _listing(wire, monkeypatch, capsys)
+    assert header.split()[6] == "STRAGGLERS" and row.split()[6:8] == ["not", "judged"]
 
 
 def _listed(sweep_id: str, stragglers=(), links=(), analysed: bool = True):
