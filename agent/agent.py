@@ -423,6 +423,7 @@ class CaptureRun:
             self._request = CaptureRequest(
                 sweep_id=self.sweep_id, duration_s=self.record["duration_s"], workdir=self.folder,
                 ranks=tuple(local_ranks(self.agent.config.spool)), options=self.record["options"],
+                cancelled=self.cancelled,
             )
         return self._request
 

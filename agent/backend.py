@@ -7,6 +7,7 @@ agent's capture state machine does not know which profiler runs.
 from __future__ import annotations
 
 import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ class CaptureRequest:
     workdir: Path  # this capture's private folder on the node
     ranks: tuple[RankInfo, ...]  # local ranks to record (may be empty for `sim`)
     options: Mapping[str, str] = field(default_factory=dict)
+    # Set when the capture is cancelled: long steps (exports) stop early instead of finishing
+    # work nobody will read.
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 class CaptureBackend(ABC):

@@ -17,7 +17,9 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +40,7 @@ NCCL_MODES = ("legacy", "advanced", "auto")
 REPORT_SUFFIX = ".nsys-rep"
 COMMAND_TIMEOUT_S = 60.0
 EXPORT_TIMEOUT_S = 900.0
+CANCEL_POLL_S = 0.2  # how soon a cancelled capture's running nsys command is killed
 MIN_FREE_BYTES = 64 << 20  # below this, an export is bound to fail: say "disk full" first
 
 _SESSION_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -163,16 +166,35 @@ def find_nsys(nsys: str = NSYS) -> str:
     raise ToolError(f"nsys not found ({nsys!r} is not on PATH): install Nsight Systems or set RANKSCOPE_NSYS")
 
 
-def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
-    """Run one nsys command; any failure is a ToolError naming the command and nsys's words."""
+def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
+        cancelled: threading.Event | None = None) -> subprocess.CompletedProcess:
+    """Run one nsys command; any failure is a ToolError naming the command and nsys's words.
+    ``cancelled``, once set, kills the command within `CANCEL_POLL_S`."""
     shown = " ".join(map(str, argv))
     try:
-        done = subprocess.run(list(map(str, argv)), capture_output=True, text=True,
-                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+        # its own process group: what nsys starts (an export's importer) is killed with it
+        proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     except FileNotFoundError:
         raise ToolError(f"nsys not found: `{shown}` cannot run") from None
-    except subprocess.TimeoutExpired:
-        raise ToolError(f"`{shown}` did not finish within {timeout_s:g} s") from None
+    deadline = time.monotonic() + timeout_s
+    with proc:
+        while True:
+            try:
+                # communicate may be called again after its timeout, with no output lost
+                stdout, stderr = proc.communicate(timeout=max(0.0, min(CANCEL_POLL_S, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if cancelled is not None and cancelled.is_set():
+                    why = "was stopped: the capture was cancelled"
+                elif time.monotonic() >= deadline:
+                    why = f"did not finish within {timeout_s:g} s"
+                else:
+                    continue
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise ToolError(f"`{shown}` {why}") from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
         raise ToolError(f"`{shown}` failed (exit {done.returncode}): {_last_words(done)}")
     return done
@@ -302,6 +324,8 @@ class NsysBackend(CaptureBackend):
         workers = max(1, min(len(outputs), self.export_workers))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nsys-export") as pool:
             done = list(pool.map(lambda report: self._export_or_error(exe, request, Path(report)), outputs))
+        if request.cancelled.is_set():  # not a partial result to go on with: nobody waits for it
+            raise ToolError(f"sweep {request.sweep_id}: exports stopped, the capture was cancelled")
         return self._went_on([r for r in done if isinstance(r, Path)], [r for r in done if isinstance(r, str)])
 
     def export_timeout_s(self, outputs: Sequence[Path]) -> float:
@@ -364,28 +388,31 @@ class NsysBackend(CaptureBackend):
         output = report.with_name(report.name.removesuffix(REPORT_SUFFIX) + ".sqlite")  # what analysis/nsys.py reads
         if output.exists() and not report.exists():  # exported before an agent restart
             return output
-        self._wait_for_report(report)
+        self._wait_for_report(report, request.cancelled)
         free = shutil.disk_usage(request.workdir).free
         if free < max(MIN_FREE_BYTES, 2 * report.stat().st_size):
             raise ToolError(f"disk full: {free >> 20} MiB free in {request.workdir}, "
                             f"cannot export {report.name}")
         try:
-            run(export_command(report, output, nsys=exe), timeout_s=self.export_timeout_s_each)
+            run(export_command(report, output, nsys=exe), timeout_s=self.export_timeout_s_each,
+                cancelled=request.cancelled)
         except ToolError as exc:
+            output.unlink(missing_ok=True)  # a killed export may leave half a database
             raise ToolError(f"{report.name}: {exc}") from None
         if not output.exists():
             raise ToolError(f"{report.name}: nsys export reported success but wrote no {output}")
         report.unlink()  # the export is what we keep; reports are large
         return output
 
-    def _wait_for_report(self, report: Path) -> None:
+    def _wait_for_report(self, report: Path, cancelled: threading.Event) -> None:
         """nsys writes the report when the session stops; give it a bounded time to appear."""
         deadline = time.monotonic() + self.report_wait_s
         while not report.exists():
             if time.monotonic() > deadline:
                 raise ToolError(f"{report.name}: nsys stopped the session but wrote no report "
                                 f"within {self.report_wait_s:g} s")
-            time.sleep(0.1)
+            if cancelled.wait(0.1):
+                raise ToolError(f"{report.name}: no longer waited for: the capture was cancelled")
 
     def _stop_quietly(self, exe: str, ranks: Sequence[RankInfo]) -> None:
         for info in ranks:

@@ -146,7 +146,7 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
 
 
 def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "",
-                 export_gate: threading.Event | None = None,
+                 export_gate: threading.Event | None = None, export_until_cancelled: bool = False,
                  on_start: Callable[[CaptureRequest], None] | None = None) -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
@@ -175,6 +175,9 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
 
         def export(self, request: CaptureRequest, outputs) -> list[Path]:
             log.calls.append("backend.export")
+            if export_until_cancelled:  # as nsys exports are: killed once the capture is cancelled
+                assert request.cancelled.wait(WAIT_S), "the agent's cancel never reached the export"
+                raise ToolError("exports stopped, the capture was cancelled")
             if export_gate is not None:
                 assert export_gate.wait(WAIT_S), "the test never let the export finish"
             return list(outputs)
@@ -538,6 +541,25 @@ def test_the_node_reports_exporting_while_the_backend_exports_with_dcgm_already_
         assert servicer.statuses("e1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
     finally:
         gate.set()
+        agent.close()
+        thread.join(10)
+
+
+def test_a_cancel_reaches_the_running_export_and_fails_the_node_at_once(coordinator, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_until_cancelled=True)
+    try:
+        servicer.commands.put(start("e3"))
+        servicer.statuses("e3", pb.NODE_STATE_EXPORTING)
+        while "backend.export" not in log.calls:
+            assert thread.is_alive()
+            time.sleep(0.05)
+        servicer.commands.put(pb.CoordinatorCommand(cancel=pb.CancelCapture(sweep_id="e3", reason="stopped by user")))
+        seen = servicer.statuses("e3", pb.NODE_STATE_FAILED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "stopped by user"
+    finally:
         agent.close()
         thread.join(10)
 

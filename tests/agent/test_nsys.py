@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import namedtuple
 from pathlib import Path
@@ -286,10 +287,10 @@ def test_ranks_that_fail_to_export_are_left_out_while_one_exports(node, tmp_path
     monkeypatch.setattr(backend, "report_wait_s", 0.5)
     real_wait = backend._wait_for_report
 
-    def lose_rank_1(report):  # e.g. nsys could not write that report
+    def lose_rank_1(report, cancelled):  # e.g. nsys could not write that report
         if report == lost:
             report.unlink()
-        return real_wait(report)
+        return real_wait(report, cancelled)
 
     monkeypatch.setattr(backend, "_wait_for_report", lose_rank_1)
     exports = backend.export(request, backend.stop(request))
@@ -328,6 +329,46 @@ def test_a_hung_nsys_times_out(tmp_path):
     hung.chmod(0o755)
     with pytest.raises(ToolError, match="did not finish within 0.5 s"):
         nsys.run(nsys.stop_command("s", nsys=str(hung)), timeout_s=0.5)
+
+
+def _alive(pid: int) -> bool:
+    try:  # a zombie (dead, not yet reaped by whoever adopted it) counts as gone
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_a_cancel_kills_a_running_nsys_command_and_what_it_started(tmp_path):
+    hung, child = tmp_path / "nsys", tmp_path / "child.pid"
+    hung.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {child}\nwait\n")
+    hung.chmod(0o755)
+    cancelled = threading.Event()
+    threading.Timer(0.5, cancelled.set).start()
+    began = time.monotonic()
+    with pytest.raises(ToolError, match="was stopped: the capture was cancelled"):
+        nsys.run(nsys.stop_command("s", nsys=str(hung)), timeout_s=60, cancelled=cancelled)
+    assert time.monotonic() - began < 10
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def test_a_cancelled_capture_stops_its_exports_and_keeps_no_half_export(node, tmp_path, monkeypatch):
+    """A cancel mid-export ends it within a poll, not after every report is exported."""
+    use_env(monkeypatch, node.env)
+    standin_nsys.configure(node.state, export_together=3, export_wait_s=60)  # two ranks: both exports hang
+    backend = nsys.NsysBackend(export_workers=2)
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    reports = backend.stop(request)
+    threading.Timer(0.5, request.cancelled.set).start()
+    began = time.monotonic()
+    with pytest.raises(ToolError, match="sweep sw1: exports stopped, the capture was cancelled"):
+        backend.export(request, reports)
+    assert time.monotonic() - began < 10
+    assert not list(request.workdir.glob("*.sqlite*")) and all(Path(r).exists() for r in reports)
 
 
 def test_no_ranks_under_nsys_is_an_error(tmp_path):
