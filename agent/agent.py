@@ -363,6 +363,8 @@ class CaptureRun:
                 if event is None:
                     continue
                 if self.agent.stop.is_set() and not isinstance(event, cap.DcgmResumed):
+                    if isinstance(instruction, cap.StartCapture):  # the ranks record: DCGM resumes on the way out
+                        self._abort()
                     return  # stopping: leave the record as it is, a restart carries on from here
                 followups = self._handle(event)
                 # A failure replaces the plan: what was still queued belongs to the old one.

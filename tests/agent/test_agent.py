@@ -415,6 +415,25 @@ def test_cancel_ends_the_window_early_fails_the_node_and_resumes_dcgm(coordinato
         thread.join(10)
 
 
+def test_an_agent_stopped_as_the_window_opens_stops_the_recording_before_dcgm_resumes(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM after the ranks began recording but before the window's wait began: the agent
+    left them recording and resumed DCGM on its way out, the two then fighting for the counters."""
+    servicer, address = coordinator
+    log, agents = Log(), []
+
+    def stopped_meanwhile(request: CaptureRequest) -> None:  # as the signal handler stops the agent
+        threading.Thread(target=agents[0].session.close).start()
+        assert agents[0].stop.wait(WAIT_S)
+
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, on_start=stopped_meanwhile)
+    agents.append(agent)
+    servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="s4b", backend="fake", duration_s=600)))
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "dcgm.resume"]
+
+
 def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordinator, tmp_path: Path,
                                                                           monkeypatch) -> None:
     servicer, address = coordinator
