@@ -25,7 +25,8 @@ class CoordinatorConfig:
     max_upload_bytes: int = 8 << 30  # one raw nsys report can be several GiB
     chunk_bytes: int = 1 << 20  # suggested to agents; well under gRPC's 4 MiB receive limit
     node_timeout_s: float = 120.0  # beyond the capture duration, for export and upload
-    restart_grace_s: float = 60.0  # after a restart, agents get this long to come back
+    # after a restart, agents get this long to come back; so does an agent gone mid-export
+    restart_grace_s: float = 60.0
     heartbeat_interval_s: float = 10.0
     ping_interval_s: float = 5.0
     # The sync gRPC server holds one worker thread per open stream: every connected agent's

@@ -204,8 +204,16 @@ class Coordinator:
         log.warning("%s refused: %s", who, exc)
 
     def disconnect(self, connection: Connection) -> None:
+        """An agent's session ended. Where it is not back already on another, the exports
+        its node was running count on only for the restart grace (`sw.Disconnected`)."""
         self.registry.disconnect(connection)
         log.info("agent %s disconnected", connection.node)
+        if self._stop.is_set() or self.registry.get(connection.node) is not None:
+            return  # we are the ones going (a restart grants its own grace), or it is back
+        event = sw.Disconnected(connection.node, self.clock(), int(self.config.restart_grace_s * 1e9))
+        with self._lock:
+            for sweep in list(self._active.values()):
+                self._apply(sweep, sweep.handle(event))
 
     def ping(self, connection: Connection) -> tuple[int, int]:
         """A new ping's id and send time, remembered for its pong."""

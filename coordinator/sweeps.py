@@ -78,6 +78,7 @@ class NodeRecord:
     exporting_since_ns: int = 0  # while it exports: since when
     export_allowance_ns: int = 0  # while it exports: the agent's bound on it
     export_credit_ns: int = 0  # time spent exporting, added to its deadline
+    disconnected_exporting: bool = False  # its agent went away mid-export: the allowance is a grace
 
     def deadline_ns(self, sweep_deadline_ns: int, now_ns: int) -> int:
         """When this node times out: the sweep's deadline, pushed back by its export time."""
@@ -86,14 +87,26 @@ class NodeRecord:
 
     def note_export(self, state: NodeState, at_ns: int, allowance_s: float) -> None:
         """Start or stop the clock that is not counted against the timeout; a repeated
-        EXPORTING (after a reconnect) keeps it running."""
+        EXPORTING (after a reconnect) keeps it running, with the agent's bound again."""
+        self.disconnected_exporting = False
         if self.exporting_since_ns and state is NodeState.EXPORTING:
+            if allowance_s > 0:
+                self.export_allowance_ns = int(allowance_s * 1e9)
             return
         if self.exporting_since_ns:
             self.export_credit_ns += min(at_ns - self.exporting_since_ns, self.export_allowance_ns)
             self.exporting_since_ns = self.export_allowance_ns = 0
         if state is NodeState.EXPORTING and allowance_s > 0:
             self.exporting_since_ns, self.export_allowance_ns = at_ns, int(allowance_s * 1e9)
+
+    def cut_export(self, until_ns: int) -> bool:
+        """Count a running export only until ``until_ns`` (its agent went away: the time it
+        has to come back, not the bound it gave); True where that shortened it."""
+        allowance = until_ns - self.exporting_since_ns
+        if not self.exporting_since_ns or allowance >= self.export_allowance_ns:
+            return False
+        self.export_allowance_ns, self.disconnected_exporting = max(0, allowance), True
+        return True
 
     @property
     def finished(self) -> bool:
@@ -134,6 +147,16 @@ class NodeReported:
     artifacts: tuple[ArtifactInfo, ...] = ()
     notes: tuple[str, ...] = ()
     export_timeout_s: float = 0.0  # with EXPORTING: the agent's bound on its exports
+
+
+@dataclass(frozen=True)
+class Disconnected:
+    """A node's agent ended its session: an export it was running counts on for ``grace_ns``,
+    its time to come back. A dead agent's node must not hold the sweep for its whole bound."""
+
+    node: str
+    at_ns: int
+    grace_ns: int
 
 
 @dataclass(frozen=True)
@@ -192,7 +215,7 @@ class Cancelled:
     at_ns: int
 
 
-Event = NodeReported | Tick | AnalysisDone | AnalysisFailed | Restarted | Cancelled
+Event = NodeReported | Disconnected | Tick | AnalysisDone | AnalysisFailed | Restarted | Cancelled
 
 
 # Instructions: what the coordinator must do next. ----------------------------------
@@ -275,6 +298,8 @@ class Sweep:
     def handle(self, event: Event) -> list[Instruction]:
         if isinstance(event, NodeReported):
             return self._reported(event)
+        if isinstance(event, Disconnected):
+            return self._disconnected(event)
         if isinstance(event, Tick):
             return self._tick(event.now_ns)
         if isinstance(event, AnalysisDone):
@@ -316,6 +341,12 @@ class Sweep:
         record.updated_ns = event.at_ns
         return [Changed(event.node), *self._maybe_analyse(event.at_ns)]
 
+    def _disconnected(self, event: Disconnected) -> list[Instruction]:
+        record = self.nodes.get(event.node)
+        if record is None or record.terminal or self.state is not SweepState.RUNNING:
+            return []
+        return [Changed(event.node)] if record.cut_export(event.at_ns + event.grace_ns) else []
+
     def _tick(self, now_ns: int) -> list[Instruction]:
         if self.state is not SweepState.RUNNING or now_ns < self.deadline_ns:
             return []
@@ -324,7 +355,8 @@ class Sweep:
         def reason(record: NodeRecord) -> str:
             spent = record.deadline_ns(self.deadline_ns, now_ns) - self.deadline_ns
             exporting = f" and {spent / 1e9:g}s exporting" if spent else ""
-            return f"no answer within {self.spec.timeout_s:g}s{exporting} (last state: {record.state.value})"
+            gone = ", its agent gone since it disconnected mid-export" if record.disconnected_exporting else ""
+            return f"no answer within {self.spec.timeout_s:g}s{exporting}{gone} (last state: {record.state.value})"
 
         return self._end(due, f"raw exports not all uploaded within {self.spec.timeout_s:g}s",
                          NodeState.TIMED_OUT, reason, now_ns)

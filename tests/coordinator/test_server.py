@@ -218,6 +218,32 @@ def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, di
         wire.stop(running)
 
 
+def test_a_node_whose_agent_dies_mid_export_ends_after_the_grace_not_its_exports_bound(
+        tmp_path, wire, digests) -> None:
+    """Its agent had given an hour's bound on its exports; gone, it has the restart grace to
+    come back, and the fleet's report does not wait the hour."""
+    running = wire.start(tmp_path / "data", restart_grace_s=1.0)
+    try:
+        talking, dying = (wire.FakeAgent(running, name) for name in sorted(digests))
+        with SweepClient(running.address) as client:
+            sweep_id = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=2.0).sweep_id
+            talking.finish(started_capture(talking).sweep_id, digests[talking.node])
+            started_capture(dying)
+            dying.status(sweep_id, pb.NODE_STATE_EXPORTING, export_timeout_s=3600)
+            time.sleep(0.5)  # the status is in before the session ends
+            dying.close()
+            deadline = time.monotonic() + 30
+            while (done := client.sweeps()[0]).state == pb.SWEEP_STATE_RUNNING:
+                assert time.monotonic() < deadline, "the sweep waited on the gone agent's export bound"
+                time.sleep(0.2)
+        assert list(done.missing) == [dying.node]
+        (gone,) = [n for n in done.nodes if n.node == dying.node]
+        assert gone.state == pb.NODE_STATE_TIMED_OUT and "disconnected mid-export" in gone.reason
+        talking.close()
+    finally:
+        wire.stop(running)
+
+
 def test_pings_estimate_the_agent_clock_offset(coordinator, wire) -> None:
     agent = wire.FakeAgent(coordinator, "skewed", clock_skew_ns=5_000_000_000)
     store = Store(coordinator.data_dir / "state.sqlite")

@@ -110,6 +110,33 @@ def test_export_time_is_not_counted_against_the_timeout_up_to_the_agents_bound()
     assert again.nodes["a"].export_credit_ns == 60 * S
 
 
+def test_an_agent_gone_mid_export_has_the_grace_to_come_back_not_its_whole_bound() -> None:
+    """A node that dies while exporting must not hold a fleet's report for the hour its
+    agent's bound allows: export time counts on for the grace only, unless it comes back."""
+    sweep = started("a", "b")  # 30 s timeout
+    for node in ("a", "b"):
+        sweep.handle(sw.NodeReported(node, sw.NodeState.EXPORTING, T0 + 10 * S, export_timeout_s=3600))
+    for node in ("a", "b"):
+        assert sweep.handle(sw.Disconnected(node, T0 + 40 * S, 60 * S)) == [sw.Changed(node)]
+    assert sweep.handle(sw.Disconnected("a", T0 + 41 * S, 60 * S)) == []  # nothing more to cut
+    sweep.handle(sw.NodeReported("b", sw.NodeState.EXPORTING, T0 + 70 * S, export_timeout_s=3600))  # back
+    assert sweep.handle(sw.Tick(T0 + 119 * S)) == []
+    out = sweep.handle(sw.Tick(T0 + 120 * S))  # 30 s + export credited until the disconnect and the grace
+    assert sw.CancelNode("a", "no answer within 30s and 90s exporting, its agent gone since it "
+                         "disconnected mid-export (last state: exporting)") in out
+    assert sweep.nodes["b"].state is sw.NodeState.EXPORTING
+    again = sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict())))  # kept across a coordinator restart
+    assert again.nodes["b"].export_allowance_ns == 3600 * S and again.nodes["a"].disconnected_exporting
+
+
+def test_a_disconnect_outside_an_export_changes_nothing() -> None:
+    sweep = started("a")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.CAPTURING, T0 + S))
+    assert sweep.handle(sw.Disconnected("a", T0 + 2 * S, 60 * S)) == []
+    assert sweep.handle(sw.Disconnected("zz", T0 + 2 * S, 60 * S)) == []
+    assert sweep.handle(sw.Tick(T0 + 29 * S)) == []
+
+
 def test_an_export_without_a_bound_counts_against_the_timeout() -> None:
     """An agent that predates the bound (0) is timed out as before."""
     sweep = started("a")
