@@ -200,7 +200,8 @@ def _rank_list(ranks: list[int]) -> str:
 
 
 def _late_ranks(per_rank: Table, min_effect: float) -> list[int]:
-    """Ranks arriving late beyond their peers: root causes and the ranks they delayed.
+    """Ranks arriving late beyond their peers (standing out, or above a jump as where one
+    rank of several TP pairs is slow and its mates wait): root causes and the ranks they delayed.
 
     Too few ranks for robust statistics (a two-rank job): a rank later than its peer by the
     minimum effect, so a single late rank is still named with its lateness. (Lateness counts
@@ -208,7 +209,7 @@ def _late_ranks(per_rank: Table, min_effect: float) -> list[int]:
     it is the difference that tells a late rank.)
     """
     ranks, late = per_rank["rank"], np.asarray(per_rank["late_mean_ns"], dtype=np.float64)
-    flagged, _ = stragglers.stands_out(ranks, late, min_effect)
+    flagged, _ = stragglers.outliers(ranks, late, min_effect)
     known = ~np.isnan(late)
     if known.sum() < 3:
         earliest = late[known].min() if known.any() else 0.0

@@ -164,8 +164,7 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     # by chance, and a rank's noise stood out
     noise = float(nanmedian(error[count > 1])) if (count > 1).any() else 0.0
     significant = max(min_effect, Z_MIN * noise)
-    flagged, score = stands_out(ranks, delay, significant)
-    flagged = sorted(set(flagged) | set(_above_a_jump(ranks, delay, significant)))
+    flagged, score = outliers(ranks, delay, significant)
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
 
@@ -194,7 +193,7 @@ def _late_at_first(events: Table, inst: Table, late_ranks: list[int], min_effect
     lateness = np.zeros(len(rank))
     lateness[np.asarray(inst["row"], np.int64)] = inst["lateness"]
     late_there = set(rank[first[lateness[first] > min_effect]].tolist())
-    return [r for r in late_ranks if r in late_there]
+    return sorted(r for r in late_ranks if r in late_there)
 
 
 def _causes(events: Table, flagged: list[int]) -> dict[int, str]:
@@ -221,6 +220,13 @@ def stands_out(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tupl
         return [], np.full(len(value), np.nan)
     score, effect = _robust_score(value, known)
     return sorted(int(r) for r in np.asarray(ranks)[(score > Z_MIN) & (effect > min_effect)]), score
+
+
+def outliers(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tuple[list[int], np.ndarray]:
+    """Ranks whose value stands out (`stands_out`) or lies above a jump (`_above_a_jump`:
+    up to half the ranks high), and every rank's robust z-score."""
+    flagged, score = stands_out(ranks, values, min_effect)
+    return sorted(set(flagged) | set(_above_a_jump(ranks, values, min_effect))), score
 
 
 def _above_a_jump(ranks: np.ndarray, delay: np.ndarray, min_effect: float) -> list[int]:

@@ -123,6 +123,20 @@ def test_a_one_step_capture_says_the_stragglers_were_not_judged_and_why(tmp_path
     assert any(line.startswith("LATE ARRIVALS, mean lateness: rank 3 ") for line in lines)
 
 
+def test_a_one_step_capture_with_a_straggler_in_two_tp_groups_is_not_passed_off_as_none(tmp_path) -> None:
+    """Two of four TP pairs slowed: with their waiting mates, half the ranks arrive late, so
+    none stands out from a median they make; they stand above a jump, as stragglers would."""
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.sources import load_digests
+
+    slow = (sim.Straggler(3, "compute", 2 * sim.MS), sim.Straggler(6, "compute", 2 * sim.MS))
+    sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=4, tp=2, steps=1, stragglers=slow, seed=0), tmp_path)
+    report = analyze(load_digests([tmp_path]))
+    assert report.stragglers == [] and sorted(report.late_ranks[:2]) == [3, 6]
+    assert sorted(report.late_ranks) == [2, 3, 6, 7]  # and the mates they kept waiting at the DP collective
+    assert report.stragglers_not_judged.startswith("ranks 3, 6 arrive late at their first collective")
+
+
 def test_two_ranks_are_too_few_to_judge() -> None:
     digests, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, stragglers={1: 300_000}, seed=4))
     report = analyze(digests)
