@@ -500,7 +500,8 @@ class CaptureRun:
             exports = self._loaded_backend().export(self.request(), [Path(p) for p in outputs])
         finally:
             self._keep_notes()
-            self._export_ended()
+            if not self.agent.stop.is_set():  # stopping kills the exports: the clock runs on across the restart
+                self._export_ended()
         table = load_digests(exports)
         path = self.folder / f"{safe_name(self.agent.config.name)}.digest.parquet"
         digest_mod.write(table, path)

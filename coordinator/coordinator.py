@@ -208,10 +208,12 @@ class Coordinator:
         its node was running count on only for the restart grace (`sw.Disconnected`)."""
         self.registry.disconnect(connection)
         log.info("agent %s disconnected", connection.node)
-        if self._stop.is_set() or self.registry.get(connection.node) is not None:
-            return  # we are the ones going (a restart grants its own grace), or it is back
-        event = sw.Disconnected(connection.node, self.clock(), int(self.config.restart_grace_s * 1e9))
+        # Checked under the lock: a new session's reports take it too, so one that is back
+        # before the check is seen here, and one back after it reports after the cut.
         with self._lock:
+            if self._stop.is_set() or self.registry.get(connection.node) is not None:
+                return  # we are the ones going (a restart grants its own grace), or it is back
+            event = sw.Disconnected(connection.node, self.clock(), int(self.config.restart_grace_s * 1e9))
             for sweep in list(self._active.values()):
                 self._apply(sweep, sweep.handle(event))
 

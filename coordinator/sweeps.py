@@ -423,6 +423,9 @@ class Sweep:
     def _restarted(self, event: Restarted) -> list[Instruction]:
         if self.state is SweepState.RUNNING:
             self.deadline_ns = max(self.deadline_ns, event.now_ns + event.grace_ns)
+            for record in self.nodes.values():  # every agent is away: exports count on for the grace
+                if not record.terminal:
+                    record.cut_export(event.now_ns + event.grace_ns)
             return [Changed()]
         if self.state is SweepState.ANALYSING:
             return [Analyse(self.digests())]

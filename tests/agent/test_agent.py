@@ -690,3 +690,28 @@ def test_a_capture_record_that_cannot_be_saved_does_not_leave_dcgm_paused(coordi
     finally:
         agent.close()
         thread.join(10)
+
+
+def an_agent_stopped_mid_export_keeps_the_export_clock_for_its_restart(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    """Stopping the agent sets the run's cancel, which now kills its exports: the export's
+    `finally` must not close the export clock (`_export_began`: "kept across a restart"), or
+    the restart's downtime counts against the agent's deadline while the coordinator's clock,
+    started at the first EXPORTING, runs on."""
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_until_cancelled=True)
+    servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="e9", backend="fake",
+                                                                      duration_s=0.05, timeout_s=600.0)))
+    servicer.statuses("e9", pb.NODE_STATE_EXPORTING)
+    record_path = tmp_path / "work" / "captures" / "e9" / "capture.json"
+    while "backend.export" not in log.calls:
+        assert thread.is_alive()
+        time.sleep(0.05)
+    before = json.loads(record_path.read_text())
+    agent.close()
+    thread.join(10)
+    after = json.loads(record_path.read_text())
+    assert after["capture"]["state"] == "exporting"  # a restart carries on exporting
+    assert after.get("exporting_since") == before["exporting_since"]
+    assert after["deadline"] == before["deadline"]
