@@ -1,5 +1,5 @@
-"""Review s14: a reconnect racing the old session's disconnect, and a coordinator restart
-mid-export, must not leave an exporting node's allowance wrong."""
+"""The export clock at the coordinator: a reconnect racing the old session's disconnect, and a
+coordinator restart mid-export, must not leave an exporting node's allowance wrong."""
 
 from __future__ import annotations
 
