@@ -169,8 +169,10 @@ def find_nsys(nsys: str = NSYS) -> str:
 def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
         cancelled: threading.Event | None = None) -> subprocess.CompletedProcess:
     """Run one nsys command; any failure is a ToolError naming the command and nsys's words.
-    ``cancelled``, once set, kills the command within `CANCEL_POLL_S`."""
+    ``cancelled``, once set, kills the command within `CANCEL_POLL_S`, or keeps it from starting."""
     shown = " ".join(map(str, argv))
+    if cancelled is not None and cancelled.is_set():  # queued behind a cancel: starting it only to kill it
+        raise ToolError(f"`{shown}` was not started: the capture was cancelled")
     try:
         # its own process group: what nsys starts (an export's importer) is killed with it
         proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -355,6 +355,18 @@ def test_a_cancel_kills_a_running_nsys_command_and_what_it_started(tmp_path):
     assert not _alive(pid)
 
 
+def test_a_command_queued_behind_a_cancel_is_not_started(tmp_path):
+    marker = tmp_path / "started"
+    tool = tmp_path / "nsys"
+    tool.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    tool.chmod(0o755)
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(ToolError, match="was not started: the capture was cancelled"):
+        nsys.run(nsys.stop_command("s", nsys=str(tool)), timeout_s=60, cancelled=cancelled)
+    assert not marker.exists()
+
+
 def test_a_cancelled_capture_stops_its_exports_and_keeps_no_half_export(node, tmp_path, monkeypatch):
     """A cancel mid-export ends it within a poll, not after every report is exported."""
     use_env(monkeypatch, node.env)
