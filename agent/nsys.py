@@ -109,6 +109,11 @@ def export_command(report: Path, output: Path, *, type: str = "sqlite", nsys: st
             "--include-blobs=true", str(report)]
 
 
+def export_path(report: Path) -> Path:
+    """Where `NsysBackend` exports ``report``: beside it, as the ``.sqlite`` analysis/nsys.py reads."""
+    return report.with_name(report.name.removesuffix(REPORT_SUFFIX) + ".sqlite")
+
+
 def profile_command(cmd: Sequence[str], output: Path, *, trace: str = trace_flag(DEFAULT_TRACE),
                     duration_s: float | None = None, capture_range: str | None = None,
                     nvtx_capture: str | None = None, gpu_metrics: bool = False, nsys: str = NSYS) -> list[str]:
@@ -200,6 +205,40 @@ def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
     if done.returncode != 0:
         raise ToolError(f"`{shown}` failed (exit {done.returncode}): {_last_words(done)}")
     return done
+
+
+def stop_leftover_exports(commands: Sequence[Sequence[str]]) -> None:
+    """Kill what runs ``commands`` still, left by an agent killed mid-export: `run` starts each
+    in its own session, so it outlived that agent, and would write the output beside ours.
+    Found by argv (a wrapper script's interpreter may come first) in Linux's /proc; its whole
+    process group goes, an export's importer with it."""
+    wanted = {tuple(map(str, command[1:])) for command in commands}
+    width = len(next(iter(wanted), ()))
+    for pid, argv in _processes():
+        if tuple(argv[-width:]) not in wanted:
+            continue
+        try:
+            group = os.getpgid(pid)
+            if group == os.getpgrp():  # never this agent's own group
+                os.kill(pid, signal.SIGKILL)
+            else:
+                os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:  # ended meanwhile
+            continue
+        log.warning("stopped `%s` (pid %d), left running by an earlier agent", " ".join(argv), pid)
+
+
+def _processes() -> list[tuple[int, list[str]]]:
+    """Each live process's pid and argv; a zombie's argv is empty."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:  # ended, or not ours to read
+            continue
+        if raw:
+            found.append((int(entry.name), raw.decode(errors="replace").split("\0")[:-1]))
+    return found
 
 
 def _last_words(done: subprocess.CompletedProcess) -> str:
@@ -323,6 +362,7 @@ class NsysBackend(CaptureBackend):
         """Export every report to SQLite, several at once (each is its own ``nsys export``
         process); the reports that fail are noted and left out, unless all do."""
         exe = find_nsys(self.nsys)
+        stop_leftover_exports([export_command(Path(r), export_path(Path(r)), nsys=exe) for r in outputs])
         workers = max(1, min(len(outputs), self.export_workers))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nsys-export") as pool:
             done = list(pool.map(lambda report: self._export_or_error(exe, request, Path(report)), outputs))
@@ -387,7 +427,7 @@ class NsysBackend(CaptureBackend):
             return str(exc)
 
     def _export(self, exe: str, request: CaptureRequest, report: Path) -> Path:
-        output = report.with_name(report.name.removesuffix(REPORT_SUFFIX) + ".sqlite")  # what analysis/nsys.py reads
+        output = export_path(report)
         if output.exists() and not report.exists():  # exported before an agent restart
             return output
         self._wait_for_report(report, request.cancelled)

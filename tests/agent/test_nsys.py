@@ -383,6 +383,33 @@ def test_a_cancelled_capture_stops_its_exports_and_keeps_no_half_export(node, tm
     assert not list(request.workdir.glob("*.sqlite*")) and all(Path(r).exists() for r in reports)
 
 
+def test_an_export_an_agent_killed_mid_export_left_running_is_stopped_before_exporting_again(
+        node, tmp_path, monkeypatch):
+    """`run` starts each export in its own session, so one outlives an agent killed mid-export;
+    the restarted agent's export of the same report must not run beside it."""
+    use_env(monkeypatch, node.env)
+    standin_nsys.configure(node.state, export_together=3, export_wait_s=60)  # an export hangs
+    backend = nsys.NsysBackend()
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    reports = backend.stop(request)
+    leftover = subprocess.Popen(nsys.export_command(reports[0], nsys.export_path(reports[0])),
+                                start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (node.state / "exporting" / reports[0].name).exists():  # it has begun, and waits
+        assert leftover.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    standin_nsys.configure(node.state)  # the restarted agent's exports run straight through
+    try:
+        exports = backend.export(request, reports)
+        assert leftover.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert exports == [nsys.export_path(r) for r in reports]
+    assert sorted(load_digests(exports).column("rank").to_pylist()) == [0, 1]
+
+
 def test_no_ranks_under_nsys_is_an_error(tmp_path):
     request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=())
     for step in (nsys.NsysBackend(nsys=sys.executable).check, nsys.NsysBackend(nsys=sys.executable).start):
