@@ -78,7 +78,7 @@ class NodeRecord:
     exporting_since_ns: int = 0  # while it exports: since when
     export_allowance_ns: int = 0  # while it exports: the agent's bound on it
     export_credit_ns: int = 0  # time spent exporting, added to its deadline
-    disconnected_exporting: bool = False  # its agent went away mid-export: the allowance is a grace
+    export_cut: str = ""  # why its running export counts only for a grace: how its agent went away
 
     def deadline_ns(self, sweep_deadline_ns: int, now_ns: int) -> int:
         """When this node times out: the sweep's deadline, pushed back by its export time."""
@@ -88,7 +88,7 @@ class NodeRecord:
     def note_export(self, state: NodeState, at_ns: int, allowance_s: float) -> None:
         """Start or stop the clock that is not counted against the timeout; a repeated
         EXPORTING (after a reconnect) keeps it running, with the agent's bound again."""
-        self.disconnected_exporting = False
+        self.export_cut = ""
         if self.exporting_since_ns and state is NodeState.EXPORTING:
             if allowance_s > 0:
                 self.export_allowance_ns = int(allowance_s * 1e9)
@@ -99,13 +99,13 @@ class NodeRecord:
         if state is NodeState.EXPORTING and allowance_s > 0:
             self.exporting_since_ns, self.export_allowance_ns = at_ns, int(allowance_s * 1e9)
 
-    def cut_export(self, until_ns: int) -> bool:
-        """Count a running export only until ``until_ns`` (its agent went away: the time it
-        has to come back, not the bound it gave); True where that shortened it."""
+    def cut_export(self, until_ns: int, why: str) -> bool:
+        """Count a running export only until ``until_ns`` (its agent went away, ``why``: the
+        time it has to come back, not the bound it gave); True where that shortened it."""
         allowance = until_ns - self.exporting_since_ns
         if not self.exporting_since_ns or allowance >= self.export_allowance_ns:
             return False
-        self.export_allowance_ns, self.disconnected_exporting = max(0, allowance), True
+        self.export_allowance_ns, self.export_cut = max(0, allowance), why
         return True
 
     @property
@@ -250,7 +250,7 @@ class Sweep:
     sweep_id: str
     spec: SweepSpec
     created_ns: int
-    deadline_ns: int
+    deadline_ns: int  # no node times out before: the timeout's end, or a coordinator restart's grace
     nodes: dict[str, NodeRecord]
     state: SweepState = SweepState.RUNNING
     finished_ns: int = 0
@@ -345,17 +345,20 @@ class Sweep:
         record = self.nodes.get(event.node)
         if record is None or record.terminal or self.state is not SweepState.RUNNING:
             return []
-        return [Changed(event.node)] if record.cut_export(event.at_ns + event.grace_ns) else []
+        return [Changed(event.node)] if record.cut_export(event.at_ns + event.grace_ns, "it disconnected") else []
 
     def _tick(self, now_ns: int) -> list[Instruction]:
         if self.state is not SweepState.RUNNING or now_ns < self.deadline_ns:
             return []
-        due = [name for name, record in self.nodes.items() if now_ns >= record.deadline_ns(self.deadline_ns, now_ns)]
+        # Export time and a restart's grace both go uncounted; where they overlap, once.
+        timeout_ns = self.created_ns + int(self.spec.timeout_s * 1e9)
+        due = [name for name, record in self.nodes.items()
+               if now_ns >= max(self.deadline_ns, record.deadline_ns(timeout_ns, now_ns))]
 
         def reason(record: NodeRecord) -> str:
-            spent = record.deadline_ns(self.deadline_ns, now_ns) - self.deadline_ns
+            spent = record.deadline_ns(timeout_ns, now_ns) - timeout_ns
             exporting = f" and {spent / 1e9:g}s exporting" if spent else ""
-            gone = ", its agent gone since it disconnected mid-export" if record.disconnected_exporting else ""
+            gone = f", its agent not back since {record.export_cut} mid-export" if record.export_cut else ""
             return f"no answer within {self.spec.timeout_s:g}s{exporting}{gone} (last state: {record.state.value})"
 
         return self._end(due, f"raw exports not all uploaded within {self.spec.timeout_s:g}s",
@@ -425,7 +428,7 @@ class Sweep:
             self.deadline_ns = max(self.deadline_ns, event.now_ns + event.grace_ns)
             for record in self.nodes.values():  # every agent is away: exports count on for the grace
                 if not record.terminal:
-                    record.cut_export(event.now_ns + event.grace_ns)
+                    record.cut_export(event.now_ns + event.grace_ns, "the coordinator restarted")
             return [Changed()]
         if self.state is SweepState.ANALYSING:
             return [Analyse(self.digests())]

@@ -238,7 +238,7 @@ def test_a_node_whose_agent_dies_mid_export_ends_after_the_grace_not_its_exports
                 time.sleep(0.2)
         assert list(done.missing) == [dying.node]
         (gone,) = [n for n in done.nodes if n.node == dying.node]
-        assert gone.state == pb.NODE_STATE_TIMED_OUT and "disconnected mid-export" in gone.reason
+        assert gone.state == pb.NODE_STATE_TIMED_OUT and "not back since it disconnected mid-export" in gone.reason
         talking.close()
     finally:
         wire.stop(running)

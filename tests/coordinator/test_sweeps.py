@@ -122,11 +122,11 @@ def test_an_agent_gone_mid_export_has_the_grace_to_come_back_not_its_whole_bound
     sweep.handle(sw.NodeReported("b", sw.NodeState.EXPORTING, T0 + 70 * S, export_timeout_s=3600))  # back
     assert sweep.handle(sw.Tick(T0 + 119 * S)) == []
     out = sweep.handle(sw.Tick(T0 + 120 * S))  # 30 s + export credited until the disconnect and the grace
-    assert sw.CancelNode("a", "no answer within 30s and 90s exporting, its agent gone since it "
+    assert sw.CancelNode("a", "no answer within 30s and 90s exporting, its agent not back since it "
                          "disconnected mid-export (last state: exporting)") in out
     assert sweep.nodes["b"].state is sw.NodeState.EXPORTING
     again = sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict())))  # kept across a coordinator restart
-    assert again.nodes["b"].export_allowance_ns == 3600 * S and again.nodes["a"].disconnected_exporting
+    assert again.nodes["b"].export_allowance_ns == 3600 * S and again.nodes["a"].export_cut == "it disconnected"
 
 
 def test_a_disconnect_outside_an_export_changes_nothing() -> None:
