@@ -137,6 +137,20 @@ def test_a_one_step_capture_with_a_straggler_in_two_tp_groups_is_not_passed_off_
     assert report.stragglers_not_judged.startswith("ranks 3, 6 arrive late at their first collective")
 
 
+def test_more_steps_judge_two_slowed_tp_groups_across_node_clocks_apart(tmp_path) -> None:
+    """The case above with 10 steps and node clocks 15 ms apart (7x the slowdown): each
+    collective measures its own delay, and the two slowed ranks, not their mates, are named."""
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.sources import load_digests
+
+    slow = (sim.Straggler(3, "compute", 2 * sim.MS), sim.Straggler(6, "compute", 2 * sim.MS))
+    sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=4, tp=2, steps=10, stragglers=slow, seed=0,
+                             clock_offsets_ns=(0, 15 * sim.MS)), tmp_path)
+    report = analyze(load_digests([tmp_path]))
+    assert sorted(report.stragglers) == [3, 6] and report.stragglers_not_judged is None
+    assert sorted(report.late_ranks[:2]) == [3, 6]
+
+
 def test_two_ranks_are_too_few_to_judge() -> None:
     digests, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, stragglers={1: 300_000}, seed=4))
     report = analyze(digests)
