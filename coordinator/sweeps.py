@@ -314,10 +314,18 @@ class Sweep:
 
     # transitions --------------------------------------------------------------------
 
-    def _reported(self, event: NodeReported) -> list[Instruction]:
-        record = self.nodes.get(event.node)
+    def _open(self, node: str) -> NodeRecord | None:
+        """The node's record while news of it counts: None where the node is not in this
+        sweep, or too late (a timed-out node stays named as missing)."""
+        record = self.nodes.get(node)
         if record is None or record.terminal or self.state is not SweepState.RUNNING:
-            return []  # not ours, or too late: a timed-out node stays named as missing
+            return None
+        return record
+
+    def _reported(self, event: NodeReported) -> list[Instruction]:
+        record = self._open(event.node)
+        if record is None:
+            return []
         record.note_export(event.state, event.at_ns, event.export_timeout_s)
         if event.state is NodeState.FAILED:
             record.state, record.reason = NodeState.FAILED, event.reason or event.detail or "agent reported failure"
@@ -342,8 +350,8 @@ class Sweep:
         return [Changed(event.node), *self._maybe_analyse(event.at_ns)]
 
     def _disconnected(self, event: Disconnected) -> list[Instruction]:
-        record = self.nodes.get(event.node)
-        if record is None or record.terminal or self.state is not SweepState.RUNNING:
+        record = self._open(event.node)
+        if record is None:
             return []
         return [Changed(event.node)] if record.cut_export(event.at_ns + event.grace_ns, "it disconnected") else []
 
