@@ -145,3 +145,15 @@ def test_an_agent_the_unit_restarts_does_not_restart_on_a_mistake() -> None:
     # Two agents under one name took it from each other every few seconds, for ever.
     unit = (DEPLOY / "systemd" / "rankscope-agent.service").read_text().splitlines()
     assert "Restart=always" in unit and "RestartPreventExitStatus=2" in unit
+
+
+def test_the_agent_pod_gets_the_time_its_shutdown_takes_before_it_is_killed() -> None:
+    """On SIGTERM the agent gives captures CLOSE_WAIT_S to stop their ranks' recording, then
+    resumes DCGM (one host-engine call); Kubernetes' default grace of 30 s killed it first,
+    leaving the node's DCGM paused until another agent pod started there."""
+    from rankscope.agent.agent import CLOSE_WAIT_S
+    from rankscope.agent.dcgm import DcgmConfig
+
+    (daemonset,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "agent-daemonset.yaml").read_text())
+    grace = daemonset["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+    assert grace > CLOSE_WAIT_S + DcgmConfig().timeout_s
