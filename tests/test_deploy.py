@@ -145,3 +145,35 @@ def test_an_agent_the_unit_restarts_does_not_restart_on_a_mistake() -> None:
     # Two agents under one name took it from each other every few seconds, for ever.
     unit = (DEPLOY / "systemd" / "rankscope-agent.service").read_text().splitlines()
     assert "Restart=always" in unit and "RestartPreventExitStatus=2" in unit
+
+
+def test_the_agent_pod_gets_the_time_its_shutdown_takes_before_it_is_killed() -> None:
+    """On SIGTERM the agent gives captures CLOSE_WAIT_S to stop their ranks' recording, then
+    resumes DCGM (one host-engine call); Kubernetes' default grace of 30 s killed it first,
+    leaving the node's DCGM paused until another agent pod started there."""
+    from rankscope.agent.agent import CLOSE_WAIT_S
+    from rankscope.agent.dcgm import DcgmConfig
+
+    (daemonset,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "agent-daemonset.yaml").read_text())
+    grace = daemonset["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+    assert grace > CLOSE_WAIT_S + DcgmConfig().timeout_s
+
+
+def test_a_health_sweep_job_that_hangs_ends_before_the_next_one_is_due() -> None:
+    """The CronJob forbids overlapping Jobs, so one `capture --wait` left waiting on a coordinator
+    gone silently would stop every later sweep: its Job needs a deadline, one past what the
+    sweep itself may take (window, the coordinator's node timeout, the watch's reconnect)."""
+    import inspect
+
+    from rankscope.coordinator.client import SweepClient
+    from rankscope.coordinator.config import CoordinatorConfig
+
+    (cron,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "health-sweep-cronjob.yaml").read_text())
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    deadline = cron["spec"]["jobTemplate"]["spec"].get("activeDeadlineSeconds")
+    assert deadline is not None, "the sweep's Job has no activeDeadlineSeconds"
+    (argv,) = _manifest_invocations(DEPLOY / "kubernetes" / "health-sweep-cronjob.yaml")
+    sweep = build_parser().parse_args(argv)
+    hours = int(cron["spec"]["schedule"].split()[1].removeprefix("*/"))
+    reconnect_s = inspect.signature(SweepClient.watch).parameters["reconnect_s"].default
+    assert sweep.duration + CoordinatorConfig().node_timeout_s + reconnect_s < deadline < hours * 3600
