@@ -28,13 +28,9 @@ from rankscope.tls import not_a_coordinator
 
 log = logging.getLogger(__name__)
 
-# Keepalive as deployment.md §4 suggests for the control stream; reconnect attempts of
-# the channel itself capped low, because our own loop already backs off.
+# Reconnect attempts of the channel itself capped low, because our own loop already backs
+# off (keepalive: `rankscope.tls.KEEPALIVE`, on every channel).
 CHANNEL_OPTIONS = (
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),

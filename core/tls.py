@@ -11,6 +11,7 @@ import argparse
 import os
 import socket
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,17 @@ from rankscope.address import host_port
 from rankscope.errors import ConfigError
 
 PROBE_TIMEOUT_S = 2.0
+# Every channel to the coordinator pings it while idle (deployment.md §4: 60 s, 20 s to
+# answer; the coordinator permits pings every 10 s): a coordinator whose node is lost sends
+# no FIN, and a stream read from it (an agent's session, a `capture --wait`) would otherwise
+# wait for ever. 0: no cap on pings while no data flows (gRPC's default 2 stops at two).
+KEEPALIVE = (
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.ping_timeout_ms", 20_000),  # any ping's answer, not 60 s: keepalive's may wait on another's
+)
 # HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 §3.4): a plaintext
 # gRPC server answers with its own SETTINGS frame (frame type 4 in the header's 4th byte).
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
@@ -83,8 +95,9 @@ def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
-def channel(address: str, files: TlsFiles | None, options: list[tuple[str, object]] | None = None) -> grpc.Channel:
-    """A secure channel where TLS files are given, else a plaintext one."""
+def channel(address: str, files: TlsFiles | None, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
+    """A secure channel where TLS files are given, else a plaintext one; with `KEEPALIVE`."""
+    options = [*KEEPALIVE, *options]
     if files is not None and files.enabled:
         return grpc.secure_channel(address, channel_credentials(files), options=options)
     return grpc.insecure_channel(address, options=options)
