@@ -529,12 +529,17 @@ class UploadWriter:
         part, stages = self._part, self._stages
         self._part, self._stages = None, []
         try:
-            for stage in stages:
-                stage.close()
+            try:
+                for stage in stages:
+                    stage.close()
+            except BaseException:
+                part.release()
+                raise
+            part.close()
         except BaseException:
-            part.release()
+            # The hasher saw bytes the file may not hold: the next stream hashes the file again.
+            self.partial.hasher, self.partial.hashed = hashlib.sha256(), 0
             raise
-        part.close()
         self.partial.hashed = self._offset
 
     def _finish(self) -> None:
