@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import queue
+import threading
 import time
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -183,6 +185,40 @@ def test_an_upload_its_sweep_ended_before_is_removed(coordinator, wire, digests)
             coordinator.agents.Upload(cut_short(), timeout=10)
         assert coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
         final(client, sweep.sweep_id)
+    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
+    assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
+    talking.close()
+    away.close()
+
+
+def test_an_upload_still_streaming_when_its_sweep_ends_is_removed_when_the_stream_stops(coordinator, wire,
+                                                                                       digests) -> None:
+    """The usual case of a timed-out node: its raw export is still streaming when the sweep ends,
+    so the sweep's clean-up passes it by; the agent, cancelled, then ends the stream short."""
+    talking, away = (wire.FakeAgent(coordinator, name) for name in digests)
+    data = os.urandom(300_000)
+    ended = threading.Event()
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
+        talking.finish(started_capture(talking).sweep_id, digests[talking.node])
+        started_capture(away)
+        head = wire.header(data, node=away.node, token=away.token, upload_id="raw-1")
+        head.sweep_id = sweep.sweep_id
+
+        def until_cancelled():
+            for i, message in enumerate(wire.chunks(head, data)):
+                if i == 3:  # the header and two chunks sent; the stream stays open until the sweep is over
+                    ended.wait()
+                    return  # half-closed, as the agent's uploader does once its capture is cancelled
+                yield message
+
+        with futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(coordinator.agents.Upload, until_cancelled(), timeout=20)
+            while coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).committed_offset < 2 * (64 << 10):
+                time.sleep(0.01)
+            assert final(client, sweep.sweep_id).state == pb.SWEEP_STATE_PARTIAL
+            ended.set()
+            assert not reply.result().complete
     assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
     assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
     talking.close()
