@@ -225,12 +225,8 @@ class ArtifactStore:
         mid-upload): nothing will complete them, and raw exports run to gigabytes. One a stream
         is writing stays. Returns the upload ids removed."""
         dropped = []
-        for meta in sorted(self.partial.glob("*.json")):
-            try:
-                partial = self._lookup(meta.stem)
-            except RankscopeError:  # a corrupt header: not this sweep's to judge
-                continue
-            if partial is None or partial.header.sweep_id != sweep_id or not partial.lock.acquire(blocking=False):
+        for partial in self._stored_partials():
+            if partial.header.sweep_id != sweep_id or not partial.lock.acquire(blocking=False):
                 continue
             try:
                 self._discard(partial)
@@ -238,6 +234,19 @@ class ArtifactStore:
                 partial.lock.release()
             dropped.append(partial.header.upload_id)
         return dropped
+
+    def partial_sweeps(self) -> set[str]:
+        """The sweeps with an upload in progress (begun: at least one byte stored)."""
+        return {partial.header.sweep_id for partial in self._stored_partials()}
+
+    def _stored_partials(self) -> Iterator[_Partial]:
+        for meta in sorted(self.partial.glob("*.json")):
+            try:
+                partial = self._lookup(meta.stem)
+            except RankscopeError:  # a corrupt header: no sweep's to judge
+                continue
+            if partial is not None:
+                yield partial
 
     def _lookup(self, upload_id: str) -> _Partial | None:
         partial = self._partials.get(upload_id)

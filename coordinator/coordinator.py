@@ -120,6 +120,10 @@ class Coordinator:
                 log.info("resuming sweep %s (%s)", sweep.sweep_id, sweep.state.value)
                 self._active[sweep.sweep_id] = sweep
                 self._apply(sweep, sweep.handle(sw.Restarted(now, grace)))
+            # Uploads of sweeps that ended as the last run stopped (killed before their clean-up).
+            for sweep_id in sorted(self.artifacts.partial_sweeps()):
+                if sweep_id not in self._active and self._stored_final(sweep_id):
+                    self.artifacts.drop_partials(sweep_id)
         self._ticker.start()
 
     def closing(self) -> None:
