@@ -31,6 +31,7 @@ from typing import BinaryIO
 
 from rankscope import atomic, output
 from rankscope.errors import RankscopeError, UploadRejected
+from rankscope.proto.v1 import chunks
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,9 @@ def check_header(header: UploadHeader, max_bytes: int) -> None:
     for label, value in (("upload id", header.upload_id), ("artifact name", header.name)):
         if not _SAFE_NAME.fullmatch(value) or ".." in value:
             raise BadUpload(f"{label} {value!r} is not a plain file name (letters, digits, '._+-'; no '/' or '..')")
+    if len(header.upload_id) > chunks.MAX_UPLOAD_ID:
+        raise BadUpload(f"upload id {header.upload_id[:40]}... is {len(header.upload_id)} characters, "
+                        f"over the limit of {chunks.MAX_UPLOAD_ID}")
     if not _SHA256.fullmatch(header.sha256):
         raise BadUpload(f"upload {header.upload_id}: sha256 {header.sha256!r} is not 64 lower-case hex digits")
     if header.kind not in KINDS:
@@ -252,7 +256,7 @@ class ArtifactStore:
         partial = self._partials.get(upload_id)
         if partial is not None:
             return partial
-        if not _SAFE_NAME.fullmatch(upload_id) or ".." in upload_id:
+        if not _SAFE_NAME.fullmatch(upload_id) or ".." in upload_id or len(upload_id) > chunks.MAX_UPLOAD_ID:
             return None
         meta = self.partial / f"{upload_id}.json"
         try:
