@@ -266,9 +266,9 @@ class ArtifactStore:
         except ValueError as exc:
             raise RankscopeError(f"corrupt upload header ({exc})", path=meta) from None
         header = UploadHeader(**{**data, "ranks": tuple(data.get("ranks", ()))})
-        partial = _Partial(header, self.partial / f"{upload_id}.part")
-        self._partials[upload_id] = partial
-        return partial
+        # A query reads without the guard: one read back meanwhile (a stream's) is the one kept,
+        # so every stream of the upload shares its lock.
+        return self._partials.setdefault(upload_id, _Partial(header, self.partial / f"{upload_id}.part"))
 
     def _begun(self, partial: _Partial) -> bool:
         return (self.partial / f"{partial.header.upload_id}.json").exists()
