@@ -31,6 +31,7 @@ from typing import BinaryIO
 
 from rankscope import atomic, output
 from rankscope.errors import RankscopeError, UploadRejected
+from rankscope.proto.v1 import chunks
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,9 @@ def check_header(header: UploadHeader, max_bytes: int) -> None:
     for label, value in (("upload id", header.upload_id), ("artifact name", header.name)):
         if not _SAFE_NAME.fullmatch(value) or ".." in value:
             raise BadUpload(f"{label} {value!r} is not a plain file name (letters, digits, '._+-'; no '/' or '..')")
+    if len(header.upload_id) > chunks.MAX_UPLOAD_ID:
+        raise BadUpload(f"upload id {header.upload_id[:40]}... is {len(header.upload_id)} characters, "
+                        f"over the limit of {chunks.MAX_UPLOAD_ID}")
     if not _SHA256.fullmatch(header.sha256):
         raise BadUpload(f"upload {header.upload_id}: sha256 {header.sha256!r} is not 64 lower-case hex digits")
     if header.kind not in KINDS:
@@ -225,12 +229,8 @@ class ArtifactStore:
         mid-upload): nothing will complete them, and raw exports run to gigabytes. One a stream
         is writing stays. Returns the upload ids removed."""
         dropped = []
-        for meta in sorted(self.partial.glob("*.json")):
-            try:
-                partial = self._lookup(meta.stem)
-            except RankscopeError:  # a corrupt header: not this sweep's to judge
-                continue
-            if partial is None or partial.header.sweep_id != sweep_id or not partial.lock.acquire(blocking=False):
+        for partial in self._stored_partials():
+            if partial.header.sweep_id != sweep_id or not partial.lock.acquire(blocking=False):
                 continue
             try:
                 self._discard(partial)
@@ -239,11 +239,24 @@ class ArtifactStore:
             dropped.append(partial.header.upload_id)
         return dropped
 
+    def partial_sweeps(self) -> set[str]:
+        """The sweeps with an upload in progress (begun: at least one byte stored)."""
+        return {partial.header.sweep_id for partial in self._stored_partials()}
+
+    def _stored_partials(self) -> Iterator[_Partial]:
+        for meta in sorted(self.partial.glob("*.json")):
+            try:
+                partial = self._lookup(meta.stem)
+            except RankscopeError:  # a corrupt header: no sweep's to judge
+                continue
+            if partial is not None:
+                yield partial
+
     def _lookup(self, upload_id: str) -> _Partial | None:
         partial = self._partials.get(upload_id)
         if partial is not None:
             return partial
-        if not _SAFE_NAME.fullmatch(upload_id) or ".." in upload_id:
+        if not _SAFE_NAME.fullmatch(upload_id) or ".." in upload_id or len(upload_id) > chunks.MAX_UPLOAD_ID:
             return None
         meta = self.partial / f"{upload_id}.json"
         try:
@@ -253,9 +266,9 @@ class ArtifactStore:
         except ValueError as exc:
             raise RankscopeError(f"corrupt upload header ({exc})", path=meta) from None
         header = UploadHeader(**{**data, "ranks": tuple(data.get("ranks", ()))})
-        partial = _Partial(header, self.partial / f"{upload_id}.part")
-        self._partials[upload_id] = partial
-        return partial
+        # A query reads without the guard: one read back meanwhile (a stream's) is the one kept,
+        # so every stream of the upload shares its lock.
+        return self._partials.setdefault(upload_id, _Partial(header, self.partial / f"{upload_id}.part"))
 
     def _begun(self, partial: _Partial) -> bool:
         return (self.partial / f"{partial.header.upload_id}.json").exists()
@@ -529,12 +542,17 @@ class UploadWriter:
         part, stages = self._part, self._stages
         self._part, self._stages = None, []
         try:
-            for stage in stages:
-                stage.close()
+            try:
+                for stage in stages:
+                    stage.close()
+            except BaseException:
+                part.release()
+                raise
+            part.close()
         except BaseException:
-            part.release()
+            # The hasher saw bytes the file may not hold: the next stream hashes the file again.
+            self.partial.hasher, self.partial.hashed = hashlib.sha256(), 0
             raise
-        part.close()
         self.partial.hashed = self._offset
 
     def _finish(self) -> None:

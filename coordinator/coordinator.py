@@ -33,7 +33,7 @@ from rankscope.coordinator.registry import (
     default_backend,
     select_nodes,
 )
-from rankscope.coordinator.store import Store
+from rankscope.coordinator.store import Store, UnreadableSweep
 from rankscope.coordinator import sweeps as sw
 from rankscope.errors import InputError, RankscopeError, TransportError
 from rankscope.lock import FolderLock
@@ -120,6 +120,10 @@ class Coordinator:
                 log.info("resuming sweep %s (%s)", sweep.sweep_id, sweep.state.value)
                 self._active[sweep.sweep_id] = sweep
                 self._apply(sweep, sweep.handle(sw.Restarted(now, grace)))
+            # Uploads of sweeps that ended as the last run stopped (killed before their clean-up).
+            for sweep_id in sorted(self.artifacts.partial_sweeps()):
+                if sweep_id not in self._active and self._stored_final(sweep_id):
+                    self.artifacts.drop_partials(sweep_id)
         self._ticker.start()
 
     def closing(self) -> None:
@@ -286,10 +290,23 @@ class Coordinator:
             raise NotAuthenticated(f"upload {header.upload_id}: unknown session token: register first") from None
         if agent.node != header.node:
             raise NotPermitted(f"upload {header.upload_id}: agent of node {agent.node!r} cannot upload for {header.node!r}")
-        with self.artifacts.writer(header) as writer:
-            yield writer
+        try:
+            with self.artifacts.writer(header) as writer:
+                yield writer
+        finally:
+            # A sweep that ended while this stream held its upload passed it by (drop_partials).
+            with self._lock:
+                ended = header.sweep_id not in self._active and self._stored_final(header.sweep_id)
+            if ended:
+                self.artifacts.drop_partials(header.sweep_id)
         if writer.result is not None:
             self.store.record_upload(header, writer.result, self.clock())
+
+    def _stored_final(self, sweep_id: str) -> bool:
+        try:
+            return self.store.sweep(sweep_id).final
+        except (sw.UnknownSweep, UnreadableSweep):  # not known to have ended: not this clean-up's to judge
+            return False
 
     # sweeps -------------------------------------------------------------------------
 

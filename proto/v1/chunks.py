@@ -14,6 +14,9 @@ from typing import NamedTuple
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 UPLOAD_METHOD = "/rankscope.v1.AgentService/Upload"
+# The coordinator keeps an upload in progress as "<upload_id>.part" and ".json": with the
+# temporary name a header is written under, that stays within a file name's 255 bytes.
+MAX_UPLOAD_ID = 200
 _OFFSET_TAG = b"\x10"  # UploadChunk.offset: field 2, varint
 _DATA_TAG = b"\x1a"  # UploadChunk.data: field 3, length-delimited
 _MAX_VARINT = 10  # bytes of a 64-bit varint

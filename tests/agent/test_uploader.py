@@ -150,6 +150,23 @@ def test_upload_ids_are_stable_and_safe(blob: Path) -> None:
     assert "/" not in uid and ".." not in uid and uid.startswith("sweep_x.node_a.r0_sqlite.")
 
 
+def test_upload_ids_of_long_node_names_stay_within_the_coordinators_limit(tmp_path: Path) -> None:
+    """A node name may run to 253 characters, and the digest is named after the node too: a
+    120-character one made an id of 294, which the coordinator refuses."""
+    from rankscope.coordinator.artifacts import UploadHeader, check_header
+
+    ids = []
+    for node in ("n" * 119 + "a", "n" * 119 + "b"):
+        path = tmp_path / f"{node}.digest.parquet"
+        path.write_bytes(b"same bytes")
+        sha = sha256_of(path)
+        uid = upload_id(Artifact(path, "20261201-120000-abcd", node), sha)
+        assert uid == upload_id(Artifact(path, "20261201-120000-abcd", node), sha)
+        check_header(UploadHeader(uid, "20261201-120000-abcd", node, path.name, 10, sha, "digest"), 1 << 20)
+        ids.append(uid)
+    assert ids[0] != ids[1]
+
+
 def test_unreachable_coordinator_gives_up_with_a_transport_error(blob: Path) -> None:
     channel = grpc.insecure_channel("127.0.0.1:1")
     with pytest.raises(TransportError, match="did not complete after 2 attempts"):

@@ -72,6 +72,16 @@ def test_unsafe_upload_id(coordinator, wire, token) -> None:
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
+def test_an_upload_id_too_long_for_a_file_name_is_refused_and_unknown(coordinator, wire, token) -> None:
+    long_id = "u" * 300  # its part file's name would be over the file system's 255 bytes
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id=long_id), DATA))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is 300 characters, over the limit of 200" in error.details()
+    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id=long_id), timeout=10).known
+    assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
+
+
 def test_upload_over_the_size_limit(coordinator, wire, token) -> None:
     big = os.urandom((1 << 20) + 1)  # the fixture's limit is 1 MiB
     error = refused(coordinator, wire.chunks(wire.header(big, node="node-a", token=token), big))

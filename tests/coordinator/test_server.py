@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
+import threading
 import time
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -14,7 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rankscope.analysis.report import Report
 from rankscope.cli import main
+from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import coordinator as coordinator_mod
+from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.client import SweepClient
 from rankscope.coordinator.store import Store
 from rankscope.errors import InputError
@@ -187,6 +192,70 @@ def test_an_upload_its_sweep_ended_before_is_removed(coordinator, wire, digests)
     assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
     talking.close()
     away.close()
+
+
+def test_an_upload_still_streaming_when_its_sweep_ends_is_removed_when_the_stream_stops(coordinator, wire,
+                                                                                       digests) -> None:
+    """The usual case of a timed-out node: its raw export is still streaming when the sweep ends,
+    so the sweep's clean-up passes it by; the agent, cancelled, then ends the stream short."""
+    talking, away = (wire.FakeAgent(coordinator, name) for name in digests)
+    data = os.urandom(300_000)
+    ended = threading.Event()
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
+        talking.finish(started_capture(talking).sweep_id, digests[talking.node])
+        started_capture(away)
+        head = wire.header(data, node=away.node, token=away.token, upload_id="raw-1")
+        head.sweep_id = sweep.sweep_id
+
+        def until_cancelled():
+            for i, message in enumerate(wire.chunks(head, data)):
+                if i == 3:  # the header and two chunks sent; the stream stays open until the sweep is over
+                    ended.wait()
+                    return  # half-closed, as the agent's uploader does once its capture is cancelled
+                yield message
+
+        with futures.ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(coordinator.agents.Upload, until_cancelled(), timeout=20)
+            while coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).committed_offset < 2 * (64 << 10):
+                time.sleep(0.01)
+            assert final(client, sweep.sweep_id).state == pb.SWEEP_STATE_PARTIAL
+            ended.set()
+            assert not reply.result().complete
+    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
+    assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
+    talking.close()
+    away.close()
+
+
+def test_uploads_of_a_sweep_that_ended_as_the_coordinator_was_killed_are_removed_on_restart(tmp_path, wire) -> None:
+    """Killed between storing its sweep as final and removing the sweep's unfinished uploads:
+    nothing would ever remove them after that, as no sweep that ended is resumed."""
+    data_dir = tmp_path / "data"
+    ended, _ = sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0), ["node-a"], 1, sweep_id="s-ended")
+    ended.handle(sw.Cancelled("cancelled", 2))
+    running, _ = sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0), ["node-a"], time.time_ns(), sweep_id="s-running")
+    store = Store(data_dir / "state.sqlite")
+    store.save_sweep(ended)
+    store.save_sweep(running)
+    store.close()
+    artifacts = art.ArtifactStore(data_dir / "artifacts", max_bytes=1 << 20)
+    data = os.urandom(10_000)
+    for upload_id, sweep_id in (("raw-ended", "s-ended"), ("raw-running", "s-running"), ("raw-other", "s1")):
+        head = art.UploadHeader(upload_id, sweep_id, "node-a", "raw.nsys-rep", len(data),
+                                hashlib.sha256(data).hexdigest(), "raw")
+        with artifacts.writer(head) as writer:
+            writer.write(0, data[:4000])
+
+    coordinator = wire.start(data_dir)
+    try:
+        known = {upload_id: coordinator.agents.QueryUpload(pb.UploadQuery(upload_id=upload_id), timeout=10).known
+                 for upload_id in ("raw-ended", "raw-running", "raw-other")}
+        assert known == {"raw-ended": False, "raw-running": True, "raw-other": True}
+        assert sorted(p.name for p in (data_dir / "artifacts" / "partial").iterdir()) == [
+            "raw-other.json", "raw-other.part", "raw-running.json", "raw-running.part"]
+    finally:
+        wire.stop(coordinator)
 
 
 def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, digests) -> None:

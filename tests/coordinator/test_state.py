@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,30 @@ def _try_open(store: art.ArtifactStore, header: art.UploadHeader) -> Exception |
             return None
     except art.UploadBusy as exc:
         return exc
+
+
+def test_a_query_racing_the_first_stream_after_a_restart_does_not_split_the_upload(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    """After a restart an upload is read back from its header file by whichever call comes first;
+    a query does so without the store's guard. Two reads at once made two in-memory uploads, with
+    a lock each: two streams could then append to one part file together."""
+    data = b"z" * 40
+    with art.ArtifactStore(tmp_path, max_bytes=100).writer(_header(data)) as writer:
+        writer.write(0, data[:20])
+    restarted = art.ArtifactStore(tmp_path, max_bytes=100)
+    streams: list = []
+
+    def loads(text):  # the query has read the header; a stream opens the upload before it is kept
+        if not streams:
+            streams.append(None)
+            streams[0] = restarted.writer(_header(data))
+        return json.loads(text)
+
+    monkeypatch.setattr(art, "json", types.SimpleNamespace(loads=loads, dumps=json.dumps))
+    assert restarted.committed("u1")[1] == 20
+    with streams[0]:
+        with pytest.raises(art.UploadBusy):
+            restarted.writer(_header(data), wait_s=0).__enter__()
 
 
 def test_a_resumed_upload_must_keep_its_header(tmp_path: Path) -> None:

@@ -149,3 +149,31 @@ def test_a_full_disk_is_logged_once_a_minute_not_on_every_failed_write(tmp_path,
     monkeypatch.setattr(art, "FULL_LOG_S", 0.0)  # a minute on
     art.storage_full("No space left on device", tmp_path)
     assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 2
+
+
+def test_a_retry_after_a_full_disk_stored_nothing_still_completes(coordinator, wire, monkeypatch) -> None:
+    """A stream the full disk refused from its first byte still hashed what it was sent: the
+    next one must not count those bytes as stored (it was refused as a checksum mismatch, and
+    the whole upload discarded)."""
+    token = coordinator.register("node-a").session_token
+    head = wire.header(DATA, node="node-a", token=token)
+    with pytest.raises(grpc.RpcError):
+        coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator.agents), timeout=10)
+    committed = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).committed_offset
+    assert committed == 3 * (64 << 10)
+
+    written = art.PartFile.write
+
+    def full(part, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(art.PartFile, "write", full)
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.agents.Upload(wire.chunks(head, DATA, start=committed), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).committed_offset == committed
+
+    monkeypatch.setattr(art.PartFile, "write", written)  # space freed
+    reply = coordinator.agents.Upload(wire.chunks(head, DATA, start=committed), timeout=10)
+    assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
+    assert [p.read_bytes() for p in wire.stored_files(coordinator.data_dir)] == [DATA]
