@@ -96,17 +96,18 @@ def storage_full(reason: str, root: Path) -> StorageFull:
 
 
 @contextlib.contextmanager
-def _storage_errors(root: Path) -> Iterator[None]:
-    """The one place an upload's OSError gets its meaning: a full disk is StorageFull, any
-    other a failure to store; both logged for the operator, neither a traceback."""
+def storage_errors(root: Path, what: str = "the upload") -> Iterator[None]:
+    """The one place an OSError storing ``what`` under ``root`` gets its meaning: a full disk
+    is StorageFull, any other a failure to store; both logged for the operator, neither a
+    traceback."""
     try:
         yield
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if exc.errno in _FULL:
             raise storage_full(reason, root) from None
-        log.error("cannot store an upload under %s (%s)", root, reason)
-        raise RankscopeError(f"cannot store the upload ({reason})") from None
+        log.error("cannot store %s under %s (%s)", what, root, reason)
+        raise RankscopeError(f"cannot store {what} ({reason})") from None
 
 
 @dataclass(frozen=True)
@@ -338,7 +339,7 @@ class _Stage:
 
     def _raise(self) -> None:
         if isinstance(self.error, OSError):
-            raise self.error  # the writer says what it means (_storage_errors)
+            raise self.error  # the writer says what it means (storage_errors)
         if self.error is not None:
             raise RankscopeError(f"cannot store the upload ({self.error})") from self.error
 
@@ -481,7 +482,7 @@ class UploadWriter:
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
         try:
             if exc_type is None:
-                with _storage_errors(self.store.root):
+                with storage_errors(self.store.root):
                     self._drain()
             else:
                 # Keep what was accepted, so a retry resumes after it; the error that ended the
@@ -498,7 +499,7 @@ class UploadWriter:
 
     def write(self, offset: int, data: bytes | memoryview) -> UploadResult | None:
         """Append ``data`` at ``offset`` (which must be the committed offset); the result once complete."""
-        with _storage_errors(self.store.root):
+        with storage_errors(self.store.root):
             return self._write(offset, data)
 
     def _write(self, offset: int, data: bytes | memoryview) -> UploadResult | None:

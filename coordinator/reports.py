@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from rankscope import atomic
 from rankscope.analysis import digest
+from rankscope.coordinator.artifacts import storage_errors
 from rankscope.coordinator.sweeps import AnalysisDone, RankOn, SlowLink, Sweep
 from rankscope.errors import InputError
 
@@ -92,8 +93,9 @@ def sweep_facts(sweep: Sweep, node_of: Mapping[int, str]) -> dict[str, Any]:
 
 
 def write_json(data: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(out, json.dumps(data, indent=1, allow_nan=False))
+    with storage_errors(out.parent, "the report"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(out, json.dumps(data, indent=1, allow_nan=False))
 
 
 def read_text(path: Path) -> str:

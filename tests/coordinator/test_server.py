@@ -559,6 +559,35 @@ def test_a_clock_sample_the_full_disk_cannot_store_leaves_the_session_up(coordin
     assert agent.next_command(timeout=10).start.sweep_id == sweep.sweep_id  # the same session, still up
     agent.close()
 
+def test_a_report_the_full_disk_cannot_hold_fails_the_sweep_in_one_line(coordinator, wire, digests, monkeypatch,
+                                                                          caplog) -> None:
+    """Not 'analysis crashed: OSError' with a traceback: the disk is full, which the operator mends."""
+    import errno
+
+    from rankscope.coordinator import reports
+
+    reports_dir = coordinator.server.coordinator.config.reports_dir
+    write_text = reports.atomic.write_text
+
+    def full(path, text):  # the report alone: the uploads before it are stored
+        if Path(path).parent == reports_dir:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        write_text(path, text)
+
+    monkeypatch.setattr(reports.atomic, "write_text", full)
+    name = next(iter(digests))
+    agent = wire.FakeAgent(coordinator, name)
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(nodes=[name], duration_s=1.0, backend="sim").sweep_id
+        agent.finish(started_capture(agent).sweep_id, digests[name])
+        done = final(client, sweep_id)
+    assert done.state == pb.SWEEP_STATE_FAILED
+    assert done.error == (f"analysis failed: coordinator storage is full (No space left on device): "
+                          f"free space under {reports_dir}")
+    assert not any(r.exc_info for r in caplog.records)
+    agent.close()
+
+
 @pytest.mark.timeout(60)  # without the ticker the watch would wait for ever
 def test_a_full_disk_mid_sweep_keeps_it_going_in_memory_and_saves_it_once_there_is_room(
         coordinator, wire, digests, monkeypatch, caplog) -> None:

@@ -138,7 +138,7 @@ def test_another_storage_error_fails_the_upload_with_its_reason_and_no_traceback
     assert caught.value.code() == grpc.StatusCode.INTERNAL
     assert caught.value.details() == "cannot store the upload (Input/output error)"
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
-        f"cannot store an upload under {coordinator.data_dir / 'artifacts'} (Input/output error)"]
+        f"cannot store the upload under {coordinator.data_dir / 'artifacts'} (Input/output error)"]
 
 
 def test_a_full_disk_is_logged_once_a_minute_not_on_every_failed_write(tmp_path, monkeypatch, caplog) -> None:
