@@ -225,6 +225,9 @@ def stop_leftover_exports(commands: Sequence[Sequence[str]]) -> None:
                 os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:  # ended meanwhile
             continue
+        except PermissionError:  # another user's: not an agent of ours left it
+            log.warning("`%s` (pid %d) writes this capture's export, but is not ours to stop", " ".join(argv), pid)
+            continue
         log.warning("stopped `%s` (pid %d), left running by an earlier agent", " ".join(argv), pid)
 
 
