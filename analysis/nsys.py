@@ -470,8 +470,8 @@ def _parse(path: Path, rows: dict[str, Any]) -> _File:
     if devices.min() < 0 or devices.max() >= _MAX_DEVICE:
         raise ExportError(f"{KERNEL_TABLE}.deviceId outside 0..{_MAX_DEVICE - 1}", path=path)
     session = rows.get("session") or [(None,)]
-    if session[0][0] is None:
-        raise ExportError("export has no session start time (utcEpochNs)", path=path)
+    if not isinstance(session[0][0], int):  # NULL, or text/real in a damaged export: int() would raise
+        raise ExportError("export has no session start time (utcEpochNs is missing or not an integer)", path=path)
     export.offset = _time_offset(export, int(session[0][0]), int(export.kernels[:, 0].min()))
     export.host = _host(export, capture, rows.get("hostname", []))
     return export

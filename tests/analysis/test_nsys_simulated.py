@@ -209,3 +209,16 @@ def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: 
     with pytest.raises(ExportError, match="cannot read the SQLite export .*UTF-8") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["NULL", "'soon'"])
+def test_a_session_start_that_is_not_an_integer_is_an_error_naming_the_export(job, tmp_path: Path, value: str) -> None:
+    # A text there ended in int()'s ValueError traceback, which named no file.
+    _, paths = job
+    copy = tmp_path / "session.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(f"UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = {value}")
+    with pytest.raises(ExportError, match=r"no session start time \(utcEpochNs is missing or not an integer\)") as err:
+        nsys.read_nsys(copy)
+    assert str(copy) in str(err.value)
