@@ -366,10 +366,14 @@ class _File:
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """A read-only connection to a finished export. ``immutable=1``: SQLite then takes no
-    file locks and checks for no other writer on each statement (an export is never
-    written again once nsys has exported it): ~6% off loading small exports."""
-    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro&immutable=1", uri=True)
+    """A read-only connection to an export, inside one read transaction. Not
+    ``immutable=1``: that ignores the locks (and any -wal) of an export still being
+    written, whose half-written rows then read as a finished export. One transaction
+    takes the shared lock once for every statement (what immutable saved) and gives
+    them one snapshot; ``timeout=0``: a writer's lock fails at once (`_read_file`)."""
+    db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=0, isolation_level=None)
+    db.execute("BEGIN")
+    return db
 
 
 def _read_file(path: Path) -> _File:
@@ -385,6 +389,10 @@ def _read_file(path: Path) -> _File:
         _check_tables(path, columns)
         rows = {name: _fetch_checked(path, db.execute(sql), name) for name, sql in statements.items()}
     except sqlite3.DatabaseError as exc:
+        # Errors of the sqlite3 module itself (a column not UTF-8) carry no SQLite code.
+        if getattr(exc, "sqlite_errorname", None) == "SQLITE_BUSY":
+            raise ExportError("export is locked by a process writing it (nsys export still running?); read it once "
+                              "that is done", path=path) from None
         _check_magic(path)
         raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
     finally:
@@ -462,8 +470,8 @@ def _parse(path: Path, rows: dict[str, Any]) -> _File:
     if devices.min() < 0 or devices.max() >= _MAX_DEVICE:
         raise ExportError(f"{KERNEL_TABLE}.deviceId outside 0..{_MAX_DEVICE - 1}", path=path)
     session = rows.get("session") or [(None,)]
-    if session[0][0] is None:
-        raise ExportError("export has no session start time (utcEpochNs)", path=path)
+    if not isinstance(session[0][0], int):  # NULL, or text/real in a damaged export: int() would raise
+        raise ExportError("export has no session start time (utcEpochNs is missing or not an integer)", path=path)
     export.offset = _time_offset(export, int(session[0][0]), int(export.kernels[:, 0].min()))
     export.host = _host(export, capture, rows.get("hostname", []))
     return export

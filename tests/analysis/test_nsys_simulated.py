@@ -171,3 +171,54 @@ def test_a_kernel_on_another_gpu_of_a_rank_process_is_left_out_not_taken_for_a_r
     assert edited.column("gpu_busy_ns").equals(original.column("gpu_busy_ns"))
     (warnings,) = edited.column("warnings").to_pylist()
     assert any("but its NCCL kernels on another GPU" in w for w in warnings)
+
+
+def test_an_export_being_written_is_refused_and_a_wal_export_read_whole(job, tmp_path: Path) -> None:
+    # Opened immutable=1, an export under a writer's lock read as finished (here: without
+    # its NVTX rows, so no op, communicator or call time), and a -wal file was ignored.
+    _, paths = job
+    whole = nsys.read_nsys(paths[0])
+    locked = tmp_path / "locked.sqlite"
+    locked.write_bytes(paths[0].read_bytes())
+    writer = sqlite3.connect(locked, isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")
+    writer.execute("DELETE FROM NVTX_EVENTS")
+    with pytest.raises(ExportError, match="export is locked by a process writing it") as err:
+        nsys.read_nsys(locked)
+    assert str(locked) in str(err.value) and "\n" not in str(err.value)
+    writer.execute("ROLLBACK")
+    writer.close()
+
+    wal = tmp_path / "wal.sqlite"
+    wal.write_bytes(paths[0].read_bytes())
+    writer = sqlite3.connect(wal, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")  # the change stays in wal.sqlite-wal
+    writer.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = 'walhost' WHERE name = 'Hostname'")
+    assert nsys.read_nsys(wal).column("host").to_pylist() == ["walhost"] != whole.column("host").to_pylist()
+    writer.close()
+
+
+def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
+    # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
+    _, paths = job
+    copy = tmp_path / "latin1.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = CAST(X'ff' AS TEXT) WHERE name = 'Hostname'")
+    with pytest.raises(ExportError, match="cannot read the SQLite export .*UTF-8") as err:
+        nsys.read_nsys(copy)
+    assert str(copy) in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["NULL", "'soon'"])
+def test_a_session_start_that_is_not_an_integer_is_an_error_naming_the_export(job, tmp_path: Path, value: str) -> None:
+    # A text there ended in int()'s ValueError traceback, which named no file.
+    _, paths = job
+    copy = tmp_path / "session.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(f"UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = {value}")
+    with pytest.raises(ExportError, match=r"no session start time \(utcEpochNs is missing or not an integer\)") as err:
+        nsys.read_nsys(copy)
+    assert str(copy) in str(err.value)
