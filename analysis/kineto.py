@@ -1092,20 +1092,59 @@ def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarra
     k-th worker op that started after the line's first call (FIFO, as gloo's queue). A line
     is an op (a call gloo runs as another op, `_GLOO_RUNS_AS`, in that op's line) and, where
     calls of several process groups (``call_pg``) share the op, the group each worker op's
-    thread serves (`_thread_groups`). Ops never enqueued in the trace (no c10d events
-    recorded) stay, unpaired, last. Returns the kept worker rows and each one's position in
+    thread serves (`_thread_groups`). Pairs FIFO may have swapped (`_taken_in_doubt`) are
+    left out. Ops never enqueued in the trace (no c10d events recorded) stay, unpaired,
+    last. Returns the kept worker rows and each one's position in
     ``calls`` (-1: unpaired)."""
     work_line, call_line = _op_lines(events, work, calls)
     split = _thread_groups(events, work, work_line, calls, call_line, call_pg, notes)
     key = groups.pack(np.concatenate([work_line, call_line]), np.concatenate([split.work_group, split.call_group]) + 1)
     work_key, call_key = key[: len(work)], key[len(work) :]
     sure_work, sure_call = np.flatnonzero(~split.doubtful_work), np.flatnonzero(~split.doubtful_call)
-    candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], calls["ts"][sure_call], call_key[sure_call])
+    call_ts, call_key = calls["ts"][sure_call], call_key[sure_call]
+    candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], call_ts, call_key)
     lone = work[~groups.in_sorted(work_line, np.unique(call_line))]
     dropped = len(sure_work) - len(candidates) - len(lone) - split.unnamed
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
+    doubt = _taken_in_doubt(events, work, sure_work[candidates], work_key[sure_work[candidates]],
+                            _neighbour(call_key, call_ts, 1, _NEVER)[call])
+    if doubt.any():
+        notes.append(f"{int(doubt.sum())} gloo worker op(s) could have been taken off their group's queue in "
+                     "another order than they started (worker threads free together; their events name no "
+                     "call): not matched")
+        candidates, call = candidates[~doubt], call[~doubt]
     return np.concatenate([work[sure_work[candidates]], lone]), np.concatenate([sure_call[call], np.full(len(lone), -1)])
+
+
+def _taken_in_doubt(events: _Events, work: np.ndarray, paired: np.ndarray, line: np.ndarray,
+                    next_call_ts: np.ndarray) -> np.ndarray:
+    """Which paired worker ops (positions in ``work``, by start; ``line`` and the start of
+    the call after their own in it, each) FIFO by start may give another's call. gloo's
+    threads take ops off the queue in call order but each starts its op's event after
+    letting go of the queue (torch 2.13, one PG: op 2 started 180 µs before op 1 on the
+    other thread). Op j, started after op i, may have been taken first where j's thread
+    was free (its previous op ended) before i started, and i started after the next call
+    was made, so that i could be that call's."""
+    thread, start = events.thread[work], events.ts[work]
+    order = np.lexsort((start, thread))
+    reach = intervals.running_max((start + events.dur[work])[order], thread[order])
+    free = np.full(len(work), -_NEVER)  # before its first op in the trace: free since who knows when
+    same = thread[order][1:] == thread[order][:-1]
+    free[order[1:][same]] = reach[:-1][same]
+    free, start = free[paired], start[paired]
+    late = np.where(start >= next_call_ts, start, -_NEVER)  # could have taken a later call
+    by_line = np.lexsort((start, line))
+    line, free, late = line[by_line], free[by_line], late[by_line]
+    first = np.r_[True, line[1:] != line[:-1]]
+    last = np.r_[line[1:] != line[:-1], True]
+    before = np.r_[-_NEVER, intervals.running_max(late, line)[:-1]]  # latest such start of an earlier op
+    before[first] = -_NEVER
+    after = np.r_[-intervals.running_max(-free[::-1], -line[::-1])[::-1][1:], _NEVER]  # earliest later free
+    after[last] = _NEVER
+    doubt = np.empty(len(paired), bool)
+    doubt[by_line] = (before > free) | (late > after)
+    return doubt
 
 
 def _op_lines(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
