@@ -207,18 +207,20 @@ class _Window:
         if self.taken_over:
             raise NoWindow("the job started its own torch.profiler during the window, which ends "
                                "rankscope's recording: no trace from this rank (the job's own profile is unharmed)")
-        meta = {
-            "rank": self.info.rank,
-            "local_rank": self.info.local_rank,
-            "world_size": self.info.world_size,
-            "host": self.info.host,
-            "job_id": self.info.job_id,
-            "gpu": self.info.gpu,
-            "torch": self.torch.__version__,
-            "flight_recorder": _flight_recorder(self.started_ns),
-        }
-        self.profiler.add_metadata_json("rankscope", json.dumps(meta))
-        self.profiler.stop()
+        try:
+            meta = {
+                "rank": self.info.rank,
+                "local_rank": self.info.local_rank,
+                "world_size": self.info.world_size,
+                "host": self.info.host,
+                "job_id": self.info.job_id,
+                "gpu": self.info.gpu,
+                "torch": self.torch.__version__,
+                "flight_recorder": _flight_recorder(self.started_ns),
+            }
+            self.profiler.add_metadata_json("rankscope", json.dumps(meta))
+        finally:  # whatever went wrong gathering it, no profiler is left running in the job
+            self.profiler.stop()
         with atomic.replacing(path) as tmp:  # a name not ending in .gz: Kineto writes it plain
             self.profiler.export_chrome_trace(str(tmp))
 

@@ -69,3 +69,30 @@ def test_flight_recorder_says_where_its_ring_dropped_the_windows_entries() -> No
     assert _evicted_before(kept, since_ns=700) is None  # the ring still holds entries from before the window
     assert _evicted_before([{"record_id": 0, "time_created_ns": 900}], since_ns=500) is None  # nothing dropped
     assert _evicted_before([], since_ns=500) is None
+
+
+WINDOW_FAILING = """
+import sys, torch.autograd.profiler as autograd_profiler
+from rankscope.agent import torch_hook
+from rankscope.agent.spool import RankInfo
+
+def broken(since_ns):
+    raise RuntimeError("no flight recorder today")
+
+torch_hook._flight_recorder = broken
+window = torch_hook._Window(RankInfo(rank=0, local_rank=0, world_size=1, pid=0, host="h"))
+try:
+    window.finish(torch_hook.Path(sys.argv[1]))
+except RuntimeError as exc:
+    print("raised:", exc)
+print("recording:", autograd_profiler._is_profiler_enabled)
+"""
+
+
+def test_a_window_whose_metadata_fails_still_stops_the_profiler(tmp_path: Path) -> None:
+    """The hook's promise: whatever goes wrong, no profiler is left running in the job."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", WINDOW_FAILING, str(tmp_path / "trace.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-2:] == ["raised: no flight recorder today", "recording: False"]
