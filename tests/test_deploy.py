@@ -53,8 +53,8 @@ def _manifest_invocations(path: Path) -> list[list[str]]:
     for doc in yaml.safe_load_all(path.read_text()):
         for container in _containers(doc):
             command, args = container.get("command", []), container.get("args", [])
-            if command[:1] == ["rankscope"]:
-                found.append([_substitute(a) for a in command[1:] + args])
+            if command:
+                found += _invocations([_substitute(a) for a in command + args])
             elif container.get("image", "").startswith("rankscope:"):
                 found.append([_substitute(a) for a in args])
     return found
@@ -177,3 +177,16 @@ def test_a_health_sweep_job_that_hangs_ends_before_the_next_one_is_due() -> None
     hours = int(cron["spec"]["schedule"].split()[1].removeprefix("*/"))
     reconnect_s = inspect.signature(SweepClient.watch).parameters["reconnect_s"].default
     assert sweep.duration + CoordinatorConfig().node_timeout_s + reconnect_s < deadline < hours * 3600
+
+
+def test_the_pytorchjob_example_runs_one_wrapper_per_gpu() -> None:
+    """A pod is a node of 8 GPUs: one `python train.py` under one wrapper would be one rank
+    where the job has eight; torchrun in the pod starts each rank under its own wrapper."""
+    (doc,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "pytorchjob-example.yaml").read_text())
+    (container,) = _containers(doc)
+    words = shlex.split(" ".join(container["command"][2:]))
+    gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert container["command"][:2] == ["sh", "-c"] and words[:2] == ["exec", "torchrun"]
+    assert f"--nproc-per-node={gpus}" in words
+    assert words[words.index("--no-python") + 1 : words.index("--no-python") + 3] == ["rankscope", "rank"]
+    assert {"--nnodes=$WORLD_SIZE", "--node-rank=$RANK", "--master-addr=$MASTER_ADDR", "--master-port=$MASTER_PORT"} <= set(words)
