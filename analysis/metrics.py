@@ -231,10 +231,14 @@ def op_spread(events: Table, inst: Table, sizes: Mapping[str, int]) -> dict[str,
     std = np.sqrt(per_op.sum((rank_total - per_op.broadcast(mean)) ** 2) / per_op.size)
     with np.errstate(invalid="ignore", divide="ignore"):
         imbalance = np.where((per_op.size > 1) & (mean > 0), std / mean, np.nan)
-    instances = Groups(np.asarray(inst["instance"], np.int64), ordered=True)  # inst: rows by instance
-    first = instances.order[instances.starts]  # each instance's first row
-    at_event = np.asarray(inst["row"])[first]
-    i_comm, i_op = comm[at_event], op[at_event]
+    instance = np.asarray(inst["instance"], np.int64)
+    at_row = np.asarray(inst["row"])
+    # An instance counts under every op its rows ran (a send/recv pair under both), not
+    # only under its first arriver's: per (instance, op), its first row.
+    instances = Groups(instance, op[at_row])
+    first = instances.order[instances.starts]
+    i_comm, i_op = comm[at_row[first]], instances.keys[1]
+    participants = np.bincount(instance)[instances.keys[0]]
     size = instances.first_valid(np.asarray(inst["bytes"], dtype=np.float64))
     transfer = np.asarray(inst["transfer_c"], np.float64)[first]
     skew = np.asarray(inst["skew"], np.float64)[first]
@@ -253,7 +257,7 @@ def op_spread(events: Table, inst: Table, sizes: Mapping[str, int]) -> dict[str,
     for code, name in enumerate(ops.tolist()):
         of_op = i_op == code
         # a point-to-point instance is its pair, whatever the communicator's size
-        factor[of_op] = bus_factor(name, instances.size[of_op] if name in P2P_OPS else members[of_op])
+        factor[of_op] = bus_factor(name, participants[of_op] if name in P2P_OPS else members[of_op])
     with np.errstate(invalid="ignore", divide="ignore"):
         busbw = np.where(transfer > 0, size / transfer * factor, np.nan)  # bytes per ns: GB/s
     # every (comm, op) with instances also has calls: place its figures on that row

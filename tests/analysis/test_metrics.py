@@ -158,3 +158,25 @@ def test_imbalance_and_network_spread() -> None:
     assert spread["busbw_gbps"] == pytest.approx(10.24)
     of_four = pd.DataFrame(metrics.op_spread(aligned, inst, {"c": 4})).iloc[0]  # two members not in the input
     assert of_four["busbw_gbps"] == pytest.approx(10.24 * 1.5)  # 2(n-1)/n of the communicator, not of those present
+
+
+def test_a_send_recv_pair_counts_under_both_ops_whoever_arrives_first() -> None:
+    # 4 send/recv instances on one pair; the sender arrives first in the first two, the
+    # receiver in the last two; transfer (i + 1) us after the last arrival, skew (i + 1) x 100 ns
+    rows = []
+    for i in range(4):
+        base, lag = i * 10_000, 100 * (i + 1)
+        send, recv = (base, base + lag) if i < 2 else (base + lag, base)
+        end = base + lag + 1000 * (i + 1)
+        rows += [(i, 0, "a", send, end), (i, 1, "a", recv, end)]
+    aligned = _aligned(rows)
+    aligned["op"] = np.where(aligned["rank"] == 0, "send", "recv")
+    aligned["comm_id"] = "pp"
+    inst = metrics.instance_frame(aligned)
+    spread = pd.DataFrame(metrics.op_spread(aligned, inst, {"pp": 2})).set_index("op")
+    for op in ("send", "recv"):
+        assert spread.loc[op, "instances"] == 4
+        assert spread.loc[op, "transfer_mean_ns"] == pytest.approx(2500)  # (1 + 2 + 3 + 4) us / 4
+        assert spread.loc[op, "skew_mean_ns"] == pytest.approx(250)
+        # a pair, factor 1: the median of 1024 B over 1, 2, 3 and 4 us
+        assert spread.loc[op, "busbw_gbps"] == pytest.approx((1024 / 2000 + 1024 / 3000) / 2)
