@@ -249,9 +249,10 @@ def op_spread(events: Table, inst: Table, sizes: Mapping[str, int]) -> dict[str,
     # a (comm, op) usually moves one size class: then its instances are already grouped so
     mixed = per_instance.varies(size_class).any()
     typical = Groups(i_comm, i_op, size_class) if mixed else per_instance
-    median = typical.broadcast(typical.median(transfer))
+    # CV: std over the class mean (a class median overstated a skewed spread, e.g. twice over)
+    mean_transfer = typical.broadcast(typical.mean(transfer))
     with np.errstate(invalid="ignore", divide="ignore"):
-        relative = transfer / np.where(median > 0, median, np.nan)
+        relative = transfer / np.where(mean_transfer > 0, mean_transfer, np.nan)
     members = np.array([sizes.get(c, 0) for c in comm_ids.tolist()], dtype=np.int64)[i_comm]
     factor = np.full(len(i_op), np.nan)
     for code, name in enumerate(ops.tolist()):

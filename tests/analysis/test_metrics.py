@@ -180,3 +180,14 @@ def test_a_send_recv_pair_counts_under_both_ops_whoever_arrives_first() -> None:
         assert spread.loc[op, "skew_mean_ns"] == pytest.approx(250)
         # a pair, factor 1: the median of 1024 B over 1, 2, 3 and 4 us
         assert spread.loc[op, "busbw_gbps"] == pytest.approx((1024 / 2000 + 1024 / 3000) / 2)
+
+
+def test_network_variance_is_the_coefficient_of_variation_of_transfer() -> None:
+    rows = []
+    for i, transfer in enumerate([100, 100, 400]):
+        base = i * 10_000
+        rows += [(i, 0, "a", base, base + 500 + transfer), (i, 1, "a", base + 500, base + 500 + transfer)]
+    aligned = _aligned(rows)
+    spread = pd.DataFrame(metrics.op_spread(aligned, metrics.instance_frame(aligned), {"c": 2})).iloc[0]
+    # mean 200 ns, sample std sqrt((100^2 + 100^2 + 200^2) / 2) = 173.2 ns: CV 0.866 (std / median: 1.73)
+    assert spread["network_cv"] == pytest.approx(np.sqrt(3) / 2)
