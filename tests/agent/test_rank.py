@@ -114,6 +114,19 @@ def test_signals_reach_the_command_and_the_announcement_lives_as_long_as_it(nsys
     assert local_ranks(spool) == [] and not (ranks_dir(spool) / f"{info.key}.json").exists()
 
 
+def test_the_commands_environment_is_the_wrappers(nsys_env, tmp_path):
+    # The CLI's GRPC_VERBOSITY=ERROR (for rankscope's own gRPC) reached the training process,
+    # silencing the gRPC warnings of a job that uses gRPC itself (Ray, JAX, TensorFlow).
+    state, env = nsys_env
+    env = {k: v for k, v in env.items() if k != "GRPC_VERBOSITY"}
+    seen = tmp_path / "env.json"
+    proc = rankscope("rank", "--spool", str(tmp_path / "spool"), "--", sys.executable, "-c",
+                     f"import json, os; open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(seen.read_text()) == env
+
+
 def test_nsys_missing_fails_before_running_anything(tmp_path):
     env = {"PATH": str(tmp_path), "RANK": "0"}
     marker = tmp_path / "ran"
