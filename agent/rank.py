@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rankscope.agent import nsys
-from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, withdraw
+from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, ranks_dir, withdraw
 from rankscope import output
 from rankscope.cli import parse_duration
 from rankscope.errors import CommandError, InputError, ToolError
@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
                     "the agent expects: `torchrun ... --no-python rankscope rank -- python train.py`", launcher)
     info = rank_info(os.environ, pid=os.getpid(), backend=args.backend)
     output.make_folder(args.spool)
+    output.make_folder(ranks_dir(args.spool))  # before CMD starts: announcing it comes too late to fail
     if args.backend == "torch":
         from rankscope.agent import torch_hook  # provided with the torch backend
 

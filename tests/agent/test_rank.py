@@ -168,6 +168,19 @@ def test_a_spool_that_cannot_be_made_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == f"rankscope: error: {tmp_path / 'file'}: not a folder"
 
 
+def test_a_spool_whose_ranks_folder_cannot_be_written_fails_before_the_command_starts(nsys_env, tmp_path):
+    # It failed only at the announcement, once CMD ran: a traceback, exit 1, and nsys killed
+    # under a training process left running on its own.
+    _, env = nsys_env
+    spool, marker = tmp_path / "spool", tmp_path / "ran"
+    spool.mkdir()
+    (spool / "ranks").write_text("")
+    proc = rankscope("rank", "--spool", str(spool), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and err.strip() == f"rankscope: error: {spool / 'ranks'}: not a folder"
+    assert not marker.exists()
+
+
 def test_advanced_nccl_tracing_where_this_nsys_has_it(nsys_env, tmp_path):
     state, env = nsys_env
     standin_nsys.configure(state, nccl_trace=True)
