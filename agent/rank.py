@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from rankscope.agent import nsys
-from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, withdraw
+from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, ranks_dir, withdraw
 from rankscope import output
 from rankscope.cli import parse_duration
 from rankscope.errors import CommandError, InputError, ToolError
@@ -86,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
                     "come from each process's trace); one wrapper per rank, inside the launcher, is what "
                     "the agent expects: `torchrun ... --no-python rankscope rank -- python train.py`", launcher)
     info = rank_info(os.environ, pid=os.getpid(), backend=args.backend)
-    output.make_folder(args.spool)
+    # Shared by every job's user on the node (a folder made 0755 here would shut the others
+    # out); the ranks folder checked before CMD starts: announcing it comes too late to fail.
+    output.make_folder(args.spool, shared=True)
+    output.make_folder(ranks_dir(args.spool), shared=True)
     if args.backend == "torch":
         from rankscope.agent import torch_hook  # provided with the torch backend
 
@@ -199,8 +202,7 @@ def _exit_code(returncode: int) -> int:
 
 def run_one_shot(info: RankInfo, cmd: Sequence[str], args: argparse.Namespace, exe: str, trace: str) -> int:
     """``nsys profile`` for the whole run, then the SQLite export beside the report in the spool."""
-    folder = args.spool / "reports"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = output.make_folder(args.spool / "reports", shared=True)
     base = folder / f"{nsys.session_name(info.job_id, info.rank, info.pid)}"
     gpu_metrics = info.local_rank == 0
     if gpu_metrics and nsys.gpu_metrics_held(nsys=exe):

@@ -87,10 +87,13 @@ def _show_warning(message: Warning | str, category: type[Warning], *_: object, *
 def run() -> int:
     """The `rankscope` command in a process of its own (the console script, ``python -m
     rankscope``): `main`, with pyarrow kept from pandas where the command uses Arrow."""
+    command = _command(sys.argv[1:])
     # gRPC's C core logs some failures (a TLS handshake) at INFO on stderr, beside the one
     # line the command prints about them; its errors still show, and a user's setting wins.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    if _command(sys.argv[1:]) in ARROW_COMMANDS:
+    # Not for `rank`: it uses no gRPC, and its environment is the training process's.
+    if command != "rank":
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    if command in ARROW_COMMANDS:
         arrow_without_pandas()
     return main()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -43,12 +44,20 @@ def check_not_input(path: Path, inputs: Iterable[Path]) -> None:
             raise InputError("the output is one of the inputs: writing it would destroy that input", path=path)
 
 
-def make_folder(path: Path) -> Path:
-    """``path`` as a folder to write in, created with its parents where missing."""
+def make_folder(path: Path, *, shared: bool = False) -> Path:
+    """``path`` as a folder to write in, created with its parents where missing. ``shared``:
+    where this process creates it, sticky and writable by all (1777, like /tmp), so other
+    users' processes write in it too and none removes another's files."""
     if path.exists() and not path.is_dir():
         raise InputError("not a folder", path=path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if shared:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # made by another: its mode is its maker's
+                path.mkdir()
+                path.chmod(0o777 | stat.S_ISVTX)  # mkdir's mode would lose the bits the umask clears
+        else:
+            path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot create the folder ({exc.strerror or exc})", path=path) from None
     if reason := _unwritable(path):

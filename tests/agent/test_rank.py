@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -114,6 +117,19 @@ def test_signals_reach_the_command_and_the_announcement_lives_as_long_as_it(nsys
     assert local_ranks(spool) == [] and not (ranks_dir(spool) / f"{info.key}.json").exists()
 
 
+def test_the_commands_environment_is_the_wrappers(nsys_env, tmp_path):
+    # The CLI's GRPC_VERBOSITY=ERROR (for rankscope's own gRPC) reached the training process,
+    # silencing the gRPC warnings of a job that uses gRPC itself (Ray, JAX, TensorFlow).
+    state, env = nsys_env
+    env = {k: v for k, v in env.items() if k != "GRPC_VERBOSITY"}
+    seen = tmp_path / "env.json"
+    proc = rankscope("rank", "--spool", str(tmp_path / "spool"), "--", sys.executable, "-c",
+                     f"import json, os; open({str(seen)!r}, 'w').write(json.dumps(dict(os.environ)))", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(seen.read_text()) == env
+
+
 def test_nsys_missing_fails_before_running_anything(tmp_path):
     env = {"PATH": str(tmp_path), "RANK": "0"}
     marker = tmp_path / "ran"
@@ -153,6 +169,47 @@ def test_a_spool_that_cannot_be_made_is_one_line(tmp_path):
                            str(tmp_path / "file"), "--", sys.executable, "-c", "pass"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip() == f"rankscope: error: {tmp_path / 'file'}: not a folder"
+
+
+def test_a_spool_whose_ranks_folder_cannot_be_written_fails_before_the_command_starts(nsys_env, tmp_path):
+    # It failed only at the announcement, once CMD ran: a traceback, exit 1, and nsys killed
+    # under a training process left running on its own.
+    _, env = nsys_env
+    spool, marker = tmp_path / "spool", tmp_path / "ran"
+    spool.mkdir()
+    (spool / "ranks").write_text("")
+    proc = rankscope("rank", "--spool", str(spool), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')", env=env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and err.strip() == f"rankscope: error: {spool / 'ranks'}: not a folder"
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="runs a second rank as another user (needs root and setpriv)")
+def test_a_spool_the_wrapper_made_takes_other_users_ranks(nsys_env):
+    # The first job's wrapper made the spool and its ranks folder 0755, its user's own: every
+    # other user's rank on the node then failed at start (exit 2, cannot write in the folder).
+    import pwd
+
+    _, env = nsys_env
+    other = pwd.getpwnam("nobody")
+    shared = Path(tempfile.mkdtemp(prefix="rankscope-shared-"))  # tmp_path is root's alone
+    try:
+        shared.chmod(0o755)
+        spool = shared / "spool"
+        as_other = ["setpriv", f"--reuid={other.pw_uid}", f"--regid={other.pw_gid}", "--clear-groups"]
+        for user, prefix in ((0, []), (other.pw_uid, as_other)):
+            state = shared / f"nsys-{user}"
+            state.mkdir()
+            os.chown(state, user, -1)
+            proc = subprocess.run([*prefix, sys.executable, "-m", "rankscope", "rank", "--spool", str(spool), "--",
+                                   "true"], capture_output=True, text=True, timeout=60,
+                                  env={**env, "RANKSCOPE_STANDIN_NSYS_DIR": str(state)})
+            assert proc.returncode == 0, proc.stderr
+            assert any(argv[0] == "launch" for argv in standin_nsys.calls(state))  # run, not refused
+        assert all(stat.S_IMODE(f.stat().st_mode) == 0o1777 for f in (spool, ranks_dir(spool)))
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_advanced_nccl_tracing_where_this_nsys_has_it(nsys_env, tmp_path):
