@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from rankscope import atomic
+from rankscope import atomic, output
 from rankscope.agent import torch_hook
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo, lives
@@ -43,7 +43,9 @@ class TorchBackend(CaptureBackend):
     def start(self, request: CaptureRequest) -> None:
         ranks = _torch_ranks(request)
         for folder, group in _by_folder(request, ranks).items():
-            folder.mkdir(parents=True, exist_ok=True)
+            # The ranks write in it (their replies, their traces) as their own users, not the agent's.
+            output.make_folder(folder.parent, shared=True)
+            output.make_folder(folder, shared=True)
             atomic.write_text(folder / "start.json", json.dumps({"ranks": [r.key for r in group],
                                                                  "max_s": request.duration_s + WINDOW_GRACE_S}))
         started, failed = _wait(request, ranks, lambda f, r: f / f"{r.key}.started", START_TIMEOUT_S)

@@ -32,6 +32,8 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import asdict, replace
@@ -80,17 +82,21 @@ def run(info: RankInfo, cmd: list[str], spool: Path) -> int:
 
     spool = Path(spool)
     info = replace(info, backend="torch", session=str(spool), spool=str(spool))
-    boot = spool / "torch_hook"
-    boot.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(boot / "sitecustomize.py", SITECUSTOMIZE)
-    os.environ[ENV] = json.dumps(asdict(info))
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), os.environ.get("PYTHONPATH", "")) if p)
-    announce(spool, info)
+    # This wrapper's own folder (0700), not one in the spool every job's user shares: the
+    # first user's would shut the others out, and code there runs in every rank that reads it.
+    boot = Path(tempfile.mkdtemp(prefix="rankscope-hook-"))
     try:
-        return supervise(cmd)
+        atomic.write_text(boot / "sitecustomize.py", SITECUSTOMIZE)
+        os.environ[ENV] = json.dumps(asdict(info))
+        os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(boot), os.environ.get("PYTHONPATH", "")) if p)
+        announce(spool, info)
+        try:
+            return supervise(cmd)
+        finally:
+            withdraw(spool, info)
     finally:
-        withdraw(spool, info)
+        shutil.rmtree(boot, ignore_errors=True)
 
 
 def install() -> None:

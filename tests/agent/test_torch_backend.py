@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -117,6 +118,9 @@ def test_hook_records_a_window_of_an_unchanged_script(tmp_path):
         request = CaptureRequest(sweep_id="w1", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
         backend = TorchBackend()
         backend.start(request)
+        # The rank answers in the agent's folder as its own user: open to all, like /tmp.
+        for folder in (spool / "captures", spool / "captures" / "w1"):
+            assert stat.S_IMODE(folder.stat().st_mode) == 0o1777, folder
         time.sleep(1.0)
         paths = backend.stop(request)
     finally:
@@ -242,3 +246,18 @@ def test_a_window_whose_folder_vanishes_ends_quietly_and_the_next_capture_works(
         time.sleep(0.5)
         assert len(backend.stop(again)) == 1
     assert "Traceback" not in (tmp_path / "job.err").read_text()
+
+
+def test_the_hooks_sitecustomize_lies_in_a_folder_of_the_wrappers_own(tmp_path):
+    """Not in the spool every job's user shares: there the first user's folder shut the others
+    out, and whoever could write in it would run code in every torch rank on the node."""
+    spool = tmp_path / "spool"
+    probe = ("import os, stat, sys; boot = sys.modules['sitecustomize'].__file__.rsplit(os.sep, 1)[0]; "
+             "print(boot, oct(stat.S_IMODE(os.stat(boot).st_mode)))")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    done = subprocess.run([sys.executable, "-m", "rankscope", "rank", "--backend", "torch", "--spool", str(spool),
+                           "--", sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    boot, mode = done.stdout.split()
+    assert not Path(boot).is_relative_to(spool) and mode == "0o700"
+    assert not Path(boot).exists()  # gone with the wrapper
