@@ -888,6 +888,7 @@ def _calls(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray]:
         "ann": np.concatenate([inner_of["ann"], lone_ann])[order],
         "ts": events.ts[rows],
         "end": events.ts[rows] + events.dur[rows],
+        "thread": events.thread[rows],
         "fr_pg": np.full(len(rows), None),
         "fr_seq": np.full(len(rows), None),
         "fr_bytes": np.full(len(rows), None),
@@ -910,13 +911,11 @@ def _gloo_runs_as(shown: set[str]) -> dict[str, str]:
 
 def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, top: dict,
                           notes: list[str]) -> dict[str, np.ndarray]:
-    """Join the hook's Flight Recorder entries to the calls: an entry is created inside
-    its c10d call, on the same clock (checked on torch 2.13 gloo: 10-90 µs after the
-    call starts, before it ends). Each entry goes to the latest call of its op started at
-    or before it; a call keeps its earliest entry. Calls of recorded ops left without one
-    are marked ``dropped``, unless their record_param_comms names their group and Seq
-    (``identified``): those need no entry. The hook's ``evicted_before_ns`` says the ring
-    lost the window's entries before then: calls before it lack theirs for that reason."""
+    """Join the hook's Flight Recorder entries to the calls (`_entry_calls`). Calls of
+    recorded ops left without one are marked ``dropped``, unless their record_param_comms
+    names their group and Seq (``identified``): those need no entry. The hook's
+    ``evicted_before_ns`` says the ring lost the window's entries before then: calls before
+    it lack theirs for that reason."""
     recorder = (top.get(HOOK_KEY) or {}).get("flight_recorder") if isinstance(top.get(HOOK_KEY), dict) else None
     if not recorder or not recorder.get("rows") or not len(calls["row"]):
         return calls
@@ -927,36 +926,92 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, 
     entries, created = [entries[i] for i in by_time], created[by_time]
     known = np.flatnonzero(_present(calls["op"]))
     entry_ops = np.array([op for _, op in entries], object)
+    entry_pg = np.array([str(row[field["pg_name"]]) for row, _ in entries], object)
     recorded = set(entry_ops.tolist())
     call_ops = calls["op"][known].copy()
     for call_op, worker_op in _gloo_runs_as(recorded).items():  # the recorder names the worker's op
         call_ops[call_ops == call_op] = worker_op
     ops_, op_code = np.unique(np.concatenate([call_ops, entry_ops]), return_inverse=True)
-    call_op, entry_op = op_code[: len(known)], op_code[len(known) :]
-    by_op = np.lexsort((calls["ts"][known], call_op))
-    at = intervals.last_at_or_before(call_op[by_op], calls["ts"][known][by_op], entry_op, created)
-    call = np.where(at >= 0, known[by_op[np.maximum(at, 0)]], -1)
-    inside = (call >= 0) & (created <= calls["end"][np.maximum(call, 0)])
-    labels, first = np.unique(call[inside], return_index=True)
-    taken = np.flatnonzero(inside)[first]
-    calls["fr_pg"][labels] = [str(entries[i][0][field["pg_name"]]) for i in taken]
+    call, doubtful, stand_in = _entry_calls(calls, known, op_code[: len(known)], op_code[len(known) :], created,
+                                               np.unique(entry_pg.astype(str), return_inverse=True)[1])
+    labels, first = np.unique(call[call >= 0], return_index=True)
+    taken = np.flatnonzero(call >= 0)[first]
+    calls["fr_pg"][labels] = entry_pg[taken]
     calls["fr_seq"][labels] = [int(entries[i][0][field["seq"]]) for i in taken]
     calls["fr_bytes"][labels] = _ints([_recorded_bytes(*entries[i], field) for i in taken])
+    # A call in doubt keeps a group, not a seq: unnamed, gloo's per-group pairing would give
+    # its worker op to the group's next call. Any of its entries' groups will do (`_entry_calls`).
+    named = stand_in >= 0
+    calls["fr_pg"][doubtful[named]] = entry_pg[stand_in[named]]
     keep = ~_present(calls["op"])
     keep[labels] = True
     # Ops the recorder records none of (torch 2.13 gloo: send and recv) are no window's edge: kept, unjoined.
     keep[known[~_equal_any(call_ops, sorted(recorded))]] = True
     keep |= identified
+    in_doubt = np.zeros(len(keep), bool)
+    in_doubt[doubtful] = ~keep[doubtful]
+    if in_doubt.any():
+        notes.append(f"{int(in_doubt.sum())} collective call(s) ran alongside calls of the same op on other threads "
+                     "when their Flight Recorder entries were made, and which entry is whose cannot be told "
+                     "(entries name no thread): not matched")
     evicted_before = _int(recorder.get("evicted_before_ns"))
-    evicted = ~keep & (calls["ts"] < (-_NEVER if evicted_before is None else evicted_before))
+    evicted = ~keep & ~in_doubt & (calls["ts"] < (-_NEVER if evicted_before is None else evicted_before))
     if evicted.any():
         notes.append(f"{int(evicted.sum())} collective call(s) have no Flight Recorder entry: the ring "
                      "(TORCH_FR_BUFFER_SIZE) was too short for the window and dropped their entries: not matched")
-    edges = int((~keep & ~evicted).sum())
+    edges = int((~keep & ~evicted & ~in_doubt).sum())
     if edges:
         notes.append(f"{edges} collective call(s) at the window's edges have no Flight Recorder entry: not matched")
     calls["dropped"] = ~keep  # paired still, so that their ops do not shift onto the next calls
     return calls
+
+
+def _entry_calls(calls: dict[str, np.ndarray], known: np.ndarray, call_op: np.ndarray, entry_op: np.ndarray,
+                 created: np.ndarray, entry_pg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each entry's call (position in ``calls``, -1: none told), and the calls in doubt with,
+    each, a stand-in entry (position; -1: none). An entry is made inside its call, on its
+    thread, on the same clock (checked on torch 2.13 gloo: 10-90 µs after the call starts,
+    before it ends), but names no thread: its candidates are the
+    call of its op running on each thread then (``known`` calls; their ops' and the
+    entries' codes, the entries by creation). One candidate: its call; a call keeps its
+    earliest such entry. Where calls of one op overlap on several threads (collectives of
+    two groups from two threads, torch 2.13 gloo: 4 of 60 entries), the latest call to
+    start took the other thread's entry: there a candidate is ruled out if a sure entry has
+    its call, or if its thread's sure entries name only other groups (a thread serving one
+    group); an entry left with one candidate, not another's too, gets it. The calls in doubt
+    are the untold entries' candidates left without one; where each op has as many as it
+    has untold entries, the k-th call stands in for the k-th entry's group. Those calls all
+    ran when those entries were made, so their worker ops started after any of them."""
+    thread_ids, thread = np.unique(calls["thread"][known], return_inverse=True)
+    threads = len(thread_ids)
+    line = call_op * threads + thread  # calls of one thread do not overlap: one per line runs at a time
+    by_line = np.lexsort((calls["ts"][known], line))
+    entry = np.repeat(np.arange(len(created)), threads)
+    entry_thread = np.tile(np.arange(threads), len(created))
+    at = intervals.last_at_or_before(line[by_line], calls["ts"][known][by_line],
+                                     entry_op[entry] * threads + entry_thread, created[entry])
+    candidate = np.where(at >= 0, known[by_line[np.maximum(at, 0)]], -1)
+    inside = (candidate >= 0) & (created[entry] <= calls["end"][np.maximum(candidate, 0)])
+    entry, entry_thread, candidate = entry[inside], entry_thread[inside], candidate[inside]
+    sure = np.bincount(entry, minlength=len(created))[entry] == 1
+    serves = entry_thread * (int(entry_pg.max(initial=0)) + 1) + entry_pg[entry]  # (thread, group), one int
+    served = np.unique(serves[sure])
+    unknown = np.bincount(entry_thread[sure], minlength=threads) == 0
+    open_ = ~sure & ~groups.in_sorted(candidate, np.unique(candidate[sure]))
+    open_ &= groups.in_sorted(serves, served) | unknown[entry_thread]
+    told = sure | (open_ & (np.bincount(entry[open_], minlength=len(created))[entry] == 1))
+    told[~sure] &= np.bincount(candidate[told & ~sure], minlength=len(calls["row"]))[candidate[~sure]] == 1
+    call = np.full(len(created), -1)
+    call[entry[told]] = candidate[told]
+    untold = ~groups.in_sorted(entry, np.unique(entry[told]))
+    doubt = untold & (np.bincount(candidate[told], minlength=len(calls["row"]))[candidate] == 0)
+    doubtful, pair = np.unique(candidate[doubt], return_index=True)  # calls by start
+    waiting = np.unique(entry[doubt])  # by creation
+    doubtful_op, waiting_op = entry_op[entry[doubt][pair]], entry_op[waiting]
+    stand_in = np.full(len(doubtful), -1)
+    if np.array_equal(np.sort(doubtful_op), np.sort(waiting_op)):  # by op, then start and creation: k-th with k-th
+        stand_in[np.lexsort((doubtful, doubtful_op))] = waiting[np.lexsort((waiting, waiting_op))]
+    return call, doubtful, stand_in
 
 
 def _containing(events: _Events, inner: np.ndarray, outer: np.ndarray) -> np.ndarray:

@@ -900,6 +900,67 @@ def test_a_call_the_flight_recorder_ring_dropped_does_not_pair_the_other_groups_
     assert not any("enqueued before the window" in w for w in _row(table)["warnings"])
 
 
+def test_calls_of_two_groups_from_two_threads_running_together_keep_their_own_flight_recorder_entries(tmp_path):
+    """Real torch 2.13 gloo, groups 1 and 2 called from two threads; the timings here are
+    that run's (µs): its first eight calls, and two later ones that tell the groups of the
+    worker threads of the overlapping calls (`_thread_groups`). Entries name no thread: each went to the latest call of its op started
+    before it, so both entries made while the threads' third calls ran went to thread 2's,
+    which kept group 1's, silently, and thread 1's was dropped; group 2's per-group pairing
+    then lost its worker ops (26 of 60 in the run). A thread whose sure entries name one
+    group takes that group's entry."""
+    base = 1_700_000_000_000_000_000
+    # (caller tid, start, dur, group, seq, entry made at, worker tid, worker start, worker dur)
+    calls = [(1, 0.0, 635.997, "1", 1, 71.264, 3, 1015.846, 5105.099),
+             (2, 267.736, 5931.97, "2", 1, 1078.723, 5, 1188.872, 5571.489),
+             (1, 6305.536, 38.405, "1", 2, 6323.281, 4, 6513.218, 4339.951),
+             (2, 6935.495, 26.111, "2", 2, 6955.55, 6, 7072.637, 3654.652),
+             (1, 10963.117, 289.082, "1", 3, 11197.905, 3, 11211.898, 2965.025),
+             (2, 11197.171, 17.135, "2", 3, 11210.519, 5, 11228.016, 3116.484),
+             (1, 14239.396, 13.512, "1", 4, 14249.071, 4, 14259.793, 4185.341),
+             (2, 14449.752, 16.929, "2", 4, 14461.605, 6, 14475.613, 4187.518),
+             (1, 30171.686, 23.646, "1", 7, 30187.015, 3, 32006.559, 264.814),
+             (2, 38325.284, 23.135, "2", 7, 38338.64, 5, 38362.571, 519.408)]
+    events = [_event("c10d::allreduce_", f"{start:.3f}", f"{dur:.3f}", tid=tid) for tid, start, dur, *_ in calls]
+    events += [_event("gloo:all_reduce", f"{work:.3f}", f"{dur:.3f}", cat="user_annotation", tid=worker)
+               for *_, worker, work, dur in calls]
+    rows = [[pg, seq, "gloo:all_reduce", base + round(made * 1000)] for _, _, _, pg, seq, made, *_ in calls]
+    data = _trace(events, baseTimeNanoseconds=base, rankscope={"rank": 3, "flight_recorder": {
+        "columns": ["pg_name", "seq", "profiling_name", "time_created_ns"], "rows": rows}})
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "1", "ranks": [0, 1, 2, 3]}, {"pg_name": "2", "ranks": [0, 1, 2, 3]}]
+    table = read_kineto(_write(tmp_path / "rank3.json", data))
+    coll = _collectives(table)
+    found = {(c, s): (call - base, start - base)
+             for c, s, call, start in zip(coll["comm_id"], coll["seq"], coll["cpu_call_ns"], coll["start_ns"])}
+    assert found == {(pg, seq): (round(start * 1000), round(work * 1000)) for _, start, _, pg, seq, _, _, work, _ in calls}
+    assert not any("Flight Recorder" in w or "enqueued" in w for w in _row(table)["warnings"])
+
+
+def test_calls_of_two_groups_overlapping_on_threads_that_serve_both_are_left_unmatched_in_their_group(tmp_path):
+    """As above, but each thread had already called both groups: which of the two entries
+    made while both calls ran is whose cannot be told. Both calls are left unmatched, with
+    a warning, keeping no seq; the later calls keep theirs."""
+    base = 1_700_000_000_000_000_000
+    # (caller tid, start, dur, group, seq, entry made at, worker tid, worker start)
+    calls = [(1, 0.0, 50.0, "1", 1, 20.0, 3, 100.0), (1, 1000.0, 50.0, "2", 1, 1020.0, 5, 1100.0),
+             (2, 2000.0, 50.0, "1", 2, 2020.0, 4, 2100.0), (2, 3000.0, 50.0, "2", 2, 3020.0, 6, 3100.0),
+             (1, 5000.0, 300.0, "1", 3, 5200.0, 3, 5400.0), (2, 5100.0, 150.0, "2", 3, 5210.0, 5, 5410.0),
+             (1, 8000.0, 50.0, "1", 4, 8020.0, 4, 8100.0), (2, 9000.0, 50.0, "2", 4, 9020.0, 6, 9100.0)]
+    events = [_event("c10d::allreduce_", f"{start:.3f}", f"{dur:.3f}", tid=tid) for tid, start, dur, *_ in calls]
+    events += [_event("gloo:all_reduce", f"{work:.3f}", "200.000", cat="user_annotation", tid=worker)
+               for *_, worker, work in calls]
+    rows = [[pg, seq, "gloo:all_reduce", base + round(made * 1000)] for _, _, _, pg, seq, made, _, _ in calls]
+    data = _trace(events, baseTimeNanoseconds=base, rankscope={"rank": 3, "flight_recorder": {
+        "columns": ["pg_name", "seq", "profiling_name", "time_created_ns"], "rows": rows}})
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "1", "ranks": [0, 1, 2, 3]}, {"pg_name": "2", "ranks": [0, 1, 2, 3]}]
+    table = read_kineto(_write(tmp_path / "rank3.json", data))
+    coll = _collectives(table)
+    found = {(c, s): start - base for c, s, start in zip(coll["comm_id"], coll["seq"], coll["start_ns"])}
+    assert found == {(pg, seq): round(work * 1000) for _, _, _, pg, seq, _, _, work in calls if seq != 3}
+    assert ("2 collective call(s) ran alongside calls of the same op on other threads when their Flight Recorder "
+            "entries were made, and which entry is whose cannot be told (entries name no thread): not matched"
+            ) in _row(table)["warnings"]
+
+
 def test_gloo_ops_one_group_took_up_together_in_another_order_than_they_started_are_left_unmatched(tmp_path):
     """Real torch 2.13 gloo, one group, 12 async all_reduces of distinct sizes: gloo's two
     worker threads took calls 1 and 2 off the queue in order, but op 2 started 180 µs before
