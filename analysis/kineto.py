@@ -931,7 +931,7 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, 
     call_ops = calls["op"][known].copy()
     for call_op, worker_op in _gloo_runs_as(recorded).items():  # the recorder names the worker's op
         call_ops[call_ops == call_op] = worker_op
-    ops_, op_code = np.unique(np.concatenate([call_ops, entry_ops]), return_inverse=True)
+    _, op_code = np.unique(np.concatenate([call_ops, entry_ops]), return_inverse=True)
     call, doubtful, stand_in = _entry_calls(calls, known, op_code[: len(known)], op_code[len(known) :], created,
                                                np.unique(entry_pg.astype(str), return_inverse=True)[1])
     labels, first = np.unique(call[call >= 0], return_index=True)
