@@ -164,17 +164,24 @@ def test_a_node_still_working_on_an_ended_sweep_is_told_to_stop(coordinator, wir
     away.close()
 
 
+def _one_node_uploading_raw(client, wire, digests, talking, away):
+    """A 3 s sweep over both agents: ``talking`` delivers its digest, ``away`` is to upload a
+    raw export (the sweep, its header as upload raw-1, its bytes)."""
+    data = os.urandom(300_000)
+    sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
+    talking.finish(started_capture(talking).sweep_id, digests[talking.node])
+    started_capture(away)
+    head = wire.header(data, node=away.node, token=away.token, upload_id="raw-1")
+    head.sweep_id = sweep.sweep_id
+    return sweep, head, data
+
+
 def test_an_upload_its_sweep_ended_before_is_removed(coordinator, wire, digests) -> None:
     """A raw export half-uploaded when its node timed out is never completed: its part file
     (gigabytes, for real exports) must not stay in the store for good."""
     talking, away = (wire.FakeAgent(coordinator, name) for name in digests)
-    data = os.urandom(300_000)
     with SweepClient(coordinator.address) as client:
-        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
-        talking.finish(started_capture(talking).sweep_id, digests[talking.node])
-        started_capture(away)
-        head = wire.header(data, node=away.node, token=away.token, upload_id="raw-1")
-        head.sweep_id = sweep.sweep_id
+        sweep, head, data = _one_node_uploading_raw(client, wire, digests, talking, away)
 
         def cut_short():
             for i, message in enumerate(wire.chunks(head, data)):
@@ -199,14 +206,9 @@ def test_an_upload_still_streaming_when_its_sweep_ends_is_removed_when_the_strea
     """The usual case of a timed-out node: its raw export is still streaming when the sweep ends,
     so the sweep's clean-up passes it by; the agent, cancelled, then ends the stream short."""
     talking, away = (wire.FakeAgent(coordinator, name) for name in digests)
-    data = os.urandom(300_000)
     ended = threading.Event()
     with SweepClient(coordinator.address) as client:
-        sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
-        talking.finish(started_capture(talking).sweep_id, digests[talking.node])
-        started_capture(away)
-        head = wire.header(data, node=away.node, token=away.token, upload_id="raw-1")
-        head.sweep_id = sweep.sweep_id
+        sweep, head, data = _one_node_uploading_raw(client, wire, digests, talking, away)
 
         def until_cancelled():
             for i, message in enumerate(wire.chunks(head, data)):
