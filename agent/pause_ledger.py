@@ -17,13 +17,13 @@ import json
 import os
 import secrets
 import socket
-import stat
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankscope import output
 from rankscope.errors import ConfigError
 from rankscope.lock import held
 
@@ -69,11 +69,8 @@ class PauseLedger:
         try:
             if self.folder.is_symlink():
                 raise ConfigError("the DCGM pause ledger must not be a symbolic link", path=self.folder)
-            try:
-                self.folder.mkdir(parents=True)
-                os.chmod(self.folder, 0o777 | stat.S_ISVTX)  # other users' agents join; none deletes another's file
-            except FileExistsError:
-                pass
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            output.create_shared(self.folder)  # other users' agents join; none deletes another's file
             self._mutex = os.open(self.folder / MUTEX_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
             _readable_by_all(self._mutex, 0o444)
             with self._locked():  # a holder file is locked before anyone can see it

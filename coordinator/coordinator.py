@@ -122,7 +122,7 @@ class Coordinator:
                 self._apply(sweep, sweep.handle(sw.Restarted(now, grace)))
             # Uploads of sweeps that ended as the last run stopped (killed before their clean-up).
             for sweep_id in sorted(self.artifacts.partial_sweeps()):
-                if sweep_id not in self._active and self._stored_final(sweep_id):
+                if self._ended(sweep_id):
                     self.artifacts.drop_partials(sweep_id)
         self._ticker.start()
 
@@ -296,13 +296,16 @@ class Coordinator:
         finally:
             # A sweep that ended while this stream held its upload passed it by (drop_partials).
             with self._lock:
-                ended = header.sweep_id not in self._active and self._stored_final(header.sweep_id)
+                ended = self._ended(header.sweep_id)
             if ended:
                 self.artifacts.drop_partials(header.sweep_id)
         if writer.result is not None:
             self.store.record_upload(header, writer.result, self.clock())
 
-    def _stored_final(self, sweep_id: str) -> bool:
+    def _ended(self, sweep_id: str) -> bool:
+        """Known to have ended: no longer active, and stored as final (under the lock)."""
+        if sweep_id in self._active:
+            return False
         try:
             return self.store.sweep(sweep_id).final
         except (sw.UnknownSweep, UnreadableSweep):  # not known to have ended: not this clean-up's to judge

@@ -44,18 +44,24 @@ def check_not_input(path: Path, inputs: Iterable[Path]) -> None:
             raise InputError("the output is one of the inputs: writing it would destroy that input", path=path)
 
 
+def create_shared(path: Path) -> None:
+    """Create the folder ``path`` (in an existing parent) sticky and writable by all (1777,
+    like /tmp), so other users' processes write in it too and none removes another's files;
+    one that exists keeps its maker's mode. OSError as mkdir raises it."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir()
+        path.chmod(0o777 | stat.S_ISVTX)  # mkdir's mode would lose the bits the umask clears
+
+
 def make_folder(path: Path, *, shared: bool = False) -> Path:
-    """``path`` as a folder to write in, created with its parents where missing. ``shared``:
-    where this process creates it, sticky and writable by all (1777, like /tmp), so other
-    users' processes write in it too and none removes another's files."""
+    """``path`` as a folder to write in, created with its parents where missing; ``shared``:
+    created as `create_shared` does."""
     if path.exists() and not path.is_dir():
         raise InputError("not a folder", path=path)
     try:
         if shared:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):  # made by another: its mode is its maker's
-                path.mkdir()
-                path.chmod(0o777 | stat.S_ISVTX)  # mkdir's mode would lose the bits the umask clears
+            create_shared(path)
         else:
             path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
