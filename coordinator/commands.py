@@ -24,6 +24,9 @@ EXIT_PARTIAL = 3
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # the shell's code for SIGINT, as the CLI gives it elsewhere
 EXIT_FINDINGS = 4  # with --fail-on-findings: a straggler or a slow link (a scheduled health sweep's alarm)
+# With --fail-on-findings: the report could not judge stragglers (a one-step window, too few
+# ranks). Not a clean bill: passing would hide a sweep that checked nothing.
+EXIT_NOT_JUDGED = 5
 
 
 def parse_count(text: str) -> int:
@@ -86,15 +89,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     capture.add_argument("--upload-raw", action="store_true", help="also upload the raw profiler exports")
     capture.add_argument("--wait", action="store_true",
                          help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed "
-                              f"({EXIT_FINDINGS}: findings, with --fail-on-findings; {EXIT_INTERRUPTED}: stopped "
-                              "waiting with Ctrl-C, the sweep goes on)")
+                              f"(with --fail-on-findings {EXIT_FINDINGS}: findings, {EXIT_NOT_JUDGED}: stragglers not "
+                              f"judged; {EXIT_INTERRUPTED}: stopped waiting with Ctrl-C, the sweep goes on)")
     capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait")
     capture.add_argument("--plot", type=Path, metavar="FILE",
                          help="with --wait, also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     capture.add_argument("--fail-on-findings", action="store_true",
                          help=f"with --wait, exit {EXIT_FINDINGS} when the report flags a straggler or a slow link, "
-                              "else 0, a partial report too (its warnings name the nodes missing); for scheduled "
-                              "health sweeps: the job fails, and alerting sees it")
+                              f"{EXIT_NOT_JUDGED} when it could not judge stragglers (it says why), else 0, a partial "
+                              "report too (its warnings name the nodes missing); for scheduled health sweeps: the "
+                              "job fails, and alerting sees it")
     capture.set_defaults(func=run_capture)
 
     listing = subparsers.add_parser("sweeps", help="list sweeps, newest first")
@@ -187,8 +191,16 @@ def run_capture(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         _print_report(client.report(final.sweep_id), args.format, args.plot)
         if args.fail_on_findings:  # the health sweep's question: did the report flag anything?
-            return EXIT_FINDINGS if final.stragglers or final.slow_links else 0
+            return _health(final)
         return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
+
+
+def _health(sweep: pb.Sweep) -> int:
+    """A health sweep's exit code: findings first (a slow link is one even where stragglers
+    were not judged), then whether the report could judge at all."""
+    if sweep.stragglers or sweep.slow_links:
+        return EXIT_FINDINGS
+    return EXIT_NOT_JUDGED if sweep.stragglers_not_judged else 0
 
 
 def _say_started(sweep: pb.Sweep) -> None:

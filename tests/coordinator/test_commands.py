@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rankscope.cli import main
 from rankscope.cli import parse_duration
 from rankscope.coordinator import server
-from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_PARTIAL
+from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_NOT_JUDGED, EXIT_PARTIAL
 from rankscope.errors import ConfigError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
@@ -35,6 +35,16 @@ def answer(agent, data: bytes | None) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def _one_node_digest(tmp_path: Path, *, gpus: int, stragglers: dict[int, int]) -> bytes:
+    """The Parquet digest of a synthetic one-node job."""
+    from rankscope.analysis import digest
+    from rankscope.analysis.testing import SyntheticJob, synthetic_job
+
+    table, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=gpus, steps=10, stragglers=stragglers, seed=4))
+    digest.write(table, tmp_path / "node.parquet")
+    return (tmp_path / "node.parquet").read_bytes()
 
 
 def test_capture_wait_shows_progress_and_prints_the_report(coordinator, wire, digests, capsys) -> None:
@@ -72,6 +82,20 @@ def test_a_health_sweep_that_finds_a_straggler_fails_when_asked_to(coordinator, 
         agent.close()
 
 
+def test_a_health_sweep_whose_report_could_not_judge_does_not_pass(coordinator, wire, tmp_path, capsys) -> None:
+    # Two ranks are too few to judge stragglers: exit 0 would read as a clean bill for a
+    # sweep that checked nothing.
+    agent = wire.FakeAgent(coordinator, "node-a")
+    thread = answer(agent, _one_node_digest(tmp_path, gpus=2, stragglers={1: 300_000}))
+    code = main(["capture", "--coordinator", coordinator.address, "--all", "--duration", "1s", "--backend", "sim",
+                 "--wait", "--fail-on-findings"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_NOT_JUDGED, err
+    assert "not judged (needs 3+ ranks with consecutive collectives)" in out
+    thread.join(10)
+    agent.close()
+
+
 def test_fail_on_findings_needs_wait(capsys) -> None:
     assert main(["capture", "--coordinator", "127.0.0.1:1", "--all", "--fail-on-findings"]) == 2
     assert "--fail-on-findings judges the report, which only --wait waits for" in capsys.readouterr().err
@@ -91,11 +115,11 @@ def test_capture_wait_exits_partial_naming_the_missing_node(coordinator, wire, d
         agent.close()
 
 
-def test_a_health_sweep_missing_a_node_but_flagging_nothing_passes(coordinator, wire, digests, capsys) -> None:
+def test_a_health_sweep_missing_a_node_but_flagging_nothing_passes(coordinator, wire, tmp_path, capsys) -> None:
     # An idle or busy node made every scheduled sweep exit 3, which the job took as failed:
-    # alarms that were not findings. node001's ranks alone hold no straggler.
-    silent, talking = (wire.FakeAgent(coordinator, name) for name in digests)
-    threads = [answer(talking, digests[talking.node]), answer(silent, None)]
+    # alarms that were not findings. The node that answers holds four balanced ranks.
+    silent, talking = wire.FakeAgent(coordinator, "node-idle"), wire.FakeAgent(coordinator, "node-a")
+    threads = [answer(talking, _one_node_digest(tmp_path, gpus=4, stragglers={})), answer(silent, None)]
     code = main(["capture", "--coordinator", coordinator.address, "--nodes", f"{talking.node},{silent.node}",
                  "--duration", "1s", "--timeout", "3s", "--backend", "sim", "--wait", "--fail-on-findings"])
     out, err = capsys.readouterr()
