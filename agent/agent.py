@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankscope import __version__, atomic, states, tls
+from rankscope import __version__, atomic, output, states, tls
 from rankscope.agent import capture as cap
 from rankscope.agent import dcgm as dcgm_mod
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
@@ -120,8 +120,9 @@ def _text(value: str | bytes) -> str:
 
 
 def safe_name(text: str) -> str:
-    """A file name the coordinator accepts: no "/", no "..", no leading dot."""
-    return re.sub(r"\.{2,}", ".", _UNSAFE.sub("_", text)).strip("._") or "x"
+    """A file name the coordinator accepts: no "/", no "..", no leading dot; short enough
+    for a suffix (a node name may run to 253 characters)."""
+    return output.bounded(re.sub(r"\.{2,}", ".", _UNSAFE.sub("_", text)).strip("._") or "x")
 
 
 class Agent:

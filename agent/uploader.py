@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from rankscope import output
 from rankscope.errors import TransportError, UploadRejected
 from rankscope.memory import keep_chunk_memory
 from rankscope.proto.v1 import chunks
@@ -88,13 +89,8 @@ def sha256_of(path: Path) -> str:
 def upload_id(artifact: Artifact, sha256: str) -> str:
     """Stable across retries and agent restarts: the same bytes of the same capture."""
     parts = (artifact.sweep_id, artifact.node, artifact.name, sha256[:16])
-    uid = ".".join(_UNSAFE.sub("_", p).strip("_-") or "x" for p in parts)
-    if len(uid) <= chunks.MAX_UPLOAD_ID:
-        return uid
-    # Over the coordinator's limit (long node names, which the digest's name repeats): its head
-    # stays readable, a hash of the whole keeps it apart from every other.
-    whole = hashlib.sha256(uid.encode()).hexdigest()[:32]
-    return f"{uid[:chunks.MAX_UPLOAD_ID - len(whole) - 1].rstrip('.')}.{whole}"
+    # Long node names (which the digest's name repeats) would pass the coordinator's limit.
+    return output.bounded(".".join(_UNSAFE.sub("_", p).strip("_-") or "x" for p in parts), chunks.MAX_UPLOAD_ID)
 
 
 class Uploader:

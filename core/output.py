@@ -8,6 +8,7 @@ and nothing is left behind."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 import tempfile
@@ -16,6 +17,21 @@ from pathlib import Path
 
 from rankscope import atomic
 from rankscope.errors import InputError
+
+
+# Names we make from users' names (node names run to 253 characters) fit a file name
+# (NAME_MAX 255) with room for a suffix.
+MAX_NAME = 200
+_HASH_CHARS = 32
+
+
+def bounded(name: str, limit: int = MAX_NAME) -> str:
+    """``name`` where it fits ``limit``, else its head (still readable) and a hash of the
+    whole, which keeps it apart from every other name."""
+    if len(name) <= limit:
+        return name
+    whole = hashlib.sha256(name.encode()).hexdigest()[:_HASH_CHARS]
+    return f"{name[:limit - _HASH_CHARS - 1].rstrip('.')}.{whole}"
 
 
 def check_writable(path: Path) -> None:

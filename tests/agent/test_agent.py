@@ -202,7 +202,8 @@ def coordinator():
     server.stop(0)
 
 
-def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, **backend) -> tuple[Agent, threading.Thread]:
+def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, name: str = "n0",
+                **backend) -> tuple[Agent, threading.Thread]:
     monkeypatch.setattr(agent_mod, "load_backend", lambda name: make_backend(log, **backend))
     monkeypatch.setattr(dcgm, "discover", lambda config=None: RecordingDcgm(log))
     real_load = sources.load_digests
@@ -212,7 +213,7 @@ def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, **backend) 
         return real_load(paths, **kw)
 
     monkeypatch.setattr(sources, "load_digests", load_digests)
-    config = AgentConfig(coordinator=address, name="n0", labels={"pool": "a"}, spool=tmp_path / "spool",
+    config = AgentConfig(coordinator=address, name=name, labels={"pool": "a"}, spool=tmp_path / "spool",
                          work_dir=tmp_path / "work", backends=("fake",), max_backoff_s=0.5,
                          dcgm=dcgm.DcgmConfig(ledger_dir=tmp_path / "dcgm-ledger"))
     agent = Agent(config)
@@ -239,6 +240,19 @@ def test_what_the_capture_went_on_without_is_sent_from_then_on(coordinator, tmp_
         assert notes["NODE_STATE_UPLOADED"] == notes["NODE_STATE_DCGM_RESUMED"] == [note]
         record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
         assert record["notes"] == [note]
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_node_named_at_the_longest_uploads_its_digest(coordinator, tmp_path: Path, monkeypatch) -> None:
+    # A node name may run to 253 characters: "<name>.digest.parquet" was past a file name's 255.
+    servicer, address = coordinator
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, name="n" * 253)
+    try:
+        servicer.commands.put(start("s1"))
+        states = [s.state for s in servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)]
+        assert pb.NODE_STATE_UPLOADED in states and pb.NODE_STATE_FAILED not in states
     finally:
         agent.close()
         thread.join(10)
@@ -389,6 +403,7 @@ def test_labels_and_backends_are_checked() -> None:
     config = commands.config_from_args(args)
     assert config.work_dir == Path("/s/agent-x") and config.backends == ("sim",)
     assert safe_name("../a/b..c") == "a_b.c"
+    assert len(safe_name("n" * 253)) == 200 and safe_name("n" * 252 + "a") != safe_name("n" * 252 + "b")
     for bad, message in ((["--coordinator", "nohost"], "must be HOST:PORT"), (["--coordinator", "h:x"], "must be HOST:PORT"),
                          (["--coordinator", "h:1", "--max-backoff", "0"], "--max-backoff must be positive"),
                          (["--coordinator", "h:1", "--name", "a,b"], "--name 'a,b': a node name is 1 to 253 letters"),
