@@ -219,14 +219,13 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
             f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), COALESCE({name}, -1) FROM {KERNEL_TABLE}'
         )
         used = f"SELECT DISTINCT {name} FROM {KERNEL_TABLE}"
-        if "StringIds" in columns:
-            sql["kernel_names"] = f"SELECT id, value FROM StringIds WHERE id IN ({used})"
-            if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
-                nccl_names = f"SELECT id FROM StringIds WHERE id IN ({used}) AND value LIKE 'nccl%'"
-                sql["launches"] = (
-                    f"SELECT correlationId, (globalTid >> 24) & 16777215, globalTid, start FROM {RUNTIME_TABLE} "
-                    f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {name} IN ({nccl_names}))"
-                )
+        sql["kernel_names"] = f"SELECT id, value FROM StringIds WHERE id IN ({used})"  # `_check_tables`: it exists
+        if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
+            nccl_names = f"SELECT id FROM StringIds WHERE id IN ({used}) AND value LIKE 'nccl%'"
+            sql["launches"] = (
+                f"SELECT correlationId, (globalTid >> 24) & 16777215, globalTid, start FROM {RUNTIME_TABLE} "
+                f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {name} IN ({nccl_names}))"
+            )
     copies = [
         f'SELECT start, "end", {_PID}, deviceId FROM {table}'
         for table in COPY_TABLES
@@ -409,6 +408,8 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
         raise ExportError(f"export has no CUDA kernels (no {KERNEL_TABLE} table; capture with -t cuda)", path=path)
     if _kernel_name_column(columns[KERNEL_TABLE]) is None or "globalPid" not in columns[KERNEL_TABLE]:
         raise ExportError(f"{KERNEL_TABLE} lacks kernel names or globalPid", path=path)
+    if "StringIds" not in columns:
+        raise ExportError("export has no StringIds table (kernel and NVTX names are ids into it)", path=path)
 
 
 def _fetch_checked(path: Path, cursor: sqlite3.Cursor, table: str) -> Any:

@@ -288,6 +288,13 @@ def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path])
     with pytest.raises(ExportError, match="no CUDA kernels"):
         nsys.read_nsys(no_kernels)
 
+    no_names = tmp_path / "no_names.sqlite"
+    shutil.copy(dsl[0], no_names)
+    with sqlite3.connect(no_names) as db:
+        db.execute("DROP TABLE StringIds")
+    with pytest.raises(ExportError, match=r"no StringIds table \(kernel and NVTX names are ids into it\)"):
+        nsys.read_nsys(no_names)
+
 
 def test_an_export_cut_short_says_so_where_its_header_gives_its_length(tmp_path: Path) -> None:
     from rankscope.analysis import simulate
