@@ -131,9 +131,10 @@ def read_nsys(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
 
     ``rank_from`` overrides where the rank comes from: ``env:VAR`` (a variable of the
     captured environment) or ``filename:REGEX`` (first group, else the whole match, of
-    REGEX searched in the file name). Without it the rank comes from RANK, SLURM_PROCID,
-    OMPI_COMM_WORLD_RANK or PMI_RANK in the captured environment, then from the NCCL
-    CommInitRank payload, then (with a warning) from the order of processes.
+    REGEX searched in the file name). Without it the rank comes from the captured
+    environment (`launchers.RANK_ENV`: RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID,
+    the nearest launcher's first), then from the NCCL CommInitRank payload, then (with a
+    warning) from the order of processes.
     """
     return read_many([path], rank_from=rank_from)
 

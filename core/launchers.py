@@ -1,12 +1,15 @@
 """Where launchers put a process's place in the job: the environment variables the rank
 wrapper reads at start and the ingest reads back from an export's captured environment,
-each list in order of preference (torchrun, Slurm, Open MPI, PMI/MPICH, other schedulers).
+each list in order of preference: the launcher nearest the process first (torchrun, Open
+MPI's mpirun, PMI/MPICH's mpiexec, then Slurm's srun), since an inner launcher's process
+inherits the outer one's variables: under `mpirun` in a Slurm batch script every rank
+carries the batch step's SLURM_PROCID=0 and SLURM_NTASKS=1.
 
 Kept apart from the analysis so the rank wrapper starts without importing it."""
 
-RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "PMI_SIZE")
+RANK_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+LOCAL_RANK_ENV = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+WORLD_SIZE_ENV = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "SLURM_NPROCS")
 JOB_ENV = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
 # torchrun sets TORCHELASTIC_RUN_ID to "none" unless given --rdzv-id: the same for every job.
 _NO_JOB = {"TORCHELASTIC_RUN_ID": "none"}

@@ -55,6 +55,17 @@ def test_torchrun_wins_over_slurm_when_both_are_set():
     assert (info.rank, info.world_size) == (1, 2)
 
 
+@pytest.mark.parametrize("mpi", [
+    {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4"},
+    {"PMI_RANK": "3", "MPI_LOCALRANKID": "3", "PMI_SIZE": "4"},
+])
+def test_mpirun_in_a_slurm_batch_script_wins_over_the_inherited_batch_step(mpi):
+    # Every rank mpirun starts inherits the batch step's SLURM_PROCID=0: read first, all were rank 0.
+    batch_step = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "4242"}
+    info = rank.rank_info({**batch_step, **mpi}, pid=1)
+    assert (info.rank, info.local_rank, info.world_size, info.job_id) == (3, 3, 4, "4242")
+
+
 @pytest.mark.parametrize("env, message", [
     ({"RANK": "x"}, "RANK='x' is not an integer"),
     ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is outside a world of 4"),

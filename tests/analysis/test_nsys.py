@@ -49,7 +49,7 @@ def test_dsl_two_nodes_each_one_allreduce_with_rank_and_host(dsl: list[Path]) ->
     meta = table.select(["rank", "rank_source", "host", "gpu", "job_id", "world_size"]).to_pylist()
     assert [m["rank"] for m in meta] == [0, 1]
     assert [m["host"] for m in meta] == ["ault43.cscs.ch", "ault44.cscs.ch"]
-    assert {m["rank_source"] for m in meta} == {"env:SLURM_PROCID"}
+    assert {m["rank_source"] for m in meta} == {"env:PMI_RANK"}  # srun's PMI-2 sets it, equal to SLURM_PROCID
     assert {m["job_id"] for m in meta} == {"524890"}
     assert {m["world_size"] for m in meta} == {2}
     # CUDA_VISIBLE_DEVICES="1" on both nodes: physical GPU 1 of each host, not the first listed.
@@ -219,6 +219,17 @@ def test_a_launcher_environment_names_neither_world_nor_rank_of_the_ranks_it_lau
     by_pid = dict(zip(table.column("pid").to_pylist(), table.column("rank").to_pylist()))
     assert by_pid == ({144: 1, 145: 0} if payloads else {144: 0, 145: 1})
     assert table.column("world_size").to_pylist() == ([2, 2] if payloads else [None, None])
+
+
+def test_a_rank_mpirun_started_inside_a_slurm_batch_script_is_mpiruns(dsl: list[Path], tmp_path: Path) -> None:
+    # mpirun's ranks inherit the batch step's SLURM_PROCID: read before Open MPI's, all were one rank.
+    path = tmp_path / "mpirun.sqlite"
+    shutil.copy(dsl[0], path)
+    with sqlite3.connect(path) as db:
+        db.executemany("INSERT INTO META_DATA_CAPTURE (name, value) VALUES ('PROCESS_0:ENVIRONMENT_VARIABLE', ?)",
+                       [('OMPI_COMM_WORLD_RANK="5"',), ('OMPI_COMM_WORLD_SIZE="8"',)])
+    meta = nsys.read_nsys(path).select(["rank", "rank_source", "world_size"]).to_pylist()
+    assert meta == [{"rank": 5, "rank_source": "env:OMPI_COMM_WORLD_RANK", "world_size": 8}]
 
 
 def test_rank_from_override(dsl: list[Path]) -> None:
