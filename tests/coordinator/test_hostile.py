@@ -31,7 +31,7 @@ def test_first_chunk_at_a_wrong_offset(coordinator, wire, token) -> None:
     assert "offset 4096, committed offset is 0" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
+    assert not coordinator.query("u1", token).known
 
 
 def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, wire, token) -> None:
@@ -41,7 +41,7 @@ def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, w
     error = refused(coordinator, messages)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "offset 3000, committed offset is 2000" in error.details()
-    status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+    status = coordinator.query("u1", token)
     assert status.committed_offset == 2000 and not status.complete
     assert [p.name for p in wire.stored_files(coordinator.data_dir)] == ["u1.json", "u1.part"]
 
@@ -53,7 +53,7 @@ def test_checksum_mismatch(coordinator, wire, token) -> None:
     assert f"declared {wrong}" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
+    assert not coordinator.query("u1", token).known
 
 
 @pytest.mark.parametrize("name", ["../escape.parquet", "a/b.parquet", "..", "/etc/passwd", "x..y", ""])
@@ -77,7 +77,7 @@ def test_an_upload_id_too_long_for_a_file_name_is_refused_and_unknown(coordinato
     error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id=long_id), DATA))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "is 300 characters, over the limit of 200" in error.details()
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id=long_id), timeout=10).known
+    assert not coordinator.query(long_id, token).known
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
