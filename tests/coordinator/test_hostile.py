@@ -115,3 +115,37 @@ def test_first_message_without_a_header(coordinator, wire) -> None:
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
+
+
+# QueryUpload: an upload's offset, size and sha256 are for the agent of its node only.
+
+def query_refused(coordinator, upload_id: str, token: str) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.query(upload_id, token)
+    return caught.value
+
+
+def test_a_query_without_a_valid_token_is_refused(coordinator, wire, token) -> None:
+    partial = wire.header(DATA, node="node-a", token=token)
+    assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA))[:3]), timeout=10).complete
+    for upload_id in ("u1", "never"):  # alike whether the upload exists or not
+        for forged in ("", "forged"):
+            error = query_refused(coordinator, upload_id, forged)
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert error.details() == f"upload {upload_id}: unknown session token: register first"
+
+
+def test_a_query_for_another_nodes_upload_is_refused_naming_nothing_of_it(coordinator, wire, token) -> None:
+    done = wire.header(DATA, node="node-a", token=token)
+    assert coordinator.agents.Upload(wire.chunks(done, DATA), timeout=10).complete
+    partial = wire.header(DATA[:200_000], node="node-a", token=token, upload_id="u2")
+    assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA[:200_000]))[:3]), timeout=10).complete
+    other = coordinator.register("node-b").session_token
+    for head in (done, partial):
+        error = query_refused(coordinator, head.upload_id, other)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert error.details() == f"upload {head.upload_id}: not an upload of node 'node-b'"
+    assert not coordinator.query("never", other).known
+    mine = coordinator.query("u1", token), coordinator.query("u2", token)
+    assert [(s.complete, s.committed_offset, s.size, s.sha256) for s in mine] == [
+        (True, len(DATA), len(DATA), done.sha256), (False, 2 * (64 << 10), 200_000, partial.sha256)]
