@@ -144,7 +144,8 @@ class Uploader:
                 sha256=digest, kind=artifact.kind, ranks=list(artifact.ranks), session_token=self.session_token(),
             )
             try:
-                status = self.stub.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=30)
+                status = self.stub.QueryUpload(pb.UploadQuery(upload_id=uid, session_token=header.session_token),
+                                                timeout=30)
                 offset = status.committed_offset if status.known else 0
                 if first_offset is None:
                     first_offset = offset

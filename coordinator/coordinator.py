@@ -270,24 +270,37 @@ class Coordinator:
 
     # uploads ------------------------------------------------------------------------
 
-    def query_upload(self, upload_id: str) -> UploadState:
+    def query_upload(self, upload_id: str, token: str) -> UploadState:
+        """Where an upload stands, for the agent of its node only: its size and sha256 are that node's."""
+        agent = self._uploader(upload_id, token)
+        state, node = self._upload_state(upload_id)
+        if state.known and node != agent.node:  # the refusal names nothing of the upload, not even its node
+            raise NotPermitted(f"upload {upload_id}: not an upload of node {agent.node!r}")
+        return state
+
+    def _upload_state(self, upload_id: str) -> tuple[UploadState, str]:
+        """Where an upload stands, and the node it is of ("" where unknown)."""
         done = self.store.completed_upload(upload_id)
         if done is not None:
             header, sha256 = done
-            return UploadState(upload_id, True, header.size, True, header.size, sha256)
+            return UploadState(upload_id, True, header.size, True, header.size, sha256), header.node
         partial = self.artifacts.committed(upload_id)
         if partial is not None:
             header, committed = partial
-            return UploadState(upload_id, True, committed, False, header.size, header.sha256)
-        return UploadState(upload_id, False)
+            return UploadState(upload_id, True, committed, False, header.size, header.sha256), header.node
+        return UploadState(upload_id, False), ""
+
+    def _uploader(self, upload_id: str, token: str) -> AgentRecord:
+        """The agent a session token on an Upload or QueryUpload belongs to."""
+        try:
+            return self.store.agent_by_token(token)
+        except UnknownAgent:
+            raise NotAuthenticated(f"upload {upload_id}: unknown session token: register first") from None
 
     @contextmanager
     def upload(self, header: UploadHeader, token: str) -> Iterator[UploadWriter]:
         """One upload stream's writer; a completed upload is recorded when the stream ends."""
-        try:
-            agent = self.store.agent_by_token(token)
-        except UnknownAgent:
-            raise NotAuthenticated(f"upload {header.upload_id}: unknown session token: register first") from None
+        agent = self._uploader(header.upload_id, token)
         if agent.node != header.node:
             raise NotPermitted(f"upload {header.upload_id}: agent of node {agent.node!r} cannot upload for {header.node!r}")
         try:

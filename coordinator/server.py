@@ -299,7 +299,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     @_mapped
     def QueryUpload(self, request: pb.UploadQuery, context: grpc.ServicerContext) -> pb.UploadStatus:
-        state = self.coordinator.query_upload(request.upload_id)
+        state = self.coordinator.query_upload(request.upload_id, request.session_token)
         return pb.UploadStatus(upload_id=state.upload_id, committed_offset=state.committed, complete=state.complete,
                                size=state.size, sha256=state.sha256, known=state.known)
 

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 86be04fe3cdc2455ddbe4c518f916b58630a3cd9ceea81dd56aeb5d6b4735b83
+# from rankscope.proto, sha256 bb25d13d63cc830312f46e74f31a621b796e719e04277cd33ca4af5d5e167f10
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -337,10 +337,12 @@ class UploadReply(_message.Message):
     def __init__(self, upload_id: _Optional[str] = ..., committed_offset: _Optional[int] = ..., complete: _Optional[bool] = ..., sha256: _Optional[str] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
 
 class UploadQuery(_message.Message):
-    __slots__ = ("upload_id",)
+    __slots__ = ("upload_id", "session_token")
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     upload_id: str
-    def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
+    session_token: str
+    def __init__(self, upload_id: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class UploadStatus(_message.Message):
     __slots__ = ("upload_id", "committed_offset", "complete", "size", "sha256", "known")

@@ -77,6 +77,7 @@ class Coordinator(pb_grpc.AgentServiceServicer):
                 continue
 
     def QueryUpload(self, request, context):
+        assert request.session_token == "tok"
         uid = request.upload_id
         if uid not in self.uploads:
             return pb.UploadStatus(upload_id=uid, known=False)

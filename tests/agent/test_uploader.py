@@ -32,10 +32,12 @@ class Store(pb_grpc.AgentServiceServicer):
         self.first_offsets: list[int] = []
         self.busy = 0  # answer this many Upload calls with RESOURCE_EXHAUSTED
         self.calls = 0
+        self.query_tokens: list[str] = []  # the session token of every QueryUpload, in order
         self.lock = threading.Lock()
 
     def QueryUpload(self, request, context):
         uid = request.upload_id
+        self.query_tokens.append(request.session_token)
         with self.lock:
             if uid not in self.headers:
                 return pb.UploadStatus(upload_id=uid, known=False)
@@ -121,6 +123,17 @@ def test_a_new_uploader_resumes_what_an_old_one_left(server, blob: Path) -> None
     done = Uploader(channel, chunk_bytes=65536).upload(Artifact(blob, "s", "n"))
     assert done.resumed_from == 3 * 65536
     assert bytes(store.data[done.upload_id]) == blob.read_bytes()
+
+
+def test_every_query_carries_the_current_session_token(server, blob: Path) -> None:
+    """The coordinator answers QueryUpload only to the agent of the upload's node; a retry
+    after a re-registration asks with the token it issued then."""
+    store, channel = server
+    store.break_after = [2]
+    tokens = iter(["tok-1", "tok-2"])
+    Uploader(channel, session_token=lambda: next(tokens), chunk_bytes=65536, backoff_s=0.01).upload(
+        Artifact(blob, "s", "n"))
+    assert store.query_tokens == ["tok-1", "tok-2"]
 
 
 def test_a_complete_upload_is_not_sent_again(server, blob: Path) -> None:

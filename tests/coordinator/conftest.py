@@ -44,6 +44,10 @@ class Running:
     def register(self, node: str, **labels: str) -> pb.RegisterReply:
         return self.agents.Register(pb.RegisterRequest(node=node, hostname=node, labels=labels), timeout=10)
 
+    def query(self, upload_id: str, token: str) -> pb.UploadStatus:
+        """QueryUpload as the agent whose session token is ``token``."""
+        return self.agents.QueryUpload(pb.UploadQuery(upload_id=upload_id, session_token=token), timeout=10)
+
 
 def start(data_dir: Path, listen: str = "127.0.0.1:0", **settings) -> Running:
     server, port = create_server(listen, data_dir, **settings)

@@ -31,7 +31,7 @@ def test_first_chunk_at_a_wrong_offset(coordinator, wire, token) -> None:
     assert "offset 4096, committed offset is 0" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
+    assert not coordinator.query("u1", token).known
 
 
 def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, wire, token) -> None:
@@ -41,7 +41,7 @@ def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, w
     error = refused(coordinator, messages)
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "offset 3000, committed offset is 2000" in error.details()
-    status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+    status = coordinator.query("u1", token)
     assert status.committed_offset == 2000 and not status.complete
     assert [p.name for p in wire.stored_files(coordinator.data_dir)] == ["u1.json", "u1.part"]
 
@@ -53,7 +53,7 @@ def test_checksum_mismatch(coordinator, wire, token) -> None:
     assert f"declared {wrong}" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).known
+    assert not coordinator.query("u1", token).known
 
 
 @pytest.mark.parametrize("name", ["../escape.parquet", "a/b.parquet", "..", "/etc/passwd", "x..y", ""])
@@ -77,7 +77,7 @@ def test_an_upload_id_too_long_for_a_file_name_is_refused_and_unknown(coordinato
     error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id=long_id), DATA))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "is 300 characters, over the limit of 200" in error.details()
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id=long_id), timeout=10).known
+    assert not coordinator.query(long_id, token).known
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
@@ -115,3 +115,37 @@ def test_first_message_without_a_header(coordinator, wire) -> None:
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
+
+
+# QueryUpload: an upload's offset, size and sha256 are for the agent of its node only.
+
+def query_refused(coordinator, upload_id: str, token: str) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.query(upload_id, token)
+    return caught.value
+
+
+def test_a_query_without_a_valid_token_is_refused(coordinator, wire, token) -> None:
+    partial = wire.header(DATA, node="node-a", token=token)
+    assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA))[:3]), timeout=10).complete
+    for upload_id in ("u1", "never"):  # alike whether the upload exists or not
+        for forged in ("", "forged"):
+            error = query_refused(coordinator, upload_id, forged)
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert error.details() == f"upload {upload_id}: unknown session token: register first"
+
+
+def test_a_query_for_another_nodes_upload_is_refused_naming_nothing_of_it(coordinator, wire, token) -> None:
+    done = wire.header(DATA, node="node-a", token=token)
+    assert coordinator.agents.Upload(wire.chunks(done, DATA), timeout=10).complete
+    partial = wire.header(DATA[:200_000], node="node-a", token=token, upload_id="u2")
+    assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA[:200_000]))[:3]), timeout=10).complete
+    other = coordinator.register("node-b").session_token
+    for head in (done, partial):
+        error = query_refused(coordinator, head.upload_id, other)
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert error.details() == f"upload {head.upload_id}: not an upload of node 'node-b'"
+    assert not coordinator.query("never", other).known
+    mine = coordinator.query("u1", token), coordinator.query("u2", token)
+    assert [(s.complete, s.committed_offset, s.size, s.sha256) for s in mine] == [
+        (True, len(DATA), len(DATA), done.sha256), (False, 2 * (64 << 10), 200_000, partial.sha256)]

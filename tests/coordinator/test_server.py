@@ -186,16 +186,16 @@ def test_an_upload_its_sweep_ended_before_is_removed(coordinator, wire, digests)
         def cut_short():
             for i, message in enumerate(wire.chunks(head, data)):
                 if i == 3:  # the header and two chunks stored, then the agent is gone
-                    while coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).committed_offset < 2 * (64 << 10):
+                    while coordinator.query("raw-1", away.token).committed_offset < 2 * (64 << 10):
                         time.sleep(0.01)
                     raise RuntimeError("agent gone")
                 yield message
 
         with pytest.raises(grpc.RpcError):
             coordinator.agents.Upload(cut_short(), timeout=10)
-        assert coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
+        assert coordinator.query("raw-1", away.token).known
         final(client, sweep.sweep_id)
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
+    assert not coordinator.query("raw-1", away.token).known
     assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
     talking.close()
     away.close()
@@ -219,12 +219,12 @@ def test_an_upload_still_streaming_when_its_sweep_ends_is_removed_when_the_strea
 
         with futures.ThreadPoolExecutor(1) as pool:
             reply = pool.submit(coordinator.agents.Upload, until_cancelled(), timeout=20)
-            while coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).committed_offset < 2 * (64 << 10):
+            while coordinator.query("raw-1", away.token).committed_offset < 2 * (64 << 10):
                 time.sleep(0.01)
             assert final(client, sweep.sweep_id).state == pb.SWEEP_STATE_PARTIAL
             ended.set()
             assert not reply.result().complete
-    assert not coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="raw-1"), timeout=10).known
+    assert not coordinator.query("raw-1", away.token).known
     assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
     talking.close()
     away.close()
@@ -251,7 +251,8 @@ def test_uploads_of_a_sweep_that_ended_as_the_coordinator_was_killed_are_removed
 
     coordinator = wire.start(data_dir)
     try:
-        known = {upload_id: coordinator.agents.QueryUpload(pb.UploadQuery(upload_id=upload_id), timeout=10).known
+        token = coordinator.register("node-a").session_token
+        known = {upload_id: coordinator.query(upload_id, token).known
                  for upload_id in ("raw-ended", "raw-running", "raw-other")}
         assert known == {"raw-ended": False, "raw-running": True, "raw-other": True}
         assert sorted(p.name for p in (data_dir / "artifacts" / "partial").iterdir()) == [

@@ -17,12 +17,13 @@ from rankscope.proto.v1 import rankscope_pb2 as pb
 DATA = os.urandom(700_000)
 
 
-def broken_after(messages: Iterator[pb.UploadChunk], count: int, stub, upload_id: str = "u1") -> Iterator[pb.UploadChunk]:
+def broken_after(messages: Iterator[pb.UploadChunk], count: int, running, token: str,
+                 upload_id: str = "u1") -> Iterator[pb.UploadChunk]:
     """The first ``count`` messages, then (once the coordinator has all of them) the client dies mid-stream."""
     sent = 0
     for i, message in enumerate(messages):
         if i == count:
-            while stub.QueryUpload(pb.UploadQuery(upload_id=upload_id), timeout=10).committed_offset < sent:
+            while running.query(upload_id, token).committed_offset < sent:
                 time.sleep(0.01)
             raise RuntimeError("agent killed")
         sent = message.offset + len(message.data)
@@ -33,9 +34,9 @@ def test_upload_resumes_from_the_committed_offset_and_is_stored_once(coordinator
     token = coordinator.register("node-a").session_token
     head = wire.header(DATA, node="node-a", token=token)
     with pytest.raises(grpc.RpcError):
-        coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator.agents), timeout=10)  # header + 3 chunks
+        coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator, token), timeout=10)  # header + 3 chunks
 
-    status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+    status = coordinator.query("u1", token)
     assert status.known and not status.complete
     assert status.committed_offset == 3 * (64 << 10)
 
@@ -49,7 +50,7 @@ def test_upload_resumes_from_the_committed_offset_and_is_stored_once(coordinator
     again = coordinator.agents.Upload(wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id="u2"), DATA), timeout=10)
     assert again.complete and again.deduplicated
     assert wire.stored_files(coordinator.data_dir) == objects
-    done = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+    done = coordinator.query("u1", token)
     assert done.complete and done.committed_offset == len(DATA)
 
 
@@ -58,12 +59,12 @@ def test_upload_resumes_after_a_coordinator_restart(tmp_path, wire) -> None:
     token = running.register("node-a").session_token
     head = wire.header(DATA, node="node-a", token=token)
     with pytest.raises(grpc.RpcError):
-        running.agents.Upload(broken_after(wire.chunks(head, DATA), 6, running.agents), timeout=10)
+        running.agents.Upload(broken_after(wire.chunks(head, DATA), 6, running, token), timeout=10)
     wire.stop(running)
 
     running = wire.start(tmp_path / "data")
     try:
-        status = running.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+        status = running.query("u1", token)
         assert status.committed_offset == 5 * (64 << 10)
         reply = running.agents.Upload(wire.chunks(head, DATA, start=status.committed_offset), timeout=10)
         assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
@@ -73,7 +74,8 @@ def test_upload_resumes_after_a_coordinator_restart(tmp_path, wire) -> None:
 
 
 def test_unknown_upload_starts_at_zero(coordinator) -> None:
-    status = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="never"), timeout=10)
+    token = coordinator.register("node-a").session_token
+    status = coordinator.query("never", token)
     assert not status.known and status.committed_offset == 0
 
 
@@ -88,8 +90,8 @@ def test_an_upload_resumed_past_several_writes_is_stored_whole(tmp_path, wire, m
         token = running.register("node-a").session_token
         head = wire.header(DATA, node="node-a", token=token)
         with pytest.raises(grpc.RpcError):
-            running.agents.Upload(broken_after(wire.chunks(head, DATA), 4, running.agents), timeout=10)
-        status = running.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10)
+            running.agents.Upload(broken_after(wire.chunks(head, DATA), 4, running, token), timeout=10)
+        status = running.query("u1", token)
         assert status.committed_offset == 3 * (64 << 10)
         reply = running.agents.Upload(wire.chunks(head, DATA, start=status.committed_offset), timeout=10)
         assert reply.complete and reply.sha256 == hashlib.sha256(DATA).hexdigest()
@@ -117,7 +119,7 @@ def test_a_full_disk_refuses_the_upload_as_resource_exhausted_and_a_retry_resume
     full = f"coordinator storage is full (No space left on device): free space under {coordinator.data_dir / 'artifacts'}"
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and caught.value.details() == full
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [full]  # a line, no traceback
-    committed = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).committed_offset
+    committed = coordinator.query("u1", token).committed_offset
     assert 0 < committed <= 200_000
 
     monkeypatch.setattr(art.PartFile, "write", written)  # space freed
@@ -158,8 +160,8 @@ def test_a_retry_after_a_full_disk_stored_nothing_still_completes(coordinator, w
     token = coordinator.register("node-a").session_token
     head = wire.header(DATA, node="node-a", token=token)
     with pytest.raises(grpc.RpcError):
-        coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator.agents), timeout=10)
-    committed = coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).committed_offset
+        coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator, token), timeout=10)
+    committed = coordinator.query("u1", token).committed_offset
     assert committed == 3 * (64 << 10)
 
     written = art.PartFile.write
@@ -171,7 +173,7 @@ def test_a_retry_after_a_full_disk_stored_nothing_still_completes(coordinator, w
     with pytest.raises(grpc.RpcError) as caught:
         coordinator.agents.Upload(wire.chunks(head, DATA, start=committed), timeout=10)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert coordinator.agents.QueryUpload(pb.UploadQuery(upload_id="u1"), timeout=10).committed_offset == committed
+    assert coordinator.query("u1", token).committed_offset == committed
 
     monkeypatch.setattr(art.PartFile, "write", written)  # space freed
     reply = coordinator.agents.Upload(wire.chunks(head, DATA, start=committed), timeout=10)

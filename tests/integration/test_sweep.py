@@ -22,6 +22,7 @@ import grpc
 import pytest
 
 from rankscope.analysis.report import Report
+from rankscope.coordinator.store import Store
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -58,6 +59,7 @@ class Cluster:
         self.data_dir = tmp_path / "coordinator"
         self.port = 0
         self.channel: grpc.Channel | None = None
+        self.tokens: dict[str, str] = {}  # node -> its agent's session token (kept across its restarts)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RANKSCOPE_RESTART_GRACE_S": "20",
                     "RANKSCOPE_PING_INTERVAL_S": "1", "RANKSCOPE_HEARTBEAT_INTERVAL_S": "1"}
 
@@ -127,6 +129,16 @@ class Cluster:
     @property
     def agents(self) -> pb_grpc.AgentServiceStub:
         return pb_grpc.AgentServiceStub(self.channel)
+
+    def query(self, name: str, uid: str) -> pb.UploadStatus:
+        """QueryUpload as the agent of node ``name`` (registered), with its session token."""
+        if name not in self.tokens:
+            store = Store(self.data_dir / "state.sqlite")
+            try:
+                self.tokens[name] = store.agent_by_node(name).token
+            finally:
+                store.close()
+        return self.agents.QueryUpload(pb.UploadQuery(upload_id=uid, session_token=self.tokens[name]), timeout=5)
 
     def start_sweep(self, nodes: list[str], *, duration_s: float, timeout_s: float, upload_raw: bool = False,
                     options: dict[str, str] | None = None, backend: str = "sim") -> str:
@@ -229,7 +241,7 @@ def partly_committed(cluster: Cluster, names: list[str], sweep_id: str) -> tuple
     """(node, upload id, committed offset) of an upload the coordinator holds only part of."""
     for name in names:
         for uid in _upload_ids(cluster, name, sweep_id):
-            status = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5)
+            status = cluster.query(name, uid)
             if status.known and 0 < status.committed_offset < status.size:
                 return name, uid, status.committed_offset
     return None
@@ -250,13 +262,13 @@ def test_an_agent_killed_mid_upload_resumes_from_the_committed_offset(cluster: C
                                  lambda: partly_committed(cluster, ["n1"], sweep_id), START_S, 0.05)
     cluster.kill("n1")
     # What the coordinator holds now is where the restarted agent must resume.
-    at_kill = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5).committed_offset
+    at_kill = cluster.query("n1", uid).committed_offset
     assert at_kill >= committed > 0
     cluster.agent("n1", 1)
     sweep = cluster.wait_final(sweep_id, 100)
     assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep))
     assert resumed_offsets(cluster, "n1", uid)[:1] == [at_kill]
-    status = cluster.agents.QueryUpload(pb.UploadQuery(upload_id=uid), timeout=5)
+    status = cluster.query("n1", uid)
     assert status.complete and status.committed_offset == status.size
     stored = cluster.data_dir / "artifacts" / "objects" / status.sha256[:2] / status.sha256
     assert hashlib.sha256(stored.read_bytes()).hexdigest() == status.sha256
