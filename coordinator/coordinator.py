@@ -272,9 +272,13 @@ class Coordinator:
 
     def query_upload(self, upload_id: str, token: str) -> UploadState:
         """Where an upload stands, for the agent of its node only: its size and sha256 are that node's."""
-        agent = self._uploader(upload_id, token)
+        return self._owned(upload_id, self._uploader(upload_id, token))
+
+    def _owned(self, upload_id: str, agent: AgentRecord) -> UploadState:
+        """Where an upload stands, refused where it is another node's (its size, sha256 and
+        name are that node's): the refusal names nothing of it, not even its node."""
         state, node = self._upload_state(upload_id)
-        if state.known and node != agent.node:  # the refusal names nothing of the upload, not even its node
+        if state.known and node != agent.node:
             raise NotPermitted(f"upload {upload_id}: not an upload of node {agent.node!r}")
         return state
 
@@ -303,6 +307,7 @@ class Coordinator:
         agent = self._uploader(header.upload_id, token)
         if agent.node != header.node:
             raise NotPermitted(f"upload {header.upload_id}: agent of node {agent.node!r} cannot upload for {header.node!r}")
+        self._owned(header.upload_id, agent)  # else a differing header's refusal would describe the other's
         try:
             with self.artifacts.writer(header) as writer:
                 yield writer

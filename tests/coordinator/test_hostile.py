@@ -110,6 +110,16 @@ def test_upload_without_a_valid_token_or_for_another_node(coordinator, wire, tok
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
+def test_an_upload_under_another_nodes_upload_id_is_refused_naming_nothing_of_it(coordinator, wire, token) -> None:
+    partial = wire.header(DATA[:200_000], node="node-a", token=token, name="secret.parquet")
+    assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA[:200_000]))[:3]), timeout=10).complete
+    other = coordinator.register("node-b").session_token
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-b", token=other), DATA))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert error.details() == "upload u1: not an upload of node 'node-b'"
+    assert coordinator.query("u1", token).committed_offset == 2 * (64 << 10)  # node-a's upload is untouched
+
+
 def test_first_message_without_a_header(coordinator, wire) -> None:
     error = refused(coordinator, [pb.UploadChunk(offset=0, data=DATA[:10])])
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
