@@ -403,8 +403,8 @@ class PauseManager:
     def close(self) -> DcgmOutcome | None:
         """Agent exit: drop every lease, resume if nothing else on the host holds the pause,
         and leave the ledger."""
+        self._closed = True  # before the lock: the timer starts no retry while close() waits for it
         with self._lock:
-            self._closed = True
             self._wake.notify_all()
             self._outcomes.clear()
             if not self._opened:  # never joined the ledger, or closed already
@@ -472,7 +472,6 @@ class PauseManager:
         held pause now and then (any client's Resume clears DCGM's one flag, dcgm.md §9.6),
         and resume a pause another agent on the host left behind."""
         now = self.clock()
-        self._checked = now
         with self.ledger.deciding() as others:
             if self._paused and self._leases and now - self._asserted >= self.reassert_s:
                 self._asserted = now
@@ -514,3 +513,7 @@ class PauseManager:
                 except OSError as exc:  # the ledger's folder went away under us: say so, keep trying
                     log.warning("DCGM pause ledger %s: %s", self.ledger.folder, exc)
                     self._wake.wait(self.retry_delay_s * 4)
+                finally:
+                    # From the look's end: a resume failing slowly (each call its timeout) was
+                    # retried at once, the lock never let go, close() and captures kept waiting.
+                    self._checked = self.clock()
