@@ -48,6 +48,13 @@ DCGM_ST_LIBRARY_NOT_FOUND = -25
 DCGM_ST_MODULE_NOT_LOADED = -33
 # dcgmi exits with the dcgmReturn_t as an unsigned byte (dcgm.md §3, unverified on hardware).
 DCGMI_EXIT_NOT_SUPPORTED = DCGM_ST_NOT_SUPPORTED & 0xFF
+DCGM_TIMEOUT_S = 10.0  # one host-engine call: a dcgmi run, or the bindings' connect
+RESUME_RETRIES = 3
+RESUME_RETRY_DELAY_S = 0.5  # doubled after each failed attempt
+# One resume series at its longest, on an engine that answers nothing: each attempt its
+# timeout, and the delays between them.
+RESUME_WORST_S = (RESUME_RETRIES * DCGM_TIMEOUT_S
+                  + sum(RESUME_RETRY_DELAY_S * 2**i for i in range(RESUME_RETRIES - 1)))
 
 
 class DcgmOutcome(str, Enum):
@@ -69,7 +76,7 @@ class DcgmConfig:
     host: str = DEFAULT_HOST  # host[:port] or unix:///path (a k8s Service name works)
     bindings_path: Path | None = None  # folder holding pydcgm.py/dcgm_agent.py
     dcgmi: str = "dcgmi"
-    timeout_s: float = 10.0
+    timeout_s: float = DCGM_TIMEOUT_S
     ledger_dir: Path = DEFAULT_FOLDER  # shared by every agent on the host (pause_ledger)
 
     @classmethod
@@ -147,7 +154,7 @@ class NoDcgm(DcgmControl):
 class DcgmiControl(DcgmControl):
     """``dcgmi profile --pause|--resume --host ADDR`` (dcgm.md §3)."""
 
-    def __init__(self, dcgmi: str = "dcgmi", host: str = DEFAULT_HOST, timeout_s: float = 10.0) -> None:
+    def __init__(self, dcgmi: str = "dcgmi", host: str = DEFAULT_HOST, timeout_s: float = DCGM_TIMEOUT_S) -> None:
         self.dcgmi, self.host, self.timeout_s = dcgmi, host, timeout_s
 
     def command(self, action: str) -> list[str]:
@@ -198,7 +205,7 @@ class BindingsControl(DcgmControl):
     host engine per call so an engine restart between captures costs nothing."""
 
     def __init__(self, bindings_path: Path | None = None, host: str = DEFAULT_HOST,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = DCGM_TIMEOUT_S) -> None:
         self.bindings_path, self.host, self.timeout_s = bindings_path, host, timeout_s
         self._agent: ModuleType | None = None
         self._structs: ModuleType | None = None
@@ -300,8 +307,8 @@ class PauseManager:
     """
 
     def __init__(self, control: DcgmControl, ledger_dir: Path, *, who: str = "rankscope",
-                 clock: Callable[[], float] = time.time, resume_retries: int = 3,
-                 retry_delay_s: float = 0.5, reassert_s: float = 30.0) -> None:
+                 clock: Callable[[], float] = time.time, resume_retries: int = RESUME_RETRIES,
+                 retry_delay_s: float = RESUME_RETRY_DELAY_S, reassert_s: float = 30.0) -> None:
         self.control = control
         self.ledger = NoLedger() if isinstance(control, NoDcgm) else PauseLedger(
             ledger_dir, f"{who} pid {os.getpid()} on {socket.gethostname()} ({control.describe()})")
