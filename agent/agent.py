@@ -27,7 +27,7 @@ from rankscope import __version__, atomic, output, states, tls
 from rankscope.agent import capture as cap
 from rankscope.agent import dcgm as dcgm_mod
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
-from rankscope.agent.session import CHANNEL_OPTIONS, Registration, Session
+from rankscope.agent.session import CHANNEL_OPTIONS, REGISTER_TIMEOUT_S, Registration, Session
 from rankscope.agent.spool import local_ranks
 from rankscope.agent.uploader import Artifact, Uploader
 from rankscope.analysis import digest as digest_mod
@@ -57,8 +57,16 @@ RECORD_KEEP_S = 7 * 86400.0  # a finished capture's record answers a repeated St
 DEADLINE_GRACE_S = 30.0
 LEASE_MARGIN_S = 120.0  # beyond the window: stop and release may take a while on a busy node
 # At exit, how long captures get to stop their ranks' recording before DCGM is resumed all
-# the same (under systemd's default 90 s before it kills the agent).
+# the same. Their nsys commands and uploads run in their own threads: this bounds them all.
 CLOSE_WAIT_S = 60.0
+# The longest the agent takes to end on SIGTERM, for its supervisors to allow (deploy/, checked
+# by tests/test_deploy.py). Worst case, DCGM answering nothing: the main thread first ends a
+# Register call or, just started, recover()'s resume series; the captures get CLOSE_WAIT_S; then
+# close() waits for the pause lock's holder (the lease timer re-asserting, then its resume series
+# or a capture's) and makes its own series. One capture at a time holds a pause (the coordinator's
+# busy rule); other agents of the host holding the ledger meanwhile are not counted.
+STOP_BUDGET_S = (max(REGISTER_TIMEOUT_S, dcgm_mod.RESUME_WORST_S) + CLOSE_WAIT_S
+                 + dcgm_mod.DCGM_TIMEOUT_S + 2 * dcgm_mod.RESUME_WORST_S)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 

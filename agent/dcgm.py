@@ -48,6 +48,13 @@ DCGM_ST_LIBRARY_NOT_FOUND = -25
 DCGM_ST_MODULE_NOT_LOADED = -33
 # dcgmi exits with the dcgmReturn_t as an unsigned byte (dcgm.md §3, unverified on hardware).
 DCGMI_EXIT_NOT_SUPPORTED = DCGM_ST_NOT_SUPPORTED & 0xFF
+DCGM_TIMEOUT_S = 10.0  # one host-engine call: a dcgmi run, or the bindings' connect
+RESUME_RETRIES = 3
+RESUME_RETRY_DELAY_S = 0.5  # doubled after each failed attempt
+# One resume series at its longest, on an engine that answers nothing: each attempt its
+# timeout, and the delays between them.
+RESUME_WORST_S = (RESUME_RETRIES * DCGM_TIMEOUT_S
+                  + sum(RESUME_RETRY_DELAY_S * 2**i for i in range(RESUME_RETRIES - 1)))
 
 
 class DcgmOutcome(str, Enum):
@@ -69,7 +76,7 @@ class DcgmConfig:
     host: str = DEFAULT_HOST  # host[:port] or unix:///path (a k8s Service name works)
     bindings_path: Path | None = None  # folder holding pydcgm.py/dcgm_agent.py
     dcgmi: str = "dcgmi"
-    timeout_s: float = 10.0
+    timeout_s: float = DCGM_TIMEOUT_S
     ledger_dir: Path = DEFAULT_FOLDER  # shared by every agent on the host (pause_ledger)
 
     @classmethod
@@ -147,7 +154,7 @@ class NoDcgm(DcgmControl):
 class DcgmiControl(DcgmControl):
     """``dcgmi profile --pause|--resume --host ADDR`` (dcgm.md §3)."""
 
-    def __init__(self, dcgmi: str = "dcgmi", host: str = DEFAULT_HOST, timeout_s: float = 10.0) -> None:
+    def __init__(self, dcgmi: str = "dcgmi", host: str = DEFAULT_HOST, timeout_s: float = DCGM_TIMEOUT_S) -> None:
         self.dcgmi, self.host, self.timeout_s = dcgmi, host, timeout_s
 
     def command(self, action: str) -> list[str]:
@@ -198,7 +205,7 @@ class BindingsControl(DcgmControl):
     host engine per call so an engine restart between captures costs nothing."""
 
     def __init__(self, bindings_path: Path | None = None, host: str = DEFAULT_HOST,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = DCGM_TIMEOUT_S) -> None:
         self.bindings_path, self.host, self.timeout_s = bindings_path, host, timeout_s
         self._agent: ModuleType | None = None
         self._structs: ModuleType | None = None
@@ -300,8 +307,8 @@ class PauseManager:
     """
 
     def __init__(self, control: DcgmControl, ledger_dir: Path, *, who: str = "rankscope",
-                 clock: Callable[[], float] = time.time, resume_retries: int = 3,
-                 retry_delay_s: float = 0.5, reassert_s: float = 30.0) -> None:
+                 clock: Callable[[], float] = time.time, resume_retries: int = RESUME_RETRIES,
+                 retry_delay_s: float = RESUME_RETRY_DELAY_S, reassert_s: float = 30.0) -> None:
         self.control = control
         self.ledger = NoLedger() if isinstance(control, NoDcgm) else PauseLedger(
             ledger_dir, f"{who} pid {os.getpid()} on {socket.gethostname()} ({control.describe()})")
@@ -403,8 +410,8 @@ class PauseManager:
     def close(self) -> DcgmOutcome | None:
         """Agent exit: drop every lease, resume if nothing else on the host holds the pause,
         and leave the ledger."""
+        self._closed = True  # before the lock: the timer starts no retry while close() waits for it
         with self._lock:
-            self._closed = True
             self._wake.notify_all()
             self._outcomes.clear()
             if not self._opened:  # never joined the ledger, or closed already
@@ -472,7 +479,6 @@ class PauseManager:
         held pause now and then (any client's Resume clears DCGM's one flag, dcgm.md §9.6),
         and resume a pause another agent on the host left behind."""
         now = self.clock()
-        self._checked = now
         with self.ledger.deciding() as others:
             if self._paused and self._leases and now - self._asserted >= self.reassert_s:
                 self._asserted = now
@@ -514,3 +520,7 @@ class PauseManager:
                 except OSError as exc:  # the ledger's folder went away under us: say so, keep trying
                     log.warning("DCGM pause ledger %s: %s", self.ledger.folder, exc)
                     self._wake.wait(self.retry_delay_s * 4)
+                finally:
+                    # From the look's end: a resume failing slowly (each call its timeout) was
+                    # retried at once, the lock never let go, close() and captures kept waiting.
+                    self._checked = self.clock()

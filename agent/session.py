@@ -35,6 +35,7 @@ CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 )
+REGISTER_TIMEOUT_S = 15.0  # a coordinator that takes the connection but does not answer
 _CLOSE = object()
 
 
@@ -147,7 +148,7 @@ class Session:
     def _register(self) -> Registration:
         request = self.hello()
         sent = time.time_ns()
-        reply = self.stub.Register(request, timeout=15)
+        reply = self.stub.Register(request, timeout=REGISTER_TIMEOUT_S)
         self.registration = Registration.from_reply(reply, sent, time.time_ns())
         for warning in reply.warnings:
             log.warning("coordinator: %s", warning)

@@ -147,16 +147,110 @@ def test_an_agent_the_unit_restarts_does_not_restart_on_a_mistake() -> None:
     assert "Restart=always" in unit and "RestartPreventExitStatus=2" in unit
 
 
-def test_the_agent_pod_gets_the_time_its_shutdown_takes_before_it_is_killed() -> None:
-    """On SIGTERM the agent gives captures CLOSE_WAIT_S to stop their ranks' recording, then
-    resumes DCGM (one host-engine call); Kubernetes' default grace of 30 s killed it first,
-    leaving the node's DCGM paused until another agent pod started there."""
-    from rankscope.agent.agent import CLOSE_WAIT_S
-    from rankscope.agent.dcgm import DcgmConfig
+def _systemd_seconds(span: str) -> float:
+    """A systemd time span ("180", "180s", "3min", "2min 30s") in seconds."""
+    units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+    return sum(float(number) * units[unit] for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", span))
 
+
+def _unit_stop_timeout_s() -> float:
+    lines = (DEPLOY / "systemd" / "rankscope-agent.service").read_text().splitlines()
+    settings = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return _systemd_seconds(settings.get("TimeoutStopSec", "90"))  # systemd's DefaultTimeoutStopSec
+
+
+def _pod_grace_s() -> float:
     (daemonset,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "agent-daemonset.yaml").read_text())
-    grace = daemonset["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
-    assert grace > CLOSE_WAIT_S + DcgmConfig().timeout_s
+    return daemonset["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+
+
+def _job_stop_lead_s() -> float:
+    """How long before its time limit the job's script is told to stop the agents (--signal)."""
+    found = re.search(r"^#SBATCH --signal=B:USR1@(\d+)$", (DEPLOY / "slurm" / "train.sbatch").read_text(), re.M)
+    return float(found.group(1)) if found else 0.0  # none: Slurm's KillWait at the limit itself
+
+
+@pytest.mark.parametrize("grace", [_unit_stop_timeout_s, _pod_grace_s, _job_stop_lead_s],
+                         ids=["systemd", "kubernetes", "slurm"])
+def test_the_agent_gets_its_worst_stop_before_it_is_killed(grace) -> None:
+    """On SIGTERM the agent gives captures CLOSE_WAIT_S to stop their ranks' recording, then
+    resumes DCGM: STOP_BUDGET_S at worst. A supervisor that kills it sooner leaves the node's
+    DCGM paused until another agent starts there (Kubernetes' default 30 s once did; the 90 s
+    that followed counted one resume after CLOSE_WAIT_S, the worst case takes more)."""
+    from rankscope.agent.agent import STOP_BUDGET_S
+
+    assert grace() > STOP_BUDGET_S
+
+
+# srun as srun(1) treats the signals it gets: SIGTERM kills its tasks at once ("forcing job
+# termination"); a single SIGINT only prints the step's status, unless --disable-status has it
+# forward the SIGINT. The agents' step takes a second to stop; the training runs TRAIN_S.
+FAKE_SRUN = """#!{python}
+import os, signal, sys, time
+def note(line):
+    with open(os.environ["SRUN_LOG"], "a") as log:
+        log.write(line + "\\n")
+if "--overlap" not in sys.argv:
+    note("training started")
+    time.sleep(float(os.environ["TRAIN_S"]))
+    note("training ended")
+    sys.exit(int(os.environ["TRAIN_EXIT"]))
+def on_signal(signum, frame):
+    if signum != signal.SIGINT:
+        note("agents killed")
+        sys.exit(128 + signum)
+    if "--disable-status" not in sys.argv:
+        note("srun printed the step's status")
+        return
+    note("agents got SIGINT")
+    time.sleep(1)
+    note("agents stopped")
+    sys.exit(0)
+for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(signum, on_signal)
+note("agents started")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize(("train_exit", "time_limit_nears"), [(0, False), (3, False), (0, True)],
+                         ids=["training-ends", "training-fails", "time-limit-nears"])
+def test_the_job_script_lets_its_agents_stop_and_keeps_the_trainings_exit_status(
+        tmp_path: Path, train_exit: int, time_limit_nears: bool) -> None:
+    """`kill` of the agents' srun made srun SIGKILL them, and under set -e a failed training
+    ended the script with the agents still running, left to the job's end (KillWait): either
+    way their DCGM resume was cut short. Near the time limit (--signal's USR1) they stop while
+    the training goes on."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN.format(python=sys.executable))
+    (bin_dir / "srun").chmod(0o755)
+    log = tmp_path / "srun.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RANKSCOPE_COORDINATOR": "c:1",
+           "SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SRUN_LOG": str(log),
+           "TRAIN_S": "4" if time_limit_nears else "0.5", "TRAIN_EXIT": str(train_exit)}
+    job = subprocess.Popen(["bash", str(DEPLOY / "slurm" / "train.sbatch")], cwd=tmp_path, env=env,
+                           start_new_session=True)
+    try:
+        if time_limit_nears:
+            while not (log.exists() and {"agents started", "training started"} <= set(log.read_text().splitlines())):
+                time.sleep(0.05)
+            job.send_signal(signal.SIGUSR1)
+        assert job.wait(timeout=30) == train_exit
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever the script left running
+            os.killpg(job.pid, signal.SIGKILL)
+    lines = log.read_text().splitlines()
+    assert "agents killed" not in lines and "agents stopped" in lines, lines
+    if time_limit_nears:
+        assert lines.index("agents stopped") < lines.index("training ended"), lines
 
 
 def test_a_health_sweep_job_that_hangs_ends_before_the_next_one_is_due() -> None:

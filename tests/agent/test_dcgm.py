@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -251,6 +252,45 @@ def test_a_resume_that_fails_at_exit_is_left_for_the_next_agent(engine, tmp_path
     assert not paused(engine)
     assert list((tmp_path / "ledger").glob("holder-*")) == [successor.ledger.path]  # and then went
     successor.close()
+
+
+class Unanswering(dcgm.DcgmControl):
+    """A host engine that answers nothing: every resume fails after its timeout."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.resumes = 0
+
+    def pause(self) -> DcgmOutcome:
+        return DcgmOutcome.PAUSED
+
+    def resume(self) -> DcgmOutcome:
+        self.resumes += 1
+        time.sleep(self.timeout_s)
+        self.error, self.unanswered = f"did not answer within {self.timeout_s:g} s", True
+        return DcgmOutcome.FAILED
+
+    def describe(self) -> str:
+        return "unanswering"
+
+
+def test_an_agent_stopping_while_resumes_time_out_waits_only_for_the_one_under_way(tmp_path):
+    # The timer began each retry as the last one ended, never letting go of its lock: close()
+    # (and any capture) waited for as long as the engine did not answer, past any grace period.
+    engine = Unanswering(timeout_s=0.3)
+    m = dcgm.PauseManager(engine, tmp_path / "ledger", retry_delay_s=0.05)
+    m.acquire("a", 60)
+    assert m.release("a") is DcgmOutcome.FAILED and engine.resumes == 3  # the timer retries from now on
+    while engine.resumes == 3:
+        time.sleep(0.01)
+    series = 3 * 0.3 + 0.05 + 0.1  # three calls, two delays between them
+    started = time.monotonic()
+    closing = threading.Thread(target=m.close, daemon=True)
+    closing.start()
+    closing.join(10 * series)
+    assert not closing.is_alive(), "close() waited on the timer's retries"
+    assert time.monotonic() - started < 3 * series  # the timer's series under way, then its own
+    assert journal(m)["paused"] is True  # still owed: the next agent resumes it
 
 
 @pytest.mark.parametrize("setting, outcome", [({"gpm": True}, DcgmOutcome.NOT_SUPPORTED),
