@@ -20,11 +20,12 @@ A job that exits while a window is open ends the window there: the trace is stil
 written, before the interpreter shuts down.
 
 The profiler records every thread (gloo's worker threads do the real work) with CPU
-activity, and CUDA too where a GPU is present. gloo events carry no process group or
-sequence number (nccl-in-traces.md §4), so at stop the hook adds the Flight Recorder's
-entries for the window — (PG, ``collective_seq_id``, op, creation time) — to the trace's
-metadata; the Kineto ingest joins them to the ``c10d::`` calls by time. The Flight
-Recorder is switched on through ``TORCH_FR_BUFFER_SIZE`` unless the user set it.
+activity, and CUDA too where a GPU is present; where none is, the ops' input shapes too
+(gloo's worker ops' sizes, matched to their calls' entries below). gloo events carry no
+process group or sequence number (nccl-in-traces.md §4), so at stop the hook adds the
+Flight Recorder's entries for the window — (PG, ``collective_seq_id``, op, creation time)
+— to the trace's metadata; the Kineto ingest joins them to the ``c10d::`` calls by time.
+The Flight Recorder is switched on through ``TORCH_FR_BUFFER_SIZE`` unless the user set it.
 """
 
 from __future__ import annotations
@@ -192,7 +193,11 @@ class _Window:
             activities.append(ProfilerActivity.CUDA)
         # The hook's thread is not the training thread: record all threads.
         config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-        self.profiler = profile(activities=activities, record_shapes=False, experimental_config=config)
+        # Without a GPU (gloo on CPU) the ingest pairs gloo's worker ops with their calls by
+        # order, and their input shapes tell calls of one op apart where workers took them
+        # up together; with a GPU, NCCL kernels link to their calls by id: no shapes needed.
+        shapes = not torch.cuda.is_available()
+        self.profiler = profile(activities=activities, record_shapes=shapes, experimental_config=config)
         self.profiler.start()
         self.taken_over = False
         self._watch_takeover(autograd_profiler.profile)

@@ -858,7 +858,8 @@ def _calls(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray]:
     """Host-side collective calls, by start: c10d ops, each with the row of the
     record_param_comms (``rpc``) and of the ``nccl:<op>`` annotation (``ann``) inside it,
     -1 where none, and the hook's Flight Recorder identity (``fr_pg``, ``fr_seq``,
-    ``fr_bytes``) where given. ``row``: the call's event."""
+    ``fr_bytes``; ``fr_input_bytes``: its input tensors' total) where given. ``row``: the
+    call's event."""
     events = trace.events
     cpu = events.of_cat("cpu_op")
     c10d = np.flatnonzero(cpu & events.prefixed(_C10D))
@@ -892,6 +893,7 @@ def _calls(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray]:
         "fr_pg": np.full(len(rows), None),
         "fr_seq": np.full(len(rows), None),
         "fr_bytes": np.full(len(rows), None),
+        "fr_input_bytes": np.full(len(rows), None),
         "dropped": np.zeros(len(rows), bool),
     }
     own = trace.args(calls["rpc"].tolist())
@@ -939,6 +941,8 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, 
     calls["fr_pg"][labels] = entry_pg[taken]
     calls["fr_seq"][labels] = [int(entries[i][0][field["seq"]]) for i in taken]
     calls["fr_bytes"][labels] = _ints([_recorded_bytes(*entries[i], field) for i in taken])
+    if "bytes" in field:
+        calls["fr_input_bytes"][labels] = _ints([entries[i][0][field["bytes"]] for i in taken])
     # A call in doubt keeps a group, not a seq: unnamed, gloo's per-group pairing would give
     # its worker op to the group's next call. Any of its entries' groups will do (`_entry_calls`).
     named = stand_in >= 0
@@ -1119,57 +1123,117 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     calls = _calls(trace, notes)
     calls = _take(calls, _present(calls["op"]))
     call_pg = _coalesce(np.array([_pg(a) for a in trace.args(calls["row"].tolist())], object), calls["fr_pg"])
-    paired, call = _pair_in_order(events, work, calls, call_pg, notes)
+    work_bytes = _total_bytes(trace.args(work.tolist()))
+    paired, call = _pair_in_order(events, work, work_bytes, calls, call_pg, notes)
     kept = (call < 0) | ~groups.take_or(calls["dropped"], call, False)
     paired, call = paired[kept], call[kept]
+    rows = work[paired]
     paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
-    host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(paired.tolist())
+    host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(rows.tolist())
     host = _arg_columns(host_args)
-    op = np.where(call >= 0, groups.take_or(calls["op"], call, None), events.names.op[events.name[paired]])  # the call's
+    op = np.where(call >= 0, groups.take_or(calls["op"], call, None), events.names.op[events.name[rows]])  # the call's
     frame = {
-        "start_ns": events.ts[paired],
-        "end_ns": events.ts[paired] + events.dur[paired],
+        "start_ns": events.ts[rows],
+        "end_ns": events.ts[rows] + events.dur[rows],
         "cpu_call_ns": groups.take_or(calls["ts"], call, 0),
         "called": call >= 0,
         "op": op,
-        "bytes": _counted(op, _coalesce(paired_call["fr_bytes"], _total_bytes(own_args), host["bytes"]),
+        "bytes": _counted(op, _coalesce(paired_call["fr_bytes"], work_bytes[paired], host["bytes"]),
                           (own_args, host_args), paired_call["fr_bytes"]),
         "pg": _coalesce(host["pg"], paired_call["fr_pg"]),
         "seq_trace": _coalesce(host["seq"], paired_call["fr_seq"]),
-        "stream": np.full(len(paired), "", object),
+        "stream": np.full(len(rows), "", object),
     }
     return _identify(frame, trace.top, notes, fallback="op")
 
 
-def _pair_in_order(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray], call_pg: np.ndarray,
-                   notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Pair each gloo worker op (rows) with its enqueue: per line, the k-th call with the
-    k-th worker op that started after the line's first call (FIFO, as gloo's queue). A line
-    is an op (a call gloo runs as another op, `_GLOO_RUNS_AS`, in that op's line) and, where
-    calls of several process groups (``call_pg``) share the op, the group each worker op's
-    thread serves (`_thread_groups`). Pairs FIFO may have swapped (`_taken_in_doubt`) are
-    left out. Ops never enqueued in the trace (no c10d events recorded) stay, unpaired,
-    last. Returns the kept worker rows and each one's position in
-    ``calls`` (-1: unpaired)."""
+def _pair_in_order(events: _Events, work: np.ndarray, work_bytes: np.ndarray, calls: dict[str, np.ndarray],
+                   call_pg: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Pair each gloo worker op (rows; ``work_bytes``: the tensors each lists) with its
+    enqueue: per line, the k-th call with the k-th worker op that started after the line's
+    first call (FIFO, as gloo's queue). A line is an op (a call gloo runs as another op,
+    `_GLOO_RUNS_AS`, in that op's line) and, where calls of several process groups
+    (``call_pg``) share the op, the group each worker op's thread serves (`_thread_groups`);
+    where sizes tell its calls apart, also a size (`_by_size`): the queue's order holds
+    among the calls of one size too, and ops of two sizes cannot have swapped. Pairs FIFO
+    may have swapped (`_taken_in_doubt`) are left out. Ops never enqueued in the trace (no
+    c10d events recorded) stay, unpaired, last. Returns the kept worker ops' positions in
+    ``work`` and each one's in ``calls`` (-1: unpaired)."""
     work_line, call_line = _op_lines(events, work, calls)
     split = _thread_groups(events, work, work_line, calls, call_line, call_pg, notes)
     key = groups.pack(np.concatenate([work_line, call_line]), np.concatenate([split.work_group, split.call_group]) + 1)
-    work_key, call_key = key[: len(work)], key[len(work) :]
+    sizes = _by_size(work_line, work_bytes, call_line, calls["fr_input_bytes"], calls["ts"])
+    sized_key = groups.pack(key, np.concatenate([sizes.work, sizes.call]) + 1)
     sure_work, sure_call = np.flatnonzero(~split.doubtful_work), np.flatnonzero(~split.doubtful_call)
-    call_ts, call_key = calls["ts"][sure_call], call_key[sure_call]
-    candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], call_ts, call_key)
-    lone = work[~groups.in_sorted(work_line, np.unique(call_line))]
-    dropped = len(sure_work) - len(candidates) - len(lone) - split.unnamed
+    call_ts, until = calls["ts"][sure_call], sizes.until[sure_call]
+    # Each call's pair comes from one pairing: by size before its line's first call of unknown size, else by op.
+    from_size = call_ts < until
+    by_op = _pairs(events, work, sure_work, key[: len(work)], call_ts, key[len(work) :][sure_call], _NEVER)
+    by_size = (_pairs(events, work, sure_work, sized_key[: len(work)], call_ts, sized_key[len(work) :][sure_call],
+                      until) if from_size.any() else (np.zeros(0, np.intp),) * 2 + (np.zeros(0, bool),))
+    candidates, call, doubt = (np.concatenate([a[~from_size[by_op[1]]], b[from_size[by_size[1]]]])
+                               for a, b in zip(by_op, by_size))
+    # A worker op the two pairings each give a call, surely, to two calls: neither is sure.
+    doubt |= np.bincount(candidates[~doubt], minlength=len(sure_work))[candidates] > 1
+    lone = np.flatnonzero(~groups.in_sorted(work_line, np.unique(call_line)))
+    # Paired by the pairing not taken for its call only: a call of unknown size had it, said already.
+    dropped = len(sure_work) - len(np.union1d(by_op[0], by_size[0])) - len(lone) - split.unnamed
     if dropped:
         notes.append(f"{dropped} gloo op(s) enqueued before the window or never enqueued in it: not matched")
-    doubt = _taken_in_doubt(events, work, sure_work[candidates], work_key[sure_work[candidates]],
-                            _neighbour(call_key, call_ts, 1, _NEVER)[call])
-    if doubt.any():
-        notes.append(f"{int(doubt.sum())} gloo worker op(s) could have been taken off their group's queue in "
+    in_doubt = len(np.setdiff1d(candidates[doubt], candidates[~doubt]))
+    if in_doubt:
+        notes.append(f"{in_doubt} gloo worker op(s) could have been taken off their group's queue in "
                      "another order than they started (worker threads free together; their events name no "
                      "call): not matched")
-        candidates, call = candidates[~doubt], call[~doubt]
-    return np.concatenate([work[sure_work[candidates]], lone]), np.concatenate([sure_call[call], np.full(len(lone), -1)])
+    candidates, call = candidates[~doubt], call[~doubt]
+    return np.concatenate([sure_work[candidates], lone]), np.concatenate([sure_call[call], np.full(len(lone), -1)])
+
+
+def _pairs(events: _Events, work: np.ndarray, sure_work: np.ndarray, work_key: np.ndarray, call_ts: np.ndarray,
+           call_key: np.ndarray, until: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FIFO pairs per key (`_fifo`) of the worker ops ``sure_work`` (positions in ``work``)
+    and the calls, and whether each is in doubt (`_taken_in_doubt`): positions in
+    ``sure_work``, in the calls, and the doubt. A call after a pair's call but before
+    ``until`` (per call: a call of unknown size in its line) may be the next one in its line."""
+    candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], call_ts, call_key)
+    paired = sure_work[candidates]
+    next_call = np.minimum(_neighbour(call_key, call_ts, 1, _NEVER), until)[call]
+    return candidates, call, _taken_in_doubt(events, work, paired, work_key[paired], next_call)
+
+
+@dataclass
+class _Sizes:
+    """Per worker op and call, its size where its line pairs by size (else -1), and per call
+    the time before which its line's calls pair so (-_NEVER: none do)."""
+
+    work: np.ndarray
+    call: np.ndarray
+    until: np.ndarray
+
+
+def _by_size(work_line: np.ndarray, work_bytes: np.ndarray, call_line: np.ndarray, call_bytes: np.ndarray,
+             call_ts: np.ndarray) -> _Sizes:
+    """Sizes tell a line's calls apart where each of its worker ops shows one (record_shapes)
+    and its worker ops and calls (their Flight Recorder entries' inputs) show the same set
+    of sizes: the two measures agree (torch 2.13 gloo, every op), and a line where they do
+    not keeps its pairing by op. A call of unknown size (no entry: the window's end) could
+    be of any: from it on its line pairs by op."""
+    work_size, call_size = (np.where(_present(b), b, -1).astype(np.int64) for b in (work_bytes, call_bytes))
+    lines, line_of = np.unique(call_line, return_inverse=True)
+    work_at = groups.locate(lines, work_line)  # -1: a line without calls
+    known = call_size >= 0
+    key = groups.pack(np.concatenate([work_line, call_line]), np.concatenate([work_size, call_size]))
+    work_key, call_key = key[: len(work_line)], key[len(work_line) :]
+    odd_work = (work_at >= 0) & ((work_size < 0) | ~groups.in_sorted(work_key, np.unique(call_key[known])))
+    odd_call = known & ~groups.in_sorted(call_key, np.unique(work_key[work_size >= 0]))
+    by_size = np.ones(len(lines), bool)
+    by_size[work_at[odd_work]] = False
+    by_size[line_of[odd_call]] = False
+    first_unknown = np.full(len(lines), _NEVER)
+    np.minimum.at(first_unknown, line_of[~known], call_ts[~known])
+    return _Sizes(np.where(groups.take_or(by_size, work_at, False), work_size, -1),
+                  np.where(by_size[line_of] & known, call_size, -1),
+                  np.where(by_size, first_unknown, -_NEVER)[line_of])
 
 
 def _taken_in_doubt(events: _Events, work: np.ndarray, paired: np.ndarray, line: np.ndarray,

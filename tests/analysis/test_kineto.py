@@ -3,8 +3,10 @@ those traces cannot show (ns timestamps, key order, the torch hook's Flight Reco
 
 from __future__ import annotations
 
+import decimal
 import gzip
 import json
+import math
 import shutil
 import socket
 import subprocess
@@ -801,6 +803,36 @@ def test_async_gloo_ops_of_two_groups_keep_their_own_groups_worker_timing(tmp_pa
         assert len(coll) + sum(int(w.split()[0]) for w in doubtful) == 6
 
 
+def _worker_bytes(path: Path) -> dict[int, int]:
+    """Each gloo worker event's own size (Input Dims x 4: float buffers), by start (ns, from
+    the exact decimal text: a float of µs since the base is off by a ns at times)."""
+    data = json.loads(path.read_text(), parse_float=decimal.Decimal)
+    return {data["baseTimeNanoseconds"] + int(e["ts"] * 1000): 4 * sum(math.prod(d) for d in e["args"]["Input Dims"])
+            for e in data["traceEvents"] if e.get("name", "").startswith("gloo:")}
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_async_gloo_ops_taken_up_together_are_told_apart_by_size_under_the_hook(tmp_path):
+    """Real torch 2.13 gloo through the hook's window, one group, four async all_reduces of
+    distinct sizes a step: the two worker threads take calls up together and start them in
+    either order, so pairing by order alone left about a third of them unmatched (in doubt).
+    The hook records input shapes on CPU, and a worker op's size (its tensors) must be its
+    call's (the Flight Recorder entry's inputs): every op is matched, each to the call of its
+    own size."""
+    pytest.importorskip("torch")
+    job = Path(__file__).with_name("gloo_async_job.py")
+    subprocess.run([sys.executable, str(job), str(_free_port()), str(tmp_path)], check=True, timeout=150)
+    for rank in (0, 1):
+        path = tmp_path / f"rank{rank}.json"
+        worker_bytes = _worker_bytes(path)
+        table = read_kineto(path)
+        coll = _collectives(table)
+        assert not [w for w in _row(table)["warnings"] if "not matched" in w], f"rank {rank}"
+        assert sorted(coll["seq"]) == list(range(1, 33))  # every call of the window, once
+        assert [worker_bytes[s] for s in coll["start_ns"]] == coll["bytes"].tolist(), f"rank {rank}"
+
+
 def test_a_flight_recorder_ring_too_short_drops_only_the_calls_that_need_it_and_says_so(tmp_path):
     """TORCH_FR_BUFFER_SIZE shorter than the window: the ring kept only the last call's entry.
     A call whose record_param_comms names its group and Seq needs none and is matched; one
@@ -979,5 +1011,49 @@ def test_gloo_ops_one_group_took_up_together_in_another_order_than_they_started_
     table = read_kineto(_write(tmp_path / "rank3.json", data))
     coll = _collectives(table)
     assert {s: t - base for s, t in zip(coll["seq"], coll["start_ns"])} == {3: 948_000, 4: 1_088_000}
+    assert ("2 gloo worker op(s) could have been taken off their group's queue in another order than they "
+            "started (worker threads free together; their events name no call): not matched") in _row(table)["warnings"]
+
+
+def _sized_trace(calls, workers, *, recorded=1) -> dict:
+    """One group's all_reduce calls ((µs, seq, floats; None: no Flight Recorder entry)) and
+    worker ops ((µs, tid, floats)) that show their sizes; the entries' inputs are ``recorded``
+    times the calls' floats."""
+    base = 1_700_000_000_000_000_000
+    events = [_event("c10d::allreduce_", f"{t}.000", "5.000", tid=1) for t, _, _ in calls]
+    events += [_event("gloo:all_reduce", f"{t}.000", "100.000", cat="user_annotation", tid=tid,
+                      args={"Input Dims": [[n]], "Input type": ["float"]}) for t, tid, n in workers]
+    rows = [["1", seq, "gloo:all_reduce", base + t * 1000 + 2_000, False, 4 * n * recorded, 4 * n * recorded]
+            for t, seq, n in calls if n]
+    columns = ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes", "out_bytes"]
+    return _trace(events, baseTimeNanoseconds=base,
+                  rankscope={"rank": 3, "flight_recorder": {"columns": columns, "rows": rows}})
+
+
+# Calls 1 and 2 came together, both worker threads free: op 2 started first. Calls 3 and 4
+# likewise, but call 4 has no entry (the window's end): its size is not known.
+_SIZED_CALLS = [(0, 1, 1024), (10, 2, 2048), (1000, 3, 1024), (1010, 4, None)]
+_SIZED_WORKERS = [(40, 3, 1024), (30, 4, 2048), (1040, 3, 1024), (1030, 4, 2048)]
+
+
+def test_gloo_ops_taken_up_together_pair_by_size_until_a_call_of_unknown_size(tmp_path):
+    """Sizes tell calls 1 and 2 apart, and op 3 is call 3's (op 4, of another size, cannot
+    be). Call 4's size is not known: by op, ops 3 and 4 are in doubt, and call 4 is dropped
+    (no entry), said once, as the window's edge."""
+    base = 1_700_000_000_000_000_000
+    table = read_kineto(_write(tmp_path / "rank3.json", _sized_trace(_SIZED_CALLS, _SIZED_WORKERS)))
+    coll = _collectives(table)
+    assert {s: (t - base, b) for s, t, b in zip(coll["seq"], coll["start_ns"], coll["bytes"])} == {
+        1: (40_000, 4096), 2: (30_000, 8192), 3: (1_040_000, 4096)}
+    notes = [w for w in _row(table)["warnings"] if "not matched" in w]
+    assert notes == ["1 collective call(s) at the window's edges have no Flight Recorder entry: not matched"]
+
+
+def test_gloo_sizes_that_do_not_match_their_calls_entries_pair_by_op_alone(tmp_path):
+    """Entries whose inputs are not the sizes the worker ops show (two measures that do not
+    agree) tell nothing: the ops taken up together stay in doubt, as without sizes."""
+    calls, workers = _SIZED_CALLS[:2], _SIZED_WORKERS[:2]
+    table = read_kineto(_write(tmp_path / "rank3.json", _sized_trace(calls, workers, recorded=2)))
+    assert _collectives(table).empty
     assert ("2 gloo worker op(s) could have been taken off their group's queue in another order than they "
             "started (worker threads free together; their events name no call): not matched") in _row(table)["warnings"]
