@@ -66,16 +66,21 @@ def _ranks(key: str, text: str) -> tuple[int, ...]:
         raise ConfigError(f"{key}: {text!r} is not a comma-separated list of ranks") from None
 
 
-def node_index(options: Mapping[str, str]) -> int:
+def node_index(options: Mapping[str, str], nodes: int | None = None) -> int:
+    """This node's index in the simulated job; checked against the job's ``nodes`` where given."""
     node = options.get(NODE_OPTION, "")
     raw = options.get(f"{PREFIX}node_index.{node}", options.get(f"{PREFIX}node_index"))
     if raw is None:
         raise ConfigError(f"sim capture on node {node!r}: no sim.node_index (set it per node, "
                           f"or start the agent with --labels sim.node_index=N)")
     try:
-        return int(raw)
+        index = int(raw)
     except ValueError:
         raise ConfigError(f"sim.node_index {raw!r} is not an integer") from None
+    if nodes is not None and not 0 <= index < nodes:
+        raise ConfigError(f"sim capture on node {node!r}: sim.node_index {index} is outside the simulated "
+                          f"job's nodes 0..{nodes - 1} (set sim.nodes to the number of nodes in the sweep)")
+    return index
 
 
 def _default(field: dataclasses.Field):
@@ -116,14 +121,13 @@ class SimBackend(CaptureBackend):
 
     def start(self, request: CaptureRequest) -> None:
         # Validate now, so a bad spec fails the node before the window, not after it.
-        job_spec(request.options)
-        node_index(request.options)
+        node_index(request.options, job_spec(request.options).nodes)
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         from rankscope.analysis.simulate import simulate
 
         spec = job_spec(request.options)
-        index = node_index(request.options)
+        index = node_index(request.options, spec.nodes)
         outdir = request.workdir / "exports"
         outdir.mkdir(parents=True, exist_ok=True)
         return [Path(p) for p in simulate(spec, outdir, nodes=[index])]

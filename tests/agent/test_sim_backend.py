@@ -70,6 +70,15 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
         SimBackend().stop(request(tmp_path, "c", **{"sim.node_index": "4"}))
 
 
+def test_a_node_index_outside_the_job_fails_at_start_not_after_the_window(tmp_path: Path) -> None:
+    # found by review: the start checked only that the index was a number, so a sweep of more
+    # agents than sim.nodes ran the whole window on the extra nodes before they failed.
+    req = request(tmp_path, "e", **{"sim.node_index": "4"})  # JOB has 4 nodes: 0..3
+    with pytest.raises(ConfigError, match=r"sim.node_index 4 is outside the simulated job's nodes 0..3"):
+        SimBackend().start(req)
+    assert not (req.workdir / "exports").exists()
+
+
 def test_sim_needs_no_gpu_counters() -> None:
     assert SimBackend.name == "sim" and not SimBackend().needs_gpu_counters(None)
 
