@@ -55,7 +55,10 @@ def job_spec(options: Mapping[str, str]):
         elif name in known:
             values[name] = _cast(name, raw, _default(known[name]))
         else:
-            raise ConfigError(f"{key}: the simulator's job spec has no field {name!r}")
+            settable = ["stragglers", "slow_links", *(f.name for f in known.values()
+                                                       if isinstance(_default(f), (bool, int, float, str)))]
+            raise ConfigError(f"{key}: the simulator's job spec has no field {name!r} "
+                              f"(it has: {', '.join(sorted(settable))})")
     return JobSpec(**values)
 
 

@@ -54,6 +54,11 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
     assert [(s.rank, s.kind, s.extra_ns) for s in spec.stragglers] == [(3, "compute", 3_000_000)]
     with pytest.raises(ConfigError, match="no field 'gpus'"):
         job_spec({"sim.gpus": "2"})
+    with pytest.raises(ConfigError) as refused:  # says what would have been right
+        job_spec({"sim.straggler": "3"})
+    assert "no field 'straggler' (it has: " in str(refused.value)
+    assert all(f" {name}," in str(refused.value) for name in ("nodes", "gpus_per_node", "seed", "stragglers"))
+    assert "clock_offsets_ns" not in str(refused.value)  # no capture option can set it
     with pytest.raises(ConfigError, match="sim.steps: 'many' is not a whole number"):
         job_spec({"sim.steps": "many"})
     with pytest.raises(ConfigError, match="sim.stragglers"):
