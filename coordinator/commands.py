@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -184,7 +185,7 @@ def run_capture(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             # Only the waiting stops: the nodes capture on, and the coordinator analyses.
             print(f"rankscope: stopped waiting; sweep {sweep.sweep_id} goes on "
-                  f"(rankscope report {sweep.sweep_id} prints its report)", file=sys.stderr)
+                  f"({_report_command(args, sweep.sweep_id)} prints its report)", file=sys.stderr)
             return EXIT_INTERRUPTED
         if final.state == pb.SWEEP_STATE_FAILED:
             print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
@@ -201,6 +202,16 @@ def _health(sweep: pb.Sweep) -> int:
     if sweep.stragglers or sweep.slow_links:
         return EXIT_FINDINGS
     return EXIT_NOT_JUDGED if sweep.stragglers_not_judged else 0
+
+
+def _report_command(args: argparse.Namespace, sweep_id: str) -> str:
+    """The `rankscope report` line that reaches this sweep's coordinator as this command did:
+    a hint without --coordinator only failed, asking for it, where no $RANKSCOPE_COORDINATOR is set."""
+    words = ["rankscope", "report", "--coordinator", args.coordinator]
+    for flag in ("tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, flag, None) is not None:
+            words += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return shlex.join([*words, sweep_id])
 
 
 def _say_started(sweep: pb.Sweep) -> None:
@@ -334,7 +345,7 @@ def run_cancel(args: argparse.Namespace) -> int:
         sweep = client.cancel(args.sweep, args.reason)
     stopped = [n.node for n in sweep.nodes if n.reason == args.reason]
     print(f"sweep {sweep.sweep_id}: stopped {len(stopped)} node(s) ({', '.join(stopped) or 'none'}); "
-          + ("the nodes that finished are being analysed (rankscope report " + sweep.sweep_id + ")"
+          + (f"the nodes that finished are being analysed ({_report_command(args, sweep.sweep_id)})"
              if sweep.state == pb.SWEEP_STATE_ANALYSING else f"now {state_name(sweep.state)}: {sweep.error}"),
           file=sys.stderr)
     return 0

@@ -336,13 +336,22 @@ def test_ctrl_c_while_waiting_leaves_the_sweep_running_and_says_so(coordinator, 
             waiting.kill()
             pytest.fail(f"run {i}: capture --wait did not end on SIGINT")
         assert waiting.returncode == 130, err
-        assert err.strip().splitlines()[-1] == (f"rankscope: stopped waiting; sweep {sweeps[-1]} goes on "
-                                                f"(rankscope report {sweeps[-1]} prints its report)")
+        # the hint runs as it stands: without --coordinator it only asked for one (found by review)
+        assert err.strip().splitlines()[-1] == (
+            f"rankscope: stopped waiting; sweep {sweeps[-1]} goes on "
+            f"(rankscope report --coordinator {coordinator.address} {sweeps[-1]} prints its report)")
     assert main(["sweeps", "--coordinator", coordinator.address]) == 0
     listing = capsys.readouterr().out.splitlines()
     assert all(any(line.startswith(s) and "running" in line for line in listing) for s in sweeps)
     for agent in agents:
         agent.close()
+
+
+def test_the_report_hint_carries_the_coordinator_and_tls_flags_it_needs() -> None:
+    from rankscope.coordinator.commands import _report_command
+
+    args = argparse.Namespace(coordinator="head:7443", tls_ca=Path("/etc/ca.pem"), tls_cert=None, tls_key=None)
+    assert _report_command(args, "S1") == "rankscope report --coordinator head:7443 --tls-ca /etc/ca.pem S1"
 
 
 def test_a_data_dir_whose_artifacts_folder_is_a_file_is_one_line(tmp_path: Path, capsys) -> None:
