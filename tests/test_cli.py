@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,33 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path) -> None:
                           stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write)
     assert done.returncode == 128 + signal.SIGPIPE and "Traceback" not in done.stderr, done.stderr
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_synopses(text: str) -> list[tuple[str, str]]:
+    """(command, rest of the line) for each `rankscope COMMAND ...` the README shows a user."""
+    lines = re.findall(r"`([^`\n]*rankscope [a-z]+[^`\n]*)`", text)
+    lines += [line.split("#")[0] for line in text.splitlines() if line.lstrip().startswith(".venv/bin/rankscope ")]
+    return [(m.group(1), m.group(2)) for line in lines for m in re.finditer(r"rankscope ([a-z]+)([^`]*)", line)]
+
+
+def test_the_readme_shows_each_command_with_the_options_it_has_and_a_required_choice_as_required(monkeypatch) -> None:
+    # found by review: `capture [--nodes a,b | --labels k=v]` showed the choice of nodes as
+    # optional, and left --all out; without one of the three, capture stops at its usage.
+    monkeypatch.delenv("RANKSCOPE_COORDINATOR", raising=False)
+    (subparsers,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    synopses = [(c, rest) for c, rest in _readme_synopses(README.read_text()) if c in subparsers.choices]
+    assert {c for c, _ in synopses} >= {"agent", "analyze", "capture", "digest", "simulate"}
+    for command, rest in synopses:
+        parser = subparsers.choices[command]
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", rest):
+            assert flag in parser._option_string_actions, f"README: `rankscope {command}` has no {flag}"
+        for group in parser._mutually_exclusive_groups:
+            flags = [a.option_strings[0] for a in group._group_actions]
+            if not group.required or not any(re.search(rf"{f}\b", rest) for f in flags):
+                continue
+            choice = re.search(r"\(([^()]*)\)", rest)
+            assert choice and all(f in choice.group(1) for f in flags), \
+                f"README: `rankscope {command}` must show one of {', '.join(flags)} as required: ({' | '.join(flags)})"
