@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from rankscope import output
-from rankscope.analysis import ops
+from rankscope.analysis import engine, ops
 from rankscope.errors import ConfigError, InputError
 
 TRUTH_SCHEMA = "rankscope.sim-truth/1"
@@ -512,8 +512,9 @@ def export_name(spec: JobSpec, rank: int, fmt: str) -> str:
 
 
 def simulate(spec: JobSpec, outdir: Path | str, *, nodes: Sequence[int] | None = None,
-             fmt: str = "nsys") -> list[Path]:
-    """Write one export per rank of the chosen nodes (all by default); returns their paths."""
+             fmt: str = "nsys", progress: bool = False) -> list[Path]:
+    """Write one export per rank of the chosen nodes (all by default); returns their paths.
+    With ``progress``, a counter of the exports written is drawn on stderr where it is a terminal."""
     if fmt not in FORMATS:
         raise ConfigError(f"simulate: format {fmt!r} is not one of {', '.join(FORMATS)}")
     chosen = range(spec.nodes) if nodes is None else list(nodes)
@@ -523,13 +524,12 @@ def simulate(spec: JobSpec, outdir: Path | str, *, nodes: Sequence[int] | None =
     outdir = output.make_folder(Path(outdir))
     view = _RankView.prepare(spec)
     write = _write_nsys if fmt == "nsys" else _write_kineto
+    ranks = [node * spec.gpus_per_node + local for node in sorted(set(chosen)) for local in range(spec.gpus_per_node)]
     paths = []
-    for node in sorted(set(chosen)):
-        for local in range(spec.gpus_per_node):
-            rank = node * spec.gpus_per_node + local
-            path = outdir / export_name(spec, rank, fmt)
-            write(view.rank(rank), path)
-            paths.append(path)
+    for rank in engine.with_progress(ranks, len(ranks), f"writing {fmt} exports") if progress else ranks:
+        path = outdir / export_name(spec, rank, fmt)
+        write(view.rank(rank), path)
+        paths.append(path)
     return paths
 
 
@@ -1401,7 +1401,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         job_id=args.job_id,
     )
     _check_outdir(spec, args.outdir, args.only_nodes, args.format)
-    paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format)
+    paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format, progress=True)
     truth_path = write_truth(spec, args.outdir / "truth.json")
     print(f"wrote {len(paths)} {args.format} exports ({spec.nodes}x{spec.gpus_per_node} ranks, tp={spec.tp}, "
           f"{spec.steps} steps) to {args.outdir}")

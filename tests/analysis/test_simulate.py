@@ -6,6 +6,7 @@ import json
 import re
 import sqlite3
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -328,6 +329,15 @@ def test_cli_writes_exports_and_truth(tmp_path, capsys):
         max_offset_ns=1_000_000, dp_sharded=True, seed=3, job_id="j9")
     assert str(out / "truth.json") in capsys.readouterr().out
     assert not list(out.glob("*.tmp"))
+
+
+def test_cli_counts_the_exports_it_writes_on_a_terminal(tmp_path, capsys, monkeypatch):
+    # found by review: a 1024-rank job took seconds on end with nothing on the screen (analyze counts its reads)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["simulate", str(tmp_path / "job"), "--nodes", "2", "--gpus-per-node", "2", "--tp", "2",
+                 "--steps", "2"]) == 0
+    err = capsys.readouterr().err
+    assert err == "".join(f"\rwriting nsys exports: {done}/4" for done in range(1, 5)) + "\n"
 
 
 def test_cli_refuses_to_leave_another_jobs_ranks_beside_its_own(tmp_path, capsys):
