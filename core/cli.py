@@ -37,10 +37,15 @@ COMMANDS = {
 ARROW_COMMANDS = frozenset({"digest", "analyze", "agent", "coordinator"})
 
 
+# What `rankscope --help` tells a user first (the README's opening, in one line).
+DESCRIPTION = ("Find the slow rank in a multi-node GPU job: capture every rank at once, put their "
+               "timelines on one clock, and report who arrives late, who the others wait for, and slow links.")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or only of ``command``'s module where one is named: the
     rank wrapper starts on every rank of a job, and must not wait for the analysis to import."""
-    parser = argparse.ArgumentParser(prog="rankscope", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rankscope", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and debug detail")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

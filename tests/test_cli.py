@@ -27,6 +27,14 @@ def test_every_command_is_listed_with_the_module_that_registers_it() -> None:
     assert _commands(build_parser()) == sorted(cli.COMMANDS)
 
 
+def test_the_help_says_what_the_program_does() -> None:
+    # found by review: `rankscope --help` opened with "The `rankscope` command: one entry point,
+    # subcommands registered by each part", the module's docstring, which tells a user nothing
+    text = build_parser().format_help()
+    assert "registered by each part" not in text
+    assert "Find the slow rank in a multi-node GPU job" in text
+
+
 def test_the_rank_wrapper_starts_without_the_analysis() -> None:
     code = "import sys; from rankscope import cli; cli.build_parser('rank'); print(sorted(m for m in sys.modules if m in ('pandas', 'pyarrow', 'rankscope.analysis')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
