@@ -727,7 +727,7 @@ def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, note
             return hook["rank"], "rankscope hook"
     kind, _, pattern = (rank_from or "filename").partition(":")
     if kind != "filename":
-        raise ExportError(f"rank_from {rank_from!r}: a Kineto trace can only take its rank from "
+        raise ExportError(f"--rank-from {rank_from}: a Kineto trace can only take its rank from "
                           "filename[:REGEX] (it records no environment)", path=path)
     pattern = pattern or r"rank[-_]?(\d+)"
     try:
@@ -739,10 +739,10 @@ def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, note
         if rank_from is None:
             notes.append(f"{what}: rank {text} taken from the file name")
         return int(text), "filename"
-    raise ExportError(
-        f"{what if rank_from is None else 'rank_from ' + repr(rank_from)}: the file name gives no rank "
-        f"(pattern '{pattern}'); pass --rank-from filename:REGEX or name the file rank<N>", path=path
-    )
+    if rank_from is None:
+        raise ExportError(f"{what}: the file name gives no rank (pattern '{pattern}'); pass --rank-from "
+                          "filename:REGEX or name the file rank<N>", path=path)
+    raise ExportError(f"--rank-from {rank_from}: no rank number in the file name", path=path)
 
 
 # ---------------------------------------------------------------- busy time

@@ -98,8 +98,14 @@ def test_missing_rank_is_a_clear_error_naming_the_file_then_file_name_fallback(s
     # An explicit pattern wins over distributedInfo.
     row = _row(read_kineto(samples / f"{GLOO}/rank1.json", rank_from=r"filename:rank(\d)"))
     assert (row["rank"], row["rank_source"]) == (1, "filename")
-    with pytest.raises(ExportError, match="only take its rank from"):
+    with pytest.raises(ExportError, match="--rank-from env:RANK: a Kineto trace can only take its rank from"):
         read_kineto(samples / f"{GLOO}/rank1.json", rank_from="env:RANK")
+    # found by review: a pattern that finds no rank was quoted as Python writes it ('filename:\\d+'),
+    # under the internal name rank_from, and the user told to pass the --rank-from just passed
+    with pytest.raises(ExportError) as refused:
+        read_kineto(samples / f"{GLOO}/rank1.json", rank_from=r"filename:node(\d+)")
+    assert str(refused.value) == (f"{samples / GLOO / 'rank1.json'}: --rank-from filename:node(\\d+): "
+                                  "no rank number in the file name")  # as nsys exports say
 
 
 def test_gloo_pair_matches_instance_by_instance(samples):
