@@ -58,6 +58,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    for sub in subparsers.choices.values():  # `rankscope analyze PATH -v` as well as `rankscope -v analyze PATH`
+        sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="log progress and debug detail")
     return parser
 
 

@@ -35,6 +35,15 @@ def test_the_help_says_what_the_program_does() -> None:
     assert "Find the slow rank in a multi-node GPU job" in text
 
 
+@pytest.mark.parametrize("argv, verbose", [
+    (["-v", "analyze", "x"], True), (["analyze", "x", "-v"], True), (["analyze", "--verbose", "x"], True),
+    (["analyze", "x"], False), (["rank", "--", "python", "-v"], False),
+])
+def test_verbose_goes_before_or_after_the_command(argv: list[str], verbose: bool) -> None:
+    # found by review: `rankscope analyze PATH -v` stopped at "unrecognized arguments: -v"
+    assert build_parser().parse_args(argv).verbose is verbose
+
+
 def test_the_rank_wrapper_starts_without_the_analysis() -> None:
     code = "import sys; from rankscope import cli; cli.build_parser('rank'); print(sorted(m for m in sys.modules if m in ('pandas', 'pyarrow', 'rankscope.analysis')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
