@@ -67,10 +67,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def _check_options_apply(args: argparse.Namespace) -> None:
+    """An option the chosen mode would ignore is a mistake to name, not to drop: a rank
+    started for a one-shot profile must not run unprofiled until an agent happens to capture."""
+    if not args.one_shot:
+        given = [flag for flag, value in (("--duration", args.duration), ("--capture-range", args.capture_range),
+                                          ("--nvtx-capture", args.nvtx_capture)) if value is not None]
+        if given:
+            raise InputError(f"{given[0]} is for --one-shot: without it the rank records only when the node's "
+                             "agent captures (`rankscope capture --duration`)")
+    if args.backend == "torch":
+        given = [flag for flag, used in (("--one-shot", args.one_shot), ("--nsys", args.nsys != nsys.NSYS),
+                                         ("--trace", args.trace != ",".join(nsys.DEFAULT_TRACE)),
+                                         ("--nccl-trace", args.nccl_trace != "legacy")) if used]
+        if given:
+            raise InputError(f"{given[0]} is for --backend nsys: the torch hook records only when the node's "
+                             "agent captures, with the PyTorch profiler")
+
+
 def run(args: argparse.Namespace) -> int:
     cmd = list(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if not cmd:
         raise InputError("no command: usage `rankscope rank [options] -- CMD...`")
+    _check_options_apply(args)
     if args.one_shot and (args.duration is None) == (args.capture_range is None):
         raise InputError("--one-shot needs exactly one of --duration SECONDS or --capture-range")
     if (args.capture_range == "nvtx") != (args.nvtx_capture is not None):

@@ -309,6 +309,25 @@ def test_torch_backend_is_handed_to_the_torch_hook(monkeypatch, tmp_path):
     assert (seen["info"].rank, seen["info"].world_size, seen["info"].backend) == (2, 4, "torch")
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--duration", "30s"], "--duration is for --one-shot"),
+    (["--capture-range", "nvtx", "--nvtx-capture", "step@app"], "--capture-range is for --one-shot"),
+    (["--backend", "torch", "--one-shot", "--duration", "5s"], "--one-shot is for --backend nsys"),
+    (["--backend", "torch", "--trace", "cuda"], "--trace is for --backend nsys"),
+    (["--backend", "torch", "--nccl-trace", "auto"], "--nccl-trace is for --backend nsys"),
+])
+def test_an_option_the_chosen_mode_would_ignore_is_refused_before_cmd_starts(options, message, tmp_path, capsys):
+    from rankscope.cli import main
+
+    # found by review: `rankscope rank --duration 30s -- CMD` ran CMD in an on-demand session,
+    # never profiled unless an agent captured, and --backend torch dropped --one-shot unsaid
+    marker = tmp_path / "ran"
+    assert main(["rank", "--spool", str(tmp_path / "spool"), *options, "--", "touch", str(marker)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rankscope: error: {message}") and len(err.splitlines()) == 1
+    assert not marker.exists()
+
+
 def test_one_shot_nvtx_capture_range_needs_its_range(nsys_env, tmp_path):
     _, env = nsys_env
     proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--capture-range", "nvtx", "--", "true", env=env)
