@@ -166,6 +166,9 @@ _FAILED_NODE = frozenset({pb.NODE_STATE_FAILED, pb.NODE_STATE_TIMED_OUT})
 def run_capture(args: argparse.Namespace) -> int:
     if args.fail_on_findings and not args.wait:
         raise InputError("--fail-on-findings judges the report, which only --wait waits for")
+    if args.format != "table" and not args.wait:
+        raise InputError(f"--format {args.format} formats the report, which only --wait waits for "
+                         "(`rankscope report --format` prints it later)")
     if args.plot is not None:
         if not args.wait:
             raise InputError("--plot draws the report, which only --wait waits for")

@@ -101,6 +101,13 @@ def test_fail_on_findings_needs_wait(capsys) -> None:
     assert "--fail-on-findings judges the report, which only --wait waits for" in capsys.readouterr().err
 
 
+def test_a_report_format_needs_wait(capsys) -> None:
+    # found by review: `capture --format json` started the sweep and printed its id, not JSON
+    assert main(["capture", "--coordinator", "127.0.0.1:1", "--all", "--format", "json"]) == 2
+    assert capsys.readouterr().err == ("rankscope: error: --format json formats the report, which only --wait "
+                                       "waits for (`rankscope report --format` prints it later)\n")
+
+
 def test_capture_wait_exits_partial_naming_the_missing_node(coordinator, wire, digests, capsys) -> None:
     talking, silent = (wire.FakeAgent(coordinator, name) for name in digests)
     threads = [answer(talking, digests[talking.node]), answer(silent, None)]
