@@ -14,7 +14,7 @@ from rankscope.agent.spool import DEFAULT_SPOOL
 from rankscope import node_name, output, signals, tls
 from rankscope.address import dial_problem
 from rankscope.cli import parse_labels
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, RankscopeError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     for folder in (config.spool, config.work_dir):
         output.make_folder(folder)
     agent = Agent(config)
+    try:
+        agent.hold.acquire()  # before the banner: a second agent on the folder says only why it stops
+    except RankscopeError:
+        agent.close()
+        raise
 
     def stop(signum, frame) -> None:
         # Resuming DCGM happens on the way out (Agent.close), never skipped by a signal.

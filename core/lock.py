@@ -43,6 +43,8 @@ class FolderLock:
         self._guard = threading.Lock()
 
     def acquire(self) -> FolderLock:
+        if self._fd is not None:  # held already, by this process through this object
+            return self
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.sim_backend import SimBackend
 from rankscope.analysis import digest, sources
 from rankscope.errors import ConfigError, ToolError
-from rankscope.lock import FolderInUse
+from rankscope.lock import FolderInUse, FolderLock
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -504,6 +505,21 @@ def test_a_second_agent_on_a_work_dir_in_use_stops_before_touching_it(coordinato
     finally:
         agent.close()
         thread.join(10)
+
+
+def test_the_agent_command_on_a_work_dir_in_use_prints_only_why_it_stops(tmp_path: Path, capsys) -> None:
+    # found by review: it printed its banner ("rankscope agent n0 (pid ...) -> ...") first, as
+    # if it ran, and only then the error
+    hold = FolderLock(tmp_path / "work", "agent").acquire()
+    try:
+        assert main(["agent", "--coordinator", "127.0.0.1:1", "--name", "n0", "--spool", str(tmp_path / "spool"),
+                     "--work-dir", str(tmp_path / "work"), "--dcgm", "none"]) == 2
+    finally:
+        hold.release()
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"rankscope: error: {tmp_path / 'work'}: in use by agent pid {os.getpid()} on {socket.gethostname()}; "
+        "one agent per folder"]
 
 
 def test_stopping_the_agent_logs_no_warning_about_its_own_cancelled_session(coordinator, tmp_path: Path,
