@@ -1341,27 +1341,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write nsys-schema SQLite (or Kineto JSON) exports, one per rank, of a simulated "
                     "TP/DP training job with injected stragglers and skewed node clocks, and the ground "
                     "truth (truth.json) beside them.")
-    p.add_argument("outdir", type=Path, metavar="OUTDIR")
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--tp", type=int, default=8, help="tensor-parallel group size (divides --gpus-per-node)")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("outdir", type=Path, metavar="OUTDIR", help="folder for the exports and truth.json")
+    p.add_argument("--nodes", type=int, default=8, help="nodes, each its own clock (default: %(default)s)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: %(default)s)")
+    p.add_argument("--tp", type=int, default=8,
+                   help="tensor-parallel group size (divides --gpus-per-node; default: %(default)s)")
+    p.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
     p.add_argument("--straggler", type=parse_straggler, action="append", default=[],
                    metavar="RANK[:compute|launch[:EXTRA_US[:EVERY]]]",
                    help="inject a straggler (default compute, 2000 us, every step); repeatable")
-    p.add_argument("--max-offset-ms", type=float, default=20.0, help="node clock offsets drawn within +-this")
-    p.add_argument("--max-drift-ppm", type=float, default=50.0, help="node clock drifts drawn within +-this")
-    p.add_argument("--jitter-us", type=float, default=10.0, help="std of each compute kernel's duration")
-    p.add_argument("--tp-collectives", type=int, default=2, help="TP AllReduces per step")
+    p.add_argument("--max-offset-ms", type=float, default=20.0, help="node clock offsets drawn within +-this (default: %(default)g)")
+    p.add_argument("--max-drift-ppm", type=float, default=50.0, help="node clock drifts drawn within +-this (default: %(default)g)")
+    p.add_argument("--jitter-us", type=float, default=10.0, help="std of each compute kernel's duration (default: %(default)g)")
+    p.add_argument("--tp-collectives", type=int, default=2, help="TP AllReduces per step (default: %(default)s)")
     p.add_argument("--barrier", action="store_true", help="close each step with a small world AllReduce")
     p.add_argument("--fsdp", action="store_true",
                    help="shard DP as FSDP/ZeRO-3: an AllGather and a ReduceScatter of each rank's shard per step, "
                         "not one AllReduce")
     p.add_argument("--slow-link", type=int, action="append", default=[], metavar="RANK",
                    help=f"this rank's network link runs at {SLOW_LINK_SHARE:g} of the bandwidth; repeatable")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--format", choices=FORMATS, default="nsys")
-    p.add_argument("--job-id", default="sim")
+    p.add_argument("--seed", type=int, default=0, help="the random draws' seed: a seed writes the same job (default: 0)")
+    p.add_argument("--format", choices=FORMATS, default="nsys",
+                   help="nsys SQLite exports or Kineto JSON traces (default: %(default)s)")
+    p.add_argument("--job-id", default="sim", help="the job's id, and the files' prefix (default: %(default)s)")
     p.add_argument("--only-nodes", type=_node_list, default=None, metavar="N[,N...]",
                    help="write only these nodes' ranks (same files as a full run)")
     p.set_defaults(func=_run_cli)

@@ -386,3 +386,17 @@ def test_truth_round_trips_the_spec(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(InputError, match="bad.json"):
         sm.read_spec(tmp_path / "bad.json")
+
+
+def test_every_option_says_what_it_sets_and_its_default():
+    # found by review: --nodes, --gpus-per-node, --steps, --seed, --format and --job-id had no
+    # help at all, so `simulate --help` did not say the job it writes is 8x8 ranks of 20 steps
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sm.register(parser.add_subparsers())
+    (simulate,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)][0].choices.values()
+    for action in simulate._actions:
+        assert action.help, f"simulate {action.dest}: no help"
+        if action.default not in (None, False, [], argparse.SUPPRESS) and action.dest != "straggler":
+            assert "default" in action.help, f"simulate {action.dest}: help names no default"
