@@ -58,7 +58,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             help="the coordinator's address (default: $RANKSCOPE_COORDINATOR)")
         tls.add_client_arguments(parser)
 
-    serve = subparsers.add_parser("coordinator", help="run the coordinator (gRPC control plane and ingest)")
+    serve = subparsers.add_parser(
+        "coordinator", help="run the coordinator (gRPC control plane and ingest)",
+        description="Run the coordinator: agents dial in to it, sweeps are started through it, and it stores "
+                    "their uploads and analyses them (SQLite state and artifacts in --data-dir).")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 0.0.0.0:7443; port 0 picks one)")
     serve.add_argument("--data-dir", type=Path, metavar="DIR", help="state and artifacts (default ./rankscope-data)")
     serve.add_argument("--max-upload-bytes", type=int, metavar="N", help="refuse larger uploads (default 8 GiB)")
@@ -71,7 +74,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="require client certificates signed by this CA (mTLS)")
     serve.set_defaults(func=run_coordinator)
 
-    capture = subparsers.add_parser("capture", help="start a fleet-wide capture (a sweep)")
+    capture = subparsers.add_parser(
+        "capture", help="start a fleet-wide capture (a sweep)",
+        description="Start a capture on the chosen nodes at once (a sweep) and print its id; with --wait, follow "
+                    "it and print its report.")
     add_coordinator(capture)
     targets = capture.add_mutually_exclusive_group(required=True)
     targets.add_argument("--nodes", type=lambda s: [n for n in s.split(",") if n], metavar="A,B",
@@ -102,23 +108,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "job fails, and alerting sees it")
     capture.set_defaults(func=run_capture)
 
-    listing = subparsers.add_parser("sweeps", help="list sweeps, newest first")
+    listing = subparsers.add_parser(
+        "sweeps", help="list sweeps, newest first",
+        description="List sweeps, newest first, with each one's stragglers and slow links, then the nodes and "
+                    "links flagged in more than one of them.")
     add_coordinator(listing)
-    listing.add_argument("--limit", type=parse_count, default=20, help="at most this many (0: all)")
+    listing.add_argument("--limit", type=parse_count, default=20, help="at most this many (0: all; default: 20)")
     listing.set_defaults(func=run_sweeps)
 
     cancel = subparsers.add_parser("cancel", help="stop a running sweep: its nodes end their captures, "
-                                                  "what finished is analysed")
+                                                  "what finished is analysed",
+                                   description="Stop a running sweep: its nodes end their captures, and what "
+                                               "finished is analysed.")
     add_coordinator(cancel)
-    cancel.add_argument("sweep", metavar="SWEEP")
+    cancel.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
     cancel.add_argument("--reason", default="cancelled by the user", help="shown as each stopped node's reason")
     cancel.set_defaults(func=run_cancel)
 
     report = subparsers.add_parser("report", help="print a sweep's report",
                                    description="Print a sweep's report; exit 1 where the sweep failed and has none.")
     add_coordinator(report)
-    report.add_argument("sweep", metavar="SWEEP")
-    report.add_argument("--format", choices=("table", "json"), default="table")
+    report.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
+    report.add_argument("--format", choices=("table", "json"), default="table", help="report format (default: table)")
     report.add_argument("--plot", type=Path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     report.set_defaults(func=run_report)
 

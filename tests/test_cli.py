@@ -44,6 +44,16 @@ def test_verbose_goes_before_or_after_the_command(argv: list[str], verbose: bool
     assert build_parser().parse_args(argv).verbose is verbose
 
 
+def test_each_command_help_says_what_it_does_and_each_argument_what_it_is() -> None:
+    # found by review: coordinator, capture, sweeps and cancel --help had no description, and
+    # report's SWEEP and --format, cancel's SWEEP, no help
+    (subparsers,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in subparsers.choices.items():
+        assert parser.description, f"rankscope {name} --help: no description"
+        for action in parser._actions:
+            assert action.help, f"rankscope {name} --help: {action.dest} has no help"
+
+
 def test_the_rank_wrapper_starts_without_the_analysis() -> None:
     code = "import sys; from rankscope import cli; cli.build_parser('rank'); print(sorted(m for m in sys.modules if m in ('pandas', 'pyarrow', 'rankscope.analysis')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
