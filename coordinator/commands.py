@@ -147,7 +147,6 @@ def run_coordinator(args: argparse.Namespace) -> int:
     config = resolve({"listen": args.listen, "data_dir": args.data_dir, "max_upload_bytes": args.max_upload_bytes,
                       "node_timeout_s": args.node_timeout, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
                       "tls_client_ca": args.tls_client_ca})
-    output.make_folder(Path(config.data_dir))
     if args.port_file:
         output.check_writable(args.port_file)  # before serving: a server must not start only to fail
     server, port = create_server(config=config)

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from rankscope import states
+from rankscope import output, states
 from rankscope.address import bind_problem
 from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import sweeps as sw
@@ -384,6 +384,10 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
     problem = bind_problem(config.listen)  # before any state is opened
     if problem is not None:
         raise ConfigError(f"cannot listen on {config.listen}: {problem}")
+    credentials = None  # as the port: files that cannot serve TLS leave no state behind either
+    if config.tls_cert is not None:
+        credentials = server_credentials(TlsFiles(cert=config.tls_cert, key=config.tls_key, ca=config.tls_client_ca))
+    output.make_folder(Path(config.data_dir))
     coordinator = Coordinator(config, analyze=analyze)
     keep_chunk_memory()  # upload chunks reuse freed pages instead of faulting in new ones
     server = grpc.server(
@@ -411,14 +415,10 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
     for service in ("", *SERVICES):
         health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     try:
-        if config.tls_cert is not None:
-            files = TlsFiles(cert=config.tls_cert, key=config.tls_key, ca=config.tls_client_ca)
-            port = server.add_secure_port(config.listen, server_credentials(files))
+        if credentials is not None:
+            port = server.add_secure_port(config.listen, credentials)
         else:
             port = server.add_insecure_port(config.listen)
-    except ConfigError:
-        coordinator.stop()
-        raise
     except RuntimeError as exc:
         coordinator.stop()
         raise ConfigError(f"cannot listen on {config.listen} ({exc})") from None

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -359,6 +360,24 @@ def test_the_report_hint_carries_the_coordinator_and_tls_flags_it_needs() -> Non
 
     args = argparse.Namespace(coordinator="head:7443", tls_ca=Path("/etc/ca.pem"), tls_cert=None, tls_key=None)
     assert _report_command(args, "S1") == "rankscope report --coordinator head:7443 --tls-ca /etc/ca.pem S1"
+
+
+def test_a_coordinator_that_cannot_serve_leaves_no_data_dir_behind(tmp_path: Path, capsys) -> None:
+    # found by review: a TLS key that could not be read failed after the data dir and its
+    # state.sqlite, artifacts and lock were made; a port in use left the data dir, empty
+    data = tmp_path / "data"
+    assert main(["coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(data), "--tls-cert",
+                 str(tmp_path / "server.pem"), "--tls-key", str(tmp_path / "server.key")]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: {tmp_path / 'server.key'}: cannot read the TLS private key "
+                                       "(No such file or directory)\n")
+    assert not data.exists()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["coordinator", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data)]) == 2
+    assert "address already in use" in capsys.readouterr().err
+    assert not data.exists()
 
 
 def test_a_data_dir_whose_artifacts_folder_is_a_file_is_one_line(tmp_path: Path, capsys) -> None:
