@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 bb25d13d63cc830312f46e74f31a621b796e719e04277cd33ca4af5d5e167f10
+# from rankscope.proto, sha256 220464a7daeb973e78d0c7b7c36f6fec4c560f5f3d35ad7b7321f1807ccb35bb
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -360,6 +360,50 @@ class UploadStatus(_message.Message):
     known: bool
     def __init__(self, upload_id: _Optional[str] = ..., committed_offset: _Optional[int] = ..., complete: _Optional[bool] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., known: _Optional[bool] = ...) -> None: ...
 
+class ListArtifactsRequest(_message.Message):
+    __slots__ = ("sweep_id", "kinds")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    kinds: _containers.RepeatedScalarFieldContainer[ArtifactKind]
+    def __init__(self, sweep_id: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[ArtifactKind, str]]] = ...) -> None: ...
+
+class StoredArtifact(_message.Message):
+    __slots__ = ("node", "artifact")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    artifact: ArtifactRef
+    def __init__(self, node: _Optional[str] = ..., artifact: _Optional[_Union[ArtifactRef, _Mapping]] = ...) -> None: ...
+
+class ListArtifactsReply(_message.Message):
+    __slots__ = ("sweep_id", "artifacts", "upload_raw")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_RAW_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    artifacts: _containers.RepeatedCompositeFieldContainer[StoredArtifact]
+    upload_raw: bool
+    def __init__(self, sweep_id: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[StoredArtifact, _Mapping]]] = ..., upload_raw: _Optional[bool] = ...) -> None: ...
+
+class FetchArtifactRequest(_message.Message):
+    __slots__ = ("sweep_id", "node", "name")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    node: str
+    name: str
+    def __init__(self, sweep_id: _Optional[str] = ..., node: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ArtifactChunk(_message.Message):
+    __slots__ = ("offset", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class CancelSweepRequest(_message.Message):
     __slots__ = ("sweep_id", "reason")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -517,17 +561,19 @@ class GetReportRequest(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("sweep_id", "state", "report_json", "path", "missing", "error")
+    __slots__ = ("sweep_id", "state", "report_json", "path", "missing", "error", "raw_exports")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    RAW_EXPORTS_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: SweepState
     report_json: str
     path: str
     missing: _containers.RepeatedScalarFieldContainer[str]
     error: str
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., report_json: _Optional[str] = ..., path: _Optional[str] = ..., missing: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
+    raw_exports: int
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., report_json: _Optional[str] = ..., path: _Optional[str] = ..., missing: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., raw_exports: _Optional[int] = ...) -> None: ...
