@@ -9,7 +9,6 @@ coordinator restart costs only a retry from the new committed offset; a refusal
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 import grpc
 
 from rankscope import output
+from rankscope.checksum import sha256_of
 from rankscope.errors import TransportError, UploadRejected
 from rankscope.memory import keep_chunk_memory
 from rankscope.proto.v1 import chunks
@@ -79,11 +79,6 @@ class Uploaded:
     def ref(self) -> pb.ArtifactRef:
         return pb.ArtifactRef(name=self.name, sha256=self.sha256, size=self.size, kind=self.kind,
                               upload_id=self.upload_id, ranks=list(self.ranks))
-
-
-def sha256_of(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def upload_id(artifact: Artifact, sha256: str) -> str:
