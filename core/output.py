@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from rankscope import atomic
-from rankscope.errors import InputError
+from rankscope.errors import InputError, RankscopeError
 
 
 # Names we make from users' names (node names run to 253 characters) fit a file name
@@ -100,10 +100,13 @@ def _unwritable(folder: Path) -> str | None:
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """`atomic.replacing` with ``path``'s own suffix (writers that go by it still can),
-    its OSError one InputError naming ``path``."""
+    its OSError one InputError naming ``path``; a RankscopeError of the writer's own (a
+    TransportError is an OSError too) passes as it is."""
     try:
         with atomic.replacing(Path(path), keep_suffix=True) as tmp:
             yield tmp
+    except RankscopeError:
+        raise
     except OSError as exc:
         raise InputError(f"cannot write the output ({exc.strerror or exc})", path=path) from None
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rankscope import output
-from rankscope.errors import InputError
+from rankscope.errors import InputError, TransportError
 
 
 def test_a_whole_write_replaces_and_keeps_the_suffix_for_writers_that_go_by_it(tmp_path: Path) -> None:
@@ -16,6 +16,18 @@ def test_a_whole_write_replaces_and_keeps_the_suffix_for_writers_that_go_by_it(t
         assert tmp.suffix == ".png" and tmp.parent == tmp_path
         tmp.write_bytes(b"new")
     assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["plot.png"]
+
+
+def test_a_writer_that_fails_with_its_own_error_is_not_told_as_a_write_failure(tmp_path: Path) -> None:
+    # A download cut off while its file is written: a TransportError is an OSError too, and
+    # came out as "cannot write the output", exit 2
+    path = tmp_path / "rank0.sqlite"
+    path.write_bytes(b"old")
+    with pytest.raises(TransportError, match="^coordinator unreachable$"):
+        with output.replacing(path) as tmp:
+            tmp.write_bytes(b"half")
+            raise TransportError("coordinator unreachable")
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["rank0.sqlite"]
 
 
 def test_where_output_plainly_cannot_go(tmp_path: Path) -> None:
