@@ -202,6 +202,18 @@ class ArtifactStore:
     def has(self, sha256: str) -> bool:
         return _SHA256.fullmatch(sha256) is not None and self.path_of(sha256).is_file()
 
+    def read(self, sha256: str, chunk_bytes: int) -> Iterator[bytes]:
+        """A stored object's bytes in order, ``chunk_bytes`` at a time, as they are sent on: an
+        export of GiBs is never whole in memory. One that cannot be read is a RankscopeError."""
+        try:
+            with open(self.path_of(sha256), "rb") as handle:
+                while data := handle.read(chunk_bytes):
+                    yield data
+        except OSError as exc:
+            error = RankscopeError(f"stored artifact {sha256[:12]}... cannot be read ({exc.strerror or exc})")
+            log.error("%s under %s", error, self.objects)
+            raise error from None
+
     def committed(self, upload_id: str) -> tuple[UploadHeader, int] | None:
         """The header and committed offset of an upload in progress, or None."""
         partial = self._lookup(upload_id)

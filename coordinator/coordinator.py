@@ -14,7 +14,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -57,6 +57,10 @@ class NotAuthenticated(RankscopeError):
 
 class NotPermitted(RankscopeError):
     """An agent acting for a node other than its own."""
+
+
+class UnknownArtifact(InputError):
+    """A sweep has no stored artifact of that node and name."""
 
 
 @dataclass(frozen=True)
@@ -319,6 +323,23 @@ class Coordinator:
                 self.artifacts.drop_partials(header.sweep_id)
         if writer.result is not None:
             self.store.record_upload(header, writer.result, self.clock())
+
+    def stored_artifacts(self, sweep_id: str, kinds: Collection[str] = ()) -> list[UploadHeader]:
+        """A sweep's stored artifacts of ``kinds`` (every kind where empty), by node and name:
+        each node's file once, its latest upload. An unknown sweep is UnknownSweep."""
+        uploads = self.store.uploads(sw.check_sweep_id(sweep_id))
+        if not uploads:
+            self.sweep(sweep_id)  # none stored, or no such sweep: say which
+        latest = {(u.node, u.name): u for u in uploads}  # in the order they completed: the last stays
+        return [u for _, u in sorted(latest.items()) if not kinds or u.kind in kinds]
+
+    def read_artifact(self, sweep_id: str, node: str, name: str) -> Iterator[bytes]:
+        """The bytes of a sweep's stored artifact, in chunks of the configured chunk size."""
+        upload = self.store.latest_upload(sw.check_sweep_id(sweep_id), node, name)
+        if upload is None:
+            self.sweep(sweep_id)  # an unknown sweep says so
+            raise UnknownArtifact(f"sweep {sweep_id} has no stored artifact {name!r} of node {node!r}")
+        return self.artifacts.read(upload.sha256, self.config.chunk_bytes)
 
     def _ended(self, sweep_id: str) -> bool:
         """Known to have ended: no longer active, and stored as final (under the lock)."""

@@ -31,6 +31,7 @@ from rankscope.coordinator.coordinator import (
     Coordinator,
     NotAuthenticated,
     NotPermitted,
+    UnknownArtifact,
 )
 from rankscope.coordinator.registry import Connection, NodeTakenOver, SessionLimit, UnknownAgent
 from rankscope.coordinator.reports import Analyze
@@ -64,6 +65,7 @@ _STATUS: tuple[tuple[type[RankscopeError], grpc.StatusCode], ...] = (
     (NotAuthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (NotPermitted, grpc.StatusCode.PERMISSION_DENIED),
     (sw.UnknownSweep, grpc.StatusCode.NOT_FOUND),
+    (UnknownArtifact, grpc.StatusCode.NOT_FOUND),
     (UnknownAgent, grpc.StatusCode.NOT_FOUND),
     (NodeTakenOver, grpc.StatusCode.ALREADY_EXISTS),
     (SessionLimit, grpc.StatusCode.RESOURCE_EXHAUSTED),
@@ -113,6 +115,16 @@ def _dcgm(value: int) -> str:
 def _kind(value: int) -> str:
     name = pb.ArtifactKind.Name(value).removeprefix("ARTIFACT_KIND_").lower()
     return "" if name == "unspecified" else name
+
+
+def _kind_value(kind: str) -> int:
+    return pb.ArtifactKind.Value("ARTIFACT_KIND_" + kind.upper())
+
+
+def _stored(upload: art.UploadHeader) -> pb.StoredArtifact:
+    return pb.StoredArtifact(node=upload.node, artifact=pb.ArtifactRef(
+        name=upload.name, sha256=upload.sha256, size=upload.size, kind=_kind_value(upload.kind),
+        upload_id=upload.upload_id, ranks=upload.ranks))
 
 
 def _header(message: pb.UploadHeader) -> art.UploadHeader:
@@ -335,8 +347,23 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
     @_mapped
     def GetReport(self, request: pb.GetReportRequest, context: grpc.ServicerContext) -> pb.ReportReply:
         sweep, text, path = self.coordinator.report(request.sweep_id)
+        raw = self.coordinator.stored_artifacts(request.sweep_id, kinds=("raw",))
         return pb.ReportReply(sweep_id=sweep.sweep_id, state=sweep_message(sweep).state, report_json=text, path=path,
-                              missing=sweep.missing, error=sweep.error)
+                              missing=sweep.missing, error=sweep.error, raw_exports=len(raw))
+
+    @_mapped
+    def ListArtifacts(self, request: pb.ListArtifactsRequest, context: grpc.ServicerContext) -> pb.ListArtifactsReply:
+        stored = self.coordinator.stored_artifacts(request.sweep_id, kinds={_kind(k) for k in request.kinds})
+        sweep = self.coordinator.sweep(request.sweep_id)
+        return pb.ListArtifactsReply(sweep_id=sweep.sweep_id, artifacts=[_stored(u) for u in stored],
+                                     upload_raw=sweep.spec.upload_raw)
+
+    @_mapped
+    def FetchArtifact(self, request: pb.FetchArtifactRequest, context: grpc.ServicerContext) -> Iterator[pb.ArtifactChunk]:
+        offset = 0
+        for data in self.coordinator.read_artifact(request.sweep_id, request.node, request.name):
+            yield pb.ArtifactChunk(offset=offset, data=data)
+            offset += len(data)
 
 
 def _describe(targets: pb.Targets) -> str:

@@ -58,7 +58,17 @@ CREATE TABLE IF NOT EXISTS reports (
     created_ns INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sweeps_by_time ON sweeps(created_ns);
+CREATE INDEX IF NOT EXISTS uploads_by_sweep ON uploads(sweep_id);
 """
+
+
+_UPLOAD_COLUMNS = "upload_id, sweep_id, node, name, size, sha256, kind, ranks"
+
+
+def _upload(row: tuple) -> UploadHeader:
+    """An upload as stored (`_UPLOAD_COLUMNS`); its sha256 the one verified."""
+    upload_id, sweep_id, node, name, size, sha256, kind, ranks = row
+    return UploadHeader(upload_id, sweep_id, node, name, size, sha256, kind, tuple(json.loads(ranks)))
 
 
 class UnreadableSweep(RankscopeError):
@@ -201,22 +211,25 @@ class Store:
 
     def completed_upload(self, upload_id: str) -> tuple[UploadHeader, str] | None:
         """The header and verified sha256 of a completed upload, or None."""
-        rows = self._read(
-            "SELECT upload_id, sweep_id, node, name, size, sha256, kind, ranks FROM uploads WHERE upload_id = ?",
-            (upload_id,),
-        )
+        rows = self._read(f"SELECT {_UPLOAD_COLUMNS} FROM uploads WHERE upload_id = ?", (upload_id,))
         if not rows:
             return None
-        upload_id, sweep_id, node, name, size, sha256, kind, ranks = rows[0]
-        return UploadHeader(upload_id, sweep_id, node, name, size, sha256, kind, tuple(json.loads(ranks))), sha256
+        header = _upload(rows[0])
+        return header, header.sha256
 
-    def uploads(self, sweep_id: str | None = None) -> list[tuple[str, str, str, str]]:
-        """(upload_id, node, name, sha256) of completed uploads, of one sweep or all."""
-        sql = "SELECT upload_id, node, name, sha256 FROM uploads"
+    def uploads(self, sweep_id: str | None = None) -> list[UploadHeader]:
+        """Completed uploads (the sha256 verified), of one sweep or all, in the order they completed."""
+        sql = f"SELECT {_UPLOAD_COLUMNS} FROM uploads"
         params: tuple = ()
         if sweep_id is not None:
             sql, params = sql + " WHERE sweep_id = ?", (sweep_id,)
-        return self._read(sql + " ORDER BY upload_id", params)
+        return [_upload(row) for row in self._read(sql + " ORDER BY completed_ns, upload_id", params)]
+
+    def latest_upload(self, sweep_id: str, node: str, name: str) -> UploadHeader | None:
+        """The last completed upload of ``node``'s file ``name`` in the sweep, or None."""
+        rows = self._read(f"SELECT {_UPLOAD_COLUMNS} FROM uploads WHERE sweep_id = ? AND node = ? AND name = ? "
+                          "ORDER BY completed_ns DESC, upload_id DESC LIMIT 1", (sweep_id, node, name))
+        return _upload(rows[0]) if rows else None
 
     # reports ------------------------------------------------------------------------
 

@@ -284,7 +284,7 @@ def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, di
             done = final(client, sweep_id)
         assert done.state == pb.SWEEP_STATE_ANALYSED and not done.missing
         uploads = Store(tmp_path / "data" / "state.sqlite").uploads(sweep_id)
-        assert sorted(node for _, node, _, _ in uploads) == [first, second]
+        assert sorted(upload.node for upload in uploads) == [first, second]
         b.close()
     finally:
         wire.stop(running)

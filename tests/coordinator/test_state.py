@@ -39,7 +39,9 @@ def test_store_keeps_agents_sweeps_uploads_and_reports_across_a_reopen(tmp_path:
     assert again.sweep("s1") == sweep
     assert [s.sweep_id for s in again.sweeps(states=(sw.SweepState.RUNNING,))] == ["s1"]
     assert again.completed_upload("u1") == (header, "c" * 64)
-    assert again.uploads("s1") == [("u1", "node-a", "d.parquet", "c" * 64)]
+    assert again.uploads("s1") == [header] and again.uploads("s2") == []
+    assert again.latest_upload("s1", "node-a", "d.parquet") == header
+    assert again.latest_upload("s1", "node-b", "d.parquet") is None
     assert again.report_path("s1") == tmp_path / "s1.json"
     with pytest.raises(sw.UnknownSweep):
         again.sweep("s2")
