@@ -1,4 +1,4 @@
-"""The user's side of the coordinator: start sweeps, watch them, list them, fetch reports.
+"""The user's side of the coordinator: start sweeps, watch them, list them, fetch reports and artifacts.
 
 gRPC failures come back as rankscope errors with one-line messages, so the CLI
 prints them like any other user-facing error.
@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -31,6 +32,11 @@ _USER_MISTAKES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
 })
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# A download's deadline counts its file at this rate (the agents' uploads assume the same).
+MIN_FETCH_BPS = 1 << 20
+# Chunks a download reads ahead of its writer: its memory stays a few MiB, the file any size.
+FETCH_AHEAD = 8
+T = TypeVar("T")
 
 
 def rpc_error(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> RankscopeError:
@@ -95,37 +101,39 @@ class SweepClient:
     def report(self, sweep_id: str) -> pb.ReportReply:
         return self._call(self.stub.GetReport, pb.GetReportRequest(sweep_id=sweep_id))
 
-    def watch(self, sweep_id: str, *, reconnect_s: float = 120.0) -> Iterator[pb.SweepEvent]:
-        """Progress events until the sweep is final; rides out a coordinator restart of up to ``reconnect_s``.
+    def artifacts(self, sweep_id: str, kinds: Sequence[int] = ()) -> pb.ListArtifactsReply:
+        """The sweep's stored artifacts of ``kinds`` (ArtifactKind values; every kind where empty)."""
+        return self._call(self.stub.ListArtifacts, pb.ListArtifactsRequest(sweep_id=sweep_id, kinds=list(kinds)))
 
-        The stream is read on a thread of its own, the caller waits on a queue: a Ctrl-C then
-        lands in that wait, never inside gRPC's iterator, where it leaves the call unfinished
-        and ``channel.close()`` waiting for it for ever (grpc/grpc#19973: seen here, a capture
-        --wait hung on Ctrl-C). The watch's call is cancelled when the caller stops reading."""
-        events: queue.Queue[tuple[pb.SweepEvent | None, BaseException | None]] = queue.Queue()
-        watch = _Watch()
+    def fetch(self, sweep_id: str, node: str, artifact: pb.ArtifactRef) -> Iterator[bytes]:
+        """One stored artifact's bytes in order, read a few chunks ahead of the caller (`_read_aside`)."""
+        reading = _Reading()
+        return _read_aside(self._chunks(sweep_id, node, artifact, reading), reading,
+                           f"fetch-{artifact.name}", FETCH_AHEAD)
 
-        def pump() -> None:
-            try:
-                for event in self._events(sweep_id, reconnect_s, watch):
-                    events.put((event, None))
-                events.put((None, None))
-            except BaseException as exc:  # handed to the caller, raised there
-                events.put((None, exc))
-
-        threading.Thread(target=pump, name=f"watch-{sweep_id}", daemon=True).start()
+    def _chunks(self, sweep_id: str, node: str, artifact: pb.ArtifactRef, reading: _Reading) -> Iterator[bytes]:
+        request = pb.FetchArtifactRequest(sweep_id=sweep_id, node=node, name=artifact.name)
+        # gRPC sets no deadline by default: the file's size at the slowest rate accepted, plus slack.
+        call = self.stub.FetchArtifact(request, timeout=RPC_TIMEOUT_S + artifact.size / MIN_FETCH_BPS)
+        offset = 0
         try:
-            while True:
-                event, error = events.get()
-                if error is not None:
-                    raise error
-                if event is None:
-                    return
-                yield event
-        finally:
-            watch.cancel()
+            for chunk in reading.follow(call):
+                if chunk.offset != offset:
+                    raise TransportError(f"coordinator at {self.address} sent {node}/{artifact.name} out of order "
+                                         f"(bytes at {chunk.offset}, expected {offset})")
+                offset += len(chunk.data)
+                yield chunk.data
+        except grpc.RpcError as exc:
+            if not reading.cancelled:
+                raise rpc_error(self.address, exc, self.tls) from None
 
-    def _events(self, sweep_id: str, reconnect_s: float, watch: _Watch) -> Iterator[pb.SweepEvent]:
+    def watch(self, sweep_id: str, *, reconnect_s: float = 120.0) -> Iterator[pb.SweepEvent]:
+        """Progress events until the sweep is final; rides out a coordinator restart of up to
+        ``reconnect_s``. Read on a thread of its own (`_read_aside`)."""
+        watch = _Reading()
+        return _read_aside(self._events(sweep_id, reconnect_s, watch), watch, f"watch-{sweep_id}")
+
+    def _events(self, sweep_id: str, reconnect_s: float, watch: _Reading) -> Iterator[pb.SweepEvent]:
         lost_since: float | None = None
         while not watch.cancelled:
             try:
@@ -154,8 +162,47 @@ class SweepClient:
             raise rpc_error(self.address, exc, self.tls) from None
 
 
-class _Watch:
-    """The call a watch reads, to cancel from the caller's thread."""
+def _read_aside(items: Iterator[T], reading: _Reading, name: str, ahead: int = 0) -> Iterator[T]:
+    """``items`` (a stream's) read on a thread of its own, at most ``ahead`` of the caller (0:
+    no bound), the caller waiting on a queue: a Ctrl-C then lands in that wait, never inside
+    gRPC's iterator, where it leaves the call unfinished and ``channel.close()`` waiting for it
+    for ever (grpc/grpc#19973: seen here, a capture --wait hung on Ctrl-C). ``reading``'s call
+    is cancelled when the caller stops reading."""
+    box: queue.Queue[tuple[T | None, BaseException | None]] = queue.Queue(maxsize=ahead)
+
+    def hand(entry: tuple[T | None, BaseException | None]) -> bool:
+        while not reading.cancelled:  # a full box waits for the caller, unless it stopped reading
+            try:
+                box.put(entry, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def pump() -> None:
+        try:
+            for item in items:
+                if not hand((item, None)):
+                    return
+            hand((None, None))
+        except BaseException as exc:  # handed to the caller, raised there
+            hand((None, exc))
+
+    threading.Thread(target=pump, name=name, daemon=True).start()
+    try:
+        while True:
+            item, error = box.get()
+            if error is not None:
+                raise error
+            if item is None:
+                return
+            yield item
+    finally:
+        reading.cancel()
+
+
+class _Reading:
+    """The call a stream is read from, to cancel from the caller's thread."""
 
     def __init__(self) -> None:
         self.cancelled = False
