@@ -1,8 +1,9 @@
-"""`rankscope coordinator`, `capture`, `sweeps` and `report`."""
+"""`rankscope coordinator`, `capture`, `sweeps`, `cancel`, `report` and `fetch`."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -14,10 +15,12 @@ from pathlib import Path
 
 from rankscope.analysis.report import ranks_text
 from rankscope.cli import parse_duration, parse_labels
+from rankscope.checksum import sha256_of
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
 from rankscope import output, signals, tls
-from rankscope.errors import InputError, TransportError
+from rankscope.errors import InputError, RankscopeError, TransportError
+from rankscope.memory import keep_chunk_memory
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
@@ -28,6 +31,8 @@ EXIT_FINDINGS = 4  # with --fail-on-findings: a straggler or a slow link (a sche
 # With --fail-on-findings: the report could not judge stragglers (a one-step window, too few
 # ranks). Not a clean bill: passing would hide a sweep that checked nothing.
 EXIT_NOT_JUDGED = 5
+# `fetch --kind`: the artifact kinds by the names users give them.
+_KINDS = {"raw": pb.ARTIFACT_KIND_RAW, "digest": pb.ARTIFACT_KIND_DIGEST}
 
 
 def parse_count(text: str) -> int:
@@ -133,6 +138,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--plot", type=Path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     report.set_defaults(func=run_report)
 
+    fetch = subparsers.add_parser(
+        "fetch", help="download a sweep's raw exports and digests from the coordinator",
+        description="Download what a sweep's agents uploaded to the coordinator (raw profiler exports, where the "
+                    "capture ran with --upload-raw, and digests) into DIR/<node>/<name>. Each file is written whole "
+                    "or not at all, its sha256 checked against the coordinator's record; a file already there with "
+                    "that sha256 is kept.")
+    add_coordinator(fetch)
+    fetch.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
+    fetch.add_argument("-o", "--output", type=Path, metavar="DIR", help="where to write (default: ./SWEEP)")
+    fetch.add_argument("--kind", choices=tuple(_KINDS), help="only raw exports or only digests (default: both)")
+    fetch.set_defaults(func=run_fetch)
+
 
 def _client(args: argparse.Namespace) -> SweepClient:
     return SweepClient(args.coordinator, tls.client_files(args))
@@ -198,12 +215,12 @@ def run_capture(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             # Only the waiting stops: the nodes capture on, and the coordinator analyses.
             print(f"rankscope: stopped waiting; sweep {sweep.sweep_id} goes on "
-                  f"({_report_command(args, sweep.sweep_id)} prints its report)", file=sys.stderr)
+                  f"({_command_line(args, 'report', sweep.sweep_id)} prints its report)", file=sys.stderr)
             return EXIT_INTERRUPTED
         if final.state == pb.SWEEP_STATE_FAILED:
             print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
             return EXIT_FAILED
-        _print_report(client.report(final.sweep_id), args.format, args.plot)
+        _print_report(client.report(final.sweep_id), args)
         if args.fail_on_findings:  # the health sweep's question: did the report flag anything?
             return _health(final)
         return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
@@ -217,14 +234,14 @@ def _health(sweep: pb.Sweep) -> int:
     return EXIT_NOT_JUDGED if sweep.stragglers_not_judged else 0
 
 
-def _report_command(args: argparse.Namespace, sweep_id: str) -> str:
-    """The `rankscope report` line that reaches this sweep's coordinator as this command did:
-    a hint without --coordinator only failed, asking for it, where no $RANKSCOPE_COORDINATOR is set."""
-    words = ["rankscope", "report", "--coordinator", args.coordinator]
+def _command_line(args: argparse.Namespace, command: str, *words: str) -> str:
+    """The `rankscope COMMAND ... WORDS` line that reaches this sweep's coordinator as this command
+    did: a hint without --coordinator only failed, asking for it, where no $RANKSCOPE_COORDINATOR is set."""
+    line = ["rankscope", command, "--coordinator", args.coordinator]
     for flag in ("tls_ca", "tls_cert", "tls_key"):
         if getattr(args, flag, None) is not None:
-            words += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    return shlex.join([*words, sweep_id])
+            line += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return shlex.join([*line, *words])
 
 
 def _say_started(sweep: pb.Sweep) -> None:
@@ -279,7 +296,9 @@ def _check_plot(path: Path) -> None:
     plot.check(path)  # fail before starting a sweep
 
 
-def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> None:
+def _print_report(reply: pb.ReportReply, args: argparse.Namespace) -> None:
+    """The report in ``args.format`` on stdout (and ``args.plot`` drawn), where it is on stderr."""
+    fmt, plot_path = args.format, args.plot
     if not reply.report_json:
         raise InputError(f"sweep {reply.sweep_id} has no report yet (state {state_name(reply.state)})")
     if fmt == "json":
@@ -300,7 +319,12 @@ def _print_report(reply: pb.ReportReply, fmt: str, plot_path: Path | None) -> No
             plot.save(report, plot_path)
     if reply.missing:
         print(f"rankscope: sweep {reply.sweep_id} is partial; missing nodes: {', '.join(reply.missing)}", file=sys.stderr)
-    print(f"report: {reply.path}", file=sys.stderr)
+    # The coordinator's path, which on another host (a pod) is no file here.
+    print(f"report on the coordinator's host: {reply.path}", file=sys.stderr)
+    if reply.raw_exports:
+        print(f"raw exports: {reply.raw_exports} on the coordinator; "
+              f"{_command_line(args, 'fetch', '--kind', 'raw', reply.sweep_id)} downloads them into ./{reply.sweep_id}",
+              file=sys.stderr)
 
 
 def run_sweeps(args: argparse.Namespace) -> int:
@@ -358,7 +382,7 @@ def run_cancel(args: argparse.Namespace) -> int:
         sweep = client.cancel(args.sweep, args.reason)
     stopped = [n.node for n in sweep.nodes if n.reason == args.reason]
     print(f"sweep {sweep.sweep_id}: stopped {len(stopped)} node(s) ({', '.join(stopped) or 'none'}); "
-          + (f"the nodes that finished are being analysed ({_report_command(args, sweep.sweep_id)})"
+          + (f"the nodes that finished are being analysed ({_command_line(args, 'report', sweep.sweep_id)})"
              if sweep.state == pb.SWEEP_STATE_ANALYSING else f"now {state_name(sweep.state)}: {sweep.error}"),
           file=sys.stderr)
     return 0
@@ -372,5 +396,108 @@ def run_report(args: argparse.Namespace) -> int:
         if reply.state == pb.SWEEP_STATE_FAILED:  # it never will have a report: say why, as capture --wait does
             print(f"rankscope: sweep {reply.sweep_id} failed: {reply.error}", file=sys.stderr)
             return EXIT_FAILED
-        _print_report(reply, args.format, args.plot)
+        _print_report(reply, args)
     return 0
+
+
+# fetch -----------------------------------------------------------------------------------
+
+PROGRESS_FROM_BYTES = 16 << 20  # smaller downloads take no time worth watching
+
+
+class CorruptDownload(RankscopeError):
+    """An artifact arrived, but not as the coordinator recorded it (size or sha256)."""
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    keep_chunk_memory()  # each 1 MiB chunk reuses freed pages, as the coordinator's do
+    with _client(args) as client:
+        listing = client.artifacts(args.sweep, [_KINDS[args.kind]] if args.kind else [])
+        _check_found(listing, args.kind)
+        folder = output.make_folder(args.output or Path(args.sweep))
+        todo = [(stored, _destination(folder, stored)) for stored in listing.artifacts]
+        todo = [(stored, path) for stored, path in todo if not _already_there(path, stored.artifact)]
+        total = sum(stored.artifact.size for stored, _ in todo)
+        with _Progress(f"fetching sweep {listing.sweep_id}", total) as progress:
+            for stored, path in todo:
+                _fetch_one(client, listing.sweep_id, stored, path, progress)
+    kept = len(listing.artifacts) - len(todo)
+    print(f"fetched {len(todo)} file(s) ({total / (1 << 20):.1f} MiB) of sweep {listing.sweep_id} into {folder}"
+          + (f"; {kept} already there" if kept else ""))
+    if not args.kind and not any(s.artifact.kind == pb.ARTIFACT_KIND_RAW for s in listing.artifacts):
+        print(f"rankscope: sweep {listing.sweep_id} has no raw exports: {_why_no_raw(listing)}; "
+              "fetched its digests", file=sys.stderr)
+    return 0
+
+
+def _check_found(listing: pb.ListArtifactsReply, kind: str | None) -> None:
+    """Nothing to fetch is an error that says why."""
+    if listing.artifacts:
+        return
+    if kind == "raw":
+        raise InputError(f"sweep {listing.sweep_id} has no raw exports: {_why_no_raw(listing)}")
+    what = "digests" if kind == "digest" else "artifacts"
+    raise InputError(f"sweep {listing.sweep_id} has no {what} stored: none of its nodes has uploaded one")
+
+
+def _why_no_raw(listing: pb.ListArtifactsReply) -> str:
+    if not listing.upload_raw:
+        return "it was captured without --upload-raw"
+    return "none has been uploaded (the report's warnings name any that could not be)"
+
+
+def _destination(folder: Path, stored: pb.StoredArtifact) -> Path:
+    """DIR/<node>/<name>; names that would lead out of DIR are refused, not followed."""
+    for part in (stored.node, stored.artifact.name):
+        if part in ("", ".", "..") or Path(part).name != part:
+            raise RankscopeError(f"the coordinator names an artifact {stored.node}/{stored.artifact.name}, "
+                                 "which is no plain node and file name: nothing written for it")
+    return folder / stored.node / stored.artifact.name
+
+
+def _already_there(path: Path, artifact: pb.ArtifactRef) -> bool:
+    """``path`` holds the artifact's bytes already (its size first: a mismatch costs no hashing)."""
+    return path.is_file() and path.stat().st_size == artifact.size and sha256_of(path) == artifact.sha256
+
+
+def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, path: Path, progress: _Progress) -> None:
+    """One artifact to ``path``, written whole or not at all: bytes that are not the ones the
+    coordinator recorded leave no file (and an older one at ``path`` as it was)."""
+    artifact = stored.artifact
+    output.make_folder(path.parent)
+    hasher, size = hashlib.sha256(), 0
+    with output.replacing(path) as tmp:
+        with open(tmp, "wb") as handle:
+            for data in client.fetch(sweep_id, stored.node, artifact):
+                handle.write(data)
+                hasher.update(data)
+                size += len(data)
+                progress.add(len(data))
+        if (size, hasher.hexdigest()) != (artifact.size, artifact.sha256):
+            raise CorruptDownload(f"the {size} bytes received have sha256 {hasher.hexdigest()}, the coordinator "
+                                  f"recorded {artifact.sha256} ({artifact.size} bytes): not written (its stored copy "
+                                  "may be damaged)", path=path)
+
+
+class _Progress:
+    """Bytes fetched of the total, on one line of stderr, where it is a terminal and the download big."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.show = total >= PROGRESS_FROM_BYTES and sys.stderr.isatty()
+        self.drawn = 0.0
+
+    def add(self, count: int) -> None:
+        self.done += count
+        now = time.monotonic()
+        if self.show and (now - self.drawn >= 0.1 or self.done == self.total):  # at most 10 lines a second
+            self.drawn = now
+            print(f"\r{self.label}: {self.done / (1 << 20):.1f} of {self.total / (1 << 20):.1f} MiB", end="",
+                  file=sys.stderr, flush=True)
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.show and self.drawn:  # an error's line starts on a line of its own
+            print(file=sys.stderr)

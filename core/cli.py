@@ -29,6 +29,7 @@ COMMANDS = {
     "sweeps": "rankscope.coordinator.commands",
     "report": "rankscope.coordinator.commands",
     "cancel": "rankscope.coordinator.commands",
+    "fetch": "rankscope.coordinator.commands",
     "agent": "rankscope.agent.commands",
     "rank": "rankscope.agent.rank",
     "demo": "rankscope.demo",

@@ -59,8 +59,10 @@ def test_capture_wait_shows_progress_and_prints_the_report(coordinator, wire, di
     for name in digests:
         assert any(name in line and "dcgm_resumed" in line for line in err.splitlines())
         assert any(name in line and "analysed" in line for line in err.splitlines())
-    report_line = [line for line in err.splitlines() if line.startswith("report: ")]
-    assert report_line and Path(report_line[0].removeprefix("report: ")).is_file()
+    # The path is the coordinator's, said so: on a remote one (a pod) it is no file here.
+    report_line = [line for line in err.splitlines() if line.startswith("report on the coordinator's host: ")]
+    assert report_line and Path(report_line[0].removeprefix("report on the coordinator's host: ")).is_file()
+    assert "raw exports" not in err  # none uploaded: no `rankscope fetch` hint
     # The listing names the stragglers by rank and node, for sweeps scheduled to run unattended.
     assert main(["sweeps", "--coordinator", coordinator.address]) == 0
     listing = capsys.readouterr().out.splitlines()
@@ -356,10 +358,10 @@ def test_ctrl_c_while_waiting_leaves_the_sweep_running_and_says_so(coordinator, 
 
 
 def test_the_report_hint_carries_the_coordinator_and_tls_flags_it_needs() -> None:
-    from rankscope.coordinator.commands import _report_command
+    from rankscope.coordinator.commands import _command_line
 
     args = argparse.Namespace(coordinator="head:7443", tls_ca=Path("/etc/ca.pem"), tls_cert=None, tls_key=None)
-    assert _report_command(args, "S1") == "rankscope report --coordinator head:7443 --tls-ca /etc/ca.pem S1"
+    assert _command_line(args, "report", "S1") == "rankscope report --coordinator head:7443 --tls-ca /etc/ca.pem S1"
 
 
 def test_a_coordinator_that_cannot_serve_leaves_no_data_dir_behind(tmp_path: Path, capsys) -> None:

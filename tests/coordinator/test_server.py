@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -119,7 +120,7 @@ def test_a_report_this_client_cannot_read_is_one_line_not_a_traceback() -> None:
 
     for text in ('{"garbage', '{"schema": "rankscope.report/1"}'):
         with pytest.raises(InputError, match="^the report of sweep s1 cannot be read here .*; --format json prints it"):
-            _print_report(pb.ReportReply(sweep_id="s1", report_json=text), "table", None)
+            _print_report(pb.ReportReply(sweep_id="s1", report_json=text), argparse.Namespace(format="table", plot=None))
 
 
 def test_a_silent_node_makes_the_sweep_partial_with_it_named(coordinator, wire, digests) -> None:
