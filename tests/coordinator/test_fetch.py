@@ -1,0 +1,187 @@
+"""`rankscope fetch`: a sweep's stored artifacts back from the coordinator, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rankscope.agent.uploader import Uploader
+from rankscope.cli import main
+from rankscope.coordinator import commands
+from rankscope.proto.v1 import rankscope_pb2 as pb
+
+# One simulated node of two ranks: its digest and two raw exports of about 120 kB each.
+SIM = {"sim.node_index": "0", "sim.nodes": "1", "sim.gpus_per_node": "2", "sim.tp": "2", "sim.steps": "8",
+       "sim.seed": "5"}
+CHUNK = 16 << 10  # the coordinator's chunk size here: every raw export takes several
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, hidden ones too (a temporary file left behind would show)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def small_chunks(tmp_path: Path, wire):
+    running = wire.start(tmp_path / "data", chunk_bytes=CHUNK)
+    yield running
+    wire.stop(running)
+
+
+def sweep_of(running, agent, *, upload_raw: bool) -> str:
+    """A sweep started on the fake ``agent``'s node, its StartCapture taken."""
+    sweep = running.sweeps.StartSweep(pb.StartSweepRequest(
+        targets=pb.Targets(nodes=[agent.node]), duration_s=60, backend="sim", upload_raw=upload_raw), timeout=10)
+    assert agent.next_command().start.sweep_id == sweep.sweep_id
+    return sweep.sweep_id
+
+
+def upload(wire, running, agent, sweep_id: str, name: str, data: bytes, kind: int = pb.ARTIFACT_KIND_RAW) -> str:
+    """``data`` stored as the node's artifact ``name`` in the sweep; its sha256."""
+    head = wire.header(data, node=agent.node, token=agent.token, name=name, upload_id=f"{sweep_id}.{name}")
+    head.sweep_id, head.kind = sweep_id, kind
+    reply = running.agents.Upload(wire.chunks(head, data), timeout=20)
+    assert reply.complete
+    return reply.sha256
+
+
+def test_fetch_downloads_what_a_real_agent_uploaded(small_chunks, wire, tmp_path, monkeypatch, capsys) -> None:
+    uploaded: dict[str, bytes] = {}
+    upload_file = Uploader.upload
+
+    def recording(self, artifact, **kwargs):  # the bytes as the agent sends them: it removes its copies after
+        uploaded[artifact.name] = artifact.path.read_bytes()
+        return upload_file(self, artifact, **kwargs)
+
+    monkeypatch.setattr(Uploader, "upload", recording)
+    agent = wire.real_agent(small_chunks.address, tmp_path)
+    try:
+        assert agent.registered.wait(20), "the agent never registered"
+        options = [word for key, value in SIM.items() for word in ("--option", f"{key}={value}")]
+        assert main(["capture", "--coordinator", small_chunks.address, "--nodes", "tls-node", "--backend", "sim",
+                     "--duration", "200ms", "--upload-raw", "--wait", "--format", "json", *options]) == 0
+        out, err = capsys.readouterr()
+        sweep_id = json.loads(out)["sweep"]["sweep_id"]
+    finally:
+        agent.session.close()
+    assert sorted(uploaded) == ["sim_rank00000.sqlite", "sim_rank00001.sqlite", "tls-node.digest.parquet"]
+    assert all(len(data) > CHUNK for name, data in uploaded.items() if name.startswith("sim_rank"))
+    # The report's path is the coordinator's, and the line after it says how to get the raw exports here.
+    hint = f"rankscope fetch --coordinator {small_chunks.address} --kind raw {sweep_id}"
+    assert f"raw exports: 2 on the coordinator; {hint} downloads them into ./{sweep_id}" in err.splitlines()
+    assert any(line.startswith("report on the coordinator's host: /") for line in err.splitlines())
+
+    folder = tmp_path / "fetched"
+    assert main(["fetch", "--coordinator", small_chunks.address, sweep_id, "-o", str(folder)]) == 0
+    assert tree(folder) == {f"tls-node/{name}": data for name, data in uploaded.items()}
+    out = capsys.readouterr().out
+    assert out.startswith("fetched 3 file(s) (0.") and out.endswith(f"MiB) of sweep {sweep_id} into {folder}\n")
+    # Again: every file is there with its sha256 already, and kept.
+    assert main(["fetch", "--coordinator", small_chunks.address, sweep_id, "-o", str(folder)]) == 0
+    assert capsys.readouterr().out == f"fetched 0 file(s) (0.0 MiB) of sweep {sweep_id} into {folder}; 3 already there\n"
+    # The hint runs as printed: the raw exports, into ./SWEEP.
+    monkeypatch.chdir(tmp_path)
+    assert main(shlex.split(hint)[1:]) == 0
+    assert tree(tmp_path / sweep_id) == {f"tls-node/{name}": uploaded[name] for name in ("sim_rank00000.sqlite",
+                                                                                           "sim_rank00001.sqlite")}
+
+
+def test_an_unknown_sweep_is_one_line_and_writes_nothing(coordinator, tmp_path, monkeypatch, capsys) -> None:
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["fetch", "--coordinator", coordinator.address, "no-such-sweep"]) == 2
+    assert capsys.readouterr().err == f"rankscope: error: coordinator at {coordinator.address}: no sweep 'no-such-sweep'\n"
+    assert list(here.iterdir()) == []  # no ./no-such-sweep made
+    with pytest.raises(grpc.RpcError) as listed:
+        coordinator.sweeps.ListArtifacts(pb.ListArtifactsRequest(sweep_id="no-such-sweep"), timeout=10)
+    with pytest.raises(grpc.RpcError) as fetched:
+        list(coordinator.sweeps.FetchArtifact(pb.FetchArtifactRequest(sweep_id="no-such-sweep", node="n", name="x"),
+                                              timeout=10))
+    for caught in (listed, fetched):
+        assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.NOT_FOUND, "no sweep 'no-such-sweep'")
+
+
+def test_a_sweep_without_raw_exports_says_so(coordinator, wire, digests, tmp_path, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "node000")
+    sweep_id = sweep_of(coordinator, agent, upload_raw=False)
+    upload(wire, coordinator, agent, sweep_id, "node000.digest.parquet", digests["node000"], pb.ARTIFACT_KIND_DIGEST)
+    agent.close()
+    folder = tmp_path / "out"
+    assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(folder), "--kind", "raw"]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: sweep {sweep_id} has no raw exports: it was captured "
+                                       "without --upload-raw\n")
+    assert not folder.exists()
+    # Without --kind it fetches what there is, and says what is not.
+    assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(folder)]) == 0
+    assert tree(folder) == {"node000/node000.digest.parquet": digests["node000"]}
+    assert capsys.readouterr().err == (f"rankscope: sweep {sweep_id} has no raw exports: it was captured without "
+                                       "--upload-raw; fetched its digests\n")
+
+
+def test_a_sweep_that_asked_for_raw_exports_but_has_none_says_so(coordinator, wire, tmp_path, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    sweep_id = sweep_of(coordinator, agent, upload_raw=True)
+    agent.close()
+    assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(tmp_path / "o"), "--kind", "raw"]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: sweep {sweep_id} has no raw exports: none has been uploaded "
+                                       "(the report's warnings name any that could not be)\n")
+    assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: sweep {sweep_id} has no artifacts stored: none of its "
+                                       "nodes has uploaded one\n")
+
+
+def test_a_file_larger_than_a_chunk_streams_in_chunks(small_chunks, wire, tmp_path, capsys) -> None:
+    agent = wire.FakeAgent(small_chunks, "node-a")
+    sweep_id = sweep_of(small_chunks, agent, upload_raw=True)
+    data = os.urandom(5 * CHUNK + 3)
+    upload(wire, small_chunks, agent, sweep_id, "rank0.nsys-rep", data)
+    agent.close()
+    got = list(small_chunks.sweeps.FetchArtifact(pb.FetchArtifactRequest(sweep_id=sweep_id, node="node-a",
+                                                                          name="rank0.nsys-rep"), timeout=10))
+    assert [len(c.data) for c in got] == [CHUNK] * 5 + [3]
+    assert [c.offset for c in got] == [i * CHUNK for i in range(6)]
+    assert b"".join(c.data for c in got) == data
+    assert main(["fetch", "--coordinator", small_chunks.address, sweep_id, "-o", str(tmp_path / "out")]) == 0
+    assert tree(tmp_path / "out") == {"node-a/rank0.nsys-rep": data}
+
+
+def test_a_big_download_shows_its_progress_on_a_terminal(small_chunks, wire, tmp_path, monkeypatch, capsys) -> None:
+    agent = wire.FakeAgent(small_chunks, "node-a")
+    sweep_id = sweep_of(small_chunks, agent, upload_raw=True)
+    upload(wire, small_chunks, agent, sweep_id, "rank0.nsys-rep", os.urandom(3 << 20))
+    agent.close()
+    monkeypatch.setattr(commands, "PROGRESS_FROM_BYTES", 1 << 20)
+    monkeypatch.setattr(commands.sys.stderr, "isatty", lambda: True, raising=False)
+    assert main(["fetch", "--coordinator", small_chunks.address, sweep_id, "-o", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    # One line, drawn over (at most ten times a second), ending in the whole, and a newline after it.
+    assert err.startswith(f"\rfetching sweep {sweep_id}: ") and err.count("\n") == 1
+    assert err.endswith(f"\rfetching sweep {sweep_id}: 3.0 of 3.0 MiB\n")
+
+
+@pytest.mark.parametrize("damage", ["a byte changed", "cut short"])
+def test_bytes_that_are_not_the_recorded_ones_are_not_written(coordinator, wire, tmp_path, damage, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    sweep_id = sweep_of(coordinator, agent, upload_raw=True)
+    data = os.urandom(200_000)
+    sha = upload(wire, coordinator, agent, sweep_id, "rank0.sqlite", data)
+    agent.close()
+    stored = coordinator.data_dir / "artifacts" / "objects" / sha[:2] / sha
+    stored.write_bytes(data[:1000] + bytes([data[1000] ^ 1]) + data[1001:] if damage == "a byte changed" else data[:-7])
+    folder = tmp_path / "out"
+    (folder / "node-a").mkdir(parents=True)
+    (folder / "node-a" / "rank0.sqlite").write_bytes(b"a copy from before")
+    assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(folder)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    size = len(data) if damage == "a byte changed" else len(data) - 7
+    assert line.startswith(f"rankscope: error: {folder / 'node-a' / 'rank0.sqlite'}: the {size} bytes received have "
+                           "sha256 ")
+    assert line.endswith(f", the coordinator recorded {sha} ({len(data)} bytes): not written (its stored copy may be "
+                         "damaged)")
+    assert tree(folder) == {"node-a/rank0.sqlite": b"a copy from before"}  # as it was, and no partial file beside it
