@@ -133,6 +133,14 @@ def safe_name(text: str) -> str:
     return output.bounded(re.sub(r"\.{2,}", ".", _UNSAFE.sub("_", text)).strip("._") or "x")
 
 
+def _raw(outputs: tuple[str, ...], exports: list[Path]) -> tuple[str, ...]:
+    """What --upload-raw sends: the exports, and the profiler's own files beside them where
+    they are others (nsys: the .nsys-rep reports, which the Nsight Systems GUI opens; an
+    export that failed leaves its report all the same)."""
+    exported = tuple(map(str, exports))
+    return exported + tuple(p for p in outputs if p not in exported and Path(p).is_file())
+
+
 class Agent:
     """One node's agent: a session to the coordinator and the captures it asks for."""
 
@@ -434,7 +442,7 @@ class CaptureRun:
             self._request = CaptureRequest(
                 sweep_id=self.sweep_id, duration_s=self.record["duration_s"], workdir=self.folder,
                 ranks=tuple(local_ranks(self.agent.config.spool)), options=self.record["options"],
-                cancelled=self.cancelled,
+                keep_outputs=self.record["upload_raw"], cancelled=self.cancelled,
             )
         return self._request
 
@@ -515,7 +523,7 @@ class CaptureRun:
         path = self.folder / f"{safe_name(self.agent.config.name)}.digest.parquet"
         digest_mod.write(table, path)
         self.record["ranks"] = sorted(int(r) for r in table.column("rank").to_pylist())
-        raw = tuple(map(str, exports)) if self.record["upload_raw"] else ()  # kept in the JSON record
+        raw = _raw(outputs, exports) if self.record["upload_raw"] else ()  # kept in the JSON record
         return (str(path), *raw)
 
     def _upload(self, artifacts: tuple[str, ...]) -> None:

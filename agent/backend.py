@@ -26,6 +26,8 @@ class CaptureRequest:
     workdir: Path  # this capture's private folder on the node
     ranks: tuple[RankInfo, ...]  # local ranks to record (may be empty for `sim`)
     options: Mapping[str, str] = field(default_factory=dict)
+    # --upload-raw: the profiler's own files (nsys reports) go too, so export keeps them.
+    keep_outputs: bool = False
     # Set when the capture is cancelled: long steps (exports) stop early instead of finishing
     # work nobody will read.
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)

@@ -431,7 +431,9 @@ class NsysBackend(CaptureBackend):
 
     def _export(self, exe: str, request: CaptureRequest, report: Path) -> Path:
         output = export_path(report)
-        if output.exists() and not report.exists():  # exported before an agent restart
+        # Exported before an agent restart (a report kept for --upload-raw is exported again:
+        # its export may be one a kill cut short).
+        if output.exists() and not report.exists():
             return output
         self._wait_for_report(report, request.cancelled)
         free = shutil.disk_usage(request.workdir).free
@@ -446,7 +448,8 @@ class NsysBackend(CaptureBackend):
             raise ToolError(f"{report.name}: {exc}") from None
         if not output.exists():
             raise ToolError(f"{report.name}: nsys export reported success but wrote no {output}")
-        report.unlink()  # the export is what we keep; reports are large
+        if not request.keep_outputs:
+            report.unlink()  # the export is what we keep; reports are large
         return output
 
     def _wait_for_report(self, report: Path, cancelled: threading.Event) -> None:

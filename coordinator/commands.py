@@ -98,7 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "coordinator's node timeout)")
     capture.add_argument("--option", type=parse_option, action="append", default=[], metavar="K=V",
                          help="backend option (repeatable)")
-    capture.add_argument("--upload-raw", action="store_true", help="also upload the raw profiler exports")
+    capture.add_argument("--upload-raw", action="store_true", help="also upload the profilers' own files (nsys reports and their SQLite exports, "
+                         "Kineto traces): rankscope fetch gets them")
     capture.add_argument("--wait", action="store_true",
                          help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed "
                               f"(with --fail-on-findings {EXIT_FINDINGS}: findings, {EXIT_NOT_JUDGED}: stragglers not "

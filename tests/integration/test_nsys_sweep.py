@@ -175,6 +175,25 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
     assert {n.dcgm for n in sweep.nodes} == {pb.DCGM_OUTCOME_RESUMED}
 
 
+def test_upload_raw_sends_each_ranks_report_beside_its_export(make_cluster, tmp_path: Path) -> None:
+    # The .nsys-rep is what the Nsight Systems GUI opens: the SQLite export alone was sent.
+    from rankscope.cli import main
+
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0, dcgm="none")
+    sweep_id = cluster.start_sweep(["n0"], duration_s=0.5, timeout_s=120, upload_raw=True, backend="nsys")
+    sweep = cluster.wait_final(sweep_id, 150)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep), [n.reason for n in sweep.nodes])
+    assert main(["fetch", "--coordinator", f"127.0.0.1:{cluster.port}", "--kind", "raw", "-o", str(tmp_path / "got"),
+                 sweep_id]) == 0
+    bases = [f"{sweep_id}_{r.host}_rank{r.rank}" for r in local_ranks(cluster.spool("n0"))]
+    assert sorted(p.name for p in (tmp_path / "got" / "n0").iterdir()) == sorted(
+        f"{b}{suffix}" for b in bases for suffix in (".nsys-rep", ".sqlite"))
+    folder = capture_folder(cluster, "n0", sweep_id)  # uploaded, so not kept on the node
+    assert not list(folder.glob("*.sqlite")) and not list(folder.glob("*.nsys-rep"))
+
+
 def test_not_supported_and_no_dcgm_let_the_capture_proceed_and_the_report_says_which(make_cluster) -> None:
     cluster = make_cluster(2)
     cluster.coordinator()
