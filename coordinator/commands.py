@@ -141,8 +141,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     fetch = subparsers.add_parser(
         "fetch", help="download a sweep's raw exports and digests from the coordinator",
-        description="Download what a sweep's agents uploaded to the coordinator (raw profiler exports, where the "
-                    "capture ran with --upload-raw, and digests) into DIR/<node>/<name>. Each file is written whole "
+        description="Download what a sweep's agents uploaded to the coordinator (the profilers' own files, where the "
+                    "capture ran with --upload-raw: nsys reports and their SQLite exports, Kineto traces; and digests) "
+                    "into DIR/<node>/<name>. Each file is written whole "
                     "or not at all, its sha256 checked against the coordinator's record; a file already there with "
                     "that sha256 is kept.")
     add_coordinator(fetch)
