@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 from pathlib import Path
 
 from rankscope import output
@@ -17,6 +19,7 @@ RANK_FROM_HELP = (
 )
 # Progress lines are worth drawing only when there are many files to read.
 _PROGRESS_FROM = 8
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,10 +72,16 @@ def run_analyze(args: argparse.Namespace) -> int:
     for destination in filter(None, (args.output, args.plot)):
         output.check_not_input(destination, files)
     map_engine = engine.create(args.engine, address=args.ray_address)
+    started = time.perf_counter()
     digests = sources.load_digests(
         files, rank_from=args.rank_from, progress=len(files) >= _PROGRESS_FROM, map_engine=map_engine
     )
+    read = time.perf_counter()
+    log.info("read %d file(s) in %.2f s: %d rank(s)", len(files), read - started, digests.num_rows)
     report = pipeline.analyze(digests)
+    log.info("analysed in %.2f s: clocks %s; %d collective call(s), %d instance(s) matched across ranks (%s)",
+             time.perf_counter() - read, report.alignment.method, report.alignment.collectives,
+             report.alignment.matched_collectives, report.alignment.matching)
     text = report.to_json() if args.format == "json" else report.render_table()
     if not text.endswith("\n"):
         text += "\n"

@@ -124,6 +124,13 @@ def simulated(tmp_path_factory) -> Path:
     return folder
 
 
+def test_analyze_verbose_says_what_it_read_and_matched(simulated: Path) -> None:
+    done = rankscope("analyze", simulated, "-v")
+    assert done.returncode == 0, done.stderr
+    assert "read 2 file(s) in " in done.stderr and "s: 2 rank(s)" in done.stderr
+    assert "instance(s) matched across ranks" in done.stderr
+
+
 # /proc takes no new files, for root (ENOENT) and others (EACCES) alike.
 @pytest.mark.parametrize("command", ["digest", "analyze -o", "analyze --plot", "simulate"])
 def test_an_output_that_cannot_be_written_is_one_line_exit_2(command: str, simulated: Path) -> None:
