@@ -30,6 +30,9 @@ def rank_main(rank: int, port: str, out: str) -> None:
         for work in [dist.all_reduce(b, async_op=True) for b in buffers]:
             work.wait()
     window.finish(Path(out) / f"rank{rank}.json")
+    # Both ranks past their last op before either tears gloo down: a rank gone first once
+    # made the other abort at exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
