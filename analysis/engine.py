@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -157,16 +156,3 @@ def create(name: str, *, address: str | None = None) -> Engine:
     if name == "ray":
         return RayEngine(address=address)
     raise ConfigError(f"unknown analysis engine {name!r} (expected local or ray)")
-
-
-def with_progress(results: Iterable[R], total: int, label: str) -> Iterator[R]:
-    """Yield results, drawing a one-line counter on stderr when it is a terminal."""
-    show = total > 1 and sys.stderr.isatty()
-    try:
-        for done, result in enumerate(results, 1):
-            if show:
-                print(f"\r{label}: {done}/{total}", end="", file=sys.stderr, flush=True)
-            yield result
-    finally:  # an error's line starts on a line of its own
-        if show:
-            print(file=sys.stderr)

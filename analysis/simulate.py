@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from rankscope import output
-from rankscope.analysis import engine, ops
+from rankscope.analysis import ops
+from rankscope.progress import counted
 from rankscope.errors import ConfigError, InputError
 
 TRUTH_SCHEMA = "rankscope.sim-truth/1"
@@ -526,7 +527,7 @@ def simulate(spec: JobSpec, outdir: Path | str, *, nodes: Sequence[int] | None =
     write = _write_nsys if fmt == "nsys" else _write_kineto
     ranks = [node * spec.gpus_per_node + local for node in sorted(set(chosen)) for local in range(spec.gpus_per_node)]
     paths = []
-    for rank in engine.with_progress(ranks, len(ranks), f"writing {fmt} exports") if progress else ranks:
+    for rank in counted(ranks, len(ranks), f"writing {fmt} exports") if progress else ranks:
         path = outdir / export_name(spec, rank, fmt)
         write(view.rank(rank), path)
         paths.append(path)

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from rankscope.analysis import digest, engine, nsys
 from rankscope.errors import ExportError, InputError, RankscopeWarning, ToolError
+from rankscope.progress import counted
 
 NSYS_REPORT = ".nsys-rep"
 SQLITE = ".sqlite"
@@ -65,7 +66,7 @@ def load_digests(
     chunks = [shipped[i : i + size] for i in range(0, len(shipped), size)]
     results = runner.map(_Reader(rank_from), chunks)
     if progress:
-        results = engine.with_progress(results, len(chunks), f"reading exports ({size} per batch)")
+        results = counted(results, len(chunks), f"reading exports ({size} per batch)")
     digests = digest.concat(results)
     if given:
         digests = _named(digests, [given.get(name, name) for name in digests.column("source_file").to_pylist()])

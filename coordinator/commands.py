@@ -21,6 +21,7 @@ from rankscope.coordinator.config import resolve
 from rankscope import output, signals, tls
 from rankscope.errors import InputError, RankscopeError, TransportError
 from rankscope.memory import keep_chunk_memory
+from rankscope.progress import Progress
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
@@ -420,7 +421,8 @@ def run_fetch(args: argparse.Namespace) -> int:
         todo = [(stored, _destination(folder, stored)) for stored in listing.artifacts]
         todo = [(stored, path) for stored, path in todo if not _already_there(path, stored.artifact)]
         total = sum(stored.artifact.size for stored, _ in todo)
-        with _Progress(f"fetching sweep {listing.sweep_id}", total) as progress:
+        with Progress(f"fetching sweep {listing.sweep_id}", total, show=total >= PROGRESS_FROM_BYTES,
+                      redraw_s=0.1, text=_mib) as progress:
             for stored, path in todo:
                 _fetch_one(client, listing.sweep_id, stored, path, progress)
     kept = len(listing.artifacts) - len(todo)
@@ -430,6 +432,10 @@ def run_fetch(args: argparse.Namespace) -> int:
         print(f"rankscope: sweep {listing.sweep_id} has no raw exports: {_why_no_raw(listing)}; "
               "fetched its digests", file=sys.stderr)
     return 0
+
+
+def _mib(done: int, total: int) -> str:
+    return f"{done / (1 << 20):.1f} of {total / (1 << 20):.1f} MiB"
 
 
 def _check_found(listing: pb.ListArtifactsReply, kind: str | None) -> None:
@@ -462,7 +468,7 @@ def _already_there(path: Path, artifact: pb.ArtifactRef) -> bool:
     return path.is_file() and path.stat().st_size == artifact.size and sha256_of(path) == artifact.sha256
 
 
-def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, path: Path, progress: _Progress) -> None:
+def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, path: Path, progress: Progress) -> None:
     """One artifact to ``path``, written whole or not at all: bytes that are not the ones the
     coordinator recorded leave no file (and an older one at ``path`` as it was)."""
     artifact = stored.artifact
@@ -479,27 +485,3 @@ def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, pa
             raise CorruptDownload(f"the {size} bytes received have sha256 {hasher.hexdigest()}, the coordinator "
                                   f"recorded {artifact.sha256} ({artifact.size} bytes): not written (its stored copy "
                                   "may be damaged)", path=path)
-
-
-class _Progress:
-    """Bytes fetched of the total, on one line of stderr, where it is a terminal and the download big."""
-
-    def __init__(self, label: str, total: int) -> None:
-        self.label, self.total, self.done = label, total, 0
-        self.show = total >= PROGRESS_FROM_BYTES and sys.stderr.isatty()
-        self.drawn = 0.0
-
-    def add(self, count: int) -> None:
-        self.done += count
-        now = time.monotonic()
-        if self.show and (now - self.drawn >= 0.1 or self.done == self.total):  # at most 10 lines a second
-            self.drawn = now
-            print(f"\r{self.label}: {self.done / (1 << 20):.1f} of {self.total / (1 << 20):.1f} MiB", end="",
-                  file=sys.stderr, flush=True)
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.show and self.drawn:  # an error's line starts on a line of its own
-            print(file=sys.stderr)
