@@ -36,6 +36,10 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR
 SESSION_WAIT_S = 30.0  # how long nsys may take to list a freshly launched session
 
 
+# The nsys options' defaults: under --backend torch, one set otherwise was given for nothing.
+_NSYS_DEFAULTS = {"nsys": nsys.NSYS, "trace": ",".join(nsys.DEFAULT_TRACE), "nccl_trace": "legacy"}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "rank", help="run one rank under nsys (or the torch hook) so the node agent can profile it",
@@ -49,10 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="profiler the rank runs under (default: nsys)")
     parser.add_argument("--spool", type=Path, default=DEFAULT_SPOOL,
                         help=f"the node agent's spool folder (default: {DEFAULT_SPOOL})")
-    parser.add_argument("--nsys", default=nsys.NSYS, help="nsys executable (default: nsys on PATH)")
-    parser.add_argument("--trace", default=",".join(nsys.DEFAULT_TRACE), metavar="LIST",
+    parser.add_argument("--nsys", default=_NSYS_DEFAULTS["nsys"], help="nsys executable (default: nsys on PATH)")
+    parser.add_argument("--trace", default=_NSYS_DEFAULTS["trace"], metavar="LIST",
                         help="nsys --trace kinds (default: %(default)s)")
-    parser.add_argument("--nccl-trace", choices=nsys.NCCL_MODES, default="legacy",
+    parser.add_argument("--nccl-trace", choices=nsys.NCCL_MODES, default=_NSYS_DEFAULTS["nccl_trace"],
                         help="NCCL tracing: legacy = NCCL's NVTX ranges (what rankscope reads; default), "
                              "advanced = nsys -t nccl, auto = advanced where this nsys has it")
     parser.add_argument("--one-shot", action="store_true",
@@ -77,9 +81,8 @@ def _check_options_apply(args: argparse.Namespace) -> None:
             raise InputError(f"{given[0]} is for --one-shot: without it the rank records only when the node's "
                              "agent captures (`rankscope capture --duration`)")
     if args.backend == "torch":
-        given = [flag for flag, used in (("--one-shot", args.one_shot), ("--nsys", args.nsys != nsys.NSYS),
-                                         ("--trace", args.trace != ",".join(nsys.DEFAULT_TRACE)),
-                                         ("--nccl-trace", args.nccl_trace != "legacy")) if used]
+        given = (["--one-shot"] if args.one_shot else []) + [
+            f"--{name.replace('_', '-')}" for name, default in _NSYS_DEFAULTS.items() if getattr(args, name) != default]
         if given:
             raise InputError(f"{given[0]} is for --backend nsys: the torch hook records only when the node's "
                              "agent captures, with the PyTorch profiler")
