@@ -45,8 +45,7 @@ BACKENDS = {
     "torch": "rankscope.agent.torch_backend",
 }
 DCGM_OUTCOMES = {
-    dcgm_mod.DcgmOutcome.SKIPPED: pb.DCGM_OUTCOME_NOT_NEEDED,
-    dcgm_mod.DcgmOutcome.NO_DCGM: pb.DCGM_OUTCOME_NOT_PRESENT,
+    dcgm_mod.DcgmOutcome.NOT_PRESENT: pb.DCGM_OUTCOME_NOT_PRESENT,
     dcgm_mod.DcgmOutcome.NOT_SUPPORTED: pb.DCGM_OUTCOME_NOT_SUPPORTED,
     dcgm_mod.DcgmOutcome.PAUSED: pb.DCGM_OUTCOME_PAUSED,
     dcgm_mod.DcgmOutcome.RESUMED: pb.DCGM_OUTCOME_RESUMED,
@@ -495,7 +494,7 @@ class CaptureRun:
                 self._set_dcgm(pb.DCGM_OUTCOME_NOT_NEEDED, "")
             return None
         outcome = self.agent.pauses.release(self.sweep_id)
-        if outcome is dcgm_mod.DcgmOutcome.SKIPPED:  # no lease left: the restart's recovery resumed it
+        if outcome is dcgm_mod.DcgmOutcome.NOT_HELD:  # no lease left: the restart's recovery resumed it
             self._set_dcgm(pb.DCGM_OUTCOME_RESUMED,
                            "resumed when the previous agent process ended, or as its lease expired")
         elif outcome is dcgm_mod.DcgmOutcome.PAUSED:

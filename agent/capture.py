@@ -19,7 +19,7 @@ from rankscope.states import AGENT_DONE, NodeState
 
 # DCGM outcomes (dcgm.md §9.9). Only "paused" leaves something to resume.
 PAUSED = "paused"
-SKIPPED = "skipped"  # the backend reads no GPU counters
+NOT_NEEDED = "not_needed"  # the backend reads no GPU counters (the wire's DCGM_OUTCOME_NOT_NEEDED)
 
 
 # Events: what happened. ------------------------------------------------------------
@@ -32,7 +32,7 @@ class Begin:
 
 @dataclass(frozen=True)
 class DcgmPaused:
-    mode: str  # paused | no_pause_needed | no_dcgm | skipped ...
+    mode: str  # a DcgmOutcome's value, or NOT_NEEDED
     detail: str = ""
 
 
@@ -170,7 +170,7 @@ class Capture:
         out = self._enter(NodeState.PAUSING_DCGM)
         if event.needs_gpu_counters:
             return [*out, PauseDcgm()]
-        return [*out, *self._paused(DcgmPaused(SKIPPED, "backend reads no GPU counters"))]
+        return [*out, *self._paused(DcgmPaused(NOT_NEEDED, "backend reads no GPU counters"))]
 
     def _paused(self, event: DcgmPaused) -> list[Instruction]:
         self.dcgm_mode = event.mode

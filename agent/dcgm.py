@@ -58,13 +58,15 @@ RESUME_WORST_S = (RESUME_RETRIES * DCGM_TIMEOUT_S
 
 
 class DcgmOutcome(str, Enum):
-    """What a pause or resume did; the value is what the sweep's node record shows."""
+    """What a pause or resume did. Values are the wire's names (`DcgmOutcome` in the proto,
+    lower case, less its prefix) where there is one, so progress lines and the sweep's node
+    record say the same."""
 
     PAUSED = "paused"
     RESUMED = "resumed"
     NOT_SUPPORTED = "not_supported"  # Hopper and newer: counters are shared, no pause needed
-    NO_DCGM = "no_dcgm"  # no DCGM on the node: nothing to pause
-    SKIPPED = "skipped"  # the capture reads no GPU counters, so DCGM was left alone
+    NOT_PRESENT = "not_present"  # no DCGM on the node: nothing to pause
+    NOT_HELD = "not_held"  # released by a capture this process holds no lease for
     FAILED = "failed"
 
 
@@ -126,11 +128,11 @@ class DcgmControl(ABC):
 
     @abstractmethod
     def pause(self) -> DcgmOutcome:
-        """Pause profiling (idempotent): PAUSED, NOT_SUPPORTED, NO_DCGM or FAILED."""
+        """Pause profiling (idempotent): PAUSED, NOT_SUPPORTED, NOT_PRESENT or FAILED."""
 
     @abstractmethod
     def resume(self) -> DcgmOutcome:
-        """Resume profiling (idempotent): RESUMED, NOT_SUPPORTED, NO_DCGM or FAILED."""
+        """Resume profiling (idempotent): RESUMED, NOT_SUPPORTED, NOT_PRESENT or FAILED."""
 
     @abstractmethod
     def describe(self) -> str:
@@ -142,10 +144,10 @@ class NoDcgm(DcgmControl):
         self.error = reason
 
     def pause(self) -> DcgmOutcome:
-        return DcgmOutcome.NO_DCGM
+        return DcgmOutcome.NOT_PRESENT
 
     def resume(self) -> DcgmOutcome:
-        return DcgmOutcome.NO_DCGM
+        return DcgmOutcome.NOT_PRESENT
 
     def describe(self) -> str:
         return "none"
@@ -177,7 +179,7 @@ class DcgmiControl(DcgmControl):
                                   stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             self.error = f"{self.dcgmi} not found"
-            return DcgmOutcome.NO_DCGM
+            return DcgmOutcome.NOT_PRESENT
         except subprocess.TimeoutExpired:  # a busy host engine may have paused all the same
             self.error = f"`{' '.join(argv)}` did not answer within {self.timeout_s:g} s"
             self.unanswered = True
@@ -234,7 +236,7 @@ class BindingsControl(DcgmControl):
             self.load()
         except ImportError as exc:
             self.error = f"DCGM Python bindings not found ({exc})"
-            return DcgmOutcome.NO_DCGM
+            return DcgmOutcome.NOT_PRESENT
         agent, structs = self._agent, self._structs
         handle = None
         try:
@@ -268,7 +270,7 @@ class BindingsControl(DcgmControl):
         if code in (DCGM_ST_NOT_SUPPORTED, DCGM_ST_MODULE_NOT_LOADED):
             return DcgmOutcome.NOT_SUPPORTED
         if code == DCGM_ST_LIBRARY_NOT_FOUND:
-            return DcgmOutcome.NO_DCGM
+            return DcgmOutcome.NOT_PRESENT
         return DcgmOutcome.FAILED
 
 
@@ -318,7 +320,7 @@ class PauseManager:
         self.reassert_s = reassert_s
         self._asserted = 0.0  # when Pause was last called
         self._checked = 0.0  # when the ledger was last looked at while idle
-        self.error = ""  # reason behind the last FAILED / NOT_SUPPORTED / NO_DCGM
+        self.error = ""  # reason behind the last FAILED / NOT_SUPPORTED / NOT_PRESENT
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._paused = False  # this process paused DCGM and owes the resume
@@ -383,7 +385,7 @@ class PauseManager:
 
         Returns RESUMED when this call resumed, PAUSED while other captures (of this agent or
         another on the host) still hold it, the acquire outcome for a capture that never
-        paused, FAILED if resume kept failing (the timer keeps retrying), SKIPPED for a
+        paused, FAILED if resume kept failing (the timer keeps retrying), NOT_HELD for a
         capture this process holds nothing for (its lease expired, or a restart's recovery
         resumed it). Repeating a release answers the same as the first."""
         with self._lock:
@@ -391,7 +393,7 @@ class PauseManager:
                 return self._released[capture_id]
             outcome = self._outcomes.pop(capture_id, None)
             if self._leases.pop(capture_id, None) is None:
-                return outcome or DcgmOutcome.SKIPPED
+                return outcome or DcgmOutcome.NOT_HELD
             with self.ledger.deciding() as others:
                 outcome = self._settle(others) or DcgmOutcome.RESUMED
             self._released[capture_id] = outcome

@@ -747,3 +747,17 @@ def an_agent_stopped_mid_export_keeps_the_export_clock_for_its_restart(
     assert after["capture"]["state"] == "exporting"  # a restart carries on exporting
     assert after.get("exporting_since") == before["exporting_since"]
     assert after["deadline"] == before["deadline"]
+
+
+def _wire_name(outcome: int) -> str:
+    return pb.DcgmOutcome.Name(outcome).removeprefix("DCGM_OUTCOME_").lower()
+
+
+def test_progress_lines_name_dcgm_outcomes_as_the_node_record_does() -> None:
+    # The CAPTURING line shows the pause's outcome (DcgmOutcome values, capture.NOT_NEEDED);
+    # the DCGM_RESUMED line and the report show the wire's name: one word for one outcome.
+    from rankscope.agent import capture
+
+    assert {outcome.value: _wire_name(wire) for outcome, wire in agent_mod.DCGM_OUTCOMES.items()} == {
+        name: name for name in ("not_present", "not_supported", "paused", "resumed")}
+    assert capture.NOT_NEEDED == _wire_name(pb.DCGM_OUTCOME_NOT_NEEDED)

@@ -60,14 +60,14 @@ def test_backend_without_counters_skips_the_pause_and_only_releases() -> None:
     c = Capture("s1")
     out = c.handle(Begin(needs_gpu_counters=False))
     assert PauseDcgm() not in out
-    assert reports(out) == [NodeState.PAUSING_DCGM, NodeState.CAPTURING] and c.dcgm_mode == "skipped"
+    assert reports(out) == [NodeState.PAUSING_DCGM, NodeState.CAPTURING] and c.dcgm_mode == "not_needed"
     c.handle(CaptureStarted())
     out = c.handle(CaptureStopped(("x",)))
     assert out[0] == ResumeDcgm(pause=False)
     assert reports(out) == [NodeState.EXPORTING] and not c.owes_resume
 
 
-@pytest.mark.parametrize("mode", ["no_pause_needed", "no_dcgm"])
+@pytest.mark.parametrize("mode", ["not_supported", "not_present"])
 def test_nothing_paused_means_nothing_to_resume(mode: str) -> None:
     c = Capture("s1")
     c.handle(Begin(needs_gpu_counters=True))

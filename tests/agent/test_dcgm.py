@@ -91,11 +91,11 @@ def test_unreachable_engine_fails_with_the_reason(engine, kind):
 def test_no_dcgm_library_or_no_dcgmi_means_nothing_to_pause(engine, tmp_path):
     standin_dcgm.configure(engine, library=False)
     bindings = controls("bindings")
-    assert bindings.pause() is DcgmOutcome.NO_DCGM
+    assert bindings.pause() is DcgmOutcome.NOT_PRESENT
     assert "Library not found" in bindings.error
     missing = dcgm.DcgmiControl(str(tmp_path / "no-dcgmi"), "localhost")
-    assert missing.pause() is DcgmOutcome.NO_DCGM
-    assert dcgm.NoDcgm().pause() is DcgmOutcome.NO_DCGM
+    assert missing.pause() is DcgmOutcome.NOT_PRESENT
+    assert dcgm.NoDcgm().pause() is DcgmOutcome.NOT_PRESENT
     assert standin_dcgm.calls(engine) == []
 
 
@@ -196,7 +196,7 @@ def test_lease_expiry_resumes_without_anyone_releasing(engine, tmp_path):
         time.sleep(0.05)
     assert not paused(engine)
     assert m.holders() == [] and journal(m)["paused"] is False
-    assert m.release("lost-coordinator") is DcgmOutcome.SKIPPED
+    assert m.release("lost-coordinator") is DcgmOutcome.NOT_HELD
 
 
 def test_a_lease_renewed_runs_from_the_renewal_and_an_expired_one_is_not_renewed(engine, tmp_path):
@@ -294,7 +294,7 @@ def test_an_agent_stopping_while_resumes_time_out_waits_only_for_the_one_under_w
 
 
 @pytest.mark.parametrize("setting, outcome", [({"gpm": True}, DcgmOutcome.NOT_SUPPORTED),
-                                              ({"library": False}, DcgmOutcome.NO_DCGM)])
+                                              ({"library": False}, DcgmOutcome.NOT_PRESENT)])
 def test_not_supported_and_no_dcgm_let_the_capture_proceed(engine, tmp_path, setting, outcome):
     standin_dcgm.configure(engine, **setting)
     m = manager(tmp_path)
@@ -307,8 +307,8 @@ def test_not_supported_and_no_dcgm_let_the_capture_proceed(engine, tmp_path, set
 
 def test_no_dcgm_at_all(tmp_path):
     m = dcgm.PauseManager(dcgm.NoDcgm(), tmp_path / "ledger")
-    assert m.acquire("a", 60) is DcgmOutcome.NO_DCGM
-    assert m.release("a") is DcgmOutcome.NO_DCGM
+    assert m.acquire("a", 60) is DcgmOutcome.NOT_PRESENT
+    assert m.release("a") is DcgmOutcome.NOT_PRESENT
     assert not (tmp_path / "ledger").exists()  # nothing to share, so no folder it could fail on
 
 
