@@ -32,6 +32,7 @@ import hashlib
 import json
 import re
 import sqlite3
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1404,8 +1405,17 @@ def _run_cli(args: argparse.Namespace) -> int:
         job_id=args.job_id,
     )
     _check_outdir(spec, args.outdir, args.only_nodes, args.format)
-    paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format, progress=True)
-    truth_path = write_truth(spec, args.outdir / "truth.json")
+    truth_file = args.outdir / "truth.json"
+    try:
+        paths = simulate(spec, args.outdir, nodes=args.only_nodes, fmt=args.format, progress=True)
+    except KeyboardInterrupt:
+        # Each export written is whole: the truth names their job, as it does for
+        # --only-nodes, so the set can be analysed, or completed by running this again.
+        if args.outdir.is_dir():
+            write_truth(spec, truth_file)
+            print(f"rankscope: the exports written so far are whole; {truth_file} describes their job", file=sys.stderr)
+        raise
+    truth_path = write_truth(spec, truth_file)
     print(f"wrote {len(paths)} {args.format} exports ({spec.nodes}x{spec.gpus_per_node} ranks, tp={spec.tp}, "
           f"{spec.steps} steps) to {args.outdir}")
     print(f"ground truth: {truth_path}")

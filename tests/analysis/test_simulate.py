@@ -340,6 +340,29 @@ def test_cli_counts_the_exports_it_writes_on_a_terminal(tmp_path, capsys, monkey
     assert err == "".join(f"\rwriting nsys exports: {done}/4" for done in range(1, 5)) + "\n"
 
 
+def test_cli_interrupted_leaves_whole_exports_and_their_truth(tmp_path, capsys, monkeypatch):
+    # found by review: Ctrl-C left complete exports but no truth.json, so nothing said whose they were
+    from rankscope.analysis import nsys
+
+    write, calls = sm._write_nsys, []
+
+    def interrupted_on_the_third(ranks, path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as Ctrl-C lands inside a write
+        write(ranks, path)
+
+    monkeypatch.setattr(sm, "_write_nsys", interrupted_on_the_third)
+    out = tmp_path / "job"
+    assert main(["simulate", str(out), "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "2",
+                 "--seed", "4"]) == 130
+    assert sm.read_spec(out / "truth.json") == sm.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=2, seed=4)
+    assert sorted(out.glob("*.sqlite")) == sorted(calls[:2])
+    assert sorted(nsys.read_many(calls[:2]).column("rank").to_pylist()) == [0, 1]
+    assert not list(out.glob("*.tmp"))
+    assert f"{out / 'truth.json'} describes their job" in capsys.readouterr().err
+
+
 def test_cli_refuses_to_leave_another_jobs_ranks_beside_its_own(tmp_path, capsys):
     """A smaller job written over a larger one would leave the larger one's extra ranks in
     the folder under the new truth; the same job written node by node adds up."""
