@@ -202,11 +202,13 @@ class ArtifactStore:
     def has(self, sha256: str) -> bool:
         return _SHA256.fullmatch(sha256) is not None and self.path_of(sha256).is_file()
 
-    def read(self, sha256: str, chunk_bytes: int) -> Iterator[bytes]:
-        """A stored object's bytes in order, ``chunk_bytes`` at a time, as they are sent on: an
-        export of GiBs is never whole in memory. One that cannot be read is a RankscopeError."""
+    def read(self, sha256: str, chunk_bytes: int, offset: int = 0) -> Iterator[bytes]:
+        """A stored object's bytes in order from ``offset``, ``chunk_bytes`` at a time, as they
+        are sent on: an export of GiBs is never whole in memory. One that cannot be read is a
+        RankscopeError."""
         try:
             with open(self.path_of(sha256), "rb") as handle:
+                handle.seek(offset)
                 while data := handle.read(chunk_bytes):
                     yield data
         except OSError as exc:

@@ -333,13 +333,16 @@ class Coordinator:
         latest = {(u.node, u.name): u for u in uploads}  # in the order they completed: the last stays
         return [u for _, u in sorted(latest.items()) if not kinds or u.kind in kinds]
 
-    def read_artifact(self, sweep_id: str, node: str, name: str) -> Iterator[bytes]:
-        """The bytes of a sweep's stored artifact, in chunks of the configured chunk size."""
+    def read_artifact(self, sweep_id: str, node: str, name: str, offset: int = 0) -> Iterator[bytes]:
+        """The bytes of a sweep's stored artifact from ``offset``, in chunks of the configured
+        chunk size."""
         upload = self.store.latest_upload(sw.check_sweep_id(sweep_id), node, name)
         if upload is None:
             self.sweep(sweep_id)  # an unknown sweep says so
             raise UnknownArtifact(f"sweep {sweep_id} has no stored artifact {name!r} of node {node!r}")
-        return self.artifacts.read(upload.sha256, self.config.chunk_bytes)
+        if not 0 <= offset <= upload.size:
+            raise InputError(f"offset {offset} is outside artifact {name!r} of node {node!r} ({upload.size} bytes)")
+        return self.artifacts.read(upload.sha256, self.config.chunk_bytes, offset)
 
     def _ended(self, sweep_id: str) -> bool:
         """Known to have ended: no longer active, and stored as final (under the lock)."""

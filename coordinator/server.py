@@ -360,8 +360,8 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
 
     @_mapped
     def FetchArtifact(self, request: pb.FetchArtifactRequest, context: grpc.ServicerContext) -> Iterator[pb.ArtifactChunk]:
-        offset = 0
-        for data in self.coordinator.read_artifact(request.sweep_id, request.node, request.name):
+        offset = request.offset
+        for data in self.coordinator.read_artifact(request.sweep_id, request.node, request.name, offset):
             yield pb.ArtifactChunk(offset=offset, data=data)
             offset += len(data)
 

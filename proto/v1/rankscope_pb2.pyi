@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 220464a7daeb973e78d0c7b7c36f6fec4c560f5f3d35ad7b7321f1807ccb35bb
+# from rankscope.proto, sha256 64141e727aa5e4122b84a9422c241843669599dab1565f14e5776648a2bbb109
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -387,14 +387,16 @@ class ListArtifactsReply(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[StoredArtifact, _Mapping]]] = ..., upload_raw: _Optional[bool] = ...) -> None: ...
 
 class FetchArtifactRequest(_message.Message):
-    __slots__ = ("sweep_id", "node", "name")
+    __slots__ = ("sweep_id", "node", "name", "offset")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     node: str
     name: str
-    def __init__(self, sweep_id: _Optional[str] = ..., node: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    offset: int
+    def __init__(self, sweep_id: _Optional[str] = ..., node: _Optional[str] = ..., name: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ArtifactChunk(_message.Message):
     __slots__ = ("offset", "data")

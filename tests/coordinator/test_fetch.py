@@ -185,3 +185,26 @@ def test_bytes_that_are_not_the_recorded_ones_are_not_written(coordinator, wire,
     assert line.endswith(f", the coordinator recorded {sha} ({len(data)} bytes): not written (its stored copy may be "
                          "damaged)")
     assert tree(folder) == {"node-a/rank0.sqlite": b"a copy from before"}  # as it was, and no partial file beside it
+
+
+def test_a_fetch_starts_at_the_offset_asked_for_and_refuses_one_outside_the_file(small_chunks, wire) -> None:
+    agent = wire.FakeAgent(small_chunks, "node-a")
+    sweep_id = sweep_of(small_chunks, agent, upload_raw=True)
+    data = os.urandom(3 * CHUNK + 3)
+    upload(wire, small_chunks, agent, sweep_id, "rank0.nsys-rep", data)
+    agent.close()
+
+    def fetched(offset: int) -> list[pb.ArtifactChunk]:
+        request = pb.FetchArtifactRequest(sweep_id=sweep_id, node="node-a", name="rank0.nsys-rep", offset=offset)
+        return list(small_chunks.sweeps.FetchArtifact(request, timeout=10))
+
+    got = fetched(CHUNK + 5)  # read from there in whole chunks: the store seeks, it does not skip chunk by chunk
+    assert [(c.offset, len(c.data)) for c in got] == [(CHUNK + 5, CHUNK), (2 * CHUNK + 5, CHUNK - 2)]
+    assert b"".join(c.data for c in got) == data[CHUNK + 5:]
+    assert fetched(len(data)) == []  # nothing left to send
+    for offset in (-1, len(data) + 1):
+        with pytest.raises(grpc.RpcError) as refused:
+            fetched(offset)
+        assert (refused.value.code(), refused.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"offset {offset} is outside artifact 'rank0.nsys-rep' of node 'node-a' ({len(data)} bytes)")
