@@ -98,17 +98,23 @@ def _unwritable(folder: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def replacing(path: Path) -> Iterator[Path]:
-    """`atomic.replacing` with ``path``'s own suffix (writers that go by it still can),
-    its OSError one InputError naming ``path``; a RankscopeError of the writer's own (a
-    TransportError is an OSError too) passes as it is."""
+def writing(path: Path) -> Iterator[None]:
+    """The block's OSError as one InputError naming ``path``; a RankscopeError of the
+    writer's own (a TransportError is an OSError too) passes as it is."""
     try:
-        with atomic.replacing(Path(path), keep_suffix=True) as tmp:
-            yield tmp
+        yield
     except RankscopeError:
         raise
     except OSError as exc:
         raise InputError(f"cannot write the output ({exc.strerror or exc})", path=path) from None
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """`atomic.replacing` with ``path``'s own suffix (writers that go by it still can),
+    its OSError one InputError naming ``path`` (`writing`)."""
+    with writing(path), atomic.replacing(Path(path), keep_suffix=True) as tmp:
+        yield tmp
 
 
 def write_text(path: Path, text: str) -> None:
