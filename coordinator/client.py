@@ -105,17 +105,18 @@ class SweepClient:
         """The sweep's stored artifacts of ``kinds`` (ArtifactKind values; every kind where empty)."""
         return self._call(self.stub.ListArtifacts, pb.ListArtifactsRequest(sweep_id=sweep_id, kinds=list(kinds)))
 
-    def fetch(self, sweep_id: str, node: str, artifact: pb.ArtifactRef) -> Iterator[bytes]:
-        """One stored artifact's bytes in order, read a few chunks ahead of the caller (`_read_aside`)."""
+    def fetch(self, sweep_id: str, node: str, artifact: pb.ArtifactRef, offset: int = 0) -> Iterator[bytes]:
+        """One stored artifact's bytes in order from ``offset``, read a few chunks ahead of the
+        caller (`_read_aside`)."""
         reading = _Reading()
-        return _read_aside(self._chunks(sweep_id, node, artifact, reading), reading,
+        return _read_aside(self._chunks(sweep_id, node, artifact, offset, reading), reading,
                            f"fetch-{artifact.name}", FETCH_AHEAD)
 
-    def _chunks(self, sweep_id: str, node: str, artifact: pb.ArtifactRef, reading: _Reading) -> Iterator[bytes]:
-        request = pb.FetchArtifactRequest(sweep_id=sweep_id, node=node, name=artifact.name)
-        # gRPC sets no deadline by default: the file's size at the slowest rate accepted, plus slack.
-        call = self.stub.FetchArtifact(request, timeout=RPC_TIMEOUT_S + artifact.size / MIN_FETCH_BPS)
-        offset = 0
+    def _chunks(self, sweep_id: str, node: str, artifact: pb.ArtifactRef, offset: int,
+                reading: _Reading) -> Iterator[bytes]:
+        request = pb.FetchArtifactRequest(sweep_id=sweep_id, node=node, name=artifact.name, offset=offset)
+        # gRPC sets no deadline by default: the bytes asked for at the slowest rate accepted, plus slack.
+        call = self.stub.FetchArtifact(request, timeout=RPC_TIMEOUT_S + (artifact.size - offset) / MIN_FETCH_BPS)
         try:
             for chunk in reading.follow(call):
                 if chunk.offset != offset:

@@ -423,11 +423,11 @@ def run_fetch(args: argparse.Namespace) -> int:
         total = sum(stored.artifact.size for stored, _ in todo)
         with Progress(f"fetching sweep {listing.sweep_id}", total, show=total >= PROGRESS_FROM_BYTES,
                       redraw_s=0.1, text=_mib) as progress:
-            for stored, path in todo:
-                _fetch_one(client, listing.sweep_id, stored, path, progress)
+            resumed = sum(_fetch_one(client, listing.sweep_id, stored, path, progress) for stored, path in todo)
     kept = len(listing.artifacts) - len(todo)
     print(f"fetched {len(todo)} file(s) ({total / (1 << 20):.1f} MiB) of sweep {listing.sweep_id} into {folder}"
-          + (f"; {kept} already there" if kept else ""))
+          + (f"; {kept} already there" if kept else "")
+          + (f"; {resumed} bytes resumed from an interrupted fetch" if resumed else ""))
     if not args.kind and not any(s.artifact.kind == pb.ARTIFACT_KIND_RAW for s in listing.artifacts):
         print(f"rankscope: sweep {listing.sweep_id} has no raw exports: {_why_no_raw(listing)}; "
               "fetched its digests", file=sys.stderr)
@@ -468,20 +468,38 @@ def _already_there(path: Path, artifact: pb.ArtifactRef) -> bool:
     return path.is_file() and path.stat().st_size == artifact.size and sha256_of(path) == artifact.sha256
 
 
-def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, path: Path, progress: Progress) -> None:
+def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, path: Path, progress: Progress) -> int:
     """One artifact to ``path``, written whole or not at all: bytes that are not the ones the
-    coordinator recorded leave no file (and an older one at ``path`` as it was)."""
+    coordinator recorded leave no file (and an older one at ``path`` as it was). A broken
+    download's bytes stay in ``.NAME.part`` beside it, and the next one asks for the rest
+    only; returns how many bytes it took from there."""
     artifact = stored.artifact
     output.make_folder(path.parent)
-    hasher, size = hashlib.sha256(), 0
-    with output.replacing(path) as tmp:
-        with open(tmp, "wb") as handle:
-            for data in client.fetch(sweep_id, stored.node, artifact):
+    part = path.with_name(f".{path.name}.part")  # hidden, and no input's suffix: `analyze DIR` passes it by
+    with output.writing(path):
+        with open(part, "a+b") as handle:  # appends, whatever was read
+            handle.seek(0)
+            hasher = hashlib.file_digest(handle, "sha256")
+            resumed = size = handle.tell()
+            offset = min(resumed, artifact.size)  # one too long is refused below, by its size
+            progress.add(offset)
+            for data in client.fetch(sweep_id, stored.node, artifact, offset):
                 handle.write(data)
                 hasher.update(data)
                 size += len(data)
                 progress.add(len(data))
         if (size, hasher.hexdigest()) != (artifact.size, artifact.sha256):
-            raise CorruptDownload(f"the {size} bytes received have sha256 {hasher.hexdigest()}, the coordinator "
-                                  f"recorded {artifact.sha256} ({artifact.size} bytes): not written (its stored copy "
-                                  "may be damaged)", path=path)
+            part.unlink()  # the next fetch starts from zero
+            raise CorruptDownload(_mismatch(artifact, size, hasher.hexdigest(), resumed), path=path)
+        os.replace(part, path)
+    return resumed
+
+
+def _mismatch(artifact: pb.ArtifactRef, size: int, sha256: str, resumed: int) -> str:
+    if resumed:
+        got, why = (f"the {size} bytes ({resumed} of them from an interrupted fetch)",
+                    "those kept bytes are removed: run fetch again to download it whole")
+    else:
+        got, why = f"the {size} bytes received", "its stored copy may be damaged"
+    return (f"{got} have sha256 {sha256}, the coordinator recorded {artifact.sha256} ({artifact.size} bytes): "
+            f"not written ({why})")

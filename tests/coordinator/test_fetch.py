@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
+import socket
+import threading
 from pathlib import Path
 
 import grpc
@@ -12,7 +16,11 @@ import pytest
 
 from rankscope.agent.uploader import Uploader
 from rankscope.cli import main
+from rankscope.analysis.sources import discover
 from rankscope.coordinator import commands
+from rankscope.coordinator.client import SweepClient
+from rankscope.coordinator.coordinator import Coordinator
+from rankscope.errors import InputError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 # One simulated node of two ranks: its digest and two raw exports of about 120 kB each.
@@ -208,3 +216,132 @@ def test_a_fetch_starts_at_the_offset_asked_for_and_refuses_one_outside_the_file
         assert (refused.value.code(), refused.value.details()) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             f"offset {offset} is outside artifact 'rank0.nsys-rep' of node 'node-a' ({len(data)} bytes)")
+
+
+class Cut:
+    """A TCP relay to a coordinator that drops its one connection once ``limit`` bytes have come
+    back through it: a download's connection lost midway."""
+
+    def __init__(self, port: int, limit: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._relay, args=(port, limit), daemon=True).start()
+
+    def _relay(self, port: int, limit: int) -> None:
+        with self.listener:  # then closed: the port refuses the client's probe of what went wrong
+            near, _ = self.listener.accept()
+        with near, socket.create_connection(("127.0.0.1", port)) as far:
+            threading.Thread(target=self._pump, args=(near, far, None), daemon=True).start()
+            self._pump(far, near, limit)
+            for sock in (near, far):  # wakes the other pump's recv, and is seen at once: close alone is neither
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, limit: int | None) -> None:
+        passed = 0
+        with contextlib.suppress(OSError):
+            while (data := src.recv(1 << 14)) and (limit is None or passed + len(data) <= limit):
+                dst.sendall(data)
+                passed += len(data)
+
+
+def interrupt_after(monkeypatch, count: int) -> None:
+    """A Ctrl-C once a fetch has taken ``count`` chunks."""
+    fetch = SweepClient.fetch
+
+    def interrupted(self, *args):
+        for taken, data in enumerate(fetch(self, *args), 1):
+            yield data
+            if taken == count:
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(SweepClient, "fetch", interrupted)
+
+
+def offsets_asked(monkeypatch) -> list[int]:
+    """The offsets the coordinator is asked to read artifacts from, from now on."""
+    asked: list[int] = []
+    read = Coordinator.read_artifact
+
+    def recording(self, sweep_id: str, node: str, name: str, offset: int = 0):
+        asked.append(offset)
+        return read(self, sweep_id, node, name, offset)
+
+    monkeypatch.setattr(Coordinator, "read_artifact", recording)
+    return asked
+
+
+@pytest.mark.parametrize("broken", ["ctrl-c", "connection lost"])
+def test_a_broken_download_keeps_its_bytes_and_the_next_fetch_resumes_after_them(
+        small_chunks, wire, tmp_path, monkeypatch, capsys, broken) -> None:
+    agent = wire.FakeAgent(small_chunks, "node-a")
+    sweep_id = sweep_of(small_chunks, agent, upload_raw=True)
+    data = os.urandom(3 << 20)
+    upload(wire, small_chunks, agent, sweep_id, "rank0.nsys-rep", data)
+    agent.close()
+    folder = tmp_path / "out"
+    fetch = ["fetch", sweep_id, "-o", str(folder)]
+    with monkeypatch.context() as patched:
+        if broken == "ctrl-c":
+            interrupt_after(patched, 10)
+            assert main([*fetch, "--coordinator", small_chunks.address]) == 130
+            assert capsys.readouterr().err == "rankscope: interrupted\n"
+        else:
+            cut = Cut(small_chunks.port, limit=20 * CHUNK)
+            assert main([*fetch, "--coordinator", cut.address]) == 1
+            (line,) = capsys.readouterr().err.splitlines()
+            assert line.startswith(f"rankscope: error: coordinator at {cut.address} unreachable (unavailable: ")
+    part = folder / "node-a" / ".rank0.nsys-rep.part"
+    kept = part.read_bytes()
+    assert tree(folder) == {"node-a/.rank0.nsys-rep.part": kept}  # no file at the final name
+    assert kept == data[:len(kept)] and len(kept) % CHUNK == 0
+    assert len(kept) == 10 * CHUNK if broken == "ctrl-c" else 0 < len(kept) < 20 * CHUNK
+    with pytest.raises(InputError, match="^no exports or digests found in "):
+        discover([folder])  # analyze passes the partial by, without a word (warnings are errors here)
+
+    asked = offsets_asked(monkeypatch)
+    monkeypatch.setattr(commands, "PROGRESS_FROM_BYTES", 1 << 20)
+    monkeypatch.setattr(commands.sys.stderr, "isatty", lambda: True, raising=False)
+    assert main([*fetch, "--coordinator", small_chunks.address]) == 0
+    assert asked == [len(kept)]
+    assert tree(folder) == {"node-a/rank0.nsys-rep": data}  # its sha256 checked, and the partial gone
+    out, err = capsys.readouterr()
+    assert out == (f"fetched 1 file(s) (3.0 MiB) of sweep {sweep_id} into {folder}; {len(kept)} bytes resumed from "
+                   "an interrupted fetch\n")
+    # The kept bytes count as done from the start.
+    assert err.startswith(f"\rfetching sweep {sweep_id}: {len(kept) / (1 << 20):.1f} of 3.0 MiB\r")
+    assert err.endswith(f"\rfetching sweep {sweep_id}: 3.0 of 3.0 MiB\n")
+
+
+@pytest.mark.parametrize("kept", ["other bytes", "longer than the file", "of an older upload"])
+def test_kept_bytes_that_do_not_start_the_file_are_removed_and_the_next_fetch_starts_from_zero(
+        small_chunks, wire, tmp_path, monkeypatch, capsys, kept) -> None:
+    agent = wire.FakeAgent(small_chunks, "node-a")
+    sweep_id = sweep_of(small_chunks, agent, upload_raw=True)
+    folder = tmp_path / "out"
+    fetch = ["fetch", "--coordinator", small_chunks.address, sweep_id, "-o", str(folder)]
+    part = folder / "node-a" / ".rank0.sqlite.part"
+    data = os.urandom(5 * CHUNK)
+    if kept == "of an older upload":  # a fetch of it broken, then the node uploaded the file anew
+        upload(wire, small_chunks, agent, sweep_id, "rank0.sqlite", os.urandom(5 * CHUNK))
+        with monkeypatch.context() as patched:
+            interrupt_after(patched, 2)
+            assert main(fetch) == 130
+    else:
+        part.parent.mkdir(parents=True)
+        part.write_bytes(os.urandom(CHUNK + 7) if kept == "other bytes" else data + b"\0")
+    sha = upload(wire, small_chunks, agent, sweep_id, "rank0.sqlite", data)
+    agent.close()
+    resumed = part.stat().st_size
+    capsys.readouterr()
+    assert main(fetch) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"rankscope: error: {folder / 'node-a' / 'rank0.sqlite'}: the {max(resumed, len(data))} "
+                           f"bytes ({resumed} of them from an interrupted fetch) have sha256 ")
+    assert line.endswith(f", the coordinator recorded {sha} ({len(data)} bytes): not written (those kept bytes are "
+                         "removed: run fetch again to download it whole)")
+    assert tree(folder) == {}  # neither the file nor the kept bytes
+    assert main(fetch) == 0
+    assert tree(folder) == {"node-a/rank0.sqlite": data}
+    assert capsys.readouterr().out == f"fetched 1 file(s) (0.1 MiB) of sweep {sweep_id} into {folder}\n"
