@@ -483,11 +483,17 @@ def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, pa
             resumed = size = handle.tell()
             offset = min(resumed, artifact.size)  # one too long is refused below, by its size
             progress.add(offset)
-            for data in client.fetch(sweep_id, stored.node, artifact, offset):
-                handle.write(data)
-                hasher.update(data)
-                size += len(data)
-                progress.add(len(data))
+            try:
+                for data in client.fetch(sweep_id, stored.node, artifact, offset):
+                    handle.write(data)
+                    hasher.update(data)
+                    size += len(data)
+                    progress.add(len(data))
+            except TransportError as exc:
+                if size:
+                    raise TransportError(f"{exc}; the {size} bytes of {stored.node}/{artifact.name} received are "
+                                         "kept: run fetch again to resume") from None
+                raise
         if (size, hasher.hexdigest()) != (artifact.size, artifact.sha256):
             part.unlink()  # the next fetch starts from zero
             raise CorruptDownload(_mismatch(artifact, size, hasher.hexdigest(), resumed), path=path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -292,6 +293,8 @@ def test_a_broken_download_keeps_its_bytes_and_the_next_fetch_resumes_after_them
             assert main([*fetch, "--coordinator", cut.address]) == 1
             (line,) = capsys.readouterr().err.splitlines()
             assert line.startswith(f"rankscope: error: coordinator at {cut.address} unreachable (unavailable: ")
+            assert re.search(r"; the \d+ bytes of node-a/rank0.nsys-rep received are kept: run fetch again to "
+                             r"resume$", line)
     part = folder / "node-a" / ".rank0.nsys-rep.part"
     kept = part.read_bytes()
     assert tree(folder) == {"node-a/.rank0.nsys-rep.part": kept}  # no file at the final name
