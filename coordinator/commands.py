@@ -464,8 +464,18 @@ def _destination(folder: Path, stored: pb.StoredArtifact) -> Path:
 
 
 def _already_there(path: Path, artifact: pb.ArtifactRef) -> bool:
-    """``path`` holds the artifact's bytes already (its size first: a mismatch costs no hashing)."""
-    return path.is_file() and path.stat().st_size == artifact.size and sha256_of(path) == artifact.sha256
+    """``path`` holds the artifact's bytes already (its size first: a mismatch costs no hashing);
+    then a broken download's bytes of it left beside it are of no more use."""
+    there = path.is_file() and path.stat().st_size == artifact.size and sha256_of(path) == artifact.sha256
+    if there:
+        _partial(path).unlink(missing_ok=True)
+    return there
+
+
+def _partial(path: Path) -> Path:
+    """Where a broken download of ``path`` keeps its bytes: hidden, and with no input's
+    suffix, so `analyze DIR` passes it by."""
+    return path.with_name(f".{path.name}.part")
 
 
 def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, path: Path, progress: Progress) -> int:
@@ -475,7 +485,7 @@ def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, pa
     only; returns how many bytes it took from there."""
     artifact = stored.artifact
     output.make_folder(path.parent)
-    part = path.with_name(f".{path.name}.part")  # hidden, and no input's suffix: `analyze DIR` passes it by
+    part = _partial(path)
     with output.writing(path):
         with open(part, "a+b") as handle:  # appends, whatever was read
             handle.seek(0)

@@ -90,9 +90,12 @@ def test_fetch_downloads_what_a_real_agent_uploaded(small_chunks, wire, tmp_path
     assert tree(folder) == {f"tls-node/{name}": data for name, data in uploaded.items()}
     out = capsys.readouterr().out
     assert out.startswith("fetched 3 file(s) (0.") and out.endswith(f"MiB) of sweep {sweep_id} into {folder}\n")
-    # Again: every file is there with its sha256 already, and kept.
+    # Again: every file is there with its sha256 already, and kept; bytes of a broken fetch of
+    # one of them, left from before it was fetched whole, go.
+    (folder / "tls-node" / ".tls-node.digest.parquet.part").write_bytes(b"PAR1")
     assert main(["fetch", "--coordinator", small_chunks.address, sweep_id, "-o", str(folder)]) == 0
     assert capsys.readouterr().out == f"fetched 0 file(s) (0.0 MiB) of sweep {sweep_id} into {folder}; 3 already there\n"
+    assert tree(folder) == {f"tls-node/{name}": data for name, data in uploaded.items()}
     # The hint runs as printed: the raw exports, into ./SWEEP.
     monkeypatch.chdir(tmp_path)
     assert main(shlex.split(hint)[1:]) == 0
