@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ from rankscope.coordinator.client import SweepClient, node_state_name, state_nam
 from rankscope.coordinator.config import resolve
 from rankscope import output, signals, tls
 from rankscope.errors import InputError, RankscopeError, TransportError
+from rankscope.lock import NO_LOCKS
 from rankscope.memory import keep_chunk_memory
 from rankscope.progress import Progress
 from rankscope.proto.v1 import rankscope_pb2 as pb
@@ -488,6 +490,7 @@ def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, pa
     part = _partial(path)
     with output.writing(path):
         with open(part, "a+b") as handle:  # appends, whatever was read
+            _hold(handle, path)
             handle.seek(0)
             hasher = hashlib.file_digest(handle, "sha256")
             resumed = size = handle.tell()
@@ -509,6 +512,18 @@ def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, pa
             raise CorruptDownload(_mismatch(artifact, size, hasher.hexdigest(), resumed), path=path)
         os.replace(part, path)
     return resumed
+
+
+def _hold(handle, path: Path) -> None:
+    """Hold the partial for this fetch alone: two appending to it would each fail the check.
+    The kernel lets go when the file closes, or the process ends."""
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise InputError("another fetch is downloading this file now; let it finish", path=path) from None
+    except OSError as exc:
+        if exc.errno not in NO_LOCKS:
+            raise
 
 
 def _mismatch(artifact: pb.ArtifactRef, size: int, sha256: str, resumed: int) -> str:

@@ -24,7 +24,7 @@ from rankscope.errors import ConfigError
 
 LOCK_NAME = ".rankscope.lock"
 # Filesystems that cannot lock (some NFS set-ups): run unlocked, and say so.
-_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class FolderLock:
             os.close(fd)
             raise FolderInUse(f"in use by {holder}; one {self.owner} per folder", path=self.folder) from None
         except OSError as exc:
-            if exc.errno not in _NO_LOCKS:
+            if exc.errno not in NO_LOCKS:
                 os.close(fd)
                 raise ConfigError(f"cannot lock the folder ({exc.strerror or exc})", path=self.folder) from None
             log.warning("%s: this filesystem cannot lock files: nothing stops a second %s on this folder",

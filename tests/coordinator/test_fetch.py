@@ -351,3 +351,27 @@ def test_kept_bytes_that_do_not_start_the_file_are_removed_and_the_next_fetch_st
     assert main(fetch) == 0
     assert tree(folder) == {"node-a/rank0.sqlite": data}
     assert capsys.readouterr().out == f"fetched 1 file(s) (0.1 MiB) of sweep {sweep_id} into {folder}\n"
+
+
+def test_a_second_fetch_of_a_file_another_is_downloading_leaves_its_bytes_alone(
+        small_chunks, wire, tmp_path, capsys) -> None:
+    import fcntl
+
+    agent = wire.FakeAgent(small_chunks, "node-a")
+    sweep_id = sweep_of(small_chunks, agent, upload_raw=True)
+    data = os.urandom(4 * CHUNK)
+    upload(wire, small_chunks, agent, sweep_id, "rank0.nsys-rep", data)
+    agent.close()
+    folder = tmp_path / "out"
+    part = folder / "node-a" / ".rank0.nsys-rep.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(data[:CHUNK])
+    fetch = ["fetch", sweep_id, "-o", str(folder), "--coordinator", small_chunks.address]
+    with open(part, "ab") as other:  # as the fetch under way holds it
+        fcntl.flock(other.fileno(), fcntl.LOCK_EX)
+        assert main(fetch) == 2
+        assert capsys.readouterr().err == (f"rankscope: error: {folder / 'node-a' / 'rank0.nsys-rep'}: another fetch "
+                                           "is downloading this file now; let it finish\n")
+        assert tree(folder) == {"node-a/.rank0.nsys-rep.part": data[:CHUNK]}
+    assert main(fetch) == 0
+    assert tree(folder) == {"node-a/rank0.nsys-rep": data}
