@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,14 @@ def dcgm_ledger(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "dcgm-ledger"
     monkeypatch.setenv("RANKSCOPE_DCGM_STATE", str(folder))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_restored():
+    """SIGINT and SIGTERM as they were before each test: `rankscope agent` and `coordinator`,
+    run in-process, take them for good (`signals.on_stop`), as their own processes should,
+    and a later test's Ctrl-C would then stop an agent long gone instead of raising."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
