@@ -160,3 +160,34 @@ def test_two_ranks_are_too_few_to_judge() -> None:
 def test_a_straggler_found_leaves_nothing_unjudged() -> None:
     digests, _ = synthetic_job(SyntheticJob(nodes=4, gpus_per_node=4, steps=30, stragglers={6: 150_000}, seed=7))
     assert analyze(digests).stragglers_not_judged is None
+
+
+def test_own_delay_is_the_gap_over_the_other_peers_median_floored_at_zero() -> None:
+    """Three ranks, two collectives: gaps of 100, 50 and 200 ns before the second, worked by
+    hand. Leave-one-out: rank 2's peers' median is (50 + 100) / 2 = 75, so its excess is 125
+    (not 100, the median of all three). Floored: ranks 0 and 1 arrive early (excess -25 and
+    -100 unfloored), and count as 0, not as negative delay."""
+    from rankscope.analysis.stragglers import own_delay
+    from rankscope.analysis.testing import T0_NS  # epoch ns: the gaps must come from int64 differences
+
+    events = {
+        "rank": np.array([0, 0, 1, 1, 2, 2]),
+        "start_ns": T0_NS + np.array([0, 110, 0, 60, 0, 210]),
+        "end_ns": T0_NS + np.array([10, 120, 10, 70, 10, 220]),
+        "instance": np.array([0, 1, 0, 1, 0, 1]),
+        "step": np.full(6, np.nan),  # no steps: each instance is its own peer group
+    }
+    rows = own_delay(events)
+    by_rank = {int(r): (g, e) for r, g, e in zip(rows["rank"], rows["gap"], rows["excess"])}
+    assert by_rank == {0: (100.0, 0.0), 1: (50.0, 0.0), 2: (200.0, 125.0)}
+    assert rows["instance"].tolist() == [1, 1, 1]  # the first collective has no gap before it
+
+
+@pytest.mark.parametrize("jitter_ns", [100_000, 1_000_000])
+@pytest.mark.parametrize("seed", range(12))
+def test_a_balanced_four_rank_job_with_noisy_compute_flags_none(seed: int, jitter_ns: int) -> None:
+    """With four ranks the MAD of their mean own delays can be small by chance (seed 6 here),
+    and then one rank's noise would stand out of it: a rank must also stand out by Z_MIN times
+    the noise of the ranks' means (their median standard error)."""
+    digests, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=4, steps=10, jitter_ns=jitter_ns, seed=seed))
+    assert analyze(digests).stragglers == []
