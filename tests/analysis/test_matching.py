@@ -172,3 +172,37 @@ def test_rank_whose_capture_started_one_call_late_is_realigned_on_its_host_clock
 def test_alltoall_sizes_may_differ_per_rank() -> None:
     rows = _rows([(0, "c", 0, "trace", "alltoall", 64, None, 100), (1, "c", 0, "trace", "alltoall", 96, None, 100)])
     assert match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1}).instances == 1
+
+
+def test_a_rank_whose_ends_match_no_shift_is_warned_and_left_as_it_was() -> None:
+    # ranks 0 and 1 share host h0's clock, but rank 1's ends fall halfway between rank 0's:
+    # no shift of its calls makes them coincide, so none is applied and the rows say so
+    rows = _rows(
+        [(0, "c", k, "ordinal", "allreduce", 64, None, e - 100) for k, e in enumerate([1_000, 2_000, 3_000, 4_000])]
+        + [(1, "c", k, "ordinal", "allreduce", 64, None, e - 100) for k, e in enumerate([1_500, 2_500, 3_500])]
+    )
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert any("rank 1's calls do not line up with its host's other members" in w for w in m.warnings)
+    assert not any("call(s) behind" in w or "call(s) ahead of" in w for w in m.warnings)
+    assert m.instances == 3 and m.dropped_incomplete == 1  # the k-th with the k-th, unshifted
+
+
+def test_no_peer_is_guessed_through_a_communicator_with_a_member_absent() -> None:
+    """q = [0, 1, 2, 3] with rank 0 absent: rank 1 sends to its peer 2 (global 2), rank 3
+    receives from its peer 0 (global 0). Numbering the present members (1, 2, 3) instead
+    would make them global 3 and 1: a send and a recv of different calls paired."""
+    rows = _rows([(1, "q", 0, "ordinal", "send", 8, 2, 100), (3, "q", 0, "ordinal", "recv", 8, 0, 120),
+                  (2, "q", 0, "ordinal", "allreduce", 8, None, 50)])
+    m = match(rows, _comms({"q": [0, 1, 2, 3]}, [1, 2, 3]), {1, 2, 3})
+    assert m.members["q"] == (1, 2, 3) and m.sizes["q"] == 4
+    assert (pd.DataFrame(m.events).query("op in ['send', 'recv']")["instance"] == UNMATCHED).all()
+    assert any("2 point-to-point call(s) without a known peer were not matched" in w for w in m.warnings)
+
+
+def test_ranks_listing_different_members_are_warned_and_their_union_used() -> None:
+    rows = _rows([(r, "c", 0, "trace", "allreduce", 1, None, 100) for r in (0, 1, 2)])
+    comms = pd.DataFrame([(0, "c", [0, 1], None), (1, "c", [0, 1, 2], None), (2, "c", [0, 1, 2], None)],
+                         columns=["rank", "comm_id", "ranks", "name"])
+    m = match(rows, comms, {0, 1, 2})
+    assert any("communicator c: ranks disagree on its members; using their union [0, 1, 2]" in w for w in m.warnings)
+    assert m.members["c"] == (0, 1, 2) and m.instances == 1
