@@ -724,7 +724,7 @@ def test_a_capture_record_that_cannot_be_saved_does_not_leave_dcgm_paused(coordi
         thread.join(10)
 
 
-def an_agent_stopped_mid_export_keeps_the_export_clock_for_its_restart(
+def test_an_agent_stopped_mid_export_keeps_the_export_clock_for_its_restart(
         coordinator, tmp_path: Path, monkeypatch) -> None:
     """Stopping the agent sets the run's cancel, which now kills its exports: the export's
     `finally` must not close the export clock (`_export_began`: "kept across a restart"), or
