@@ -10,9 +10,8 @@ import pyarrow.compute as pc
 import pytest
 
 from rankscope.analysis import digest, nsys
+from rankscope.analysis import simulate
 from rankscope.errors import ExportError
-
-simulate = pytest.importorskip("rankscope.analysis.simulate")
 
 SPEC = dict(nodes=2, gpus_per_node=2, tp=2, steps=3, seed=5, job_id="simjob")
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rankscope.analysis import simulate as sim
+from rankscope.analysis import sources
 from rankscope.analysis.pipeline import analyze
 from rankscope.analysis.report import Report
 
-sim = pytest.importorskip("rankscope.analysis.simulate", reason="needs the simulator (analysis/simulate.py)")
-sources = pytest.importorskip("rankscope.analysis.sources")
 
 STRAGGLERS = (sim.Straggler(13, "compute", 2 * sim.MS), sim.Straggler(42, "launch", 1 * sim.MS))
 

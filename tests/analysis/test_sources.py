@@ -137,7 +137,6 @@ def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Pa
 
 
 def test_kineto_traces_go_to_the_kineto_reader(samples: Path) -> None:
-    pytest.importorskip("rankscope.analysis.kineto")
     folder = samples / "kineto" / "gloo_cpu_torch2.13"
     table = sources.load_digests([folder / "rank0.json", folder / "rank1.json"])
     assert table.column("rank").to_pylist() == [0, 1]
@@ -162,7 +161,6 @@ def test_refusals(dsl: Path, tmp_path: Path) -> None:
 
 
 def test_folder_walk_skips_json_that_is_not_a_kineto_trace(samples: Path, tmp_path: Path) -> None:
-    pytest.importorskip("rankscope.analysis.kineto")
     import gzip
 
     from rankscope.errors import RankscopeWarning
