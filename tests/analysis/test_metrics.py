@@ -191,3 +191,66 @@ def test_network_variance_is_the_coefficient_of_variation_of_transfer() -> None:
     spread = pd.DataFrame(metrics.op_spread(aligned, metrics.instance_frame(aligned), {"c": 2})).iloc[0]
     # mean 200 ns, sample std sqrt((100^2 + 100^2 + 200^2) / 2) = 173.2 ns: CV 0.866 (std / median: 1.73)
     assert spread["network_cv"] == pytest.approx(np.sqrt(3) / 2)
+
+
+def test_rank_lateness_quantiles_are_each_ranks_own() -> None:
+    # rank 0 arrives first at every instance; rank 1 is late by 0, 10, ..., 990 ns over 100
+    # instances: its median lateness is 495 ns, its p99 980.1 ns, its mean 495 and max 990
+    rows = []
+    for i in range(100):
+        rows += [(i, 0, "a", i * 10_000, i * 10_000 + 5_000), (i, 1, "a", i * 10_000 + 10 * i, i * 10_000 + 5_000)]
+    ranks, columns = metrics.rank_lateness(_instances(_aligned(rows)))
+    per_rank = pd.DataFrame(columns, index=ranks)
+    assert per_rank.loc[1, "late_p50_ns"] == pytest.approx(495.0)
+    assert per_rank.loc[1, "late_p99_ns"] == pytest.approx(980.1)  # 0.99 x 99 = 98.01: 980 + 0.01 x 10
+    assert per_rank.loc[1, "late_max_ns"] == 990 and per_rank.loc[1, "late_mean_ns"] == pytest.approx(495.0)
+    assert per_rank.loc[0, ["late_p50_ns", "late_p99_ns", "late_max_ns"]].tolist() == [0, 0, 0]
+
+
+def test_op_spread_takes_the_median_size_and_the_p99_of_skew() -> None:
+    # five instances: skews 100, 200, 300, 400 and 1000 ns; sizes 64, 64, 64, 64 and 4096 B
+    rows = []
+    for i, (skew, size) in enumerate([(100, 64), (200, 64), (300, 64), (400, 64), (1000, 4096)]):
+        base = i * 10_000
+        rows += [(i, 0, "a", base, base + 2_000, size), (i, 1, "a", base + skew, base + 2_000, size)]
+    aligned = _aligned([r[:5] for r in rows])
+    aligned["bytes"] = [r[5] for r in rows]
+    spread = pd.DataFrame(metrics.op_spread(aligned, metrics.instance_frame(aligned), {"c": 2})).iloc[0]
+    assert spread["bytes_median"] == 64  # the mean would be 870.4
+    assert spread["skew_mean_ns"] == pytest.approx(400)
+    assert spread["skew_p99_ns"] == pytest.approx(400 + 0.96 * 600)  # 0.99 x 4 = 3.96 of the way
+
+
+def test_rank_frame_counts_each_ranks_collectives_and_its_gpu_busy_share() -> None:
+    aligned = _aligned([(0, 0, "a", 0, 1000), (0, 1, "b", 400, 1000), (1, 0, "a", 2000, 2500), (1, 1, "b", 2000, 2500)])
+    events = {"rank": np.array([0, 0, 0, 1, 1]), "duration": np.array([1000, 500, 70, 600, 500]),
+              "instance": np.array([0, 1, -1, 0, 1])}  # rank 0's third call matched nothing
+    meta = {"rank": np.array([1, 0]), "host": np.array(["b", "a"], object), "window_start_ns": np.array([0, 0]),
+            "window_end_ns": np.array([10_000, 0]), "gpu_busy_ns": np.array([2_500.0, 100.0])}
+    frame = pd.DataFrame(metrics.rank_frame(meta, events, metrics.instance_frame(aligned))).set_index("rank")
+    assert frame["collectives"].to_dict() == {0: 3, 1: 2}
+    assert frame.loc[1, "gpu_busy_pct"] == pytest.approx(25.0)  # 2.5 us busy in a 10 us window
+    assert np.isnan(frame.loc[0, "gpu_busy_pct"])  # no window: no share, not a division by zero
+    assert frame["nccl_kernel_ns"].to_dict() == {0: 1570, 1: 1100} and frame.loc[0, "nccl_unmatched_ns"] == 70
+
+
+def test_top_kernels_are_the_longest_few_per_rank_and_for_the_job() -> None:
+    kernels = {"rank": np.array([0] * 7 + [1]), "name": np.array([f"k{i}" for i in range(7)] + ["k6"], object),
+               "count": np.ones(8, np.int64), "total_ns": np.array([10, 70, 30, 60, 20, 50, 40, 100]),
+               "is_comm": np.zeros(8, bool)}
+    per_rank = metrics.top_kernels(kernels, limit=3)
+    assert list(zip(per_rank["rank"].tolist(), list(per_rank["name"]))) == [(0, "k1"), (0, "k3"), (0, "k5"), (1, "k6")]
+    job = metrics.job_top_kernels(kernels, limit=3)
+    assert list(job["name"]) == ["k6", "k1", "k3"] and job["total_ns"].tolist() == [140, 70, 60]
+    assert job["ranks"].tolist() == [2, 1, 1]
+
+
+def test_exposed_wait_is_no_more_than_the_exposed_time() -> None:
+    # a 100 ns call overlapped by 60 ns of compute: 40 ns exposed, of which the 50 ns wait can be 40 at most
+    events = pd.DataFrame({"comm_id": ["tp"], "rank": [0], "duration": [100], "compute_overlap_ns": [60.0],
+                           "wait": [50], "step": [0]})
+    steps = pd.DataFrame({"rank": [0], "step": [0], "start_ns": [0], "end_ns": [1000]})
+    meta = pd.DataFrame({"rank": [0], "window_start_ns": [0], "window_end_ns": [1000]})
+    out = pd.DataFrame(metrics.tp_overhead(events, steps, meta, ["tp"])).iloc[0]
+    assert out["exposed_ns"] == pytest.approx(40) and out["exposed_wait_ns"] == pytest.approx(40)
+    assert out["exposed_transfer_ns"] == pytest.approx(0)
