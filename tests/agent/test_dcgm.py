@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -320,6 +321,69 @@ def test_a_torn_holder_file_is_treated_as_a_pause_left_behind(engine, tmp_path):
     assert manager(tmp_path).recover() is DcgmOutcome.RESUMED
     assert not paused(engine)
     assert not (ledger / "holder-gone-1-0.json").exists()
+
+
+class DiesInsidePause(dcgm.DcgmControl):
+    """The stand-in engine, with the ledger as it stands on disk copied away the moment Pause
+    took effect: what a next agent would find had this one been killed right there."""
+
+    def __init__(self, ledger: Path, snapshot: Path) -> None:
+        self.real, self.ledger, self.snapshot = controls("bindings"), ledger, snapshot
+
+    def pause(self) -> DcgmOutcome:
+        outcome = self.real.pause()
+        shutil.copytree(self.ledger, self.snapshot)
+        return outcome
+
+    def resume(self) -> DcgmOutcome:
+        return self.real.resume()
+
+    def describe(self) -> str:
+        return "dies inside pause"
+
+
+def test_an_agent_killed_inside_its_first_pause_call_leaves_the_resume_on_record(engine, tmp_path):
+    # The ledger is written before every Pause call: written only after, a kill inside the
+    # call left a record holding nothing, which the next agent forgot, DCGM paused for good.
+    m = dcgm.PauseManager(DiesInsidePause(tmp_path / "ledger", tmp_path / "found"), tmp_path / "ledger",
+                          retry_delay_s=0.05)
+    assert m.acquire("a", 60) is DcgmOutcome.PAUSED
+    m.close()
+    controls("bindings").pause()  # as the killed agent left it
+    successor = dcgm.PauseManager(controls("bindings"), tmp_path / "found", retry_delay_s=0.05)
+    assert successor.recover() is DcgmOutcome.RESUMED and not paused(engine)
+    successor.close()
+
+
+def test_a_failed_resume_is_retried_with_growing_delays(tmp_path):
+    class Failing(Unanswering):
+        def __init__(self) -> None:
+            super().__init__(timeout_s=0)
+            self.at: list[float] = []
+
+        def resume(self) -> DcgmOutcome:
+            self.at.append(time.monotonic())
+            return super().resume()
+
+    engine = Failing()
+    m = dcgm.PauseManager(engine, tmp_path / "ledger", resume_retries=3, retry_delay_s=0.1)
+    m.acquire("a", 60)
+    assert m.release("a") is DcgmOutcome.FAILED
+    first, second = engine.at[1] - engine.at[0], engine.at[2] - engine.at[1]
+    assert first >= 0.1 and second >= 0.2  # retry_delay_s x 2^attempt between the three calls
+    m.close()
+
+
+def test_an_agent_whose_last_lease_another_agent_still_needs_owes_no_resume(engine, tmp_path):
+    fleet, job = manager(tmp_path), manager(tmp_path, "dcgmi")  # one folder: one host
+    fleet.acquire("sweep-1", 60)
+    job.acquire("sweep-2", 60)
+    assert fleet.release("sweep-1") is DcgmOutcome.PAUSED and not fleet.paused  # the resume is job's now
+    assert journal(fleet)["paused"] is False
+    assert job.release("sweep-2") is DcgmOutcome.RESUMED
+    time.sleep(0.3)  # fleet's timer (retry looks every 0.2 s) finds nothing owed: no second resume
+    assert ops(engine) == ["pause", "pause", "resume"]
+    fleet.close(), job.close()
 
 
 def test_two_agents_of_one_host_resume_only_after_both_released(engine, tmp_path):
