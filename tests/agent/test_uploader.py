@@ -145,6 +145,18 @@ def test_a_complete_upload_is_not_sent_again(server, blob: Path) -> None:
     assert len(store.first_offsets) == calls and again.resumed_from == blob.stat().st_size
 
 
+def test_a_complete_upload_stored_under_another_sha256_is_refused(server, blob: Path) -> None:
+    """An upload id names only the first 16 hex digits of the file's sha256: a coordinator
+    answering "complete" for it with another file's digest has not got this file."""
+    store, channel = server
+    art = Artifact(blob, "s", "n")
+    first = Uploader(channel, chunk_bytes=65536).upload(art)
+    store.complete[first.upload_id] = hashlib.sha256(b"another file").hexdigest()
+    with pytest.raises(UploadRejected, match=f"coordinator stored upload {first.upload_id} with sha256 "
+                                             f"{store.complete[first.upload_id]}, expected {first.sha256}"):
+        Uploader(channel, chunk_bytes=65536).upload(art)
+
+
 def test_a_refusal_is_final(server, blob: Path, monkeypatch) -> None:
     store, channel = server
     art = Artifact(blob, "s", "n")
