@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import subprocess
 import sys
 
@@ -30,10 +31,16 @@ def test_error_names_the_file_and_exits_with_its_code() -> None:
     assert error.exit_code == 2
 
 
-def test_console_command_lists_subcommands() -> None:
+def test_console_command_lists_subcommands(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
+    # the commands the README documents, named here rather than read from cli.COMMANDS,
+    # which a command dropped from it would leave agreeing with itself
+    listed = capsys.readouterr().out
+    for command in ("digest", "analyze", "simulate", "coordinator", "capture", "sweeps", "report", "cancel",
+                    "fetch", "agent", "rank", "demo"):
+        assert re.search(rf"^\s+{command}\s", listed, re.M), f"rankscope --help does not list {command}"
 
 
 def test_analysis_public_api_resolves() -> None:
