@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, in_sorted, isin, member_of, run_starts
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
 from rankscope.analysis.report import some_of
 
@@ -176,7 +176,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
 
     expected = np.where(is_p2p, 2, size)
     ok, incomplete, bad = _check_instances(
-        group, keyed, comm, comm_ids, rank, op, ops, events["bytes"], key_seq, expected, members, warnings
+        group, keyed, comm, comm_ids, rank, op, ops, events["bytes"], key_seq, expected, warnings
     )
     # Renumber densely (in first-seen order) so instance ids index arrays directly.
     dense = np.full(int(group.max()) + 2 if len(group) else 1, UNMATCHED, dtype=np.int64)
@@ -341,7 +341,6 @@ def _check_instances(
     size_bytes: ArrayLike,
     key_seq: np.ndarray,
     expected: np.ndarray,
-    members: dict[str, tuple[int, ...]],
     warnings: list[str],
 ) -> tuple[np.ndarray, int, int]:
     """Instances (ascending ids) that hold each expected participant once and agree on op and size."""
@@ -354,11 +353,6 @@ def _check_instances(
     again = (by_rank[1:] == by_rank[:-1]) & (of_group[1:] == of_group[:-1])
     twice = np.zeros(per.count, dtype=bool)  # some rank twice in the instance
     twice[of_group[1:][again]] = True
-    # ascending and unique: communicator codes in order, each one's members sorted and distinct
-    member_keys = np.array(
-        [c * _RANK_SPAN + r for c, comm_id in enumerate(comm_ids) for r in members[comm_id]], dtype=np.int64
-    )
-    strangers = per.sum(~in_sorted(comm * _RANK_SPAN + rank, member_keys))
     # send and recv are one operation seen from its two ends.
     send_recv = member_of(ops, [SEND, RECV])[op]
     kind = np.where(send_recv, -1, op)
@@ -369,7 +363,6 @@ def _check_instances(
     pair = per.first(send_recv)
     inconsistent = (
         twice
-        | (strangers > 0)
         | per.varies(kind)
         | per.varies(sizes)
         | (pair & (n == 2) & ~per.varies(op))  # two sends, or two recvs
