@@ -10,10 +10,11 @@ communicator's replicas' instances at the same place in the step (`peers`): a wh
 TP group (a slow node) then stands out from the other TP groups.
 
 A rank is a straggler when its mean own delay stands out robustly from all ranks'
-(median/MAD z-score above ``Z_MIN``) *and* by a minimum absolute effect tied to the
-typical collective duration and to the noise of the ranks' means, so a balanced job flags
-none and no fixed number of ranks is ever named; or where up to half the ranks stand
-apart above a clear jump (`_above_a_jump`).
+(median/MAD z-score above ``Z_MIN``) *and* by a minimum absolute effect: ``MIN_EFFECT_NS``
+and ``Z_MIN`` times the noise of the ranks' means (not the collectives' durations, which
+measure transfer and the waiting stragglers cause, not the spread of gaps), so a balanced
+job flags none and no fixed number of ranks is ever named; or where up to half the ranks
+stand apart above a clear jump (`_above_a_jump`).
 
 Where none is named, `not_judged` says whether that means "none" or "could not tell": a
 rank's first collective in the capture has no gap before it, so a rank late there (as
@@ -159,11 +160,14 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
         error = np.sqrt(np.maximum(square - delay**2, 0.0) / np.maximum(count - 1, 1))
     durations = np.asarray(events["end_ns"], np.int64) - np.asarray(events["start_ns"], np.int64)
     typical = float(nanmedian(durations)) if len(durations) else 0.0
+    # the bar for lateness (clock-aligned arrivals, pipeline._late_ranks), not for own delay
     min_effect = max(MIN_EFFECT_NS, MIN_EFFECT_OF_DURATION * typical)
-    # ... and out of reach of the noise of the means: with a few ranks the MAD can be small
-    # by chance, and a rank's noise stood out
+    # Own delay is a gap on the rank's own clock: the collectives' durations (their transfer,
+    # and the waiting the stragglers themselves cause) say nothing of how far apart noise sets
+    # the ranks' gaps. Its bar is the noise of the means: with a few ranks the MAD can be
+    # small by chance, and a rank's noise stood out.
     noise = float(nanmedian(error[count > 1])) if (count > 1).any() else 0.0
-    significant = max(min_effect, Z_MIN * noise)
+    significant = max(MIN_EFFECT_NS, Z_MIN * noise)
     flagged, score = outliers(ranks, delay, significant)
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 

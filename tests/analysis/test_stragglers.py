@@ -191,3 +191,20 @@ def test_a_balanced_four_rank_job_with_noisy_compute_flags_none(seed: int, jitte
     the noise of the ranks' means (their median standard error)."""
     digests, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=4, steps=10, jitter_ns=jitter_ns, seed=seed))
     assert analyze(digests).stragglers == []
+
+
+@pytest.mark.parametrize("nodes,others", [(4, ()), (6, ((0, "compute", 1_000_000),))])
+def test_a_clear_straggler_beside_long_collectives_is_named(tmp_path, nodes, others) -> None:
+    """Own delay is a gap on the rank's own clock: its bar was 10% of the median collective
+    duration, so a 64 MiB DP AllReduce across the nodes (~2.5 ms of transfer, plus the waiting
+    a second straggler causes) hid a rank 150 us late every step at a z-score over 10."""
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.sources import load_digests
+
+    job = dict(nodes=nodes, gpus_per_node=1, tp=1, steps=10, jitter_ns=10 * sim.US, seed=3)
+    late = tuple(sim.Straggler(r, kind, extra) for r, kind, extra in others)
+    spec = sim.JobSpec(**job, stragglers=(sim.Straggler(2, "launch", 150 * sim.US), *late))
+    sim.simulate(spec, tmp_path)
+    assert analyze(load_digests([tmp_path])).stragglers == sim.truth(spec)["stragglers"]
+    sim.simulate(sim.JobSpec(**job), tmp_path / "balanced")
+    assert analyze(load_digests([tmp_path / "balanced"])).stragglers == []
