@@ -36,6 +36,8 @@ from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
 Z_MIN = 6.0
 MIN_EFFECT_NS = 5_000.0
 MIN_EFFECT_OF_DURATION = 0.1
+# Gaps per rank (median) from which their noise alone sets the bar for own delay (`find`).
+MIN_GAPS_FOR_NOISE_BAR = 8
 # A gap above most ranks' values that sets the ranks above it apart: this many times the
 # spread (range) of the values below it, and Z_MIN robust sigmas of them.
 JUMP_OVER_SPREAD = 2.0
@@ -167,7 +169,11 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     # the ranks' gaps. Its bar is the noise of the means: with a few ranks the MAD can be
     # small by chance, and a rank's noise stood out.
     noise = float(nanmedian(error[count > 1])) if (count > 1).any() else 0.0
-    significant = max(MIN_EFFECT_NS, Z_MIN * noise)
+    # With few gaps per rank their standard errors are themselves rough, and their median can
+    # come out low by chance (a balanced 5-step job named a rank): there the bar stays the
+    # practical one, tied to the collectives' durations.
+    floor = MIN_EFFECT_NS if float(np.median(count)) >= MIN_GAPS_FOR_NOISE_BAR else min_effect
+    significant = max(floor, Z_MIN * noise)
     flagged, score = outliers(ranks, delay, significant)
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
