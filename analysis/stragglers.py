@@ -12,8 +12,9 @@ TP group (a slow node) then stands out from the other TP groups.
 A rank is a straggler when its mean own delay stands out robustly from all ranks'
 (median/MAD z-score above ``Z_MIN``) *and* by a minimum absolute effect: ``MIN_EFFECT_NS``
 and ``Z_MIN`` times the noise of the ranks' means (not the collectives' durations, which
-measure transfer and the waiting stragglers cause, not the spread of gaps), so a balanced
-job flags none and no fixed number of ranks is ever named; or where up to half the ranks
+measure transfer and the waiting stragglers cause, not the spread of gaps; but where each
+rank has only a few gaps, whose noise is itself rough, 10% of their typical duration), so a
+balanced job flags none and no fixed number of ranks is ever named; or where up to half the ranks
 stand apart above a clear jump (`_above_a_jump`).
 
 Where none is named, `not_judged` says whether that means "none" or "could not tell": a
