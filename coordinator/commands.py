@@ -90,8 +90,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     targets = capture.add_mutually_exclusive_group(required=True)
     targets.add_argument("--nodes", type=lambda s: [n for n in s.split(",") if n], metavar="A,B",
                          help="these nodes, by agent name")
-    targets.add_argument("--labels", type=parse_labels, metavar="K=V,...", help="connected agents with all these labels")
-    targets.add_argument("--all", action="store_true", help="every connected agent")
+    targets.add_argument("--labels", type=parse_labels, metavar="K=V,...", help="the agents with all these labels (one not connected is "
+                         "named in the report as missing, not captured)")
+    targets.add_argument("--all", action="store_true", help="every agent (as --labels)")
     capture.add_argument("--duration", type=parse_duration, default=20.0, metavar="DURATION",
                          help="capture window (default 20s, at most 1h)")
     capture.add_argument("--backend", default="", help="capture backend: nsys, torch or sim (default: the nodes' "

@@ -153,7 +153,9 @@ def select_nodes(
     labels: Mapping[str, str] | None = None,
     everything: bool = False,
 ) -> list[str]:
-    """The nodes a sweep targets: named ones (known, connected or not), else connected ones by label or all."""
+    """The nodes a sweep targets: named ones, else those with the labels, or all; known ones,
+    connected or not (the caller says which are away: a health sweep by label must name a node
+    whose agent is down, not pass without it). By label or all, at least one is connected."""
     known = {a.node: a for a in agents}
     names = list(names)
     if names:
@@ -161,18 +163,25 @@ def select_nodes(
         if unknown:
             raise UnknownAgent(f"no agent registered as {', '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})")
         return sorted(set(names))
-    live = [a for a in known.values() if a.node in connected]
     if labels:
-        chosen = [a.node for a in live if all(a.labels.get(k) == v for k, v in labels.items())]
-        if not chosen:
+        chosen = sorted(a.node for a in known.values() if all(a.labels.get(k) == v for k, v in labels.items()))
+        if not connected.intersection(chosen):
             wanted = ",".join(f"{k}={v}" for k, v in labels.items())
-            raise UnknownAgent(f"no connected agent has labels {wanted}")
-        return sorted(chosen)
+            raise UnknownAgent(f"no connected agent has labels {wanted}" + _away(chosen))
+        return chosen
     if not everything:
         raise InputError("choose the sweep's nodes: by name, by label, or all")
-    if not live:
-        raise UnknownAgent("no agent is connected")
-    return sorted(a.node for a in live)
+    if not connected.intersection(known):
+        raise UnknownAgent("no agent is connected" + _away(sorted(known)))
+    return sorted(known)
+
+
+def _away(nodes: list[str], shown: int = 5) -> str:
+    """" (not connected: a, b, ...)" where registered nodes are away, briefly at fleet scale."""
+    if not nodes:
+        return ""
+    more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
+    return f" (not connected: {', '.join(nodes[:shown])}{more})"
 
 
 def default_backend(agents: Iterable[AgentRecord]) -> str:

@@ -43,6 +43,8 @@ _PROGRESS = [
 ]
 _ORDER = {state: i for i, state in enumerate(_PROGRESS)}
 FINAL_SWEEP = frozenset({SweepState.ANALYSED, SweepState.PARTIAL, SweepState.FAILED})
+# Why a node chosen by label or all, whose agent was not connected, is not in the capture.
+AWAY = "agent not connected when the sweep started"
 _SWEEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -263,16 +265,19 @@ class Sweep:
 
     @classmethod
     def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None,
-              busy: Mapping[str, str] | None = None) -> tuple[Sweep, list[Instruction]]:
+              busy: Mapping[str, str] | None = None, away: Iterable[str] = ()) -> tuple[Sweep, list[Instruction]]:
         """A new sweep over ``nodes``, and its captures to send; those in ``busy`` (node -> the
         sweep still capturing there: a node's ranks are in one capture at a time) fail at once,
-        with that reason. The caller stores the new sweep (no Changed: nobody watches it yet)."""
+        with that reason, as do those ``away`` (their agents not connected). The caller stores
+        the new sweep (no Changed: nobody watches it yet)."""
         names = sorted(set(nodes))
         if not names:
             raise InputError("a sweep needs at least one node")
         busy = {n: busy[n] for n in names if n in busy} if busy else {}
-        if len(busy) == len(names):
-            raise InputError(_busy_message(busy))
+        away = sorted(set(away).intersection(names) - set(busy))
+        if len(busy) + len(away) == len(names):
+            raise InputError("; ".join([*([_busy_message(busy)] if busy else []),
+                                        *([f"not connected: {', '.join(away)}"] if away else [])]))
         sweep = cls(
             sweep_id=sweep_id or new_sweep_id(now_ns),
             spec=spec,
@@ -283,7 +288,10 @@ class Sweep:
         for name, other in busy.items():
             sweep.nodes[name].state = NodeState.FAILED
             sweep.nodes[name].reason = f"busy: still capturing for sweep {other}"
-        return sweep, [SendCapture(n) for n in names if n not in busy]
+        for name in away:
+            sweep.nodes[name].state = NodeState.FAILED
+            sweep.nodes[name].reason = AWAY
+        return sweep, [SendCapture(n) for n in names if n not in busy and n not in away]
 
     @property
     def final(self) -> bool:

@@ -629,3 +629,43 @@ def test_a_full_disk_mid_sweep_keeps_it_going_in_memory_and_saves_it_once_there_
     assert sweep_id not in coord._active and not coord._unsaved
     talking.close()
     silent.close()
+
+
+def _until_disconnected(coordinator, node: str) -> None:
+    deadline = time.monotonic() + 20
+    while node in coordinator.server.coordinator.registry.connected() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node not in coordinator.server.coordinator.registry.connected()
+
+
+def test_a_labelled_node_whose_agent_is_down_is_named_missing_not_left_out(coordinator, wire, digests) -> None:
+    """A scheduled health sweep by label over a fleet where one agent is down (or not yet back
+    after a coordinator restart): that node is in the sweep, failed at once and named in the
+    report, not left out unseen, so the sweep does not pass as if the fleet were whole."""
+    down, up = list(digests)
+    gone = wire.FakeAgent(coordinator, down, pool="train")
+    gone.close()
+    present = wire.FakeAgent(coordinator, up, pool="train")
+    wire.FakeAgent(coordinator, "elsewhere", pool="inference").close()
+    _until_disconnected(coordinator, down)
+    _until_disconnected(coordinator, "elsewhere")
+    with SweepClient(coordinator.address) as client:
+        for targets in ({"labels": {"pool": "train"}}, {"everything": True}):
+            sweep = client.start(**targets, duration_s=0.5, backend="sim")
+            nodes = {n.node: (n.state, n.reason) for n in sweep.nodes}
+            reason = "agent not connected when the sweep started"
+            expected = {down: (pb.NODE_STATE_FAILED, reason), up: (pb.NODE_STATE_PENDING, "")}
+            if "everything" in targets:
+                expected["elsewhere"] = (pb.NODE_STATE_FAILED, reason)
+            assert nodes == expected
+            present.finish(started_capture(present).sweep_id, digests[up])
+            done = final(client, sweep.sweep_id)
+            assert done.state == pb.SWEEP_STATE_PARTIAL
+            assert sorted(done.missing) == sorted(n for n in expected if n != up)
+            report = json.loads(client.report(sweep.sweep_id).report_json)
+            assert f"node {down} is missing from this report: {reason}" in report["warnings"]
+        present.close()
+        _until_disconnected(coordinator, up)
+        with pytest.raises(InputError, match=rf"no connected agent has labels pool=train \(not connected: "
+                                             rf"{down}, {up}\)$"):
+            client.start(labels={"pool": "train"}, duration_s=1.0, backend="sim")
