@@ -10,7 +10,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
@@ -24,6 +24,8 @@ from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 RPC_TIMEOUT_S = 30.0
+# How long a watch tries again on a coordinator gone unreachable (a restart) before it gives up.
+RECONNECT_S = 120.0
 # The largest reply the coordinator sends and this client takes: a report's JSON is ~1.5 kB
 # per rank (400 kB at 256 ranks), past gRPC's default 4 MiB limit from ~2700 ranks.
 MAX_REPLY_BYTES = 256 << 20
@@ -128,13 +130,17 @@ class SweepClient:
             if not reading.cancelled:
                 raise rpc_error(self.address, exc, self.tls) from None
 
-    def watch(self, sweep_id: str, *, reconnect_s: float = 120.0) -> Iterator[pb.SweepEvent]:
+    def watch(self, sweep_id: str, *, reconnect_s: float | None = None,
+              on_lost: Callable[[RankscopeError, float], None] | None = None) -> Iterator[pb.SweepEvent]:
         """Progress events until the sweep is final; rides out a coordinator restart of up to
-        ``reconnect_s``. Read on a thread of its own (`_read_aside`)."""
+        ``reconnect_s`` (default `RECONNECT_S`), calling ``on_lost(error, reconnect_s)`` as
+        each outage begins. Read on a thread of its own (`_read_aside`)."""
         watch = _Reading()
-        return _read_aside(self._events(sweep_id, reconnect_s, watch), watch, f"watch-{sweep_id}")
+        reconnect_s = RECONNECT_S if reconnect_s is None else reconnect_s
+        return _read_aside(self._events(sweep_id, reconnect_s, watch, on_lost), watch, f"watch-{sweep_id}")
 
-    def _events(self, sweep_id: str, reconnect_s: float, watch: _Reading) -> Iterator[pb.SweepEvent]:
+    def _events(self, sweep_id: str, reconnect_s: float, watch: _Reading,
+                on_lost: Callable[[RankscopeError, float], None] | None = None) -> Iterator[pb.SweepEvent]:
         lost_since: float | None = None
         while not watch.cancelled:
             try:
@@ -150,7 +156,10 @@ class SweepClient:
                 lost = rpc_error(self.address, exc, self.tls)
                 if not isinstance(lost, TransportError):  # only being unreachable may pass
                     raise lost from None
-            lost_since = lost_since or time.monotonic()
+            if lost_since is None:
+                lost_since = time.monotonic()
+                if on_lost is not None:
+                    on_lost(lost, reconnect_s)
             if time.monotonic() - lost_since > reconnect_s:
                 raise lost
             log.info("%s; watching again", lost)

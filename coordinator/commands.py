@@ -218,6 +218,10 @@ def run_capture(args: argparse.Namespace) -> int:
         try:
             _say_started(sweep)
             final = _follow(client, sweep.sweep_id)
+        except TransportError as exc:  # the coordinator stayed away: the sweep may still end there
+            raise TransportError(f"{exc}; stopped waiting for sweep {sweep.sweep_id}, which may still finish once "
+                                 f"the coordinator is back ({_command_line(args, 'report', sweep.sweep_id)} "
+                                 "prints its report)") from None
         except KeyboardInterrupt:
             # Only the waiting stops: the nodes capture on, and the coordinator analyses.
             print(f"rankscope: stopped waiting; sweep {sweep.sweep_id} goes on "
@@ -264,7 +268,11 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
     started = time.monotonic()
     counted, counted_at = "", 0.0
     sweep = fleet = None
-    for event in client.watch(sweep_id):
+
+    def lost(error: RankscopeError, reconnect_s: float) -> None:  # else the log goes quiet for minutes
+        _say(started, f"{error}; watching again for up to {reconnect_s:g}s")
+
+    for event in client.watch(sweep_id, on_lost=lost):
         sweep = event.sweep
         fleet = len(sweep.nodes) > FLEET_NODES if fleet is None else fleet  # the first event has every node
         for node in sweep.nodes:

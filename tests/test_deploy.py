@@ -257,9 +257,7 @@ def test_a_health_sweep_job_that_hangs_ends_before_the_next_one_is_due() -> None
     """The CronJob forbids overlapping Jobs, so one `capture --wait` left waiting on a coordinator
     gone silently would stop every later sweep: its Job needs a deadline, one past what the
     sweep itself may take (window, the coordinator's node timeout, the watch's reconnect)."""
-    import inspect
-
-    from rankscope.coordinator.client import SweepClient
+    from rankscope.coordinator.client import RECONNECT_S
     from rankscope.coordinator.config import CoordinatorConfig
 
     (cron,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "health-sweep-cronjob.yaml").read_text())
@@ -269,7 +267,7 @@ def test_a_health_sweep_job_that_hangs_ends_before_the_next_one_is_due() -> None
     (argv,) = _manifest_invocations(DEPLOY / "kubernetes" / "health-sweep-cronjob.yaml")
     sweep = build_parser().parse_args(argv)
     hours = int(cron["spec"]["schedule"].split()[1].removeprefix("*/"))
-    reconnect_s = inspect.signature(SweepClient.watch).parameters["reconnect_s"].default
+    reconnect_s = RECONNECT_S  # how long capture --wait's watch tries an unreachable coordinator again
     assert sweep.duration + CoordinatorConfig().node_timeout_s + reconnect_s < deadline < hours * 3600
 
 

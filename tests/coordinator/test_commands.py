@@ -297,7 +297,7 @@ def test_a_fleet_capture_shows_counts_per_state_and_each_failure_not_a_line_per_
     class Client:
         address = "here:1"
 
-        def watch(self, sweep_id: str):
+        def watch(self, sweep_id: str, **_):
             return iter(events)
 
     assert commands._follow(Client(), "s1").nodes[3].state == pb.NODE_STATE_FAILED
@@ -390,3 +390,32 @@ def test_a_data_dir_whose_artifacts_folder_is_a_file_is_one_line(tmp_path: Path,
     err = capsys.readouterr().err
     assert err.startswith(f"rankscope: error: {data / 'artifacts' / 'objects'}: cannot create the folder")
     assert len(err.splitlines()) == 1
+
+
+def test_a_coordinator_gone_while_waiting_is_said_at_once_and_the_end_names_the_sweep(tmp_path, wire, capsys,
+                                                                                      monkeypatch) -> None:
+    """A health sweep's Job log: the coordinator going away mid-sweep is said when it happens,
+    not after minutes of nothing, and the error that ends the wait names the sweep and how to
+    get its report, which the coordinator may still make once it is back."""
+    from rankscope.coordinator import client as client_mod
+
+    monkeypatch.setattr(client_mod, "RECONNECT_S", 1.0)
+    running = wire.start(tmp_path / "data")
+    agent = wire.FakeAgent(running, "node-a", pool="training")  # silent: its node captures on
+    codes: list[int] = []
+    waiting = threading.Thread(target=lambda: codes.append(main([
+        "capture", "--coordinator", running.address, "--labels", "pool=training", "--duration", "60s",
+        "--backend", "sim", "--wait", "--fail-on-findings"])), daemon=True)
+    waiting.start()
+    agent.next_command()  # the sweep has started
+    sweep_id = running.server.coordinator.sweeps()[0].sweep_id
+    agent.close()
+    wire.stop(running)
+    waiting.join(30)
+    assert codes == [1]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert any(f"coordinator at {running.address} unreachable" in line and line.endswith("watching again for up to 1s")
+               for line in err[:-1]), err
+    assert err[-1].startswith(f"rankscope: error: coordinator at {running.address} unreachable")
+    assert err[-1].endswith(f"; stopped waiting for sweep {sweep_id}, which may still finish once the coordinator is "
+                            f"back (rankscope report --coordinator {running.address} {sweep_id} prints its report)")
