@@ -121,11 +121,13 @@ def test_the_kubernetes_fleet_talks_mtls() -> None:
                     assert {"RANKSCOPE_TLS_CA", "RANKSCOPE_TLS_CERT", "RANKSCOPE_TLS_KEY"} <= env, path.name
 
 
-@pytest.mark.parametrize(("exit_code", "prints", "kept"), [(0, True, True), (4, True, True), (1, False, False)])
+@pytest.mark.parametrize(("exit_code", "prints", "kept"),
+                         [(0, True, True), (4, True, True), (5, True, True), (1, False, False), (2, False, False)])
 def test_the_health_sweep_job_keeps_a_whole_report_and_fails_only_as_the_capture_does(
         tmp_path: Path, exit_code: int, prints: bool, kept: bool) -> None:
     """The script runs as written, with a stand-in `rankscope` that answers as capture --wait
-    does: a report and exit 0 or 4 (findings), or nothing and exit 1 (a failed sweep)."""
+    does: a report and exit 0, 4 (findings) or 5 (not judged), or nothing and exit 1 (a failed
+    sweep) or 2 (refused); the job's log names the report file it keeps."""
     import os
     import subprocess
 
@@ -135,10 +137,12 @@ def test_the_health_sweep_job_keeps_a_whole_report_and_fails_only_as_the_capture
     fake.write_text(f"#!/bin/sh\n{'echo {}' if prints else ':'}\nexit {exit_code}\n")
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RANKSCOPE_COORDINATOR": "c:1"}
-    done = subprocess.run(["bash", str(DEPLOY / "slurm" / "health-sweep.sbatch")], cwd=tmp_path, env=env)
+    done = subprocess.run(["bash", str(DEPLOY / "slurm" / "health-sweep.sbatch")], cwd=tmp_path, env=env,
+                          stderr=subprocess.PIPE, text=True)
     assert done.returncode == exit_code
     reports = sorted(p.name for p in tmp_path.glob("health-*"))
     assert len(reports) == (1 if kept else 0) and all(name.endswith(".json") for name in reports)
+    assert done.stderr == "".join(f"report written to {tmp_path / name}\n" for name in reports)
 
 
 def test_an_agent_the_unit_restarts_does_not_restart_on_a_mistake() -> None:
