@@ -24,6 +24,7 @@ from rankscope.coordinator import reports
 from rankscope.coordinator.artifacts import ArtifactStore, StorageFull, UploadHeader, UploadWriter
 from rankscope.coordinator.config import CoordinatorConfig
 from rankscope.coordinator.registry import (
+    AWAY_KEEP_S,
     AgentRecord,
     Connection,
     Registry,
@@ -42,6 +43,9 @@ from rankscope.states import AGENT_DONE
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+# A connected agent's record is saved at least this often (pong), so that after a crash its
+# last save says how long it has been away (`AWAY_KEEP_S`).
+SEEN_SAVE_NS = 600 * 10**9
 # Nodes refused at the session limit retry every few seconds each: log them once a minute.
 REFUSALS_LOG_S = 60.0
 # A sweep whose state could not be saved (full disk) is saved again this often.
@@ -219,8 +223,11 @@ class Coordinator:
         # Checked under the lock: a new session's reports take it too, so one that is back
         # before the check is seen here, and one back after it reports after the cut.
         with self._lock:
-            if self._stop.is_set() or self.registry.get(connection.node) is not None:
-                return  # we are the ones going (a restart grants its own grace), or it is back
+            if self.registry.get(connection.node) is not None:
+                return  # back already, on a session whose record is the newer
+            self._seen(connection.agent)
+            if self._stop.is_set():
+                return  # we are the ones going (a restart grants its own grace)
             event = sw.Disconnected(connection.node, self.clock(), int(self.config.restart_grace_s * 1e9))
             for sweep in list(self._active.values()):
                 self._apply(sweep, sweep.handle(event))
@@ -238,12 +245,20 @@ class Coordinator:
             return
         best = connection.add_sample(clock_sample(sent, agent_ns, self.clock()))
         agent = connection.agent
-        if (agent.clock_offset_ns, agent.rtt_ns) != (best.offset_ns, best.rtt_ns):
-            connection.agent = replace(agent, clock_offset_ns=best.offset_ns, rtt_ns=best.rtt_ns, last_seen_ns=self.clock())
-            try:
-                self.store.save_agent(connection.agent)
-            except StorageFull:  # logged as raised; the session keeps the sample, a later one saves it
-                pass
+        # Saved with a better sample, and now and then regardless: after a crash, when no
+        # disconnect was recorded, the last save tells how long a node has been away.
+        if ((agent.clock_offset_ns, agent.rtt_ns) != (best.offset_ns, best.rtt_ns)
+                or self.clock() - agent.last_seen_ns > SEEN_SAVE_NS):
+            connection.agent = self._seen(replace(agent, clock_offset_ns=best.offset_ns, rtt_ns=best.rtt_ns))
+
+    def _seen(self, agent: AgentRecord) -> AgentRecord:
+        """``agent`` recorded as connected until now (`select_nodes` leaves out the long gone)."""
+        agent = replace(agent, last_seen_ns=self.clock())
+        try:
+            self.store.save_agent(agent)
+        except StorageFull:  # logged as raised; a later save records it
+            pass
+        return agent
 
     def clock_hints(self) -> dict[str, int]:
         """Host (and node name) -> agent clock minus coordinator clock, where pinged."""
@@ -368,7 +383,8 @@ class Coordinator:
         with self._lock:
             agents = self.store.agents()
             connected = self.registry.connected()
-            nodes = select_nodes(agents, connected, names=names, labels=labels, everything=everything)
+            nodes = select_nodes(agents, connected, names=names, labels=labels, everything=everything,
+                                 since_ns=self.clock() - int(AWAY_KEEP_S * 1e9))
             if not spec.backend:
                 spec = replace(spec, backend=default_backend(a for a in agents if a.node in nodes))
             lacking = [a for a in agents if a.node in nodes and a.backends and spec.backend not in a.backends]

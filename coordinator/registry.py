@@ -145,6 +145,12 @@ class Registry:
             connection.close()
 
 
+# A node chosen by label or all whose agent has been away longer is taken as gone from the
+# fleet (decommissioned, or replaced under a new name, as autoscaled nodes are): left out,
+# where one away for less is in the sweep, named missing.
+AWAY_KEEP_S = 86400.0
+
+
 def select_nodes(
     agents: Iterable[AgentRecord],
     connected: set[str],
@@ -152,10 +158,13 @@ def select_nodes(
     names: Iterable[str] = (),
     labels: Mapping[str, str] | None = None,
     everything: bool = False,
+    since_ns: int | None = None,
 ) -> list[str]:
     """The nodes a sweep targets: named ones, else those with the labels, or all; known ones,
     connected or not (the caller says which are away: a health sweep by label must name a node
-    whose agent is down, not pass without it). By label or all, at least one is connected."""
+    whose agent is down, not pass without it), less, by label or all, those not seen since
+    ``since_ns`` (decommissioned, renamed: gone from the fleet). By label or all, at least one
+    is connected."""
     known = {a.node: a for a in agents}
     names = list(names)
     if names:
@@ -163,6 +172,8 @@ def select_nodes(
         if unknown:
             raise UnknownAgent(f"no agent registered as {', '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})")
         return sorted(set(names))
+    if since_ns is not None:
+        known = {node: a for node, a in known.items() if node in connected or a.last_seen_ns >= since_ns}
     if labels:
         chosen = sorted(a.node for a in known.values() if all(a.labels.get(k) == v for k, v in labels.items()))
         if not connected.intersection(chosen):

@@ -669,3 +669,28 @@ def test_a_labelled_node_whose_agent_is_down_is_named_missing_not_left_out(coord
         with pytest.raises(InputError, match=rf"no connected agent has labels pool=train \(not connected: "
                                              rf"{down}, {up}\)$"):
             client.start(labels={"pool": "train"}, duration_s=1.0, backend="sim")
+
+
+def test_a_labelled_node_away_past_the_keep_is_taken_as_gone_from_the_fleet(coordinator, wire, digests,
+                                                                             monkeypatch) -> None:
+    """A node decommissioned, or replaced under a new name as autoscaled ones are, must not
+    make every later health sweep partial: away longer than AWAY_KEEP_S, it is left out (by
+    name it is still chosen). How long it has been away counts from its disconnect."""
+    down, up = list(digests)
+    gone = wire.FakeAgent(coordinator, down, pool="train")
+    present = wire.FakeAgent(coordinator, up, pool="train")
+    running = coordinator.server.coordinator
+    before = running.clock()
+    gone.close()
+    _until_disconnected(coordinator, down)
+    assert running.store.agent_by_node(down).last_seen_ns >= before  # its disconnect, not its registration
+    monkeypatch.setattr(coordinator_mod, "AWAY_KEEP_S", 0.3)
+    time.sleep(0.4)
+    with SweepClient(coordinator.address) as client:
+        sweep = client.start(labels={"pool": "train"}, duration_s=0.5, backend="sim")
+        assert [n.node for n in sweep.nodes] == [up]
+        present.finish(started_capture(present).sweep_id, digests[up])
+        assert final(client, sweep.sweep_id).state == pb.SWEEP_STATE_ANALYSED
+        named = client.start(nodes=[down, up], duration_s=0.5, backend="sim")
+        assert sorted(n.node for n in named.nodes) == sorted([down, up])
+    present.close()
