@@ -136,12 +136,14 @@ def test_the_health_sweep_job_keeps_a_whole_report_and_fails_only_as_the_capture
     fake = bin_dir / "rankscope"
     fake.write_text(f"#!/bin/sh\n{'echo {}' if prints else ':'}\nexit {exit_code}\n")
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RANKSCOPE_COORDINATOR": "c:1"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RANKSCOPE_COORDINATOR": "c:1",
+           "SLURM_JOB_ID": "4711"}
     done = subprocess.run(["bash", str(DEPLOY / "slurm" / "health-sweep.sbatch")], cwd=tmp_path, env=env,
                           stderr=subprocess.PIPE, text=True)
     assert done.returncode == exit_code
     reports = sorted(p.name for p in tmp_path.glob("health-*"))
-    assert len(reports) == (1 if kept else 0) and all(name.endswith(".json") for name in reports)
+    # the job's id in the name: two started in one second keep both
+    assert len(reports) == (1 if kept else 0) and all(name.endswith("-4711.json") for name in reports)
     assert done.stderr == "".join(f"report written to {tmp_path / name}\n" for name in reports)
 
 
