@@ -288,3 +288,17 @@ def test_traces_of_two_runs_on_one_host_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConsistencyError, match=r"rank00002.json: its capture window starts 4\d s after that of .*rank00001.json on the same host"):
         sources.load_digests([mixed])
     assert sources.load_digests([tmp_path / "a"]).num_rows == 4
+
+
+def test_folder_walk_passes_hidden_files_and_folders_by(tmp_path: Path) -> None:
+    # found by review: a writer killed mid-write leaves `.NAME.PID.TID.tmp.sqlite` (its suffix
+    # kept), and a notebook its checkpoint copies: each claimed a rank twice
+    from rankscope.analysis import simulate as sim
+
+    job = tmp_path / "job"
+    exports = sim.simulate(sim.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), job)
+    shutil.copy(exports[0], job / f".{exports[0].stem}.4242.4243.tmp.sqlite")
+    (job / ".ipynb_checkpoints").mkdir()
+    shutil.copy(exports[1], job / ".ipynb_checkpoints" / exports[1].name)
+    assert sources.discover([job]) == sorted(exports)
+    assert sources.load_digests([job]).column("rank").to_pylist() == [0, 1]
