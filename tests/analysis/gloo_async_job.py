@@ -30,10 +30,12 @@ def rank_main(rank: int, port: str, out: str) -> None:
         for work in [dist.all_reduce(b, async_op=True) for b in buffers]:
             work.wait()
     window.finish(Path(out) / f"rank{rank}.json")
-    # Both ranks past their last op before either tears gloo down: a rank gone first once
-    # made the other abort at exit ("terminate called without an active exception").
     dist.barrier()
     dist.destroy_process_group()
+    # The traces are whole; what torch 2.13 does tearing down a process that ran gloo with
+    # the Flight Recorder on is no part of this test: about 1 run in 20 a rank aborted in it
+    # ("terminate called without an active exception"), a barrier before the destroy and all.
+    os._exit(0)
 
 
 if __name__ == "__main__":
