@@ -305,8 +305,7 @@ class Coordinator:
         """Where an upload stands, and the node it is of ("" where unknown)."""
         done = self.store.completed_upload(upload_id)
         if done is not None:
-            header, sha256 = done
-            return UploadState(upload_id, True, header.size, True, header.size, sha256), header.node
+            return UploadState(upload_id, True, done.size, True, done.size, done.sha256), done.node
         partial = self.artifacts.committed(upload_id)
         if partial is not None:
             header, committed = partial

@@ -209,13 +209,10 @@ class Store:
             )
         )
 
-    def completed_upload(self, upload_id: str) -> tuple[UploadHeader, str] | None:
-        """The header and verified sha256 of a completed upload, or None."""
+    def completed_upload(self, upload_id: str) -> UploadHeader | None:
+        """A completed upload (its sha256 the one verified), or None."""
         rows = self._read(f"SELECT {_UPLOAD_COLUMNS} FROM uploads WHERE upload_id = ?", (upload_id,))
-        if not rows:
-            return None
-        header = _upload(rows[0])
-        return header, header.sha256
+        return _upload(rows[0]) if rows else None
 
     def uploads(self, sweep_id: str | None = None) -> list[UploadHeader]:
         """Completed uploads (the sha256 verified), of one sweep or all, in the order they completed."""

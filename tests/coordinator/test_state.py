@@ -38,7 +38,7 @@ def test_store_keeps_agents_sweeps_uploads_and_reports_across_a_reopen(tmp_path:
     assert again.agent_by_token("tok") == agent
     assert again.sweep("s1") == sweep
     assert [s.sweep_id for s in again.sweeps(states=(sw.SweepState.RUNNING,))] == ["s1"]
-    assert again.completed_upload("u1") == (header, "c" * 64)
+    assert again.completed_upload("u1") == header and header.sha256 == "c" * 64
     assert again.uploads("s1") == [header] and again.uploads("s2") == []
     assert again.latest_upload("s1", "node-a", "d.parquet") == header
     assert again.latest_upload("s1", "node-b", "d.parquet") is None
