@@ -392,13 +392,12 @@ class Coordinator:
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
             busy = {name: other.sweep_id for other in self._active.values() for name in other.open_nodes()}
+            away = [name for name in nodes if name not in connected]
             # Chosen by label or all, a node whose agent is away fails at once, named: a health
-            # sweep must not pass without it unseen, nor wait out its timeout.
-            away = [] if names else [name for name in nodes if name not in connected]
-            sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy, away=away)
-            for name in nodes:  # named, known, away: say so rather than an unexplained wait
-                if name not in connected and name not in away:
-                    sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"
+            # sweep must not pass without it unseen, nor wait out its timeout. Named, it waits.
+            sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy, away=[] if names else away)
+            for name in away if names else ():  # say so rather than an unexplained wait
+                sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"
             self.store.save_sweep(sweep)  # a full disk refuses a new sweep rather than run it unsaved
             self._active[sweep.sweep_id] = sweep
             self._apply(sweep, instructions)
