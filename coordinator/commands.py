@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import BinaryIO
 
 from rankscope.analysis.report import ranks_text
 from rankscope.cli import parse_duration, parse_labels
@@ -516,14 +517,15 @@ def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, pa
                     raise TransportError(f"{exc}; the {size} bytes of {stored.node}/{artifact.name} received are "
                                          "kept: run fetch again to resume") from None
                 raise
-        if (size, hasher.hexdigest()) != (artifact.size, artifact.sha256):
-            part.unlink()  # the next fetch starts from zero
-            raise CorruptDownload(_mismatch(artifact, size, hasher.hexdigest(), resumed), path=path)
-        os.replace(part, path)
+            # Still held: no other fetch appends between the check and the rename.
+            if (size, hasher.hexdigest()) != (artifact.size, artifact.sha256):
+                part.unlink()  # the next fetch starts from zero
+                raise CorruptDownload(_mismatch(artifact, size, hasher.hexdigest(), resumed), path=path)
+            os.replace(part, path)
     return resumed
 
 
-def _hold(handle, path: Path) -> None:
+def _hold(handle: BinaryIO, path: Path) -> None:
     """Hold the partial for this fetch alone: two appending to it would each fail the check.
     The kernel lets go when the file closes, or the process ends."""
     try:
