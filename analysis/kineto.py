@@ -686,6 +686,12 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
     if len(events.ts) == 0:
         raise ExportError("Kineto trace has no complete (ph X) events", path=path)
     pid = _most_common_pid(events)
+    # GPU busy is a share of the device's active span, first to last kernel or copy, as the
+    # nsys reader and HTA take it: CPU-only stretches of the trace (before the first launch,
+    # a last step's host work) are no device time. A CPU-only trace's window is all of it.
+    device = events.of_cat(*_GPU_CATS)
+    spanned = device if device.any() else slice(None)
+    ts, end = events.ts[spanned], events.ts[spanned] + events.dur[spanned]
     return {
         "rank": rank,
         "rank_source": source,
@@ -699,8 +705,8 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
         "source_file": str(path),
         "producer": f"kineto schemaVersion {top.get('schemaVersion', '?')}"
         + (f", torch {hook['torch']}" if hook.get("torch") else ""),
-        "window_start_ns": int(events.ts.min()),
-        "window_end_ns": int((events.ts + events.dur).max()),
+        "window_start_ns": int(ts.min()),
+        "window_end_ns": int(end.max()),
         "backend": (info or {}).get("backend"),
     }
 

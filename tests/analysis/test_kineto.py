@@ -318,6 +318,31 @@ def test_nccl_kernel_links_to_its_call_through_a_driver_api_launch(tmp_path):
     assert row["cpu_call_ns"] == 1790857026000100000
 
 
+def test_gpu_busy_window_is_the_devices_active_span_as_nsys_and_hta_take_it(tmp_path):
+    """Host work before the first kernel (a data loader, the first launch) and after the
+    last is no device time: the window GPU busy divides by runs from the first kernel or
+    copy to the last, as the nsys reader's does (HTA: last kernel end - first start)."""
+    base = 1790857026000000000
+    comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 256, "Process Group Name": "0"}
+    events = [
+        _event("ProfilerStep#1", "0.000", "3000.000", cat="user_annotation", tid=1),
+        _event("aten::mm", "900.000", "20.000", tid=1, args={"External id": 3}),
+        _event("cudaLaunchKernel", "905.000", "5.000", cat="cuda_runtime", tid=1, args={"correlation": 8}),
+        _event("c10d::allreduce_", "950.000", "50.000", tid=1, args={"External id": 1}),
+        _event("record_param_comms", "951.000", "40.000", tid=1, args={"External id": 2, **comm}),
+        _event("cudaLaunchKernel", "960.000", "5.000", cat="cuda_runtime", tid=1, args={"correlation": 9}),
+        _event("gemm", "1000.000", "100.000", cat="kernel", tid=7, args={"correlation": 8, "stream": 7}),
+        _event("Memcpy DtoH", "1150.000", "50.000", cat="gpu_memcpy", tid=7, args={"stream": 7}),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "1200.000", "100.000", cat="kernel", tid=7,
+               args={"correlation": 9, "stream": 7}),
+    ]
+    data = _trace(events, baseTimeNanoseconds=base)
+    data["distributedInfo"].update(backend="nccl", pg_config=[{"pg_name": "0", "ranks": [0, 1, 2, 3]}])
+    row = _row(read_kineto(_write(tmp_path / "rank3.json", data)))
+    assert (row["window_start_ns"], row["window_end_ns"]) == (base + 1_000_000, base + 1_300_000)
+    assert row["gpu_busy_ns"] == 250_000  # 50 us idle between the gemm and the copy
+
+
 def _reduce_scatter_rank(rank: int, arrival_us: float, *, flight_recorder: bool = False) -> dict:
     """One rank of a 2-rank ReduceScatter of 2 x 4096 floats as PyTorch records it: by
     record_param_comms' In msg nelems (the input) and Out msg nelems (the shard); or, as
