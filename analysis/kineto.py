@@ -1045,13 +1045,23 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
         return None
     calls = _calls(trace, notes)
     call = _kernel_calls(events, kernels, calls)
-    linked = call >= 0
-    orphans = int((~linked).sum())
-    if orphans:
-        notes.append(f"{orphans} NCCL kernel(s) with no host-side collective call in the trace: not matched")
-    linked &= ~groups.take_or(calls["dropped"], call, False)
+    orphan = call < 0
+    if orphan.any():
+        # Launched before the trace began: NCCL time in the window all the same, and the
+        # first instance of its group on the rank (as nsys keeps a kernel outside any NCCL
+        # range), so each is a call of its own, known by the kernel alone.
+        count = int(orphan.sum())
+        notes.append(f"{count} NCCL kernel(s) with no host-side collective call in the trace (launched before it "
+                     "began?): op, group and size from the kernel alone")
+        call[orphan] = len(calls["row"]) + np.arange(count)
+        start, stop = events.ts[kernels[orphan]], events.ts[kernels[orphan]] + events.dur[kernels[orphan]]
+        extra = {"row": -1, "op": None, "rpc": -1, "ann": -1, "ts": start, "end": stop, "thread": -1, "fr_pg": None,
+                 "fr_seq": None, "fr_bytes": None, "fr_input_bytes": None, "dropped": False}
+        calls = {key: np.concatenate([column, np.broadcast_to(np.asarray(extra[key], column.dtype), count)])
+                 for key, column in calls.items()}
+    kept = ~calls["dropped"][call]
     # Per call: its first kernel (by start; ties in trace order) gives arrival, the last end its end.
-    call, kernels = call[linked], kernels[linked]
+    call, kernels = call[kept], kernels[kept]
     start = events.ts[kernels]
     end = start + events.dur[kernels]
     order = np.lexsort((start, call))
@@ -1062,7 +1072,7 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
         "start_ns": start[order][first],
         "end_ns": np.maximum.reduceat(end[order], first) if len(first) else end[:0],
         "cpu_call_ns": chosen["ts"],
-        "called": np.ones(len(first), bool),
+        "called": chosen["row"] >= 0,
     }
     # Identity args: record_param_comms where present, else the first kernel's copy.
     kernel_args = trace.args(kernels[order][first].tolist())
@@ -1079,6 +1089,10 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
         used, which = np.unique(events.name[ann[ann >= 0]], return_inverse=True)
         ann_op[ann >= 0] = np.array([_canonical(n) for n in events.names.text[used].tolist()], object)[which]
     frame["op"] = _coalesce(own["op"], chosen["op"], kernel["op"], ann_op)
+    hinted = ~frame["called"] & ~_present(frame["op"])
+    if hinted.any():  # no call, no collective args (a window's first few kernels): the name's hint, as nsys takes it
+        names = events.names.text[events.name[kernels[order][first][hinted]]]
+        frame["op"][hinted] = [ops.from_kernel_name(name) for name in names.tolist()]
     unnamed = int((~_present(frame["op"])).sum())
     if unnamed:
         notes.append(f"{unnamed} NCCL call(s) name no operation (no Collective name, no nccl: annotation): not matched")

@@ -52,7 +52,8 @@ def _collectives(table):
         (f"{HTA}/df_index_resolver/df_index_resolver.json.gz", 1, 2, {"allreduce"}, None),
         (f"{HTA}/negative_queue_length_values_check/rank0.json.gz", 0, 16, None, None),
         (f"{HTA}/trace_diff/control/control.json.gz", 3, 8, {"allreduce", "alltoall"}, None),
-        (f"{HTA}/trace_diff/test/test.json.gz", 1, 2, {"allreduce", "alltoall"}, None),
+        # a SendRecv kernel launched before the trace began: its name's hint, sendrecv
+        (f"{HTA}/trace_diff/test/test.json.gz", 1, 2, {"allreduce", "alltoall", "sendrecv"}, None),
         (f"{HTA}/trace_filter/sampled_rank-0.json.gz", 0, 128, {"allreduce", "alltoall", "allgather"}, None),
     ],
 )
@@ -341,6 +342,41 @@ def test_gpu_busy_window_is_the_devices_active_span_as_nsys_and_hta_take_it(tmp_
     row = _row(read_kineto(_write(tmp_path / "rank3.json", data)))
     assert (row["window_start_ns"], row["window_end_ns"]) == (base + 1_000_000, base + 1_300_000)
     assert row["gpu_busy_ns"] == 250_000  # 50 us idle between the gemm and the copy
+
+
+def _allreduce_rank(rank: int, arrival_us: float) -> dict:
+    """One rank's trace that began while its first AllReduce was already queued: that
+    kernel (80 us) has no launch or call in the trace; the second one (100 us) has both."""
+    comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 256, "Process Group Name": "0"}
+    events = [
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "20.000", "80.000", cat="kernel", tid=7,
+               args={"correlation": 4, "stream": 7}),
+        _event("c10d::allreduce_", "100.000", "50.000", tid=1, args={"External id": 1}),
+        _event("record_param_comms", "101.000", "40.000", tid=1, args={"External id": 2, **comm}),
+        _event("cudaLaunchKernel", "110.000", "5.000", cat="cuda_runtime", tid=1, args={"correlation": 9}),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", f"{arrival_us:.3f}", f"{300 - arrival_us:.3f}", cat="kernel",
+               tid=7, args={"correlation": 9, "stream": 7}),
+    ]
+    data = _trace(events, baseTimeNanoseconds=1790857026000000000, host_name="node-a")
+    data["distributedInfo"].update(rank=rank, world_size=2, backend="nccl", pg_config=[{"pg_name": "0", "ranks": [0, 1]}])
+    return data
+
+
+def test_an_nccl_kernel_launched_before_the_trace_began_is_nccl_time_and_its_groups_first_instance(tmp_path):
+    """The kernel ran in the window, so it is NCCL kernel time (the nsys reader keeps a
+    kernel outside any NCCL range too), and it is the first instance of its group on
+    every rank whose trace began as late: the calls after it keep their instances."""
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    paths = [_write(tmp_path / f"rank{r}.json", _allreduce_rank(r, at)) for r, at in ((0, 200.0), (1, 250.0))]
+    coll = _collectives(read_kineto(paths[0]))
+    assert coll[["op", "comm_id", "seq"]].values.tolist() == [["allreduce", "0", 1], ["allreduce", "0", 2]]
+    assert pd.isna(coll.loc[0, "cpu_call_ns"]) and coll.loc[1, "cpu_call_ns"] == 1790857026000100000
+    report = analyze(load_digests(paths))
+    assert [r.nccl_kernel_ns for r in report.ranks] == [80_000 + 100_000, 80_000 + 50_000]
+    assert [r.matched for r in report.ranks] == [2, 2]
+    assert [r.late_max_ns for r in report.ranks] == [0, 50_000]
 
 
 def _reduce_scatter_rank(rank: int, arrival_us: float, *, flight_recorder: bool = False) -> dict:
