@@ -768,7 +768,7 @@ def _device_busy(events: _Events) -> _Busy:
     end = start + events.dur[gpu]
     kernel = events.of_cat("kernel")[gpu]
     comm = events.named(events.names.comm)[gpu] & kernel
-    return _busy(start, end, comm, _kernel_table(events, gpu[kernel], comm[kernel]))
+    return _busy(start, end, comm, _kernel_table(events, gpu[kernel], comm[kernel]), copy=~kernel)
 
 
 def _cpu_busy(events: _Events) -> _Busy:
@@ -789,13 +789,20 @@ def _cpu_busy(events: _Events) -> _Busy:
     return _busy(start, end, comm, _kernel_table(events, top, comm))
 
 
-def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: dict[str, np.ndarray]) -> _Busy:
-    compute = intervals.merge(start[~comm], end[~comm])
+def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: dict[str, np.ndarray],
+          copy: np.ndarray | None = None) -> _Busy:
+    """Busy time is the union of every interval; compute is the other kernels alone: a copy
+    (``copy``: memcpy/memset rows) is busy but no compute, as the nsys reader takes it, so it
+    neither hides a collective's exposed time (TP overhead counts compute kernels) nor makes
+    a late arrival compute-bound. The split is of the kernels' union."""
+    work = ~comm if copy is None else ~comm & ~copy
+    compute = intervals.merge(start[work], end[work])
     everything = intervals.merge(start, end)
     total = int((everything.ends - everything.starts).sum())
     compute_ns = int((compute.ends - compute.starts).sum())
     comm_ns = intervals.union_length(start[comm], end[comm])
-    overlap = compute_ns + comm_ns - total
+    either_ns = total if copy is None or not copy.any() else intervals.union_length(start[~copy], end[~copy])
+    overlap = compute_ns + comm_ns - either_ns
     totals = {
         "gpu_busy_ns": total,
         "compute_only_ns": compute_ns - overlap,
