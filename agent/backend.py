@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from rankscope.agent.spool import RankInfo
+from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,14 @@ class CaptureBackend(ABC):
     def unknown_options(self, names: Iterable[str]) -> list[str]:
         prefixes = tuple(option[:-1] for option in self.options if option.endswith("*"))
         return sorted(name for name in set(names) - self.options if not name.startswith(prefixes))
+
+    def own_ranks(self, request: CaptureRequest) -> list[RankInfo]:
+        """The request's ranks that run under this backend (``rankscope rank --backend NAME``);
+        a ToolError where there is none, as then there is nothing to record."""
+        ranks = [r for r in request.ranks if r.backend == self.name and r.session]
+        if not ranks:
+            raise ToolError(f"no rank on this node runs under `rankscope rank --backend {self.name}`")
+        return ranks
 
     def check(self, request: CaptureRequest) -> None:
         """Raise where the capture plainly cannot start (tool missing, no rank to record),

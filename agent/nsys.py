@@ -307,17 +307,17 @@ class NsysBackend(CaptureBackend):
 
     def check(self, request: CaptureRequest) -> None:
         find_nsys(self.nsys)
-        self._ranks(request)
+        self.own_ranks(request)
 
     def needs_gpu_counters(self, request: CaptureRequest) -> bool:
         """Only local rank 0 samples GPU metrics, where they are asked for: plain CUDA, NVTX and
         NCCL tracing reads no counters (dcgm.md §6), so DCGM is paused for nothing else (§9.2)."""
         return request.options.get("gpu_metrics", "true").lower() != "false" and any(
-            r.local_rank == 0 for r in self._ranks(request))
+            r.local_rank == 0 for r in self.own_ranks(request))
 
     def start(self, request: CaptureRequest) -> None:
         exe = find_nsys(self.nsys)
-        ranks = self._ranks(request)
+        ranks = self.own_ranks(request)
         request.workdir.mkdir(parents=True, exist_ok=True)
         gpu_metrics = self.needs_gpu_counters(request)
         if gpu_metrics and gpu_metrics_held(nsys=exe):
@@ -344,7 +344,7 @@ class NsysBackend(CaptureBackend):
         as the process ended: it is exported like the others. The node's capture fails only
         where no rank stopped; otherwise the ranks that failed are noted and left out."""
         exe = find_nsys(self.nsys)
-        ranks = self._started.pop(request.sweep_id, None) or self._ranks(request)
+        ranks = self._started.pop(request.sweep_id, None) or self.own_ranks(request)
         errors: list[str] = []
         reports: list[Path] = []
         for info in ranks:  # stop them all even if one fails: no session left collecting
@@ -392,12 +392,6 @@ class NsysBackend(CaptureBackend):
                 raise first from None
             log.warning("rank %d: stopped a collection left open in nsys session %s", info.rank, info.session)
             run(argv, timeout_s=self.timeout_s)
-
-    def _ranks(self, request: CaptureRequest) -> list[RankInfo]:
-        ranks = [r for r in request.ranks if r.backend == self.name and r.session]
-        if not ranks:
-            raise ToolError("no rank on this node runs under `rankscope rank --backend nsys`")
-        return ranks
 
     def _hold(self, info: RankInfo) -> None:
         """Hold the rank's session host-wide while this capture's window is open. Two agents

@@ -41,7 +41,7 @@ class TorchBackend(CaptureBackend):
     # DCGM profiling holds, so DCGM keeps running.
 
     def start(self, request: CaptureRequest) -> None:
-        ranks = _torch_ranks(request)
+        ranks = self.own_ranks(request)
         for folder, group in _by_folder(request, ranks).items():
             # The ranks write in it (their replies, their traces) as their own users, not the agent's.
             output.make_folder(folder.parent, shared=True)
@@ -55,7 +55,7 @@ class TorchBackend(CaptureBackend):
             self.note(f"did not start recording on {reason}")
 
     def stop(self, request: CaptureRequest) -> list[Path]:
-        ranks = _torch_ranks(request)
+        ranks = self.own_ranks(request)
         folders = _by_folder(request, ranks)
         for folder in folders:
             atomic.write_text(folder / "stop.json", "{}")
@@ -76,13 +76,6 @@ class TorchBackend(CaptureBackend):
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
         return paths
-
-
-def _torch_ranks(request: CaptureRequest) -> list[RankInfo]:
-    ranks = [r for r in request.ranks if r.backend == TorchBackend.name and r.session]
-    if not ranks:
-        raise ToolError("no rank on this node runs under `rankscope rank --backend torch`")
-    return ranks
 
 
 def _folder(request: CaptureRequest, rank: RankInfo) -> Path:
