@@ -29,7 +29,6 @@ RECONNECT_S = 120.0
 # The largest reply the coordinator sends and this client takes: a report's JSON is ~1.5 kB
 # per rank (400 kB at 256 ranks), past gRPC's default 4 MiB limit from ~2700 ranks.
 MAX_REPLY_BYTES = 256 << 20
-FINAL_STATES = frozenset({pb.SWEEP_STATE_ANALYSED, pb.SWEEP_STATE_PARTIAL, pb.SWEEP_STATE_FAILED})
 _USER_MISTAKES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
 })
