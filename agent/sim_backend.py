@@ -108,7 +108,7 @@ def _cast(name: str, raw: str, default):
             return int(float(raw))
         if isinstance(default, float):
             return float(raw)
-    except ValueError:
+    except (ValueError, OverflowError):  # int(float("inf")) overflows
         kind = "yes or no" if isinstance(default, bool) else "a whole number" if isinstance(default, int) else "a number"
         raise ConfigError(f"sim.{name}: {raw!r} is not {kind}") from None
     if not isinstance(default, str):

@@ -30,6 +30,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import math
 import re
 import sqlite3
 import sys
@@ -128,6 +129,8 @@ def _validate(spec: JobSpec) -> None:
         raise bad("kernels_per_phase and compute_ns must be positive, tp_collectives >= 0")
     if spec.jitter_ns < 0 or spec.end_jitter_ns < 0 or spec.max_offset_ns < 0 or spec.max_drift_ppm < 0:
         raise bad("jitter, offset and drift bounds must be >= 0")
+    if not all(map(math.isfinite, (spec.max_drift_ppm, *(spec.clock_drifts_ppm or ())))):
+        raise bad("clock drifts must be finite")
     for name in ("clock_offsets_ns", "clock_drifts_ppm"):
         value = getattr(spec, name)
         if value is not None and len(value) != spec.nodes:
@@ -1320,14 +1323,25 @@ def parse_straggler(text: str) -> Straggler:
             raise ValueError
         rank = int(parts[0])
         kind = parts[1] if len(parts) > 1 and parts[1] else "compute"
-        extra_ns = int(round(float(parts[2]) * US)) if len(parts) > 2 else 2 * MS
+        extra_ns = int(round(_finite(parts[2]) * US)) if len(parts) > 2 else 2 * MS
         every = int(parts[3]) if len(parts) > 3 else 1
-    except ValueError:
+    except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(
             f"bad straggler {text!r}: expected RANK[:compute|launch[:EXTRA_US[:EVERY]]]") from None
     if kind not in STRAGGLER_KINDS:
         raise argparse.ArgumentTypeError(f"bad straggler {text!r}: kind must be compute or launch")
     return Straggler(rank=rank, kind=kind, extra_ns=extra_ns, every=every)
+
+
+def _finite(text: str) -> float:
+    """A float flag's value; NaN and infinity are refused like a word (they have no ns)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 def _node_list(text: str) -> list[int]:
@@ -1352,9 +1366,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--straggler", type=parse_straggler, action="append", default=[],
                    metavar="RANK[:compute|launch[:EXTRA_US[:EVERY]]]",
                    help="inject a straggler (default compute, 2000 us, every step); repeatable")
-    p.add_argument("--max-offset-ms", type=float, default=20.0, help="node clock offsets drawn within +-this (default: %(default)g)")
-    p.add_argument("--max-drift-ppm", type=float, default=50.0, help="node clock drifts drawn within +-this (default: %(default)g)")
-    p.add_argument("--jitter-us", type=float, default=10.0, help="std of each compute kernel's duration (default: %(default)g)")
+    p.add_argument("--max-offset-ms", type=_finite, default=20.0, help="node clock offsets drawn within +-this (default: %(default)g)")
+    p.add_argument("--max-drift-ppm", type=_finite, default=50.0, help="node clock drifts drawn within +-this (default: %(default)g)")
+    p.add_argument("--jitter-us", type=_finite, default=10.0, help="std of each compute kernel's duration (default: %(default)g)")
     p.add_argument("--tp-collectives", type=int, default=2, help="TP AllReduces per step (default: %(default)s)")
     p.add_argument("--barrier", action="store_true", help="close each step with a small world AllReduce")
     p.add_argument("--fsdp", action="store_true",

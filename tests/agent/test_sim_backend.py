@@ -61,6 +61,10 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
     assert "clock_offsets_ns" not in str(refused.value)  # no capture option can set it
     with pytest.raises(ConfigError, match="sim.steps: 'many' is not a whole number"):
         job_spec({"sim.steps": "many"})
+    with pytest.raises(ConfigError, match="sim.jitter_ns: 'inf' is not a whole number"):
+        job_spec({"sim.jitter_ns": "inf"})
+    with pytest.raises(ConfigError, match="clock drifts must be finite"):
+        job_spec({"sim.max_drift_ppm": "nan"})
     with pytest.raises(ConfigError, match="sim.stragglers"):
         job_spec({"sim.stragglers": "x:compute"})
     assert job_spec({"sim.nodes": "4", "sim.slow_links": "3, 19"}).slow_links == (3, 19)

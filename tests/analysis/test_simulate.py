@@ -391,6 +391,15 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "b"), "--nodes", "1", "--straggler", "9"]) == 2
 
 
+@pytest.mark.parametrize("flag", ["--max-offset-ms=nan", "--max-drift-ppm=nan", "--jitter-us=inf",
+                                  "--straggler=1:compute:inf"])
+def test_cli_refuses_a_number_that_is_not_finite(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exc:  # a usage error, not a traceback from the draws
+        main(["simulate", str(tmp_path), "--nodes", "1", "--gpus-per-node", "2", "--tp", "2", flag])
+    assert exc.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_spec_validation():
     with pytest.raises(ConfigError, match="given twice"):
         _spec(stragglers=(sm.Straggler(1), sm.Straggler(1, "launch")))
@@ -398,6 +407,8 @@ def test_spec_validation():
         _spec(stragglers=(sm.Straggler(1, "slow"),))
     with pytest.raises(ConfigError, match="clock_offsets_ns"):
         _spec(clock_offsets_ns=(0,))
+    with pytest.raises(ConfigError, match="clock drifts must be finite"):
+        _spec(max_drift_ppm=float("nan"))
     with pytest.raises(ConfigError, match="node 5"):
         sm.simulate(_spec(), "/nonexistent-never-created", nodes=[5])
 
