@@ -18,15 +18,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rankscope.analysis.simulate import JobSpec, Straggler
 
 PREFIX = "sim."
 NODE_OPTION = "node"  # set by the agent: its node name
 
 
-def parse_stragglers(text: str) -> tuple:
+def parse_stragglers(text: str) -> tuple[Straggler, ...]:
     """``RANK[:compute|launch[:EXTRA_US[:EVERY]]]`` items, comma-separated (the simulate command's syntax)."""
     import argparse
 
@@ -38,7 +42,7 @@ def parse_stragglers(text: str) -> tuple:
         raise ConfigError(f"sim.stragglers: {exc}") from None
 
 
-def job_spec(options: Mapping[str, str]):
+def job_spec(options: Mapping[str, str]) -> JobSpec:
     """The simulator's JobSpec from capture options; unset fields keep the simulator's defaults."""
     from rankscope.analysis.simulate import JobSpec
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from rankscope.analysis.groups import run_starts
 
@@ -31,7 +32,7 @@ class Union(NamedTuple):
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 
 
-def _i64(values) -> np.ndarray:
+def _i64(values: ArrayLike) -> np.ndarray:
     return np.asarray(values, dtype=np.int64)
 
 
@@ -78,7 +79,7 @@ def _group_keys(groups: list[np.ndarray], values: list[np.ndarray]) -> tuple[lis
     return keys, lambda key: distinct[key % distinct.size]
 
 
-def running_max(values, groups=None) -> np.ndarray:
+def running_max(values: ArrayLike, groups: ArrayLike | None = None) -> np.ndarray:
     """Cumulative maximum of ``values``, restarting at each group (``groups`` ascending)."""
     values = _i64(values)
     if values.size == 0:
@@ -89,7 +90,7 @@ def running_max(values, groups=None) -> np.ndarray:
     return value_of(np.maximum.accumulate(keys))
 
 
-def last_at_or_before(groups, values, q_groups, q_values) -> np.ndarray:
+def last_at_or_before(groups: ArrayLike, values: ArrayLike, q_groups: ArrayLike, q_values: ArrayLike) -> np.ndarray:
     """Per query: index of the last entry of its group whose value is <= the query's
     (entries sorted by group, then value); -1 where there is none."""
     groups, values = _i64(groups), _i64(values)
@@ -101,14 +102,14 @@ def last_at_or_before(groups, values, q_groups, q_values) -> np.ndarray:
     return np.where(ok, at, -1)
 
 
-def sort_order(starts, groups) -> np.ndarray:
+def sort_order(starts: ArrayLike, groups: ArrayLike) -> np.ndarray:
     """Stable order of intervals by group, then start. Unions of several subsets of the
     same intervals need one sort: take them in this order and `merge` with ``ordered``."""
     (keys,), _ = _group_keys([_i64(groups)], [_i64(starts)])
     return np.argsort(keys, kind="stable")
 
 
-def merge(starts, ends, groups=None, *, ordered: bool = False) -> Union:
+def merge(starts: ArrayLike, ends: ArrayLike, groups: ArrayLike | None = None, *, ordered: bool = False) -> Union:
     """Union of intervals [start, end) (empty or reversed ones ignored) as a :class:`Union`,
     one per group when ``groups`` is given; ``ordered``: they are sorted by group, then
     start already (`sort_order`)."""
@@ -149,7 +150,7 @@ def merge(starts, ends, groups=None, *, ordered: bool = False) -> Union:
     return Union(merged_starts, merged_ends, before, merged_groups)
 
 
-def covered_until(union: Union, t, groups=None) -> np.ndarray:
+def covered_until(union: Union, t: ArrayLike, groups: ArrayLike | None = None) -> np.ndarray:
     """Covered length of ``union`` in (-inf, t), per element of ``t`` (in its group)."""
     t = _i64(t)
     if union.starts.size == 0:
@@ -163,7 +164,7 @@ def covered_until(union: Union, t, groups=None) -> np.ndarray:
     return np.where(j >= 0, union.before[jj] + inside, 0)
 
 
-def overlap(union: Union, q_start, q_end, groups=None) -> np.ndarray:
+def overlap(union: Union, q_start: ArrayLike, q_end: ArrayLike, groups: ArrayLike | None = None) -> np.ndarray:
     """Per query [q_start, q_end): length covered by ``union`` (0 for empty queries);
     ``groups`` names each query's group when the union is grouped."""
     q_start, q_end = _i64(q_start), _i64(q_end)
@@ -173,12 +174,12 @@ def overlap(union: Union, q_start, q_end, groups=None) -> np.ndarray:
     return covered[q_start.size :] - covered[: q_start.size]
 
 
-def overlap_with(a_start, a_end, b_start, b_end) -> np.ndarray:
+def overlap_with(a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike) -> np.ndarray:
     """Per interval of a: length overlapped by the union of the b intervals."""
     return overlap(merge(b_start, b_end), a_start, a_end)
 
 
-def union_length(starts, ends, window: tuple[int, int] | None = None) -> int:
+def union_length(starts: ArrayLike, ends: ArrayLike, window: tuple[int, int] | None = None) -> int:
     """Length of the union of intervals, clipped to ``window`` = (start, end) if given."""
     union = merge(starts, ends)
     if window is None:
@@ -193,7 +194,8 @@ def length_by_group(union: Union, n_groups: int) -> np.ndarray:
     return total
 
 
-def gaps_before(q_start, q_end, first, groups=None) -> tuple[np.ndarray, np.ndarray]:
+def gaps_before(q_start: ArrayLike, q_end: ArrayLike, first: ArrayLike,
+                groups: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For queries sorted by start (by group, then start when grouped): the gap from the
     previous query's end (``first``, a value or one per query, for a group's first query)
     to each start, as (gap_start, gap_end) with gap_end >= gap_start."""
