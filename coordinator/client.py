@@ -16,6 +16,7 @@ from typing import TypeVar
 import grpc
 
 from rankscope.address import dial_problem
+from rankscope.states import wire_name
 from rankscope.tls import TlsFiles, channel, not_a_coordinator, refusal
 from rankscope.errors import ConfigError, InputError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
@@ -58,11 +59,11 @@ def rpc_error(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> 
 
 
 def state_name(state: int) -> str:
-    return pb.SweepState.Name(state).removeprefix("SWEEP_STATE_").lower()
+    return wire_name(pb.SweepState, state) or "unspecified"
 
 
 def node_state_name(state: int) -> str:
-    return pb.NodeState.Name(state).removeprefix("NODE_STATE_").lower()
+    return wire_name(pb.NodeState, state) or "unspecified"
 
 
 class SweepClient:

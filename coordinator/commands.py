@@ -25,6 +25,7 @@ from rankscope.errors import InputError, RankscopeError, TransportError
 from rankscope.lock import NO_LOCKS
 from rankscope.memory import keep_chunk_memory
 from rankscope.progress import Progress
+from rankscope.states import wire_name
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
@@ -296,7 +297,7 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
 def _node_line(node: pb.NodeProgress) -> str:
     extra = node.reason or node.detail
     if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
-        extra = f"dcgm {pb.DcgmOutcome.Name(node.dcgm).removeprefix('DCGM_OUTCOME_').lower()}"
+        extra = f"dcgm {wire_name(pb.DcgmOutcome, node.dcgm)}"
         extra += f": {node.dcgm_detail}" if node.dcgm_detail else ""
     return f"{node.node:<20} {node_state_name(node.state):<13} {extra}"
 

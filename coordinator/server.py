@@ -20,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rankscope import output, states
+from rankscope.states import wire_name, wire_value
 from rankscope.address import bind_problem
 from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import sweeps as sw
@@ -107,30 +108,17 @@ def _mapped(method: Callable) -> Callable:
 # protobuf <-> domain ------------------------------------------------------------------
 
 
-def _dcgm(value: int) -> str:
-    name = pb.DcgmOutcome.Name(value).removeprefix("DCGM_OUTCOME_").lower()
-    return "" if name == "unspecified" else name
-
-
-def _kind(value: int) -> str:
-    name = pb.ArtifactKind.Name(value).removeprefix("ARTIFACT_KIND_").lower()
-    return "" if name == "unspecified" else name
-
-
-def _kind_value(kind: str) -> int:
-    return pb.ArtifactKind.Value("ARTIFACT_KIND_" + kind.upper())
-
-
 def _stored(upload: art.UploadHeader) -> pb.StoredArtifact:
     return pb.StoredArtifact(node=upload.node, artifact=pb.ArtifactRef(
-        name=upload.name, sha256=upload.sha256, size=upload.size, kind=_kind_value(upload.kind),
+        name=upload.name, sha256=upload.sha256, size=upload.size, kind=wire_value(pb.ArtifactKind, upload.kind),
         upload_id=upload.upload_id, ranks=upload.ranks))
 
 
 def _header(message: pb.UploadHeader) -> art.UploadHeader:
     return art.UploadHeader(
         upload_id=message.upload_id, sweep_id=message.sweep_id, node=message.node, name=message.name,
-        size=message.size, sha256=message.sha256, kind=_kind(message.kind), ranks=tuple(message.ranks),
+        size=message.size, sha256=message.sha256, kind=wire_name(pb.ArtifactKind, message.kind),
+        ranks=tuple(message.ranks),
     )
 
 
@@ -146,14 +134,15 @@ class _UploadChunks(grpc.ServerInterceptor):
 
 
 def _artifact(message: pb.ArtifactRef) -> sw.ArtifactInfo:
-    return sw.ArtifactInfo(name=message.name, sha256=message.sha256, size=message.size, kind=_kind(message.kind),
-                           upload_id=message.upload_id, ranks=tuple(message.ranks))
+    return sw.ArtifactInfo(name=message.name, sha256=message.sha256, size=message.size,
+                           kind=wire_name(pb.ArtifactKind, message.kind), upload_id=message.upload_id,
+                           ranks=tuple(message.ranks))
 
 
 def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
     return pb.Sweep(
         sweep_id=sweep.sweep_id,
-        state=pb.SweepState.Value("SWEEP_STATE_" + sweep.state.value.upper()),
+        state=wire_value(pb.SweepState, sweep.state.value),
         backend=sweep.spec.backend,
         duration_s=sweep.spec.duration_s,
         timeout_s=sweep.spec.timeout_s,
@@ -165,7 +154,7 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
                 state=states.to_wire(rec.state),
                 detail=rec.detail,
                 reason=rec.reason,
-                dcgm=pb.DcgmOutcome.Value("DCGM_OUTCOME_" + rec.dcgm.upper()) if rec.dcgm else 0,
+                dcgm=wire_value(pb.DcgmOutcome, rec.dcgm),
                 dcgm_detail=rec.dcgm_detail,
                 artifacts=len(rec.artifacts),
                 updated_ns=rec.updated_ns,
@@ -284,7 +273,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             return
         event = sw.NodeReported(
             node=connection.node, state=state, at_ns=self.coordinator.clock(), detail=status.detail,
-            reason=status.reason, dcgm=_dcgm(status.dcgm), dcgm_detail=status.dcgm_detail,
+            reason=status.reason, dcgm=wire_name(pb.DcgmOutcome, status.dcgm), dcgm_detail=status.dcgm_detail,
             artifacts=tuple(_artifact(a) for a in status.artifacts), notes=tuple(status.notes),
             export_timeout_s=status.export_timeout_s,
         )
@@ -353,7 +342,8 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
 
     @_mapped
     def ListArtifacts(self, request: pb.ListArtifactsRequest, context: grpc.ServicerContext) -> pb.ListArtifactsReply:
-        stored = self.coordinator.stored_artifacts(request.sweep_id, kinds={_kind(k) for k in request.kinds})
+        kinds = {wire_name(pb.ArtifactKind, k) for k in request.kinds}
+        stored = self.coordinator.stored_artifacts(request.sweep_id, kinds=kinds)
         sweep = self.coordinator.sweep(request.sweep_id)
         return pb.ListArtifactsReply(sweep_id=sweep.sweep_id, artifacts=[_stored(u) for u in stored],
                                      upload_raw=sweep.spec.upload_raw)

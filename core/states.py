@@ -1,14 +1,18 @@
 """The states of one node in a sweep: the agent's capture machine moves through them and
 reports each, the coordinator's sweep machine records them; on the wire they are
-``rankscope.v1.NodeState``, so the names here are the proto's without the prefix."""
+``rankscope.v1.NodeState``, so the names here are the proto's without the prefix.
+
+`wire_name` and `wire_value` do that for any of the proto's enums: ``SWEEP_STATE_PARTIAL``
+is ``partial`` on this side, and the UNSPECIFIED zero is ``""``."""
 
 from __future__ import annotations
 
 import enum
+import re
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from rankscope.proto.v1 import rankscope_pb2 as pb
-
-_PREFIX = "NODE_STATE_"
 
 
 class NodeState(str, enum.Enum):
@@ -30,10 +34,26 @@ AGENT_DONE = frozenset({NodeState.DCGM_RESUMED, NodeState.FAILED})
 
 
 def to_wire(state: NodeState) -> int:
-    return pb.NodeState.Value(_PREFIX + state.name)
+    return wire_value(pb.NodeState, state.value)
 
 
 def from_wire(value: int) -> NodeState | None:
     """The state a wire value names; None for NODE_STATE_UNSPECIFIED."""
-    name = pb.NodeState.Name(value).removeprefix(_PREFIX)
-    return None if value == pb.NODE_STATE_UNSPECIFIED else NodeState[name]
+    return NodeState(wire_name(pb.NodeState, value)) if value else None
+
+
+def _prefix(enum_type: EnumTypeWrapper) -> str:
+    """The prefix of an enum's value names, by the proto style guide: ``SweepState`` → ``SWEEP_STATE_``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", enum_type.DESCRIPTOR.name).upper() + "_"
+
+
+def wire_name(enum_type: EnumTypeWrapper, value: int) -> str:
+    """A proto enum value's name, lower case and without the enum's prefix; "" for 0 (UNSPECIFIED)."""
+    if not value:
+        return ""
+    return enum_type.Name(value).removeprefix(_prefix(enum_type)).lower()
+
+
+def wire_value(enum_type: EnumTypeWrapper, name: str) -> int:
+    """The inverse of `wire_name`: the enum's value of ``name``; 0 (UNSPECIFIED) for ""."""
+    return enum_type.Value(_prefix(enum_type) + name.upper()) if name else 0
