@@ -6,6 +6,7 @@ environment later.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -105,6 +106,8 @@ def _check(config: CoordinatorConfig) -> None:
         raise ConfigError(f"--max-upload-bytes must be positive, got {config.max_upload_bytes}")
     if not 1 << 10 <= config.chunk_bytes <= 3 << 20:
         raise ConfigError(f"chunk_bytes {config.chunk_bytes} must be between 1 KiB and 3 MiB (gRPC's limit is 4 MiB)")
+    if config.max_workers < 2:  # agent sessions take at most half, and the rest need one at least
+        raise ConfigError(f"max_workers must be at least 2, got {config.max_workers}")
     for name in ("node_timeout_s", "restart_grace_s", "heartbeat_interval_s", "ping_interval_s", "grace_s"):
-        if getattr(config, name) <= 0:
-            raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")
+        if not 0 < getattr(config, name) < math.inf:  # NaN too: float() of the environment takes "nan"
+            raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(config, name)}")

@@ -172,6 +172,11 @@ def test_config_from_defaults_environment_and_flags() -> None:
         resolve(environ={"RANKSCOPE_MAX_UPLOAD_BYTES": "lots"})
     with pytest.raises(ConfigError, match="HOST:PORT"):
         resolve({"listen": "7443"}, environ={})
+    for name, raw in (("NODE_TIMEOUT_S", "nan"), ("RESTART_GRACE_S", "inf"), ("GRACE_S", "-1")):
+        with pytest.raises(ConfigError, match=f"{name.lower()} must be a positive number of seconds, got {raw}"):
+            resolve(environ={f"RANKSCOPE_{name}": raw})
+    with pytest.raises(ConfigError, match="max_workers must be at least 2, got 0"):  # not a ValueError from the pool
+        resolve(environ={"RANKSCOPE_MAX_WORKERS": "0"})
 
 
 def test_a_full_disk_is_a_storage_error_and_the_store_writes_again_once_there_is_room(tmp_path: Path) -> None:
