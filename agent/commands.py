@@ -53,7 +53,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise ConfigError(f"--backend: unknown capture backend {unknown[0]!r} (known: {', '.join(BACKENDS)})")
-    if args.upload_limit is not None and args.upload_limit <= 0:
+    if args.upload_limit is not None and not args.upload_limit > 0:  # nan too: it paced nothing
         raise ConfigError(f"--upload-limit must be positive, got {args.upload_limit}")
     if not args.max_backoff > 0:
         raise ConfigError(f"--max-backoff must be positive, got {args.max_backoff}")

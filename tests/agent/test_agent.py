@@ -408,6 +408,7 @@ def test_labels_and_backends_are_checked() -> None:
     assert len(safe_name("n" * 253)) == 200 and safe_name("n" * 252 + "a") != safe_name("n" * 252 + "b")
     for bad, message in ((["--coordinator", "nohost"], "must be HOST:PORT"), (["--coordinator", "h:x"], "must be HOST:PORT"),
                          (["--coordinator", "h:1", "--max-backoff", "0"], "--max-backoff must be positive"),
+                         (["--coordinator", "h:1", "--upload-limit", "nan"], "--upload-limit must be positive"),
                          (["--coordinator", "h:1", "--name", "a,b"], "--name 'a,b': a node name is 1 to 253 letters"),
                          (["--coordinator", "h:1", "--name", "rack 1/gpu"], "--name 'rack 1/gpu': a node name")):
         with pytest.raises(ConfigError, match=message):
