@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Public name -> defining module. Imported on first use, so `rankscope rank` (which
-# only needs the environment variable lists) does not pay for the whole analysis.
+# Public name -> defining module. Imported on first use, so a user of one submodule (the
+# agent and the coordinator import `rankscope.analysis.digest`) does not load the whole analysis.
 _EXPORTS = {
     "load_digests": "rankscope.analysis.sources",
     "analyze": "rankscope.analysis.pipeline",
