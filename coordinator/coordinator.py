@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import queue
 import secrets
 import threading
@@ -376,6 +377,8 @@ class Coordinator:
                              f"{MAX_DURATION_S:g}s (DCGM stays paused throughout; capture more often instead)")
         if spec.timeout_s <= 0:
             spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
+        elif not math.isfinite(spec.timeout_s):  # a gRPC client's NaN or inf: no deadline could be set
+            raise InputError(f"timeout {spec.timeout_s}s is not a finite number of seconds")
         elif spec.timeout_s <= spec.duration_s:  # every node would time out, each one's capture wasted
             raise InputError(f"timeout {spec.timeout_s:g}s ends before the {spec.duration_s:g}s capture window "
                              "does: nodes need time after it to export and upload")

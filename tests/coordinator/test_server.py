@@ -350,6 +350,9 @@ def test_unknown_targets_are_refused_by_name(coordinator, wire) -> None:
         with pytest.raises(InputError, match="timeout 60s ends before the 120s capture window does: nodes need "
                                              "time after it to export and upload"):
             client.start(nodes=["gpu-1"], duration_s=120.0, backend="sim", timeout_s=60.0)
+        for timeout in (float("nan"), float("inf")):  # not a ValueError in the servicer, status UNKNOWN
+            with pytest.raises(InputError, match=rf"timeout {timeout}s is not a finite number of seconds"):
+                client.start(nodes=["gpu-1"], duration_s=1.0, backend="sim", timeout_s=timeout)
         for window in (0.0, -1.0, 3600.5, 72000.0):  # 72000: a mistyped 20h for 20s
             with pytest.raises(InputError, match=rf"capture window {window:g}s: it must be positive and at most 3600s"):
                 client.start(nodes=["gpu-1"], duration_s=window, backend="sim")
