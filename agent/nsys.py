@@ -94,10 +94,6 @@ def stop_command(session: str, *, nsys: str = NSYS) -> list[str]:
     return [nsys, "stop", f"--session={session}"]
 
 
-def shutdown_command(session: str, *, kill: str = "none", nsys: str = NSYS) -> list[str]:
-    return [nsys, "shutdown", f"--session={session}", f"--kill={kill}"]
-
-
 def sessions_list_command(*, nsys: str = NSYS) -> list[str]:
     return [nsys, "sessions", "list"]
 

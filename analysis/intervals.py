@@ -174,11 +174,6 @@ def overlap(union: Union, q_start: ArrayLike, q_end: ArrayLike, groups: ArrayLik
     return covered[q_start.size :] - covered[: q_start.size]
 
 
-def overlap_with(a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike) -> np.ndarray:
-    """Per interval of a: length overlapped by the union of the b intervals."""
-    return overlap(merge(b_start, b_end), a_start, a_end)
-
-
 def union_length(starts: ArrayLike, ends: ArrayLike, window: tuple[int, int] | None = None) -> int:
     """Length of the union of intervals, clipped to ``window`` = (start, end) if given."""
     union = merge(starts, ends)

@@ -114,18 +114,6 @@ def from_kernel_name(name: str | None) -> str | None:
     return canonical(match.group(1)) if match else None
 
 
-def combine(ops: list[str]) -> str:
-    """The op of one kernel serving several grouped API calls (send + recv -> sendrecv)."""
-    distinct = set(ops)
-    if not distinct:
-        return UNKNOWN
-    if len(distinct) == 1:
-        return distinct.pop()
-    if distinct <= P2P_OPS:
-        return SENDRECV
-    return ops[0]
-
-
 def is_comm_kernel(names: Sequence[str | None]) -> np.ndarray:
     """True where a kernel name is an NCCL communication kernel; called on the distinct
     names of a trace (few), not on its kernels (many).
@@ -157,8 +145,3 @@ def bus_factor(op: str, ranks: np.ndarray) -> np.ndarray:
     if op in (BROADCAST, REDUCE, SEND, RECV):
         return n / n
     return np.full_like(n, np.nan)
-
-
-def is_n_to_n(op: str) -> bool:
-    """True for ops where every member takes part and waits for all others."""
-    return op in N_TO_N_OPS

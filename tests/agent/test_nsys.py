@@ -46,9 +46,8 @@ def test_start_command_asks_for_gpu_metrics_only_when_told():
     assert nsys.start_command("s", Path("/w/x"), gpu_metrics=True, nsys="/opt/nsys")[0] == "/opt/nsys"
 
 
-def test_stop_shutdown_sessions_export_help_commands():
+def test_stop_sessions_export_help_commands():
     assert nsys.stop_command("s") == ["nsys", "stop", "--session=s"]
-    assert nsys.shutdown_command("s") == ["nsys", "shutdown", "--session=s", "--kill=none"]
     assert nsys.sessions_list_command() == ["nsys", "sessions", "list"]
     assert nsys.export_command(Path("/w/r.nsys-rep"), Path("/w/r.sqlite")) == [
         "nsys", "export", "--type=sqlite", "--output=/w/r.sqlite", "--force-overwrite=true",

@@ -76,14 +76,3 @@ def test_kernel_names_give_a_hint_old_and_new(kernel: str, op) -> None:
 def test_is_comm_kernel_is_case_insensitive() -> None:
     names = ["ncclDevKernel_SendRecv", "NCCLKERNEL_AllReduce", "nccldevkernel_x", "gemm_nccl", None, "sm90_xmma"]
     assert ops.is_comm_kernel(names).tolist() == [True, True, True, False, False, False]
-
-
-def test_grouped_send_and_recv_combine_to_sendrecv() -> None:
-    assert ops.combine(["send", "recv", "send"]) == "sendrecv"
-    assert ops.combine(["allreduce", "allreduce"]) == "allreduce"
-    assert ops.combine([]) == ops.UNKNOWN
-
-
-def test_n_to_n_ops_anchor_alignment_p2p_do_not() -> None:
-    assert ops.is_n_to_n("allreduce") and ops.is_n_to_n("allgather") and ops.is_n_to_n("reducescatter")
-    assert not ops.is_n_to_n("send") and not ops.is_n_to_n("sendrecv") and not ops.is_n_to_n("broadcast")
