@@ -337,7 +337,7 @@ class Coordinator:
             if ended:
                 self.artifacts.drop_partials(header.sweep_id)
         if writer.result is not None:
-            self.store.record_upload(header, writer.result, self.clock())
+            self.store.record_upload(header, self.clock())
 
     def stored_artifacts(self, sweep_id: str, kinds: Collection[str] = ()) -> list[UploadHeader]:
         """A sweep's stored artifacts of ``kinds`` (every kind where empty), by node and name:

@@ -14,7 +14,7 @@ import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from rankscope.coordinator.artifacts import UploadHeader, UploadResult, storage_full
+from rankscope.coordinator.artifacts import UploadHeader, storage_full
 from rankscope.coordinator.registry import AgentRecord, UnknownAgent
 from rankscope.coordinator.sweeps import Sweep, SweepState, UnknownSweep
 from rankscope.errors import RankscopeError
@@ -199,13 +199,14 @@ class Store:
 
     # uploads ------------------------------------------------------------------------
 
-    def record_upload(self, header: UploadHeader, result: UploadResult, at_ns: int) -> None:
+    def record_upload(self, header: UploadHeader, at_ns: int) -> None:
+        """A completed upload: its bytes were found to have the header's sha256 (the writer refuses others)."""
         self._write(
             (
                 "INSERT OR REPLACE INTO uploads(upload_id, sweep_id, node, name, kind, size, sha256, ranks, completed_ns) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (header.upload_id, header.sweep_id, header.node, header.name, header.kind, header.size,
-                 result.sha256, json.dumps(list(header.ranks)), at_ns),
+                 header.sha256, json.dumps(list(header.ranks)), at_ns),
             )
         )
 

@@ -29,7 +29,7 @@ def test_store_keeps_agents_sweeps_uploads_and_reports_across_a_reopen(tmp_path:
     sweep.handle(sw.NodeReported("node-a", sw.NodeState.CAPTURING, T0 + 1, detail="2 ranks"))
     store.save_sweep(sweep)
     header = art.UploadHeader("u1", "s1", "node-a", "d.parquet", 3, "c" * 64, "digest", (0, 1))
-    store.record_upload(header, art.UploadResult("u1", 3, True, "c" * 64), T0 + 2)
+    store.record_upload(header, T0 + 2)
     store.save_report("s1", tmp_path / "s1.json", T0 + 3)
     store.close()
 
