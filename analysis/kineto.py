@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -74,6 +74,10 @@ _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _EMPTY = msgspec.Raw(b"")
 _RANKS = pa.list_(pa.int32())
 _NEVER = np.iinfo(np.int64).max
+# An integer arg that fits the digest's int64 columns; a larger one (a corrupt trace) is no id
+# or size any profiler writes: for ids, the trace is refused; for other args, as if absent.
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_Int64 = Annotated[int, msgspec.Meta(ge=_I64_MIN, le=_I64_MAX)]
 # Ops whose input and output differ in size. A digest's bytes are the per-rank size NCCL's
 # API takes, as nsys's payload gives it: the smaller buffer (AllGather's sendcount,
 # ReduceScatter's recvcount; nccl-in-traces.md), whichever a source shows.
@@ -180,7 +184,8 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
             meta, collectives=_collective_columns(collectives), kernels=busy.kernels, steps=steps,
             communicators=_communicators(trace.top, collectives),
         )
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a metadata value of the wrong type (rank: true)
+    # A metadata value of the wrong type (rank: true), or beyond its int32/int64 column.
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         raise ExportError(f"malformed trace metadata ({exc})", path=path) from None
     # Arrow's allocator (mimalloc) keeps the pages freed by the conversions above; a job
     # reads one trace after another, so each read hands them back (~1 µs).
@@ -197,8 +202,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     c10d calls, NCCL kernels, gloo worker ops). Every other arg is skipped unread; input
     shapes stay text until a collective's size needs them."""
 
-    correlation: int = -1
-    external: int = msgspec.field(default=-1, name="External id")
+    correlation: _Int64 = -1
+    external: _Int64 = msgspec.field(default=-1, name="External id")
     collective: Any = msgspec.field(default=None, name="Collective name")
     nelems: Any = msgspec.field(default=None, name="In msg nelems")
     out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
@@ -644,9 +649,12 @@ def _decimal_ns(joined: np.ndarray, comma: np.ndarray, ends: np.ndarray) -> np.n
 def _base(path: Path, top: dict) -> int:
     base = top.get("baseTimeNanoseconds")
     try:
-        return int(base) if base is not None else 0
-    except (TypeError, ValueError):
+        value = int(base) if base is not None else 0
+    except (TypeError, ValueError, OverflowError):  # int() of inf overflows
         raise ExportError(f"baseTimeNanoseconds {base!r} is not an integer", path=path) from None
+    if not _I64_MIN <= value <= _I64_MAX:
+        raise ExportError(f"baseTimeNanoseconds {base!r} is beyond int64 ns", path=path)
+    return value
 
 
 # The hook's Flight Recorder columns the reading looks up by name.
@@ -699,7 +707,7 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
         "world_size": world,
         "host": str(host),
         "gpu": hook.get("gpu") or None,
-        "pid": int(pid) if pid is not None and str(pid).lstrip("-").isdigit() else None,
+        "pid": _int(pid) if pid is not None and str(pid).lstrip("-").isdigit() else None,
         "job_id": hook.get("job_id") or None,
         "source_format": SOURCE_FORMAT,
         "source_file": str(path),
@@ -1611,15 +1619,16 @@ def _coalesce(*columns: np.ndarray) -> np.ndarray:
 
 
 def _ints(values: list) -> np.ndarray:
-    """Integer args (ints or their text) as an object array; anything else is None."""
-    return np.array([v if type(v) is int else _int(v) for v in values], dtype=object)
+    """Integer args (ints or their text) as an object array; anything else, or beyond int64, is None."""
+    return np.array([v if type(v) is int and _I64_MIN <= v <= _I64_MAX else _int(v) for v in values], dtype=object)
 
 
 def _int(value) -> int | None:
     try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
+        number = None if value is None else int(value)
+    except (TypeError, ValueError, OverflowError):  # int() of inf overflows
         return None
+    return number if number is None or _I64_MIN <= number <= _I64_MAX else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -1657,7 +1666,7 @@ def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[_Args], ...]
         if recorded[i] is not None:
             shown.append(recorded[i])
         if counted is not None or shown:
-            sizes[i] = counted if counted is not None else min(shown)
+            sizes[i] = _int(counted if counted is not None else min(shown))
     return sizes
 
 

@@ -832,12 +832,54 @@ def test_a_gloo_workers_message_is_every_tensor_it_moves(tmp_path):
      "malformed trace: rankscope.flight_recorder lacks columns and rows with pg_name, seq"),
     (lambda d: d["distributedInfo"].update(rank=True), r"malformed trace metadata \(Expected integer, got bool\)"),
     (lambda d: d["distributedInfo"].update(world_size="4"), r"malformed trace metadata \(Could not convert '4'"),
+    # Beyond int64 (a corrupt trace): one error naming the file, not an OverflowError's traceback.
+    (lambda d: d["distributedInfo"].update(rank=2**70), r"malformed trace metadata \(Python int too large"),
+    (lambda d: d.update(baseTimeNanoseconds=2**70), r"baseTimeNanoseconds 1180591620717411303424 is beyond int64 ns"),
+    (lambda d: d["traceEvents"][1]["args"].update({"External id": 2**70}), r"Expected `int` <= 9223372036854775807"),
 ])
 def test_trace_metadata_of_the_wrong_shape_is_one_export_error(tmp_path, edit, message):
     data = _trace(_gloo_events("200.000", "201.000"))
     edit(data)
     with pytest.raises(ExportError, match=message):
         read_kineto(_write(tmp_path / "rank0.json", data))
+
+
+def _nccl_allreduce(**comm_args) -> dict:
+    """One NCCL AllReduce of 256 floats, its call linked to its kernel by a driver-API launch."""
+    comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 256, "Process Group Name": "0",
+            "Seq": 7, **comm_args}
+    events = [
+        _event("c10d::allreduce_", "100.000", "50.000", tid=1, args={"External id": 1}),
+        _event("record_param_comms", "101.000", "40.000", tid=1, args={"External id": 2, **comm}),
+        _event("cuLaunchKernelEx", "110.000", "5.000", cat="cuda_driver", tid=1, args={"correlation": 9}),
+        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "120.500", "30.250", cat="kernel", tid=7,
+               args={"correlation": 9, "stream": 7}),
+    ]
+    data = _trace(events, baseTimeNanoseconds=1790857026000000000)
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}]
+    return data
+
+
+@pytest.mark.parametrize(("comm_args", "seq", "size"), [
+    ({}, (7, "trace"), 1024),
+    ({"Seq": 2**70}, (1, "ordinal"), 1024),
+    ({"Seq": 1e300}, (1, "ordinal"), 1024),
+    ({"In msg nelems": 2**70}, (7, "trace"), None),
+    ({"In msg nelems": 2**62}, (7, "trace"), None),  # x 4 bytes: past int64
+])
+def test_an_integer_arg_beyond_int64_is_read_as_absent(tmp_path, comm_args, seq, size):
+    """A sequence number or size no int64 column holds (a corrupt trace) is no identity or
+    size: the collective is read as if the trace gave none, not an OverflowError."""
+    coll = _collectives(read_kineto(_write(tmp_path / "t.json", _nccl_allreduce(**comm_args))))
+    row = coll.iloc[0]
+    assert (row["op"], (row["seq"], row["seq_source"])) == ("allreduce", seq)
+    assert row["bytes"] == size if size else pd.isna(row["bytes"])
+
+
+def test_a_shard_size_beyond_int64_is_read_as_absent(tmp_path):
+    data = _reduce_scatter_rank(0, 120.0)
+    data["traceEvents"][-1]["args"].update({"In msg nelems": 2**62, "Out msg nelems": 2**62})
+    assert pd.isna(_collectives(read_kineto(_write(tmp_path / "rank0.json", data))).loc[0, "bytes"])
 
 
 def test_sends_the_flight_recorder_never_records_are_kept_and_meet_their_recvs(tmp_path):
