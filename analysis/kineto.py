@@ -675,6 +675,11 @@ def _check_top(path: Path, top: dict) -> None:
             not set(_FR_COLUMNS) <= set(columns):
         raise ExportError(f"malformed trace: {HOOK_KEY}.flight_recorder lacks columns and rows with "
                           f"{', '.join(_FR_COLUMNS)}", path=path)
+    numbers = [columns.index(name) for name in ("seq", "time_created_ns")]
+    for row in recorder["rows"]:  # each read by position, its seq and time as int64
+        if not isinstance(row, list) or len(row) != len(columns) or any(_int(row[i]) is None for i in numbers):
+            raise ExportError(f"malformed trace: a {HOOK_KEY}.flight_recorder row is not {len(columns)} values "
+                              f"with an integer seq and time_created_ns: {str(row)[:80]}", path=path)
 
 
 # ---------------------------------------------------------------- identity

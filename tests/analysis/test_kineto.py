@@ -876,6 +876,19 @@ def test_an_integer_arg_beyond_int64_is_read_as_absent(tmp_path, comm_args, seq,
     assert row["bytes"] == size if size else pd.isna(row["bytes"])
 
 
+@pytest.mark.parametrize("edit", [
+    lambda rows: rows.__setitem__(0, ["0"]),  # short
+    lambda rows: rows[0].__setitem__(3, "x"),  # time_created_ns
+    lambda rows: rows[0].__setitem__(1, 2**70),  # seq beyond int64
+])
+def test_a_flight_recorder_row_of_the_wrong_shape_is_one_export_error(tmp_path, edit):
+    data = _reduce_scatter_rank(0, 120.0, flight_recorder=True)
+    edit(data["rankscope"]["flight_recorder"]["rows"])
+    with pytest.raises(ExportError, match="malformed trace: a rankscope.flight_recorder row is not 7 values with an "
+                                          "integer seq and time_created_ns"):
+        read_kineto(_write(tmp_path / "rank0.json", data))
+
+
 def test_a_shard_size_beyond_int64_is_read_as_absent(tmp_path):
     data = _reduce_scatter_rank(0, 120.0)
     data["traceEvents"][-1]["args"].update({"In msg nelems": 2**62, "Out msg nelems": 2**62})
