@@ -415,10 +415,10 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
 
 def _fetch_checked(path: Path, cursor: sqlite3.Cursor, table: str) -> Any:
     """`_fetch`, with a NULL or text where the statement reads integers (the schema lets
-    globalPid and globalTid be NULL) refused as an error naming the export."""
+    globalPid and globalTid be NULL), or a REAL past int64, refused as an error naming the export."""
     try:
         return _fetch(cursor, table)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ExportError(f"its {table} rows hold a NULL or a non-integer where integers are read "
                           "(times, process and thread ids)", path=path) from None
 

@@ -138,6 +138,7 @@ def test_rows_fetched_a_few_at_a_time_give_the_same_digest(job, monkeypatch: pyt
 @pytest.mark.parametrize("edit, table", [
     ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET globalPid = NULL WHERE rowid = 1", "kernels"),
     ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = 1", "kernels"),
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 1e300 WHERE rowid = 1", "kernels"),  # past int64
     ("UPDATE NVTX_EVENTS SET globalTid = NULL WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS)", "nvtx"),
 ])
 def test_a_null_where_integers_are_read_is_an_error_naming_the_export(job, tmp_path: Path, edit: str, table: str) -> None:
