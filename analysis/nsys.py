@@ -197,7 +197,7 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     floor runs the same statements."""
     sql: dict[str, str] = {}
     if "META_DATA_EXPORT" in columns:
-        sql["export"] = "SELECT name, value FROM META_DATA_EXPORT"
+        sql["export"] = "SELECT name, value FROM META_DATA_EXPORT WHERE value IS NOT NULL"  # read as text
     if "META_DATA_CAPTURE" in columns:
         sql["capture"] = (
             "SELECT name, value FROM META_DATA_CAPTURE "
@@ -240,11 +240,13 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     entries = columns.get("NVTX_PAYLOAD_SCHEMA_ENTRIES", frozenset())
     if {"schemaId", "name", "type"} <= entries:
         # Schema tables have no process column: dedupe (pitfall 2); NULL offset means 0 (pitfall 1).
+        # An entry whose numbers are not integers (NULL, text, a REAL past int64) describes no field.
         offset = 'COALESCE("offset", 0)' if "offset" in entries else "0"
         wanted = ", ".join(repr(name) for name in _PAYLOAD_FIELDS)
+        integers = " AND ".join(f"typeof({column}) = 'integer'" for column in ("schemaId", offset, "type"))
         sql["payload_entries"] = (
             f"SELECT DISTINCT name, schemaId, {offset}, type FROM NVTX_PAYLOAD_SCHEMA_ENTRIES "
-            f"WHERE name IN ({wanted}) AND type IS NOT NULL ORDER BY name, schemaId"
+            f"WHERE name IN ({wanted}) AND {integers} ORDER BY name, schemaId"
         )
     return sql
 

@@ -153,6 +153,23 @@ def test_a_null_where_integers_are_read_is_an_error_naming_the_export(job, tmp_p
     assert str(copy) in str(err.value)
 
 
+@pytest.mark.parametrize("edit, note", [
+    ("UPDATE META_DATA_EXPORT SET value = NULL", "export schema version unknown"),
+    ("UPDATE NVTX_PAYLOAD_SCHEMA_ENTRIES SET type = 'x'", "no NCCL payload schemas to decode them"),
+    ('UPDATE NVTX_PAYLOAD_SCHEMA_ENTRIES SET "offset" = 1e300', "no NCCL payload schemas to decode them"),
+])
+def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, tmp_path: Path, edit: str,
+                                                                          note: str) -> None:
+    # SQLite keeps any value in any column: a TypeError or OverflowError named no file.
+    _, paths = job
+    copy = tmp_path / "edited.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(edit)
+    (notes,) = nsys.read_nsys(copy).column("warnings").to_pylist()
+    assert any(note in n for n in notes), notes
+
+
 def test_a_kernel_on_another_gpu_of_a_rank_process_is_left_out_not_taken_for_a_rank(job, tmp_path: Path) -> None:
     # PyTorch work on cuda:0 before torch.cuda.set_device made a second "rank" numbered
     # by pid, which then collided with the real rank 0 and dropped the env rank.
