@@ -1137,12 +1137,19 @@ def _kernel_summary(unit: np.ndarray, name: np.ndarray, duration: np.ndarray, co
 # ---------------------------------------------------------------- a batch: identity
 
 
-def _env_int(env: dict[str, str], names: tuple[str, ...]) -> tuple[str, int] | None:
+def _env_int(export: _File, names: tuple[str, ...]) -> tuple[str, int] | None:
     for name in names:
-        value = env.get(name)
+        value = export.env.get(name)
         if value is not None and _INTEGER.fullmatch(value.strip()):
-            return name, int(value)
+            return name, _rank_sized(export, int(value), f"{name}={value!r} in the captured environment")
     return None
+
+
+def _rank_sized(export: _File, value: int, what: str) -> int:
+    """``value``, a rank or world size from the export's text: it must fit the digest's int32."""
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise ExportError(f"{what} is beyond any rank or world size (int32)", path=export.path)
+    return value
 
 
 def _rank_override(export: _File, rank_from: str) -> int:
@@ -1154,7 +1161,7 @@ def _rank_override(export: _File, rank_from: str) -> int:
         if not re.fullmatch(r"\s*-?\d+\s*", value):
             raise ExportError(f"--rank-from {rank_from}: {spec}={value!r} in the captured environment is not an integer",
                               path=export.path)
-        return int(value)
+        return _rank_sized(export, int(value), f"--rank-from {rank_from}: {spec}={value!r}")
     if kind == "filename" and spec:
         try:
             match = re.search(spec, export.path.name)
@@ -1163,7 +1170,7 @@ def _rank_override(export: _File, rank_from: str) -> int:
         text = None if match is None else (match.group(1) if match.re.groups else match.group(0))
         if text is None or not re.fullmatch(r"-?\d+", text):
             raise ExportError(f"--rank-from {rank_from}: no rank number in the file name", path=export.path)
-        return int(text)
+        return _rank_sized(export, int(text), f"--rank-from {rank_from}: {text}")
     raise InputError(f"--rank-from {rank_from!r}: expected env:VAR or filename:REGEX")
 
 
@@ -1176,7 +1183,7 @@ def _identities(files: list[_File], units: Columns, nccl: Columns, rank_from: st
     bounds = np.searchsorted(units["file"], np.arange(len(files) + 1)).tolist()
     # A file of several ranks (torchrun under one nsys) holds its launcher's environment, whose
     # world size and rank count tasks or nodes (srun, a PyTorchJob), not these ranks.
-    env = [tuple(_env_int(e.env, names) for names in (WORLD_SIZE_ENV, RANK_ENV, LOCAL_RANK_ENV)) if hi - lo == 1
+    env = [tuple(_env_int(e, names) for names in (WORLD_SIZE_ENV, RANK_ENV, LOCAL_RANK_ENV)) if hi - lo == 1
            else (None, None, None) for e, lo, hi in zip(files, bounds[:-1], bounds[1:])]
     # Payload ranks are only needed where the environment does not settle the rank.
     needs = np.array([not (world and (rank_from is not None or (hi - lo == 1 and rank_env)))

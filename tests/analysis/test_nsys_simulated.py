@@ -170,6 +170,22 @@ def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, 
     assert any(note in n for n in notes), notes
 
 
+@pytest.mark.parametrize("value", ["3000000000", "99999999999999999999"])
+def test_a_rank_beyond_int32_is_an_error_naming_the_export(job, tmp_path: Path, value: str) -> None:
+    # The digest's rank is int32: an ArrowInvalid or OverflowError traceback named no file.
+    _, paths = job
+    copy = tmp_path / "edited.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(f"""UPDATE META_DATA_CAPTURE SET value = 'RANK="{value}"' WHERE value LIKE 'RANK=%'""")
+    with pytest.raises(ExportError, match=f"RANK='{value}' in the captured environment is beyond any rank"):
+        nsys.read_nsys(copy)
+    named = tmp_path / f"rank{value}.sqlite"
+    named.write_bytes(paths[0].read_bytes())
+    with pytest.raises(ExportError, match=rf"--rank-from filename:rank\(\\d\+\): {value} is beyond any rank"):
+        nsys.read_nsys(named, rank_from=r"filename:rank(\d+)")
+
+
 def test_a_kernel_on_another_gpu_of_a_rank_process_is_left_out_not_taken_for_a_rank(job, tmp_path: Path) -> None:
     # PyTorch work on cuda:0 before torch.cuda.set_device made a second "rank" numbered
     # by pid, which then collided with the real rank 0 and dropped the env rank.
