@@ -151,9 +151,12 @@ def _int_var(environ: Mapping[str, str], names: Sequence[str], default: int | No
         value = environ.get(name, "").strip()
         if value:
             try:
-                return int(value)
+                number = int(value)
             except ValueError:
                 raise InputError(f"{name}={value!r} is not an integer") from None
+            if not -(2**31) <= number < 2**31:  # the wire's int32: the agent could not register the rank
+                raise InputError(f"{name}={value!r} is beyond any rank or world size (int32)")
+            return number
     return default
 
 

@@ -69,6 +69,8 @@ def test_mpirun_in_a_slurm_batch_script_wins_over_the_inherited_batch_step(mpi):
 @pytest.mark.parametrize("env, message", [
     ({"RANK": "x"}, "RANK='x' is not an integer"),
     ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is outside a world of 4"),
+    ({"RANK": "0", "WORLD_SIZE": "3000000000"}, "WORLD_SIZE='3000000000' is beyond any rank or world size"),
+    ({"LOCAL_RANK": "3000000000"}, "LOCAL_RANK='3000000000' is beyond any rank or world size"),
 ])
 def test_bad_rank_environment_is_an_input_error(env, message):
     with pytest.raises(InputError, match=message):
