@@ -298,11 +298,10 @@ def test_other_layouts_give_the_same_digest(samples, tmp_path, layout):
         assert got.column(column).to_pylist() == expected.column(column).to_pylist(), column
 
 
-def test_nccl_kernel_links_to_its_call_through_a_driver_api_launch(tmp_path):
-    """NCCL >= 2.19 launches with cuLaunchKernelEx (Kineto: cat cuda_driver). The kernel's
-    correlation id names that launch, and the launch lies inside the c10d call; no External
-    id links them here, so this is the only way to the call."""
-    comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 256, "Process Group Name": "0", "Seq": 7}
+def _nccl_allreduce(**comm_args) -> dict:
+    """One NCCL AllReduce of 256 floats, its call linked to its kernel by a driver-API launch."""
+    comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 256, "Process Group Name": "0",
+            "Seq": 7, **comm_args}
     events = [
         _event("c10d::allreduce_", "100.000", "50.000", tid=1, args={"External id": 1}),
         _event("record_param_comms", "101.000", "40.000", tid=1, args={"External id": 2, **comm}),
@@ -312,7 +311,14 @@ def test_nccl_kernel_links_to_its_call_through_a_driver_api_launch(tmp_path):
     ]
     data = _trace(events, baseTimeNanoseconds=1790857026000000000)
     data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}]
-    coll = _collectives(read_kineto(_write(tmp_path / "t.json", data)))
+    return data
+
+
+def test_nccl_kernel_links_to_its_call_through_a_driver_api_launch(tmp_path):
+    """NCCL >= 2.19 launches with cuLaunchKernelEx (Kineto: cat cuda_driver). The kernel's
+    correlation id names that launch, and the launch lies inside the c10d call; no External
+    id links them here, so this is the only way to the call."""
+    coll = _collectives(read_kineto(_write(tmp_path / "t.json", _nccl_allreduce())))
     assert len(coll) == 1
     row = coll.iloc[0]
     assert (row["op"], row["comm_id"], row["seq"], row["seq_source"], row["bytes"]) == ("allreduce", "0", 7, "trace", 1024)
@@ -842,22 +848,6 @@ def test_trace_metadata_of_the_wrong_shape_is_one_export_error(tmp_path, edit, m
     edit(data)
     with pytest.raises(ExportError, match=message):
         read_kineto(_write(tmp_path / "rank0.json", data))
-
-
-def _nccl_allreduce(**comm_args) -> dict:
-    """One NCCL AllReduce of 256 floats, its call linked to its kernel by a driver-API launch."""
-    comm = {"Collective name": "allreduce", "dtype": "Float", "In msg nelems": 256, "Process Group Name": "0",
-            "Seq": 7, **comm_args}
-    events = [
-        _event("c10d::allreduce_", "100.000", "50.000", tid=1, args={"External id": 1}),
-        _event("record_param_comms", "101.000", "40.000", tid=1, args={"External id": 2, **comm}),
-        _event("cuLaunchKernelEx", "110.000", "5.000", cat="cuda_driver", tid=1, args={"correlation": 9}),
-        _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "120.500", "30.250", cat="kernel", tid=7,
-               args={"correlation": 9, "stream": 7}),
-    ]
-    data = _trace(events, baseTimeNanoseconds=1790857026000000000)
-    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "ranks": [0, 1, 2, 3]}]
-    return data
 
 
 @pytest.mark.parametrize(("comm_args", "seq", "size"), [

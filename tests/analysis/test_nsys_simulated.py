@@ -22,6 +22,14 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, list[Path]]:
     return spec, simulate.simulate(spec, tmp_path_factory.mktemp("sim"))
 
 
+def _edited(export: Path, copy: Path, sql: str) -> Path:
+    """A copy of ``export`` with one SQL statement applied."""
+    copy.write_bytes(export.read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(sql)
+    return copy
+
+
 def _long(table: pa.Table, part: str):
     column = table.column(part).combine_chunks()
     frame = pa.Table.from_struct_array(pc.list_flatten(column)).to_pandas()
@@ -144,10 +152,7 @@ def test_rows_fetched_a_few_at_a_time_give_the_same_digest(job, monkeypatch: pyt
 def test_a_null_where_integers_are_read_is_an_error_naming_the_export(job, tmp_path: Path, edit: str, table: str) -> None:
     # The schema lets globalPid and globalTid be NULL; a traceback named no file.
     _, paths = job
-    copy = tmp_path / "edited.sqlite"
-    copy.write_bytes(paths[0].read_bytes())
-    with sqlite3.connect(copy) as db:
-        db.execute(edit)
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", edit)
     with pytest.raises(ExportError, match=f"its {table} rows hold a NULL or a non-integer") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
@@ -162,10 +167,7 @@ def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, 
                                                                           note: str) -> None:
     # SQLite keeps any value in any column: a TypeError or OverflowError named no file.
     _, paths = job
-    copy = tmp_path / "edited.sqlite"
-    copy.write_bytes(paths[0].read_bytes())
-    with sqlite3.connect(copy) as db:
-        db.execute(edit)
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", edit)
     (notes,) = nsys.read_nsys(copy).column("warnings").to_pylist()
     assert any(note in n for n in notes), notes
 
@@ -174,10 +176,8 @@ def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, 
 def test_a_rank_beyond_int32_is_an_error_naming_the_export(job, tmp_path: Path, value: str) -> None:
     # The digest's rank is int32: an ArrowInvalid or OverflowError traceback named no file.
     _, paths = job
-    copy = tmp_path / "edited.sqlite"
-    copy.write_bytes(paths[0].read_bytes())
-    with sqlite3.connect(copy) as db:
-        db.execute(f"""UPDATE META_DATA_CAPTURE SET value = 'RANK="{value}"' WHERE value LIKE 'RANK=%'""")
+    copy = _edited(paths[0], tmp_path / "edited.sqlite",
+                   f"""UPDATE META_DATA_CAPTURE SET value = 'RANK="{value}"' WHERE value LIKE 'RANK=%'""")
     with pytest.raises(ExportError, match=f"RANK='{value}' in the captured environment is beyond any rank"):
         nsys.read_nsys(copy)
     named = tmp_path / f"rank{value}.sqlite"
@@ -235,10 +235,8 @@ def test_an_export_being_written_is_refused_and_a_wal_export_read_whole(job, tmp
 def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
     # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
     _, paths = job
-    copy = tmp_path / "latin1.sqlite"
-    copy.write_bytes(paths[0].read_bytes())
-    with sqlite3.connect(copy) as db:
-        db.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = CAST(X'ff' AS TEXT) WHERE name = 'Hostname'")
+    copy = _edited(paths[0], tmp_path / "latin1.sqlite",
+                   "UPDATE TARGET_INFO_SYSTEM_ENV SET value = CAST(X'ff' AS TEXT) WHERE name = 'Hostname'")
     with pytest.raises(ExportError, match="cannot read the SQLite export .*UTF-8") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
@@ -248,10 +246,8 @@ def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: 
 def test_a_session_start_that_is_not_an_integer_is_an_error_naming_the_export(job, tmp_path: Path, value: str) -> None:
     # A text there ended in int()'s ValueError traceback, which named no file.
     _, paths = job
-    copy = tmp_path / "session.sqlite"
-    copy.write_bytes(paths[0].read_bytes())
-    with sqlite3.connect(copy) as db:
-        db.execute(f"UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = {value}")
+    copy = _edited(paths[0], tmp_path / "session.sqlite",
+                   f"UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = {value}")
     with pytest.raises(ExportError, match=r"no session start time \(utcEpochNs is missing or not an integer\)") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
