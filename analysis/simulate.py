@@ -52,6 +52,9 @@ STRAGGLER_KINDS = ("compute", "launch")
 
 US = 1_000
 MS = 1_000_000
+# Bound on each simulated duration, offset and jitter: the job's times are int64 ns from
+# start_utc_ns (1.78e18 of int64's 9.2e18), which a 1e30 straggler or jitter overflows.
+MAX_TIME_NS = 3_600_000 * MS
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,10 @@ def _validate(spec: JobSpec) -> None:
         raise bad("jitter, offset and drift bounds must be >= 0")
     if not all(map(math.isfinite, (spec.max_drift_ppm, *(spec.clock_drifts_ppm or ())))):
         raise bad("clock drifts must be finite")
+    times = (spec.jitter_ns, spec.end_jitter_ns, spec.compute_ns, spec.max_offset_ns,
+             *(abs(o) for o in spec.clock_offsets_ns or ()), *(s.extra_ns for s in spec.stragglers))
+    if max(times) > MAX_TIME_NS:
+        raise bad("compute, jitter, clock offsets and straggler delays must each be at most 1 h")
     for name in ("clock_offsets_ns", "clock_drifts_ppm"):
         value = getattr(spec, name)
         if value is not None and len(value) != spec.nodes:
@@ -149,8 +156,12 @@ def _validate(spec: JobSpec) -> None:
     for rank in spec.slow_links:
         if not 0 <= rank < spec.world_size:
             raise bad(f"slow link rank {rank} outside 0..{spec.world_size - 1}")
-    if not _phases(spec):
+    phases = len(_phases(spec))
+    if not phases:
         raise bad("a single-rank job has no collectives to simulate")
+    longest_phase = spec.compute_ns + max((s.extra_ns for s in spec.stragglers), default=0)
+    if spec.steps * phases * longest_phase > 24 * MAX_TIME_NS:
+        raise bad(f"{spec.steps} steps of this job would run over a day of simulated time")
 
 
 # --------------------------------------------------------------------------- layout

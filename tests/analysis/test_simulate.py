@@ -400,6 +400,16 @@ def test_cli_refuses_a_number_that_is_not_finite(tmp_path, capsys, flag):
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--straggler=1:compute:1e30", "--jitter-us=1e30", "--max-offset-ms=1e20",
+                                  "--steps=100000000"])
+def test_cli_refuses_times_past_int64_before_writing_any_export(tmp_path, capsys, flag):
+    # Finite but huge: once overflowed int64 (a traceback) or wrote exports of wrapped times.
+    assert main(["simulate", str(tmp_path / "out"), "--nodes", "1", "--gpus-per-node", "2", "--tp", "2", flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "simulated job:" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_spec_validation():
     with pytest.raises(ConfigError, match="given twice"):
         _spec(stragglers=(sm.Straggler(1), sm.Straggler(1, "launch")))
