@@ -553,7 +553,7 @@ class CaptureRun:
                 self._report(cap.Report(NodeState.UPLOADING, "digest uploaded; uploading raw exports"))
 
     def note_upload(self, upload_id: str, offset: int, size: int) -> None:
-        """First bytes of an upload: record its id, so an operator (or a test) can query it."""
+        """Called per chunk sent; an upload's first records its id, so an operator (or a test) can query it."""
         uploads = self.record["uploads"]
         if upload_id not in uploads:
             uploads[upload_id] = size
