@@ -117,6 +117,12 @@ _P2P = np.array([op in ops.P2P_OPS for op in _OPS])
 _OP_NAMES = pa.array(_OPS, pa.string())
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+# (low, high) per payload field, in _PAYLOAD_FIELDS' order: ranks and counts as NCCL
+# gives them, within the digest's int32 columns.
+_PAYLOAD_BOUNDS = np.array([
+    {"peer": (0, _INT32_MAX), "nranks": (1, _INT32_MAX), "comm_rank": (0, _INT32_MAX),
+     "cuda_device": (0, _INT32_MAX)}.get(column, (_I64_MIN, _I64_MAX)) for column in _PAYLOAD_FIELDS.values()
+], np.int64)
 # Each list part's struct fields and list type, keyed by part name, and the digest's
 # fields as (name, type) (iterating or hashing a struct type or schema costs microseconds).
 _PARTS = {part: (list(struct), pa.list_(struct)) for part, struct in (
@@ -773,7 +779,12 @@ def _decode_payloads(files: list[_File], file: np.ndarray, data: np.ndarray, blo
     entry = pick[at[0], key[at[1]]]
     found = np.zeros(ok.shape, np.int64)
     found[at] = _read_ints(data, base[at[1]] + e_offset[entry], e_size[entry], e_signed[entry])
-    values[:, index], absent[:, index] = found, ~ok
+    # A corrupt blob or schema reads garbage: a rank or count that neither NCCL nor the
+    # digest's int32 columns hold is absent (an ArrowInvalid traceback, once).
+    wild = ok & ((found < _PAYLOAD_BOUNDS[:, :1]) | (found > _PAYLOAD_BOUNDS[:, 1:]))
+    for i in np.unique(file[wild.any(axis=0)]).tolist():
+        files[i].warn("NCCL payload ranks or counts out of range (a corrupt payload or schema?): read as absent")
+    values[:, index], absent[:, index] = found, ~ok | wild
     return out
 
 

@@ -172,6 +172,18 @@ def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, 
     assert any(note in n for n in notes), notes
 
 
+def test_payload_ranks_out_of_any_range_are_read_as_absent(job, tmp_path: Path) -> None:
+    # Read as 8 bytes from the blob's start, a rank is the communicator id's garbage: it
+    # ended building the digest's int32 columns in an ArrowInvalid traceback.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", "UPDATE NVTX_PAYLOAD_SCHEMA_ENTRIES SET type = 22, "
+                   "\"offset\" = 0 WHERE name IN ('No. of ranks', 'Rank', 'CUDA device')")
+    original, edited = nsys.read_nsys(paths[0]), nsys.read_nsys(copy)
+    (notes,) = edited.column("warnings").to_pylist()
+    assert any("NCCL payload ranks or counts out of range" in n for n in notes), notes
+    assert edited.column("rank").to_pylist() == original.column("rank").to_pylist()  # from the environment
+
+
 @pytest.mark.parametrize("value", ["3000000000", "99999999999999999999"])
 def test_a_rank_beyond_int32_is_an_error_naming_the_export(job, tmp_path: Path, value: str) -> None:
     # The digest's rank is int32: an ArrowInvalid or OverflowError traceback named no file.
