@@ -98,6 +98,17 @@ def _default(field: dataclasses.Field):
     return None
 
 
+def _whole(raw: str) -> int:
+    """``raw`` as an int; ``3e6`` is one too, ``2.5`` is not (it would run a job other than asked)."""
+    try:
+        return int(raw)
+    except ValueError:
+        value = float(raw)
+        if not value.is_integer():
+            raise ValueError(raw)
+        return int(value)
+
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -109,7 +120,7 @@ def _cast(name: str, raw: str, default):
                 raise ValueError
             return word in _TRUE
         if isinstance(default, int):
-            return int(float(raw))
+            return _whole(raw)
         if isinstance(default, float):
             return float(raw)
     except (ValueError, OverflowError):  # int(float("inf")) overflows

@@ -65,6 +65,9 @@ def test_spec_fields_come_from_options_and_bad_ones_are_refused(tmp_path: Path) 
         job_spec({"sim.jitter_ns": "inf"})
     with pytest.raises(ConfigError, match="clock drifts must be finite"):
         job_spec({"sim.max_drift_ppm": "nan"})
+    with pytest.raises(ConfigError, match="sim.nodes: '2.5' is not a whole number"):  # not quietly 2
+        job_spec({"sim.nodes": "2.5"})
+    assert job_spec({"sim.compute_ns": "3e6", "sim.start_utc_ns": "1780000000000000001"}).start_utc_ns == 1780000000000000001
     with pytest.raises(ConfigError, match="sim.stragglers"):
         job_spec({"sim.stragglers": "x:compute"})
     assert job_spec({"sim.nodes": "4", "sim.slow_links": "3, 19"}).slow_links == (3, 19)
