@@ -87,13 +87,27 @@ def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
     captures = digest.captures(digests)
     exports = {(capture, Path(file).name): file for capture, file in zip(captures, files) if not _DIGEST_OF.fullmatch(file)}
     keep = []
+    skipped: dict[str, list[tuple[int, str]]] = {}
     for capture, file in zip(captures, files):
         made = _DIGEST_OF.fullmatch(file)
         export = made and exports.get((capture, Path(made["export"]).name))
         keep.append(not export)
         if export:
-            warnings.warn(f"{made['digest']}: a digest of {export}, which is in the input too (same rank {capture[0]}, "
+            skipped.setdefault(made["digest"], []).append((capture[0], export))
+    # One warning per digest: a node's digest (as `rankscope fetch` lays it beside the
+    # node's exports) holds every rank of the node, and a line per rank buries the report.
+    for name, found in skipped.items():
+        if len(found) == 1:
+            (rank, export), = found
+            warnings.warn(f"{name}: a digest of {export}, which is in the input too (same rank {rank}, "
                           "host, process and window); read the export alone", RankscopeWarning, stacklevel=3)
+        else:
+            from rankscope.analysis.report import ranks_text
+
+            found.sort()
+            warnings.warn(f"{name}: a digest of {len(found)} exports in the input too (ranks "
+                          f"{ranks_text([rank for rank, _ in found])}, {found[0][1]} to {found[-1][1]}; same host, "
+                          "process and window each); read the exports alone", RankscopeWarning, stacklevel=3)
     return digests.filter(pa.array(keep))
 
 

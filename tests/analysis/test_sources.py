@@ -109,6 +109,22 @@ def test_an_export_beside_its_own_digest_is_read_once(dsl: Path, tmp_path: Path,
         "(same rank 0, host, process and window); read the export alone"]
 
 
+def test_a_node_digest_beside_its_exports_warns_once_not_per_rank(dsl: Path, tmp_path: Path, monkeypatch) -> None:
+    # found by review: `rankscope fetch` lays a node's digest beside the node's exports, and
+    # `analyze` on that folder warned once per rank (512 lines for a fetched 512-rank sweep).
+    exports = [tmp_path / p.name for p in sorted(dsl.glob("*.sqlite"))]
+    for original, export in zip(sorted(dsl.glob("*.sqlite")), exports):
+        shutil.copy(original, export)
+    monkeypatch.chdir(tmp_path)
+    digest.write(digest.concat([nsys.read_nsys(Path(e.name)) for e in exports]), tmp_path / "node.digest.parquet")
+    with pytest.warns(RankscopeWarning) as caught:
+        table = sources.load_digests([tmp_path])
+    assert table.column("source_file").to_pylist() == [str(e) for e in exports]
+    assert [str(w.message) for w in caught] == [
+        f"{tmp_path / 'node.digest.parquet'}: a digest of 2 exports in the input too (ranks 0,1, {exports[0]} to "
+        f"{exports[1]}; same host, process and window each); read the exports alone"]
+
+
 def test_a_digest_of_another_capture_beside_an_export_names_both_files(dsl: Path, tmp_path: Path) -> None:
     original = sorted(dsl.glob("*.sqlite"))[0]
     export = tmp_path / original.name
