@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--work-dir", type=Path, default=None,
                         help="where captures in flight are kept (default: SPOOL/agent-NAME)")
     parser.add_argument("--backend", default="nsys", metavar="NAME[,NAME...]",
-                        help=f"capture backends this node offers, the first by default ({', '.join(BACKENDS)})")
+                        help=f"capture backends this node offers ({', '.join(BACKENDS)}), the first its default "
+                             "(default: %(default)s)")
     parser.add_argument("--upload-limit", type=float, default=None, metavar="MB/S",
                         help="cap upload bandwidth so the training job keeps its network (default: none)")
     parser.add_argument("--max-backoff", type=float, default=30.0, metavar="SECONDS",

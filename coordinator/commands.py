@@ -110,7 +110,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed "
                               f"(with --fail-on-findings {EXIT_FINDINGS}: findings, {EXIT_NOT_JUDGED}: stragglers not "
                               f"judged; {EXIT_INTERRUPTED}: stopped waiting with Ctrl-C, the sweep goes on)")
-    capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait")
+    capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait (default: table)")
     capture.add_argument("--plot", type=Path, metavar="FILE",
                          help="with --wait, also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     capture.add_argument("--fail-on-findings", action="store_true",
@@ -134,7 +134,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "finished is analysed.")
     add_coordinator(cancel)
     cancel.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
-    cancel.add_argument("--reason", default="cancelled by the user", help="shown as each stopped node's reason")
+    cancel.add_argument("--reason", default="cancelled by the user", help="shown as each stopped node's reason (default: %(default)s)")
     cancel.set_defaults(func=run_cancel)
 
     report = subparsers.add_parser("report", help="print a sweep's report",

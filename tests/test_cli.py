@@ -54,6 +54,17 @@ def test_each_command_help_says_what_it_does_and_each_argument_what_it_is() -> N
             assert action.help, f"rankscope {name} --help: {action.dest} has no help"
 
 
+def test_each_option_with_a_default_says_it() -> None:
+    # found by review: capture --format and cancel --reason named no default, and agent
+    # --backend's "(sim, nsys, torch)" read as the default where it is nsys alone
+    (subparsers,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in subparsers.choices.items():
+        for action in parser._actions:
+            if isinstance(action.default, str) and action.default != argparse.SUPPRESS:
+                assert "default" in action.help, f"rankscope {name} --help: {action.dest} names no default"
+    assert "(default: nsys)" in " ".join(subparsers.choices["agent"].format_help().split())
+
+
 def test_the_rank_wrapper_starts_without_the_analysis() -> None:
     code = "import sys; from rankscope import cli; cli.build_parser('rank'); print(sorted(m for m in sys.modules if m in ('pandas', 'pyarrow', 'rankscope.analysis')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
