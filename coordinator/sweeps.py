@@ -424,7 +424,9 @@ class Sweep:
             return []
         for name, record in self.nodes.items():
             if name not in self.missing:
-                record.state, record.updated_ns = NodeState.ANALYSED, event.at_ns
+                # The detail was the agent's for its last state ("dcgm paused", the pause's outcome,
+                # on DCGM_RESUMED): under ANALYSED it read as DCGM paused again.
+                record.state, record.detail, record.updated_ns = NodeState.ANALYSED, "", event.at_ns
         self.report_path = event.report_path
         self.stragglers = list(event.stragglers)
         self.slow_links = list(event.slow_links)

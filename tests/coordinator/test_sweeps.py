@@ -50,6 +50,17 @@ def test_every_node_finished_is_analysed() -> None:
     assert sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict()))) == sweep  # as the store keeps it
 
 
+def test_an_analysed_node_keeps_no_detail_of_its_last_agent_state() -> None:
+    # found by review: `capture --wait` ended on "analysed  dcgm paused" after "dcgm_resumed  dcgm
+    # resumed", the DCGM_RESUMED state's detail (the pause's outcome) left on the analysed node
+    sweep = started("a")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADED, T0 + S, artifacts=(DIGEST,)))
+    assert analyses(sweep.handle(sw.NodeReported("a", sw.NodeState.DCGM_RESUMED, T0 + S, detail="dcgm paused",
+                                                 dcgm="resumed")))
+    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 2 * S))
+    assert (sweep.nodes["a"].state, sweep.nodes["a"].detail, sweep.nodes["a"].dcgm) == (sw.NodeState.ANALYSED, "", "resumed")
+
+
 def test_a_sweep_stored_before_stragglers_and_slow_links_were_kept_still_loads() -> None:
     sweep = started("a")
     data = json.loads(json.dumps(sweep.to_dict()))
