@@ -387,9 +387,12 @@ class Coordinator:
             connected = self.registry.connected()
             nodes = select_nodes(agents, connected, names=names, labels=labels, everything=everything,
                                  since_ns=self.clock() - int(AWAY_KEEP_S * 1e9))
+            # By label or all, a node whose agent is away fails at once (below): what it offers
+            # must not refuse the sweep of the rest, as a down node would a health sweep.
+            judged = set(nodes) if names else set(nodes) & connected
             if not spec.backend:
-                spec = replace(spec, backend=default_backend(a for a in agents if a.node in nodes))
-            lacking = [a for a in agents if a.node in nodes and a.backends and spec.backend not in a.backends]
+                spec = replace(spec, backend=default_backend(a for a in agents if a.node in judged))
+            lacking = [a for a in agents if a.node in judged and a.backends and spec.backend not in a.backends]
             if lacking:
                 raise InputError("; ".join(
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking

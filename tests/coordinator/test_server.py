@@ -674,6 +674,25 @@ def test_a_labelled_node_whose_agent_is_down_is_named_missing_not_left_out(coord
             client.start(labels={"pool": "train"}, duration_s=1.0, backend="sim")
 
 
+def test_a_node_whose_agent_is_away_does_not_choose_or_refuse_the_backend_by_label_or_all(coordinator, wire,
+                                                                                          digests) -> None:
+    # found by review: `capture --all` naming no backend was refused ("the nodes' default
+    # capture backends differ") for a node whose agent was down, which fails at once anyway
+    down, up = list(digests)
+    coordinator.agents.Register(pb.RegisterRequest(node=down, labels={"pool": "train"}, backends=["torch"]), timeout=10)
+    present = wire.FakeAgent(coordinator, up, pool="train")
+    with SweepClient(coordinator.address) as client:
+        for targets, backend in (({"everything": True}, ""), ({"labels": {"pool": "train"}}, "sim")):
+            sweep = client.start(**targets, duration_s=0.5, backend=backend)
+            assert sweep.backend == (backend or "nsys")
+            assert {n.node: n.state for n in sweep.nodes} == {down: pb.NODE_STATE_FAILED, up: pb.NODE_STATE_PENDING}
+            present.finish(started_capture(present).sweep_id, digests[up])
+            assert final(client, sweep.sweep_id).state == pb.SWEEP_STATE_PARTIAL
+        with pytest.raises(InputError, match=r"default capture backends differ"):  # named, it may still come
+            client.start(nodes=[down, up], duration_s=0.5)
+    present.close()
+
+
 def test_a_labelled_node_away_past_the_keep_is_taken_as_gone_from_the_fleet(coordinator, wire, digests,
                                                                              monkeypatch) -> None:
     """A node decommissioned, or replaced under a new name as autoscaled ones are, must not
