@@ -55,6 +55,7 @@ MS = 1_000_000
 # Bound on each simulated duration, offset and jitter: the job's times are int64 ns from
 # start_utc_ns (1.78e18 of int64's 9.2e18), which a 1e30 straggler or jitter overflows.
 MAX_TIME_NS = 3_600_000 * MS
+_JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,10 @@ def _validate(spec: JobSpec) -> None:
              *(abs(o) for o in spec.clock_offsets_ns or ()), *(s.extra_ns for s in spec.stragglers))
     if max(times) > MAX_TIME_NS:
         raise bad("compute, jitter, clock offsets and straggler delays must each be at most 1 h")
+    if not spec.max_drift_ppm < 1e6:  # also NaN
+        raise bad(f"max_drift_ppm {spec.max_drift_ppm:g} must be below 1e6 (a clock at -1e6 ppm stands still)")
+    if not _JOB_ID.fullmatch(spec.job_id):  # it prefixes file names: a "/" wrote them outside OUTDIR
+        raise bad(f"job id {spec.job_id!r}: letters, digits, '.', '_' or '-', not first a '.' (a hidden file)")
     for name in ("clock_offsets_ns", "clock_drifts_ppm"):
         value = getattr(spec, name)
         if value is not None and len(value) != spec.nodes:

@@ -410,6 +410,25 @@ def test_cli_refuses_times_past_int64_before_writing_any_export(tmp_path, capsys
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("argv", [
+    ["--max-drift-ppm", "2e6"], ["--job-id", "../escape"], ["--job-id", "a/b"], ["--job-id", ""],
+    ["--job-id", ".hidden"],
+])
+def test_cli_refuses_a_backwards_clock_and_job_ids_that_leave_outdir_in_one_line_writing_nothing(tmp_path, capsys,
+                                                                                                argv):
+    # A drift of -1e6 ppm or more stops or reverses a drawn clock; a job id prefixes the
+    # file names, so a "/" wrote the exports outside OUTDIR (from a sweep's sim.job_id,
+    # anywhere on the agent's host).
+    try:
+        code = main(["simulate", str(tmp_path / "job"), "--nodes", "2", *argv])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.strip().splitlines()[-1].startswith(("rankscope: error: ", "rankscope simulate: error: ")), err
+    assert not (tmp_path / "job").exists() and not (tmp_path / "escape").exists()
+
+
 def test_spec_validation():
     with pytest.raises(ConfigError, match="given twice"):
         _spec(stragglers=(sm.Straggler(1), sm.Straggler(1, "launch")))
