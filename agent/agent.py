@@ -165,7 +165,8 @@ class Agent:
             self.hold.acquire()  # before reading what only one agent may carry on
             left = self.pauses.recover()
             if left is not None:
-                log.warning("resumed a DCGM pause left by a previous agent: %s %s", left.value, self.pauses.error)
+                error = f" ({self.pauses.error})" if self.pauses.error else ""
+                log.warning("a DCGM pause left by a previous agent: %s%s", left.value, error)
             for run in CaptureRun.load_all(self):
                 self.runs[run.sweep_id] = run
                 if not run.capture.done:
