@@ -163,14 +163,23 @@ class Agent:
         """Reconcile what a previous process left, then serve until stopped."""
         try:
             self.hold.acquire()  # before reading what only one agent may carry on
+            recording = []
+            for run in CaptureRun.load_all(self):
+                self.runs[run.sweep_id] = run
+                if not run.capture.done:
+                    if run.capture.window_open and run.capture.owes_resume:  # sampling the counters
+                        recording.append(run)
+                    run.begin(restarted=True)  # a window left open is stopped first
+            # As in close(): DCGM gets the counters back once the windows the previous process
+            # left recording are stopped; resumed sooner, the two fight over them (dcgm.md §7).
+            # A stop meanwhile ends the wait: close() gives them CLOSE_WAIT_S, as its budget says.
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            while recording and not self.stop.is_set() and time.monotonic() < deadline:
+                recording = [run for run in recording if not run.window_shut.wait(0.1)]
             left = self.pauses.recover()
             if left is not None:
                 error = f" ({self.pauses.error})" if self.pauses.error else ""
                 log.warning("a DCGM pause left by a previous agent: %s%s", left.value, error)
-            for run in CaptureRun.load_all(self):
-                self.runs[run.sweep_id] = run
-                if not run.capture.done:
-                    run.begin(restarted=True)
             self.session.run()
         finally:
             self.close()
@@ -260,6 +269,7 @@ class CaptureRun:
         self.capture = cap.Capture.from_dict(record["capture"])
         self.folder = agent.config.work_dir / "captures" / safe_name(self.sweep_id)
         self.cancelled = threading.Event()
+        self.window_shut = threading.Event()  # its ranks no longer record: the window stopped, or never will
         self.cancel_reason = ""
         self.backend: CaptureBackend | None = None
         self._request: CaptureRequest | None = None
@@ -348,13 +358,16 @@ class CaptureRun:
         self.cancelled.set()
 
     def _run(self, restarted: bool) -> None:
-        if restarted:
-            first = self._handle(cap.Restarted())
-        else:
-            self._report(cap.Report(NodeState.PENDING, "capture accepted"))
-            failed = self._attempt("backend", self._prepare)
-            first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters(self.request())))
-        self._drive(first)
+        try:
+            if restarted:
+                first = self._handle(cap.Restarted())
+            else:
+                self._report(cap.Report(NodeState.PENDING, "capture accepted"))
+                failed = self._attempt("backend", self._prepare)
+                first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters(self.request())))
+            self._drive(first)
+        finally:
+            self.window_shut.set()
 
     def _prepare(self) -> None:
         name = self.record["backend"]
@@ -425,6 +438,7 @@ class CaptureRun:
             return cap.CaptureStopped(tuple(str(p) for p in exports))
         if isinstance(instruction, cap.AbortCapture):
             self._abort()
+            self.window_shut.set()
             return None
         if isinstance(instruction, cap.ResumeDcgm):
             return self._resume(instruction)

@@ -355,3 +355,33 @@ def test_dcgm_is_resumed_with_the_coordinator_unreachable(make_cluster) -> None:
     # The ledger is written just after the engine resumes: give it that moment.
     [record] = cluster.ledger("n0").glob("holder-*.json")
     wait_for("the DCGM ledger to drop the lease", lambda: json.loads(record.read_text())["leases"] == {}, 10)
+
+
+def test_an_agent_killed_mid_capture_resumes_dcgm_on_restart_only_after_the_windows_it_left_stop(make_cluster) -> None:
+    """kill -9 in the window, `nsys stop` taking seconds: the restarted agent resumed DCGM at
+    once, then stopped the windows the dead one left recording, the two holding the counters
+    together meanwhile (DCGM may read 0 until restarted after that, dcgm.md §7)."""
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    cluster.capture(["n0"], duration_s=60, timeout_s=90)
+
+    def sessions() -> list[dict]:
+        return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
+
+    wait_for("both ranks' windows to open", lambda: [s["state"] for s in sessions()] == ["collecting"] * 2,
+             START_S, 0.05)
+    cluster.kill("n0")
+    standin_nsys.configure(cluster.nsys_state("n0"), stop_s=2)
+    cluster.start_agent("n0")
+    overlap = False
+
+    def settled() -> bool:
+        nonlocal overlap
+        states = {s["state"] for s in sessions()}
+        overlap |= not cluster.paused("n0") and "collecting" in states
+        return not cluster.paused("n0") and states == {"launched"}
+
+    wait_for("the restarted agent to stop the windows and resume DCGM", settled, START_S, 0.05)
+    assert not overlap, "DCGM resumed while a window the dead agent left still recorded"
+    assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume"]
