@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rankscope import __version__, atomic, output, states, tls
 from rankscope.agent import capture as cap
@@ -31,10 +32,13 @@ from rankscope.agent.session import CHANNEL_OPTIONS, REGISTER_TIMEOUT_S, Registr
 from rankscope.agent.spool import local_ranks
 from rankscope.agent.uploader import Artifact, Uploader
 from rankscope.analysis import digest as digest_mod
-from rankscope.errors import ConfigError, RankscopeError, TransportError
+from rankscope.errors import ConfigError, ExportError, RankscopeError, TransportError
 from rankscope.lock import FolderLock
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.states import NodeState
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -523,8 +527,6 @@ class CaptureRun:
     def _export(self, outputs: tuple[str, ...]) -> tuple[str, ...]:
         """The backend's exports (DCGM is back by now), then a digest at the edge: only the
         compact per-rank summary has to cross the network."""
-        from rankscope.analysis.sources import load_digests
-
         if not outputs:
             return ()
         try:
@@ -533,12 +535,29 @@ class CaptureRun:
             self._keep_notes()
             if not self.agent.stop.is_set():  # stopping kills the exports: the clock runs on across the restart
                 self._export_ended()
-        table = load_digests(exports)
+        table, exports = self._digests(list(exports))
         path = self.folder / f"{safe_name(self.agent.config.name)}.digest.parquet"
         digest_mod.write(table, path)
         self.record["ranks"] = sorted(int(r) for r in table.column("rank").to_pylist())
         raw = _raw(outputs, exports) if self.record["upload_raw"] else ()  # kept in the JSON record
         return (str(path), *raw)
+
+    def _digests(self, exports: list[Path]) -> tuple[pa.Table, list[Path]]:
+        """The exports' digests, and the exports they came from. One that cannot be read (nsys
+        said it exported, but cut it short) is left out and noted, as an export nsys says failed
+        is: the node's other ranks still count. Where none can be read, the node fails."""
+        from rankscope.analysis.sources import load_digests
+
+        while True:
+            try:
+                return load_digests(exports), exports
+            except ExportError as exc:
+                bad = [p for p in exports if str(p) == exc.path]
+                if not bad or len(exports) == 1:
+                    raise
+                exports = [p for p in exports if p not in bad]
+                self._loaded_backend().note(f"went on without {exc}")
+                self._keep_notes()
 
     def _upload(self, artifacts: tuple[str, ...]) -> None:
         uploader = self.agent.uploader(self)

@@ -149,6 +149,7 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
 
 def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "",
                  export_gate: threading.Event | None = None, export_until_cancelled: bool = False,
+                 cut_short: tuple[int, ...] = (),
                  on_start: Callable[[CaptureRequest], None] | None = None) -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
@@ -182,6 +183,9 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
                 raise ToolError("exports stopped, the capture was cancelled")
             if export_gate is not None:
                 assert export_gate.wait(WAIT_S), "the test never let the export finish"
+            for rank in cut_short:  # exported "successfully", as an nsys export killed mid-write may leave it
+                path = Path(outputs[rank])
+                path.write_bytes(path.read_bytes()[:100])
             return list(outputs)
 
         def export_timeout_s(self, outputs) -> float:
@@ -242,6 +246,37 @@ def test_what_the_capture_went_on_without_is_sent_from_then_on(coordinator, tmp_
         assert notes["NODE_STATE_UPLOADED"] == notes["NODE_STATE_DCGM_RESUMED"] == [note]
         record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
         assert record["notes"] == [note]
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_an_export_cut_short_is_left_out_and_noted_while_the_others_go_on(coordinator, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """One rank's export cut short failed the whole node at the digest, its other ranks' data
+    lost, where an export that nsys says failed is left out with a note."""
+    servicer, address = coordinator
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, cut_short=(1,))
+    try:
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED, seen[-1].reason
+        (note,) = seen[-1].notes
+        assert note.startswith("went on without ") and "r1.parquet" in note and "Parquet" in note
+        record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
+        assert record["ranks"] == [0]
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_every_export_cut_short_fails_the_node_with_the_reason(coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, cut_short=(0, 1))
+    try:
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and "not a readable Parquet digest" in seen[-1].reason
     finally:
         agent.close()
         thread.join(10)
