@@ -179,7 +179,9 @@ class DcgmiControl(DcgmControl):
                                   stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             self.error = f"{self.dcgmi} not found"
-            return DcgmOutcome.NOT_PRESENT
+            # Gone since discover() found it (an upgrade, a volume unmounted): a pause it made
+            # stands, so a resume it cannot run stays owed, to be retried.
+            return DcgmOutcome.FAILED if success is DcgmOutcome.RESUMED else DcgmOutcome.NOT_PRESENT
         except subprocess.TimeoutExpired:  # a busy host engine may have paused all the same
             self.error = f"`{' '.join(argv)}` did not answer within {self.timeout_s:g} s"
             self.unanswered = True

@@ -225,6 +225,26 @@ def test_failed_resume_is_retried_until_the_engine_answers(engine, tmp_path):
     assert not paused(engine)
 
 
+def test_a_dcgmi_gone_since_it_paused_leaves_the_resume_owed_not_done(engine, tmp_path):
+    # dcgmi removed under the agent (a package upgrade, a volume unmounted): its resume was
+    # NOT_PRESENT, taken for done, the ledger cleared and the node left dark for good.
+    dcgmi = tmp_path / "bin" / "dcgmi"
+    dcgmi.parent.mkdir()
+    dcgmi.symlink_to(standin_dcgm.BIN / "dcgmi")
+    m = dcgm.PauseManager(dcgm.DcgmiControl(str(dcgmi), "localhost"), tmp_path / "ledger", retry_delay_s=0.05,
+                          resume_retries=1)
+    assert m.acquire("a", 60) is DcgmOutcome.PAUSED
+    moved = dcgmi.rename(tmp_path / "dcgmi.moved")
+    assert m.release("a") is DcgmOutcome.FAILED and "not found" in m.error
+    assert paused(engine) and journal(m)["paused"] is True  # still owed, on disk too
+    moved.rename(dcgmi)
+    deadline = time.monotonic() + 10
+    while paused(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not paused(engine)
+    m.close()
+
+
 def test_a_pause_left_unanswered_is_resumed_as_it_may_have_taken_effect(engine, tmp_path):
     # A busy host engine paused but answered after the timeout: FAILED, the lease dropped,
     # and nothing ever resumed: the node's DCGM_FI_PROF_* series stayed dark for good.
