@@ -182,6 +182,9 @@ class DcgmiControl(DcgmControl):
             # Gone since discover() found it (an upgrade, a volume unmounted): a pause it made
             # stands, so a resume it cannot run stays owed, to be retried.
             return DcgmOutcome.FAILED if success is DcgmOutcome.RESUMED else DcgmOutcome.NOT_PRESENT
+        except OSError as exc:  # not executable (any more), say: a failure to say, never to raise
+            self.error = f"{self.dcgmi} cannot run ({exc.strerror or exc})"
+            return DcgmOutcome.FAILED
         except subprocess.TimeoutExpired:  # a busy host engine may have paused all the same
             self.error = f"`{' '.join(argv)}` did not answer within {self.timeout_s:g} s"
             self.unanswered = True

@@ -245,6 +245,17 @@ def test_a_dcgmi_gone_since_it_paused_leaves_the_resume_owed_not_done(engine, tm
     m.close()
 
 
+def test_a_dcgmi_that_cannot_run_is_a_failure_with_its_reason_not_an_exception(engine, tmp_path):
+    # PermissionError escaped the control: a traceback out of the agent's close, its ledger,
+    # channel and work-dir lock not let go.
+    dcgmi = tmp_path / "dcgmi"
+    dcgmi.write_text("#!/bin/sh\n")
+    dcgmi.chmod(0o644)
+    control = dcgm.DcgmiControl(str(dcgmi), "localhost")
+    for call in (control.pause, control.resume):
+        assert call() is DcgmOutcome.FAILED and control.error == f"{dcgmi} cannot run (Permission denied)"
+
+
 def test_a_pause_left_unanswered_is_resumed_as_it_may_have_taken_effect(engine, tmp_path):
     # A busy host engine paused but answered after the timeout: FAILED, the lease dropped,
     # and nothing ever resumed: the node's DCGM_FI_PROF_* series stayed dark for good.
