@@ -370,6 +370,10 @@ class CaptureRun:
                 failed = self._attempt("backend", self._prepare)
                 first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters(self.request())))
             self._drive(first)
+            if self.capture.state is NodeState.FAILED:
+                # Nothing reads what it left, and it may be what filled the disk (nsys reports,
+                # GiBs a rank): kept for the record's week, every later capture failed "disk full".
+                self._clean()
         finally:
             self.window_shut.set()
 
@@ -594,7 +598,10 @@ class CaptureRun:
             self.persist()
 
     def _clean(self) -> None:
-        """The coordinator has everything: drop the exports and artifacts, keep the small record."""
+        """The coordinator has everything, or the capture failed: drop the exports and
+        artifacts, keep the small record."""
+        if not self.folder.is_dir():  # its record could not be saved (a full disk) either
+            return
         for entry in self.folder.iterdir():
             if entry.name == "capture.json":
                 continue

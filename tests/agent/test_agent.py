@@ -149,7 +149,7 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
 
 def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "",
                  export_gate: threading.Event | None = None, export_until_cancelled: bool = False,
-                 cut_short: tuple[int, ...] = (),
+                 cut_short: tuple[int, ...] = (), fail_export: str = "",
                  on_start: Callable[[CaptureRequest], None] | None = None) -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
@@ -183,6 +183,8 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
                 raise ToolError("exports stopped, the capture was cancelled")
             if export_gate is not None:
                 assert export_gate.wait(WAIT_S), "the test never let the export finish"
+            if fail_export:
+                raise ToolError(fail_export)
             for rank in cut_short:  # exported "successfully", as an nsys export killed mid-write may leave it
                 path = Path(outputs[rank])
                 path.write_bytes(path.read_bytes()[:100])
@@ -265,6 +267,26 @@ def test_an_export_cut_short_is_left_out_and_noted_while_the_others_go_on(coordi
         assert note.startswith("went on without ") and "r1.parquet" in note and "Parquet" in note
         record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
         assert record["ranks"] == [0]
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_failed_capture_leaves_only_its_record_on_the_node(coordinator, tmp_path: Path, monkeypatch) -> None:
+    """An export failing for a full disk kept the capture's reports (GiBs a rank, for nsys) for
+    the week its record is kept: every later capture of the node failed "disk full" too."""
+    servicer, address = coordinator
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, fail_export="No space left on device")
+    try:
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "No space left on device"
+        folder = tmp_path / "work" / "captures" / "s1"
+        wait_for_files = time.monotonic() + WAIT_S
+        while len(list(folder.iterdir())) > 1 and time.monotonic() < wait_for_files:
+            time.sleep(0.05)
+        assert [p.name for p in folder.iterdir()] == ["capture.json"]
+        assert json.loads((folder / "capture.json").read_text())["capture"]["state"] == "failed"
     finally:
         agent.close()
         thread.join(10)
