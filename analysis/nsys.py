@@ -1111,7 +1111,7 @@ def _step_of(steps: Columns, process: np.ndarray, times: np.ndarray) -> tuple[np
     order = np.lexsort((steps["start"], steps["process"]))
     at = intervals.last_at_or_before(steps["process"][order], steps["start"][order], process, times)
     safe = order[np.clip(at, 0, None)]
-    inside = (at >= 0) & (times <= steps["end"][safe])
+    inside = (at >= 0) & (times < steps["end"][safe])  # half-open, as the Kineto reader takes a step
     return np.where(inside, steps["step"][safe], 0), ~inside
 
 

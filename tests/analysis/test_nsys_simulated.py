@@ -5,11 +5,12 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from rankscope.analysis import digest, nsys
+from rankscope.analysis import digest, kineto, nsys
 from rankscope.analysis import simulate
 from rankscope.errors import ExportError
 
@@ -263,3 +264,14 @@ def test_a_session_start_that_is_not_an_integer_is_an_error_naming_the_export(jo
     with pytest.raises(ExportError, match=r"no session start time \(utcEpochNs is missing or not an integer\)") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
+
+
+def test_a_step_holds_the_times_from_its_start_up_to_its_end_not_its_end_as_the_kineto_reader_takes_it() -> None:
+    # A call at a step's very end, with a gap after it, fell in the step read from nsys and
+    # in none read from Kineto: the same job's collectives got different steps by source.
+    times = np.array([99, 100, 150, 200, 250, 299, 300, 301])
+    start, end, step = np.array([100, 250]), np.array([200, 300]), np.array([1, 2])
+    values, missing = nsys._step_of({"step": step, "start": start, "end": end, "process": np.array([7, 7])},
+                                    np.full(times.size, 7), times)
+    from_kineto = kineto._step_of(times, {"step": step, "start_ns": start, "end_ns": end})
+    assert np.where(missing, -1, values).tolist() == from_kineto.tolist() == [-1, 1, 1, -1, 2, 2, -1, -1]
