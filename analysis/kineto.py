@@ -161,6 +161,7 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     path = Path(path)
     trace = _load(path)
     notes: list[str] = []
+    _instants(trace.events, notes)
     meta = _meta(path, trace, rank_from, notes)
     events = trace.events
     steps = _steps(events)
@@ -644,6 +645,16 @@ def _decimal_ns(joined: np.ndarray, comma: np.ndarray, ends: np.ndarray) -> np.n
         micros = pc.round(strings.cast(_MICROS), 3, round_mode="half_towards_infinity").cast(_NANOS_AS_MICROS)
     nanos = pa.Array.from_buffers(pa.decimal128(38, 0), count, micros.buffers()).cast(pa.int64())
     return (nanos.fill_null(0) if valid is not None else nanos).to_numpy()
+
+
+def _instants(events: _Events, notes: list[str]) -> None:
+    """A negative ``dur`` (a profiler's broken event) is taken as an instant: its start
+    stands, its time counts nowhere, where it had cut busy time and could end the window
+    before it began."""
+    negative = events.dur < 0
+    if negative.any():
+        events.dur[negative] = 0
+        notes.append(f"{int(negative.sum())} event(s) with a negative duration: taken as instants (dur 0)")
 
 
 def _base(path: Path, top: dict) -> int:

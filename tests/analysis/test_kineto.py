@@ -351,6 +351,20 @@ def test_gpu_busy_window_is_the_devices_active_span_as_nsys_and_hta_take_it(tmp_
     assert row["gpu_busy_ns"] == 250_000  # 50 us idle between the gemm and the copy
 
 
+def test_an_event_with_a_negative_duration_is_an_instant_and_named(tmp_path):
+    # Taken as it was, a kernel of -300 us ended before it began: the window left out its
+    # start, its backwards interval went into the busy union, and nothing said so.
+    events = [
+        _event("c10d::allreduce_", "950.000", "50.000", tid=1),
+        _event("gemm", "1000.000", "100.000", cat="kernel", tid=7, args={"stream": 7}),
+        _event("gemm", "1200.000", "-300.000", cat="kernel", tid=7, args={"stream": 7}),
+    ]
+    row = _row(read_kineto(_write(tmp_path / "rank3.json", _trace(events, baseTimeNanoseconds=0))))
+    assert (row["window_start_ns"], row["window_end_ns"]) == (1_000_000, 1_200_000)
+    assert row["gpu_busy_ns"] == 100_000
+    assert "1 event(s) with a negative duration: taken as instants (dur 0)" in row["warnings"]
+
+
 def test_a_copy_is_busy_time_but_not_compute_as_the_nsys_reader_takes_it(tmp_path):
     """A memcpy beside a collective does not hide its exposed time (TP overhead counts
     compute kernels) and one before it does not make the arrival compute-bound; the device
