@@ -8,6 +8,7 @@ is ``partial`` on this side, and the UNSPECIFIED zero is ``""``."""
 from __future__ import annotations
 
 import enum
+import functools
 import re
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
@@ -42,6 +43,7 @@ def from_wire(value: int) -> NodeState | None:
     return NodeState(wire_name(pb.NodeState, value)) if value else None
 
 
+@functools.cache  # a handful of enums, looked up on every node status
 def _prefix(enum_type: EnumTypeWrapper) -> str:
     """The prefix of an enum's value names, by the proto style guide: ``SweepState`` → ``SWEEP_STATE_``."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", enum_type.DESCRIPTOR.name).upper() + "_"
