@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-hta protos clean
+.PHONY: demo test bench bench-hta protos image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ bench-hta: $(STAMP) .venv-hta/bin/python
 
 protos: $(STAMP)
 	$(BIN)/python scripts/gen_protos.py
+
+# The image deploy/kubernetes runs, tagged with the package's version, as the manifests name it.
+# Build arguments pass on: make image DOCKER_BUILD_ARGS='--build-arg DCGM_PACKAGE=...'
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+image:
+	docker build -f deploy/container/Dockerfile -t rankscope:$(VERSION) $(DOCKER_BUILD_ARGS) .
 
 clean:
 	rm -rf $(VENV) .venv-hta build *.egg-info

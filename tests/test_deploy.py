@@ -288,3 +288,138 @@ def test_the_pytorchjob_example_runs_one_wrapper_per_gpu() -> None:
     assert f"--nproc-per-node={gpus}" in words
     assert words[words.index("--no-python") + 1 : words.index("--no-python") + 3] == ["rankscope", "rank"]
     assert {"--nnodes=$WORLD_SIZE", "--node-rank=$RANK", "--master-addr=$MASTER_ADDR", "--master-port=$MASTER_PORT"} <= set(words)
+
+
+ROOT = DEPLOY.parent
+DOCKERFILE = DEPLOY / "container" / "Dockerfile"
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _dockerfile_instructions() -> list[tuple[str, list[str]]]:
+    """(INSTRUCTION, words) per instruction, continuation lines joined, comments left out."""
+    lines = [line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")]
+    joined = "\n".join(lines).replace("\\\n", " ")
+    return [(line.split()[0].upper(), line.split()[1:]) for line in joined.splitlines() if line.strip()]
+
+
+def _images(node: object) -> list[str]:
+    """Every image named in a manifest, init containers' too."""
+    if isinstance(node, dict):
+        own = [node["image"]] if isinstance(node.get("image"), str) else []
+        return own + [i for v in node.values() for i in _images(v)]
+    if isinstance(node, list):
+        return [i for v in node for i in _images(v)]
+    return []
+
+
+def _pod_spec(path: Path) -> dict:
+    """The pod template's spec of a DaemonSet, StatefulSet, CronJob or PyTorchJob."""
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] != "Service"]
+    spec = doc["spec"]
+    if doc["kind"] == "CronJob":
+        return spec["jobTemplate"]["spec"]["template"]["spec"]
+    if doc["kind"] == "PyTorchJob":
+        return spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    return spec["template"]["spec"]
+
+
+def test_the_manifests_run_the_image_make_image_builds() -> None:
+    """One version, pyproject.toml's: `make image` tags the image with it, and every manifest
+    that runs rankscope names that tag (and `rankscope --version` says it)."""
+    import subprocess
+
+    import rankscope
+
+    version = _pyproject()["project"]["version"]
+    assert rankscope.__version__ == version
+    built = subprocess.run(["make", "-s", "-n", "image"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    words = shlex.split(built)
+    assert words[:2] == ["docker", "build"] and words[words.index("-f") + 1] == str(DOCKERFILE.relative_to(ROOT))
+    tag = words[words.index("-t") + 1]
+    assert tag == f"rankscope:{version}" and words[-1] == "."  # the repository root is the context
+    running = {path.name: {i for d in yaml.safe_load_all(path.read_text()) for i in _images(d) if i.startswith("rankscope")}
+               for path in MANIFESTS}
+    assert {name for name, images in running.items() if images} == {
+        "agent-daemonset.yaml", "coordinator.yaml", "health-sweep-cronjob.yaml"}
+    for name, images in running.items():
+        assert images <= {tag}, f"{name} runs {sorted(images)}, `make image` builds {tag}"
+
+
+def test_the_dockerfile_copies_files_that_exist_and_every_package() -> None:
+    """A COPY whose source is gone (or kept out of the context by .dockerignore) fails the
+    build; a package folder pyproject.toml gained and the image did not copy fails its install."""
+    ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    copied = set()
+    for instruction, words in _dockerfile_instructions():
+        if instruction not in {"COPY", "ADD"} or any(w.startswith("--from=") for w in words):
+            continue
+        for source in [w for w in words if not w.startswith("--")][:-1]:
+            assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which is not in the repository"
+            assert Path(source).parts[0] not in ignored, f"the Dockerfile copies {source}, which .dockerignore leaves out"
+            copied.add(Path(source).parts[0])
+    assert {"pyproject.toml", *_pyproject()["tool"]["setuptools"]["package-dir"].values()} <= copied
+
+
+def test_the_image_runs_as_a_user_and_only_the_agent_as_root() -> None:
+    """The image's user is a numeric uid, not root (Kubernetes' runAsNonRoot can check only a
+    number); the coordinator's volume gets its group, so that user can write its state there.
+    The agent alone runs as root, for the node's folders it shares with the ranks."""
+    (user,) = [words[0] for instruction, words in _dockerfile_instructions() if instruction == "USER"]
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and gid.isdigit() and int(uid) != 0 and int(gid) != 0
+    coordinator = _pod_spec(DEPLOY / "kubernetes" / "coordinator.yaml")["securityContext"]
+    assert coordinator["runAsNonRoot"] is True and coordinator["fsGroup"] == int(gid)
+    assert _pod_spec(DEPLOY / "kubernetes" / "health-sweep-cronjob.yaml")["securityContext"]["runAsNonRoot"] is True
+    assert _pod_spec(DEPLOY / "kubernetes" / "agent-daemonset.yaml")["securityContext"]["runAsUser"] == 0
+
+
+def _mounts(spec: dict, container: dict) -> dict[str, tuple[str, bool]]:
+    """mountPath -> (the node's path, read-only) for a container's hostPath volumes."""
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    return {m["mountPath"]: (host[m["name"]], m.get("readOnly", False))
+            for m in container["volumeMounts"] if m["name"] in host}
+
+
+def test_the_agent_and_the_ranks_pods_share_the_spool_its_work_dir_and_nsys() -> None:
+    """The agent reads the ranks' announcements in the spool, and the ranks' `nsys launch`
+    writes each report where the agent's `nsys start --output` says, in the agent's work dir:
+    both must be one node folder at one path in both pods. The agent starts and stops the
+    ranks' sessions with the nsys they run under, the node's (read-only), named the same way."""
+    from rankscope.agent.commands import config_from_args
+
+    agent_spec = _pod_spec(DEPLOY / "kubernetes" / "agent-daemonset.yaml")
+    rank_spec = _pod_spec(DEPLOY / "kubernetes" / "pytorchjob-example.yaml")
+    (agent,), (ranks,) = agent_spec["containers"], rank_spec["containers"]
+    agent_mounts, rank_mounts = _mounts(agent_spec, agent), _mounts(rank_spec, ranks)
+    assert len(agent_mounts) == 2, f"the agent mounts node folders it does not use: {agent_mounts}"
+
+    config = config_from_args(build_parser().parse_args(_substitute(a) for a in agent["args"]))
+    rank_words = shlex.split(ranks["command"][2])
+    rank_spool = rank_words[rank_words.index("--spool") + 1]
+    assert agent_mounts[str(config.spool)] == rank_mounts[rank_spool] == ("/var/lib/rankscope", False)
+    assert str(config.spool) == rank_spool and config.work_dir.is_relative_to(config.spool)
+
+    nsys = {c["name"]: next(e["value"] for e in c["env"] if e["name"] == "RANKSCOPE_NSYS") for c in (agent, ranks)}
+    assert nsys[agent["name"]] == nsys[ranks["name"]]
+    (mount,) = [m for m in agent_mounts if Path(nsys[agent["name"]]).is_relative_to(m)]
+    assert agent_mounts[mount] == rank_mounts[mount] and agent_mounts[mount][1], "nsys: the same node install, read-only"
+
+
+def test_the_kubernetes_agents_spool_is_open_to_every_user() -> None:
+    """As the systemd unit's: the kubelet makes the hostPath root's, 0755, where ranks of any
+    user must announce themselves; made sticky and writable by all before the agent starts."""
+    from rankscope.agent.spool import ranks_dir
+
+    spec = _pod_spec(DEPLOY / "kubernetes" / "agent-daemonset.yaml")
+    (agent,) = spec["containers"]
+    spool = Path(build_parser().parse_args(_substitute(a) for a in agent["args"]).spool)
+    (init,) = spec["initContainers"]
+    assert init["command"][:4] == ["install", "-d", "-m", "1777"]
+    assert {str(spool), str(ranks_dir(spool))} <= set(init["command"][4:])
+    assert _mounts(spec, init) == {str(spool): _mounts(spec, agent)[str(spool)]}
