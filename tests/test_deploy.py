@@ -363,7 +363,8 @@ def test_the_dockerfile_copies_files_that_exist_and_every_package() -> None:
             assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which is not in the repository"
             assert Path(source).parts[0] not in ignored, f"the Dockerfile copies {source}, which .dockerignore leaves out"
             copied.add(Path(source).parts[0])
-    assert {"pyproject.toml", *_pyproject()["tool"]["setuptools"]["package-dir"].values()} <= copied
+    needed = {"pyproject.toml", *_pyproject()["tool"]["setuptools"]["package-dir"].values()}
+    assert needed <= copied, f"the Dockerfile does not copy {sorted(needed - copied)}"
 
 
 def test_the_image_runs_as_a_user_and_only_the_agent_as_root() -> None:
@@ -423,3 +424,4 @@ def test_the_kubernetes_agents_spool_is_open_to_every_user() -> None:
     assert init["command"][:4] == ["install", "-d", "-m", "1777"]
     assert {str(spool), str(ranks_dir(spool))} <= set(init["command"][4:])
     assert _mounts(spec, init) == {str(spool): _mounts(spec, agent)[str(spool)]}
+
