@@ -19,7 +19,8 @@ What comes from where (reference/nccl-in-traces.md):
   group's start. Payload fields (communicator id, size, peer, rank) are decoded by entry
   name when the export carries ``binaryData`` blobs;
 - ranks: one per (process, CUDA device) that ran kernels, so a torchrun tree profiled
-  as one report splits into its ranks.
+  as one report splits into its ranks; where some ran NCCL kernels, only those and
+  processes that called NCCL (`_stray_units`).
 """
 
 from __future__ import annotations
@@ -798,7 +799,9 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     comm_name = ops.is_comm_kernel(names)  # each distinct name once
     is_comm = comm_name[kernels["name"]]
     unit_keys, unit = _unique_runs(_process(kernels) * _MAX_DEVICE + kernels["device"])
-    stray = _stray_devices(files, unit_keys, np.bincount(unit[is_comm], minlength=unit_keys.size) > 0)
+    nccl, steps = _nvtx(files)
+    has_comm = np.bincount(unit[is_comm], minlength=unit_keys.size) > 0
+    stray = _stray_units(files, unit_keys, has_comm, np.isin(unit_keys // _MAX_DEVICE, nccl["process"]))
     if stray is not None:
         keep = ~stray[unit]
         kernels, is_comm = {key: values[keep] for key, values in kernels.items()}, is_comm[keep]
@@ -807,7 +810,6 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     units["file"], units["pid"] = units["process"] >> 24, units["process"] & 0xFFFFFF
     n = unit_keys.size
     scalars, compute, busy = _activity(files, kernels, is_comm, unit, unit_keys)
-    nccl, steps = _nvtx(files)
     collectives, comm_ids = _collectives(files, kernels, is_comm, unit, names, nccl)
     steps = _steps(steps)
     facts = _collective_facts(collectives, compute, busy, scalars["window_start_ns"], steps)
@@ -822,20 +824,31 @@ def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     return _table(files, units, identity, scalars, parts)
 
 
-def _stray_devices(files: list[_File], unit_keys: np.ndarray, has_comm: np.ndarray) -> np.ndarray | None:
-    """Per unit (process, device; sorted): True where a process ran no NCCL kernel on this
-    device but did on another, such as work on cuda:0 before ``torch.cuda.set_device``.
-    Such a unit is not a rank of its own; None where there is none."""
+def _stray_units(files: list[_File], unit_keys: np.ndarray, has_comm: np.ndarray, calls_nccl: np.ndarray) -> np.ndarray | None:
+    """Per unit (process, device; sorted): True where it ran no NCCL kernel while its process
+    did on another GPU (work on cuda:0 before ``torch.cuda.set_device``), or while another
+    process of its export did and its own process made no NCCL call (``calls_nccl``: nsys
+    traces the rank's children, such as a compile worker autotuning kernels). Such a unit
+    is no rank: taken for one, it made a one-rank export one of several numbered by pid,
+    losing the rank its environment gives. A process that called NCCL but whose kernels
+    never ended in the window stays a rank (hung?). None where there is none."""
+    def spread(keys: np.ndarray) -> np.ndarray:  # has_comm of any unit with the same key, per unit
+        opens = np.flatnonzero(run_starts(keys))
+        return np.repeat(np.maximum.reduceat(has_comm, opens), np.diff(np.append(opens, keys.size)))
+
     process = unit_keys // _MAX_DEVICE
-    opens = np.flatnonzero(run_starts(process))
-    process_comm = np.repeat(np.maximum.reduceat(has_comm, opens), np.diff(np.append(opens, process.size)))
-    stray = process_comm & ~has_comm
+    process_comm = spread(process)
+    stray = (process_comm | (spread(process >> 24) & ~calls_nccl)) & ~has_comm
     if not stray.any():
         return None
-    for key in unit_keys[stray].tolist():
-        export = files[key // _MAX_DEVICE >> 24]
-        export.warn(f"pid {key // _MAX_DEVICE & 0xFFFFFF} ran kernels on cuda:{key % _MAX_DEVICE} but its NCCL kernels on "
-                    "another GPU: those left out (work before torch.cuda.set_device?)")
+    for key, own in zip(unit_keys[stray].tolist(), process_comm[stray].tolist()):
+        export, pid, device = files[key // _MAX_DEVICE >> 24], key // _MAX_DEVICE & 0xFFFFFF, key % _MAX_DEVICE
+        if own:
+            export.warn(f"pid {pid} ran kernels on cuda:{device} but its NCCL kernels on another GPU: those left out "
+                        "(work before torch.cuda.set_device?)")
+        else:
+            export.warn(f"pid {pid} ran kernels on cuda:{device} but made no NCCL call, where other processes of the "
+                        "export did: left out, as no rank (a helper process?)")
     return stray
 
 

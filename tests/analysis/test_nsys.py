@@ -106,6 +106,27 @@ def test_torchrun_report_splits_into_two_ranks_with_their_sendrecv(samples: Path
     assert (coll["compute_before_ns"] > 0).any()
 
 
+def test_a_helper_process_is_no_rank_of_a_torchrun_report(torchrun: Path, tmp_path: Path) -> None:
+    # A process that ran kernels but no NCCL kernel and made no NCCL call (pid 100, below
+    # the ranks' pids) was numbered rank 0 by pid, shifting ranks 144 and 145 to 1 and 2.
+    copy = tmp_path / "helper.sqlite"
+    shutil.copy(torchrun, copy)
+    with sqlite3.connect(copy) as db:
+        db.execute("CREATE TEMP TABLE some AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE (globalPid >> 24) & 16777215 = 144 "
+                   "AND shortName NOT IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%') AND rowid % 30 = 0")
+        db.execute("UPDATE some SET globalPid = (globalPid & ~(16777215 << 24)) | (100 << 24)")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM some")
+    original, edited = nsys.read_nsys(torchrun), nsys.read_nsys(copy)
+    assert edited.column("pid").to_pylist() == [144, 145] and edited.column("rank").to_pylist() == [0, 1]
+    for name in ("gpu_busy_ns", "window_start_ns", "window_end_ns", "collectives", "kernels"):
+        assert edited.column(name).equals(original.column(name)), name
+    with sqlite3.connect(copy) as db:  # pid 145 called NCCL, but none of its NCCL kernels ended in the window
+        db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE (globalPid >> 24) & 16777215 = 145 "
+                   "AND shortName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%')")
+    hung = nsys.read_nsys(copy)
+    assert hung.column("pid").to_pylist() == [144, 145] and [len(c) for c in hung.column("collectives").to_pylist()] == [33, 0]
+
+
 def test_raw_and_normalized_exports_land_on_the_same_utc_base(torchrun: Path, tmp_path: Path) -> None:
     raw = nsys.read_nsys(torchrun)
     with sqlite3.connect(torchrun) as db:

@@ -219,6 +219,28 @@ def test_a_kernel_on_another_gpu_of_a_rank_process_is_left_out_not_taken_for_a_r
     assert any("but its NCCL kernels on another GPU" in w for w in warnings)
 
 
+def test_a_helper_process_without_nccl_kernels_is_left_out_not_taken_for_a_rank(job, tmp_path: Path) -> None:
+    # nsys traces the rank's child processes too: one that ran a kernel (a compile worker's
+    # autotuning, say) made the export one of two processes, numbered by pid, so the rank
+    # lost its env rank and took rank 0, which the real rank 0 also claimed.
+    _, paths = job
+    copy = tmp_path / "helper.sqlite"
+    copy.write_bytes(paths[1].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute("CREATE TEMP TABLE one AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName NOT IN "
+                   "(SELECT id FROM StringIds WHERE value LIKE 'nccl%') LIMIT 1")
+        db.execute("UPDATE one SET globalPid = (globalPid & ~(16777215 << 24)) | (7 << 24), correlationId = -7")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM one")
+    original, edited = nsys.read_nsys(paths[1]), nsys.read_nsys(copy)
+    assert edited.num_rows == 1
+    assert edited.column("rank").to_pylist() == original.column("rank").to_pylist() == [1]
+    assert edited.column("rank_source").to_pylist() == ["env:RANK"]
+    assert edited.column("pid").equals(original.column("pid"))
+    assert edited.column("gpu_busy_ns").equals(original.column("gpu_busy_ns"))
+    (warnings,) = edited.column("warnings").to_pylist()
+    assert any("pid 7 ran kernels on cuda:" in w and "made no NCCL call" in w for w in warnings)
+
+
 def test_an_export_being_written_is_refused_and_a_wal_export_read_whole(job, tmp_path: Path) -> None:
     # Opened immutable=1, an export under a writer's lock read as finished (here: without
     # its NVTX rows, so no op, communicator or call time), and a -wal file was ignored.
