@@ -471,7 +471,14 @@ class CaptureRun:
     # steps --------------------------------------------------------------------------
 
     def _pause(self):
-        outcome = self.agent.pauses.acquire(self.sweep_id, self._lease_s())
+        try:
+            outcome = self.agent.pauses.acquire(self.sweep_id, self._lease_s())
+        except dcgm_mod.PauseNotRecorded as exc:  # given back already: the node fails, DCGM not left dark
+            if exc.undone is None:
+                self._set_dcgm(pb.DCGM_OUTCOME_PAUSE_FAILED, str(exc))
+            else:
+                self._record_release(exc.undone)
+            raise
         detail = self.agent.pauses.error
         if outcome is dcgm_mod.DcgmOutcome.FAILED:
             # Tracing needs no counters; only GPU-metrics sampling does, and DCGM may still
@@ -516,7 +523,11 @@ class CaptureRun:
             if self.record["dcgm"] == pb.DCGM_OUTCOME_UNSPECIFIED:
                 self._set_dcgm(pb.DCGM_OUTCOME_NOT_NEEDED, "")
             return None
-        outcome = self.agent.pauses.release(self.sweep_id)
+        self._record_release(self.agent.pauses.release(self.sweep_id))
+        return cap.DcgmResumed(self.agent.pauses.error)
+
+    def _record_release(self, outcome: dcgm_mod.DcgmOutcome) -> None:
+        """What giving the pause back did, for the node's record (a `PauseManager.release` outcome)."""
         if outcome is dcgm_mod.DcgmOutcome.NOT_HELD:  # no lease left: the restart's recovery resumed it
             self._set_dcgm(pb.DCGM_OUTCOME_RESUMED,
                            "resumed when the previous agent process ended, or as its lease expired")
@@ -526,7 +537,6 @@ class CaptureRun:
             self._set_dcgm(pb.DCGM_OUTCOME_RESUME_FAILED, self.agent.pauses.error)
         else:
             self._set_dcgm(DCGM_OUTCOMES.get(outcome, pb.DCGM_OUTCOME_RESUMED), self.agent.pauses.error)
-        return cap.DcgmResumed(self.agent.pauses.error)
 
     def _export(self, outputs: tuple[str, ...]) -> tuple[str, ...]:
         """The backend's exports (DCGM is back by now), then a digest at the edge: only the

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 from rankscope.agent.pause_ledger import DEFAULT_FOLDER, Holder, NoLedger, PauseLedger
+from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,16 @@ class DcgmOutcome(str, Enum):
     NOT_PRESENT = "not_present"  # no DCGM on the node: nothing to pause
     NOT_HELD = "not_held"  # released by a capture this process holds no lease for
     FAILED = "failed"
+
+
+class PauseNotRecorded(ToolError):
+    """The pause ledger could not take a capture's pause (a full disk, a read-only folder): a
+    pause it cannot keep on record (renewed, released, read by the host's other agents) is not
+    held. ``undone``: how the pause was given back (a `release` outcome), None where none was made."""
+
+    def __init__(self, message: str, *, undone: DcgmOutcome | None) -> None:
+        super().__init__(message)
+        self.undone = undone
 
 
 @dataclass(frozen=True)
@@ -353,7 +364,11 @@ class PauseManager:
             self._released.pop(capture_id, None)
             with self.ledger.deciding() as others:
                 self._leases[capture_id] = self.clock() + lease_s
-                self._save()  # ledger first: a crash inside Pause is still recovered
+                try:
+                    self._save()  # ledger first: a crash inside Pause is still recovered
+                except OSError as exc:
+                    del self._leases[capture_id]
+                    raise PauseNotRecorded(f"DCGM not paused: {self._unwritable(exc)}", undone=None) from None
                 outcome = self.control.pause()
                 self.error = self.control.error
                 if outcome is DcgmOutcome.PAUSED:
@@ -362,11 +377,15 @@ class PauseManager:
                     for holder in others:  # our pause covers what they left: our resume ends it
                         if holder.left_behind:
                             self.ledger.forget(holder)
+                    try:
+                        self._save()
+                    except OSError as exc:
+                        raise self._undo(capture_id, others, exc) from None
                 else:
                     del self._leases[capture_id]
                     # unanswered, it may have paused: the resume is owed (the timer runs it)
                     self._paused = self._paused or (outcome is DcgmOutcome.FAILED and self.control.unanswered)
-                self._save()
+                    self._save_shrunk()
             self._outcomes[capture_id] = outcome
             self._wake.notify_all()
             log.info("DCGM pause for %s: %s %s", capture_id, outcome.value, self.error)
@@ -449,7 +468,7 @@ class PauseManager:
         PAUSED while one does, the resume's outcome when one ran, None when none was owed."""
         if self._leases or any(holder.holds(self.clock()) for holder in others):
             self._paused = self._paused and bool(self._leases)  # a holder left owes the resume now
-            self._save()
+            self._save_shrunk()
             return DcgmOutcome.PAUSED
         left = [holder for holder in others if holder.left_behind]
         if not (self._paused or left):
@@ -474,12 +493,34 @@ class PauseManager:
                 time.sleep(self.retry_delay_s * 2**attempt)  # holding the ledger: no acquire races a resume
         self.error = self.control.error
         self._paused = outcome is DcgmOutcome.FAILED
-        self._save()
+        self._save_shrunk()
         self._wake.notify_all()  # the timer retries a failed resume
         return outcome
 
     def _save(self) -> None:
         self.ledger.write(self._paused, self._leases)
+
+    def _save_shrunk(self) -> None:
+        """Record a lease or pause given up. Where that write fails, the record left claims
+        more than this process holds: a lease other agents wait out, a pause a successor
+        resumes again (resume is idempotent). Safe, so the resume it follows stands."""
+        try:
+            self._save()
+        except OSError as exc:
+            log.warning("DCGM pause ledger: %s (it claims more than is held until it can be written)",
+                        self._unwritable(exc))
+
+    def _unwritable(self, exc: OSError) -> str:
+        return f"the pause ledger {self.ledger.folder} cannot be written ({exc.strerror or exc})"
+
+    def _undo(self, capture_id: str, others: list[Holder], exc: OSError) -> PauseNotRecorded:
+        """Give back a pause the ledger could not record, at once: DCGM resumed unless another
+        capture of the host still holds it."""
+        del self._leases[capture_id]
+        undone = self._settle(others) or DcgmOutcome.RESUMED
+        after = {DcgmOutcome.FAILED: f"its resume failed ({self.error}), retried",
+                 DcgmOutcome.PAUSED: "left to the other captures that hold it"}.get(undone, "resumed at once")
+        return PauseNotRecorded(f"DCGM paused, then {after}: {self._unwritable(exc)}", undone=undone)
 
     def _expire(self) -> None:
         """Release leases past their expiry, retry a resume that failed earlier, re-assert a

@@ -27,7 +27,7 @@ import pytest
 
 from rankscope import atomic
 from rankscope.agent import agent as agent_mod
-from rankscope.agent import commands, dcgm
+from rankscope.agent import commands, dcgm, pause_ledger
 from rankscope.agent.agent import Agent, AgentConfig, load_backend, safe_name
 from rankscope.cli import main, parse_labels
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
@@ -777,6 +777,34 @@ def test_a_capture_record_that_cannot_be_saved_does_not_leave_dcgm_paused(coordi
         assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
         assert log.calls[-1] == "export" and "dcgm.resume" in log.calls
         assert sum("its record was not saved" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coordinator, tmp_path: Path,
+                                                                            monkeypatch, caplog) -> None:
+    """The host's pause ledger unwritable once DCGM is paused (a full disk): the OSError came
+    out as a traceback, the node failed with DCGM left paused until the lease ran out."""
+    servicer, address = coordinator
+    log = Log()
+    real_write = pause_ledger.PauseLedger.write
+
+    def write(self, *args) -> None:
+        if "dcgm.pause" in log.calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, *args)
+
+    monkeypatch.setattr(pause_ledger.PauseLedger, "write", write)
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
+        assert seen[-1].reason == (f"DCGM paused, then resumed at once: the pause ledger {tmp_path / 'dcgm-ledger'} "
+                                   "cannot be written (No space left on device)")
+        assert log.calls == ["dcgm.pause", "dcgm.resume"]  # nothing recorded under a pause it could not keep
+        assert not [r for r in caplog.records if r.exc_info]
     finally:
         agent.close()
         thread.join(10)

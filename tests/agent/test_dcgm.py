@@ -4,6 +4,7 @@ of one host (the shared pause ledger)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -284,6 +285,54 @@ def test_a_resume_that_fails_at_exit_is_left_for_the_next_agent(engine, tmp_path
     assert not paused(engine)
     assert list((tmp_path / "ledger").glob("holder-*")) == [successor.ledger.path]  # and then went
     successor.close()
+
+
+def full_disk_from(m: dcgm.PauseManager, fails) -> None:
+    """The ledger's writes fail (a full disk) from when ``fails()`` says so."""
+    real_write = m.ledger.write
+
+    def write(*args) -> None:
+        if fails():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(*args)
+
+    m.ledger.write = write
+
+
+def test_a_pause_the_ledger_cannot_record_is_resumed_at_once(engine, tmp_path):
+    # Before, the OSError came out of acquire with DCGM paused and the capture's lease held:
+    # the node stayed dark until the lease ran out, the capture failed with a traceback.
+    m = manager(tmp_path)
+    full_disk_from(m, lambda: paused(engine))
+    with pytest.raises(dcgm.PauseNotRecorded) as raised:
+        m.acquire("a", 60)
+    assert raised.value.undone is DcgmOutcome.RESUMED and not paused(engine)
+    assert str(raised.value) == (f"DCGM paused, then resumed at once: the pause ledger {tmp_path / 'ledger'} "
+                                 "cannot be written (No space left on device)")
+    assert ops(engine) == ["pause", "resume"] and m.holders() == [] and not m.paused
+    m.close()
+
+
+def test_a_ledger_that_cannot_be_written_before_the_pause_leaves_dcgm_alone(engine, tmp_path):
+    m = manager(tmp_path)
+    m.open()
+    full_disk_from(m, lambda: True)
+    with pytest.raises(dcgm.PauseNotRecorded, match="^DCGM not paused: the pause ledger") as raised:
+        m.acquire("a", 60)
+    assert raised.value.undone is None and ops(engine) == [] and m.holders() == []
+    m.close()
+
+
+def test_a_pause_another_capture_holds_is_left_to_it_when_the_ledger_fails(engine, tmp_path):
+    m = manager(tmp_path)
+    assert m.acquire("a", 60) is DcgmOutcome.PAUSED
+    first = iter([False])  # b's lease is written before its pause call, the pause not after it
+    full_disk_from(m, lambda: next(first, True))
+    with pytest.raises(dcgm.PauseNotRecorded, match="then left to the other captures") as raised:
+        m.acquire("b", 60)
+    assert raised.value.undone is DcgmOutcome.PAUSED and m.holders() == ["a"] and paused(engine)
+    assert m.release("a") is DcgmOutcome.RESUMED and not paused(engine)  # the write after it fails too
+    m.close()
 
 
 class Unanswering(dcgm.DcgmControl):
