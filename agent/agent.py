@@ -400,6 +400,12 @@ class CaptureRun:
                 event = self._attempt(type(instruction).__name__, lambda: self._execute(instruction))
                 if event is None:
                     continue
+                if isinstance(event, cap.Failed) and self.capture.done:
+                    # A step of the failure's own plan failed: the node keeps its first reason,
+                    # and the rest of the plan (the FAILED report the coordinator waits for) runs.
+                    log.warning("capture %s: %s after the failure: %s", self.sweep_id,
+                                type(instruction).__name__, event.reason)
+                    continue
                 if self.agent.stop.is_set() and not isinstance(event, cap.DcgmResumed):
                     if isinstance(instruction, cap.StartCapture):  # the ranks record: DCGM resumes on the way out
                         self._abort()
@@ -517,13 +523,16 @@ class CaptureRun:
             log.warning("capture %s: stopping the window after a failure: %s", self.sweep_id, exc)
 
     def _resume(self, instruction: cap.ResumeDcgm):
-        if self.backend is not None:
-            self.backend.release_counters(self.request())
+        try:
+            if self.backend is not None:
+                self.backend.release_counters(self.request())
+        finally:  # a backend that cannot let go of the counters must not keep DCGM paused too
+            if instruction.pause:
+                self._record_release(self.agent.pauses.release(self.sweep_id))
         if not instruction.pause:
             if self.record["dcgm"] == pb.DCGM_OUTCOME_UNSPECIFIED:
                 self._set_dcgm(pb.DCGM_OUTCOME_NOT_NEEDED, "")
             return None
-        self._record_release(self.agent.pauses.release(self.sweep_id))
         return cap.DcgmResumed(self.agent.pauses.error)
 
     def _record_release(self, outcome: dcgm_mod.DcgmOutcome) -> None:

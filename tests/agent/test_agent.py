@@ -149,7 +149,7 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
 
 def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "",
                  export_gate: threading.Event | None = None, export_until_cancelled: bool = False,
-                 cut_short: tuple[int, ...] = (), fail_export: str = "",
+                 cut_short: tuple[int, ...] = (), fail_export: str = "", fail_release: bool = False,
                  on_start: Callable[[CaptureRequest], None] | None = None) -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
@@ -195,6 +195,8 @@ def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = ""
 
         def release_counters(self, request: CaptureRequest) -> None:
             log.calls.append("backend.release")
+            if fail_release:
+                raise RuntimeError("counters stuck")
 
     return Recording
 
@@ -357,6 +359,26 @@ def test_failure_mid_capture_resumes_dcgm_and_names_the_reason(coordinator, tmp_
         seen = servicer.statuses("s2", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and "profiler crashed" in seen[-1].reason
         assert log.calls[-1] == "dcgm.resume" and "export" not in log.calls
+    finally:
+        agent.close()
+        thread.join(10)
+
+
+def test_a_step_of_the_failure_plan_that_fails_still_sends_the_failed_report(coordinator, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    """The failure's own resume raising replaced the plan with an empty one: the FAILED report
+    never went, the coordinator waited out its timeout, and DCGM stayed paused to the lease's end."""
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, fail_on_stop=True, fail_release=True)
+    try:
+        servicer.commands.put(start("s2"))
+        seen = servicer.statuses("s2", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED
+        assert seen[-1].reason == "StopCapture: RuntimeError: profiler crashed"
+        assert seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
+        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.stop", "backend.release",
+                             "dcgm.resume"]
     finally:
         agent.close()
         thread.join(10)
