@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import math
 import re
 import shutil
 import socket
@@ -71,6 +72,9 @@ CLOSE_WAIT_S = 60.0
 STOP_BUDGET_S = (max(REGISTER_TIMEOUT_S, dcgm_mod.RESUME_WORST_S) + CLOSE_WAIT_S
                  + dcgm_mod.DCGM_TIMEOUT_S + 2 * dcgm_mod.RESUME_WORST_S)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+# The longest window or timeout a StartCapture may carry: a wait past threading.TIMEOUT_MAX
+# overflows; half of it leaves room for the margins added (lease, deadline grace).
+MAX_WIRE_S = threading.TIMEOUT_MAX / 2
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,17 @@ def safe_name(text: str) -> str:
     """A file name the coordinator accepts: no "/", no "..", no leading dot; short enough
     for a suffix (a node name may run to 253 characters)."""
     return output.bounded(re.sub(r"\.{2,}", ".", _UNSAFE.sub("_", text)).strip("._") or "x")
+
+
+def _unrunnable(start: pb.StartCapture) -> str:
+    """Why a StartCapture's window or timeout cannot be run as sent ("" where they can): both
+    are waited on and the window leases DCGM's pause, where a NaN lease never expires, an inf
+    wait overflows and a negative window is none. 0 is the wire's "no timeout"."""
+    if not (math.isfinite(start.duration_s) and 0 < start.duration_s <= MAX_WIRE_S):
+        return f"StartCapture's capture window of {start.duration_s:g}s is not a positive number of seconds to wait"
+    if not (math.isfinite(start.timeout_s) and 0 <= start.timeout_s <= MAX_WIRE_S):
+        return f"StartCapture's timeout of {start.timeout_s:g}s is not a number of seconds to wait (0: none)"
+    return ""
 
 
 def _raw(outputs: tuple[str, ...], exports: list[Path]) -> tuple[str, ...]:
@@ -288,6 +303,7 @@ class CaptureRun:
     def new(cls, agent: Agent, start: pb.StartCapture) -> CaptureRun:
         options = dict(start.options)
         requested = sorted(options)  # the sweep's own; the node's name and labels join them below
+        refused = _unrunnable(start)
         options.setdefault("node", agent.config.name)
         for key, value in agent.config.labels.items():  # node-specific settings, e.g. sim.node_index
             options.setdefault(key, value)
@@ -296,7 +312,9 @@ class CaptureRun:
             "backend": start.backend or agent.config.backends[0],
             "duration_s": start.duration_s,
             "timeout_s": start.timeout_s,
-            "deadline": time.time() + start.timeout_s if start.timeout_s > 0 else None,  # wall clock: survives restarts
+            # wall clock: survives restarts
+            "deadline": time.time() + start.timeout_s if start.timeout_s > 0 and not refused else None,
+            "refused": refused,  # the node fails with it before anything runs
             "options": options,
             "requested_options": requested,
             "upload_raw": start.upload_raw,
@@ -378,6 +396,8 @@ class CaptureRun:
             self.window_shut.set()
 
     def _prepare(self) -> None:
+        if self.record.get("refused"):
+            raise ConfigError(self.record["refused"])
         name = self.record["backend"]
         if name not in self.agent.config.backends:
             raise ConfigError(f"backend {name!r} is not enabled on this agent "

@@ -398,6 +398,35 @@ def test_a_capture_that_cannot_start_fails_without_pausing_dcgm(coordinator, tmp
         thread.join(10)
 
 
+@pytest.mark.parametrize("field, value, refused", [
+    ("duration_s", float("nan"), "StartCapture's capture window of nans is not a positive number of seconds to wait"),
+    ("duration_s", float("inf"), "StartCapture's capture window of infs is not a positive number of seconds to wait"),
+    ("duration_s", -1.0, "StartCapture's capture window of -1s is not a positive number of seconds to wait"),
+    ("timeout_s", float("inf"), "StartCapture's timeout of infs is not a number of seconds to wait (0: none)"),
+    ("timeout_s", float("nan"), "StartCapture's timeout of nans is not a number of seconds to wait (0: none)"),
+    ("timeout_s", -5.0, "StartCapture's timeout of -5s is not a number of seconds to wait (0: none)"),
+    ("timeout_s", 1e300, "StartCapture's timeout of 1e+300s is not a number of seconds to wait (0: none)"),
+])
+def test_a_window_or_timeout_no_wait_can_take_fails_the_node_before_dcgm(coordinator, tmp_path: Path, monkeypatch,
+                                                                         field, value, refused) -> None:
+    """From the wire as sent: a NaN window leased DCGM's pause for ever (a NaN expiry never
+    comes) and spun the lease timer, an inf one or an inf timeout overflowed a wait (the deadline
+    timer's thread died, the window's wait failed with a traceback)."""
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    try:
+        command = start("w1")
+        setattr(command.start, field, value)
+        servicer.commands.put(command)
+        seen = servicer.statuses("w1", pb.NODE_STATE_DCGM_RESUMED)
+        assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_FAILED] and log.calls == []
+        assert seen[-1].reason == refused
+    finally:
+        agent.close()
+        thread.join(10)
+
+
 def test_a_capture_option_the_backend_does_not_read_fails_the_node_before_dcgm(coordinator, tmp_path: Path,
                                                                                monkeypatch) -> None:
     """`--option gpu_metric=false` (for gpu_metrics) would otherwise do nothing, silently; the
