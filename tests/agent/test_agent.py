@@ -17,7 +17,8 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent import futures
 from pathlib import Path
 
@@ -232,6 +233,21 @@ def start_agent(address: str, tmp_path: Path, log: Log, monkeypatch, name: str =
     return agent, thread
 
 
+@contextmanager
+def running_agent(address: str, tmp_path: Path, log: Log, monkeypatch, name: str = "n0",
+                  **backend) -> Iterator[tuple[Agent, threading.Thread]]:
+    """`start_agent`, closed on the way out, a held export (``export_gate``) let go first so the
+    close need not wait it out."""
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, name, **backend)
+    try:
+        yield agent, thread
+    finally:
+        if backend.get("export_gate") is not None:
+            backend["export_gate"].set()
+        agent.close()
+        thread.join(10)
+
+
 def start(sweep_id: str, **kw) -> pb.CoordinatorCommand:
     return pb.CoordinatorCommand(start=pb.StartCapture(sweep_id=sweep_id, backend="fake", duration_s=0.05, **kw))
 
@@ -241,8 +257,7 @@ def test_what_the_capture_went_on_without_is_sent_from_then_on(coordinator, tmp_
     kept in the capture's record, so a reconnect or a restarted agent still sends it."""
     servicer, address = coordinator
     note = "no trace from rank 1: the rank exited"
-    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, note_on_stop=note)
-    try:
+    with running_agent(address, tmp_path, Log(), monkeypatch, note_on_stop=note):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
         notes = {pb.NodeState.Name(s.state): list(s.notes) for s in seen}
@@ -250,9 +265,6 @@ def test_what_the_capture_went_on_without_is_sent_from_then_on(coordinator, tmp_
         assert notes["NODE_STATE_UPLOADED"] == notes["NODE_STATE_DCGM_RESUMED"] == [note]
         record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
         assert record["notes"] == [note]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_an_export_cut_short_is_left_out_and_noted_while_the_others_go_on(coordinator, tmp_path: Path,
@@ -260,8 +272,7 @@ def test_an_export_cut_short_is_left_out_and_noted_while_the_others_go_on(coordi
     """One rank's export cut short failed the whole node at the digest, its other ranks' data
     lost, where an export that nsys says failed is left out with a note."""
     servicer, address = coordinator
-    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, cut_short=(1,))
-    try:
+    with running_agent(address, tmp_path, Log(), monkeypatch, cut_short=(1,)):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED, seen[-1].reason
@@ -269,17 +280,13 @@ def test_an_export_cut_short_is_left_out_and_noted_while_the_others_go_on(coordi
         assert note.startswith("went on without ") and "r1.parquet" in note and "Parquet" in note
         record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
         assert record["ranks"] == [0]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_failed_capture_leaves_only_its_record_on_the_node(coordinator, tmp_path: Path, monkeypatch) -> None:
     """An export failing for a full disk kept the capture's reports (GiBs a rank, for nsys) for
     the week its record is kept: every later capture of the node failed "disk full" too."""
     servicer, address = coordinator
-    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, fail_export="No space left on device")
-    try:
+    with running_agent(address, tmp_path, Log(), monkeypatch, fail_export="No space left on device"):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "No space left on device"
@@ -289,41 +296,29 @@ def test_a_failed_capture_leaves_only_its_record_on_the_node(coordinator, tmp_pa
             time.sleep(0.05)
         assert [p.name for p in folder.iterdir()] == ["capture.json"]
         assert json.loads((folder / "capture.json").read_text())["capture"]["state"] == "failed"
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_every_export_cut_short_fails_the_node_with_the_reason(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
-    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, cut_short=(0, 1))
-    try:
+    with running_agent(address, tmp_path, Log(), monkeypatch, cut_short=(0, 1)):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and "not a readable Parquet digest" in seen[-1].reason
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_node_named_at_the_longest_uploads_its_digest(coordinator, tmp_path: Path, monkeypatch) -> None:
     # A node name may run to 253 characters: "<name>.digest.parquet" was past a file name's 255.
     servicer, address = coordinator
-    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch, name="n" * 253)
-    try:
+    with running_agent(address, tmp_path, Log(), monkeypatch, name="n" * 253):
         servicer.commands.put(start("s1"))
         states = [s.state for s in servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)]
         assert pb.NODE_STATE_UPLOADED in states and pb.NODE_STATE_FAILED not in states
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_capture_pauses_before_and_resumes_before_export(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
         assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING,
@@ -345,23 +340,16 @@ def test_capture_pauses_before_and_resumes_before_export(coordinator, tmp_path: 
         assert again[0].artifacts[0].sha256 == ref.sha256 and log.calls.count("backend.start") == 1
         # Exports are gone from the node once the coordinator has them; the record stays.
         assert [p.name for p in (tmp_path / "work" / "captures" / "s1").iterdir()] == ["capture.json"]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_failure_mid_capture_resumes_dcgm_and_names_the_reason(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, fail_on_stop=True)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, fail_on_stop=True):
         servicer.commands.put(start("s2"))
         seen = servicer.statuses("s2", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and "profiler crashed" in seen[-1].reason
         assert log.calls[-1] == "dcgm.resume" and "export" not in log.calls
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_step_of_the_failure_plan_that_fails_still_sends_the_failed_report(coordinator, tmp_path: Path,
@@ -370,8 +358,7 @@ def test_a_step_of_the_failure_plan_that_fails_still_sends_the_failed_report(coo
     never went, the coordinator waited out its timeout, and DCGM stayed paused to the lease's end."""
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, fail_on_stop=True, fail_release=True)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, fail_on_stop=True, fail_release=True):
         servicer.commands.put(start("s2"))
         seen = servicer.statuses("s2", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED
@@ -379,23 +366,16 @@ def test_a_step_of_the_failure_plan_that_fails_still_sends_the_failed_report(coo
         assert seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
         assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.stop", "backend.release",
                              "dcgm.resume"]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_capture_that_cannot_start_fails_without_pausing_dcgm(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, cannot_start="nsys not found")
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, cannot_start="nsys not found"):
         servicer.commands.put(start("s3"))
         seen = servicer.statuses("s3", pb.NODE_STATE_DCGM_RESUMED)
         assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_FAILED]
         assert seen[-1].reason == "nsys not found" and log.calls == []  # telemetry never went dark
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 @pytest.mark.parametrize("field, value, refused", [
@@ -414,17 +394,13 @@ def test_a_window_or_timeout_no_wait_can_take_fails_the_node_before_dcgm(coordin
     timer's thread died, the window's wait failed with a traceback)."""
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         command = start("w1")
         setattr(command.start, field, value)
         servicer.commands.put(command)
         seen = servicer.statuses("w1", pb.NODE_STATE_DCGM_RESUMED)
         assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_FAILED] and log.calls == []
         assert seen[-1].reason == refused
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_capture_option_the_backend_does_not_read_fails_the_node_before_dcgm(coordinator, tmp_path: Path,
@@ -433,23 +409,18 @@ def test_a_capture_option_the_backend_does_not_read_fails_the_node_before_dcgm(c
     agent's own labels, which join the options, are not the sweep's to be checked."""
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(start("s6", options={"gpu_metric": "false"}))
         seen = servicer.statuses("s6", pb.NODE_STATE_DCGM_RESUMED)
         assert [s.state for s in seen] == [pb.NODE_STATE_PENDING, pb.NODE_STATE_FAILED] and log.calls == []
         assert seen[-1].reason == "unknown capture option 'gpu_metric' for the fake backend (it reads: gpu_metrics)"
         servicer.commands.put(start("s7", options={"gpu_metrics": "false"}))
         assert servicer.statuses("s7", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_pings_are_answered_with_the_agent_clock(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
-    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch)
-    try:
+    with running_agent(address, tmp_path, Log(), monkeypatch):
         servicer.commands.put(pb.CoordinatorCommand(ping=pb.Ping(ping_id=7, coordinator_time_ns=123)))
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
@@ -460,9 +431,6 @@ def test_pings_are_answered_with_the_agent_clock(coordinator, tmp_path: Path, mo
                 break
         else:
             raise AssertionError("no pong")
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_agent_restarted_mid_upload_finishes_it(coordinator, tmp_path: Path, monkeypatch) -> None:
@@ -485,15 +453,11 @@ def test_agent_restarted_mid_upload_finishes_it(coordinator, tmp_path: Path, mon
     servicer.uploads.clear()
     servicer.complete.clear()
     log.calls.clear()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         seen = servicer.statuses("s3", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED
         assert "backend.start" not in log.calls
         assert servicer.complete  # uploaded again by the new process
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_labels_and_backends_are_checked() -> None:
@@ -526,8 +490,7 @@ def test_labels_and_backends_are_checked() -> None:
 def test_cancel_ends_the_window_early_fails_the_node_and_resumes_dcgm(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="s4", backend="fake",
                                                                           duration_s=600)))
         servicer.statuses("s4", pb.NODE_STATE_CAPTURING)
@@ -536,9 +499,6 @@ def test_cancel_ends_the_window_early_fails_the_node_and_resumes_dcgm(coordinato
         assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "timed out"
         # The ranks' recording was stopped, not abandoned, and DCGM given back; nothing exported.
         assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_an_agent_stopped_as_the_window_opens_stops_the_recording_before_dcgm_resumes(
@@ -576,14 +536,10 @@ def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordin
     log.calls.clear()
     # Registering takes a while: the restart's failure is settled before there is a session to say it on.
     servicer.register_delay_s = 1.0
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         seen = servicer.statuses("s5", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and "restarted while capturing" in seen[-1].reason
         assert "backend.stop" in log.calls and "backend.start" not in log.calls
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordinator, tmp_path: Path, capsys) -> None:
@@ -602,8 +558,7 @@ def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordin
 def test_a_second_agent_on_a_work_dir_in_use_stops_before_touching_it(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch) as (agent, thread):
         assert agent.registered.wait(WAIT_S)
         second = Agent(agent.config)
         with pytest.raises(FolderInUse, match=f"work: in use by agent pid {os.getpid()} on .*; one agent per folder$"):
@@ -611,9 +566,6 @@ def test_a_second_agent_on_a_work_dir_in_use_stops_before_touching_it(coordinato
         assert len(servicer.registered) == 1 and log.calls == []  # never registered, no DCGM call
         servicer.commands.put(start("s9"))  # the first still owns its captures
         assert servicer.statuses("s9", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_the_agent_command_on_a_work_dir_in_use_prints_only_why_it_stops(tmp_path: Path, capsys) -> None:
@@ -647,15 +599,11 @@ def test_a_session_refused_after_registering_backs_off_and_warns_once(coordinato
     # registering must not count as the end of the outage.
     servicer, address = coordinator
     servicer.session_refusal = (grpc.StatusCode.RESOURCE_EXHAUSTED, "coordinator at its limit of 2 agent sessions")
-    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch)
-    try:
+    with running_agent(address, tmp_path, Log(), monkeypatch):
         deadline = time.monotonic() + WAIT_S
         while len(servicer.registered) < 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(servicer.registered) >= 4
-    finally:
-        agent.close()
-        thread.join(10)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warned == ["coordinator session: RESOURCE_EXHAUSTED: coordinator at its limit of 2 agent sessions"]
 
@@ -667,17 +615,13 @@ def test_a_capture_past_its_sweeps_deadline_is_given_up_without_the_coordinators
     monkeypatch.setattr(agent_mod, "DEADLINE_GRACE_S", 0.5)
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="s9", backend="fake",
                                                                           duration_s=600, timeout_s=1.0)))
         seen = servicer.statuses("s9", pb.NODE_STATE_DCGM_RESUMED)  # no cancel is ever sent
         assert seen[-1].state == pb.NODE_STATE_FAILED
         assert seen[-1].reason == "the sweep's 1s timeout passed with no word from the coordinator"
         assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_the_node_reports_exporting_while_the_backend_exports_with_dcgm_already_back(
@@ -686,8 +630,7 @@ def test_the_node_reports_exporting_while_the_backend_exports_with_dcgm_already_
     still captures), with telemetry already resumed, and tell the coordinator its bound on it."""
     servicer, address = coordinator
     log, gate = Log(), threading.Event()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_gate=gate)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, export_gate=gate) as (agent, thread):
         servicer.commands.put(start("e1"))
         seen = servicer.statuses("e1", pb.NODE_STATE_EXPORTING)
         assert seen[-1].state == pb.NODE_STATE_EXPORTING and seen[-1].export_timeout_s == 42.0
@@ -699,18 +642,13 @@ def test_the_node_reports_exporting_while_the_backend_exports_with_dcgm_already_
                              "backend.export"]
         gate.set()
         assert servicer.statuses("e1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
-    finally:
-        gate.set()
-        agent.close()
-        thread.join(10)
 
 
 def test_a_cancel_reaches_the_running_export_and_fails_the_node_at_once(coordinator, tmp_path: Path,
                                                                          monkeypatch) -> None:
     servicer, address = coordinator
     log = Log()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_until_cancelled=True)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, export_until_cancelled=True) as (agent, thread):
         servicer.commands.put(start("e3"))
         servicer.statuses("e3", pb.NODE_STATE_EXPORTING)
         while "backend.export" not in log.calls:
@@ -719,9 +657,6 @@ def test_a_cancel_reaches_the_running_export_and_fails_the_node_at_once(coordina
         servicer.commands.put(pb.CoordinatorCommand(cancel=pb.CancelCapture(sweep_id="e3", reason="stopped by user")))
         seen = servicer.statuses("e3", pb.NODE_STATE_FAILED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "stopped by user"
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_export_time_is_not_counted_against_the_sweeps_timeout_by_the_agent(coordinator, tmp_path: Path,
@@ -731,8 +666,7 @@ def test_export_time_is_not_counted_against_the_sweeps_timeout_by_the_agent(coor
     monkeypatch.setattr(agent_mod, "DEADLINE_GRACE_S", 0.0)
     servicer, address = coordinator
     log, gate = Log(), threading.Event()
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_gate=gate)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, export_gate=gate):
         servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="e2", backend="fake",
                                                                           duration_s=0.05, timeout_s=4.0)))
         servicer.statuses("e2", pb.NODE_STATE_EXPORTING)
@@ -745,10 +679,6 @@ def test_export_time_is_not_counted_against_the_sweeps_timeout_by_the_agent(coor
         seen = servicer.statuses("e2", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED, seen[-1].reason
         assert json.loads(record_path.read_text())["deadline"] >= deadline + 1.0
-    finally:
-        gate.set()
-        agent.close()
-        thread.join(10)
 
 
 def test_the_dcgm_lease_runs_from_when_the_window_opens(coordinator, tmp_path: Path, monkeypatch) -> None:
@@ -763,9 +693,8 @@ def test_the_dcgm_lease_runs_from_when_the_window_opens(coordinator, tmp_path: P
         while time.time() < expiry - 1.0:  # unrenewed, the lease would end 1 s into the 3 s window
             time.sleep(0.05)
 
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, on_start=slow_start)
-    held["agent"] = agent
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, on_start=slow_start) as (agent, thread):
+        held["agent"] = agent
         servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="l1", backend="fake",
                                                                           duration_s=3.0)))
         servicer.statuses("l1", pb.NODE_STATE_CAPTURING)
@@ -776,9 +705,6 @@ def test_the_dcgm_lease_runs_from_when_the_window_opens(coordinator, tmp_path: P
         # renewed from the window's opening; the pause's own lease would have run out mid-window
         assert log.calls[:4] == ["dcgm.pause", "backend.start", "backend.stop", "backend.release"]
         assert log.calls.count("dcgm.resume") == 1
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_start_that_outlasts_the_dcgm_lease_fails_the_capture(coordinator, tmp_path: Path, monkeypatch) -> None:
@@ -792,18 +718,14 @@ def test_a_start_that_outlasts_the_dcgm_lease_fails_the_capture(coordinator, tmp
         while request.sweep_id in held["agent"].pauses.holders():
             time.sleep(0.05)
 
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch, on_start=wedged_start)
-    held["agent"] = agent
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch, on_start=wedged_start) as (agent, thread):
+        held["agent"] = agent
         servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="l2", backend="fake",
                                                                           duration_s=0.05)))
         seen = servicer.statuses("l2", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED
         assert seen[-1].reason.startswith("starting the ranks' recording outlasted the DCGM pause's 0.25s lease")
         assert log.calls == ["dcgm.pause", "backend.start", "dcgm.resume", "backend.stop", "backend.release"]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_capture_record_that_cannot_be_saved_does_not_leave_dcgm_paused(coordinator, tmp_path: Path,
@@ -821,16 +743,12 @@ def test_a_capture_record_that_cannot_be_saved_does_not_leave_dcgm_paused(coordi
         return real_write(path, text, *args, **kw)
 
     monkeypatch.setattr(atomic, "write_text", write_text)
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(start("s9"))
         seen = servicer.statuses("s9", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
         assert log.calls[-1] == "export" and "dcgm.resume" in log.calls
         assert sum("its record was not saved" in r.getMessage() for r in caplog.records) == 1
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coordinator, tmp_path: Path,
@@ -847,8 +765,7 @@ def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coord
         real_write(self, *args)
 
     monkeypatch.setattr(pause_ledger.PauseLedger, "write", write)
-    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
-    try:
+    with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
@@ -856,9 +773,6 @@ def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coord
                                    "cannot be written (No space left on device)")
         assert log.calls == ["dcgm.pause", "dcgm.resume"]  # nothing recorded under a pause it could not keep
         assert not [r for r in caplog.records if r.exc_info]
-    finally:
-        agent.close()
-        thread.join(10)
 
 
 def test_an_agent_stopped_mid_export_keeps_the_export_clock_for_its_restart(
