@@ -340,6 +340,7 @@ class PauseManager:
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._paused = False  # this process paused DCGM and owes the resume
+        self._stale = False  # the ledger could not be written: its record claims more than is held
         self._leases: dict[str, float] = {}  # capture id -> wall expiry
         self._outcomes: dict[str, DcgmOutcome] = {}  # acquire outcome per capture not yet released
         self._released: dict[str, DcgmOutcome] = {}  # so a repeated release answers the same
@@ -501,14 +502,18 @@ class PauseManager:
         self.ledger.write(self._paused, self._leases)
 
     def _save_shrunk(self) -> None:
-        """Record a lease or pause given up. Where that write fails, the record left claims
-        more than this process holds: a lease other agents wait out, a pause a successor
-        resumes again (resume is idempotent). Safe, so the resume it follows stands."""
+        """Record a lease or pause given up. Where that write fails (a full disk), the record
+        left claims more: a lease the host's other agents leave the resume to this process
+        for. So it keeps owing the resume, made again (it is idempotent) whenever no lease on
+        the host needs the pause, until the record can be written; what it gave up stands."""
         try:
             self._save()
+            self._stale = False
         except OSError as exc:
-            log.warning("DCGM pause ledger: %s (it claims more than is held until it can be written)",
-                        self._unwritable(exc))
+            self._paused = True
+            if not self._stale:
+                log.warning("DCGM pause ledger: %s; this agent resumes DCGM until it can be", self._unwritable(exc))
+            self._stale = True
 
     def _unwritable(self, exc: OSError) -> str:
         return f"the pause ledger {self.ledger.folder} cannot be written ({exc.strerror or exc})"

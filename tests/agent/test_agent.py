@@ -759,8 +759,8 @@ def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coord
     log = Log()
     real_write = pause_ledger.PauseLedger.write
 
-    def write(self, *args) -> None:
-        if "dcgm.pause" in log.calls:
+    def write(self, *args) -> None:  # full from the pause until the resume frees some space
+        if "dcgm.pause" in log.calls and "dcgm.resume" not in log.calls:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(self, *args)
 

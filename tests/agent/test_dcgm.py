@@ -332,7 +332,25 @@ def test_a_pause_another_capture_holds_is_left_to_it_when_the_ledger_fails(engin
         m.acquire("b", 60)
     assert raised.value.undone is DcgmOutcome.PAUSED and m.holders() == ["a"] and paused(engine)
     assert m.release("a") is DcgmOutcome.RESUMED and not paused(engine)  # the write after it fails too
+    assert m.paused  # its record still claims b's lease: the resume stays owed
     m.close()
+
+
+def test_a_record_left_claiming_a_lease_it_could_not_drop_keeps_its_agent_owing_the_resume(engine, tmp_path):
+    # The ledger unwritable after a's pause was given back: a's record still shows its lease,
+    # so the job agent, releasing its own capture, left the resume to the fleet agent, which
+    # thought it owed nothing: DCGM stayed paused for good.
+    fleet, job = manager(tmp_path), manager(tmp_path, "dcgmi")  # one folder: one host
+    full_disk_from(fleet, lambda: "pause" in ops(engine))  # from a's pause on
+    with pytest.raises(dcgm.PauseNotRecorded):
+        fleet.acquire("a", 60)
+    assert job.acquire("b", 60) is DcgmOutcome.PAUSED
+    assert job.release("b") is DcgmOutcome.PAUSED  # fleet's record holds a lease: fleet resumes
+    deadline = time.monotonic() + 10
+    while paused(engine) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not paused(engine)
+    fleet.close(), job.close()
 
 
 class Unanswering(dcgm.DcgmControl):
