@@ -395,13 +395,18 @@ class PauseManager:
     def renew(self, capture_id: str, lease_s: float) -> bool:
         """Hold a capture's lease ``lease_s`` more seconds from now (when its window actually
         opens, however long the start took). False where it expired already: DCGM may have
-        been resumed meanwhile, and the capture cannot count on the counters."""
+        been resumed meanwhile, and the capture cannot count on the counters. ToolError where
+        the ledger cannot record it: the lease runs to its old expiry."""
         with self._lock:
             if capture_id not in self._leases:
                 return False
             with self.ledger.deciding():
-                self._leases[capture_id] = self.clock() + lease_s
-                self._save()
+                before, self._leases[capture_id] = self._leases[capture_id], self.clock() + lease_s
+                try:
+                    self._save()
+                except OSError as exc:  # the host's other agents see the old expiry: it stands here too
+                    self._leases[capture_id] = before
+                    raise ToolError(f"DCGM's pause could not be renewed: {self._unwritable(exc)}") from None
             self._wake.notify_all()
             return True
 

@@ -775,6 +775,30 @@ def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coord
         assert not [r for r in caplog.records if r.exc_info]
 
 
+def test_a_lease_the_ledger_cannot_renew_fails_the_node_its_window_stopped(coordinator, tmp_path: Path,
+                                                                           monkeypatch, caplog) -> None:
+    """Renewed as the window opens, into a ledger that cannot be written: the OSError came out
+    as a traceback, the lease renewed here but not on record, where the host's other agents read it."""
+    servicer, address = coordinator
+    log = Log()
+    real_write = pause_ledger.PauseLedger.write
+
+    def write(self, *args) -> None:  # full from the ranks' start until the resume frees some space
+        if "backend.start" in log.calls and "dcgm.resume" not in log.calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, *args)
+
+    monkeypatch.setattr(pause_ledger.PauseLedger, "write", write)
+    with running_agent(address, tmp_path, log, monkeypatch):
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
+        assert seen[-1].reason == (f"DCGM's pause could not be renewed: the pause ledger {tmp_path / 'dcgm-ledger'} "
+                                   "cannot be written (No space left on device)")
+        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
+        assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_an_agent_stopped_mid_export_keeps_the_export_clock_for_its_restart(
         coordinator, tmp_path: Path, monkeypatch) -> None:
     """Stopping the agent sets the run's cancel, which now kills its exports: the export's
