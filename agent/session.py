@@ -36,6 +36,10 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 REGISTER_TIMEOUT_S = 15.0  # a coordinator that takes the connection but does not answer
+DEFAULT_HEARTBEAT_S = 10.0  # where the coordinator names no interval
+# Heartbeats at least this often, whatever the coordinator asks: more often than asked is
+# harmless, a wait past threading.TIMEOUT_MAX overflows (the heartbeat thread died on it).
+MAX_HEARTBEAT_S = 3600.0
 _CLOSE = object()
 
 
@@ -53,10 +57,12 @@ class Registration:
     @classmethod
     def from_reply(cls, reply: pb.RegisterReply, sent_ns: int, received_ns: int) -> Registration:
         midpoint = (sent_ns + received_ns) // 2
+        # 0 names none; below it, every wait for the next beat returned at once: a heartbeat flood
+        heartbeat_s = reply.heartbeat_interval_ms / 1000 if reply.heartbeat_interval_ms > 0 else DEFAULT_HEARTBEAT_S
         return cls(
             agent_id=reply.agent_id,
             session_token=reply.session_token,
-            heartbeat_interval_s=(reply.heartbeat_interval_ms or 10_000) / 1000,
+            heartbeat_interval_s=min(heartbeat_s, MAX_HEARTBEAT_S),
             max_upload_bytes=reply.max_upload_bytes,
             chunk_bytes=reply.chunk_bytes,
             clock_offset_ns=reply.coordinator_time_ns - midpoint if reply.coordinator_time_ns else 0,

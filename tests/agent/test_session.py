@@ -6,7 +6,7 @@ import threading
 
 import grpc
 
-from rankscope.agent.session import Session, backoff_delay
+from rankscope.agent.session import Registration, Session, backoff_delay
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 
@@ -43,3 +43,13 @@ def test_a_stop_during_registration_opens_no_session() -> None:
         runner.join(10)
     assert not runner.is_alive()
     assert stub.sessions_opened == 0 and connected == []
+
+
+def test_a_heartbeat_interval_no_wait_can_take_is_not_taken_from_the_wire() -> None:
+    # A negative interval made every wait return at once (a heartbeat flood on the session),
+    # a huge one overflowed the heartbeat thread's wait (no heartbeats at all).
+    def heartbeat_s(interval_ms: int) -> float:
+        return Registration.from_reply(pb.RegisterReply(heartbeat_interval_ms=interval_ms), 0, 0).heartbeat_interval_s
+
+    assert heartbeat_s(1500) == 1.5 and heartbeat_s(0) == heartbeat_s(-5) == 10.0
+    assert heartbeat_s(2**62) == 3600.0
