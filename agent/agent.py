@@ -641,13 +641,19 @@ class CaptureRun:
         artifacts, keep the small record."""
         if not self.folder.is_dir():  # its record could not be saved (a full disk) either
             return
+        kept = []
         for entry in self.folder.iterdir():
             if entry.name == "capture.json":
                 continue
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
-            else:
+                continue
+            try:
                 entry.unlink(missing_ok=True)
+            except OSError:  # housekeeping: the capture stands as it ended, uploaded or failed
+                kept.append(entry.name)
+        if kept:
+            log.warning("capture %s: not removed from %s: %s", self.sweep_id, self.folder, ", ".join(kept))
 
     # reporting ----------------------------------------------------------------------
 

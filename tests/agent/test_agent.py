@@ -298,6 +298,26 @@ def test_a_failed_capture_leaves_only_its_record_on_the_node(coordinator, tmp_pa
         assert json.loads((folder / "capture.json").read_text())["capture"]["state"] == "failed"
 
 
+def test_exports_that_cannot_be_removed_once_uploaded_leave_the_capture_a_success(coordinator, tmp_path: Path,
+                                                                                 monkeypatch, caplog) -> None:
+    """Dropping what the coordinator has is housekeeping: a file that would not go (read-only,
+    another user's) failed the node after its upload, or, after a failure, ended the capture's
+    thread in a traceback."""
+    servicer, address = coordinator
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self.suffix == ".parquet":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with running_agent(address, tmp_path, Log(), monkeypatch):
+        servicer.commands.put(start("s1"))
+        assert servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+    assert any("not removed" in r.getMessage() for r in caplog.records)
+
+
 def test_every_export_cut_short_fails_the_node_with_the_reason(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
     with running_agent(address, tmp_path, Log(), monkeypatch, cut_short=(0, 1)):
