@@ -343,7 +343,10 @@ class NsysBackend(CaptureBackend):
         ranks = self._started.pop(request.sweep_id, None) or self.own_ranks(request)
         errors: list[str] = []
         reports: list[Path] = []
-        for info in ranks:  # stop them all even if one fails: no session left collecting
+        # Local rank 0 first: its session samples the node's GPU metrics (`start`), so the counters
+        # DCGM waits for are free once it stops, however long the others' stops take (their
+        # tracing reads none, dcgm.md §6) and should they outlast the pause's lease.
+        for info in sorted(ranks, key=lambda r: r.local_rank != 0):  # all, even if one fails: none left collecting
             try:
                 self._hold(info)  # held already, unless this agent restarted: never stop another's
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)

@@ -183,6 +183,19 @@ def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch
     assert set(digests.column("job_id").to_pylist()) == {"j77"}
 
 
+def test_the_rank_sampling_gpu_metrics_is_stopped_first(node, tmp_path, monkeypatch):
+    """The counters DCGM waits for are free once local rank 0 stops, whatever order the ranks
+    came in and however long the others' stops then take."""
+    use_env(monkeypatch, node.env)
+    backend = nsys.NsysBackend()
+    ranks = tuple(reversed(local_ranks(node.spool)))  # local rank 1 listed first
+    request = CaptureRequest(sweep_id="sw1", duration_s=0.1, workdir=tmp_path / "work", ranks=ranks, options={})
+    backend.start(request)
+    backend.stop(request)
+    stops = [argv[1] for argv in standin_nsys.calls(node.state) if argv[0] == "stop"]
+    assert stops == [f"--session={r.session}" for r in sorted(ranks, key=lambda r: r.local_rank)]
+
+
 def test_gpu_metrics_can_be_turned_off(node, tmp_path, monkeypatch):
     use_env(monkeypatch, node.env)
     backend = nsys.NsysBackend()
