@@ -42,6 +42,7 @@ from rankscope.analysis.report import (
     some_of,
 )
 from rankscope.errors import InputError, RankscopeWarning
+from rankscope.node_name import natural
 
 # Far past any job run (the largest train on ~100k GPUs): a larger world size is a corrupt field.
 MAX_WORLD_SIZE = 1 << 22
@@ -84,7 +85,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
 
     matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
-    hosts = sorted(set(host_of_rank))
+    hosts = natural(set(host_of_rank))  # the report's host rows and warnings in that order
     model = clock.fit(events, hosts, clock_hints)
     events["start"] = model.align(events["host"], events["start_ns"])
     events["end"] = model.align(events["host"], events["end_ns"])

@@ -212,7 +212,7 @@ class Coordinator:
             now = time.monotonic()
             if now - self._refused_logged < REFUSALS_LOG_S:
                 return
-            nodes, self._refused, self._refused_logged = sorted(self._refused), set(), now
+            nodes, self._refused, self._refused_logged = node_name.natural(self._refused), set(), now
         who = f"node {nodes[0]}" if len(nodes) == 1 else f"{len(nodes)} nodes ({', '.join(nodes[:3])}, ...)"
         log.warning("%s refused: %s", who, exc)
 
@@ -346,7 +346,8 @@ class Coordinator:
         if not uploads:
             self.sweep(sweep_id)  # none stored, or no such sweep: say which
         latest = {(u.node, u.name): u for u in uploads}  # in the order they completed: the last stays
-        return [u for _, u in sorted(latest.items()) if not kinds or u.kind in kinds]
+        order = sorted(latest, key=lambda key: tuple(map(node_name.sort_key, key)))  # rank2's file before rank10's too
+        return [latest[key] for key in order if not kinds or latest[key].kind in kinds]
 
     def read_artifact(self, sweep_id: str, node: str, name: str, offset: int = 0) -> Iterator[bytes]:
         """The bytes of a sweep's stored artifact from ``offset``, in chunks of the configured

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rankscope.errors import ConfigError, InputError, RankscopeError
+from rankscope.node_name import items, natural
 
 CLOCK_SAMPLES = 16
 # What an agent that registered no backends runs: the agent's own default.
@@ -168,14 +169,14 @@ def select_nodes(
     known = {a.node: a for a in agents}
     names = list(names)
     if names:
-        unknown = sorted(set(names) - set(known))
+        unknown = natural(set(names) - set(known))
         if unknown:
-            raise UnknownAgent(f"no agent registered as {', '.join(unknown)} (known: {', '.join(sorted(known)) or 'none'})")
-        return sorted(set(names))
+            raise UnknownAgent(f"no agent registered as {', '.join(unknown)} (known: {', '.join(natural(known)) or 'none'})")
+        return natural(set(names))
     if since_ns is not None:
         known = {node: a for node, a in known.items() if node in connected or a.last_seen_ns >= since_ns}
     if labels:
-        chosen = sorted(a.node for a in known.values() if all(a.labels.get(k) == v for k, v in labels.items()))
+        chosen = natural(a.node for a in known.values() if all(a.labels.get(k) == v for k, v in labels.items()))
         if not connected.intersection(chosen):
             wanted = ",".join(f"{k}={v}" for k, v in labels.items())
             raise UnknownAgent(f"no connected agent has labels {wanted}" + _away(chosen))
@@ -183,8 +184,8 @@ def select_nodes(
     if not everything:
         raise InputError("choose the sweep's nodes: by name, by label, or all")
     if not connected.intersection(known):
-        raise UnknownAgent("no agent is connected" + _away(sorted(known)))
-    return sorted(known)
+        raise UnknownAgent("no agent is connected" + _away(natural(known)))
+    return natural(known)
 
 
 def _away(nodes: list[str], shown: int = 5) -> str:
@@ -201,6 +202,6 @@ def default_backend(agents: Iterable[AgentRecord]) -> str:
     defaults = {a.node: (a.backends or [DEFAULT_BACKEND])[0] for a in agents}
     chosen = set(defaults.values())
     if len(chosen) > 1:
-        differ = ", ".join(f"{node}: {backend}" for node, backend in sorted(defaults.items()))
+        differ = ", ".join(f"{node}: {backend}" for node, backend in items(defaults))
         raise InputError(f"the nodes' default capture backends differ ({differ}): name one for the sweep")
     return chosen.pop() if chosen else DEFAULT_BACKEND

@@ -21,6 +21,7 @@ from rankscope.analysis import digest
 from rankscope.coordinator.artifacts import storage_errors
 from rankscope.coordinator.sweeps import AnalysisDone, RankOn, SlowLink, Sweep
 from rankscope.errors import InputError
+from rankscope.node_name import items
 
 Analyze = Callable[..., Any]  # (digests: pa.Table, *, clock_hints) -> Report
 
@@ -67,7 +68,7 @@ def missing_notes(sweep: Sweep) -> list[str]:
 
 def node_notes(sweep: Sweep) -> list[str]:
     """What each node's capture went on without (a rank that did not record, GPU metrics)."""
-    return [f"node {name}: {note}" for name, rec in sorted(sweep.nodes.items()) for note in rec.notes]
+    return [f"node {name}: {note}" for name, rec in items(sweep.nodes) for note in rec.notes]
 
 
 def sweep_facts(sweep: Sweep, node_of: Mapping[int, str]) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def sweep_facts(sweep: Sweep, node_of: Mapping[int, str]) -> dict[str, Any]:
             name: {"state": rec.state.value if name in missing else "analysed", "reason": rec.reason,
                    "dcgm": rec.dcgm, "dcgm_detail": rec.dcgm_detail, "digests": [a.sha256 for a in rec.digests],
                    "ranks": ranks.get(name, []), "notes": rec.notes}
-            for name, rec in sorted(sweep.nodes.items())
+            for name, rec in items(sweep.nodes)
         },
         "missing": list(sweep.missing),
     }

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from rankscope import output, states
+from rankscope import node_name, output, states
 from rankscope.states import wire_name, wire_value
 from rankscope.address import bind_problem
 from rankscope.coordinator import artifacts as art
@@ -159,7 +159,7 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
                 artifacts=len(rec.artifacts),
                 updated_ns=rec.updated_ns,
             )
-            for name, rec in sorted(sweep.nodes.items())
+            for name, rec in node_name.items(sweep.nodes)
         ],
         missing=sweep.missing,
         report_path=sweep.report_path,

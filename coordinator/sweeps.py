@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from rankscope.errors import InputError
+from rankscope.node_name import natural
 from rankscope.records import known_fields
 from rankscope.states import NodeState
 
@@ -270,11 +271,11 @@ class Sweep:
         sweep still capturing there: a node's ranks are in one capture at a time) fail at once,
         with that reason, as do those ``away`` (their agents not connected). The caller stores
         the new sweep (no Changed: nobody watches it yet)."""
-        names = sorted(set(nodes))
+        names = natural(set(nodes))
         if not names:
             raise InputError("a sweep needs at least one node")
         busy = {n: busy[n] for n in names if n in busy} if busy else {}
-        away = sorted(set(away).intersection(names) - set(busy))
+        away = natural(set(away).intersection(names) - set(busy))
         if len(busy) + len(away) == len(names):
             raise InputError("; ".join([*([_busy_message(busy)] if busy else []),
                                         *([f"not connected: {', '.join(away)}"] if away else [])]))
@@ -406,7 +407,7 @@ class Sweep:
         if not all(rec.terminal for rec in self.nodes.values()):
             return []
         done = {n for n, rec in self.nodes.items() if rec.finished and rec.digests}
-        self.missing = sorted(set(self.nodes) - done)
+        self.missing = natural(set(self.nodes) - done)
         if not done:
             self.state, self.finished_ns = SweepState.FAILED, now_ns
             self.error = "no node delivered a digest: " + "; ".join(

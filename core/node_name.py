@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 # Host names, Kubernetes node names (DNS subdomains: 253 at most) and Slurm node names
 # all fit; a comma (the --nodes separator), a slash or a space would not be targetable.
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
+_DIGITS = re.compile(r"(\d+)")
+V = TypeVar("V")
 
 
 def problem(name: str) -> str | None:
@@ -14,3 +18,21 @@ def problem(name: str) -> str | None:
     if _NODE_NAME.fullmatch(name):
         return None
     return "a node name is 1 to 253 letters, digits, '.', '_' or '-' (as host names are)"
+
+
+def sort_key(name: str) -> tuple[str | tuple[int, str], ...]:
+    """Order names as a fleet numbers them: runs of digits by value, so f2 comes before f10.
+    The split alternates text and digits, so keys compare part by part; a run's own text
+    breaks ties (f01, f1) so that the order stays total."""
+    parts = _DIGITS.split(name)
+    return tuple((int(part), part) if i % 2 else part for i, part in enumerate(parts))
+
+
+def natural(names: Iterable[str]) -> list[str]:
+    """``names`` in `sort_key` order."""
+    return sorted(names, key=sort_key)
+
+
+def items(by_name: Mapping[str, V]) -> list[tuple[str, V]]:
+    """``by_name``'s items in `sort_key` order of their names."""
+    return [(name, by_name[name]) for name in natural(by_name)]

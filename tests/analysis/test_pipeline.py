@@ -33,6 +33,14 @@ def test_report_contract_on_a_synthetic_job() -> None:
     assert 0 < rank2["gpu_busy_pct"] <= 100
 
 
+def test_hosts_are_listed_in_the_fleets_numbering() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=3, gpus_per_node=1, steps=10, seed=3))
+    renamed = {"node000": "h10", "node001": "h2", "node002": "h9"}
+    host = pa.array([renamed[h] for h in digests.column("host").to_pylist()])
+    report = analyze(digests.set_column(digests.schema.get_field_index("host"), "host", host))
+    assert [h.host for h in report.alignment.hosts] == ["h2", "h9", "h10"]
+
+
 def test_ranks_missing_from_the_input_are_named_against_the_jobs_world_size() -> None:
     import pyarrow.compute as pc
 

@@ -171,6 +171,21 @@ def test_cancel_stops_a_running_sweep_and_its_nodes_capture(coordinator, wire, c
     agent.close()
 
 
+def test_nodes_are_listed_as_the_fleet_numbers_them(coordinator, wire, capsys) -> None:
+    agents = [wire.FakeAgent(coordinator, name) for name in ("f10", "f2", "f0", "f1")]
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "f2,f9,f10,f0,f11",
+                 "--backend", "sim"]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: coordinator at {coordinator.address}: no agent registered "
+                                       "as f9, f11 (known: f0, f1, f2, f10)\n")
+    assert main(["capture", "--coordinator", coordinator.address, "--all", "--backend", "sim"]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"sweep {out.strip()} started on 4 node(s): f0, f1, f2, f10\n"
+    assert main(["cancel", "--coordinator", coordinator.address, out.strip()]) == 0
+    assert "stopped 4 node(s) (f0, f1, f2, f10)" in capsys.readouterr().err
+    for agent in agents:
+        agent.close()
+
+
 def test_capture_refusal_is_one_line(coordinator, capsys) -> None:
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "ghost", "--backend", "sim"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -136,6 +136,17 @@ def test_a_sweep_without_raw_exports_says_so(coordinator, wire, digests, tmp_pat
                                        "--upload-raw; fetched its digests\n")
 
 
+def test_a_nodes_files_are_listed_as_its_ranks_are_numbered(coordinator, wire) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    sweep_id = sweep_of(coordinator, agent, upload_raw=True)
+    for name in ("rank10.sqlite", "rank2.sqlite", "rank1.sqlite"):
+        upload(wire, coordinator, agent, sweep_id, name, name.encode())
+    agent.close()
+    with SweepClient(coordinator.address) as client:
+        listing = client.artifacts(sweep_id)
+    assert [s.artifact.name for s in listing.artifacts] == ["rank1.sqlite", "rank2.sqlite", "rank10.sqlite"]
+
+
 def test_a_sweep_that_asked_for_raw_exports_but_has_none_says_so(coordinator, wire, tmp_path, capsys) -> None:
     agent = wire.FakeAgent(coordinator, "node-a")
     sweep_id = sweep_of(coordinator, agent, upload_raw=True)

@@ -181,6 +181,15 @@ def test_no_node_finishing_fails_the_sweep_without_analysis() -> None:
     assert "a: no GPUs" in sweep.error and "b: no answer within 30s" in sweep.error
 
 
+def test_a_sweeps_nodes_and_those_missing_are_in_the_fleets_numbering() -> None:
+    with pytest.raises(InputError, match="not connected: f2, f10$"):
+        sw.Sweep.start(SPEC, ["f10", "f2"], T0, away=["f10", "f2"])
+    sweep, _ = sw.Sweep.start(SPEC, ["f10", "f2", "f1"], T0, sweep_id="s1")
+    assert list(sweep.nodes) == ["f1", "f2", "f10"]
+    sweep.handle(sw.Tick(T0 + 30 * S))
+    assert sweep.missing == ["f1", "f2", "f10"]
+
+
 def test_failed_analysis_fails_the_sweep() -> None:
     sweep = started("a")
     finish(sweep, "a")

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from rankscope import node_name
+
+
+def test_node_names_sort_as_a_fleet_numbers_them() -> None:
+    names = ["f10", "f2", "f1", "f0", "gpu-b1", "gpu-a10", "gpu-a9", "f01", "x"]
+    assert node_name.natural(names) == ["f0", "f01", "f1", "f2", "f10", "gpu-a9", "gpu-a10", "gpu-b1", "x"]
+    assert node_name.items({"n10": 1, "n9": 2}) == [("n9", 2), ("n10", 1)]
+
+
+def test_names_of_digits_only_or_of_differing_shapes_still_compare() -> None:
+    assert node_name.natural(["10", "9", "a", "1a", "a1", ""]) == ["", "1a", "9", "10", "a", "a1"]
