@@ -444,6 +444,9 @@ def run_fetch(args: argparse.Namespace) -> int:
     if not args.kind and not any(s.artifact.kind == pb.ARTIFACT_KIND_RAW for s in listing.artifacts):
         print(f"rankscope: sweep {listing.sweep_id} has no raw exports: {_why_no_raw(listing)}; "
               "fetched its digests", file=sys.stderr)
+    if listing.state == pb.SWEEP_STATE_RUNNING:
+        print(f"rankscope: sweep {listing.sweep_id} is not finished yet: these are the files its nodes had "
+              "uploaded; run fetch again once it ends for the rest", file=sys.stderr)
     return 0
 
 
@@ -458,12 +461,17 @@ def _check_found(listing: pb.ListArtifactsReply, kind: str | None) -> None:
     if kind == "raw":
         raise InputError(f"sweep {listing.sweep_id} has no raw exports: {_why_no_raw(listing)}")
     what = "digests" if kind == "digest" else "artifacts"
+    if listing.state == pb.SWEEP_STATE_RUNNING:
+        raise InputError(f"sweep {listing.sweep_id} is not finished yet: none of its nodes has uploaded {what} so far; "
+                         "run fetch again once it ends")
     raise InputError(f"sweep {listing.sweep_id} has no {what} stored: none of its nodes has uploaded one")
 
 
 def _why_no_raw(listing: pb.ListArtifactsReply) -> str:
     if not listing.upload_raw:
         return "it was captured without --upload-raw"
+    if listing.state == pb.SWEEP_STATE_RUNNING:
+        return "it is not finished yet, and none has been uploaded so far"
     return "none has been uploaded (the report's warnings name any that could not be)"
 
 

@@ -343,10 +343,11 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
     @_mapped
     def ListArtifacts(self, request: pb.ListArtifactsRequest, context: grpc.ServicerContext) -> pb.ListArtifactsReply:
         kinds = {wire_name(pb.ArtifactKind, k) for k in request.kinds}
-        stored = self.coordinator.stored_artifacts(request.sweep_id, kinds=kinds)
+        # The state first: a sweep ended then takes no more uploads, so the listing is its whole.
         sweep = self.coordinator.sweep(request.sweep_id)
+        stored = self.coordinator.stored_artifacts(request.sweep_id, kinds=kinds)
         return pb.ListArtifactsReply(sweep_id=sweep.sweep_id, artifacts=[_stored(u) for u in stored],
-                                     upload_raw=sweep.spec.upload_raw)
+                                     upload_raw=sweep.spec.upload_raw, state=wire_value(pb.SweepState, sweep.state.value))
 
     @_mapped
     def FetchArtifact(self, request: pb.FetchArtifactRequest, context: grpc.ServicerContext) -> Iterator[pb.ArtifactChunk]:

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 64141e727aa5e4122b84a9422c241843669599dab1565f14e5776648a2bbb109
+# from rankscope.proto, sha256 3fe2fdeb3de357fee0acb3c694a6582bbe70ed3e08d08cd3e186a4fd64a7e2c7
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -377,14 +377,16 @@ class StoredArtifact(_message.Message):
     def __init__(self, node: _Optional[str] = ..., artifact: _Optional[_Union[ArtifactRef, _Mapping]] = ...) -> None: ...
 
 class ListArtifactsReply(_message.Message):
-    __slots__ = ("sweep_id", "artifacts", "upload_raw")
+    __slots__ = ("sweep_id", "artifacts", "upload_raw", "state")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_RAW_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     artifacts: _containers.RepeatedCompositeFieldContainer[StoredArtifact]
     upload_raw: bool
-    def __init__(self, sweep_id: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[StoredArtifact, _Mapping]]] = ..., upload_raw: _Optional[bool] = ...) -> None: ...
+    state: SweepState
+    def __init__(self, sweep_id: _Optional[str] = ..., artifacts: _Optional[_Iterable[_Union[StoredArtifact, _Mapping]]] = ..., upload_raw: _Optional[bool] = ..., state: _Optional[_Union[SweepState, str]] = ...) -> None: ...
 
 class FetchArtifactRequest(_message.Message):
     __slots__ = ("sweep_id", "node", "name", "offset")

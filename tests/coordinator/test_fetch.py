@@ -50,6 +50,11 @@ def sweep_of(running, agent, *, upload_raw: bool) -> str:
     return sweep.sweep_id
 
 
+def end(running, sweep_id: str) -> None:
+    """The sweep stopped (cancelled), as one a user fetches once it is over: it takes no more uploads."""
+    running.sweeps.CancelSweep(pb.CancelSweepRequest(sweep_id=sweep_id, reason="over"), timeout=10)
+
+
 def upload(wire, running, agent, sweep_id: str, name: str, data: bytes, kind: int = pb.ARTIFACT_KIND_RAW) -> str:
     """``data`` stored as the node's artifact ``name`` in the sweep; its sha256."""
     head = wire.header(data, node=agent.node, token=agent.token, name=name, upload_id=f"{sweep_id}.{name}")
@@ -124,6 +129,7 @@ def test_a_sweep_without_raw_exports_says_so(coordinator, wire, digests, tmp_pat
     sweep_id = sweep_of(coordinator, agent, upload_raw=False)
     upload(wire, coordinator, agent, sweep_id, "node000.digest.parquet", digests["node000"], pb.ARTIFACT_KIND_DIGEST)
     agent.close()
+    end(coordinator, sweep_id)
     folder = tmp_path / "out"
     assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(folder), "--kind", "raw"]) == 2
     assert capsys.readouterr().err == (f"rankscope: error: sweep {sweep_id} has no raw exports: it was captured "
@@ -134,6 +140,24 @@ def test_a_sweep_without_raw_exports_says_so(coordinator, wire, digests, tmp_pat
     assert tree(folder) == {"node000/node000.digest.parquet": digests["node000"]}
     assert capsys.readouterr().err == (f"rankscope: sweep {sweep_id} has no raw exports: it was captured without "
                                        "--upload-raw; fetched its digests\n")
+
+
+def test_a_sweep_still_running_says_it_is_not_finished_yet(coordinator, wire, digests, tmp_path, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    sweep_id = sweep_of(coordinator, agent, upload_raw=True)
+    fetch = ["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(tmp_path / "o")]
+    assert main(fetch) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: sweep {sweep_id} is not finished yet: none of its nodes "
+                                       "has uploaded artifacts so far; run fetch again once it ends\n")
+    assert main([*fetch, "--kind", "raw"]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: sweep {sweep_id} has no raw exports: it is not finished "
+                                       "yet, and none has been uploaded so far\n")
+    # What is there comes, and the rest is said to be still to come.
+    upload(wire, coordinator, agent, sweep_id, "rank0.sqlite", b"raw")
+    assert main(fetch) == 0
+    assert capsys.readouterr().err == (f"rankscope: sweep {sweep_id} is not finished yet: these are the files its "
+                                       "nodes had uploaded; run fetch again once it ends for the rest\n")
+    agent.close()
 
 
 def test_a_nodes_files_are_listed_as_its_ranks_are_numbered(coordinator, wire) -> None:
@@ -151,6 +175,7 @@ def test_a_sweep_that_asked_for_raw_exports_but_has_none_says_so(coordinator, wi
     agent = wire.FakeAgent(coordinator, "node-a")
     sweep_id = sweep_of(coordinator, agent, upload_raw=True)
     agent.close()
+    end(coordinator, sweep_id)
     assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(tmp_path / "o"), "--kind", "raw"]) == 2
     assert capsys.readouterr().err == (f"rankscope: error: sweep {sweep_id} has no raw exports: none has been uploaded "
                                        "(the report's warnings name any that could not be)\n")
@@ -179,6 +204,7 @@ def test_a_big_download_shows_its_progress_on_a_terminal(small_chunks, wire, tmp
     sweep_id = sweep_of(small_chunks, agent, upload_raw=True)
     upload(wire, small_chunks, agent, sweep_id, "rank0.nsys-rep", os.urandom(3 << 20))
     agent.close()
+    end(small_chunks, sweep_id)
     monkeypatch.setattr(commands, "PROGRESS_FROM_BYTES", 1 << 20)
     monkeypatch.setattr(commands.sys.stderr, "isatty", lambda: True, raising=False)
     assert main(["fetch", "--coordinator", small_chunks.address, sweep_id, "-o", str(tmp_path / "out")]) == 0
@@ -295,6 +321,7 @@ def test_a_broken_download_keeps_its_bytes_and_the_next_fetch_resumes_after_them
     data = os.urandom(3 << 20)
     upload(wire, small_chunks, agent, sweep_id, "rank0.nsys-rep", data)
     agent.close()
+    end(small_chunks, sweep_id)
     folder = tmp_path / "out"
     fetch = ["fetch", sweep_id, "-o", str(folder)]
     with monkeypatch.context() as patched:
