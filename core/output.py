@@ -39,7 +39,7 @@ def check_writable(path: Path) -> None:
     if path.is_dir():
         raise InputError("output is a folder", path=path)
     if not path.parent.is_dir():
-        raise InputError("output folder does not exist", path=path)
+        raise InputError(_no_folder(path.parent), path=path)
     if reason := _unwritable(path.parent):
         raise InputError(f"cannot write in its folder ({reason})", path=path)
 
@@ -80,11 +80,22 @@ def make_folder(path: Path, *, shared: bool = False) -> Path:
             create_shared(path)
         else:
             path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder on the way should be
+        raise InputError(f"cannot create the folder ({_no_folder(path)})", path=path) from None
     except OSError as exc:
         raise InputError(f"cannot create the folder ({exc.strerror or exc})", path=path) from None
     if reason := _unwritable(path):
         raise InputError(f"cannot write in the folder ({reason})", path=path)
     return path
+
+
+def _no_folder(folder: Path) -> str:
+    """Why ``folder`` is not there to write in: something not a folder in its place or in
+    that of one above it (which the user has to move), else that it does not exist."""
+    for above in (folder, *folder.parents):
+        if above.exists():
+            return f"{above} is not a folder" if not above.is_dir() else f"folder {folder} does not exist"
+    return f"folder {folder} does not exist"
 
 
 def _unwritable(folder: Path) -> str | None:

@@ -33,11 +33,19 @@ def test_a_writer_that_fails_with_its_own_error_is_not_told_as_a_write_failure(t
 def test_where_output_plainly_cannot_go(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="output is a folder"):
         output.check_writable(tmp_path)
-    with pytest.raises(InputError, match="output folder does not exist"):
+    with pytest.raises(InputError, match=f"r.json: folder {tmp_path / 'missing'} does not exist$"):
         output.check_writable(tmp_path / "missing" / "r.json")
     (tmp_path / "file").write_text("")
-    with pytest.raises(InputError, match="file/sub: cannot create the folder"):
+    with pytest.raises(InputError, match=f"file/sub: cannot create the folder \\({tmp_path / 'file'} is not a folder\\)$"):
         output.make_folder(tmp_path / "file" / "sub")
+
+
+@pytest.mark.parametrize("under", ["x", "sub/x"])
+def test_an_output_under_a_file_names_that_file_not_a_missing_folder(tmp_path: Path, under: str) -> None:
+    # found by review: `digest -o FILE/x` said "output folder does not exist", which sent one to mkdir
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match=f"^{tmp_path / 'file' / under}: {tmp_path / 'file'} is not a folder$"):
+        output.check_writable(tmp_path / "file" / under)
 
 
 def test_a_folder_that_takes_no_files_is_found_before_any_work() -> None:

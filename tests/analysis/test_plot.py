@@ -54,7 +54,7 @@ def test_analyze_plot_flag_writes_the_figure(tmp_path: Path, samples: Path) -> N
 def test_plot_into_a_missing_folder_fails_before_any_work(tmp_path: Path, samples: Path, capsys) -> None:
     dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
     assert main(["analyze", str(dsl), "--plot", str(tmp_path / "nope" / "ranks.png")]) == 2
-    assert "output folder does not exist" in capsys.readouterr().err
+    assert f"folder {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["report.txt", "report", "report.pgf", "report.ps"])  # .pgf: TeX, after the analysis

@@ -288,7 +288,7 @@ def test_report_draws_the_sweeps_picture(coordinator, wire, digests, tmp_path, c
 
 def test_a_plot_that_cannot_be_written_stops_capture_before_it_starts(coordinator, tmp_path, capsys) -> None:
     code = main(["capture", "--coordinator", coordinator.address, "--all", "--wait", "--plot", str(tmp_path / "no" / "x.png")])
-    assert code == 2 and "output folder does not exist" in capsys.readouterr().err
+    assert code == 2 and f"folder {tmp_path / 'no'} does not exist" in capsys.readouterr().err
     assert main(["capture", "--coordinator", coordinator.address, "--all", "--plot", str(tmp_path / "x.png")]) == 2
     assert "only --wait" in capsys.readouterr().err
 
