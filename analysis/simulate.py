@@ -1404,13 +1404,18 @@ def _check_outdir(spec: JobSpec, outdir: Path, nodes: Sequence[int] | None, fmt:
     """Refuse a folder where simulated exports this run does not write would stay beside
     its own (a larger job's ranks): analysing the folder would mix two jobs under one
     truth. The same job's, written node by node with --only-nodes, add up."""
+    output.check_reachable(outdir)
     if not outdir.is_dir():
         return
     every = nodes is None or _same_job(spec, outdir / "truth.json")
     chosen = range(spec.nodes) if every else nodes
     written = {export_name(spec, node * spec.gpus_per_node + local, fmt)
                for node in chosen for local in range(spec.gpus_per_node)}
-    others = sorted(p.name for p in outdir.iterdir() if _EXPORT_NAME.fullmatch(p.name) and p.name not in written)
+    try:
+        names = [p.name for p in outdir.iterdir()]
+    except OSError as exc:
+        raise InputError(f"cannot list the folder ({exc.strerror or exc})", path=outdir) from None
+    others = sorted(name for name in names if _EXPORT_NAME.fullmatch(name) and name not in written)
     if others:
         raise ConfigError(f"holds {len(others)} simulated export(s) this job would not replace ({', '.join(others[:3])}"
                           f"{', ...' if len(others) > 3 else ''}): analysed together they mix two jobs; "

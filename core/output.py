@@ -36,6 +36,7 @@ def bounded(name: str, limit: int = MAX_NAME) -> str:
 
 def check_writable(path: Path) -> None:
     """Fail before any work where ``path`` plainly cannot be written."""
+    check_reachable(path)
     if path.is_dir():
         raise InputError("output is a folder", path=path)
     if not path.parent.is_dir():
@@ -72,6 +73,7 @@ def create_shared(path: Path) -> None:
 def make_folder(path: Path, *, shared: bool = False) -> Path:
     """``path`` as a folder to write in, created with its parents where missing; ``shared``:
     created as `create_shared` does."""
+    check_reachable(path)
     if path.exists() and not path.is_dir():
         raise InputError("not a folder", path=path)
     try:
@@ -87,6 +89,27 @@ def make_folder(path: Path, *, shared: bool = False) -> Path:
     if reason := _unwritable(path):
         raise InputError(f"cannot write in the folder ({reason})", path=path)
     return path
+
+
+def check_reachable(path: Path) -> None:
+    """An InputError where a folder on the way to ``path`` may not be looked into (no x
+    permission): pathlib's exists() and is_dir() raise there rather than answer. The folder
+    named is the deepest one that can still be seen."""
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        blocked = next((above for above in path.parents if _seen(above)), path.parent)
+        raise InputError(f"cannot look into folder {blocked} ({exc.strerror or exc})", path=path) from None
+
+
+def _seen(path: Path) -> bool:
+    try:
+        path.stat()
+    except OSError:
+        return False
+    return True
 
 
 def _no_folder(folder: Path) -> str:

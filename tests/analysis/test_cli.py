@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -148,6 +150,48 @@ def test_an_output_that_cannot_be_written_is_one_line_exit_2(command: str, simul
     assert result.returncode == 2, result.stderr
     assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {target}"), result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""  # refused before any work
+
+
+@pytest.fixture
+def other_user(exports: list[Path]):
+    """A run as nobody, in a folder of its own beside ``locked``, which nobody may look into
+    (root may: the test needs another user), holding a copy of an export."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("runs as another user (needs root and setpriv)")
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    shared = Path(tempfile.mkdtemp(prefix="rankscope-other-"))  # tmp_path is root's alone
+    shared.chmod(0o755)
+    shutil.copy(exports[0], shared / "rank0.sqlite")
+    (shared / "locked").mkdir(mode=0o000)
+
+    def run(*args: str | Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+                               sys.executable, "-m", "rankscope", *map(str, args)],
+                              capture_output=True, text=True, cwd=shared, timeout=120)
+
+    yield run
+    shutil.rmtree(shared)
+
+
+# found by review: pathlib's is_dir() raises, not answers, under a folder one may not look into
+@pytest.mark.parametrize("command", ["digest", "analyze -o", "analyze --plot", "simulate into", "simulate"])
+def test_an_output_under_a_folder_one_may_not_look_into_is_one_line_exit_2(command: str, other_user) -> None:
+    args, named = {
+        "digest": (["digest", "rank0.sqlite", "-o", "locked/sub/d.parquet"], "locked/sub/d.parquet: cannot look into folder locked"),
+        "analyze -o": (["analyze", "rank0.sqlite", "-o", "locked/r.json"], "locked/r.json: cannot look into folder locked"),
+        "analyze --plot": (["analyze", "rank0.sqlite", "--plot", "locked/r.png"], "locked/r.png: cannot look into folder locked"),
+        "simulate into": (["simulate", "locked/sim", "--nodes", "1"], "locked/sim: cannot look into folder locked"),
+        "simulate": (["simulate", "locked", "--nodes", "1"], "locked: cannot list the folder"),
+    }[command]
+    if command == "analyze --plot":
+        pytest.importorskip("matplotlib", reason="plots need matplotlib (the [plot] extra)")
+    result = other_user(*args)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "warning" not in line.lower()]
+    assert result.returncode == 2, result.stderr
+    assert lines == [f"rankscope: error: {named} (Permission denied)"], result.stderr
+    assert result.stdout == ""
 
 
 def test_digest_of_a_folder_points_to_analyze(simulated: Path, tmp_path: Path) -> None:
