@@ -120,8 +120,10 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
         path = Path(raw)
         try:
             mode = os.stat(path).st_mode  # one call where is_dir() then is_file() made two
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError):
             mode = 0
+        except OSError as exc:  # there, but not to be looked at (a folder on the way refuses it)
+            raise InputError(f"cannot read ({exc.strerror or exc})", path=path) from None
         if stat.S_ISDIR(mode):
             found = [_not_empty(p) for p in sorted(_files_under(path)) if _suffix(p) in _KNOWN]
             # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
@@ -160,8 +162,17 @@ def _files_under(folder: Path) -> Iterator[Path]:
     linked folders), by os.walk: a third of rglob's cost (~0.2 ms the first time in a
     process, which compiles its pattern). Hidden ones, and hidden folders, are passed by:
     a temporary file a killed writer left (`atomic.replacing` keeps an export's suffix), a
-    broken fetch's bytes, editors' and notebooks' copies would each claim a rank twice."""
-    for root, folders, names in os.walk(folder):
+    broken fetch's bytes, editors' and notebooks' copies would each claim a rank twice.
+    A folder that cannot be listed is an error where it is the one named, else passed by
+    with a warning (a file system's lost+found, root's alone, in a tree of exports)."""
+
+    def unlisted(exc: OSError) -> None:
+        if exc.filename == os.fspath(folder):
+            raise InputError(f"cannot list the folder ({exc.strerror or exc})", path=folder)
+        warnings.warn(f"{exc.filename}: cannot list the folder ({exc.strerror or exc}); passed by",
+                      RankscopeWarning, stacklevel=4)
+
+    for root, folders, names in os.walk(folder, onerror=unlisted):
         folders[:] = [f for f in folders if not f.startswith(".")]
         for name in names:
             file = Path(root, name)

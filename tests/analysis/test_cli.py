@@ -194,6 +194,18 @@ def test_an_output_under_a_folder_one_may_not_look_into_is_one_line_exit_2(comma
     assert result.stdout == ""
 
 
+def test_an_input_one_may_not_look_at_says_so_not_that_it_is_missing_or_empty(other_user) -> None:
+    # found by review: "no such file or folder" and "no exports or digests found", where both were there
+    for args, said in ((["locked/rank0.sqlite"], "locked/rank0.sqlite: cannot read (Permission denied)"),
+                       (["locked"], "locked: cannot list the folder (Permission denied)")):
+        result = other_user("analyze", *args)
+        assert (result.returncode, result.stderr) == (2, f"rankscope: error: {said}\n")
+    # Inside a tree, such a folder is passed by, and said to be.
+    result = other_user("analyze", ".")
+    assert result.returncode == 0, result.stderr
+    assert "rankscope: warning: ./locked: cannot list the folder (Permission denied); passed by\n" in result.stderr
+
+
 def test_digest_of_a_folder_points_to_analyze(simulated: Path, tmp_path: Path) -> None:
     result = rankscope("digest", simulated, "-o", tmp_path / "d.parquet")
     assert result.returncode == 2 and result.stderr.strip() == (
