@@ -20,7 +20,7 @@ from rankscope.cli import parse_duration, parse_labels
 from rankscope.checksum import sha256_of
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
-from rankscope import output, signals, tls
+from rankscope import node_name, output, signals, tls
 from rankscope.errors import InputError, RankscopeError, TransportError
 from rankscope.lock import NO_LOCKS
 from rankscope.memory import keep_chunk_memory
@@ -49,6 +49,26 @@ def parse_count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return value
+
+
+def parse_nodes(text: str) -> list[str]:
+    """--nodes A,B: at least one name, each one an agent can have (a typo like 'a b' is
+    told here as no name, not by the coordinator as no such agent)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no node")
+    for name in names:
+        if (wrong := node_name.problem(name)) is not None:
+            raise argparse.ArgumentTypeError(f"{name!r}: {wrong}")
+    return names
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """--labels K=V,... of a sweep: at least one, where none would be taken as no choice."""
+    labels = parse_labels(text)
+    if not labels:
+        raise argparse.ArgumentTypeError(f"{text!r} names no label (K=V)")
+    return labels
 
 
 def parse_option(text: str) -> tuple[str, str]:
@@ -90,9 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "it and print its report.")
     add_coordinator(capture)
     targets = capture.add_mutually_exclusive_group(required=True)
-    targets.add_argument("--nodes", type=lambda s: [n for n in s.split(",") if n], metavar="A,B",
+    targets.add_argument("--nodes", type=parse_nodes, metavar="A,B",
                          help="these nodes, by agent name")
-    targets.add_argument("--labels", type=parse_labels, metavar="K=V,...", help="the agents with all these labels (one not connected is "
+    targets.add_argument("--labels", type=parse_selector, metavar="K=V,...", help="the agents with all these labels (one not connected is "
                          "named in the report as missing, not captured)")
     targets.add_argument("--all", action="store_true", help="every agent (as --labels)")
     capture.add_argument("--duration", type=parse_duration, default=20.0, metavar="DURATION",

@@ -216,6 +216,26 @@ def test_a_listing_limit_that_is_not_a_count_is_a_usage_error(limit: str, capsys
     assert exc.value.code == 2 and "is not a whole number >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("target, said", [
+    (["--nodes", ","], "argument --nodes: ',' names no node"),
+    (["--nodes", "f0,a b"], "argument --nodes: 'a b': a node name is 1 to 253 letters"),
+    (["--labels", ","], "argument --labels: ',' names no label (K=V)"),
+])
+def test_a_target_that_names_nothing_or_no_node_is_a_usage_error(target: list[str], said: str, capsys) -> None:
+    # found by review: the coordinator answered "choose the sweep's nodes" to nodes chosen, and
+    # "no agent registered as a b" to a name no agent can have
+    with pytest.raises(SystemExit) as exc:
+        main(["capture", "--coordinator", "127.0.0.1:1", *target])
+    assert exc.value.code == 2 and f"rankscope capture: error: {said}" in capsys.readouterr().err
+
+
+def test_node_names_given_with_spaces_around_them_are_the_nodes(coordinator, wire, capsys) -> None:
+    agent = wire.FakeAgent(coordinator, "f0")
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", " f0 ,", "--backend", "sim"]) == 0
+    assert agent.next_command().start.sweep_id == capsys.readouterr().out.strip()
+    agent.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)  # SIGHUP: its terminal or ssh session closed
 def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path, signum: int) -> None:
