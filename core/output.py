@@ -1,7 +1,8 @@
 """Writing a user's output file: whole or not at all, and a clear error where it cannot be.
 
 A report, plot, digest or simulated export replaces its destination whole
-(`rankscope.atomic`). Where the folder cannot take it (no permission, read-only, full,
+(`rankscope.atomic`), the file a link leads to where it is one; a stream (/dev/null, a
+pipe) is written into. Where the folder cannot take it (no permission, read-only, full,
 not a real folder), the OSError becomes one :class:`InputError` naming the destination,
 and nothing is left behind."""
 
@@ -39,10 +40,29 @@ def check_writable(path: Path) -> None:
     check_reachable(path)
     if path.is_dir():
         raise InputError("output is a folder", path=path)
-    if not path.parent.is_dir():
-        raise InputError(_no_folder(path.parent), path=path)
-    if reason := _unwritable(path.parent):
+    target = _target(path)
+    if target is None:
+        if not os.access(path, os.W_OK):
+            raise InputError("cannot write to it (permission denied)", path=path)
+        return
+    if not target.parent.is_dir():
+        raise InputError(_no_folder(target.parent), path=path)
+    if reason := _unwritable(target.parent):
         raise InputError(f"cannot write in its folder ({reason})", path=path)
+
+
+def _target(path: Path) -> Path | None:
+    """The file that takes ``path``'s new content whole: ``path``, or the file a link there
+    leads to (the link stays a link). None where ``path`` is no file but a stream (/dev/null,
+    a terminal, a pipe): written into, as a shell's ``>`` does; a rename over it would put a
+    file in its place, as root even in /dev."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return path  # none there yet (a folder on the way that refuses a look: check_reachable)
+    if not stat.S_ISREG(mode):
+        return None
+    return path.resolve() if path.is_symlink() else path
 
 
 def check_not_input(path: Path, inputs: Iterable[Path]) -> None:
@@ -146,9 +166,15 @@ def writing(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def replacing(path: Path) -> Iterator[Path]:
     """`atomic.replacing` with ``path``'s own suffix (writers that go by it still can),
-    its OSError one InputError naming ``path`` (`writing`)."""
-    with writing(path), atomic.replacing(Path(path), keep_suffix=True) as tmp:
-        yield tmp
+    its OSError one InputError naming ``path`` (`writing`); a stream (`_target`) is
+    written into."""
+    target = _target(Path(path))
+    with writing(path):
+        if target is None:
+            yield Path(path)
+            return
+        with atomic.replacing(target, keep_suffix=True) as tmp:
+            yield tmp
 
 
 def write_text(path: Path, text: str) -> None:

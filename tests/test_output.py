@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,29 @@ def test_a_folder_that_takes_no_files_is_found_before_any_work() -> None:
         output.check_writable(Path("/proc/report.json"))
     with pytest.raises(InputError, match="^/proc: cannot write in the folder"):
         output.make_folder(Path("/proc"))
+
+
+def test_a_stream_is_written_into_not_replaced_by_a_file(tmp_path: Path) -> None:
+    # found by review: `digest -o /dev/null`, run as root, renamed a file over /dev/null
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader first, so the writer's open does not wait
+    try:
+        output.check_writable(fifo)
+        output.write_text(fifo, "report\n")
+        assert os.read(reader, 100) == b"report\n"
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_a_link_stays_a_link_to_the_file_replaced_whole(tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    real = tmp_path / "runs" / "report.json"
+    real.write_text("old")
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    output.check_writable(link)
+    output.write_text(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest.json", "report.json", "runs"]
