@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import stat
 import sys
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_digest(args: argparse.Namespace) -> int:
-    if args.export.is_dir():
+    if stat.S_ISDIR(sources.stat_input(args.export).st_mode):
         raise InputError("a folder: `rankscope digest` builds one export's digest (`rankscope analyze` reads folders)",
                          path=args.export)
     output.check_writable(args.output)

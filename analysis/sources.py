@@ -118,12 +118,7 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        try:
-            mode = os.stat(path).st_mode  # one call where is_dir() then is_file() made two
-        except (FileNotFoundError, NotADirectoryError):
-            mode = 0
-        except OSError as exc:  # there, but not to be looked at (a folder on the way refuses it)
-            raise InputError(f"cannot read ({exc.strerror or exc})", path=path) from None
+        mode = stat_input(path).st_mode  # one call where is_dir() then is_file() made two
         if stat.S_ISDIR(mode):
             found = [_not_empty(p) for p in sorted(_files_under(path)) if _suffix(p) in _KNOWN]
             # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
@@ -132,7 +127,7 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
         elif stat.S_ISREG(mode):
             files.append(_not_empty(path))
         else:
-            raise InputError("no such file or folder", path=path)
+            raise InputError("not a file or folder (a device, a pipe?)", path=path)
     suffixes = [_suffix(p) for p in files]
     if NSYS_REPORT in suffixes:
         exports = {_stem(p) for p, suffix in zip(files, suffixes) if suffix == SQLITE}
@@ -142,17 +137,26 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
     return list({str(p): p for p in files}.values())  # the same file named twice: read once
 
 
+def stat_input(path: Path) -> os.stat_result:
+    """``path``'s stat; an InputError where it is not there, or may not be looked at (a
+    folder on the way refuses it)."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError("no such file or folder", path=path) from None
+    except OSError as exc:  # an ExportError: the agent goes on without such an export
+        raise ExportError(f"cannot read ({exc.strerror or exc})", path=path) from None
+
+
 def _not_empty(path: Path) -> Path:
     """``path``, refused where it is empty: each reader's own message for no bytes (a
     JSON decoder's "truncated", SQLite's "not a database") hides the plain cause, and a
-    walk would skip an empty trace as JSON that is not Kineto."""
-    try:
-        size = os.stat(path).st_size
-    except FileNotFoundError:
-        raise InputError("no such file or folder", path=path) from None
-    except OSError as exc:
-        raise ExportError(f"cannot read ({exc.strerror})", path=path) from None
-    if size == 0:
+    walk would skip an empty trace as JSON that is not Kineto. A stream has no size to
+    tell: it is refused too."""
+    found = stat_input(path)
+    if not stat.S_ISREG(found.st_mode):
+        raise ExportError("not a file (a device, a pipe?): exports are files", path=path)
+    if found.st_size == 0:
         raise ExportError("empty file (0 bytes): was its capture cut short?", path=path)
     return path
 

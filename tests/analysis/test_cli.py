@@ -200,10 +200,25 @@ def test_an_input_one_may_not_look_at_says_so_not_that_it_is_missing_or_empty(ot
                        (["locked"], "locked: cannot list the folder (Permission denied)")):
         result = other_user("analyze", *args)
         assert (result.returncode, result.stderr) == (2, f"rankscope: error: {said}\n")
+    result = other_user("digest", "locked/rank0.sqlite", "-o", "d.parquet")  # was a PermissionError traceback
+    assert (result.returncode, result.stderr) == (2, "rankscope: error: locked/rank0.sqlite: cannot read (Permission denied)\n")
     # Inside a tree, such a folder is passed by, and said to be.
     result = other_user("analyze", ".")
     assert result.returncode == 0, result.stderr
     assert "rankscope: warning: ./locked: cannot list the folder (Permission denied); passed by\n" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["analyze", "digest"])
+def test_a_device_or_a_pipe_as_input_is_named_as_such_not_as_missing_or_empty(command: str, tmp_path: Path) -> None:
+    # found by review: `analyze /dev/null` said "no such file or folder", `digest` of a pipe "empty file"
+    fifo = tmp_path / "rank0.sqlite"
+    os.mkfifo(fifo)
+    said = {"analyze": "not a file or folder (a device, a pipe?)", "digest": "not a file (a device, a pipe?): exports are files"}
+    for source in (fifo, Path("/dev/null")):
+        args = ["-o", tmp_path / "d.parquet"] if command == "digest" else []
+        result = rankscope(command, source, *args)
+        assert (result.returncode, result.stderr) == (2, f"rankscope: error: {source}: {said[command]}\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["rank0.sqlite"]
 
 
 def test_digest_of_a_folder_points_to_analyze(simulated: Path, tmp_path: Path) -> None:
