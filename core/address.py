@@ -11,9 +11,12 @@ MAX_PORT = 65535
 def host_port(address: str) -> tuple[str, int] | None:
     """``HOST:PORT`` (an IPv6 host in brackets) as (host, port); None where it is not one,
     as where the port is beyond `MAX_PORT` (the socket layer would take it modulo 65536:
-    :99999 listened on 34463)."""
+    :99999 listened on 34463), or where the host holds a slash or a space (a URL's
+    ``http://``, a pasted blank), which only fails later as a name no resolver knows."""
     host, sep, port = address.rpartition(":")
     if not (host and sep and port.isdigit()) or int(port) > MAX_PORT:
+        return None
+    if "/" in host or any(c.isspace() for c in host):
         return None
     return host.removeprefix("[").removesuffix("]"), int(port)
 

@@ -15,6 +15,7 @@ from rankscope.address import bind_problem, dial_problem, host_port
     ("[::1]:6379", ("::1", 6379)),
     ("notaport", None), (":7443", None), ("host:", None), ("host:x", None),
     ("host:65535", ("host", 65535)), ("host:65536", None), ("host:99999", None),  # 99999 bound 34463
+    ("http://gpu-head:7443", None), (" gpu-head:7443", None),  # were dialled, as names no resolver knows
 ])
 def test_host_port(text: str, parsed) -> None:
     assert host_port(text) == parsed
