@@ -84,6 +84,8 @@ def parse_labels(text: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise argparse.ArgumentTypeError(f"{item!r} is not key=value")
+        if key.strip() in labels:  # the last would win unseen: a sweep by a=1,a=2 would target a=2
+            raise argparse.ArgumentTypeError(f"label {key.strip()!r} given twice")
         labels[key.strip()] = value.strip()
     return labels
 

@@ -167,3 +167,10 @@ def test_the_readme_shows_each_command_with_the_options_it_has_and_a_required_ch
             choice = re.search(r"\(([^()]*)\)", rest)
             assert choice and all(f in choice.group(1) for f in flags), \
                 f"README: `rankscope {command}` must show one of {', '.join(flags)} as required: ({' | '.join(flags)})"
+
+
+@pytest.mark.parametrize("command", [["capture", "--coordinator", "127.0.0.1:1"], ["agent", "--coordinator", "127.0.0.1:1"]])
+def test_a_label_given_twice_is_a_usage_error(command: list[str], capsys) -> None:
+    with pytest.raises(SystemExit) as exc:  # parsed only: an agent would run
+        build_parser(command[0]).parse_args([*command, "--labels", "rack=r1,gpu=h100,rack=r2"])
+    assert exc.value.code == 2 and "error: argument --labels: label 'rack' given twice" in capsys.readouterr().err
