@@ -228,6 +228,8 @@ def run_capture(args: argparse.Namespace) -> int:
         if not args.wait:
             raise InputError("--plot draws the report, which only --wait waits for")
         _check_plot(args.plot)
+    if twice := [key for key, n in Counter(key for key, _ in args.option).items() if n > 1]:
+        raise InputError(f"--option {', '.join(twice)} given twice")  # else the last would win unseen
     options = dict(args.option)
     with _client(args) as client:
         sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,

@@ -229,6 +229,12 @@ def test_a_target_that_names_nothing_or_no_node_is_a_usage_error(target: list[st
     assert exc.value.code == 2 and f"rankscope capture: error: {said}" in capsys.readouterr().err
 
 
+def test_an_option_given_twice_is_refused_before_any_sweep(capsys) -> None:
+    assert main(["capture", "--coordinator", "127.0.0.1:1", "--all", "--option", "sim.nodes=2", "--option", "sim.seed=1",
+                 "--option", "sim.nodes=4"]) == 2
+    assert capsys.readouterr().err == "rankscope: error: --option sim.nodes given twice\n"
+
+
 def test_node_names_given_with_spaces_around_them_are_the_nodes(coordinator, wire, capsys) -> None:
     agent = wire.FakeAgent(coordinator, "f0")
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", " f0 ,", "--backend", "sim"]) == 0
