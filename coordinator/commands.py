@@ -543,8 +543,10 @@ def _fetch_one(client: SweepClient, sweep_id: str, stored: pb.StoredArtifact, pa
                     hasher.update(data)
                     size += len(data)
                     progress.add(len(data))
-            except TransportError as exc:
-                if size:
+            except BaseException as exc:  # a Ctrl-C too
+                if not size:
+                    part.unlink()  # nothing to resume from: no empty file left behind
+                elif isinstance(exc, TransportError):
                     raise TransportError(f"{exc}; the {size} bytes of {stored.node}/{artifact.name} received are "
                                          "kept: run fetch again to resume") from None
                 raise

@@ -313,6 +313,24 @@ def offsets_asked(monkeypatch) -> list[int]:
     return asked
 
 
+@pytest.mark.parametrize("broken, code", [(KeyboardInterrupt, 130), (commands.TransportError("coordinator gone"), 1)],
+                         ids=["ctrl-c", "lost"])
+def test_a_download_broken_before_its_first_byte_leaves_no_file(coordinator, wire, tmp_path, monkeypatch, broken,
+                                                                code: int) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    sweep_id = sweep_of(coordinator, agent, upload_raw=True)
+    upload(wire, coordinator, agent, sweep_id, "rank0.sqlite", b"raw")
+    agent.close()
+
+    def nothing(*args):
+        raise broken
+        yield
+
+    monkeypatch.setattr(SweepClient, "fetch", nothing)
+    assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(tmp_path / "out")]) == code
+    assert tree(tmp_path / "out") == {}  # was an empty .rank0.sqlite.part
+
+
 @pytest.mark.parametrize("broken", ["ctrl-c", "connection lost"])
 def test_a_broken_download_keeps_its_bytes_and_the_next_fetch_resumes_after_them(
         small_chunks, wire, tmp_path, monkeypatch, capsys, broken) -> None:
