@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Read one nsys SQLite export (or Kineto trace) and write its per-rank digest rows as Parquet.",
     )
     digest_parser.add_argument("export", type=Path, help="nsys .sqlite export, .nsys-rep report or Kineto .json[.gz]")
-    digest_parser.add_argument("-o", "--output", type=Path, required=True, help="digest Parquet file to write")
+    digest_parser.add_argument("-o", "--output", type=Path, required=True, help="digest Parquet file to write (FILE.parquet)")
     digest_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
     digest_parser.set_defaults(func=run_digest)
 
@@ -54,6 +54,9 @@ def run_digest(args: argparse.Namespace) -> int:
                          path=args.export)
     output.check_writable(args.output)
     output.check_not_input(args.output, [args.export])
+    if args.output.suffix.lower() != sources.DIGEST_SUFFIX:  # else unread: `analyze` goes by the suffix
+        raise InputError(f"a digest's name ends in {sources.DIGEST_SUFFIX}, which `rankscope analyze` reads it by",
+                         path=args.output)
     table = sources.read_one(args.export, rank_from=args.rank_from)
     digest.check_consistent(table)
     digest.write(table, args.output)

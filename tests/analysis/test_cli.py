@@ -221,6 +221,15 @@ def test_a_device_or_a_pipe_as_input_is_named_as_such_not_as_missing_or_empty(co
     assert [p.name for p in tmp_path.iterdir()] == ["rank0.sqlite"]
 
 
+@pytest.mark.parametrize("name", ["d.json", "d.sqlite", "d"])
+def test_a_digest_named_as_no_digest_is_refused(name: str, exports: list[Path], tmp_path: Path) -> None:
+    # found by review: `digest -o d.json` wrote Parquet that `analyze` then read as a broken Kineto trace
+    result = rankscope("digest", exports[0], "-o", tmp_path / name)
+    assert (result.returncode, result.stderr) == (
+        2, f"rankscope: error: {tmp_path / name}: a digest's name ends in .parquet, which `rankscope analyze` reads it by\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_digest_of_a_folder_points_to_analyze(simulated: Path, tmp_path: Path) -> None:
     result = rankscope("digest", simulated, "-o", tmp_path / "d.parquet")
     assert result.returncode == 2 and result.stderr.strip() == (
