@@ -394,6 +394,7 @@ class Coordinator:
             if not spec.backend:
                 spec = replace(spec, backend=default_backend(a for a in agents if a.node in judged))
             lacking = [a for a in agents if a.node in judged and a.backends and spec.backend not in a.backends]
+            lacking.sort(key=lambda a: node_name.sort_key(a.node))
             if lacking:
                 raise InputError("; ".join(
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking

@@ -372,6 +372,14 @@ def test_a_sweep_naming_no_backend_takes_the_nodes_default(coordinator, wire) ->
         assert [s.backend for s in client.sweeps()] == ["torch"]
 
 
+def test_nodes_refused_for_their_backends_are_named_in_the_fleets_numbering(coordinator, wire) -> None:
+    for node in ("g10", "g2"):
+        coordinator.agents.Register(pb.RegisterRequest(node=node, backends=["nsys"]), timeout=10)
+    with SweepClient(coordinator.address) as client:
+        with pytest.raises(InputError, match="node g2 offers capture backends nsys, not 'torch'; node g10 offers"):
+            client.start(nodes=["g10", "g2"], duration_s=1.0, backend="torch")
+
+
 def test_a_node_is_in_one_capture_at_a_time(coordinator, wire) -> None:
     """Its ranks' nsys sessions (or profilers) take one capture at a time: an overlapping
     sweep, e.g. a scheduled health sweep over a node someone is investigating, skips it."""
