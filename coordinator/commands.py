@@ -40,14 +40,17 @@ EXIT_NOT_JUDGED = 5
 _KINDS = {"raw": pb.ARTIFACT_KIND_RAW, "digest": pb.ARTIFACT_KIND_DIGEST}
 
 
+MAX_COUNT = 2**31 - 1  # the wire's int32
+
+
 def parse_count(text: str) -> int:
-    """A whole number >= 0."""
+    """A whole number from 0 to `MAX_COUNT` (beyond, protobuf raised a ValueError)."""
     try:
         value = int(text)
     except ValueError:
         value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    if not 0 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to {MAX_COUNT}")
     return value
 
 
