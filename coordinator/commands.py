@@ -74,6 +74,14 @@ def parse_selector(text: str) -> dict[str, str]:
     return labels
 
 
+def parse_reason(text: str) -> str:
+    """A cancel's reason, not blank: the nodes it stopped are found by their reason, and in
+    place of a blank one the coordinator puts its own (none was found)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a reason, or leave --reason out")
+    return text
+
+
 def parse_option(text: str) -> tuple[str, str]:
     """One backend option, K=V; the value may hold commas (a list of ranks, say)."""
     key, sep, value = text.partition("=")
@@ -157,7 +165,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "finished is analysed.")
     add_coordinator(cancel)
     cancel.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
-    cancel.add_argument("--reason", default="cancelled by the user", help="shown as each stopped node's reason (default: %(default)s)")
+    cancel.add_argument("--reason", type=parse_reason, default="cancelled by the user", help="shown as each stopped node's reason (default: %(default)s)")
     cancel.set_defaults(func=run_cancel)
 
     report = subparsers.add_parser("report", help="print a sweep's report",

@@ -186,6 +186,14 @@ def test_nodes_are_listed_as_the_fleet_numbers_them(coordinator, wire, capsys) -
         agent.close()
 
 
+@pytest.mark.parametrize("reason", ["", " "])
+def test_a_blank_cancel_reason_is_a_usage_error(reason: str, capsys) -> None:
+    # found by review: the coordinator put "cancelled" in its place, and the command said "stopped 0 node(s)"
+    with pytest.raises(SystemExit) as exc:
+        main(["cancel", "--coordinator", "127.0.0.1:1", "s1", "--reason", reason])
+    assert exc.value.code == 2 and "argument --reason: give a reason, or leave --reason out" in capsys.readouterr().err
+
+
 def test_capture_refusal_is_one_line(coordinator, capsys) -> None:
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "ghost", "--backend", "sim"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
