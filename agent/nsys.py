@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo, lives
+from rankscope import output
 from rankscope.errors import ToolError
 from rankscope.lock import FolderInUse, FolderLock
 
@@ -314,7 +315,7 @@ class NsysBackend(CaptureBackend):
     def start(self, request: CaptureRequest) -> None:
         exe = find_nsys(self.nsys)
         ranks = self.own_ranks(request)
-        request.workdir.mkdir(parents=True, exist_ok=True)
+        output.make_folder(reports_dir(request), shared=True)
         gpu_metrics = self.needs_gpu_counters(request)
         if gpu_metrics and gpu_metrics_held(nsys=exe):
             # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
@@ -471,6 +472,12 @@ def session_hold(info: RankInfo) -> FolderLock:
     return FolderLock(Path(info.spool) / "sessions" / info.session, f"capture of nsys session {info.session}")
 
 
+def reports_dir(request: CaptureRequest) -> Path:
+    """The capture's folder for its ranks' reports, open to every user (1777, as the spool):
+    the ranks' nsys sessions write them as the job's user, the agent may run as another (root)."""
+    return request.workdir / "reports"
+
+
 def report_base(request: CaptureRequest, info: RankInfo) -> Path:
     """Where a rank's report goes (nsys adds ``.nsys-rep``)."""
-    return request.workdir / f"{request.sweep_id}_{info.host}_rank{info.rank}"
+    return reports_dir(request) / f"{request.sweep_id}_{info.host}_rank{info.rank}"

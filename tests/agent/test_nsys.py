@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -169,15 +170,17 @@ def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch
     work = request.workdir
     expected = [["profile", "--gpu-metrics-devices=help"]]  # counters free? (nobody holds them here)
     for r in ranks:
-        expected.append(["start", f"--session={r.session}", f"--output={work}/sw1_{r.host}_rank{r.rank}",
+        expected.append(["start", f"--session={r.session}", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}",
                          "--force-overwrite=true", *(["--gpu-metrics-devices=all"] if r.local_rank == 0 else [])])
     expected += [["stop", f"--session={r.session}"] for r in ranks]
-    expected += [["export", "--type=sqlite", f"--output={work}/sw1_{r.host}_rank{r.rank}.sqlite",
-                  "--force-overwrite=true", "--include-blobs=true", f"{work}/sw1_{r.host}_rank{r.rank}.nsys-rep"]
+    expected += [["export", "--type=sqlite", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}.sqlite",
+                  "--force-overwrite=true", "--include-blobs=true", f"{work}/reports/sw1_{r.host}_rank{r.rank}.nsys-rep"]
                  for r in ranks]
     assert standin_nsys.calls(node.state)[before:] == expected
     assert [p.name for p in exports] == [f"sw1_{r.host}_rank{r.rank}.sqlite" for r in ranks]
-    assert not list(work.glob("*.nsys-rep"))  # reports removed once exported
+    assert not list(work.rglob("*.nsys-rep"))  # reports removed once exported
+    # the ranks' sessions write their reports as the job's user, whoever the agent runs as
+    assert stat.S_IMODE((work / "reports").stat().st_mode) == 0o777 | stat.S_ISVTX
     digests = load_digests(exports)
     assert sorted(digests.column("rank").to_pylist()) == [0, 1]
     assert set(digests.column("job_id").to_pylist()) == {"j77"}
@@ -392,7 +395,7 @@ def test_a_cancelled_capture_stops_its_exports_and_keeps_no_half_export(node, tm
     with pytest.raises(ToolError, match="sweep sw1: exports stopped, the capture was cancelled"):
         backend.export(request, reports)
     assert time.monotonic() - began < 10
-    assert not list(request.workdir.glob("*.sqlite*")) and all(Path(r).exists() for r in reports)
+    assert not list(request.workdir.rglob("*.sqlite*")) and all(Path(r).exists() for r in reports)
 
 
 def test_an_export_an_agent_killed_mid_export_left_running_is_stopped_before_exporting_again(
@@ -442,7 +445,7 @@ def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node,
     backend.start(request)
     first = request.ranks[0]
     # The orphan still held the GPU counters when they were checked: this capture goes without them.
-    start = ["start", f"--session={first.session}", f"--output={tmp_path}/work2/sw2_{first.host}_rank0",
+    start = ["start", f"--session={first.session}", f"--output={tmp_path}/work2/reports/sw2_{first.host}_rank0",
              "--force-overwrite=true"]
     assert standin_nsys.calls(node.state)[before + 1:before + 4] == [
         start, ["stop", f"--session={first.session}"], start]

@@ -142,7 +142,7 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
         ranks = local_ranks(cluster.spool(name))
         assert [r.rank for r in ranks] == [index * GPUS, index * GPUS + 1]
         folder = capture_folder(cluster, name, sweep_id)
-        base = [f"{folder}/{sweep_id}_{r.host}_rank{r.rank}" for r in ranks]
+        base = [f"{folder}/reports/{sweep_id}_{r.host}_rank{r.rank}" for r in ranks]
         # Each rank's session: launched by its wrapper, then started, stopped and exported by the agent.
         assert sorted(c["argv"] for c in cluster.nsys_calls(name, "launch")) == sorted(
             ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary", *SLEEPER]
@@ -171,7 +171,7 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
         assert not cluster.paused(name)
         assert report["sweep"]["nodes"][name]["dcgm"] == "resumed"
         # The node keeps nothing it uploaded.
-        assert not list(folder.glob("*.sqlite")) and not list(folder.glob("*.nsys-rep"))
+        assert not list(folder.rglob("*.sqlite")) and not list(folder.rglob("*.nsys-rep"))
     assert {n.dcgm for n in sweep.nodes} == {pb.DCGM_OUTCOME_RESUMED}
 
 
@@ -191,7 +191,7 @@ def test_upload_raw_sends_each_ranks_report_beside_its_export(make_cluster, tmp_
     assert sorted(p.name for p in (tmp_path / "got" / "n0").iterdir()) == sorted(
         f"{b}{suffix}" for b in bases for suffix in (".nsys-rep", ".sqlite"))
     folder = capture_folder(cluster, "n0", sweep_id)  # uploaded, so not kept on the node
-    assert not list(folder.glob("*.sqlite")) and not list(folder.glob("*.nsys-rep"))
+    assert not list(folder.rglob("*.sqlite")) and not list(folder.rglob("*.nsys-rep"))
 
 
 def test_not_supported_and_no_dcgm_let_the_capture_proceed_and_the_report_says_which(make_cluster) -> None:
