@@ -63,6 +63,15 @@ class ArtifactInfo:
     ranks: tuple[int, ...] = ()
 
 
+# The most export time an agent's bound may add to a node's deadline: the bound comes off the
+# wire (an agent may send inf or 1e300), and the deadline is stored as int64 nanoseconds.
+MAX_EXPORT_ALLOWANCE_S = 86_400.0
+
+
+def _export_allowance_ns(allowance_s: float) -> int:
+    return int(min(allowance_s, MAX_EXPORT_ALLOWANCE_S) * 1e9)
+
+
 @dataclass
 class NodeRecord:
     node: str
@@ -94,13 +103,13 @@ class NodeRecord:
         self.export_cut = ""
         if self.exporting_since_ns and state is NodeState.EXPORTING:
             if allowance_s > 0:
-                self.export_allowance_ns = int(allowance_s * 1e9)
+                self.export_allowance_ns = _export_allowance_ns(allowance_s)
             return
         if self.exporting_since_ns:
             self.export_credit_ns += min(at_ns - self.exporting_since_ns, self.export_allowance_ns)
             self.exporting_since_ns = self.export_allowance_ns = 0
         if state is NodeState.EXPORTING and allowance_s > 0:
-            self.exporting_since_ns, self.export_allowance_ns = at_ns, int(allowance_s * 1e9)
+            self.exporting_since_ns, self.export_allowance_ns = at_ns, _export_allowance_ns(allowance_s)
 
     def cut_export(self, until_ns: int, why: str) -> bool:
         """Count a running export only until ``until_ns`` (its agent went away, ``why``: the

@@ -73,3 +73,14 @@ def test_a_node_exporting_when_the_coordinator_restarts_has_the_grace_not_its_wh
     out = restored.handle(sw.Tick(T0 + 120 * S))
     assert sw.CancelNode("a", "no answer within 30s and 90s exporting, its agent not back since the "
                          "coordinator restarted mid-export (last state: exporting)") in out
+
+
+def test_an_unbounded_export_bound_from_the_wire_is_capped_not_a_crash() -> None:
+    """An agent may send an infinite bound (or 1e300): the coordinator credits at most a day
+    of export time, and the sweep survives a round trip through its stored state."""
+    sweep, _ = sw.Sweep.start(sw.SweepSpec(backend="sim", duration_s=5.0, timeout_s=30.0), ["a"], T0, sweep_id="s1")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.EXPORTING, T0 + 10 * S, export_timeout_s=float("inf")))
+    sweep.handle(sw.NodeReported("a", sw.NodeState.EXPORTING, T0 + 11 * S, export_timeout_s=1e300))
+    assert sweep.nodes["a"].export_allowance_ns == int(sw.MAX_EXPORT_ALLOWANCE_S) * S
+    restored = sw.Sweep.from_dict(sweep.to_dict())
+    assert restored.nodes["a"].deadline_ns(T0 + 30 * S, T0 + 40 * S) == T0 + 60 * S
