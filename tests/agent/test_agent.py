@@ -771,20 +771,26 @@ def test_a_capture_record_that_cannot_be_saved_does_not_leave_dcgm_paused(coordi
         assert sum("its record was not saved" in r.getMessage() for r in caplog.records) == 1
 
 
+def _ledger_full_from(monkeypatch, log: Log, call: str) -> None:
+    """The host's pause ledger unwritable (a full disk) from ``call`` until DCGM's resume
+    frees some space."""
+    real_write = pause_ledger.PauseLedger.write
+
+    def write(self, *args) -> None:
+        if call in log.calls and "dcgm.resume" not in log.calls:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, *args)
+
+    monkeypatch.setattr(pause_ledger.PauseLedger, "write", write)
+
+
 def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coordinator, tmp_path: Path,
                                                                             monkeypatch, caplog) -> None:
     """The host's pause ledger unwritable once DCGM is paused (a full disk): the OSError came
     out as a traceback, the node failed with DCGM left paused until the lease ran out."""
     servicer, address = coordinator
     log = Log()
-    real_write = pause_ledger.PauseLedger.write
-
-    def write(self, *args) -> None:  # full from the pause until the resume frees some space
-        if "dcgm.pause" in log.calls and "dcgm.resume" not in log.calls:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(self, *args)
-
-    monkeypatch.setattr(pause_ledger.PauseLedger, "write", write)
+    _ledger_full_from(monkeypatch, log, "dcgm.pause")
     with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
@@ -801,14 +807,7 @@ def test_a_lease_the_ledger_cannot_renew_fails_the_node_its_window_stopped(coord
     as a traceback, the lease renewed here but not on record, where the host's other agents read it."""
     servicer, address = coordinator
     log = Log()
-    real_write = pause_ledger.PauseLedger.write
-
-    def write(self, *args) -> None:  # full from the ranks' start until the resume frees some space
-        if "backend.start" in log.calls and "dcgm.resume" not in log.calls:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(self, *args)
-
-    monkeypatch.setattr(pause_ledger.PauseLedger, "write", write)
+    _ledger_full_from(monkeypatch, log, "backend.start")
     with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)

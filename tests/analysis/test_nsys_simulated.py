@@ -31,6 +31,17 @@ def _edited(export: Path, copy: Path, sql: str) -> Path:
     return copy
 
 
+def _one_more_kernel(export: Path, copy: Path, which: str, change: str) -> Path:
+    """A copy of ``export`` with one more kernel: the first ``which`` selects, with ``change``
+    set and a correlation id of no launch."""
+    copy.write_bytes(export.read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute(f"CREATE TEMP TABLE one AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE {which} LIMIT 1")
+        db.execute(f"UPDATE one SET {change}, correlationId = -7")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM one")
+    return copy
+
+
 def _long(table: pa.Table, part: str):
     column = table.column(part).combine_chunks()
     frame = pa.Table.from_struct_array(pc.list_flatten(column)).to_pandas()
@@ -203,13 +214,8 @@ def test_a_kernel_on_another_gpu_of_a_rank_process_is_left_out_not_taken_for_a_r
     # PyTorch work on cuda:0 before torch.cuda.set_device made a second "rank" numbered
     # by pid, which then collided with the real rank 0 and dropped the env rank.
     _, paths = job
-    copy = tmp_path / "stray.sqlite"
-    copy.write_bytes(paths[1].read_bytes())
-    with sqlite3.connect(copy) as db:
-        db.execute("CREATE TEMP TABLE one AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE deviceId = "
-                   "(SELECT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1) LIMIT 1")
-        db.execute("UPDATE one SET deviceId = deviceId + 1, correlationId = -7")
-        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM one")
+    copy = _one_more_kernel(paths[1], tmp_path / "stray.sqlite", "deviceId = (SELECT deviceId FROM "
+                            "CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1)", "deviceId = deviceId + 1")
     original, edited = nsys.read_nsys(paths[1]), nsys.read_nsys(copy)
     assert edited.num_rows == 1
     assert edited.column("rank").to_pylist() == original.column("rank").to_pylist() == [1]
@@ -224,13 +230,9 @@ def test_a_helper_process_without_nccl_kernels_is_left_out_not_taken_for_a_rank(
     # autotuning, say) made the export one of two processes, numbered by pid, so the rank
     # lost its env rank and took rank 0, which the real rank 0 also claimed.
     _, paths = job
-    copy = tmp_path / "helper.sqlite"
-    copy.write_bytes(paths[1].read_bytes())
-    with sqlite3.connect(copy) as db:
-        db.execute("CREATE TEMP TABLE one AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName NOT IN "
-                   "(SELECT id FROM StringIds WHERE value LIKE 'nccl%') LIMIT 1")
-        db.execute("UPDATE one SET globalPid = (globalPid & ~(16777215 << 24)) | (7 << 24), correlationId = -7")
-        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM one")
+    copy = _one_more_kernel(paths[1], tmp_path / "helper.sqlite",
+                            "shortName NOT IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%')",
+                            "globalPid = (globalPid & ~(16777215 << 24)) | (7 << 24)")
     original, edited = nsys.read_nsys(paths[1]), nsys.read_nsys(copy)
     assert edited.num_rows == 1
     assert edited.column("rank").to_pylist() == original.column("rank").to_pylist() == [1]
