@@ -784,37 +784,28 @@ def _ledger_full_from(monkeypatch, log: Log, call: str) -> None:
     monkeypatch.setattr(pause_ledger.PauseLedger, "write", write)
 
 
-def test_a_pause_the_ledger_cannot_record_fails_the_node_with_dcgm_resumed(coordinator, tmp_path: Path,
-                                                                            monkeypatch, caplog) -> None:
-    """The host's pause ledger unwritable once DCGM is paused (a full disk): the OSError came
-    out as a traceback, the node failed with DCGM left paused until the lease ran out."""
+@pytest.mark.parametrize("full_from, reason, calls", [
+    # once DCGM is paused: the node failed with DCGM left paused until the lease ran out;
+    # nothing may be recorded under a pause it could not keep
+    ("dcgm.pause", "DCGM paused, then resumed at once: the pause ledger {ledger} cannot be written "
+     "(No space left on device)", ["dcgm.pause", "dcgm.resume"]),
+    # renewed as the window opens: the lease renewed here but not on record, where the
+    # host's other agents read it
+    ("backend.start", "DCGM's pause could not be renewed: the pause ledger {ledger} cannot be written "
+     "(No space left on device)", ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]),
+], ids=["pause", "renewal"])
+def test_a_pause_ledger_that_cannot_be_written_fails_the_node_with_dcgm_resumed(
+        coordinator, tmp_path: Path, monkeypatch, caplog, full_from: str, reason: str, calls: list[str]) -> None:
+    """The host's pause ledger unwritable (a full disk): the OSError came out as a traceback."""
     servicer, address = coordinator
     log = Log()
-    _ledger_full_from(monkeypatch, log, "dcgm.pause")
+    _ledger_full_from(monkeypatch, log, full_from)
     with running_agent(address, tmp_path, log, monkeypatch):
         servicer.commands.put(start("s1"))
         seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
-        assert seen[-1].reason == (f"DCGM paused, then resumed at once: the pause ledger {tmp_path / 'dcgm-ledger'} "
-                                   "cannot be written (No space left on device)")
-        assert log.calls == ["dcgm.pause", "dcgm.resume"]  # nothing recorded under a pause it could not keep
-        assert not [r for r in caplog.records if r.exc_info]
-
-
-def test_a_lease_the_ledger_cannot_renew_fails_the_node_its_window_stopped(coordinator, tmp_path: Path,
-                                                                           monkeypatch, caplog) -> None:
-    """Renewed as the window opens, into a ledger that cannot be written: the OSError came out
-    as a traceback, the lease renewed here but not on record, where the host's other agents read it."""
-    servicer, address = coordinator
-    log = Log()
-    _ledger_full_from(monkeypatch, log, "backend.start")
-    with running_agent(address, tmp_path, log, monkeypatch):
-        servicer.commands.put(start("s1"))
-        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
-        assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
-        assert seen[-1].reason == (f"DCGM's pause could not be renewed: the pause ledger {tmp_path / 'dcgm-ledger'} "
-                                   "cannot be written (No space left on device)")
-        assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
+        assert seen[-1].reason == reason.format(ledger=tmp_path / "dcgm-ledger")
+        assert log.calls == calls
         assert not [r for r in caplog.records if r.exc_info]
 
 
