@@ -166,8 +166,7 @@ def _unit_stop_timeout_s() -> float:
 
 
 def _pod_grace_s() -> float:
-    (daemonset,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "agent-daemonset.yaml").read_text())
-    return daemonset["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+    return _pod_spec(DEPLOY / "kubernetes" / "agent-daemonset.yaml").get("terminationGracePeriodSeconds", 30)
 
 
 def _job_stop_lead_s() -> float:
@@ -319,7 +318,7 @@ def _images(node: object) -> list[str]:
 
 def _pod_spec(path: Path) -> dict:
     """The pod template's spec of a DaemonSet, StatefulSet, CronJob or PyTorchJob."""
-    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] != "Service"]
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] not in ("Service", "PriorityClass")]
     spec = doc["spec"]
     if doc["kind"] == "CronJob":
         return spec["jobTemplate"]["spec"]["template"]["spec"]
@@ -425,3 +424,18 @@ def test_the_kubernetes_agents_spool_is_open_to_every_user() -> None:
     assert {str(spool), str(ranks_dir(spool))} <= set(init["command"][4:])
     assert _mounts(spec, init) == {str(spool): _mounts(spec, agent)[str(spool)]}
 
+
+
+def test_the_agent_outranks_the_training_pods_without_preempting_them() -> None:
+    """Killed mid-capture (preempted, or evicted as BestEffort under memory pressure) the agent
+    leaves its node's DCGM paused until the lease runs out; placing it must evict no job."""
+    path = DEPLOY / "kubernetes" / "agent-daemonset.yaml"
+    docs = list(yaml.safe_load_all(path.read_text()))
+    classes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PriorityClass"}
+    spec = _pod_spec(path)
+    priority = classes[spec["priorityClassName"]]
+    training = _pod_spec(DEPLOY / "kubernetes" / "pytorchjob-example.yaml")
+    assert priority["value"] > classes.get(training.get("priorityClassName"), {}).get("value", 0)
+    assert priority["preemptionPolicy"] == "Never" and not priority["globalDefault"]
+    (agent,) = spec["containers"]
+    assert agent["resources"]["requests"]["memory"] and "limits" not in agent["resources"]
