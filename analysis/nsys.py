@@ -55,6 +55,8 @@ SUPPORTED_SCHEMAS = ((3, 13), (3, 28))  # inclusive (major, minor) range
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 COPY_TABLES = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+# A kernel's name columns, in the order its name is taken from them (`_kernel_names_sql`).
+_KERNEL_NAMES = ("shortName", "demangledName", "mangledName")
 _TABLES = (
     "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV",
     "TARGET_INFO_CUDA_DEVICE", "TARGET_INFO_GPU", KERNEL_TABLE, RUNTIME_TABLE, *COPY_TABLES,
@@ -220,19 +222,17 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     elif "uuid" in gpu:
         ordinal = "cuDevice" if "cuDevice" in gpu else "id"
         sql["gpus"] = f"SELECT DISTINCT CAST({ordinal} AS TEXT), uuid FROM TARGET_INFO_GPU"
-    name = _kernel_name_column(columns.get(KERNEL_TABLE, frozenset()))
-    if name and "globalPid" in columns[KERNEL_TABLE]:
+    names = _kernel_name_columns(columns.get(KERNEL_TABLE, frozenset()))
+    if names and "globalPid" in columns[KERNEL_TABLE]:
+        key, named = _kernel_names_sql(names)
         # Integers only per row (names resolved once per distinct id): the bulk of an export.
-        sql["kernels"] = (
-            f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), COALESCE({name}, -1) FROM {KERNEL_TABLE}'
-        )
-        used = f"SELECT DISTINCT {name} FROM {KERNEL_TABLE}"
-        sql["kernel_names"] = f"SELECT id, value FROM StringIds WHERE id IN ({used})"  # `_check_tables`: it exists
+        sql["kernels"] = f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), {key} FROM {KERNEL_TABLE}'
+        sql["kernel_names"] = named
         if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
-            nccl_names = f"SELECT id FROM StringIds WHERE id IN ({used}) AND value LIKE 'nccl%'"
+            nccl_names = f"SELECT id FROM ({named}) WHERE value LIKE 'nccl%'"
             sql["launches"] = (
                 f"SELECT correlationId, (globalTid >> 24) & 16777215, globalTid, start FROM {RUNTIME_TABLE} "
-                f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {name} IN ({nccl_names}))"
+                f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {key} IN ({nccl_names}))"
             )
     copies = [
         f'SELECT start, "end", {_PID}, deviceId FROM {table}'
@@ -258,8 +258,29 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     return sql
 
 
-def _kernel_name_column(columns: frozenset[str]) -> str | None:
-    return next((c for c in ("shortName", "demangledName", "mangledName") if c in columns), None)
+def _kernel_name_columns(columns: frozenset[str]) -> tuple[str, ...]:
+    """The kernel's name columns this export has, the preferred first."""
+    return tuple(c for c in _KERNEL_NAMES if c in columns)
+
+
+def _kernel_names_sql(names: tuple[str, ...]) -> tuple[str, str]:
+    """(each kernel's name key, the statement giving (key, name) per key) for these name
+    columns. The key is a row's first non-NULL name id, read with no lookup per row; its
+    name the first of its ids that StringIds holds, so an id that dangles (cut windows,
+    nsys-export.md §12) falls back on the next column instead of leaving the kernel
+    unnamed, and not NCCL's. Resolved per distinct tuple of ids: a few, not one a row."""
+    ids = ", ".join(f"{name} AS id{i}" for i, name in enumerate(names))
+    joins = " ".join(f"LEFT JOIN StringIds AS s{i} ON s{i}.id = k.id{i}" for i in range(len(names)))
+    value = _coalesce(*(f"s{i}.value" for i in range(len(names))))
+    keyed = _coalesce(*(f"k.id{i}" for i in range(len(names))), "-1")
+    # MIN: a key whose ids fall back on different names (one id dangling beside different
+    # ids, as only an edited file has) takes one of them, the same in every statement.
+    named = f"SELECT {keyed} AS id, MIN({value}) AS value FROM (SELECT DISTINCT {ids} FROM {KERNEL_TABLE}) AS k {joins} GROUP BY 1"
+    return _coalesce(*names, "-1"), named
+
+
+def _coalesce(*expressions: str) -> str:
+    return expressions[0] if len(expressions) == 1 else f"COALESCE({', '.join(expressions)})"
 
 
 def _nvtx_name_sql(columns: frozenset[str]) -> tuple[str, str]:
@@ -416,7 +437,7 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
         raise ExportError("TARGET_INFO_SESSION_START_TIME has no utcEpochNs column", path=path)
     if KERNEL_TABLE not in columns:
         raise ExportError(f"export has no CUDA kernels (no {KERNEL_TABLE} table; capture with -t cuda)", path=path)
-    if _kernel_name_column(columns[KERNEL_TABLE]) is None or "globalPid" not in columns[KERNEL_TABLE]:
+    if not _kernel_name_columns(columns[KERNEL_TABLE]) or "globalPid" not in columns[KERNEL_TABLE]:
         raise ExportError(f"{KERNEL_TABLE} lacks kernel names or globalPid", path=path)
     if "StringIds" not in columns:
         raise ExportError("export has no StringIds table (kernel and NVTX names are ids into it)", path=path)

@@ -127,6 +127,24 @@ def test_a_helper_process_is_no_rank_of_a_torchrun_report(torchrun: Path, tmp_pa
     assert hung.column("pid").to_pylist() == [144, 145] and [len(c) for c in hung.column("collectives").to_pylist()] == [33, 0]
 
 
+@pytest.mark.parametrize("column", ["shortName", "demangledName"])
+def test_a_kernel_name_id_that_dangles_falls_back_on_the_kernels_other_names(torchrun: Path, tmp_path: Path,
+                                                                             column: str) -> None:
+    # A cut window's StringIds can lack ids its rows hold (README): NCCL kernels whose
+    # shortName dangled were read as unnamed, so not NCCL's: no collectives, no NCCL time.
+    copy = tmp_path / "dangling.sqlite"
+    shutil.copy(torchrun, copy)
+    with sqlite3.connect(copy) as db:
+        db.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET {column} = (SELECT MAX(id) + 1 FROM StringIds) "
+                   "WHERE shortName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%')")
+    original, edited = nsys.read_nsys(torchrun), nsys.read_nsys(copy)
+    for name in ("collectives", "comm_only_ns", "overlap_ns", "gpu_busy_ns"):
+        assert edited.column(name).equals(original.column(name)), name
+    nccl = [digest.explode(table, "kernels").query("is_comm") for table in (original, edited)]
+    assert [frame["total_ns"].sum() for frame in nccl] == [nccl[0]["total_ns"].sum()] * 2 > [0]
+    assert nccl[1]["name"].str.startswith("ncclDevKernel_SendRecv").all()
+
+
 def test_raw_and_normalized_exports_land_on_the_same_utc_base(torchrun: Path, tmp_path: Path) -> None:
     raw = nsys.read_nsys(torchrun)
     with sqlite3.connect(torchrun) as db:
