@@ -12,7 +12,10 @@ more than SQLite reading the rows:
 What comes from where (reference/nccl-in-traces.md):
 - time base: every timestamp + (``utcEpochNs`` - the export's time shift), so raw
   (session-relative) and ``--ts-normalize``d exports both land in UTC epoch ns;
-- NCCL kernels: classified by name (`ops.is_comm_kernel`), nothing more;
+- kernels: named by their demangled name (template arguments and all, as Kineto names
+  them), else their short, else their mangled name; NCCL kernels classified by that
+  name (`ops.is_comm_kernel`: NCCL's entry kernels are not templates, so their demangled
+  name starts with their base name), nothing more;
 - their operation and communicator: the NCCL NVTX range (domain named ``NCCL``) on the
   thread whose runtime launch call (``correlationId`` + process) created the kernel.
   Grouped calls launch inside ``ncclGroupEnd``: the kernel serves every call since the
@@ -55,8 +58,11 @@ SUPPORTED_SCHEMAS = ((3, 13), (3, 28))  # inclusive (major, minor) range
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 RUNTIME_TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 COPY_TABLES = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-# A kernel's name columns, in the order its name is taken from them (`_kernel_names_sql`).
-_KERNEL_NAMES = ("shortName", "demangledName", "mangledName")
+# A kernel's name columns, in the order its name is taken from them (`_kernel_names_sql`):
+# the demangled name first, as `nsys stats` sums kernels by default, since the short (base)
+# name is one for every instantiation of a template (elementwise_kernel<..., AddFunctor>
+# and <..., MulFunctor>, GEMMs of other tiles) and summed them as one kernel.
+_KERNEL_NAMES = ("demangledName", "shortName", "mangledName")
 _TABLES = (
     "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV",
     "TARGET_INFO_CUDA_DEVICE", "TARGET_INFO_GPU", KERNEL_TABLE, RUNTIME_TABLE, *COPY_TABLES,

@@ -70,7 +70,7 @@ def test_dsl_two_nodes_each_one_allreduce_with_rank_and_host(dsl: list[Path]) ->
 def test_dsl_kernel_summary_and_busy_time(dsl: list[Path]) -> None:
     table = nsys.read_nsys(dsl[0])
     kernels = digest.explode(table, "kernels")
-    assert kernels["name"].tolist() == ["ncclKernel_AllReduce_RING_LL_Sum_float"]
+    assert kernels["name"].tolist() == ["ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm *, unsigned long, ncclWork *)"]
     assert kernels["is_comm"].tolist() == [True] and kernels["count"].tolist() == [1]
     row = table.to_pylist()[0]
     coll = _collectives(table)
@@ -95,15 +95,32 @@ def test_torchrun_report_splits_into_two_ranks_with_their_sendrecv(samples: Path
     assert set(coll["op"]) == {"sendrecv"}
     assert coll.groupby("rank")["seq"].apply(lambda s: s.tolist() == list(range(count))).all()
     kernels = digest.explode(table, "kernels")
-    sendrecv = kernels[kernels["name"] == "ncclDevKernel_SendRecv"]
+    sendrecv = kernels[kernels["name"] == "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<(unsigned long)4096>)"]
     assert sendrecv["count"].tolist() == [count, count] and sendrecv["is_comm"].all()
-    assert not kernels.loc[kernels["name"] == "flash_fwd_kernel", "is_comm"].any()
+    assert kernels["is_comm"].sum() == 2
     # Grouped calls launch inside ncclGroupEnd: all but the window-cut ones are linked.
     linked = coll["cpu_call_ns"].notna()
     assert linked.sum() >= 2 * count - 4
     assert (coll.loc[linked, "cpu_call_ns"] < coll.loc[linked, "start_ns"]).all()
     assert (coll["compute_before_ns"] >= 0).all() and (coll["idle_before_ns"] >= 0).all()
     assert (coll["compute_before_ns"] > 0).any()
+
+
+def test_kernels_are_summed_per_demangled_name_as_nsys_stats_sums_them(torchrun: Path) -> None:
+    # Keyed by shortName, every instantiation of a template was one kernel: the sample's
+    # 8 elementwise_kernel<...> (add, mul, copy, neg functors) summed into one row.
+    db = nsys.connect(torchrun)  # read-only
+    expected = db.execute(
+        "SELECT (k.globalPid >> 24) & 16777215, s.value, COUNT(*), SUM(k.\"end\" - k.start) "
+        "FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.demangledName GROUP BY 1, 2").fetchall()
+    db.close()
+    table = nsys.read_nsys(torchrun)
+    kernels = digest.explode(table, "kernels")
+    pid = dict(zip(table.column("rank").to_pylist(), table.column("pid").to_pylist()))
+    found = {(pid[r], name, n, ns) for r, name, n, ns in kernels[["rank", "name", "count", "total_ns"]].itertuples(index=False)}
+    assert found == set(expected)
+    instances = kernels[kernels["name"].str.contains("at::native::elementwise_kernel<", regex=False)]
+    assert instances.groupby("rank").size().tolist() == [8, 8]  # shortName elementwise_kernel, each rank
 
 
 def test_a_helper_process_is_no_rank_of_a_torchrun_report(torchrun: Path, tmp_path: Path) -> None:
