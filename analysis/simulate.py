@@ -639,7 +639,10 @@ _NCCL_STREAM = {"tp": 23, "dp": 27, "world": 31}
 _ALLREDUCE_KERNEL = {"tp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",  # its protocol differs by link
                      "dp": "ncclDevKernel_AllReduce_Sum_f32_RING_LL128",
                      "world": "ncclDevKernel_AllReduce_Sum_f32_RING_LL"}
-# (shortName, demangledName, mangledName, grid, block, registers, static smem, dynamic smem)
+# (shortName, demangledName, mangledName, grid, block, registers, static smem, dynamic smem).
+# Two instantiations of one template share a shortName (flash_fwd_kernel: Is_even_MN
+# true, then false for a ragged sequence length), as in real exports; only the demangled
+# name tells them apart.
 _COMPUTE_KERNELS = (
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas",
      None, None, (132, 1, 1), (384, 1, 1), 168, 0, 213248),
@@ -647,8 +650,10 @@ _COMPUTE_KERNELS = (
      "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, false, false, false, false, true, true, false>(Flash_fwd_params)",
      "_Z16flash_fwd_kernelI23Flash_fwd_kernel_traitsILi128ELi128ELi64ELi4ELb0ELb0EN7cutlass10bfloat16_tEELb0ELb0ELb0ELb0ELb1ELb1ELb0EEv16Flash_fwd_params",
      (16, 32, 8), (128, 1, 1), 255, 0, 49152),
-    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
-     None, None, (64, 16, 1), (256, 1, 1), 238, 0, 98304),
+    ("flash_fwd_kernel",
+     "void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, false, false, false, false, false, true, false>(Flash_fwd_params)",
+     "_Z16flash_fwd_kernelI23Flash_fwd_kernel_traitsILi128ELi128ELi64ELi4ELb0ELb0EN7cutlass10bfloat16_tEELb0ELb0ELb0ELb0ELb0ELb1ELb0EEv16Flash_fwd_params",
+     (16, 32, 8), (128, 1, 1), 255, 0, 49152),
     ("vectorized_elementwise_kernel",
      "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, at::detail::Array<char*, 3>)",
      "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIN3c108BFloat16EEENS_6detail5ArrayIPcLi3EEEEEviT0_T1_",
@@ -965,7 +970,13 @@ class _Api:
     whole: str = ""  # "in" or "out": the side holding every rank's shard (n x the per-rank size)
 
     def kernel_of(self, phase: _Phase) -> str:
+        """The NCCL kernel's short (base) name."""
         return self.kernel or _ALLREDUCE_KERNEL[phase.comm]
+
+    def demangled_kernel_of(self, phase: _Phase) -> str:
+        """Its full name, as nsys's demangledName and Kineto name it (NCCL's entry kernels
+        are not templates: their base name, then their parameters)."""
+        return f"{self.kernel_of(phase)}(ncclDevKernelArgsStorage<(unsigned long)4096>)"
 
     def nelems(self, phase: _Phase, n: int) -> tuple[int, int]:
         """record_param_comms' In and Out msg nelems (float32)."""
@@ -1085,8 +1096,9 @@ def _kernel_types(rt: _RankTimes, strings: _Strings) -> list[tuple]:
               static, dynamic) for short, dem, man, grid, block, regs, static, dynamic in _COMPUTE_KERNELS]
     grid, block, regs, static, dynamic = _NCCL_GRID
     for ph in rt.phases:
-        name = _APIS[ph.op].kernel_of(ph)
-        types.append((_NCCL_STREAM[ph.comm], strings(f"{name}(ncclDevKernelArgsStorage<(unsigned long)4096>)"),
+        api = _APIS[ph.op]
+        name = api.kernel_of(ph)
+        types.append((_NCCL_STREAM[ph.comm], strings(api.demangled_kernel_of(ph)),
                       strings(name), strings(f"_Z{len(name)}{name}24ncclDevKernelArgsStorageILm4096EE"),
                       *grid, *block, regs, static, dynamic))
     return types
@@ -1321,7 +1333,7 @@ def _kineto_kernels(rt: _RankTimes, groups: dict[str, int], pid: int, out: _Kine
             out.add("cpu_op", "record_param_comms", pid, pid, call, call_end, {"External id": ext + 1, **comm})
             out.add("cuda_driver", "cuLaunchKernelEx", pid, pid, rt.cu_start[s, p], rt.cu_end[s, p],
                     {"External id": ext + 1, "correlation": corr})
-            out.add("kernel", api.kernel_of(ph), rt.local, stream, rt.arrival[s, p], rt.end[s, p],
+            out.add("kernel", api.demangled_kernel_of(ph), rt.local, stream, rt.arrival[s, p], rt.end[s, p],
                     {"External id": ext + 1, "device": rt.local, "stream": stream, "correlation": corr,
                      "grid": list(_NCCL_GRID[0]), "block": list(_NCCL_GRID[1]), **comm})
             ext, corr = ext + 2, corr + 1

@@ -285,6 +285,19 @@ def test_balanced_job_has_no_lateness_to_speak_of():
     assert all(r["late_mean_ns"] >= 0 for r in truth["ranks"])
 
 
+def test_kernels_are_named_in_full_alike_in_both_formats_and_one_short_name_covers_two(tmp_path):
+    # A real export's template instantiations share a shortName; Kineto names each in full,
+    # as nsys's demangledName does (its NCCL kernels too: it had their short names).
+    spec = _spec(nodes=1)
+    nsys_path = sm.simulate(spec, tmp_path / "nsys", nodes=[0])[0]
+    kineto_path = sm.simulate(spec, tmp_path / "kineto", nodes=[0], fmt="kineto")[0]
+    rows = _query(nsys_path, "SELECT DISTINCT s.value, d.value FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                             "JOIN StringIds s ON s.id = k.shortName JOIN StringIds d ON d.id = k.demangledName")
+    assert len({d for s, d in rows if s == "flash_fwd_kernel"}) == 2
+    events = json.loads(kineto_path.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e.get("cat") == "kernel"} == {d for _, d in rows}
+
+
 def test_kineto_export_carries_groups_and_seq(tmp_path):
     spec = _spec(stragglers=(sm.Straggler(1),))
     path = sm.simulate(spec, tmp_path, nodes=[0], fmt="kineto")[1]
