@@ -247,9 +247,19 @@ def _not_shown(shown: int, total: int, which: str) -> list[str]:
                                       f"--format json lists all {total})"]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], *, text_last: bool = False) -> list[str]:
+    """Aligned columns, the first (the row's label) left, the others right; with
+    ``text_last`` the label is the last column instead, as long as it is (a name of any
+    length, whole: no column after it to push)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    label = len(header) - 1 if text_last else 0
+    if text_last:
+        widths[label] = len(header[label])
+
+    def line(cells: list[str]) -> str:
+        padded = [c.rjust(w) if i != label else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(padded[:-1] + [cells[-1]] if text_last else padded)
+
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
@@ -341,9 +351,12 @@ def _render(report: Report) -> list[str]:
     if report.top_kernels:
         out.append("")
         out.append("TOP KERNELS (all ranks)")
+        # The whole name, last: kernels are told apart by their template arguments, which a
+        # cut to a column's width (60 characters of ``void at::native::elementwise_kernel<``) hid.
         out += _table(
-            ["kernel", "calls", "total", "comm"],
-            [[k["name"][:60], str(k["count"]), fmt_ns(k["total_ns"]), "yes" if k["is_comm"] else ""] for k in report.top_kernels],
+            ["calls", "total", "comm", "kernel"],
+            [[str(k["count"]), fmt_ns(k["total_ns"]), "yes" if k["is_comm"] else "", k["name"]] for k in report.top_kernels],
+            text_last=True,
         )
     if report.warnings:
         out.append("")

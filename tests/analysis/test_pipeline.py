@@ -226,3 +226,24 @@ def test_an_unnamed_group_of_every_rank_on_one_host_is_taken_as_tp_with_a_warnin
     two_nodes = analyze(load_digests([tmp_path / "tp"]))  # TP groups of one node each: no doubt, no warning
     assert {c.kind for c in two_nodes.communicators} == {"tp", "dp"}
     assert not any("taken as TP by their layout" in w for w in two_nodes.warnings)
+
+
+def test_instantiations_of_one_kernel_template_are_top_kernels_of_their_own_from_either_trace(tmp_path) -> None:
+    """The simulated job's two flash_fwd_kernel<...> instantiations share nsys's shortName:
+    keyed by it, nsys summed them into one kernel (Kineto, naming kernels in full, did not),
+    and the table, cutting names at 60 characters, showed them alike."""
+    from rankscope.analysis import simulate
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, seed=3)
+    reports = {fmt: analyze(load_digests(simulate.simulate(spec, tmp_path / fmt, fmt=fmt))) for fmt in ("nsys", "kineto")}
+    tops = {fmt: {(k["name"], k["count"]) for k in report.top_kernels} for fmt, report in reports.items()}
+    assert tops["nsys"] == tops["kineto"]
+    flash = sorted(name for name, _ in tops["nsys"] if name.startswith("void flash_fwd_kernel<"))
+    assert len(flash) == 2 and flash[0][:60] == flash[1][:60]
+    data = json.loads(reports["nsys"].to_json())  # full names, for the job and each rank
+    assert set(flash) <= {k["name"] for k in data["top_kernels"]}
+    assert all(set(flash) <= {k["name"] for k in rank["top_kernels"]} for rank in data["ranks"])
+    lines = reports["nsys"].render_table().splitlines()
+    table = lines[lines.index("TOP KERNELS (all ranks)") + 3:]
+    assert [sum(line.endswith(f"  {name}") for line in table) for name in flash] == [1, 1]
