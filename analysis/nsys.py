@@ -235,10 +235,13 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
         sql["kernels"] = f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), {key} FROM {KERNEL_TABLE}'
         sql["kernel_names"] = named
         if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
-            nccl_names = f"SELECT id FROM ({named}) WHERE value LIKE 'nccl%'"
+            # Launches of the kernels not named other than nccl* by their key's own string: NCCL's,
+            # and the few whose key dangles (`_collectives` links NCCL kernels alone).
+            others = (f"SELECT id FROM StringIds WHERE id IN (SELECT DISTINCT {key} FROM {KERNEL_TABLE}) "
+                      "AND value NOT LIKE 'nccl%'")
             sql["launches"] = (
                 f"SELECT correlationId, (globalTid >> 24) & 16777215, globalTid, start FROM {RUNTIME_TABLE} "
-                f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {key} IN ({nccl_names}))"
+                f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {key} NOT IN ({others}))"
             )
     copies = [
         f'SELECT start, "end", {_PID}, deviceId FROM {table}'
@@ -272,17 +275,20 @@ def _kernel_name_columns(columns: frozenset[str]) -> tuple[str, ...]:
 def _kernel_names_sql(names: tuple[str, ...]) -> tuple[str, str]:
     """(each kernel's name key, the statement giving (key, name) per key) for these name
     columns. The key is a row's first non-NULL name id, read with no lookup per row; its
-    name the first of its ids that StringIds holds, so an id that dangles (cut windows,
-    nsys-export.md §12) falls back on the next column instead of leaving the kernel
-    unnamed, and not NCCL's. Resolved per distinct tuple of ids: a few, not one a row."""
-    ids = ", ".join(f"{name} AS id{i}" for i, name in enumerate(names))
-    joins = " ".join(f"LEFT JOIN StringIds AS s{i} ON s{i}.id = k.id{i}" for i in range(len(names)))
-    value = _coalesce(*(f"s{i}.value" for i in range(len(names))))
-    keyed = _coalesce(*(f"k.id{i}" for i in range(len(names))), "-1")
-    # MIN: a key whose ids fall back on different names (one id dangling beside different
-    # ids, as only an edited file has) takes one of them, the same in every statement.
-    named = f"SELECT {keyed} AS id, MIN({value}) AS value FROM (SELECT DISTINCT {ids} FROM {KERNEL_TABLE}) AS k {joins} GROUP BY 1"
-    return _coalesce(*names, "-1"), named
+    name is that id's string where StringIds holds it, else (an id that dangles: cut
+    windows, nsys-export.md §12) the first of the next columns' strings that it holds on a
+    row of that key, so the kernel keeps a name (and NCCL its kernels). Only dangling
+    keys look further: with none, this costs what reading one name column did."""
+    key = _coalesce(*names, "-1")
+    value = "s.value"
+    if len(names) > 1:
+        joins = " ".join(f"LEFT JOIN StringIds AS s{i} ON s{i}.id = k.{name}" for i, name in enumerate(names[1:]))
+        later = _coalesce(*(f"s{i}.value" for i in range(len(names) - 1)))
+        value = (f"COALESCE(s.value, (SELECT {later} FROM {KERNEL_TABLE} AS k {joins} "
+                 f"WHERE {key} = u.id AND {later} IS NOT NULL LIMIT 1))")
+    named = (f"SELECT u.id AS id, {value} AS value FROM (SELECT DISTINCT {key} AS id FROM {KERNEL_TABLE}) AS u "
+             "LEFT JOIN StringIds AS s ON s.id = u.id")
+    return key, named
 
 
 def _coalesce(*expressions: str) -> str:
