@@ -61,6 +61,7 @@ COMMUNICATOR = pa.struct(
 
 KERNEL = pa.struct(
     [
+        # Full (demangled) name, template arguments and all: one row per instantiation.
         pa.field("name", pa.string(), nullable=False),
         pa.field("count", pa.int64(), nullable=False),
         pa.field("total_ns", pa.int64(), nullable=False),
