@@ -14,6 +14,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from rankscope import __version__
 from rankscope.errors import RankscopeError
@@ -43,10 +44,25 @@ DESCRIPTION = ("Find the slow rank in a multi-node GPU job: capture every rank a
                "timelines on one clock, and report who arrives late, who the others wait for, and slow links.")
 
 
+# An argument that starts like a negative number ('-1s', '-5m', '-.5', '-1e3'): no option
+# of ours does (a test keeps it so), so it is an option's value or a positional.
+NEGATIVE_VALUE = re.compile(r"-\.?\d")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, taking `NEGATIVE_VALUE` arguments as values: its own pattern takes
+    only plain numbers ('-1', '-0.5'), so `--duration -1s` stopped at "expected one argument"
+    where `--duration=-1s` reaches the option's own check. Subparsers are made of this class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_VALUE  # private, the same name and use in 3.11 to 3.14
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or only of ``command``'s module where one is named: the
     rank wrapper starts on every rank of a job, and must not wait for the analysis to import."""
-    parser = argparse.ArgumentParser(prog="rankscope", description=DESCRIPTION)
+    parser = _Parser(prog="rankscope", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"rankscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress and debug detail")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

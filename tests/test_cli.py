@@ -174,3 +174,28 @@ def test_a_label_given_twice_is_a_usage_error(command: list[str], capsys) -> Non
     with pytest.raises(SystemExit) as exc:  # parsed only: an agent would run
         build_parser(command[0]).parse_args([*command, "--labels", "rack=r1,gpu=h100,rack=r2"])
     assert exc.value.code == 2 and "error: argument --labels: label 'rack' given twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, option, value, problem", [
+    (["capture", "--coordinator", "127.0.0.1:1", "--all"], "--duration", "-1s", "is not a positive duration"),
+    (["capture", "--coordinator", "127.0.0.1:1", "--all"], "--timeout", "-5m", "is not a positive duration"),
+    (["coordinator"], "--node-timeout", "-.5s", "is not a positive duration"),
+    (["simulate", "out"], "--jitter-us", "-1e400", "is not a finite number"),
+])
+def test_a_value_like_a_negative_number_reaches_the_options_own_check(command: list[str], option: str, value: str,
+                                                                      problem: str, capsys) -> None:
+    # found by review: `capture --duration -1s` stopped at "expected one argument", where
+    # `--duration=-1s` said what is wrong with it
+    with pytest.raises(SystemExit) as exc:
+        build_parser(command[0]).parse_args([*command, option, value])
+    assert exc.value.code == 2 and f"error: argument {option}: {value!r} {problem}" in capsys.readouterr().err
+
+
+def test_an_option_after_an_option_that_wants_a_value_is_still_an_option(capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser("capture").parse_args(["capture", "--coordinator", "127.0.0.1:1", "--all", "--duration", "-v"])
+    assert "argument --duration: expected one argument" in capsys.readouterr().err
+    (subparsers,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in subparsers.choices.items():  # else it would be read as a value
+        flags = [flag for flag in parser._option_string_actions if cli.NEGATIVE_VALUE.match(flag)]
+        assert not flags, f"rankscope {name}: {flags} look like negative values"
