@@ -34,7 +34,7 @@ import math
 import re
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,13 @@ MS = 1_000_000
 # Bound on each simulated duration, offset and jitter: the job's times are int64 ns from
 # start_utc_ns (1.78e18 of int64's 9.2e18), which a 1e30 straggler or jitter overflows.
 MAX_TIME_NS = 3_600_000 * MS
+# Bounds on a job's size, so a typo (--nodes 100000) is refused rather than written until
+# the disk or memory runs out. Far above the benchmarks' jobs (bench/analyze_scale.py: up to
+# 512 ranks x 20 steps; bench/vs_hta.py: 32 ranks x 40 steps x 300 kernels per collective).
+MAX_RANKS = 16_384  # nodes x GPUs per node: 32x the largest benchmark
+MAX_STEPS = 10_000  # the job's steps are held in memory (~11 KB each): ~110 MB
+MAX_TP_COLLECTIVES = 1_000  # per step: a 250-layer model's forward and backward
+MAX_KERNELS = 20_000_000  # every rank's kernels, ~100 B each in an export: ~2 GB
 _JOB_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 
@@ -127,6 +134,11 @@ def _validate(spec: JobSpec) -> None:
 
     if spec.nodes < 1 or spec.gpus_per_node < 1 or spec.steps < 1:
         raise bad("nodes, gpus_per_node and steps must be >= 1")
+    if spec.world_size > MAX_RANKS:
+        raise bad(f"{spec.nodes} nodes x {spec.gpus_per_node} GPUs per node is {spec.world_size} ranks, "
+                  f"more than {MAX_RANKS}")
+    if spec.steps > MAX_STEPS or spec.tp_collectives > MAX_TP_COLLECTIVES:  # before _phases lists them
+        raise bad(f"at most {MAX_STEPS} steps and {MAX_TP_COLLECTIVES} tp_collectives")
     if spec.tp < 1 or spec.gpus_per_node % spec.tp:
         raise bad(f"tp={spec.tp} must divide gpus_per_node={spec.gpus_per_node} (TP groups are intra-node)")
     if spec.kernels_per_phase < 1 or spec.compute_ns <= 0 or spec.tp_collectives < 0:
@@ -160,11 +172,14 @@ def _validate(spec: JobSpec) -> None:
     for rank in spec.slow_links:
         if not 0 <= rank < spec.world_size:
             raise bad(f"slow link rank {rank} outside 0..{spec.world_size - 1}")
-    phases = len(_phases(spec))
+    phases = _phases(spec)
     if not phases:
         raise bad("a single-rank job has no collectives to simulate")
+    kernels = spec.world_size * spec.steps * sum(phase.kernels + 1 for phase in phases)
+    if kernels > MAX_KERNELS:
+        raise bad(f"{spec.world_size} ranks x {spec.steps} steps is {kernels:,} kernels, more than {MAX_KERNELS:,}")
     longest_phase = spec.compute_ns + max((s.extra_ns for s in spec.stragglers), default=0)
-    if spec.steps * phases * longest_phase > 24 * MAX_TIME_NS:
+    if spec.steps * len(phases) * longest_phase > 24 * MAX_TIME_NS:
         raise bad(f"{spec.steps} steps of this job would run over a day of simulated time")
 
 
@@ -1371,6 +1386,19 @@ def _finite(text: str) -> float:
     return value
 
 
+def _count(low: int, high: int) -> Callable[[str], int]:
+    """A whole-number flag's type, bounded: beyond, a usage error naming the bounds."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
+        return value
+    return parse
+
+
 def _node_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -1385,18 +1413,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "TP/DP training job with injected stragglers and skewed node clocks, and the ground "
                     "truth (truth.json) beside them.")
     p.add_argument("outdir", type=Path, metavar="OUTDIR", help="folder for the exports and truth.json")
-    p.add_argument("--nodes", type=int, default=8, help="nodes, each its own clock (default: %(default)s)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default: %(default)s)")
+    p.add_argument("--nodes", type=_count(1, MAX_RANKS), default=8, help="nodes, each its own clock (default: %(default)s)")
+    p.add_argument("--gpus-per-node", type=_count(1, MAX_RANKS), default=8, help="ranks per node (default: %(default)s)")
     p.add_argument("--tp", type=int, default=8,
                    help="tensor-parallel group size (divides --gpus-per-node; default: %(default)s)")
-    p.add_argument("--steps", type=int, default=20, help="training steps (default: %(default)s)")
+    p.add_argument("--steps", type=_count(1, MAX_STEPS), default=20, help="training steps (default: %(default)s)")
     p.add_argument("--straggler", type=parse_straggler, action="append", default=[],
                    metavar="RANK[:compute|launch[:EXTRA_US[:EVERY]]]",
                    help="inject a straggler (default compute, 2000 us, every step); repeatable")
     p.add_argument("--max-offset-ms", type=_finite, default=20.0, help="node clock offsets drawn within +-this (default: %(default)g)")
     p.add_argument("--max-drift-ppm", type=_finite, default=50.0, help="node clock drifts drawn within +-this (default: %(default)g)")
     p.add_argument("--jitter-us", type=_finite, default=10.0, help="std of each compute kernel's duration (default: %(default)g)")
-    p.add_argument("--tp-collectives", type=int, default=2, help="TP AllReduces per step (default: %(default)s)")
+    p.add_argument("--tp-collectives", type=_count(0, MAX_TP_COLLECTIVES), default=2, help="TP AllReduces per step (default: %(default)s)")
     p.add_argument("--barrier", action="store_true", help="close each step with a small world AllReduce")
     p.add_argument("--fsdp", action="store_true",
                    help="shard DP as FSDP/ZeRO-3: an AllGather and a ReduceScatter of each rank's shard per step, "

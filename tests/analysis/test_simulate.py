@@ -414,13 +414,43 @@ def test_cli_refuses_a_number_that_is_not_finite(tmp_path, capsys, flag):
 
 
 @pytest.mark.parametrize("flag", ["--straggler=1:compute:1e30", "--jitter-us=1e30", "--max-offset-ms=1e20",
-                                  "--steps=100000000"])
+                                  "--straggler=1:compute:3.6e9"])
 def test_cli_refuses_times_past_int64_before_writing_any_export(tmp_path, capsys, flag):
     # Finite but huge: once overflowed int64 (a traceback) or wrote exports of wrapped times.
     assert main(["simulate", str(tmp_path / "out"), "--nodes", "1", "--gpus-per-node", "2", "--tp", "2", flag]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "simulated job:" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag, bound", [("--nodes", "MAX_RANKS"), ("--gpus-per-node", "MAX_RANKS"),
+                                         ("--steps", "MAX_STEPS"), ("--tp-collectives", "MAX_TP_COLLECTIVES")])
+def test_cli_refuses_a_job_past_its_size_bound_as_a_usage_error_writing_nothing(tmp_path, capsys, flag, bound):
+    # found by review: a typo like --nodes 100000 started writing 800,000 exports (or ran
+    # out of memory first), and --tp-collectives 10**9 built a list of 10**9 phases
+    limit = getattr(sm, bound, None)
+    assert limit, f"simulate has no {bound}"
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", str(tmp_path / "out"), flag, str(limit + 1)])
+    assert exc.value.code == 2
+    assert f"argument {flag}: '{limit + 1}' is not a whole number from " in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--nodes", "2048", "--gpus-per-node", "16"], "2048 nodes x 16 GPUs per node is 32768 ranks, more than 16384"),
+    (["--nodes", "1024", "--steps", "10000"], "kernels, more than"),
+])
+def test_cli_refuses_a_job_whose_sizes_multiply_past_the_bound_in_one_line(tmp_path, capsys, argv, problem):
+    assert main(["simulate", str(tmp_path / "out"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and problem in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_benchmarks_jobs_fit_the_size_bounds():
+    _spec(nodes=64, gpus_per_node=8, tp=8, steps=20)  # bench/analyze_scale.py's largest
+    _spec(nodes=8, gpus_per_node=4, tp=4, steps=40, kernels_per_phase=300)  # bench/vs_hta.py's
 
 
 @pytest.mark.parametrize("argv", [
