@@ -32,6 +32,7 @@ from rankscope import output
 from rankscope.cli import parse_duration
 from rankscope.errors import InputError, RankscopeError, ToolError
 
+DEFAULT_RANKS_PER_NODE = 4
 GRAD_ELEMENTS = 1 << 16  # 256 KiB of float32 gradients per step
 STOP_EVERY = 10  # steps between the ranks' agreement on stopping (one tiny all_reduce)
 
@@ -42,11 +43,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp folder)")
-    parser.add_argument("--ranks-per-node", type=int, default=4, help="ranks on each of the two nodes (default 4)")
+    parser.add_argument("--ranks-per-node", type=_ranks_per_node, default=DEFAULT_RANKS_PER_NODE,
+                        help=f"ranks on each of the two nodes (default {DEFAULT_RANKS_PER_NODE}; at most this "
+                             f"machine's CPUs, or {DEFAULT_RANKS_PER_NODE} where it has fewer)")
     parser.add_argument("--slow-rank", type=int, default=None,
                         help="the rank given extra compute (default: the second rank of the second node)")
     parser.add_argument("--duration", type=parse_duration, default=4.0, help="capture window (default 4 s)")
     parser.set_defaults(func=run)
+
+
+def _ranks_per_node(text: str) -> int:
+    """--ranks-per-node, at most the machine's CPUs (or the default, which a 2-core machine
+    runs): each rank is a PyTorch process, under its `rankscope rank` wrapper, started at
+    once with cold imports, and a typo would fork thousands."""
+    cpus = os.cpu_count() or 1
+    limit = max(DEFAULT_RANKS_PER_NODE, cpus)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= limit:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {limit} "
+                                         f"(this machine has {cpus} CPUs; each rank is a PyTorch process)")
+    return value
 
 
 def _terminated(signum: int, frame) -> None:
@@ -56,8 +75,6 @@ def _terminated(signum: int, frame) -> None:
 
 def run(args: argparse.Namespace) -> int:
     per_node = args.ranks_per_node
-    if per_node < 1:
-        raise InputError("--ranks-per-node must be at least 1")
     world = len(NODES) * per_node
     slow = min(per_node + 1, world - 1) if args.slow_rank is None else args.slow_rank
     if not 0 <= slow < world:
