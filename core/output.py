@@ -2,16 +2,19 @@
 
 A report, plot, digest or simulated export replaces its destination whole
 (`rankscope.atomic`), the file a link leads to where it is one; a stream (/dev/null, a
-pipe) is written into. Where the folder cannot take it (no permission, read-only, full,
-not a real folder), the OSError becomes one :class:`InputError` naming the destination,
-and nothing is left behind."""
+pipe) is written into, and so, once the writer is done, is a file named through one of
+the process's open descriptors (/dev/stdout, /dev/fd/3). Where the folder cannot take it
+(no permission, read-only, full, not a real folder), the OSError becomes one
+:class:`InputError` naming the destination, and nothing is left behind."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
+import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -54,15 +57,37 @@ def check_writable(path: Path) -> None:
 def _target(path: Path) -> Path | None:
     """The file that takes ``path``'s new content whole: ``path``, or the file a link there
     leads to (the link stays a link). None where ``path`` is no file but a stream (/dev/null,
-    a terminal, a pipe): written into, as a shell's ``>`` does; a rename over it would put a
-    file in its place, as root even in /dev."""
+    a terminal, a pipe) or a file named through a descriptor (`_descriptor`): written into,
+    as a shell's ``>`` does; a rename over it would put a file in its place, as root even
+    in /dev."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return path  # none there yet (a folder on the way that refuses a look: check_reachable)
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(mode) or _descriptor(path) is not None:
         return None
     return path.resolve() if path.is_symlink() else path
+
+
+_MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP)
+
+
+def _descriptor(path: Path) -> int | None:
+    """The open descriptor of this process that ``path`` names, itself or through links
+    (/dev/stdout leads to /proc/self/fd/1); None where it names none. The file behind one
+    (`>> log`) is written through it: a rename over the file would leave the stream writing
+    to the file taken away, and drop what it held."""
+    own = Path(f"/proc/{os.getpid()}/fd")
+    for _ in range(_MAX_LINKS):
+        try:
+            if path.name.isdigit() and path.parent.resolve() == own:
+                return int(path.name)
+            if not path.is_symlink():
+                return None
+            path = path.parent / os.readlink(path)
+        except OSError:
+            return None
+    return None
 
 
 def check_not_input(path: Path, inputs: Iterable[Path]) -> None:
@@ -167,14 +192,31 @@ def writing(path: Path) -> Iterator[None]:
 def replacing(path: Path) -> Iterator[Path]:
     """`atomic.replacing` with ``path``'s own suffix (writers that go by it still can),
     its OSError one InputError naming ``path`` (`writing`); a stream (`_target`) is
-    written into."""
-    target = _target(Path(path))
+    written into, a descriptor (`_descriptor`) once the writer is done (`_into`)."""
+    path = Path(path)
     with writing(path):
-        if target is None:
-            yield Path(path)
-            return
-        with atomic.replacing(target, keep_suffix=True) as tmp:
-            yield tmp
+        if (fd := _descriptor(path)) is not None:
+            with _into(fd, path.suffix) as tmp:
+                yield tmp
+        elif (target := _target(path)) is None:
+            yield path
+        else:
+            with atomic.replacing(target, keep_suffix=True) as tmp:
+                yield tmp
+
+
+@contextlib.contextmanager
+def _into(fd: int, suffix: str) -> Iterator[Path]:
+    """A temporary file for the writer, whose content then goes into descriptor ``fd`` at
+    its offset (a file opened to append is appended to), after what the process has
+    printed so far; nothing where the writer fails."""
+    with tempfile.TemporaryDirectory(prefix="rankscope-output-") as folder:
+        tmp = Path(folder) / f"output{suffix}"
+        yield tmp
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with tmp.open("rb") as source, open(os.dup(fd), "wb") as sink:  # no truncation, unlike opening its path
+            shutil.copyfileobj(source, sink)
 
 
 def write_text(path: Path, text: str) -> None:

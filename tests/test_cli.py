@@ -4,6 +4,7 @@ one imports only that module (the rank wrapper starts on every rank of a job).""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -137,6 +138,24 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path) -> None:
                           stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write)
     assert done.returncode == 128 + signal.SIGPIPE and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_report_to_dev_stdout_goes_into_the_stream_not_over_the_file_behind_it(tmp_path) -> None:
+    """`analyze -o /dev/stdout >> log`: /dev/stdout leads to log (through /proc/self/fd/1);
+    the report is added to it, not written as a new file in its place."""
+    from rankscope.analysis import simulate
+
+    simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), tmp_path / "job")
+    log = tmp_path / "log"
+    log.write_text("earlier\n")
+    inode = log.stat().st_ino
+    with log.open("a") as stdout:  # the subprocess's /dev/stdout is this file, under tmp_path
+        done = subprocess.run([sys.executable, "-m", "rankscope", "analyze", str(tmp_path / "job"), "--format", "json",
+                               "-o", "/dev/stdout"], stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = log.read_text()
+    assert text.startswith("earlier\n{") and json.loads(text.removeprefix("earlier\n"))["ranks"]
+    assert log.stat().st_ino == inode
 
 
 README = Path(__file__).resolve().parent.parent / "README.md"

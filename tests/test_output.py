@@ -82,3 +82,35 @@ def test_a_link_stays_a_link_to_the_file_replaced_whole(tmp_path: Path) -> None:
     output.write_text(link, "new")
     assert link.is_symlink() and real.read_text() == "new"
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest.json", "report.json", "runs"]
+
+
+@pytest.mark.parametrize("name", ["/dev/fd/{fd}", "/proc/self/fd/{fd}", "{tmp}/link"])
+def test_a_file_named_through_an_open_descriptor_is_written_into_at_its_offset(tmp_path: Path, name: str) -> None:
+    # found by review: `-o /dev/stdout >> log` renamed a new file over log, whose lines were
+    # lost, and what the command printed after went to the file taken away
+    log = tmp_path / "log"
+    log.write_text("earlier\n")
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    try:
+        (tmp_path / "link").symlink_to(f"/dev/fd/{fd}")
+        path = Path(name.format(fd=fd, tmp=tmp_path))
+        inode = log.stat().st_ino
+        output.check_writable(path)
+        output.write_text(path, "report\n")
+        os.write(fd, b"later\n")
+    finally:
+        os.close(fd)
+    assert log.read_text() == "earlier\nreport\nlater\n" and log.stat().st_ino == inode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "log"]
+
+
+def test_a_writer_that_fails_writes_nothing_into_a_descriptor(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(TransportError), output.replacing(Path(f"/dev/fd/{fd}")) as tmp:
+            tmp.write_text("half")
+            raise TransportError("coordinator unreachable")
+    finally:
+        os.close(fd)
+    assert log.read_text() == ""
