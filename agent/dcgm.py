@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 from rankscope.agent.pause_ledger import DEFAULT_FOLDER, Holder, NoLedger, PauseLedger
-from rankscope.errors import ToolError
+from rankscope.errors import ConfigError, ToolError
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ BINDINGS_DIRS = (
     Path("/usr/local/dcgm/bindings/python3"),
 )
 DEFAULT_HOST = "localhost"
+DEFAULT_DCGMI = "dcgmi"  # looked up on PATH
 # dcgmReturn_t codes (dcgm.md §7).
 DCGM_ST_NOT_SUPPORTED = -6
 DCGM_ST_CONNECTION_NOT_VALID = -21
@@ -88,7 +89,7 @@ class DcgmConfig:
     mode: str = "auto"  # auto | bindings | dcgmi | none
     host: str = DEFAULT_HOST  # host[:port] or unix:///path (a k8s Service name works)
     bindings_path: Path | None = None  # folder holding pydcgm.py/dcgm_agent.py
-    dcgmi: str = "dcgmi"
+    dcgmi: str = DEFAULT_DCGMI
     timeout_s: float = DCGM_TIMEOUT_S
     ledger_dir: Path = DEFAULT_FOLDER  # shared by every agent on the host (pause_ledger)
 
@@ -101,7 +102,7 @@ class DcgmConfig:
             mode=environ.get("RANKSCOPE_DCGM", "auto"),
             host=environ.get("RANKSCOPE_DCGM_HOST", DEFAULT_HOST),
             bindings_path=Path(bindings) if bindings else None,
-            dcgmi=environ.get("RANKSCOPE_DCGMI", "dcgmi"),
+            dcgmi=environ.get("RANKSCOPE_DCGMI", DEFAULT_DCGMI),
             ledger_dir=Path(environ.get("RANKSCOPE_DCGM_STATE", DEFAULT_FOLDER)),
         )
 
@@ -124,8 +125,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DcgmConfig:
-    return DcgmConfig(mode=args.dcgm, host=args.dcgm_host, bindings_path=args.dcgm_bindings,
-                      dcgmi=args.dcgmi, ledger_dir=args.dcgm_state)
+    config = DcgmConfig(mode=args.dcgm, host=args.dcgm_host, bindings_path=args.dcgm_bindings,
+                        dcgmi=args.dcgmi, ledger_dir=args.dcgm_state)
+    _check_named_dcgmi(config)
+    return config
+
+
+def _check_named_dcgmi(config: DcgmConfig) -> None:
+    """A dcgmi named (--dcgmi, RANKSCOPE_DCGMI) where it may be used is expected there: a
+    ConfigError where it is not, rather than captures that never pause DCGM. The default,
+    looked up on PATH, may be missing: `discover` then finds no DCGM to pause."""
+    if config.dcgmi == DEFAULT_DCGMI or config.mode not in ("auto", "dcgmi"):
+        return
+    if shutil.which(config.dcgmi) is None:
+        raise ConfigError(f"--dcgmi {config.dcgmi!r}: not found, or not executable")
 
 
 class DcgmControl(ABC):
@@ -167,7 +180,7 @@ class NoDcgm(DcgmControl):
 class DcgmiControl(DcgmControl):
     """``dcgmi profile --pause|--resume --host ADDR`` (dcgm.md §3)."""
 
-    def __init__(self, dcgmi: str = "dcgmi", host: str = DEFAULT_HOST, timeout_s: float = DCGM_TIMEOUT_S) -> None:
+    def __init__(self, dcgmi: str = DEFAULT_DCGMI, host: str = DEFAULT_HOST, timeout_s: float = DCGM_TIMEOUT_S) -> None:
         self.dcgmi, self.host, self.timeout_s = dcgmi, host, timeout_s
 
     def command(self, action: str) -> list[str]:

@@ -129,6 +129,26 @@ def test_config_from_env_and_flags(monkeypatch):
     assert (config.mode, config.host) == ("none", "unix:///s")
 
 
+@pytest.mark.parametrize("argv, missing", [
+    (["--dcgm", "dcgmi", "--dcgmi", "/nonexistent/dcgmi"], True),
+    (["--dcgmi", "/nonexistent/dcgmi"], True),  # auto: used where the bindings are not
+    (["--dcgm", "bindings", "--dcgmi", "/nonexistent/dcgmi"], False),  # not used at all
+    (["--dcgm", "none", "--dcgmi", "/nonexistent/dcgmi"], False),
+    (["--dcgm", "dcgmi"], False),  # the default, dcgmi on PATH: the agent runs, not pausing DCGM
+], ids=["dcgmi", "auto", "bindings", "none", "default"])
+def test_a_named_dcgmi_must_be_there_the_default_may_be_missing(argv, missing, monkeypatch):
+    import argparse
+    monkeypatch.delenv("RANKSCOPE_DCGMI", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    parser = argparse.ArgumentParser()
+    dcgm.add_arguments(parser)
+    if missing:
+        with pytest.raises(ConfigError, match="^--dcgmi '/nonexistent/dcgmi': not found, or not executable$"):
+            dcgm.config_from_args(parser.parse_args(argv))
+    else:
+        assert dcgm.config_from_args(parser.parse_args(argv)).dcgmi in ("dcgmi", "/nonexistent/dcgmi")
+
+
 # -- PauseManager ----------------------------------------------------------------------------
 
 
@@ -588,16 +608,18 @@ def test_an_idle_agent_resumes_a_pause_another_agent_died_with(engine, tmp_path)
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])  # SIGHUP: its terminal or ssh session closed
-def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_named_is_missing(tmp_path, signum):
-    """Asked for dcgmi by name where there is none, the agent runs (tracing needs no
-    counters) but says at start that its captures will not pause DCGM."""
+def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_asked_for_is_missing(tmp_path, signum):
+    """Asked for dcgmi where PATH has none (a dcgmi named by path must be there: it is a
+    usage error), the agent runs (tracing needs no counters) but says at start that its
+    captures will not pause DCGM."""
     import signal
     import subprocess
 
+    env = {**{k: v for k, v in os.environ.items() if k != "RANKSCOPE_DCGMI"}, "PATH": str(tmp_path)}
     agent = subprocess.Popen(
         [sys.executable, "-m", "rankscope", "agent", "--coordinator", "127.0.0.1:1", "--name", "n1",
-         "--spool", str(tmp_path / "spool"), "--dcgm", "dcgmi", "--dcgmi", str(tmp_path / "no-dcgmi")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--spool", str(tmp_path / "spool"), "--dcgm", "dcgmi"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         first = agent.stdout.readline()
     finally:
@@ -605,6 +627,5 @@ def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_named_is_miss
         _, err = agent.communicate(timeout=30)
     assert agent.returncode == 0  # ended through its clean-up (Agent.close resumes DCGM), not by the signal
     assert first.startswith("rankscope agent n1 (pid ") and first.rstrip().endswith(
-        f"; DCGM: none ({tmp_path / 'no-dcgmi'} not found, or not executable)")
-    assert (f"--dcgm dcgmi, yet {tmp_path / 'no-dcgmi'} not found, or not executable: captures will not pause DCGM "
-            "profiling") in err
+        "; DCGM: none (dcgmi not found, or not executable)")
+    assert "--dcgm dcgmi, yet dcgmi not found, or not executable: captures will not pause DCGM profiling" in err
