@@ -112,6 +112,7 @@ class Coordinator:
         self._watchers: dict[str, list[queue.Queue]] = {}
         self._analysis = ThreadPoolExecutor(max_workers=1, thread_name_prefix="analysis")
         self._stop = threading.Event()
+        self._closed = False  # its store closed: stopped
         self._ticker = threading.Thread(target=self._tick_loop, name="sweep-ticker", daemon=True)
         self._refused: set[str] = set()  # nodes refused a session since the last such log line
         self._refused_logged = -REFUSALS_LOG_S
@@ -145,7 +146,9 @@ class Coordinator:
         if self._ticker.is_alive():
             self._ticker.join()
         self._analysis.shutdown(wait=True, cancel_futures=True)
-        self.store.close()
+        with self._lock:
+            self._closed = True
+            self.store.close()
         self._hold.release()
 
     # agents -------------------------------------------------------------------------
@@ -224,8 +227,10 @@ class Coordinator:
         # Checked under the lock: a new session's reports take it too, so one that is back
         # before the check is seen here, and one back after it reports after the cut.
         with self._lock:
-            if self.registry.get(connection.node) is not None:
-                return  # back already, on a session whose record is the newer
+            if self.registry.get(connection.node) is not None or self._closed:
+                # back already, on a session whose record is the newer; or a session gRPC ended
+                # only after the stop, its state closed (it was recorded until the stop)
+                return
             self._seen(connection.agent)
             if self._stop.is_set():
                 return  # we are the ones going (a restart grants its own grace)

@@ -84,3 +84,14 @@ def test_an_unbounded_export_bound_from_the_wire_is_capped_not_a_crash() -> None
     assert sweep.nodes["a"].export_allowance_ns == int(sw.MAX_EXPORT_ALLOWANCE_S) * S
     restored = sw.Sweep.from_dict(sweep.to_dict())
     assert restored.nodes["a"].deadline_ns(T0 + 30 * S, T0 + 40 * S) == T0 + 60 * S
+
+
+def test_a_session_that_gRPC_ends_after_the_stop_does_not_write_to_the_closed_state(tmp_path) -> None:
+    """gRPC may close a session's stream only after the server stopped (its generator is
+    finalised late): its disconnect wrote the node's last sighting into the closed SQLite
+    store: 'Cannot operate on a closed database', an ignored exception in the generator."""
+    coordinator = _coordinator(tmp_path)
+    agent, _ = coordinator.register("a", "a", {}, gpus=[], ranks=[], versions={}, backends=["sim"])
+    session = coordinator.connect(agent)
+    coordinator.stop()
+    coordinator.disconnect(session)
