@@ -426,16 +426,17 @@ def test_the_kubernetes_agents_spool_is_open_to_every_user() -> None:
 
 
 
-def test_the_agent_outranks_the_training_pods_without_preempting_them() -> None:
+@pytest.mark.parametrize("manifest", ["agent-daemonset.yaml", "health-sweep-cronjob.yaml"])
+def test_the_agent_and_the_sweep_outrank_the_training_pods_without_preempting_them(manifest: str) -> None:
     """Killed mid-capture (preempted, or evicted as BestEffort under memory pressure) the agent
-    leaves its node's DCGM paused until the lease runs out; placing it must evict no job."""
-    path = DEPLOY / "kubernetes" / "agent-daemonset.yaml"
-    docs = list(yaml.safe_load_all(path.read_text()))
+    leaves its node's DCGM paused until the lease runs out, and the sweep's Job fails while its
+    sweep goes on; placing either must evict no job."""
+    docs = [d for p in MANIFESTS for d in yaml.safe_load_all(p.read_text())]
     classes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PriorityClass"}
-    spec = _pod_spec(path)
+    spec = _pod_spec(DEPLOY / "kubernetes" / manifest)
     priority = classes[spec["priorityClassName"]]
     training = _pod_spec(DEPLOY / "kubernetes" / "pytorchjob-example.yaml")
     assert priority["value"] > classes.get(training.get("priorityClassName"), {}).get("value", 0)
     assert priority["preemptionPolicy"] == "Never" and not priority["globalDefault"]
-    (agent,) = spec["containers"]
-    assert agent["resources"]["requests"]["memory"] and "limits" not in agent["resources"]
+    (container,) = spec["containers"]
+    assert container["resources"]["requests"]["memory"] and "limits" not in container["resources"]
