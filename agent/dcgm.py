@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 from rankscope.agent.pause_ledger import DEFAULT_FOLDER, Holder, NoLedger, PauseLedger
 from rankscope.errors import ConfigError, ToolError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Bindings folders of DCGM 4 and DCGM 3 installs (dcgm.md §2).
 BINDINGS_DIRS = (
@@ -127,18 +129,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> DcgmConfig:
     config = DcgmConfig(mode=args.dcgm, host=args.dcgm_host, bindings_path=args.dcgm_bindings,
                         dcgmi=args.dcgmi, ledger_dir=args.dcgm_state)
-    _check_named_dcgmi(config)
+    _check_named(config)
     return config
 
 
-def _check_named_dcgmi(config: DcgmConfig) -> None:
-    """A dcgmi named (--dcgmi, RANKSCOPE_DCGMI) where it may be used is expected there: a
-    ConfigError where it is not, rather than captures that never pause DCGM. The default,
-    looked up on PATH, may be missing: `discover` then finds no DCGM to pause."""
-    if config.dcgmi == DEFAULT_DCGMI or config.mode not in ("auto", "dcgmi"):
-        return
-    if shutil.which(config.dcgmi) is None:
-        raise ConfigError(f"--dcgmi {config.dcgmi!r}: not found, or not executable")
+def _check_named(config: DcgmConfig) -> None:
+    """The bindings folder and the dcgmi named (--dcgm-bindings, --dcgmi or their RANKSCOPE_*
+    variables) where the mode may use them are expected there: a ConfigError where they are
+    not, rather than captures that never pause DCGM. The defaults (the install's folders,
+    dcgmi on PATH) may be missing: `discover` then finds no DCGM to pause."""
+    _expect("--dcgm-bindings", config.bindings_path, config.mode in ("auto", "bindings"),
+            Path.is_dir, "not found, or not a folder")
+    _expect("--dcgmi", None if config.dcgmi == DEFAULT_DCGMI else config.dcgmi, config.mode in ("auto", "dcgmi"),
+            lambda dcgmi: shutil.which(dcgmi) is not None, "not found, or not executable")
+
+
+def _expect(option: str, named: T | None, used: bool, there: Callable[[T], bool], problem: str) -> None:
+    """A ConfigError naming ``option`` where what it ``named`` is to be ``used`` and is not ``there``."""
+    if named is not None and used and not there(named):
+        raise ConfigError(f"{option} {str(named)!r}: {problem}")
 
 
 class DcgmControl(ABC):

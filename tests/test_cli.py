@@ -125,15 +125,17 @@ def test_a_daemon_given_a_folder_it_cannot_write_in_says_so_in_one_line(args: li
     assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {folder}: "), done.stderr
 
 
-def test_an_agent_given_a_dcgmi_that_is_not_there_stops_in_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("dcgm, option", [("dcgmi", "--dcgmi"), ("bindings", "--dcgm-bindings")])
+def test_an_agent_given_a_dcgm_that_is_not_there_stops_in_one_line(dcgm: str, option: str, tmp_path) -> None:
     """Named, it is expected there: exit 2 naming it, before dialling (it only warned, then
     ran every capture without pausing DCGM)."""
-    args = [*AGENT, "--spool", str(tmp_path), "--dcgm-state", str(tmp_path / "dcgm"), "--dcgm", "dcgmi",
-            "--dcgmi", str(tmp_path / "nope")]
+    args = [*AGENT, "--spool", str(tmp_path), "--dcgm-state", str(tmp_path / "dcgm"), "--dcgm", dcgm,
+            option, str(tmp_path / "nope")]
     done = subprocess.run([sys.executable, "-m", "rankscope", *args], capture_output=True, text=True, timeout=30)
     lines = done.stderr.strip().splitlines()
+    problem = "not found, or not executable" if dcgm == "dcgmi" else "not found, or not a folder"
     assert done.returncode == 2, done.stderr
-    assert lines == [f"rankscope: error: --dcgmi '{tmp_path / 'nope'}': not found, or not executable"], done.stderr
+    assert lines == [f"rankscope: error: {option} '{tmp_path / 'nope'}': {problem}"], done.stderr
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path) -> None:

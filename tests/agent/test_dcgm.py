@@ -129,24 +129,35 @@ def test_config_from_env_and_flags(monkeypatch):
     assert (config.mode, config.host) == ("none", "unix:///s")
 
 
+NO_DCGMI = "^--dcgmi '/nonexistent/dcgmi': not found, or not executable$"
+NO_BINDINGS = "^--dcgm-bindings '/nonexistent/bindings': not found, or not a folder$"
+
+
 @pytest.mark.parametrize("argv, missing", [
-    (["--dcgm", "dcgmi", "--dcgmi", "/nonexistent/dcgmi"], True),
-    (["--dcgmi", "/nonexistent/dcgmi"], True),  # auto: used where the bindings are not
-    (["--dcgm", "bindings", "--dcgmi", "/nonexistent/dcgmi"], False),  # not used at all
-    (["--dcgm", "none", "--dcgmi", "/nonexistent/dcgmi"], False),
-    (["--dcgm", "dcgmi"], False),  # the default, dcgmi on PATH: the agent runs, not pausing DCGM
-], ids=["dcgmi", "auto", "bindings", "none", "default"])
-def test_a_named_dcgmi_must_be_there_the_default_may_be_missing(argv, missing, monkeypatch):
+    (["--dcgm", "dcgmi", "--dcgmi", "/nonexistent/dcgmi"], NO_DCGMI),
+    (["--dcgmi", "/nonexistent/dcgmi"], NO_DCGMI),  # auto: used where the bindings are not
+    (["--dcgm", "bindings", "--dcgmi", "/nonexistent/dcgmi"], None),  # not used at all
+    (["--dcgm", "none", "--dcgmi", "/nonexistent/dcgmi"], None),
+    (["--dcgm", "dcgmi"], None),  # the default, dcgmi on PATH: the agent runs, not pausing DCGM
+    (["--dcgm", "bindings", "--dcgm-bindings", "/nonexistent/bindings"], NO_BINDINGS),
+    (["--dcgm-bindings", "/nonexistent/bindings"], NO_BINDINGS),  # auto: tried first
+    (["--dcgm", "dcgmi", "--dcgm-bindings", "/nonexistent/bindings"], None),  # not used at all
+    (["--dcgm", "none", "--dcgm-bindings", "/nonexistent/bindings"], None),
+    (["--dcgm", "bindings"], None),  # the default, the install's folders: the agent runs, not pausing DCGM
+], ids=["dcgmi", "dcgmi auto", "dcgmi unused", "dcgmi none", "dcgmi default",
+        "bindings", "bindings auto", "bindings unused", "bindings none", "bindings default"])
+def test_a_named_dcgm_must_be_there_the_default_may_be_missing(argv, missing, monkeypatch):
     import argparse
     monkeypatch.delenv("RANKSCOPE_DCGMI", raising=False)
+    monkeypatch.delenv("RANKSCOPE_DCGM_BINDINGS", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     parser = argparse.ArgumentParser()
     dcgm.add_arguments(parser)
     if missing:
-        with pytest.raises(ConfigError, match="^--dcgmi '/nonexistent/dcgmi': not found, or not executable$"):
+        with pytest.raises(ConfigError, match=missing):
             dcgm.config_from_args(parser.parse_args(argv))
     else:
-        assert dcgm.config_from_args(parser.parse_args(argv)).dcgmi in ("dcgmi", "/nonexistent/dcgmi")
+        dcgm.config_from_args(parser.parse_args(argv))
 
 
 # -- PauseManager ----------------------------------------------------------------------------
