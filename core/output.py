@@ -179,10 +179,12 @@ def _unwritable(folder: Path) -> str | None:
 @contextlib.contextmanager
 def writing(path: Path) -> Iterator[None]:
     """The block's OSError as one InputError naming ``path``; a RankscopeError of the
-    writer's own (a TransportError is an OSError too) passes as it is."""
+    writer's own (a TransportError is an OSError too) passes as it is, and so does a
+    BrokenPipeError: a pipe's reader gone (`-o /dev/stdout | head`) is no user mistake,
+    and the CLI ends quietly on it as for what it prints."""
     try:
         yield
-    except RankscopeError:
+    except (RankscopeError, BrokenPipeError):
         raise
     except OSError as exc:
         raise InputError(f"cannot write the output ({exc.strerror or exc})", path=path) from None
