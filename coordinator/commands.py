@@ -243,24 +243,25 @@ def run_capture(args: argparse.Namespace) -> int:
         raise InputError(f"--option {', '.join(twice)} given twice")  # else the last would win unseen
     options = dict(args.option)
     with _client(args) as client:
-        sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
-                             duration_s=args.duration, backend=args.backend, timeout_s=args.timeout,
-                             options=options, upload_raw=args.upload_raw)
-        if not args.wait:
-            _say_started(sweep)
-            print(sweep.sweep_id)
-            return 0
+        sweep: pb.Sweep | None = None  # set once the coordinator has answered: a sweep runs
         try:
+            sweep = client.start(nodes=args.nodes or (), labels=args.labels, everything=args.all,
+                                 duration_s=args.duration, backend=args.backend, timeout_s=args.timeout,
+                                 options=options, upload_raw=args.upload_raw)
             _say_started(sweep)
+            if not args.wait:
+                print(sweep.sweep_id)
+                return 0
             final = _follow(client, sweep.sweep_id)
         except TransportError as exc:  # the coordinator stayed away: the sweep may still end there
+            if sweep is None:
+                raise
             raise TransportError(f"{exc}; stopped waiting for sweep {sweep.sweep_id}, which may still finish once "
                                  f"the coordinator is back ({_command_line(args, 'report', sweep.sweep_id)} "
                                  "prints its report)") from None
         except KeyboardInterrupt:
-            # Only the waiting stops: the nodes capture on, and the coordinator analyses.
-            print(f"rankscope: stopped waiting; sweep {sweep.sweep_id} goes on "
-                  f"({_command_line(args, 'report', sweep.sweep_id)} prints its report)", file=sys.stderr)
+            # Only the command stops: the nodes capture on (DCGM paused), and the coordinator analyses.
+            print(_interrupted(args, sweep), file=sys.stderr)
             return EXIT_INTERRUPTED
         if final.state == pb.SWEEP_STATE_FAILED:
             print(f"rankscope: sweep {final.sweep_id} failed: {final.error}", file=sys.stderr)
@@ -269,6 +270,19 @@ def run_capture(args: argparse.Namespace) -> int:
         if args.fail_on_findings:  # the health sweep's question: did the report flag anything?
             return _health(final)
         return EXIT_PARTIAL if final.state == pb.SWEEP_STATE_PARTIAL else 0
+
+
+def _interrupted(args: argparse.Namespace, sweep: pb.Sweep | None) -> str:
+    """What a Ctrl-C during `capture` leaves running, and how to stop it: the sweep named, or,
+    where StartSweep had not answered, one that may have started all the same."""
+    if sweep is None:
+        return ("rankscope: interrupted before the coordinator answered; a sweep may have started all the same "
+                f"({_command_line(args, 'sweeps')} lists the sweeps, {_command_line(args, 'cancel')} SWEEP stops one)")
+    cancel = f"{_command_line(args, 'cancel', sweep.sweep_id)} stops it"
+    if not args.wait:
+        return f"rankscope: interrupted; sweep {sweep.sweep_id} goes on ({cancel})"
+    return (f"rankscope: stopped waiting; sweep {sweep.sweep_id} goes on "
+            f"({_command_line(args, 'report', sweep.sweep_id)} prints its report, {cancel})")
 
 
 def _health(sweep: pb.Sweep) -> int:

@@ -398,12 +398,76 @@ def test_ctrl_c_while_waiting_leaves_the_sweep_running_and_says_so(coordinator, 
         # the hint runs as it stands: without --coordinator it only asked for one (found by review)
         assert err.strip().splitlines()[-1] == (
             f"rankscope: stopped waiting; sweep {sweeps[-1]} goes on "
-            f"(rankscope report --coordinator {coordinator.address} {sweeps[-1]} prints its report)")
+            f"(rankscope report --coordinator {coordinator.address} {sweeps[-1]} prints its report, "
+            f"rankscope cancel --coordinator {coordinator.address} {sweeps[-1]} stops it)")
     assert main(["sweeps", "--coordinator", coordinator.address]) == 0
     listing = capsys.readouterr().out.splitlines()
     assert all(any(line.startswith(s) and "running" in line for line in listing) for s in sweeps)
     for agent in agents:
         agent.close()
+
+
+def test_ctrl_c_during_start_sweep_says_a_sweep_may_have_started_and_how_to_find_it(coordinator, wire,
+                                                                                   monkeypatch) -> None:
+    """A real SIGINT while the coordinator holds StartSweep: the command cannot know whether
+    the sweep started (and holds DCGM paused on its nodes), so it says one may have, and how
+    to find it; it said only "interrupted"."""
+    agent = wire.FakeAgent(coordinator, "node-a")
+    entered, go = threading.Event(), threading.Event()
+    start_sweep = coordinator.server.coordinator.start_sweep
+
+    def held(*args, **kwargs):
+        entered.set()
+        go.wait(20)
+        return start_sweep(*args, **kwargs)
+
+    monkeypatch.setattr(coordinator.server.coordinator, "start_sweep", held)
+    capturing = subprocess.Popen([sys.executable, "-m", "rankscope", "capture", "--coordinator", coordinator.address,
+                                  "--nodes", "node-a", "--backend", "sim", "--duration", "60s"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert entered.wait(30), "StartSweep never reached the coordinator"
+        capturing.send_signal(signal.SIGINT)
+        out, err = capturing.communicate(timeout=20)
+    finally:
+        go.set()
+        capturing.kill()
+        capturing.wait()
+    assert capturing.returncode == 130 and not out, err
+    assert err.strip().splitlines()[-1] == (
+        "rankscope: interrupted before the coordinator answered; a sweep may have started all the same "
+        f"(rankscope sweeps --coordinator {coordinator.address} lists the sweeps, "
+        f"rankscope cancel --coordinator {coordinator.address} SWEEP stops one)")
+    assert agent.next_command().start.sweep_id  # it had: the coordinator went on with the request
+    agent.close()
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["no wait", "wait"])
+def test_ctrl_c_once_the_sweep_started_names_it_and_how_to_cancel_it(wait: bool, coordinator, wire, monkeypatch,
+                                                                     capsys) -> None:
+    """Interrupted between the coordinator's reply and the sweep id printed (or, with --wait,
+    the watch begun): the id and the command that stops it; it said only "interrupted", and
+    the sweep ran on unnamed."""
+    from rankscope.coordinator import commands
+
+    def interrupted(sweep: pb.Sweep) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "_say_started", interrupted)
+    agent = wire.FakeAgent(coordinator, "node-a")
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim",
+                 "--duration", "60s", *(["--wait"] if wait else [])]) == 130
+    out, err = capsys.readouterr()
+    sweep_id = agent.next_command().start.sweep_id
+    cancel = f"rankscope cancel --coordinator {coordinator.address} {sweep_id}"
+    assert not out
+    assert err.strip().splitlines()[-1] == (
+        f"rankscope: stopped waiting; sweep {sweep_id} goes on (rankscope report --coordinator "
+        f"{coordinator.address} {sweep_id} prints its report, {cancel} stops it)" if wait else
+        f"rankscope: interrupted; sweep {sweep_id} goes on ({cancel} stops it)")
+    assert main(cancel.split()[1:]) == 0  # the hint works as it stands
+    assert "stopped 1 node(s) (node-a)" in capsys.readouterr().err
+    agent.close()
 
 
 def test_the_report_hint_carries_the_coordinator_and_tls_flags_it_needs() -> None:
