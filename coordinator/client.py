@@ -18,7 +18,7 @@ import grpc
 from rankscope.address import dial_problem
 from rankscope.states import wire_name
 from rankscope.tls import TlsFiles, channel, not_a_coordinator, refusal
-from rankscope.errors import ConfigError, InputError, RankscopeError, TransportError
+from rankscope.errors import CallTimedOut, ConfigError, InputError, RankscopeError, TransportError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
 
@@ -52,7 +52,8 @@ def rpc_error(address: str, exc: grpc.RpcError, tls: TlsFiles | None = None) -> 
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return ConfigError(f"coordinator at {address} {not_a_coordinator(details)}")
     if code in _UNREACHABLE:
-        return TransportError(f"coordinator at {address} unreachable ({code.name.lower()}: {details})")
+        kind = CallTimedOut if code == grpc.StatusCode.DEADLINE_EXCEEDED else TransportError
+        return kind(f"coordinator at {address} unreachable ({code.name.lower()}: {details})")
     if code in _USER_MISTAKES:
         return InputError(f"coordinator at {address}: {details}")
     return RankscopeError(f"coordinator at {address}: {code.name}: {details}")

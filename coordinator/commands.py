@@ -21,7 +21,7 @@ from rankscope.checksum import sha256_of
 from rankscope.coordinator.client import SweepClient, node_state_name, state_name
 from rankscope.coordinator.config import resolve
 from rankscope import node_name, output, signals, tls
-from rankscope.errors import InputError, RankscopeError, TransportError
+from rankscope.errors import CallTimedOut, InputError, RankscopeError, TransportError
 from rankscope.lock import NO_LOCKS
 from rankscope.memory import keep_chunk_memory
 from rankscope.progress import Progress
@@ -253,6 +253,10 @@ def run_capture(args: argparse.Namespace) -> int:
                 print(sweep.sweep_id)
                 return 0
             final = _follow(client, sweep.sweep_id)
+        except CallTimedOut as exc:
+            if sweep is not None:
+                raise
+            raise CallTimedOut(f"{exc}: {_may_have_started(args)}") from None
         except TransportError as exc:  # the coordinator stayed away: the sweep may still end there
             if sweep is None:
                 raise
@@ -276,13 +280,18 @@ def _interrupted(args: argparse.Namespace, sweep: pb.Sweep | None) -> str:
     """What a Ctrl-C during `capture` leaves running, and how to stop it: the sweep named, or,
     where StartSweep had not answered, one that may have started all the same."""
     if sweep is None:
-        return ("rankscope: interrupted before the coordinator answered; a sweep may have started all the same "
-                f"({_command_line(args, 'sweeps')} lists the sweeps, {_command_line(args, 'cancel')} SWEEP stops one)")
+        return f"rankscope: interrupted before the coordinator answered; {_may_have_started(args)}"
     cancel = f"{_command_line(args, 'cancel', sweep.sweep_id)} stops it"
     if not args.wait:
         return f"rankscope: interrupted; sweep {sweep.sweep_id} goes on ({cancel})"
     return (f"rankscope: stopped waiting; sweep {sweep.sweep_id} goes on "
             f"({_command_line(args, 'report', sweep.sweep_id)} prints its report, {cancel})")
+
+
+def _may_have_started(args: argparse.Namespace) -> str:
+    """Said where StartSweep went out unanswered: its sweep may run, holding DCGM paused."""
+    return (f"a sweep may have started all the same ({_command_line(args, 'sweeps')} lists the sweeps, "
+            f"{_command_line(args, 'cancel')} SWEEP stops one)")
 
 
 def _health(sweep: pb.Sweep) -> int:

@@ -66,6 +66,10 @@ class TransportError(RankscopeError, ConnectionError):
     """A peer (coordinator, agent) could not be reached."""
 
 
+class CallTimedOut(TransportError):
+    """A call went out and its answer did not come in time: what it asked for may be done."""
+
+
 class UploadRejected(RankscopeError, ValueError):
     exit_code = 2
 

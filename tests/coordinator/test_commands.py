@@ -442,6 +442,37 @@ def test_ctrl_c_during_start_sweep_says_a_sweep_may_have_started_and_how_to_find
     agent.close()
 
 
+def test_a_start_sweep_answered_too_late_says_a_sweep_may_have_started(coordinator, wire, monkeypatch,
+                                                                      capsys) -> None:
+    """StartSweep past its deadline: the coordinator may have started the sweep all the same
+    (and paused DCGM on its nodes); it said only 'unreachable'."""
+    from rankscope.coordinator import client
+
+    agent = wire.FakeAgent(coordinator, "node-a")
+    go = threading.Event()
+    start_sweep = coordinator.server.coordinator.start_sweep
+
+    def late(*args, **kwargs):
+        go.wait(20)
+        return start_sweep(*args, **kwargs)
+
+    monkeypatch.setattr(coordinator.server.coordinator, "start_sweep", late)
+    monkeypatch.setattr(client, "RPC_TIMEOUT_S", 0.5)
+    try:
+        code = main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim",
+                     "--duration", "60s"])
+    finally:
+        go.set()
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and line.startswith(f"rankscope: error: coordinator at {coordinator.address} unreachable "
+                                         "(deadline_exceeded: ")
+    assert line.endswith(f": a sweep may have started all the same (rankscope sweeps --coordinator "
+                         f"{coordinator.address} lists the sweeps, rankscope cancel --coordinator "
+                         f"{coordinator.address} SWEEP stops one)")
+    assert agent.next_command().start.sweep_id  # it had
+    agent.close()
+
+
 @pytest.mark.parametrize("wait", [False, True], ids=["no wait", "wait"])
 def test_ctrl_c_once_the_sweep_started_names_it_and_how_to_cancel_it(wait: bool, coordinator, wire, monkeypatch,
                                                                      capsys) -> None:
