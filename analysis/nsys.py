@@ -15,7 +15,7 @@ What comes from where (reference/nccl-in-traces.md):
 - kernels: named by their demangled name (template arguments and all, as Kineto names
   them), else their short, else their mangled name; NCCL kernels classified by that
   name (`ops.is_comm_kernel`: NCCL's entry kernels are not templates, so their demangled
-  name starts with their base name), nothing more;
+  name starts with their base name, their mangled one with ``_Z<length>`` and it), nothing more;
 - their operation and communicator: the NCCL NVTX range (domain named ``NCCL``) on the
   thread whose runtime launch call (``correlationId`` + process) created the kernel.
   Grouped calls launch inside ``ncclGroupEnd``: the kernel serves every call since the
@@ -235,10 +235,11 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
         sql["kernels"] = f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), {key} FROM {KERNEL_TABLE}'
         sql["kernel_names"] = named
         if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
-            # Launches of the kernels not named other than nccl* by their key's own string: NCCL's,
-            # and the few whose key dangles (`_collectives` links NCCL kernels alone).
-            others = (f"SELECT id FROM StringIds WHERE id IN (SELECT DISTINCT {key} FROM {KERNEL_TABLE}) "
-                      "AND value NOT LIKE 'nccl%'")
+            # Launches of the kernels whose key's own string is no other kernel's than NCCL's
+            # (`ops.COMM_KERNEL_GLOBS`), and of the few whose key dangles (`_collectives` links
+            # NCCL kernels alone).
+            nccl = " OR ".join(f"lower(value) GLOB '{pattern}'" for pattern in ops.COMM_KERNEL_GLOBS)
+            others = f"SELECT id FROM StringIds WHERE id IN (SELECT DISTINCT {key} FROM {KERNEL_TABLE}) AND NOT ({nccl})"
             sql["launches"] = (
                 f"SELECT correlationId, (globalTid >> 24) & 16777215, globalTid, start FROM {RUNTIME_TABLE} "
                 f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {key} NOT IN ({others}))"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from fnmatch import fnmatchcase
 
 import numpy as np
 
@@ -73,9 +74,16 @@ _ALIASES = {
 _NCCL_META = re.compile(r"^nccl(groupstart|groupend|comm\w*|getuniqueid|getversion|memalloc|memfree|\w*register\w*)$", re.I)
 _SEPARATORS = re.compile(r"[^a-z0-9]")
 # Kernel names, old and new: ncclKernel_<Coll>_..., ncclDevKernel_<Coll>_...,
-# ncclSymDevKernel_<Coll>_..., ncclSymkDevKernel_<coll>_... (nccl-in-traces.md §2).
-_KERNEL = re.compile(r"^nccl(?:symk?)?(?:dev)?kernel_([a-z]+)", re.I)
-_COMM_KERNEL_PREFIX = "nccl"
+# ncclSymDevKernel_<Coll>_..., ncclSymkDevKernel_<coll>_... (nccl-in-traces.md §2), or
+# their mangled names (`COMM_KERNEL_GLOBS`), whose argument types follow the base name.
+_KERNEL = re.compile(r"^(?:_Z[1-9][0-9]*)?nccl(?:symk?)?(?:dev)?kernel_([a-z]+)", re.I)
+# What names an NCCL kernel, as GLOB patterns over the lower-cased name: SQLite's GLOB and
+# fnmatch read them alike, so the ingest's SQL (nsys `queries`) and `is_comm_kernel` share
+# this one definition. A demangled or short name starts with nccl (nccl-in-traces.md §2);
+# one known only mangled is NCCL's entry kernel, a free function, as Itanium mangles it:
+# `_Z<length><name>`, the name starting with nccl, so the length is 4 or more, without a
+# leading zero (`_Z22ncclDevKernel_SendRecv24ncclDevKernelArgsStorageILm4096EE`).
+COMM_KERNEL_GLOBS = ("nccl*", "_z[4-9]nccl*", "_z[1-9][0-9]nccl*", "_z[1-9][0-9][0-9]nccl*")
 
 
 def canonical(name: str | None) -> str | None:
@@ -108,8 +116,9 @@ def from_nccl_api(name: str | None) -> str | None:
 
 def from_kernel_name(name: str | None) -> str | None:
     """A *hint* from an NCCL kernel name (`ncclKernel_AllReduce_RING_LL_Sum_float`,
-    `ncclDevKernel_SendRecv`, `ncclSymkDevKernel_allgather_...`); None for `Generic` or
-    unknown names. Never an identity: see the module docstring."""
+    `ncclDevKernel_SendRecv`, `ncclSymkDevKernel_allgather_...`, or mangled:
+    `_Z22ncclDevKernel_SendRecv24...`); None for `Generic` or unknown names. Never an
+    identity: see the module docstring."""
     match = _KERNEL.match(name or "")
     return canonical(match.group(1)) if match else None
 
@@ -118,11 +127,15 @@ def is_comm_kernel(names: Sequence[str | None]) -> np.ndarray:
     """True where a kernel name is an NCCL communication kernel; called on the distinct
     names of a trace (few), not on its kernels (many).
 
-    Classification only (case-insensitive `nccl` prefix, nccl-in-traces.md §2); the
-    operation and communicator always come from the trace's own ids.
+    Classification only (`COMM_KERNEL_GLOBS`: a case-insensitive `nccl` prefix, mangled
+    or not); the operation and communicator always come from the trace's own ids.
     """
-    return np.fromiter((isinstance(name, str) and name.lower().startswith(_COMM_KERNEL_PREFIX) for name in names),
+    return np.fromiter((isinstance(name, str) and _is_comm_name(name.lower()) for name in names),
                        dtype=bool, count=len(names))
+
+
+def _is_comm_name(lower: str) -> bool:
+    return any(fnmatchcase(lower, pattern) for pattern in COMM_KERNEL_GLOBS)
 
 
 def bus_factor(op: str, ranks: np.ndarray) -> np.ndarray:

@@ -162,6 +162,26 @@ def test_a_kernel_name_id_that_dangles_falls_back_on_the_kernels_other_names(tor
     assert nccl[1]["name"].str.startswith("ncclDevKernel_SendRecv").all()
 
 
+@pytest.mark.parametrize("edit", ["dangle", "drop"])
+def test_nccl_kernels_known_only_by_their_mangled_name_are_nccls(torchrun: Path, tmp_path: Path, edit: str) -> None:
+    # With no demangled or short name (dangling ids, or an export without those columns) a
+    # kernel is named `_Z22ncclDevKernel_SendRecv...`: that was no NCCL kernel (no collectives,
+    # no NCCL time) and SQL fetched no launches for it.
+    copy = tmp_path / "mangled.sqlite"
+    shutil.copy(torchrun, copy)
+    with sqlite3.connect(copy) as db:
+        for column in ("demangledName", "shortName"):
+            if edit == "drop":
+                db.execute(f"ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN {column}")
+            else:
+                db.execute(f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET {column} = {column} + (SELECT MAX(id) + 1 FROM StringIds)")
+    original, edited = nsys.read_nsys(torchrun), nsys.read_nsys(copy)
+    for name in ("collectives", "comm_only_ns", "overlap_ns", "gpu_busy_ns"):
+        assert edited.column(name).equals(original.column(name)), name
+    nccl = digest.explode(edited, "kernels").query("is_comm")
+    assert set(nccl["name"]) == {"_Z22ncclDevKernel_SendRecv24ncclDevKernelArgsStorageILm4096EE"}
+
+
 def test_raw_and_normalized_exports_land_on_the_same_utc_base(torchrun: Path, tmp_path: Path) -> None:
     raw = nsys.read_nsys(torchrun)
     with sqlite3.connect(torchrun) as db:

@@ -67,6 +67,8 @@ def test_unknown_names_are_not_guessed() -> None:
         ("ncclSymkDevKernel_allgather_LL", "allgather"),
         ("ncclDevKernel_Generic", None),
         ("flash_fwd_kernel", None),
+        ("_Z22ncclDevKernel_SendRecv24ncclDevKernelArgsStorageILm4096EE", "sendrecv"),
+        ("_Z38ncclKernel_AllReduce_RING_LL_Sum_floatP11ncclDevCommmP8ncclWork", "allreduce"),
     ],
 )
 def test_kernel_names_give_a_hint_old_and_new(kernel: str, op) -> None:
@@ -76,3 +78,13 @@ def test_kernel_names_give_a_hint_old_and_new(kernel: str, op) -> None:
 def test_is_comm_kernel_is_case_insensitive() -> None:
     names = ["ncclDevKernel_SendRecv", "NCCLKERNEL_AllReduce", "nccldevkernel_x", "gemm_nccl", None, "sm90_xmma"]
     assert ops.is_comm_kernel(names).tolist() == [True, True, True, False, False, False]
+
+
+def test_is_comm_kernel_knows_nccl_kernels_by_their_mangled_names_only() -> None:
+    # An export whose demangled and short names are absent or dangle names a kernel by its
+    # mangledName: NCCL's were taken for compute, and none of the trace's collectives were found.
+    nccl = ["_Z22ncclDevKernel_SendRecv24ncclDevKernelArgsStorageILm4096EE",
+            "_Z38ncclKernel_AllReduce_RING_LL_Sum_floatP11ncclDevCommmP8ncclWork", "_Z4ncclv", "_Z120ncclSymkDevKernel_x"]
+    others = ["_Z9gemm_ncclv", "_Z2ncclv", "_Z04ncclv", "_ZN4nccl6kernelEv", "_Z8mynccl_kv", "x_Z22ncclDevKernel_SendRecv",
+              "_Z22ncclDevKernel_SendRecv"[1:]]
+    assert ops.is_comm_kernel(nccl + others).tolist() == [True] * len(nccl) + [False] * len(others)
