@@ -19,8 +19,11 @@ What comes from where (reference/nccl-in-traces.md):
 - their operation and communicator: the NCCL NVTX range (domain named ``NCCL``) on the
   thread whose runtime launch call (``correlationId`` + process) created the kernel.
   Grouped calls launch inside ``ncclGroupEnd``: the kernel serves every call since the
-  group's start. Payload fields (communicator id, size, peer, rank) are decoded by entry
-  name when the export carries ``binaryData`` blobs;
+  group's start, but NCCL launches a kernel per GPU and communicator (and more for a
+  group past a kernel's budget), so a kernel keeps only the calls of its GPU's
+  communicators (where init payloads say) and has bytes only where no other kernel
+  serves its calls. Payload fields (communicator id, size, peer, rank) are decoded by
+  entry name when the export carries ``binaryData`` blobs;
 - ranks: one per (process, CUDA device) that ran kernels, so a torchrun tree profiled
   as one report splits into its ranks; where some ran NCCL kernels, only those and
   processes that called NCCL (`_stray_units`).
@@ -926,7 +929,7 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     (unit) then start; ``seq`` numbers each communicator's collectives in call order.
     With the comm_ids, which the ``comm_id`` column indexes (``op`` indexes `_OPS`)."""
     rows = np.flatnonzero(is_comm)
-    out = {key: kernels[key][rows] for key in ("file", "pid", "start", "end", "correlation", "name")}
+    out = {key: kernels[key][rows] for key in ("file", "pid", "device", "start", "end", "correlation", "name")}
     out["unit"], out["process"] = unit[rows], _process(out)
     launches = _columns(files, "launches", ("correlation", "pid", "tid", "launch_ns"), ("launch_ns",))
     threads = _run_codes(np.concatenate([launches["file"], nccl["file"]]), np.concatenate([launches["tid"], nccl["tid"]]))
@@ -936,11 +939,16 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
     linked = launch >= 0
     launch_ns = _take(launches["launch_ns"], launch, 0)
     served = _served(nccl, np.flatnonzero(linked), _take(launches["thread"], launch, -1)[linked], launch_ns[linked])
-    out.update(_summarise_calls(served, nccl, rows.size))
+    out.update(_summarise_calls(_on_their_devices(served, nccl, out["device"]), nccl, rows.size))
     if out["comms_mixed"].any():
         _warn_per_file(files, out["file"], out["comms_mixed"], "{} of {} NCCL kernels were launched by an ncclGroup "
-                       "spanning several communicators: each is given the first call's communicator and the whole "
-                       "group's bytes (the export does not say which of the calls a kernel serves)")
+                       "spanning several communicators: each is given the first call's communicator and no bytes "
+                       "(NCCL launches a kernel per communicator; the export does not say which calls a kernel serves)")
+    if out["shared"].any():
+        _warn_per_file(files, out["file"], out["shared"], "{} of {} NCCL kernels share their ncclGroup's calls with "
+                       "other kernels of the group (NCCL launches one per GPU and communicator, and splits a large "
+                       "group over several): each is given the calls' op and communicator but no bytes, as the export "
+                       "does not say which calls each kernel ran")
     unlinked = out["op"] < 0
     if unlinked.any():
         _warn_per_file(files, out["file"], unlinked, "{} of {} NCCL kernels have no NCCL API range around their launch "
@@ -1029,10 +1037,30 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
             "op": calls["op"][served], "row": calls["row"][served]}
 
 
+def _on_their_devices(served: Columns, nccl: Columns, device: np.ndarray) -> Columns:
+    """``served`` less the calls on a communicator of another GPU than their kernel's (its
+    ``device``, indexed by kernel): one thread may drive several GPUs' communicators in one
+    group (ncclCommInitAll), and each GPU's kernel serves its own communicators' calls. A
+    communicator's GPU is the one its process's CommInitRank or CommSplit payload names;
+    calls on communicators of no traced GPU stay with every kernel of their group."""
+    creates = nccl["creates"] & ~nccl["cuda_device_na"] & ~nccl["comm_na"]
+    if not creates.any():
+        return served
+    row = served["row"]
+    at = _first_match((nccl["process"][creates], nccl["comm"][creates]), (nccl["process"][row], nccl["comm"][row]))
+    elsewhere = (at >= 0) & ~nccl["comm_na"][row] & (_take(nccl["cuda_device"][creates], at, -1) != device[served["kernel"]])
+    return {key: values[~elsewhere] for key, values in served.items()}
+
+
 def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time;
-    each with a ``_na`` mask. Ops are codes (`_OPS`); kernels serving no call get -1."""
-    out: Columns = {"op": np.full(n, -1, np.int64), "comms_mixed": np.zeros(n, bool)}
+    each with a ``_na`` mask. Ops are codes (`_OPS`); kernels serving no call get -1.
+
+    Bytes are a kernel's only where the trace ties its calls to it alone: a call that
+    several kernels serve (a group split over kernels), or a kernel serving calls on several
+    communicators (which NCCL gives a kernel each), leave its bytes unknown (``shared``,
+    ``comms_mixed``) rather than counted once per kernel."""
+    out: Columns = {"op": np.full(n, -1, np.int64), "comms_mixed": np.zeros(n, bool), "shared": np.zeros(n, bool)}
     for column in ("comm", "bytes", "peer", "nranks", "cpu_call_ns"):
         out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
     if not served["kernel"].size:
@@ -1047,6 +1075,8 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     known = ~nccl["bytes_na"][row]
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
     out["bytes_na"][at] = ~np.maximum.reduceat(known, first)
+    servers = np.bincount(row, minlength=nccl["bytes"].size)  # kernels serving each call
+    out["shared"][at] = np.maximum.reduceat(servers[row] > 1, first)
     known = ~nccl["peer_na"][row]
     low, high = _known_range(nccl["peer"][row], known, first)
     single = np.minimum.reduceat(known, first) & (low == high)
@@ -1058,6 +1088,7 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     known = ~nccl["comm_na"][row]
     low, high = _known_range(nccl["comm"][row], known, first)
     out["comms_mixed"][at] = np.maximum.reduceat(known, first) & (low != high)
+    out["bytes_na"] |= out["shared"] | out["comms_mixed"]
     out["cpu_call_ns"][at] = served["start"][order][first]  # sorted: the first call
     out["cpu_call_ns_na"][at] = False
     return out

@@ -272,11 +272,69 @@ def test_a_group_spanning_two_communicators_is_said_to_be_attributed_to_its_firs
     path = tmp_path / "two_comms.sqlite"
     _with_payloads(torchrun, path, recv_comm=COMM ^ 1)
     table = nsys.read_nsys(path)
-    linked = int(_collectives(table)["bytes"].notna().sum())  # the kernels of a group in the window
+    coll = _collectives(table)
+    linked = int(coll["cpu_call_ns"].notna().sum())  # the kernels of a group in the window
     assert linked >= 60
     assert f"{linked} of 66 NCCL kernels were launched by an ncclGroup spanning several communicators: each is " \
-           "given the first call's communicator and the whole group's bytes (the export does not say which of the " \
-           "calls a kernel serves)" in table.column("warnings")[0].as_py()
+           "given the first call's communicator and no bytes (NCCL launches a kernel per communicator; the export " \
+           "does not say which calls a kernel serves)" in table.column("warnings")[0].as_py()
+    # The sends' bytes are not the recvs' communicator's, nor the recvs' the sends'.
+    assert coll["bytes"].isna().all()
+
+
+def _second_kernel_in_group(path: Path, pid: int, device: int) -> None:
+    """Give process ``pid`` one more NCCL kernel (on CUDA ``device``) launched inside the
+    same ncclGroupEnd as its median NCCL kernel, right after it."""
+    with sqlite3.connect(path) as db:
+        new = db.execute("SELECT MAX(correlationId) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+        db.execute("CREATE TEMP TABLE one AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE (globalPid >> 24) & 16777215 = ? "
+                   "AND shortName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%') ORDER BY start "
+                   "LIMIT 1 OFFSET 16", (pid,))
+        old = db.execute("SELECT correlationId FROM one").fetchone()[0]
+        db.execute('UPDATE one SET correlationId = ?, deviceId = ?, start = "end" + 1000, "end" = "end" + 3000', (new, device))
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM one")
+        db.execute("CREATE TEMP TABLE launch AS SELECT * FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId = ?", (old,))
+        db.execute('UPDATE launch SET correlationId = ?, start = start + 1, "end" = "end" + 1', (new,))
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME SELECT * FROM launch")
+
+
+def test_a_group_split_over_two_kernels_gives_neither_the_groups_bytes(torchrun: Path, tmp_path: Path) -> None:
+    # NCCL can launch a group past one kernel's budget as several kernels (NVIDIA/nccl#1768):
+    # each was given all of the group's calls, its 4096 bytes counted once per kernel.
+    path = tmp_path / "split.sqlite"
+    _with_payloads(torchrun, path)
+    _second_kernel_in_group(path, 144, 0)
+    table = nsys.read_nsys(path)
+    coll = _collectives(table)
+    rank = coll[coll["rank"] == 1]  # pid 144
+    split = rank[rank["cpu_call_ns"].duplicated(keep=False) & rank["cpu_call_ns"].notna()]
+    assert len(split) == 2 and split["bytes"].isna().all()
+    assert set(split["op"]) == {"sendrecv"} and set(split["comm_id"]) == {f"{COMM:016x}"}
+    assert set(rank["bytes"].dropna()) == {4096} and rank["bytes"].notna().sum() >= 28
+    assert "2 of 67 NCCL kernels share their ncclGroup's calls with other kernels of the group (NCCL launches one " \
+           "per GPU and communicator, and splits a large group over several): each is given the calls' op and " \
+           "communicator but no bytes, as the export does not say which calls each kernel ran" \
+           in table.column("warnings")[0].as_py()
+
+
+def test_a_group_over_two_gpus_gives_each_gpus_kernel_its_own_communicators_calls(torchrun: Path, tmp_path: Path) -> None:
+    # One thread driving two GPUs' communicators in one group (ncclCommInitAll style): pid 144's
+    # sends on COMM (GPU 0, its CommInitRank says) and recvs on COMM ^ 1, initialised on GPU 1.
+    # Each GPU's kernel was given both communicators' calls and bytes.
+    path = tmp_path / "two_gpus.sqlite"
+    _with_payloads(torchrun, path, recv_comm=COMM ^ 1)
+    with sqlite3.connect(path) as db:
+        tid, start, init = db.execute("SELECT globalTid, start, textId FROM NVTX_EVENTS WHERE textId = (SELECT id FROM StringIds "
+                                      "WHERE value = 'ncclCommInitRank') AND (globalTid >> 24) & 16777215 = 144").fetchone()
+        payload = struct.pack("<Qiii", COMM ^ 1, 2, 1, 1) + b"\0" * 4
+        db.execute("INSERT INTO NVTX_EVENTS (start, \"end\", eventType, globalTid, textId, domainId, binaryData) "
+                   "VALUES (?, ?, 59, ?, ?, 1, ?)", (start + 100, start + 200, tid, init, _blob(16777218, payload)))
+    _second_kernel_in_group(path, 144, 1)
+    coll = _collectives(nsys.read_nsys(path))
+    gpu1 = coll[coll["comm_id"] == f"{COMM ^ 1:016x}"]
+    assert len(gpu1) == 1 and gpu1["bytes"].tolist() == [2048] and gpu1["op"].tolist() == ["recv"]
+    mate = coll[coll["end_ns"] == gpu1["start_ns"].iloc[0] - 1000]  # the GPU 0 kernel it was copied from
+    assert mate["bytes"].tolist() == [2048] and mate["op"].tolist() == ["send"] and mate["comm_id"].tolist() == [f"{COMM:016x}"]
 
 
 @pytest.mark.parametrize("payloads", [False, True])
