@@ -33,6 +33,7 @@ from rankscope.cli import parse_duration
 from rankscope.errors import InputError, RankscopeError, ToolError
 
 DEFAULT_RANKS_PER_NODE = 4
+MIN_RANKS_PER_NODE = 2  # 4 ranks: naming a straggler needs 3+ (analysis.stragglers.not_judged)
 GRAD_ELEMENTS = 1 << 16  # 256 KiB of float32 gradients per step
 STOP_EVERY = 10  # steps between the ranks' agreement on stopping (one tiny all_reduce)
 
@@ -44,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp folder)")
     parser.add_argument("--ranks-per-node", type=_ranks_per_node, default=DEFAULT_RANKS_PER_NODE,
-                        help=f"ranks on each of the two nodes (default {DEFAULT_RANKS_PER_NODE}; at most this "
+                        help=f"ranks on each of the two nodes (default {DEFAULT_RANKS_PER_NODE}; at least "
+                             f"{MIN_RANKS_PER_NODE}, as naming a straggler needs 3+ ranks; at most this "
                              f"machine's CPUs, or {DEFAULT_RANKS_PER_NODE} where it has fewer)")
     parser.add_argument("--slow-rank", type=int, default=None,
                         help="the rank given extra compute (default: the second rank of the second node)")
@@ -55,16 +57,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _ranks_per_node(text: str) -> int:
     """--ranks-per-node, at most the machine's CPUs (or the default, which a 2-core machine
     runs): each rank is a PyTorch process, under its `rankscope rank` wrapper, started at
-    once with cold imports, and a typo would fork thousands."""
+    once with cold imports, and a typo would fork thousands. At least 2: with one rank a node
+    the job's 2 ranks are too few to name a straggler, and the demo could only fail."""
     cpus = os.cpu_count() or 1
     limit = max(DEFAULT_RANKS_PER_NODE, cpus)
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if not 1 <= value <= limit:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {limit} "
-                                         f"(this machine has {cpus} CPUs; each rank is a PyTorch process)")
+    if not MIN_RANKS_PER_NODE <= value <= limit:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {MIN_RANKS_PER_NODE} to {limit} "
+                                         f"(naming a straggler needs 3+ ranks; this machine has {cpus} CPUs, "
+                                         f"each rank a PyTorch process)")
     return value
 
 
