@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="profiler the rank runs under (default: nsys)")
     parser.add_argument("--spool", type=Path, default=DEFAULT_SPOOL,
                         help=f"the node agent's spool folder (default: {DEFAULT_SPOOL})")
-    parser.add_argument("--nsys", default=_NSYS_DEFAULTS["nsys"], help="nsys executable (default: nsys on PATH)")
+    parser.add_argument("--nsys", default=_NSYS_DEFAULTS["nsys"], help="nsys executable (default: $RANKSCOPE_NSYS, else nsys on PATH)")
     parser.add_argument("--trace", default=_NSYS_DEFAULTS["trace"], metavar="LIST",
                         help="nsys --trace kinds (default: %(default)s)")
     parser.add_argument("--nccl-trace", choices=nsys.NCCL_MODES, default=_NSYS_DEFAULTS["nccl_trace"],

@@ -66,6 +66,14 @@ def test_each_option_with_a_default_says_it() -> None:
     assert "(default: nsys)" in " ".join(subparsers.choices["agent"].format_help().split())
 
 
+def test_rank_help_names_the_variable_its_nsys_default_comes_from(monkeypatch) -> None:
+    # found by review: `rank --nsys` said "default: nsys on PATH", where the default is
+    # $RANKSCOPE_NSYS when set, the variable rank's "nsys not found" error says to set
+    (subparsers,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    (nsys_option,) = [a for a in subparsers.choices["rank"]._actions if "--nsys" in a.option_strings]
+    assert "$RANKSCOPE_NSYS" in nsys_option.help
+
+
 def test_the_rank_wrapper_starts_without_the_analysis() -> None:
     code = "import sys; from rankscope import cli; cli.build_parser('rank'); print(sorted(m for m in sys.modules if m in ('pandas', 'pyarrow', 'rankscope.analysis')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
