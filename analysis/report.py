@@ -268,7 +268,7 @@ def _render(report: Report) -> list[str]:
     by_rank = {r.rank: r for r in report.ranks}
     hosts = len({r.host for r in report.ranks})
     out = [
-        f"rankscope report — job {report.job_id or '?'}: {len(report.ranks)}"
+        f"rankscope report — {f'job {report.job_id}: ' if report.job_id else ''}{len(report.ranks)}"
         + (f" of {report.world_size}" if report.missing_ranks else "")
         + f" ranks on {hosts} host(s)" + (f" (missing: {ranks_text(report.missing_ranks)})" if report.missing_ranks else ""),
         f"alignment: {a.method}; matched {a.matched_collectives} collective instances ({a.matching}), "

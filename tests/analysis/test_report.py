@@ -118,3 +118,12 @@ def test_no_happens_before_check_is_not_shown_as_a_pass() -> None:
     assert "happens-before violations 0/" in report.render_table().splitlines()[1]
     report.alignment.happens_before_checked = 0
     assert report.render_table().splitlines()[1].endswith("; happens-before not checked (no N-to-N instance matched)")
+
+
+def test_the_headline_names_the_job_where_the_traces_do_and_no_placeholder_where_not() -> None:
+    digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=5, seed=3))
+    report = analyze(digests)
+    report.job_id = "4242"
+    assert report.render_table().splitlines()[0] == "rankscope report — job 4242: 4 ranks on 2 host(s)"
+    report.job_id = None  # Kineto traces carry none: it read 'job ?'
+    assert report.render_table().splitlines()[0] == "rankscope report — 4 ranks on 2 host(s)"
