@@ -160,6 +160,9 @@ def _command(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if _command(argv) is None and not {"-h", "--help", "--version"} & set(argv):
+        build_parser().print_help(sys.stderr)  # the commands, where argparse named only 'COMMAND' as missing
+        return 2
     args = build_parser(_command(argv)).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,

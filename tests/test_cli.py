@@ -242,3 +242,12 @@ def test_an_option_after_an_option_that_wants_a_value_is_still_an_option(capsys)
     for name, parser in subparsers.choices.items():  # else it would be read as a value
         flags = [flag for flag in parser._option_string_actions if cli.NEGATIVE_VALUE.match(flag)]
         assert not flags, f"rankscope {name}: {flags} look like negative values"
+
+
+@pytest.mark.parametrize("argv", [[], ["-v"]], ids=["bare", "only -v"])
+def test_no_command_lists_the_commands(argv: list[str], capsys) -> None:
+    """It said only 'the following arguments are required: COMMAND', naming none of them."""
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert not out
+    assert all(f"    {name} " in err for name in ("analyze", "capture", "agent", "demo"))
