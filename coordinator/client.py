@@ -67,6 +67,16 @@ def node_state_name(state: int) -> str:
     return wire_name(pb.NodeState, state) or "unspecified"
 
 
+def node_progress(node: pb.NodeProgress) -> tuple[str, str]:
+    """(state, what it says) of a node, as progress lines show them. Past its DCGM step, the
+    step's outcome: the state is DCGM_RESUMED whatever it was, and "dcgm_resumed dcgm
+    not_needed" (or "resume_failed") read as a resume that never happened."""
+    if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
+        outcome = wire_name(pb.DcgmOutcome, node.dcgm) or "unspecified"
+        return "dcgm", outcome + (f": {node.dcgm_detail}" if node.dcgm_detail else "")
+    return node_state_name(node.state), node.reason or node.detail
+
+
 class SweepClient:
     def __init__(self, address: str, tls: TlsFiles | None = None) -> None:
         if problem := dial_problem(address):

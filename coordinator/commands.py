@@ -18,14 +18,13 @@ from typing import BinaryIO
 from rankscope.analysis.report import ranks_text
 from rankscope.cli import parse_duration, parse_labels
 from rankscope.checksum import sha256_of
-from rankscope.coordinator.client import SweepClient, node_state_name, state_name
+from rankscope.coordinator.client import SweepClient, node_progress, node_state_name, state_name
 from rankscope.coordinator.config import resolve
 from rankscope import node_name, output, signals, tls
 from rankscope.errors import CallTimedOut, InputError, RankscopeError, TransportError
 from rankscope.lock import NO_LOCKS
 from rankscope.memory import keep_chunk_memory
 from rankscope.progress import Progress
-from rankscope.states import wire_name
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
@@ -351,11 +350,8 @@ def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
 
 
 def _node_line(node: pb.NodeProgress) -> str:
-    extra = node.reason or node.detail
-    if node.state == pb.NODE_STATE_DCGM_RESUMED and node.dcgm:
-        extra = f"dcgm {wire_name(pb.DcgmOutcome, node.dcgm)}"
-        extra += f": {node.dcgm_detail}" if node.dcgm_detail else ""
-    return f"{node.node:<20} {node_state_name(node.state):<13} {extra}"
+    state, says = node_progress(node)
+    return f"{node.node:<20} {state:<13} {says}"
 
 
 def _say(started: float, text: str) -> None:

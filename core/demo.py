@@ -122,7 +122,7 @@ def _say(started: float, text: str) -> None:
 
 def _sweep(address: str, duration: float, started: float, on_captured) -> object:
     """Run one torch sweep on both nodes; ``on_captured`` once no node is capturing any more."""
-    from rankscope.coordinator.client import SweepClient, node_state_name
+    from rankscope.coordinator.client import SweepClient, node_progress
     from rankscope.proto.v1 import rankscope_pb2 as pb
 
     with SweepClient(address) as client:
@@ -144,7 +144,7 @@ def _sweep(address: str, duration: float, started: float, on_captured) -> object
             for node in final.nodes:  # every node at first, then the one that changed
                 if seen.get(node.node) != node.state:
                     seen[node.node] = node.state
-                    _say(started, f"  {node.node}: {node_state_name(node.state)} {node.reason or node.detail}".rstrip())
+                    _say(started, f"  {node.node}: {' '.join(node_progress(node))}".rstrip())
             if not any(state in windows for state in seen.values()):
                 on_captured()  # the job is no longer needed: its CPU goes to the digests
         if final is None or final.state == pb.SWEEP_STATE_FAILED:

@@ -57,7 +57,8 @@ def test_capture_wait_shows_progress_and_prints_the_report(coordinator, wire, di
     assert code == 0, err
     assert "STRAGGLERS" in out and "rank 1 on node000" in out
     for name in digests:
-        assert any(name in line and "dcgm_resumed" in line for line in err.splitlines())
+        # the DCGM step's outcome, not "dcgm_resumed  dcgm not_needed" for a DCGM never paused
+        assert any(line.split()[1:] == [name, "dcgm", "not_needed"] for line in err.splitlines())
         assert any(name in line and "analysed" in line for line in err.splitlines())
     # The path is the coordinator's, said so: on a remote one (a pod) it is no file here.
     report_line = [line for line in err.splitlines() if line.startswith("report on the coordinator's host: ")]
