@@ -1032,7 +1032,7 @@ def _write_nsys(rt: _RankTimes, path: Path) -> None:
     launches = _launches(rt)
     tables = {
         "CUPTI_ACTIVITY_KIND_KERNEL": _kernel_rows(rt, launches, strings, proc),
-        "CUPTI_ACTIVITY_KIND_RUNTIME": _runtime_rows(rt, launches, strings, proc),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": _runtime_rows(launches, strings, proc),
         "NVTX_EVENTS": _nvtx_rows(rt, strings, proc),
         **_target_rows(rt, strings, proc, path),
     }
@@ -1134,8 +1134,7 @@ def _kernel_rows(rt: _RankTimes, launches: _Launches, strings: _Strings,
     return _KERNEL_COLUMNS, rows
 
 
-def _runtime_rows(rt: _RankTimes, launches: _Launches, strings: _Strings,
-                  proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
+def _runtime_rows(launches: _Launches, strings: _Strings, proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
     n = len(launches.kind)
     # NCCL 2.27 launches with the driver API (eventClass 1), PyTorch ops with the runtime (0).
     name = np.where(launches.nccl, strings("cuLaunchKernelEx"), strings("cudaLaunchKernel_v7000"))
