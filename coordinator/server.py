@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rankscope import node_name, output, states
-from rankscope.states import wire_name, wire_value
+from rankscope.states import UnknownWireValue, wire_name, wire_value
 from rankscope.address import bind_problem
 from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import sweeps as sw
@@ -267,15 +267,20 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             connection.close()
 
     def _status(self, connection: Connection, status: pb.NodeStatus) -> None:
-        state = states.from_wire(status.state)
+        try:
+            state = states.from_wire(status.state)
+            dcgm = wire_name(pb.DcgmOutcome, status.dcgm)
+            artifacts = tuple(_artifact(a) for a in status.artifacts)
+        except UnknownWireValue as exc:  # its news cannot be judged; the session and its later statuses go on
+            log.warning("node %s: status for sweep %s ignored: %s", connection.node, status.sweep_id[:80], exc)
+            return
         if state is None:
             log.warning("node %s sent a status without a state for sweep %s", connection.node, status.sweep_id)
             return
         event = sw.NodeReported(
             node=connection.node, state=state, at_ns=self.coordinator.clock(), detail=status.detail,
-            reason=status.reason, dcgm=wire_name(pb.DcgmOutcome, status.dcgm), dcgm_detail=status.dcgm_detail,
-            artifacts=tuple(_artifact(a) for a in status.artifacts), notes=tuple(status.notes),
-            export_timeout_s=status.export_timeout_s,
+            reason=status.reason, dcgm=dcgm, dcgm_detail=status.dcgm_detail, artifacts=artifacts,
+            notes=tuple(status.notes), export_timeout_s=status.export_timeout_s,
         )
         self.coordinator.node_reported(connection.node, event, status.sweep_id)
 

@@ -13,6 +13,7 @@ import re
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
+from rankscope.errors import InputError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 
@@ -34,6 +35,11 @@ class NodeState(str, enum.Enum):
 AGENT_DONE = frozenset({NodeState.DCGM_RESUMED, NodeState.FAILED})
 
 
+class UnknownWireValue(InputError):
+    """A proto enum value this side has no name for: a newer peer's, or a broken one's
+    (proto3 enums are open: any int32 parses)."""
+
+
 def to_wire(state: NodeState) -> int:
     return wire_value(pb.NodeState, state.value)
 
@@ -53,6 +59,9 @@ def wire_name(enum_type: EnumTypeWrapper, value: int) -> str:
     """A proto enum value's name, lower case and without the enum's prefix; "" for 0 (UNSPECIFIED)."""
     if not value:
         return ""
+    if value not in enum_type.DESCRIPTOR.values_by_number:
+        known = ", ".join(wire_name(enum_type, v) for v in sorted(enum_type.DESCRIPTOR.values_by_number) if v)
+        raise UnknownWireValue(f"{enum_type.DESCRIPTOR.name} {value} is none this rankscope knows ({known})")
     return enum_type.Name(value).removeprefix(_prefix(enum_type)).lower()
 
 

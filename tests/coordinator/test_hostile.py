@@ -159,3 +159,42 @@ def test_a_query_for_another_nodes_upload_is_refused_naming_nothing_of_it(coordi
     mine = coordinator.query("u1", token), coordinator.query("u2", token)
     assert [(s.complete, s.committed_offset, s.size, s.sha256) for s in mine] == [
         (True, len(DATA), len(DATA), done.sha256), (False, 2 * (64 << 10), 200_000, partial.sha256)]
+
+
+# Enum values this coordinator has no name for (proto3 enums are open: any int32 parses).
+
+def test_an_upload_of_an_unknown_kind_is_refused_with_the_kinds_known(coordinator, wire, token) -> None:
+    for kind in (99, -1):
+        head = wire.header(DATA, node="node-a", token=token)
+        head.kind = kind
+        error = refused(coordinator, wire.chunks(head, DATA))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details() == f"ArtifactKind {kind} is none this rankscope knows (digest, raw)"
+    assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
+
+
+def test_listing_artifacts_of_an_unknown_kind_is_refused(coordinator) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.sweeps.ListArtifacts(pb.ListArtifactsRequest(sweep_id="s1", kinds=[99]), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ArtifactKind 99 is none this rankscope knows" in caught.value.details()
+
+
+@pytest.mark.parametrize("fields", [
+    {"state": 99},
+    {"state": pb.NODE_STATE_PAUSING_DCGM, "dcgm": 99},
+    {"state": pb.NODE_STATE_UPLOADING, "artifacts": [pb.ArtifactRef(name="a", sha256="0" * 64, size=1, kind=-1)]},
+], ids=["state", "dcgm", "artifact-kind"])
+def test_a_status_with_an_unknown_enum_value_is_ignored_and_the_session_goes_on(coordinator, wire, digests,
+                                                                                  fields, caplog) -> None:
+    agent = wire.FakeAgent(coordinator, "node000")
+    sweep = coordinator.sweeps.StartSweep(pb.StartSweepRequest(
+        targets=pb.Targets(nodes=["node000"]), duration_s=0.5, backend="sim"), timeout=10)
+    assert agent.next_command().start.sweep_id == sweep.sweep_id
+    agent.status(sweep.sweep_id, **fields)
+    agent.finish(sweep.sweep_id, digests["node000"])  # on the same session
+    events = list(coordinator.sweeps.WatchSweep(pb.WatchSweepRequest(sweep_id=sweep.sweep_id), timeout=30))
+    assert events[-1].final and events[-1].sweep.state == pb.SWEEP_STATE_ANALYSED
+    assert "is none this rankscope knows" in caplog.text and "Traceback" not in caplog.text
+    agent.close()
