@@ -54,6 +54,10 @@ SAVE_RETRY_S = 5.0
 # The longest capture window a sweep may ask for. DCGM stays paused throughout, and a
 # trace of one grows without bound: a mistyped 20h for 20s is refused, not run.
 MAX_DURATION_S = 3600.0
+# The longest timeout a sweep may ask for: its nodes are held (one capture at a time) until it
+# ends, and the deadline is kept in nanoseconds (1e308s would overflow). Export time comes on
+# top of it, up to the agents' own bounds.
+MAX_TIMEOUT_S = 86_400.0
 
 
 class NotAuthenticated(RankscopeError):
@@ -388,6 +392,9 @@ class Coordinator:
         elif spec.timeout_s <= spec.duration_s:  # every node would time out, each one's capture wasted
             raise InputError(f"timeout {spec.timeout_s:g}s ends before the {spec.duration_s:g}s capture window "
                              "does: nodes need time after it to export and upload")
+        if spec.timeout_s > MAX_TIMEOUT_S:
+            raise InputError(f"timeout {spec.timeout_s:g}s is over the limit of {MAX_TIMEOUT_S:g}s (a node is in one "
+                             "capture at a time: the sweep's nodes are held until it ends)")
         with self._lock:
             agents = self.store.agents()
             connected = self.registry.connected()

@@ -198,3 +198,18 @@ def test_a_status_with_an_unknown_enum_value_is_ignored_and_the_session_goes_on(
     assert events[-1].final and events[-1].sweep.state == pb.SWEEP_STATE_ANALYSED
     assert "is none this rankscope knows" in caplog.text and "Traceback" not in caplog.text
     agent.close()
+
+
+# StartSweep's numbers come off the wire too.
+
+@pytest.mark.parametrize("timeout", [86_400.5, 1e10, 1e308, 1.7976931348623157e308])
+def test_a_sweep_timeout_over_the_limit_is_refused(coordinator, wire, timeout: float) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
+                                                           backend="sim", timeout_s=timeout), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == f"timeout {timeout:g}s is over the limit of 86400s (a node is in one capture " \
+                                     "at a time: the sweep's nodes are held until it ends)"
+    assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
+    agent.close()
