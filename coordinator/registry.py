@@ -171,7 +171,7 @@ def select_nodes(
     if names:
         unknown = natural(set(names) - set(known))
         if unknown:
-            raise UnknownAgent(f"no agent registered as {', '.join(unknown)} (known: {', '.join(natural(known)) or 'none'})")
+            raise UnknownAgent(f"no agent registered as {_some(unknown)} (known: {_some(natural(known)) or 'none'})")
         return natural(set(names))
     if since_ns is not None:
         known = {node: a for node, a in known.items() if node in connected or a.last_seen_ns >= since_ns}
@@ -192,8 +192,13 @@ def _away(nodes: list[str], shown: int = 5) -> str:
     """" (not connected: a, b, ...)" where registered nodes are away, briefly at fleet scale."""
     if not nodes:
         return ""
+    return f" (not connected: {_some(nodes, shown)})"
+
+
+def _some(nodes: list[str], shown: int = 5) -> str:
+    """"a, b, c and 7 more": the first names of a list, briefly at fleet scale."""
     more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
-    return f" (not connected: {', '.join(nodes[:shown])}{more})"
+    return ", ".join(nodes[:shown]) + more
 
 
 def default_backend(agents: Iterable[AgentRecord]) -> str:

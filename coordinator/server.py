@@ -82,6 +82,24 @@ def status_of(error: RankscopeError) -> grpc.StatusCode:
     return next(code for kind, code in _STATUS if isinstance(error, kind))
 
 
+# A status's message travels percent-encoded in the grpc-message trailer, and a client drops
+# trailers over 16 KiB (as RESOURCE_EXHAUSTED "Stream removed", the message lost): one that
+# echoes a request's value (a 100 kB node name) is cut to fit well under that.
+MAX_DETAILS_BYTES = 8 << 10
+
+
+def details(error: RankscopeError) -> str:
+    """The error's message as its status carries it: cut, saying so, where its encoding
+    would pass `MAX_DETAILS_BYTES`."""
+    message = str(error)
+    size = 0
+    for i, char in enumerate(message):
+        size += 1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode("utf-8", "replace"))
+        if size > MAX_DETAILS_BYTES - 100:
+            return f"{message[:i]}... ({len(message)} characters, cut)"
+    return message
+
+
 def _mapped(method: Callable) -> Callable:
     """Abort the RPC with the error's status and one-line message (unary and streaming methods)."""
     if inspect.isgeneratorfunction(method):
@@ -91,7 +109,7 @@ def _mapped(method: Callable) -> Callable:
             try:
                 yield from method(self, request, context)
             except RankscopeError as exc:
-                context.abort(status_of(exc), str(exc))
+                context.abort(status_of(exc), details(exc))
 
         return streaming
 
@@ -100,7 +118,7 @@ def _mapped(method: Callable) -> Callable:
         try:
             return method(self, request, context)
         except RankscopeError as exc:
-            context.abort(status_of(exc), str(exc))
+            context.abort(status_of(exc), details(exc))
 
     return unary
 

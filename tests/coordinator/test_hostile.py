@@ -213,3 +213,29 @@ def test_a_sweep_timeout_over_the_limit_is_refused(coordinator, wire, timeout: f
                                      "at a time: the sweep's nodes are held until it ends)"
     assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
     agent.close()
+
+
+# A refusal's message must reach the client: over 16 KiB of trailer, gRPC drops it.
+
+def test_a_refusal_echoing_a_huge_value_is_cut_to_reach_the_client(coordinator, token) -> None:
+    coordinator.register("node-b")
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["x" * 100_000]), duration_s=1),
+                                      timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details().startswith("no agent registered as xxxx")
+    assert caught.value.details().endswith(" characters, cut)") and len(caught.value.details()) < 8 << 10
+    error = query_refused(coordinator, "\u00fc" * 100_000, "forged")  # percent-encoded: 6 bytes each
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert error.details().startswith("upload \u00fc\u00fc") and error.details().endswith(" characters, cut)")
+
+
+def test_an_unknown_target_in_a_large_fleet_names_a_few_known_nodes(coordinator) -> None:
+    for i in range(1500):  # the whole fleet's names would be over 16 KiB
+        coordinator.agents.Register(pb.RegisterRequest(node=f"gpu-node-{i:05d}"), timeout=10)
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["gpu-node-x"]), duration_s=1),
+                                      timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == ("no agent registered as gpu-node-x (known: gpu-node-00000, gpu-node-00001, "
+                                      "gpu-node-00002, gpu-node-00003, gpu-node-00004 and 1495 more)")
