@@ -12,6 +12,7 @@ import copy
 import logging
 import math
 import queue
+import re
 import secrets
 import threading
 import time
@@ -58,6 +59,11 @@ MAX_DURATION_S = 3600.0
 # ends, and the deadline is kept in nanoseconds (1e308s would overflow). Export time comes on
 # top of it, up to the agents' own bounds.
 MAX_TIMEOUT_S = 86_400.0
+# What a user's request puts in every listing of its sweep (the backend in the sweep, a
+# cancel's reason in each node's record): bounded, or a few 4 MiB requests would make
+# ListSweeps' reply too large to send (256 MiB), for every user.
+_BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_REASON_CHARS = 1000
 
 
 class NotAuthenticated(RankscopeError):
@@ -382,6 +388,9 @@ class Coordinator:
 
     def start_sweep(self, spec: sw.SweepSpec, *, names: list[str], labels: Mapping[str, str],
                     everything: bool) -> sw.Sweep:
+        if spec.backend and not _BACKEND_NAME.fullmatch(spec.backend):
+            raise InputError(f"capture backend {spec.backend[:64]!r}{'...' if len(spec.backend) > 64 else ''} is not a "
+                             "backend's name (up to 64 letters, digits, '._-': sim, nsys, torch)")
         if not 0 < spec.duration_s <= MAX_DURATION_S:
             raise InputError(f"capture window {spec.duration_s:g}s: it must be positive and at most "
                              f"{MAX_DURATION_S:g}s (DCGM stays paused throughout; capture more often instead)")
@@ -427,6 +436,9 @@ class Coordinator:
     def cancel_sweep(self, sweep_id: str, reason: str) -> sw.Sweep:
         """Stop a running sweep: its open nodes' captures end (DCGM back), what finished is analysed."""
         sw.check_sweep_id(sweep_id)
+        if len(reason) > MAX_REASON_CHARS:
+            raise InputError(f"a cancel's reason is {len(reason)} characters, over the limit of {MAX_REASON_CHARS} "
+                             "(it is every stopped node's reason)")
         with self._lock:
             sweep = self._active.get(sweep_id)
             if sweep is None or sweep.state is not sw.SweepState.RUNNING:

@@ -239,3 +239,33 @@ def test_an_unknown_target_in_a_large_fleet_names_a_few_known_nodes(coordinator)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert caught.value.details() == ("no agent registered as gpu-node-x (known: gpu-node-00000, gpu-node-00001, "
                                       "gpu-node-00002, gpu-node-00003, gpu-node-00004 and 1495 more)")
+
+
+def test_a_backend_that_is_no_name_is_refused(coordinator, wire) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")  # registered no backends: it would take any
+    for backend, shown in (("b" * 1_000_000, "'" + "b" * 64 + "'..."), ("../../x", "'../../x'"), ("\x00", "'\\x00'")):
+        with pytest.raises(grpc.RpcError) as caught:
+            coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
+                                                               backend=backend), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == (f"capture backend {shown} is not a backend's name (up to 64 letters, "
+                                          "digits, '._-': sim, nsys, torch)")
+    assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
+    agent.close()
+
+
+def test_a_cancel_reason_over_the_limit_is_refused_and_the_sweep_runs_on(coordinator, wire) -> None:
+    agent = wire.FakeAgent(coordinator, "node-a")
+    sweep = coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
+                                                               backend="sim"), timeout=10)
+    with pytest.raises(grpc.RpcError) as caught:  # each node's record would hold it
+        coordinator.sweeps.CancelSweep(pb.CancelSweepRequest(sweep_id=sweep.sweep_id, reason="r" * 1001), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == ("a cancel's reason is 1001 characters, over the limit of 1000 (it is every "
+                                      "stopped node's reason)")
+    [listed] = coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
+    assert listed.state == pb.SWEEP_STATE_RUNNING
+    stopped = coordinator.sweeps.CancelSweep(pb.CancelSweepRequest(sweep_id=sweep.sweep_id, reason="r" * 1000),
+                                             timeout=10)
+    assert stopped.nodes[0].reason == "r" * 1000
+    agent.close()
