@@ -269,3 +269,11 @@ def test_a_cancel_reason_over_the_limit_is_refused_and_the_sweep_runs_on(coordin
                                              timeout=10)
     assert stopped.nodes[0].reason == "r" * 1000
     agent.close()
+
+
+@pytest.mark.parametrize("name", [".", "..", "..."])
+def test_a_node_name_of_only_dots_is_refused_at_registration(coordinator, name: str) -> None:
+    with pytest.raises(grpc.RpcError) as caught:  # `fetch` would refuse to file its artifacts under DIR/<node>/
+        coordinator.register(name)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == f"node name {name!r}: a node name of only dots ('.', '..') would name a folder, not a node"
