@@ -565,7 +565,7 @@ def _time_offset(export: _File, utc_epoch: int, first_kernel: int) -> int:
         export.warn(f"export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look {looks}")
     by_flag = 0 if normalized == "true" else utc_epoch
     shift = export.meta.get("EXPORT_CONFIG_TIME_SHIFT")
-    if shift is None or not shift.lstrip("-").isdigit():
+    if shift is None or not _INTEGER.fullmatch(shift):  # not str.isdigit: '--5' and '²' pass it, not int()
         return by_flag
     by_shift = utc_epoch - int(shift)
     # Events lie within the capture (minutes to hours) of the session start.

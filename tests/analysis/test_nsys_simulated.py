@@ -184,6 +184,17 @@ def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, 
     assert any(note in n for n in notes), notes
 
 
+@pytest.mark.parametrize("shift", ["--5", "\u00b2", "1e3", " 7"])
+def test_a_time_shift_that_is_not_an_integer_is_read_as_absent(job, tmp_path: Path, shift: str) -> None:
+    # str.isdigit() of '--5'.lstrip('-') and of '\u00b2' is True, which int() refused in a
+    # ValueError traceback naming no file.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite",
+                   f"UPDATE META_DATA_EXPORT SET value = '{shift}' WHERE name = 'EXPORT_CONFIG_TIME_SHIFT'")
+    expected = nsys.read_nsys(paths[0]).column("window_start_ns").to_pylist()
+    assert nsys.read_nsys(copy).column("window_start_ns").to_pylist() == expected  # by EXPORT_PARAM_TIME_NORMALIZE
+
+
 def test_payload_ranks_out_of_any_range_are_read_as_absent(job, tmp_path: Path) -> None:
     # Read as 8 bytes from the blob's start, a rank is the communicator id's garbage: it
     # ended building the digest's int32 columns in an ArrowInvalid traceback.
