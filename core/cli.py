@@ -106,9 +106,21 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
+# Control characters other than whitespace, shown escaped: a garbled file's bytes quoted in
+# a library's message would otherwise reach the terminal as they are.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _one_line(text: object) -> str:
+    """``text`` as one line: runs of whitespace (newlines too) as one space, other control
+    characters escaped. A library's message quoted in an error (pyarrow's thrift errors end
+    in a newline) or a name with a newline in it would otherwise split the line."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(str(text).split()))
+
+
 def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
     # Inferred or skipped input is worth a line, not a source-code excerpt.
-    print(f"rankscope: warning: {message}", file=sys.stderr)
+    print(f"rankscope: warning: {_one_line(message)}", file=sys.stderr)
 
 
 def run() -> int:
@@ -172,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except RankscopeError as exc:
-        print(f"rankscope: error: {exc}", file=sys.stderr)
+        print(f"rankscope: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("rankscope: interrupted", file=sys.stderr)

@@ -117,6 +117,24 @@ def test_bad_input_one_line_exit_2_no_output(case: str, exports: list[Path], tmp
         assert not digest_out.exists()
 
 
+@pytest.mark.parametrize("command", ["analyze", "digest"])
+def test_a_digest_with_a_garbled_footer_is_one_line_exit_2(command: str, exports: list[Path], tmp_path: Path) -> None:
+    # pyarrow's thrift error ends in a newline (and may quote a control byte): the error
+    # took two lines, the second a lone ')'.
+    good = tmp_path / "good.parquet"
+    assert rankscope("digest", exports[0], "-o", good).returncode == 0
+    data = good.read_bytes()
+    garbled = tmp_path / "garbled.parquet"
+    garbled.write_bytes(data[:-100] + b"\xee" * 92 + data[-8:])  # footer's thrift, length and magic kept
+    out = tmp_path / ("report.json" if command == "analyze" else "again.parquet")
+    result = rankscope(command, garbled, "-o", out)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {garbled}: not a readable Parquet digest"), lines
+    assert r"\x0e" in lines[0] and "\x0e" not in lines[0]  # the byte shown, escaped
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory) -> Path:
     from rankscope.analysis import simulate
