@@ -183,12 +183,15 @@ def read(path: str | Path) -> pa.Table:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise ExportError(f"not a readable Parquet digest ({exc})", path=path) from None
-    version = (table.schema.metadata or {}).get(b"rankscope.schema", b"").decode()
+    # Any bytes, as Parquet metadata is: a marker that is not UTF-8 is named, not decoded in a traceback.
+    version = (table.schema.metadata or {}).get(b"rankscope.schema", b"").decode(errors="backslashreplace")
     if version != DIGEST_VERSION:
         raise ExportError(f"not a rankscope digest (schema {version or 'missing'!r}, expected {DIGEST_VERSION!r})", path=path)
     try:
         return table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)
-    except (KeyError, pa.ArrowInvalid) as exc:
+    except (KeyError, ValueError, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        # ValueError: ArrowInvalid, and a null where the schema has none ("Casting field
+        # 'rank' with null values to non-nullable"); the other two: a type that does not cast.
         raise ExportError(f"digest does not match {DIGEST_VERSION}: {exc}", path=path) from None
 
 

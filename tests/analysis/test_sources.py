@@ -152,6 +152,40 @@ def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Pa
         sources.load_digests([tables / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"])
 
 
+def _digest_edited(dsl: Path, path: Path, rank: pa.Array | None = None, marker: bytes | None = None) -> Path:
+    """A digest of the DSL sample's rank 0 with its rank column or schema marker replaced,
+    written as Parquet (not by `digest.write`, which would cast it back)."""
+    import pyarrow.parquet as pq
+
+    table = nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]).cast(digest.DIGEST_SCHEMA)
+    if rank is not None:
+        table = table.set_column(table.schema.get_field_index("rank"), pa.field("rank", rank.type), rank)
+    pq.write_table(table.replace_schema_metadata({b"rankscope.schema": marker or digest.DIGEST_VERSION.encode()}), path)
+    return path
+
+
+@pytest.mark.parametrize("rank, error", [
+    (pa.nulls(1, pa.int32()), "Casting field 'rank' with null values to non-nullable"),  # a ValueError
+    (pa.array([{"a": 1}]), "Unsupported cast from struct"),  # an ArrowNotImplementedError
+    (pa.array(["zero"]), "Failed to parse string"),
+])
+def test_a_digest_whose_rank_does_not_fit_the_schema_is_an_error_naming_it(dsl: Path, tmp_path: Path, rank: pa.Array,
+                                                                          error: str) -> None:
+    # Only KeyError and ArrowInvalid were caught: the others ended in a traceback.
+    edited = _digest_edited(dsl, tmp_path / "edited.parquet", rank=rank)
+    with pytest.raises(ExportError, match=f"digest does not match rankscope.digest/1: {error}") as err:
+        digest.read(edited)
+    assert str(edited) in str(err.value)
+
+
+def test_a_digest_marker_that_is_not_utf8_is_an_error_naming_it(dsl: Path, tmp_path: Path) -> None:
+    # Parquet metadata holds any bytes: a UnicodeDecodeError traceback named no file.
+    edited = _digest_edited(dsl, tmp_path / "edited.parquet", marker=b"\xff\xfe")
+    with pytest.raises(ExportError, match=r"not a rankscope digest \(schema '\\\\xff\\\\xfe'") as err:
+        digest.read(edited)
+    assert str(edited) in str(err.value)
+
+
 def test_kineto_traces_go_to_the_kineto_reader(samples: Path) -> None:
     folder = samples / "kineto" / "gloo_cpu_torch2.13"
     table = sources.load_digests([folder / "rank0.json", folder / "rank1.json"])
