@@ -121,6 +121,10 @@ _PAYLOAD_FIELDS = {
 }
 _FIELD_INDEX = {name: i for i, name in enumerate(_PAYLOAD_FIELDS)}
 _INTEGER = re.compile(r"-?\d+")
+# A string column read as text: SQLite keeps a BLOB in a TEXT column as it is, which came
+# back as bytes (a TypeError in str methods, an ArrowInvalid building the digest); cast,
+# its bytes are decoded as UTF-8 or refused by the sqlite3 module ("Could not decode").
+_TEXT = "CAST(%s AS TEXT)"
 _STEP = re.compile(r"^(?:ProfilerStep#|step[ _#:]?)(\d+)$", re.I)
 # Ops are coded while the batch is built (an index into this table; -1: none).
 _OPS = (*sorted(ops.CANONICAL_OPS), ops.UNKNOWN)
@@ -215,22 +219,23 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     floor runs the same statements."""
     sql: dict[str, str] = {}
     if "META_DATA_EXPORT" in columns:
-        sql["export"] = "SELECT name, value FROM META_DATA_EXPORT WHERE value IS NOT NULL"  # read as text
+        sql["export"] = f"SELECT {_TEXT % 'name'}, {_TEXT % 'value'} FROM META_DATA_EXPORT WHERE value IS NOT NULL"
     if "META_DATA_CAPTURE" in columns:
         sql["capture"] = (
-            "SELECT name, value FROM META_DATA_CAPTURE "
+            f"SELECT {_TEXT % 'name'}, {_TEXT % 'value'} FROM META_DATA_CAPTURE "
             "WHERE name IN ('PROCESS_0:ENVIRONMENT_VARIABLE', 'DEVICE_DISPLAY_NAME') ORDER BY rowid"
         )
     if "utcEpochNs" in columns.get("TARGET_INFO_SESSION_START_TIME", ()):
         sql["session"] = "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME"
     if {"name", "value"} <= columns.get("TARGET_INFO_SYSTEM_ENV", frozenset()):
-        sql["hostname"] = "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'"
+        sql["hostname"] = f"SELECT {_TEXT % 'value'} FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'"
     gpu = columns.get("TARGET_INFO_GPU", frozenset())
     if {"cudaId", "pid", "uuid"} <= columns.get("TARGET_INFO_CUDA_DEVICE", frozenset()):
-        sql["cuda_devices"] = "SELECT pid, cudaId, uuid FROM TARGET_INFO_CUDA_DEVICE WHERE uuid IS NOT NULL ORDER BY rowid"
+        sql["cuda_devices"] = (f"SELECT pid, cudaId, {_TEXT % 'uuid'} FROM TARGET_INFO_CUDA_DEVICE WHERE uuid IS NOT NULL "
+                               "ORDER BY rowid")
     elif "uuid" in gpu:
         ordinal = "cuDevice" if "cuDevice" in gpu else "id"
-        sql["gpus"] = f"SELECT DISTINCT CAST({ordinal} AS TEXT), uuid FROM TARGET_INFO_GPU"
+        sql["gpus"] = f"SELECT DISTINCT CAST({ordinal} AS TEXT), {_TEXT % 'uuid'} FROM TARGET_INFO_GPU"
     names = _kernel_name_columns(columns.get(KERNEL_TABLE, frozenset()))
     if names and "globalPid" in columns[KERNEL_TABLE]:
         key, named = _kernel_names_sql(names)
@@ -290,7 +295,7 @@ def _kernel_names_sql(names: tuple[str, ...]) -> tuple[str, str]:
         later = _coalesce(*(f"s{i}.value" for i in range(len(names) - 1)))
         value = (f"COALESCE(s.value, (SELECT {later} FROM {KERNEL_TABLE} AS k {joins} "
                  f"WHERE {key} = u.id AND {later} IS NOT NULL LIMIT 1))")
-    named = (f"SELECT u.id AS id, {value} AS value FROM (SELECT DISTINCT {key} AS id FROM {KERNEL_TABLE}) AS u "
+    named = (f"SELECT u.id AS id, {_TEXT % value} AS value FROM (SELECT DISTINCT {key} AS id FROM {KERNEL_TABLE}) AS u "
              "LEFT JOIN StringIds AS s ON s.id = u.id")
     return key, named
 
@@ -301,7 +306,7 @@ def _coalesce(*expressions: str) -> str:
 
 def _nvtx_name_sql(columns: frozenset[str]) -> tuple[str, str]:
     """(expression, join) for an NVTX event's name: inline `text` or registered `textId`."""
-    text = "COALESCE(n.text, s.value)" if "text" in columns else "s.value"
+    text = _TEXT % ("COALESCE(n.text, s.value)" if "text" in columns else "s.value")
     if "textId" in columns:
         return text, "LEFT JOIN StringIds AS s ON s.id = n.textId"
     return text, "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"

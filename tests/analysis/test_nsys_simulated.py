@@ -280,6 +280,21 @@ def test_an_export_being_written_is_refused_and_a_wal_export_read_whole(job, tmp
     writer.close()
 
 
+@pytest.mark.parametrize("table", ["StringIds", "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_SYSTEM_ENV",
+                                   "TARGET_INFO_CUDA_DEVICE"])
+def test_strings_stored_as_blobs_are_read_as_text_or_refused_naming_the_export(job, tmp_path: Path, table: str) -> None:
+    # SQLite keeps a BLOB in a TEXT column as it is: it came back as bytes, which ended in a
+    # TypeError (str methods) or an ArrowInvalid (the digest's string columns) traceback.
+    _, paths = job
+    column = "uuid" if table == "TARGET_INFO_CUDA_DEVICE" else "value"
+    blobs = _edited(paths[0], tmp_path / "blobs.sqlite", f"UPDATE {table} SET {column} = CAST({column} AS BLOB)")
+    assert nsys.read_nsys(blobs).drop_columns("source_file").equals(nsys.read_nsys(paths[0]).drop_columns("source_file"))
+    garbled = _edited(paths[0], tmp_path / "garbled.sqlite", f"UPDATE {table} SET {column} = X'fffe00'")
+    with pytest.raises(ExportError, match="cannot read the SQLite export .*UTF-8") as err:
+        nsys.read_nsys(garbled)
+    assert str(garbled) in str(err.value)
+
+
 def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
     # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
     _, paths = job
