@@ -185,8 +185,8 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
             meta, collectives=_collective_columns(collectives), kernels=busy.kernels, steps=steps,
             communicators=_communicators(trace.top, collectives),
         )
-    # A metadata value of the wrong type (rank: true), or beyond its int32/int64 column.
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+    # A metadata value of the wrong type (rank: true; a pg_desc that is a list), or beyond its int32/int64 column.
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError) as exc:
         raise ExportError(f"malformed trace metadata ({exc})", path=path) from None
     # Arrow's allocator (mimalloc) keeps the pages freed by the conversions above; a job
     # reads one trace after another, so each read hands them back (~1 µs).
@@ -285,6 +285,8 @@ def _load(path: Path) -> _Trace:
         if "truncated" in str(exc):  # msgspec: "Input data was truncated"
             raise ExportError(f"Kineto trace ends early: its JSON is {_CUT_SHORT}", path=path) from None
         raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
+    except RecursionError:  # msgspec's own, for values nested past its depth (thousands of [ in an arg)
+        raise ExportError("not a Kineto JSON trace (values nested too deep to decode)", path=path) from None
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ExportError(f"unreadable event time ({exc})", path=path) from None
     if document is None:
@@ -678,6 +680,10 @@ def _check_top(path: Path, top: dict) -> None:
     for key in ("distributedInfo", HOOK_KEY):
         if key in top and not isinstance(top[key], dict):
             raise ExportError(f"malformed trace: {key} is a {type(top[key]).__name__}, not an object", path=path)
+    groups = top.get("distributedInfo", {}).get("pg_config")
+    if groups is not None and not isinstance(groups, list):
+        raise ExportError(f"malformed trace: distributedInfo.pg_config is a {type(groups).__name__}, not a list",
+                          path=path)
     recorder = top.get(HOOK_KEY, {}).get("flight_recorder")
     if recorder is None:
         return
@@ -1610,10 +1616,16 @@ def _pg(args: _Args) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=4096)
 def _canonical(name) -> str | None:
+    """ops.canonical of a name; None for an arg that is no string (a list, an object: the
+    cache could not even hash them)."""
+    return _canonical_text(name) if isinstance(name, str) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_text(name: str) -> str | None:
     """ops.canonical, once per distinct spelling (the same names recur every step)."""
-    return ops.canonical(name) if isinstance(name, str) else None
+    return ops.canonical(name)
 
 
 def _arg_columns(args: list[_Args]) -> dict[str, np.ndarray]:
@@ -1647,9 +1659,13 @@ def _int(value) -> int | None:
     return number if number is None or _I64_MIN <= number <= _I64_MAX else None
 
 
-@functools.lru_cache(maxsize=256)
 def _element_size(dtype) -> int:
-    return _DTYPE_BYTES.get(dtype.lower(), 0) if isinstance(dtype, str) else 0
+    return _element_size_of(dtype) if isinstance(dtype, str) else 0  # the cache hashes its argument
+
+
+@functools.lru_cache(maxsize=256)
+def _element_size_of(dtype: str) -> int:
+    return _DTYPE_BYTES.get(dtype.lower(), 0)
 
 
 def _sizes(args: list[_Args]) -> np.ndarray:

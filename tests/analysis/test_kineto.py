@@ -726,6 +726,16 @@ def test_truncated_json_is_said_to_end_early(tmp_path):
         read_kineto(tmp_path / "rank1.json")
 
 
+def test_values_nested_past_the_decoders_depth_are_an_export_error(tmp_path):
+    # msgspec raises RecursionError, not a DecodeError, for them: a traceback.
+    data = _trace(_gloo_events("200.000", "201.000"))
+    data["traceEvents"][0]["args"]["deep"] = "DEEP"
+    text = json.dumps(data).replace('"DEEP"', "[" * 20000 + "]" * 20000)
+    (tmp_path / "rank0.json").write_text(text)
+    with pytest.raises(ExportError, match=r"not a Kineto JSON trace \(values nested too deep to decode\)"):
+        read_kineto(tmp_path / "rank0.json")
+
+
 def test_empty_file_is_an_export_error(tmp_path):
     """An empty file cannot be mapped: it is read as empty text, not a trace."""
     empty = tmp_path / "rank0.json"
@@ -856,6 +866,10 @@ def test_a_gloo_workers_message_is_every_tensor_it_moves(tmp_path):
     (lambda d: d["distributedInfo"].update(rank=2**70), r"malformed trace metadata \(Python int too large"),
     (lambda d: d.update(baseTimeNanoseconds=2**70), r"baseTimeNanoseconds 1180591620717411303424 is beyond int64 ns"),
     (lambda d: d["traceEvents"][1]["args"].update({"External id": 2**70}), r"Expected `int` <= 9223372036854775807"),
+    # Iterated (a TypeError traceback), and cast to the digest's string (an ArrowNotImplementedError one).
+    (lambda d: d["distributedInfo"].update(pg_config=-1), "malformed trace: distributedInfo.pg_config is a int, not a list"),
+    (lambda d: d["distributedInfo"].update(pg_config=[{"pg_name": "0", "pg_desc": ["a"]}]),
+     r"malformed trace metadata \(Unsupported cast from list<item: string> to utf8"),
 ])
 def test_trace_metadata_of_the_wrong_shape_is_one_export_error(tmp_path, edit, message):
     data = _trace(_gloo_events("200.000", "201.000"))
@@ -878,6 +892,14 @@ def test_an_integer_arg_beyond_int64_is_read_as_absent(tmp_path, comm_args, seq,
     row = coll.iloc[0]
     assert (row["op"], (row["seq"], row["seq_source"])) == ("allreduce", seq)
     assert row["bytes"] == size if size else pd.isna(row["bytes"])
+
+
+@pytest.mark.parametrize("comm_args", [{"Collective name": []}, {"Collective name": {"a": 1}}, {"dtype": []}])
+def test_a_name_arg_that_is_no_string_is_read_as_absent(tmp_path, comm_args):
+    # The names' caches hashed the arg first: a list or object ended in a TypeError traceback.
+    got = _collectives(read_kineto(_write(tmp_path / "t.json", _nccl_allreduce(**comm_args)))).iloc[0]
+    assert (got["op"], got["comm_id"], got["seq"]) == ("allreduce", "0", 7)  # the op from the c10d call
+    assert got["bytes"] == 1024 if "dtype" not in comm_args else pd.isna(got["bytes"])
 
 
 @pytest.mark.parametrize("edit", [
