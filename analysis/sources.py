@@ -17,6 +17,7 @@ import shutil
 import stat
 import tempfile
 import warnings
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -199,7 +200,7 @@ def _kineto_or_warn(path: Path) -> bool:
                     return True
                 ours = ours or _OWN_SCHEMA in seen
                 seen = seen[-keep:]
-    except (OSError, EOFError, gzip.BadGzipFile):
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):  # zlib: a stream garbled mid-way
         return True
     if ours:
         return False  # not input, and nothing to say about it

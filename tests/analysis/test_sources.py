@@ -233,6 +233,20 @@ def test_folder_walk_skips_json_that_is_not_a_kineto_trace(samples: Path, tmp_pa
     assert str(tmp_path / "fr_rank0.json") in str(err.value) and "\n" not in str(err.value)
 
 
+def test_folder_walk_leaves_a_garbled_gzip_trace_to_its_reader(samples: Path, tmp_path: Path) -> None:
+    # The walk's look for "traceEvents" passed zlib's error on: a traceback, where a
+    # trace that cannot be read is the reader's to refuse, by name.
+    import gzip
+
+    packed = gzip.compress((samples / "kineto" / "gloo_cpu_torch2.13" / "rank0.json").read_bytes())
+    garbled = tmp_path / "rank0.json.gz"
+    garbled.write_bytes(packed[:20] + b"\xff" * 30 + packed[50:])
+    assert sources.discover([tmp_path]) == [garbled]
+    with pytest.raises(ExportError, match="cannot read Kineto trace") as err:
+        sources.load_digests([tmp_path])
+    assert str(garbled) in str(err.value)
+
+
 def test_folder_walk_finds_the_key_across_reads_and_deep_in_the_file(tmp_path: Path, monkeypatch) -> None:
     """The key is looked for a read at a time: found where it straddles two reads, and
     past the first read, plain or gzipped."""
