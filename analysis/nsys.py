@@ -526,8 +526,25 @@ def _parse(path: Path, rows: dict[str, Any]) -> _File:
     if not isinstance(session[0][0], int):  # NULL, or text/real in a damaged export: int() would raise
         raise ExportError("export has no session start time (utcEpochNs is missing or not an integer)", path=path)
     export.offset = _time_offset(export, int(session[0][0]), int(export.kernels[:, 0].min()))
+    _check_epoch_times(export)
     export.host = _host(export, capture, rows.get("hostname", []))
     return export
+
+
+# The time columns of each part as fetched (`_columns` moves them to epoch ns).
+_TIME_COLUMNS = {"kernels": [0, 1], "copies": [0, 1], "launches": [3], "nvtx": [2, 3]}
+
+
+def _check_epoch_times(export: _File) -> None:
+    """Refuse times that leave int64 once moved to UTC epoch ns: numpy's addition wraps
+    them round silently, to a window thousands of years before 1970 (a utcEpochNs or a
+    timestamp near 2**63 in a damaged export). Only each column's least and greatest."""
+    for part, at in _TIME_COLUMNS.items():
+        times = getattr(export, part)[:, at]
+        if times.size and not (_I64_MIN <= int(times.min()) + export.offset and
+                               int(times.max()) + export.offset <= _I64_MAX):
+            raise ExportError(f"its {part} times leave int64 once moved to UTC epoch ns (offset {export.offset:,}): "
+                              "a timestamp or utcEpochNs near 2**63", path=export.path)
 
 
 def _captured_env(capture: list[tuple]) -> dict[str, str]:

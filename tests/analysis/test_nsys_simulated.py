@@ -295,6 +295,20 @@ def test_strings_stored_as_blobs_are_read_as_text_or_refused_naming_the_export(j
     assert str(garbled) in str(err.value)
 
 
+def test_times_that_leave_int64_at_epoch_ns_are_an_error_naming_the_export(job, tmp_path: Path) -> None:
+    # numpy's addition of the offset wrapped round: a window starting ~1678 read as fine.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite",
+                   "UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = 9223372036854775000")
+    with pytest.raises(ExportError, match="its kernels times leave int64 once moved to UTC epoch ns") as err:
+        nsys.read_nsys(copy)
+    assert str(copy) in str(err.value)
+    late = _one_more_kernel(paths[0], tmp_path / "late.sqlite", "1",
+                            'start = 9223372036854775000, "end" = 9223372036854775800')
+    with pytest.raises(ExportError, match="its kernels times leave int64 once moved to UTC epoch ns"):
+        nsys.read_nsys(late)
+
+
 def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
     # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
     _, paths = job
