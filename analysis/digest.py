@@ -186,6 +186,10 @@ def read(path: str | Path) -> pa.Table:
     # Any bytes, as Parquet metadata is: a marker that is not UTF-8 is named, not decoded in a traceback.
     version = (table.schema.metadata or {}).get(b"rankscope.schema", b"").decode(errors="backslashreplace")
     if version != DIGEST_VERSION:
+        family = DIGEST_VERSION.rpartition("/")[0] + "/"
+        if version.startswith(family):  # ours, of another version: say so, not "not a digest"
+            raise ExportError(f"a digest of another rankscope version ({version!r}; this one reads {DIGEST_VERSION!r}): "
+                              "build it again with this one's `rankscope digest`", path=path)
         raise ExportError(f"not a rankscope digest (schema {version or 'missing'!r}, expected {DIGEST_VERSION!r})", path=path)
     try:
         return table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)

@@ -186,6 +186,15 @@ def test_a_digest_marker_that_is_not_utf8_is_an_error_naming_it(dsl: Path, tmp_p
     assert str(edited) in str(err.value)
 
 
+def test_a_digest_of_another_rankscope_version_says_so(dsl: Path, tmp_path: Path) -> None:
+    # It said "not a rankscope digest (schema 'rankscope.digest/2' ...)" of one of ours.
+    edited = _digest_edited(dsl, tmp_path / "newer.parquet", marker=b"rankscope.digest/2")
+    with pytest.raises(ExportError, match=r"a digest of another rankscope version \('rankscope.digest/2'; this one "
+                                          r"reads 'rankscope.digest/1'\)") as err:
+        digest.read(edited)
+    assert str(edited) in str(err.value)
+
+
 def test_kineto_traces_go_to_the_kineto_reader(samples: Path) -> None:
     folder = samples / "kineto" / "gloo_cpu_torch2.13"
     table = sources.load_digests([folder / "rank0.json", folder / "rank1.json"])
