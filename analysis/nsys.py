@@ -543,7 +543,7 @@ def _check_epoch_times(export: _File) -> None:
         times = getattr(export, part)[:, at]
         if times.size and not (_I64_MIN <= int(times.min()) + export.offset and
                                int(times.max()) + export.offset <= _I64_MAX):
-            raise ExportError(f"its {part} times leave int64 once moved to UTC epoch ns (offset {export.offset:,}): "
+            raise ExportError(f"times in its {part} leave int64 once moved to UTC epoch ns (offset {export.offset:,}): "
                               "a timestamp or utcEpochNs near 2**63", path=export.path)
 
 

@@ -300,12 +300,12 @@ def test_times_that_leave_int64_at_epoch_ns_are_an_error_naming_the_export(job, 
     _, paths = job
     copy = _edited(paths[0], tmp_path / "edited.sqlite",
                    "UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = 9223372036854775000")
-    with pytest.raises(ExportError, match="its kernels times leave int64 once moved to UTC epoch ns") as err:
+    with pytest.raises(ExportError, match="times in its kernels leave int64 once moved to UTC epoch ns") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
     late = _one_more_kernel(paths[0], tmp_path / "late.sqlite", "1",
                             'start = 9223372036854775000, "end" = 9223372036854775800')
-    with pytest.raises(ExportError, match="its kernels times leave int64 once moved to UTC epoch ns"):
+    with pytest.raises(ExportError, match="times in its kernels leave int64 once moved to UTC epoch ns"):
         nsys.read_nsys(late)
 
 
