@@ -854,6 +854,7 @@ def _decode_payloads(files: list[_File], file: np.ndarray, data: np.ndarray, blo
 def _build(files: list[_File], rank_from: str | None) -> pa.Table:
     """Digest rows of a batch of exports: every rank (file, process, device) at once."""
     kernels = _columns(files, "kernels", ("start", "end", "pid", "device", "correlation", "name"), ("start", "end"))
+    _clip_inverted(files, kernels)
     names, kernels["name"] = _kernel_names(files, kernels)
     comm_name = ops.is_comm_kernel(names)  # each distinct name once
     is_comm = comm_name[kernels["name"]]
@@ -989,6 +990,17 @@ def _collectives(files: list[_File], kernels: Columns, is_comm: np.ndarray, unit
 # What the digest and the collectives' facts take from `_collectives`.
 _COLLECTIVE_COLUMNS = ("unit", "process", "start", "end", "cpu_call_ns", "cpu_call_ns_na", "comm_id", "op", "bytes", "bytes_na",
                        "peer", "peer_na", "comm_size", "comm_size_na")
+
+
+def _clip_inverted(files: list[_File], kernels: Columns) -> None:
+    """Kernels that end before they start (a damaged export) made zero-length, with a
+    warning: as they were, each took its length off the rank's GPU busy time and put a
+    negative time in its top kernels, unsaid."""
+    inverted = kernels["end"] < kernels["start"]
+    if inverted.any():
+        kernels["end"] = np.maximum(kernels["end"], kernels["start"])
+        _warn_per_file(files, kernels["file"], inverted, "{} of {} kernels end before they start (a damaged "
+                       "export): each counts no GPU time")
 
 
 def _warn_per_file(files: list[_File], file: np.ndarray, flagged: np.ndarray, template: str) -> None:

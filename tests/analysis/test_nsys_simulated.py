@@ -339,3 +339,22 @@ def test_a_step_holds_the_times_from_its_start_up_to_its_end_not_its_end_as_the_
                                     np.full(times.size, 7), times)
     from_kineto = kineto._step_of(times, {"step": step, "start_ns": start, "end_ns": end})
     assert np.where(missing, -1, values).tolist() == from_kineto.tolist() == [-1, 1, 1, -1, 2, 2, -1, -1]
+
+
+def test_a_kernel_that_ends_before_it_starts_counts_no_time_and_is_warned(job, tmp_path: Path) -> None:
+    # It took its length off the rank's GPU busy time and summed a negative time into its
+    # top kernels, unsaid.
+    _, paths = job
+    original = nsys.read_nsys(paths[0])
+    compute = next(k for k in original.column("kernels")[0].as_py() if not k["is_comm"])
+    with sqlite3.connect(paths[0]) as db:
+        (name_id,) = db.execute("SELECT id FROM StringIds WHERE value = ?", (compute["name"],)).fetchone()
+    inverted = _one_more_kernel(paths[0], tmp_path / "inverted.sqlite", f"COALESCE(demangledName, shortName) = {name_id}", '"end" = start - 1000000')
+    edited = nsys.read_nsys(inverted)
+    assert edited.column("gpu_busy_ns").equals(original.column("gpu_busy_ns"))
+    (kernel,) = [k for k in edited.column("kernels")[0].as_py() if k["name"] == compute["name"]]
+    assert (kernel["count"], kernel["total_ns"]) == (compute["count"] + 1, compute["total_ns"])
+    (warnings,) = edited.column("warnings").to_pylist()
+    (said,) = [w for w in warnings if "end before they start" in w]
+    assert said.endswith(f"1 of {sum(k['count'] for k in edited.column('kernels')[0].as_py())} kernels end before "
+                         "they start (a damaged export): each counts no GPU time")
