@@ -27,6 +27,7 @@ from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.client import MAX_REPLY_BYTES
 from rankscope.coordinator.config import CoordinatorConfig, resolve
 from rankscope.coordinator.coordinator import (
+    MAX_REASON_CHARS,
     CancelOrder,
     CaptureOrder,
     Coordinator,
@@ -204,6 +205,16 @@ def _command(order: object) -> pb.CoordinatorCommand:
 # servicers ----------------------------------------------------------------------------
 
 
+# An agent's words on its node (detail, reason, notes) are stored and go out in every listing
+# of the sweep: cut, not refused (they may say why a capture failed), or a few 4 MiB statuses
+# would make ListSweeps' reply too large to send, as a user's cancel reason would.
+MAX_NOTES = 32
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
 class AgentServicer(pb_grpc.AgentServiceServicer):
     def __init__(self, coordinator: Coordinator) -> None:
         self.coordinator = coordinator
@@ -296,9 +307,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             log.warning("node %s sent a status without a state for sweep %s", connection.node, status.sweep_id)
             return
         event = sw.NodeReported(
-            node=connection.node, state=state, at_ns=self.coordinator.clock(), detail=status.detail,
-            reason=status.reason, dcgm=dcgm, dcgm_detail=status.dcgm_detail, artifacts=artifacts,
-            notes=tuple(status.notes), export_timeout_s=status.export_timeout_s,
+            node=connection.node, state=state, at_ns=self.coordinator.clock(), detail=_cut(status.detail),
+            reason=_cut(status.reason), dcgm=dcgm, dcgm_detail=_cut(status.dcgm_detail), artifacts=artifacts,
+            notes=tuple(map(_cut, status.notes[:MAX_NOTES])), export_timeout_s=status.export_timeout_s,
         )
         self.coordinator.node_reported(connection.node, event, status.sweep_id)
 

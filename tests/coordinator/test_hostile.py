@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import grpc
 import pytest
@@ -277,3 +278,26 @@ def test_a_node_name_of_only_dots_is_refused_at_registration(coordinator, name: 
         coordinator.register(name)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details() == f"node name {name!r}: a node name of only dots ('.', '..') would name a folder, not a node"
+
+
+def test_an_agents_long_words_on_its_node_are_cut_not_stored_whole(coordinator, wire) -> None:
+    """Detail, reason, DCGM detail and notes of any length (4 MiB a status) were stored and
+    sent in every listing of the sweep; a few such statuses would make ListSweeps too large."""
+    agent = wire.FakeAgent(coordinator, "node-a")
+    sweep = coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
+                                                               backend="sim"), timeout=10)
+    agent.next_command()
+    agent.status(sweep.sweep_id, pb.NODE_STATE_FAILED, detail="d" * 100_000, reason="r" * 100_000,
+                 dcgm=pb.DCGM_OUTCOME_RESUMED, dcgm_detail="g" * 100_000, notes=["n" * 2000] * 100)
+    for _ in range(100):
+        [listed] = coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
+        if listed.nodes[0].state == pb.NODE_STATE_FAILED:
+            break
+        time.sleep(0.05)
+    node = listed.nodes[0]
+    assert node.state == pb.NODE_STATE_FAILED
+    assert node.reason == "r" * 999 + "…" and len(node.dcgm_detail) == 1000
+    [stored] = coordinator.server.coordinator.store.sweeps()
+    notes = stored.nodes["node-a"].notes
+    assert len(notes) == 32 and all(len(n) == 1000 for n in notes)
+    agent.close()
