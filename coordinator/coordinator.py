@@ -64,6 +64,20 @@ MAX_TIMEOUT_S = 86_400.0
 # ListSweeps' reply too large to send (256 MiB), for every user.
 _BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAX_REASON_CHARS = 1000
+# A sweep's options go to each of its nodes in StartCapture (and again on every reconnect):
+# bounded, or they pass an agent's 4 MiB receive limit. Far above what a backend takes
+# (nsys: gpu_metrics; sim: a dozen sim.* keys).
+MAX_OPTIONS = 64
+MAX_OPTION_CHARS = 4096
+
+
+def _check_options(options: Mapping[str, str]) -> None:
+    if len(options) > MAX_OPTIONS:
+        raise InputError(f"{len(options)} capture options, over the limit of {MAX_OPTIONS}")
+    for key, value in options.items():
+        if not _BACKEND_NAME.fullmatch(key) or len(value) > MAX_OPTION_CHARS:
+            raise InputError(f"capture option {key[:64]!r}{'...' if len(key) > 64 else ''}: its key must be a name (up to "
+                             f"64 letters, digits, '._-') and its value at most {MAX_OPTION_CHARS} characters")
 
 
 class NotAuthenticated(RankscopeError):
@@ -391,6 +405,7 @@ class Coordinator:
         if spec.backend and not _BACKEND_NAME.fullmatch(spec.backend):
             raise InputError(f"capture backend {spec.backend[:64]!r}{'...' if len(spec.backend) > 64 else ''} is not a "
                              "backend's name (up to 64 letters, digits, '._-': sim, nsys, torch)")
+        _check_options(spec.options)
         if not 0 < spec.duration_s <= MAX_DURATION_S:
             raise InputError(f"capture window {spec.duration_s:g}s: it must be positive and at most "
                              f"{MAX_DURATION_S:g}s (DCGM stays paused throughout; capture more often instead)")

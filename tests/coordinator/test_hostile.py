@@ -301,3 +301,22 @@ def test_an_agents_long_words_on_its_node_are_cut_not_stored_whole(coordinator, 
     notes = stored.nodes["node-a"].notes
     assert len(notes) == 32 and all(len(n) == 1000 for n in notes)
     agent.close()
+
+
+@pytest.mark.parametrize("options, said", [
+    ({f"k{i}": "v" for i in range(65)}, "65 capture options, over the limit of 64"),
+    ({"k" * 100_000: "v"}, "capture option '" + "k" * 64 + "'...: its key must be a name"),
+    ({"sim.nodes": "1" * 4097}, "capture option 'sim.nodes': its key must be a name"),
+    ({"a b": "v"}, "capture option 'a b': its key must be a name"),
+], ids=["many", "long key", "long value", "no name"])
+def test_capture_options_past_what_a_node_can_take_are_refused(coordinator, wire, options, said: str) -> None:
+    """They went to every node in StartCapture (again on each reconnect): a 1 MB key or 50,000
+    keys were taken, past an agent's 4 MiB receive limit."""
+    agent = wire.FakeAgent(coordinator, "node-a")
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
+                                                           backend="sim", options=options), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(said)
+    assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
+    agent.close()
