@@ -84,9 +84,11 @@ def status_of(error: RankscopeError) -> grpc.StatusCode:
 
 
 # A status's message travels percent-encoded in the grpc-message trailer, and a client drops
-# trailers over 16 KiB (as RESOURCE_EXHAUSTED "Stream removed", the message lost): one that
-# echoes a request's value (a 100 kB node name) is cut to fit well under that.
-MAX_DETAILS_BYTES = 8 << 10
+# trailers past its metadata limits (as RESOURCE_EXHAUSTED "Stream removed", the message lost):
+# all of them past 16 KiB, a growing share of them past the soft limit of 8 KiB, which the
+# trailer's other headers count towards too. One that echoes a request's value (a 100 kB node
+# name) is cut to fit well under the soft limit.
+MAX_DETAILS_BYTES = 4 << 10
 
 
 def details(error: RankscopeError) -> str:

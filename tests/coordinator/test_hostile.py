@@ -225,7 +225,9 @@ def test_a_refusal_echoing_a_huge_value_is_cut_to_reach_the_client(coordinator, 
                                       timeout=10)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert caught.value.details().startswith("no agent registered as xxxx")
-    assert caught.value.details().endswith(" characters, cut)") and len(caught.value.details()) < 8 << 10
+    # under the client's 8 KiB soft limit on all metadata, with room for the trailer's other
+    # headers: at 8 KiB itself, a share of such statuses were dropped (seen in a full run)
+    assert caught.value.details().endswith(" characters, cut)") and len(caught.value.details()) < (8 << 10) - 1024
     error = query_refused(coordinator, "\u00fc" * 100_000, "forged")  # percent-encoded: 6 bytes each
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
     assert error.details().startswith("upload \u00fc\u00fc") and error.details().endswith(" characters, cut)")
