@@ -34,7 +34,7 @@ import math
 import re
 import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from rankscope import output
+from rankscope.cli import parse_count
 from rankscope.analysis import ops
 from rankscope.progress import counted
 from rankscope.errors import ConfigError, InputError
@@ -1385,19 +1386,6 @@ def _finite(text: str) -> float:
     return value
 
 
-def _count(low: int, high: int) -> Callable[[str], int]:
-    """A whole-number flag's type, bounded: beyond, a usage error naming the bounds."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
-        return value
-    return parse
-
-
 def _node_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -1412,18 +1400,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "TP/DP training job with injected stragglers and skewed node clocks, and the ground "
                     "truth (truth.json) beside them.")
     p.add_argument("outdir", type=Path, metavar="OUTDIR", help="folder for the exports and truth.json")
-    p.add_argument("--nodes", type=_count(1, MAX_RANKS), default=8, help="nodes, each its own clock (default: %(default)s)")
-    p.add_argument("--gpus-per-node", type=_count(1, MAX_RANKS), default=8, help="ranks per node (default: %(default)s)")
+    p.add_argument("--nodes", type=parse_count(1, MAX_RANKS), default=8, help="nodes, each its own clock (default: %(default)s)")
+    p.add_argument("--gpus-per-node", type=parse_count(1, MAX_RANKS), default=8, help="ranks per node (default: %(default)s)")
     p.add_argument("--tp", type=int, default=8,
                    help="tensor-parallel group size (divides --gpus-per-node; default: %(default)s)")
-    p.add_argument("--steps", type=_count(1, MAX_STEPS), default=20, help="training steps (default: %(default)s)")
+    p.add_argument("--steps", type=parse_count(1, MAX_STEPS), default=20, help="training steps (default: %(default)s)")
     p.add_argument("--straggler", type=parse_straggler, action="append", default=[],
                    metavar="RANK[:compute|launch[:EXTRA_US[:EVERY]]]",
                    help="inject a straggler (default compute, 2000 us, every step); repeatable")
     p.add_argument("--max-offset-ms", type=_finite, default=20.0, help="node clock offsets drawn within +-this (default: %(default)g)")
     p.add_argument("--max-drift-ppm", type=_finite, default=50.0, help="node clock drifts drawn within +-this (default: %(default)g)")
     p.add_argument("--jitter-us", type=_finite, default=10.0, help="std of each compute kernel's duration (default: %(default)g)")
-    p.add_argument("--tp-collectives", type=_count(0, MAX_TP_COLLECTIVES), default=2, help="TP AllReduces per step (default: %(default)s)")
+    p.add_argument("--tp-collectives", type=parse_count(0, MAX_TP_COLLECTIVES), default=2, help="TP AllReduces per step (default: %(default)s)")
     p.add_argument("--barrier", action="store_true", help="close each step with a small world AllReduce")
     p.add_argument("--fsdp", action="store_true",
                    help="shard DP as FSDP/ZeRO-3: an AllGather and a ReduceScatter of each rank's shard per step, "

@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rankscope import __version__
@@ -91,6 +91,21 @@ def parse_duration(text: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration like 20s, 500ms, 2m")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_count(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """A whole-number option's type, bounded: beyond, a usage error naming the bounds (and
+    ``why``, where they need saying)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}"
+                                             + (f" ({why})" if why else ""))
+        return value
+    return parse
 
 
 def parse_labels(text: str) -> dict[str, str]:

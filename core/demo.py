@@ -25,11 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from rankscope import output
-from rankscope.cli import parse_duration
+from rankscope.cli import parse_count, parse_duration
 from rankscope.errors import InputError, RankscopeError, ToolError
 
 DEFAULT_RANKS_PER_NODE = 4
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp folder)")
-    parser.add_argument("--ranks-per-node", type=_ranks_per_node, default=DEFAULT_RANKS_PER_NODE,
+    parser.add_argument("--ranks-per-node", type=_ranks_per_node(), default=DEFAULT_RANKS_PER_NODE,
                         help=f"ranks on each of the two nodes (default {DEFAULT_RANKS_PER_NODE}; at least "
                              f"{MIN_RANKS_PER_NODE}, as naming a straggler needs 3+ ranks; at most this "
                              f"machine's CPUs, or {DEFAULT_RANKS_PER_NODE} where it has fewer)")
@@ -54,22 +55,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _ranks_per_node(text: str) -> int:
-    """--ranks-per-node, at most the machine's CPUs (or the default, which a 2-core machine
-    runs): each rank is a PyTorch process, under its `rankscope rank` wrapper, started at
-    once with cold imports, and a typo would fork thousands. At least 2: with one rank a node
-    the job's 2 ranks are too few to name a straggler, and the demo could only fail."""
+def _ranks_per_node() -> Callable[[str], int]:
+    """--ranks-per-node's type: at most the machine's CPUs (or the default, which a 2-core
+    machine runs): each rank is a PyTorch process, under its `rankscope rank` wrapper,
+    started at once with cold imports, and a typo would fork thousands. At least 2: with one
+    rank a node the job's 2 ranks are too few to name a straggler, and the demo could only fail."""
     cpus = os.cpu_count() or 1
-    limit = max(DEFAULT_RANKS_PER_NODE, cpus)
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not MIN_RANKS_PER_NODE <= value <= limit:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {MIN_RANKS_PER_NODE} to {limit} "
-                                         f"(naming a straggler needs 3+ ranks; this machine has {cpus} CPUs, "
-                                         f"each rank a PyTorch process)")
-    return value
+    return parse_count(MIN_RANKS_PER_NODE, max(DEFAULT_RANKS_PER_NODE, cpus),
+                       f"naming a straggler needs 3+ ranks; this machine has {cpus} CPUs, each rank a PyTorch process")
 
 
 def _terminated(signum: int, frame) -> None:
