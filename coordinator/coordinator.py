@@ -62,7 +62,7 @@ MAX_TIMEOUT_S = 86_400.0
 # What a user's request puts in every listing of its sweep (the backend in the sweep, a
 # cancel's reason in each node's record): bounded, or a few 4 MiB requests would make
 # ListSweeps' reply too large to send (256 MiB), for every user.
-_BACKEND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a backend's, an option key's
 MAX_REASON_CHARS = 1000
 # A sweep's options go to each of its nodes in StartCapture (and again on every reconnect):
 # bounded, or they pass an agent's 4 MiB receive limit. Far above what a backend takes
@@ -71,12 +71,17 @@ MAX_OPTIONS = 64
 MAX_OPTION_CHARS = 4096
 
 
+def _shown(text: str) -> str:
+    """A name from a request, quoted, its first 64 characters where it runs long."""
+    return f"{text[:64]!r}{'...' if len(text) > 64 else ''}"
+
+
 def _check_options(options: Mapping[str, str]) -> None:
     if len(options) > MAX_OPTIONS:
         raise InputError(f"{len(options)} capture options, over the limit of {MAX_OPTIONS}")
     for key, value in options.items():
-        if not _BACKEND_NAME.fullmatch(key) or len(value) > MAX_OPTION_CHARS:
-            raise InputError(f"capture option {key[:64]!r}{'...' if len(key) > 64 else ''}: its key must be a name (up to "
+        if not _NAME.fullmatch(key) or len(value) > MAX_OPTION_CHARS:
+            raise InputError(f"capture option {_shown(key)}: its key must be a name (up to "
                              f"64 letters, digits, '._-') and its value at most {MAX_OPTION_CHARS} characters")
 
 
@@ -402,8 +407,8 @@ class Coordinator:
 
     def start_sweep(self, spec: sw.SweepSpec, *, names: list[str], labels: Mapping[str, str],
                     everything: bool) -> sw.Sweep:
-        if spec.backend and not _BACKEND_NAME.fullmatch(spec.backend):
-            raise InputError(f"capture backend {spec.backend[:64]!r}{'...' if len(spec.backend) > 64 else ''} is not a "
+        if spec.backend and not _NAME.fullmatch(spec.backend):
+            raise InputError(f"capture backend {_shown(spec.backend)} is not a "
                              "backend's name (up to 64 letters, digits, '._-': sim, nsys, torch)")
         _check_options(spec.options)
         if not 0 < spec.duration_s <= MAX_DURATION_S:
