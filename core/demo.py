@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         _say(started, f"coordinator on {address} (SQLite state and artifacts in {workdir / 'coordinator'})")
         for name in NODES:
             procs.agent(name, address)
-        _say(started, f"agents {', '.join(NODES)} started (one per simulated node, --backend torch)")
+        _say(started, f"agents {', '.join(NODES)} started (one per simulated node, --backend torch; both on "
+                      f"this machine, so the report shows one host sharing one clock)")
         procs.job(per_node, slow)
         _say(started, f"PyTorch job: {world} ranks (gloo, {len(NODES)} nodes x {per_node}), rank {slow} computes "
                       f"{EXTRA_MS:g} ms more per step; each rank under `rankscope rank --backend torch`")
@@ -272,7 +273,7 @@ def job(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     grads = torch.ones(GRAD_ELEMENTS)
-    weights = torch.randn(128, 128) / 128**0.5  # ~1 ms per matmul: a small trace
+    weights = torch.randn(256, 256) / 256**0.5  # ~0.5 ms a matmul on an idle core: few events a step, a small trace
     compute_s = args.compute_ms / 1e3 + (args.extra_ms / 1e3 if rank == args.slow_rank else 0.0)
     deadline = time.monotonic() + args.max_seconds
     stop = torch.zeros(1)
