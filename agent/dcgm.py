@@ -30,19 +30,18 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar
 
 from rankscope.agent.pause_ledger import DEFAULT_FOLDER, Holder, NoLedger, PauseLedger
 from rankscope.errors import ConfigError, ToolError
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Bindings folders of DCGM 4 and DCGM 3 installs (dcgm.md §2).
 BINDINGS_DIRS = (
     Path("/usr/share/datacenter-gpu-manager-4/bindings/python3"),
     Path("/usr/local/dcgm/bindings/python3"),
 )
+BINDING_MODULES = ("dcgm_structs", "dcgm_agent")  # what such a folder holds, imported from it
 DEFAULT_HOST = "localhost"
 DEFAULT_DCGMI = "dcgmi"  # looked up on PATH
 # dcgmReturn_t codes (dcgm.md §7).
@@ -133,21 +132,33 @@ def config_from_args(args: argparse.Namespace) -> DcgmConfig:
     return config
 
 
-def _check_named(config: DcgmConfig) -> None:
+def _check_named(config: DcgmConfig, environ: Mapping[str, str] = os.environ) -> None:
     """The bindings folder and the dcgmi named (--dcgm-bindings, --dcgmi or their RANKSCOPE_*
     variables) where the mode may use them are expected there: a ConfigError where they are
     not, rather than captures that never pause DCGM. The defaults (the install's folders,
     dcgmi on PATH) may be missing: `discover` then finds no DCGM to pause."""
-    _expect("--dcgm-bindings", config.bindings_path, config.mode in ("auto", "bindings"),
-            Path.is_dir, "not found, or not a folder")
-    _expect("--dcgmi", None if config.dcgmi == DEFAULT_DCGMI else config.dcgmi, config.mode in ("auto", "dcgmi"),
-            lambda dcgmi: shutil.which(dcgmi) is not None, "not found, or not executable")
+    if config.bindings_path is not None and config.mode in ("auto", "bindings"):
+        _expect("--dcgm-bindings", "RANKSCOPE_DCGM_BINDINGS", config.bindings_path, _bindings_problem(config.bindings_path),
+                environ)
+    if config.dcgmi != DEFAULT_DCGMI and config.mode in ("auto", "dcgmi"):
+        _expect("--dcgmi", "RANKSCOPE_DCGMI", config.dcgmi,
+                None if shutil.which(config.dcgmi) else "not found, or not executable", environ)
 
 
-def _expect(option: str, named: T | None, used: bool, there: Callable[[T], bool], problem: str) -> None:
-    """A ConfigError naming ``option`` where what it ``named`` is to be ``used`` and is not ``there``."""
-    if named is not None and used and not there(named):
-        raise ConfigError(f"{option} {str(named)!r}: {problem}")
+def _bindings_problem(folder: Path) -> str | None:
+    if not folder.is_dir():
+        return "not found, or not a folder"
+    missing = [f"{module}.py" for module in BINDING_MODULES if not (folder / f"{module}.py").is_file()]
+    return f"holds no DCGM Python bindings (no {', '.join(missing)})" if missing else None
+
+
+def _expect(option: str, variable: str, named: str | Path, problem: str | None, environ: Mapping[str, str]) -> None:
+    """A ConfigError for what ``option`` named, where there is a ``problem`` with it; named as
+    the environment variable where that holds the value (the user may never have typed the flag)."""
+    if problem is None:
+        return
+    source = f"${variable}" if environ.get(variable) and Path(environ[variable]) == Path(named) else option
+    raise ConfigError(f"{source} {str(named)!r}: {problem}")
 
 
 class DcgmControl(ABC):
@@ -266,8 +277,7 @@ class BindingsControl(DcgmControl):
         folder = self.bindings_path or next((d for d in BINDINGS_DIRS if d.is_dir()), None)
         if folder is not None and str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
-        self._structs = importlib.import_module("dcgm_structs")
-        self._agent = importlib.import_module("dcgm_agent")
+        self._structs, self._agent = map(importlib.import_module, BINDING_MODULES)
 
     def _call(self, function: str, success: DcgmOutcome) -> DcgmOutcome:
         try:

@@ -160,6 +160,34 @@ def test_a_named_dcgm_must_be_there_the_default_may_be_missing(argv, missing, mo
         dcgm.config_from_args(parser.parse_args(argv))
 
 
+def test_a_named_bindings_folder_without_the_bindings_is_refused(tmp_path, monkeypatch):
+    """An empty folder (a mistyped or not yet mounted bindings path) only warned, then every
+    capture ran without pausing DCGM."""
+    monkeypatch.delenv("RANKSCOPE_DCGM_BINDINGS", raising=False)
+    with pytest.raises(ConfigError, match=f"^--dcgm-bindings '{tmp_path}': holds no DCGM Python bindings "
+                                          r"\(no dcgm_structs.py, dcgm_agent.py\)$"):
+        dcgm._check_named(dcgm.DcgmConfig(bindings_path=tmp_path))
+    dcgm._check_named(dcgm.DcgmConfig(bindings_path=standin_dcgm.BINDINGS))  # the real layout passes
+
+
+@pytest.mark.parametrize("variable, option, value", [
+    ("RANKSCOPE_DCGMI", "--dcgmi", "/nonexistent/dcgmi"),
+    ("RANKSCOPE_DCGM_BINDINGS", "--dcgm-bindings", "/nonexistent/bindings"),
+])
+def test_a_missing_dcgm_is_named_by_the_variable_that_set_it(variable, option, value, monkeypatch):
+    """Set through the environment (a DaemonSet's env, say), the error names the variable: the
+    user never typed the flag. Typed over it, the flag is named."""
+    import argparse
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv(variable, value)
+    parser = argparse.ArgumentParser()
+    dcgm.add_arguments(parser)
+    with pytest.raises(ConfigError, match=f"^\\${variable} '{value}': not found"):
+        dcgm.config_from_args(parser.parse_args([]))
+    with pytest.raises(ConfigError, match=f"^{option} '{value}-typed': not found"):
+        dcgm.config_from_args(parser.parse_args([option, f"{value}-typed"]))
+
+
 # -- PauseManager ----------------------------------------------------------------------------
 
 
