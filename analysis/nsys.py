@@ -525,8 +525,9 @@ def _parse(path: Path, rows: dict[str, Any]) -> _File:
     session = rows.get("session") or [(None,)]
     if not isinstance(session[0][0], int):  # NULL, or text/real in a damaged export: int() would raise
         raise ExportError("export has no session start time (utcEpochNs is missing or not an integer)", path=path)
-    export.offset = _time_offset(export, int(session[0][0]), int(export.kernels[:, 0].min()))
-    _check_epoch_times(export)
+    utc_epoch = int(session[0][0])
+    export.offset = _time_offset(export, utc_epoch, int(export.kernels[:, 0].min()))
+    _check_epoch_times(export, utc_epoch)
     export.host = _host(export, capture, rows.get("hostname", []))
     return export
 
@@ -535,10 +536,14 @@ def _parse(path: Path, rows: dict[str, Any]) -> _File:
 _TIME_COLUMNS = {"kernels": [0, 1], "copies": [0, 1], "launches": [3], "nvtx": [2, 3]}
 
 
-def _check_epoch_times(export: _File) -> None:
-    """Refuse times that leave int64 once moved to UTC epoch ns: numpy's addition wraps
-    them round silently, to a window thousands of years before 1970 (a utcEpochNs or a
-    timestamp near 2**63 in a damaged export). Only each column's least and greatest."""
+def _check_epoch_times(export: _File, utc_epoch: int) -> None:
+    """Refuse a session start before 1970, and times that leave int64 once moved to UTC
+    epoch ns: numpy's addition wraps them round silently, to a window thousands of years
+    before 1970 (a utcEpochNs or a timestamp near 2**63 in a damaged export). So epoch ns
+    are 0 (1970) to 2**63 - 1 (2262). Only each column's least and greatest."""
+    if utc_epoch < 0:  # an integer column: it cannot pass 2**63 - 1
+        raise ExportError(f"TARGET_INFO_SESSION_START_TIME.utcEpochNs {utc_epoch:,} puts the session start before 1970 "
+                          "(UTC epoch ns are 0 to 2**63 - 1)", path=export.path)
     for part, at in _TIME_COLUMNS.items():
         times = getattr(export, part)[:, at]
         if times.size and not (_I64_MIN <= int(times.min()) + export.offset and
