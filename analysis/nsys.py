@@ -121,6 +121,8 @@ _PAYLOAD_FIELDS = {
 }
 _FIELD_INDEX = {name: i for i, name in enumerate(_PAYLOAD_FIELDS)}
 _INTEGER = re.compile(r"-?\d+")
+# A time shift as text: int64's 19 digits at most (int() refuses past 4,300, in a ValueError).
+_SHIFT = re.compile(r"-?\d{1,19}")
 # A string column read as text: SQLite keeps a BLOB in a TEXT column as it is, which came
 # back as bytes (a TypeError in str methods, an ArrowInvalid building the digest); cast,
 # its bytes are decoded as UTF-8 or refused by the sqlite3 module ("Could not decode").
@@ -592,7 +594,11 @@ def _time_offset(export: _File, utc_epoch: int, first_kernel: int) -> int:
         export.warn(f"export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look {looks}")
     by_flag = 0 if normalized == "true" else utc_epoch
     shift = export.meta.get("EXPORT_CONFIG_TIME_SHIFT")
-    if shift is None or not _INTEGER.fullmatch(shift):  # not str.isdigit: '--5' and '²' pass it, not int()
+    if shift is None:
+        return by_flag
+    if not _SHIFT.fullmatch(shift):  # not str.isdigit: '--5' and '²' pass it, not int()
+        shown = shift if len(shift) <= 40 else f"{shift[:40]}..."
+        export.warn(f"EXPORT_CONFIG_TIME_SHIFT {shown!r} is not an integer (int64 ns); used EXPORT_PARAM_TIME_NORMALIZE={normalized}")
         return by_flag
     by_shift = utc_epoch - int(shift)
     # Events lie within the capture (minutes to hours) of the session start.

@@ -184,15 +184,22 @@ def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, 
     assert any(note in n for n in notes), notes
 
 
-@pytest.mark.parametrize("shift", ["--5", "\u00b2", "1e3", " 7"])
-def test_a_time_shift_that_is_not_an_integer_is_read_as_absent(job, tmp_path: Path, shift: str) -> None:
+@pytest.mark.parametrize("shift, shown", [
+    ("--5", "'--5'"), ("\u00b2", "'\u00b2'"), ("1e3", "'1e3'"), (" 7", "' 7'"), ("1.5", "'1.5'"), ("abc", "'abc'"),
+    pytest.param("1" * 5000, f"'{'1' * 40}...'", id="5000-digits"),
+])
+def test_a_time_shift_that_is_not_an_integer_is_read_as_absent_with_a_warning(job, tmp_path: Path, shift: str,
+                                                                             shown: str) -> None:
     # str.isdigit() of '--5'.lstrip('-') and of '\u00b2' is True, which int() refused in a
-    # ValueError traceback naming no file.
+    # ValueError traceback naming no file, as it did 5,000 digits; then each was passed by unsaid.
     _, paths = job
     copy = _edited(paths[0], tmp_path / "edited.sqlite",
                    f"UPDATE META_DATA_EXPORT SET value = '{shift}' WHERE name = 'EXPORT_CONFIG_TIME_SHIFT'")
     expected = nsys.read_nsys(paths[0]).column("window_start_ns").to_pylist()
-    assert nsys.read_nsys(copy).column("window_start_ns").to_pylist() == expected  # by EXPORT_PARAM_TIME_NORMALIZE
+    edited = nsys.read_nsys(copy)
+    assert edited.column("window_start_ns").to_pylist() == expected  # by EXPORT_PARAM_TIME_NORMALIZE
+    (notes,) = edited.column("warnings").to_pylist()
+    assert f"EXPORT_CONFIG_TIME_SHIFT {shown} is not an integer (int64 ns); used EXPORT_PARAM_TIME_NORMALIZE=false" in notes
 
 
 def test_payload_ranks_out_of_any_range_are_read_as_absent(job, tmp_path: Path) -> None:
