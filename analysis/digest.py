@@ -192,11 +192,31 @@ def read(path: str | Path) -> pa.Table:
                               "build it again with this one's `rankscope digest`", path=path)
         raise ExportError(f"not a rankscope digest (schema {version or 'missing'!r}, expected {DIGEST_VERSION!r})", path=path)
     try:
-        return table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)
+        table = table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)
     except (KeyError, ValueError, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         # ValueError: ArrowInvalid, and a null where the schema has none ("Casting field
         # 'rank' with null values to non-nullable"); the other two: a type that does not cast.
         raise ExportError(f"digest does not match {DIGEST_VERSION}: {exc}", path=path) from None
+    _check_collectives(table, path)
+    return table
+
+
+def _check_collectives(table: pa.Table, path: str | Path) -> None:
+    """Refuse a collective that ends before it starts: the readers never write one (an
+    inverted kernel or event counts as zero-length), so the digest was damaged or edited,
+    and its negative length would be read as transfer time and bandwidth, unsaid."""
+    column = _one_array(table.column("collectives"))
+    flat = pc.list_flatten(column)
+    start = flat.field("start_ns").to_numpy(zero_copy_only=False)
+    end = flat.field("end_ns").to_numpy(zero_copy_only=False)
+    inverted = np.flatnonzero(end < start)
+    if inverted.size:
+        first = int(inverted[0])
+        rank = table.column("rank")[pc.list_parent_indices(column)[first].as_py()].as_py()
+        comm, seq = flat.field("comm_id")[first].as_py(), flat.field("seq")[first].as_py()
+        raise ExportError(f"{inverted.size:,} of its {len(flat):,} collectives end before they start (a damaged digest): "
+                          f"the first, rank {rank}'s seq {seq} on communicator {comm}, ends "
+                          f"{int(start[first] - end[first]):,} ns before its start", path=path)
 
 
 def is_digest(path: str | Path) -> bool:

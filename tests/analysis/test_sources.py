@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from rankscope.analysis import digest, nsys, sources
@@ -152,14 +153,16 @@ def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Pa
         sources.load_digests([tables / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"])
 
 
-def _digest_edited(dsl: Path, path: Path, rank: pa.Array | None = None, marker: bytes | None = None) -> Path:
-    """A digest of the DSL sample's rank 0 with its rank column or schema marker replaced,
-    written as Parquet (not by `digest.write`, which would cast it back)."""
+def _digest_edited(dsl: Path, path: Path, rank: pa.Array | None = None, marker: bytes | None = None,
+                   collectives: pa.Array | None = None) -> Path:
+    """A digest of the DSL sample's rank 0 with its rank or collectives column or schema
+    marker replaced, written as Parquet (not by `digest.write`, which would cast it back)."""
     import pyarrow.parquet as pq
 
     table = nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]).cast(digest.DIGEST_SCHEMA)
-    if rank is not None:
-        table = table.set_column(table.schema.get_field_index("rank"), pa.field("rank", rank.type), rank)
+    for name, column in (("rank", rank), ("collectives", collectives)):
+        if column is not None:
+            table = table.set_column(table.schema.get_field_index(name), pa.field(name, column.type), column)
     pq.write_table(table.replace_schema_metadata({b"rankscope.schema": marker or digest.DIGEST_VERSION.encode()}), path)
     return path
 
@@ -176,6 +179,27 @@ def test_a_digest_whose_rank_does_not_fit_the_schema_is_an_error_naming_it(dsl: 
     with pytest.raises(ExportError, match=f"digest does not match rankscope.digest/1: {error}") as err:
         digest.read(edited)
     assert str(edited) in str(err.value)
+
+
+def test_a_digest_whose_collective_ends_before_it_starts_is_an_error_naming_it(dsl: Path, tmp_path: Path) -> None:
+    # A damaged or hand-edited digest: its negative length was analysed as transfer time, unsaid.
+    table = nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0])
+    column = table.column("collectives").combine_chunks()
+    flat = pc.list_flatten(column)
+    assert len(flat) == 1
+    start = flat.field("start_ns")
+    fields = {f.name: flat.field(f.name) for f in flat.type} | {"end_ns": pc.subtract(start, 5)}
+    inverted = pa.ListArray.from_arrays(column.offsets, pa.StructArray.from_arrays(list(fields.values()), fields=list(flat.type)))
+    edited = _digest_edited(dsl, tmp_path / "edited.parquet", collectives=inverted)
+    comm = flat.field("comm_id")[0].as_py()
+    with pytest.raises(ExportError, match=rf"1 of its 1 collectives end before they start \(a damaged digest\): the first, "
+                                          rf"rank 0's seq 0 on communicator {comm}, ends 5 ns before its start") as err:
+        digest.read(edited)
+    assert str(err.value).startswith(f"{edited}: ")
+    with pytest.raises(ExportError, match="collectives end before they start"):
+        sources.load_digests([tmp_path])
+    digest.write(table, tmp_path / "edited.parquet")  # as written: read back whole
+    assert digest.read(tmp_path / "edited.parquet").column("collectives").equals(digest.concat([table]).column("collectives"))
 
 
 def test_a_digest_marker_that_is_not_utf8_is_an_error_naming_it(dsl: Path, tmp_path: Path) -> None:
