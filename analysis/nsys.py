@@ -221,23 +221,27 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     floor runs the same statements."""
     sql: dict[str, str] = {}
     if "META_DATA_EXPORT" in columns:
-        sql["export"] = f"SELECT {_TEXT % 'name'}, {_TEXT % 'value'} FROM META_DATA_EXPORT WHERE value IS NOT NULL"
+        sql["export"] = (f"SELECT {_as_text('name', 'META_DATA_EXPORT.name')}, "
+                         f"{_as_text('value', 'META_DATA_EXPORT.value')} FROM META_DATA_EXPORT WHERE value IS NOT NULL")
     if "META_DATA_CAPTURE" in columns:
         sql["capture"] = (
-            f"SELECT {_TEXT % 'name'}, {_TEXT % 'value'} FROM META_DATA_CAPTURE "
+            f"SELECT {_as_text('name', 'META_DATA_CAPTURE.name')}, {_as_text('value', 'META_DATA_CAPTURE.value')} "
+            "FROM META_DATA_CAPTURE "
             "WHERE name IN ('PROCESS_0:ENVIRONMENT_VARIABLE', 'DEVICE_DISPLAY_NAME') ORDER BY rowid"
         )
     if "utcEpochNs" in columns.get("TARGET_INFO_SESSION_START_TIME", ()):
         sql["session"] = "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME"
     if {"name", "value"} <= columns.get("TARGET_INFO_SYSTEM_ENV", frozenset()):
-        sql["hostname"] = f"SELECT {_TEXT % 'value'} FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'"
+        sql["hostname"] = (f"SELECT {_as_text('value', 'TARGET_INFO_SYSTEM_ENV.value')} FROM TARGET_INFO_SYSTEM_ENV "
+                           "WHERE name = 'Hostname'")
     gpu = columns.get("TARGET_INFO_GPU", frozenset())
     if {"cudaId", "pid", "uuid"} <= columns.get("TARGET_INFO_CUDA_DEVICE", frozenset()):
-        sql["cuda_devices"] = (f"SELECT pid, cudaId, {_TEXT % 'uuid'} FROM TARGET_INFO_CUDA_DEVICE WHERE uuid IS NOT NULL "
-                               "ORDER BY rowid")
+        sql["cuda_devices"] = (f"SELECT pid, cudaId, {_as_text('uuid', 'TARGET_INFO_CUDA_DEVICE.uuid')} "
+                               "FROM TARGET_INFO_CUDA_DEVICE WHERE uuid IS NOT NULL ORDER BY rowid")
     elif "uuid" in gpu:
         ordinal = "cuDevice" if "cuDevice" in gpu else "id"
-        sql["gpus"] = f"SELECT DISTINCT CAST({ordinal} AS TEXT), {_TEXT % 'uuid'} FROM TARGET_INFO_GPU"
+        sql["gpus"] = (f"SELECT DISTINCT {_as_text(ordinal, f'TARGET_INFO_GPU.{ordinal}')}, "
+                       f"{_as_text('uuid', 'TARGET_INFO_GPU.uuid')} FROM TARGET_INFO_GPU")
     names = _kernel_name_columns(columns.get(KERNEL_TABLE, frozenset()))
     if names and "globalPid" in columns[KERNEL_TABLE]:
         key, named = _kernel_names_sql(names)
@@ -297,8 +301,8 @@ def _kernel_names_sql(names: tuple[str, ...]) -> tuple[str, str]:
         later = _coalesce(*(f"s{i}.value" for i in range(len(names) - 1)))
         value = (f"COALESCE(s.value, (SELECT {later} FROM {KERNEL_TABLE} AS k {joins} "
                  f"WHERE {key} = u.id AND {later} IS NOT NULL LIMIT 1))")
-    named = (f"SELECT u.id AS id, {_TEXT % value} AS value FROM (SELECT DISTINCT {key} AS id FROM {KERNEL_TABLE}) AS u "
-             "LEFT JOIN StringIds AS s ON s.id = u.id")
+    named = (f"SELECT u.id AS id, {_as_text(value, 'StringIds.value')} "
+             f"FROM (SELECT DISTINCT {key} AS id FROM {KERNEL_TABLE}) AS u LEFT JOIN StringIds AS s ON s.id = u.id")
     return key, named
 
 
@@ -306,12 +310,21 @@ def _coalesce(*expressions: str) -> str:
     return expressions[0] if len(expressions) == 1 else f"COALESCE({', '.join(expressions)})"
 
 
-def _nvtx_name_sql(columns: frozenset[str]) -> tuple[str, str]:
-    """(expression, join) for an NVTX event's name: inline `text` or registered `textId`."""
-    text = _TEXT % ("COALESCE(n.text, s.value)" if "text" in columns else "s.value")
+def _as_text(expression: str, column: str) -> str:
+    """A result column of text, named after the column it reads: the sqlite3 module's "Could
+    not decode to UTF-8 column" names a result by its name, which for a bare cast is its SQL."""
+    return f'{_TEXT % expression} AS "{column}"'
+
+
+def _nvtx_name_sql(columns: frozenset[str]) -> tuple[str, str, str]:
+    """(expression, join, the columns it reads) for an NVTX event's name: inline `text` or
+    registered `textId`."""
+    inline = "text" in columns
+    text = _TEXT % ("COALESCE(n.text, s.value)" if inline else "s.value")
     if "textId" in columns:
-        return text, "LEFT JOIN StringIds AS s ON s.id = n.textId"
-    return text, "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0"
+        read = "NVTX_EVENTS.text or StringIds.value" if inline else "StringIds.value"
+        return text, "LEFT JOIN StringIds AS s ON s.id = n.textId", read
+    return text, "LEFT JOIN (SELECT NULL AS id, NULL AS value) AS s ON 0", "NVTX_EVENTS.text"
 
 
 def _nvtx_sql(columns: frozenset[str]) -> str:
@@ -319,7 +332,8 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
     non-default ranges named nccl*, pitfall 5) with their payload blobs, and step ranges
     in any domain: (pid, tid, start, end, blob length, kind, name, blob) rows, ``kind``
     saying which."""
-    text, join = _nvtx_name_sql(columns)
+    text, join, read = _nvtx_name_sql(columns)
+    name = f'name AS "{read}"'  # what a "Could not decode to UTF-8" names (`_as_text`)
     pid = "(n.globalTid >> 24) & 16777215"
     # A group bracket left without an end still counts toward its thread's group depth (else
     # every later call on the thread looked grouped); its own kernels are unlinked (end 0).
@@ -328,7 +342,7 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
     step = "name LIKE 'step%' OR name LIKE 'ProfilerStep#%'"
     if "domainId" not in columns:
         return (
-            f'SELECT pid, tid, start, "end", 0, {_OTHER_RANGE}, name, NULL FROM ('
+            f'SELECT pid, tid, start, "end", 0, {_OTHER_RANGE}, {name}, NULL FROM ('
             f'SELECT {pid} AS pid, n.globalTid AS tid, n.start AS start, n."end" AS "end", {text} AS name '
             f"FROM NVTX_EVENTS AS n {join} WHERE {ranges}) WHERE {step}"
         )
@@ -337,7 +351,7 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
     return f"""
         WITH nccl AS (SELECT DISTINCT {pid} AS pid, n.domainId AS domain FROM NVTX_EVENTS AS n {join} WHERE {nccl})
         SELECT pid, tid, start, "end",
-               CASE WHEN kind IN ({_NCCL_RANGE}, {_NCCL_NAMED}) THEN COALESCE(length(blob), 0) ELSE 0 END, kind, name,
+               CASE WHEN kind IN ({_NCCL_RANGE}, {_NCCL_NAMED}) THEN COALESCE(length(blob), 0) ELSE 0 END, kind, {name},
                CASE WHEN kind IN ({_NCCL_RANGE}, {_NCCL_NAMED}) THEN blob END
         FROM (SELECT {pid} AS pid, n.globalTid AS tid, COALESCE(n.start, 0) AS start, COALESCE(n."end", 0) AS "end",
                      {text} AS name, {blob} AS blob,

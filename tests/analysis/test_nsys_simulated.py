@@ -287,19 +287,26 @@ def test_an_export_being_written_is_refused_and_a_wal_export_read_whole(job, tmp
     writer.close()
 
 
-@pytest.mark.parametrize("table", ["StringIds", "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_SYSTEM_ENV",
-                                   "TARGET_INFO_CUDA_DEVICE"])
-def test_strings_stored_as_blobs_are_read_as_text_or_refused_naming_the_export(job, tmp_path: Path, table: str) -> None:
+@pytest.mark.parametrize("table, column, rows, named", [
+    ("StringIds", "value", "1", "StringIds.value"), ("META_DATA_EXPORT", "value", "1", "META_DATA_EXPORT.value"),
+    ("META_DATA_CAPTURE", "value", "1", "META_DATA_CAPTURE.value"),
+    ("TARGET_INFO_SYSTEM_ENV", "value", "1", "TARGET_INFO_SYSTEM_ENV.value"),
+    ("TARGET_INFO_CUDA_DEVICE", "uuid", "1", "TARGET_INFO_CUDA_DEVICE.uuid"),
+    # The NCCL domain's creation keeps its name, so that its ranges are read.
+    ("NVTX_EVENTS", "text", "eventType != 75", "NVTX_EVENTS.text or StringIds.value"),
+])
+def test_strings_stored_as_blobs_are_read_as_text_or_refused_naming_the_export_and_column(
+        job, tmp_path: Path, table: str, column: str, rows: str, named: str) -> None:
     # SQLite keeps a BLOB in a TEXT column as it is: it came back as bytes, which ended in a
     # TypeError (str methods) or an ArrowInvalid (the digest's string columns) traceback.
+    # Refused, it named the column as the statement's cast, 'CAST(value AS TEXT)'.
     _, paths = job
-    column = "uuid" if table == "TARGET_INFO_CUDA_DEVICE" else "value"
     blobs = _edited(paths[0], tmp_path / "blobs.sqlite", f"UPDATE {table} SET {column} = CAST({column} AS BLOB)")
     assert nsys.read_nsys(blobs).drop_columns("source_file").equals(nsys.read_nsys(paths[0]).drop_columns("source_file"))
-    garbled = _edited(paths[0], tmp_path / "garbled.sqlite", f"UPDATE {table} SET {column} = X'fffe00'")
-    with pytest.raises(ExportError, match="cannot read the SQLite export .*UTF-8") as err:
+    garbled = _edited(paths[0], tmp_path / "garbled.sqlite", f"UPDATE {table} SET {column} = X'fffe00' WHERE {rows}")
+    with pytest.raises(ExportError, match=f"cannot read the SQLite export \\(Could not decode to UTF-8 column '{named}'") as err:
         nsys.read_nsys(garbled)
-    assert str(garbled) in str(err.value)
+    assert str(err.value).startswith(f"{garbled}: ")
 
 
 def test_times_that_leave_int64_at_epoch_ns_are_an_error_naming_the_export(job, tmp_path: Path) -> None:
@@ -333,7 +340,7 @@ def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: 
     _, paths = job
     copy = _edited(paths[0], tmp_path / "latin1.sqlite",
                    "UPDATE TARGET_INFO_SYSTEM_ENV SET value = CAST(X'ff' AS TEXT) WHERE name = 'Hostname'")
-    with pytest.raises(ExportError, match="cannot read the SQLite export .*UTF-8") as err:
+    with pytest.raises(ExportError, match="cannot read the SQLite export .*UTF-8 column 'TARGET_INFO_SYSTEM_ENV.value'") as err:
         nsys.read_nsys(copy)
     assert str(copy) in str(err.value)
 
