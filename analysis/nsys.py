@@ -611,8 +611,7 @@ def _time_offset(export: _File, utc_epoch: int, first_kernel: int) -> int:
     if shift is None:
         return by_flag
     if not _SHIFT.fullmatch(shift):  # not str.isdigit: '--5' and '²' pass it, not int()
-        shown = shift if len(shift) <= 40 else f"{shift[:40]}..."
-        export.warn(f"EXPORT_CONFIG_TIME_SHIFT {shown!r} is not an integer (int64 ns); used EXPORT_PARAM_TIME_NORMALIZE={normalized}")
+        export.warn(f"EXPORT_CONFIG_TIME_SHIFT {_quoted(shift)} is not an integer (int64 ns); used EXPORT_PARAM_TIME_NORMALIZE={normalized}")
         return by_flag
     by_shift = utc_epoch - int(shift)
     # Events lie within the capture (minutes to hours) of the session start.
@@ -1289,13 +1288,20 @@ def _env_int(export: _File, names: tuple[str, ...]) -> tuple[str, int] | None:
     for name in names:
         value = export.env.get(name)
         if value is not None and _INTEGER.fullmatch(value.strip()):
-            return name, _rank_sized(export, int(value), f"{name}={value!r} in the captured environment")
+            return name, _rank_sized(export, value, f"{name}={_quoted(value)} in the captured environment")
     return None
 
 
-def _rank_sized(export: _File, value: int, what: str) -> int:
-    """``value``, a rank or world size from the export's text: it must fit the digest's int32."""
-    if not _INT32_MIN <= value <= _INT32_MAX:
+def _quoted(text: str) -> str:
+    """A value from the export, quoted for a message, cut where it is long (one line stays one)."""
+    return repr(text if len(text) <= 40 else f"{text[:40]}...")
+
+
+def _rank_sized(export: _File, text: str, what: str) -> int:
+    """``text``, a rank or world size from the export's text (an integer's digits): it must
+    fit the digest's int32. Its length first: int() refuses past 4,300 digits (a ValueError)."""
+    value = int(text) if len(text.strip()) <= 12 else None
+    if value is None or not _INT32_MIN <= value <= _INT32_MAX:
         raise ExportError(f"{what} is beyond any rank or world size (int32)", path=export.path)
     return value
 
@@ -1307,9 +1313,9 @@ def _rank_override(export: _File, rank_from: str) -> int:
         if value is None:
             raise ExportError(f"--rank-from {rank_from}: {spec} is not in the captured environment", path=export.path)
         if not re.fullmatch(r"\s*-?\d+\s*", value):
-            raise ExportError(f"--rank-from {rank_from}: {spec}={value!r} in the captured environment is not an integer",
-                              path=export.path)
-        return _rank_sized(export, int(value), f"--rank-from {rank_from}: {spec}={value!r}")
+            raise ExportError(f"--rank-from {rank_from}: {spec}={_quoted(value)} in the captured environment is not an "
+                              "integer", path=export.path)
+        return _rank_sized(export, value, f"--rank-from {rank_from}: {spec}={_quoted(value)}")
     if kind == "filename" and spec:
         try:
             match = re.search(spec, export.path.name)
@@ -1318,7 +1324,7 @@ def _rank_override(export: _File, rank_from: str) -> int:
         text = None if match is None else (match.group(1) if match.re.groups else match.group(0))
         if text is None or not re.fullmatch(r"-?\d+", text):
             raise ExportError(f"--rank-from {rank_from}: no rank number in the file name", path=export.path)
-        return _rank_sized(export, int(text), f"--rank-from {rank_from}: {text}")
+        return _rank_sized(export, text, f"--rank-from {rank_from}: {text}")
     raise InputError(f"--rank-from {rank_from!r}: expected env:VAR or filename:REGEX")
 
 

@@ -228,6 +228,15 @@ def test_a_rank_beyond_int32_is_an_error_naming_the_export(job, tmp_path: Path, 
         nsys.read_nsys(named, rank_from=r"filename:rank(\d+)")
 
 
+def test_a_rank_of_thousands_of_digits_is_the_same_one_line_error(job, tmp_path: Path) -> None:
+    # int() refuses past 4,300 digits: a ValueError traceback, and the value whole in the message.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite",
+                   f"""UPDATE META_DATA_CAPTURE SET value = 'RANK="{"7" * 5000}"' WHERE value LIKE 'RANK=%'""")
+    with pytest.raises(ExportError, match=f"RANK='{'7' * 40}...' in the captured environment is beyond any rank"):
+        nsys.read_nsys(copy)
+
+
 def test_a_kernel_on_another_gpu_of_a_rank_process_is_left_out_not_taken_for_a_rank(job, tmp_path: Path) -> None:
     # PyTorch work on cuda:0 before torch.cuda.set_device made a second "rank" numbered
     # by pid, which then collided with the real rank 0 and dropped the env rank.
