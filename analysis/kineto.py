@@ -1,10 +1,8 @@
 """Kineto (PyTorch profiler) JSON traces to digests.
 
-One trace is one rank. What is read, and why (reference/nccl-in-traces.md §4, §6):
+One trace is one rank; ``kineto_events`` reads its events into columns (times as int64 epoch
+ns). What is made of them, and why (reference/nccl-in-traces.md §4, §6):
 
-- Timestamps: ``ts``/``dur`` are µs with up to three decimals, either absolute Unix-epoch µs
-  or relative to ``baseTimeNanoseconds``. Absolute µs exceed float64's ns precision, so the
-  digits are parsed as text into int64 ns, never through float.
 - NCCL collectives: the ``c10d::<op>`` CPU op (with its ``record_param_comms`` args:
   ``Collective name``, sizes, ``Process Group Name``/``ID``, ``Seq``) is the identity; its GPU
   kernels (joined by CUDA correlation to the launch on the same thread, else by ``External
@@ -17,16 +15,6 @@ One trace is one rank. What is read, and why (reference/nccl-in-traces.md §4, �
   traced, else the rank's torch hook's per-PG sequence base plus order, else the order
   within the PG in the window ("ordinal").
 
-Parsing: the ``traceEvents`` text is cut into windows of 256 KiB between one event and the
-next (found by searching the text, checked by the window decoding; a text of a few MB is one
-window), and msgspec decodes one window at a time into structs holding only the fields read
-(``ts``/``dur`` kept as their decimal text, converted to ns all at once, exactly; of
-``args`` only the linking ids and the identity fields). Each window becomes columns (strings
-as codes) before the next is decoded, and only the few events whose args carry a
-collective's identity keep them: neither the per-event Python objects nor the mapped text
-are held for the whole trace at once. Text that cannot be cut so is split by decoding it
-into one undecoded text per event, then decoded a chunk of events at a time.
-
 Reading: the events are numpy columns and every subset an array of row positions; the
 tests of names (prefixes, op, NCCL kernel, step number) run once per distinct name.
 """
@@ -34,50 +22,33 @@ tests of names (prefixes, op, NCCL kernel, step number) run once per distinct na
 from __future__ import annotations
 
 import functools
-import gzip
 import itertools
 import logging
 import math
-import mmap
-import os
 import re
-import shutil
-import tempfile
-import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
-from operator import attrgetter
 from pathlib import Path
-from typing import Annotated, Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rankscope.analysis import digest, groups, intervals, ops
+from rankscope.analysis.kineto_events import (
+    C10D, GLOO, HOOK_KEY, I64_MAX, I64_MIN, LAUNCH_CATS, NCCL, RPC, Args, Events, Trace, canonical, equal_any,
+    instants, as_int64, load,
+)
 from rankscope.errors import ExportError
 
 _log = logging.getLogger(__name__)
 
 SOURCE_FORMAT = "kineto-json"
-HOOK_KEY = "rankscope"  # top-level metadata written by rankscope's torch hook
 
-_TOP_KEYS = ("schemaVersion", "distributedInfo", "baseTimeNanoseconds", "host_name", "trace_id", HOOK_KEY)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_GLOO = "gloo:"
-_C10D = "c10d::"
-_NCCL = "nccl:"
-_RPC = "record_param_comms"
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-_EMPTY = msgspec.Raw(b"")
 _RANKS = pa.list_(pa.int32())
 _NEVER = np.iinfo(np.int64).max
-# An integer arg that fits the digest's int64 columns; a larger one (a corrupt trace) is no id
-# or size any profiler writes: for ids, the trace is refused; for other args, as if absent.
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_Int64 = Annotated[int, msgspec.Meta(ge=_I64_MIN, le=_I64_MAX)]
 # Ops whose input and output differ in size. A digest's bytes are the per-rank size NCCL's
 # API takes, as nsys's payload gives it: the smaller buffer (AllGather's sendcount,
 # ReduceScatter's recvcount; nccl-in-traces.md), whichever a source shows.
@@ -99,58 +70,6 @@ _DTYPE_BYTES = {
 }
 
 
-@dataclass
-class _Names:
-    """Per distinct event name, the tests the reading makes (each name tested once, not
-    once per event: the same names recur every step)."""
-
-    text: np.ndarray  # object: the names
-    comm: np.ndarray  # bool: an NCCL kernel's name
-    op: np.ndarray  # object: canonical op of a c10d / gloo name, else None
-    op_code: np.ndarray  # int64: a code per distinct op (the same for names of one op), -1 for None
-
-    def where(self, test) -> np.ndarray:
-        """``test`` (str -> bool) of each distinct name."""
-        return np.fromiter(map(test, self.text), bool, len(self.text))
-
-
-@dataclass
-class _Events:
-    """The complete events as numpy columns, strings as codes into their distinct values.
-    Subsets are arrays of row positions: nothing is copied per subset but what is read."""
-
-    cat: np.ndarray  # int32 code into ``cats``
-    name: np.ndarray  # int32 code into ``names``
-    pid: np.ndarray  # int32 code into ``pids``
-    thread: np.ndarray  # int64: one integer per (pid, tid), compared many times
-    ts: np.ndarray  # int64 ns, absolute epoch
-    dur: np.ndarray  # int64 ns
-    corr: np.ndarray  # int64 CUDA correlation id of linked events (kernels, launches, calls), else -1
-    ext: np.ndarray  # int64 External id of linked events, else -1
-    cats: dict[str, int]
-    names: _Names
-    pids: list
-
-    def of_cat(self, *cats: str) -> np.ndarray:
-        """Mask of the events in any of the categories."""
-        return _equal_any(self.cat, [self.cats[c] for c in cats if c in self.cats])
-
-    def named(self, flags: np.ndarray) -> np.ndarray:
-        """Mask of the events whose name has the flag (one flag per distinct name)."""
-        return flags[self.name]
-
-    def prefixed(self, prefix: str | tuple[str, ...]) -> np.ndarray:
-        """Mask of the events whose name starts with the prefix (or any of them)."""
-        return self.named(self.names.where(lambda name: name.startswith(prefix)))
-
-
-@dataclass
-class _Trace:
-    top: dict
-    events: _Events
-    args: callable  # rows (positions in events, -1 for none) -> list[_Args]
-
-
 def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     """One digest row for one Kineto trace (plain or gzipped JSON).
 
@@ -159,9 +78,9 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     from the file name.
     """
     path = Path(path)
-    trace = _load(path)
+    trace = load(path)
     notes: list[str] = []
-    _instants(trace.events, notes)
+    instants(trace.events, notes)
     meta = _meta(path, trace, rank_from, notes)
     events = trace.events
     steps = _steps(events)
@@ -194,515 +113,10 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     return row
 
 
-# ---------------------------------------------------------------- parsing
-
-
-class _Args(msgspec.Struct, frozen=True, gc=False):
-    """The args read: the two ids that link events (CUDA correlation, the profiler's
-    External id) and those that carry a collective's identity and size (record_param_comms,
-    c10d calls, NCCL kernels, gloo worker ops). Every other arg is skipped unread; input
-    shapes stay text until a collective's size needs them."""
-
-    correlation: _Int64 = -1
-    external: _Int64 = msgspec.field(default=-1, name="External id")
-    collective: Any = msgspec.field(default=None, name="Collective name")
-    nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    dtype: Any = None
-    dims: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input Dims")
-    types: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input type")
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_id: Any = msgspec.field(default=None, name="Process Group ID")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    stream: Any = None
-
-
-_NO_ARGS = _Args()
-
-
-class _Event(msgspec.Struct, gc=False):
-    """One trace event, only the fields read. ``ts``/``dur`` stay as their exact decimal text."""
-
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    pid: int | str = ""
-    tid: int | str = ""
-    ts: msgspec.Raw = _EMPTY
-    dur: msgspec.Raw = _EMPTY
-    args: _Args = _NO_ARGS
-
-
-class _Document(msgspec.Struct, gc=False):
-    """The top-level keys read. Split by decoding, each event stays its undecoded text until
-    its chunk is read; read by windows, the events' text is left out and the list is empty."""
-
-    traceEvents: list[msgspec.Raw] | None = None
-    schemaVersion: Any = None
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-    host_name: Any = None
-    trace_id: Any = None
-    hook: Any = msgspec.field(default=None, name=HOOK_KEY)
-
-
-_DOCUMENT = msgspec.json.Decoder(_Document)
-_EVENTS = msgspec.json.Decoder(list[_Event])
-# Bytes of event text decoded at a time. A decoded event costs ~400 bytes of Python
-# objects, ~1.5x its text, 10x its columns: windows bound that whatever the trace's size.
-# Each window also costs ~0.15 ms of calls: 8 simulated 18 MB traces read with 13 MiB of
-# growth in 256 KiB windows, 19 in 1 MiB ones, 6% faster. Texts up to _ONE_WINDOW are
-# decoded whole: a few MB of objects at most, and the fewest calls.
-_WINDOW = 256 << 10
-_ONE_WINDOW = 4 << 20
-# Events decoded at a time where the text is split by decoding (see _split).
-_CHUNK = 4096
-_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_SPACE = (b" ", b"\n", b"\r", b"\t")
-_TRIES = 16  # cuts tried for a window before the text is split by decoding instead
-# Events whose ids are read: kernels and their launches, and the host collective calls.
-# Kernel launches: runtime API (cudaLaunchKernel) or driver API (cuLaunchKernelEx, NCCL >= 2.19).
-_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-_LINKED_CATS = ("kernel", *_LAUNCH_CATS)
-
-
-_CUT_SHORT = "incomplete (was its capture or its copy cut short?)"
-
-
-def _load(path: Path) -> _Trace:
-    try:
-        text = _Text(path)
-        columns = _Columns()
-        document = _windows(text, columns)
-        if document is None:  # no cuts found, or one was wrong: split the text by decoding it
-            columns = _Columns()
-            document = _split(text, columns)
-    except EOFError:  # gzip's "Compressed file ended before the end-of-stream marker was reached"
-        raise ExportError(f"Kineto trace ends early: its gzip stream is {_CUT_SHORT}", path=path) from None
-    except (OSError, gzip.BadGzipFile, zlib.error) as exc:
-        raise ExportError(f"cannot read Kineto trace ({exc})", path=path) from None
-    except msgspec.DecodeError as exc:
-        if "truncated" in str(exc):  # msgspec: "Input data was truncated"
-            raise ExportError(f"Kineto trace ends early: its JSON is {_CUT_SHORT}", path=path) from None
-        raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
-    except RecursionError:  # msgspec's own, for values nested past its depth (thousands of [ in an arg)
-        raise ExportError("not a Kineto JSON trace (values nested too deep to decode)", path=path) from None
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise ExportError(f"unreadable event time ({exc})", path=path) from None
-    if document is None:
-        raise ExportError("not a Kineto trace (no traceEvents list)", path=path)
-    del text  # the trace's bytes go with the last view of them
-    top = {key: value for key, value in zip(_TOP_KEYS, (
-        document.schemaVersion, document.distributedInfo, document.baseTimeNanoseconds,
-        document.host_name, document.trace_id, document.hook)) if value is not None}
-    _check_top(path, top)
-    events = columns.events(_base(path, top))
-    kept = columns.kept
-
-    def args(rows) -> list[_Args]:
-        """Identity args of the given rows (-1: none)."""
-        return [kept[row] if row >= 0 else _NO_ARGS for row in rows]
-
-    return _Trace(top, events, args)
-
-
-def _windows(text: _Text, columns: _Columns) -> _Document | None:
-    """Read the events a window of text at a time, cut where one event ends and the next
-    begins (``}``, ``,``, ``{``), found by searching the text: no pass over the whole text
-    before the events are decoded, and only a window of it in memory. A cut inside a string
-    or a nested value, or past the list, leaves something open or closed twice, so its
-    window does not decode and the cut before it is tried: a window that decodes is whole
-    events, and the text after the last one closes the list. The document's other keys are
-    decoded from the text around the events. None where the text has no events list to cut
-    or no window decodes within a few tries (the caller splits it by decoding, which also
-    reports malformed JSON)."""
-    data = text.data
-    key = _EVENTS_KEY.search(data)
-    if key is None or data[key.start() - 1 : key.start()] == b"\\":
-        return None
-    view = memoryview(data)
-    start = _skip_space(data, key.end())
-    opening = key.end() - 1  # the list's "[", until a window is cut from it
-    end = start  # the list's closing bracket
-    try:
-        if data[start : start + 1] != b"]":
-            while len(data) > _ONE_WINDOW and (window := _next_window(data, view, start)) is not None:
-                columns.add(_complete(window[0]))
-                text.release()
-                start, opening = window[1], None
-            end = _last_window(data, view, start, opening, columns)
-            text.release()
-        document = _DOCUMENT.decode(b"".join((view[: key.end()], view[end:])))
-    except msgspec.DecodeError:
-        return None
-    return document if document.traceEvents == [] else None
-
-
-def _next_window(data, view: memoryview, start: int) -> tuple[list[_Event], int] | None:
-    """The events of the window from ``start`` and where the next window starts: the first
-    cut whose window decodes, trying the last before ``start + _WINDOW``, then earlier
-    ones, then (an event longer than a window) later ones. None where no cut is left (the
-    last window); the error where ``_TRIES`` cuts failed."""
-    failed = 0
-    for cut, after in _cuts(data, start, start + _WINDOW):
-        try:
-            return _EVENTS.decode(b"".join((b"[", view[start : cut + 1], b"]"))), after
-        except msgspec.DecodeError:
-            failed += 1
-            if failed == _TRIES:
-                raise
-    return None
-
-
-def _cuts(data, start: int, stop: int) -> Iterator[tuple[int, int]]:
-    """``(window end, next start)`` of each ``}`` followed by ``,`` and ``{`` (spaces
-    between) after ``start``: backwards from ``stop``, then forwards from it."""
-    cut = data.rfind(b"}", start, stop)
-    while cut > start:
-        if (found := _cut_at(data, cut)) is not None:
-            yield found
-        cut = data.rfind(b"}", start, cut)
-    cut = data.find(b"}", stop)
-    while cut >= 0:
-        if (found := _cut_at(data, cut)) is not None:
-            yield found
-        cut = data.find(b"}", cut + 1)
-
-
-def _cut_at(data, cut: int) -> tuple[int, int] | None:
-    """``(cut, next start)`` where the ``}`` at ``cut`` is followed by ``,`` and ``{``."""
-    after = _skip_space(data, cut + 1)
-    if data[after : after + 1] == b",":
-        after = _skip_space(data, after + 1)
-        if data[after : after + 1] == b"{":
-            return cut, after
-    return None
-
-
-def _last_window(data, view: memoryview, start: int, opening: int | None, columns: _Columns) -> int:
-    """Decode the last window, from ``start`` to the ``}`` followed by ``]`` (the list's
-    end) nearest the end of the text whose text decodes; the position of that ``]``.
-    ``opening``: the list's ``[`` where the window is the whole list, decoded where it lies
-    rather than copied between brackets (a fresh copy of a few MB costs ~1 ms of page
-    faults)."""
-    cut, failed = len(data), 0
-    while (cut := data.rfind(b"}", start, cut)) >= 0:
-        after = _skip_space(data, cut + 1)
-        if data[after : after + 1] != b"]":
-            continue
-        window = view[opening : after + 1] if opening is not None else b"".join((b"[", view[start : cut + 1], b"]"))
-        try:
-            events = _EVENTS.decode(window)
-        except msgspec.DecodeError:
-            failed += 1
-            if failed == _TRIES:
-                raise
-            continue
-        columns.add(_complete(events))
-        return after
-    raise msgspec.DecodeError("no end to the events list")
-
-
-def _skip_space(data, at: int) -> int:
-    while data[at : at + 1] in _SPACE:
-        at += 1
-    return at
-
-
-def _split(text: _Text, columns: _Columns) -> _Document | None:
-    """Read the events by splitting the text into one undecoded text per event, then
-    decoding those a chunk at a time; the document's other keys with them."""
-    document = _DOCUMENT.decode(text.data)
-    items = document.traceEvents
-    if items is None:
-        return None
-    document.traceEvents = []
-    for first in range(0, len(items), _CHUNK):
-        text.release()
-        columns.add(_complete(_EVENTS.decode(b"[" + b",".join(items[first : first + _CHUNK]) + b"]")))
-    return document
-
-
-class _Text:
-    """A trace's bytes. A plain file is mapped, not read, and its pages are dropped from the
-    process after each window (they stay in the page cache): the text costs the process
-    about a window, not the file's size. A small gzipped file is decompressed in memory; a
-    large one into an unnamed temporary file, mapped like a plain one."""
-
-    def __init__(self, path: Path) -> None:
-        self.mapped: mmap.mmap | None = None
-        self.data: bytes | mmap.mmap = b""
-        with path.open("rb") as handle:
-            if handle.read(2) != b"\x1f\x8b":
-                self._map(handle)
-                return
-            if os.fstat(handle.fileno()).st_size > _GZIP_IN_MEMORY:
-                try:
-                    with tempfile.TemporaryFile() as plain:
-                        handle.seek(0)
-                        with gzip.GzipFile(fileobj=handle) as text:
-                            shutil.copyfileobj(text, plain, 1 << 20)
-                        plain.flush()
-                        self._map(plain)
-                    return
-                except OSError:  # no room for the temporary file (or a bad gzip, refused again below)
-                    pass
-            handle.seek(0)
-            self.data = gzip.decompress(handle.read())
-
-    def _map(self, handle) -> None:
-        try:
-            self.mapped = self.data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file cannot be mapped
-            pass
-
-    def release(self) -> None:
-        if self.mapped is not None and _DROP is not None:
-            self.mapped.madvise(_DROP)
-
-
-_DROP = getattr(mmap, "MADV_DONTNEED", None)  # absent where the OS has no madvise: pages stay
-# Gzipped traces up to this size are decompressed in memory (~10 MB of text at most;
-# through a temporary file ~1 ms slower). Larger ones go through a temporary file: an 18 MB
-# trace (1.3 MB gzipped) read with 26 MiB of growth instead of 57, in the same time.
-_GZIP_IN_MEMORY = 1 << 20
-
-
-def _complete(events: list[_Event]) -> list[_Event]:
-    """The complete (ph X) events."""
-    return [e for e in events if e.ph == "X" and e.ts]
-
-
-class _Columns:
-    """The complete events' columns, built a chunk of decoded events at a time: strings as
-    codes into their distinct values (the same names recur every step), times as int64 ns,
-    ids as int64, and the args of only the events whose args carry a collective's identity."""
-
-    def __init__(self) -> None:
-        self.distinct: dict[str, _Codes] = {"cat": _Codes(), "name": _Codes(), "pid": _Codes(), "tid": _Codes()}
-        self.codes: dict[str, list[np.ndarray]] = {key: [] for key in self.distinct}
-        self.numbers: dict[str, list[np.ndarray]] = {key: [] for key in ("ts_ns", "dur_ns", "corr", "ext")}
-        self.identity_name = np.zeros(0, bool)  # per distinct name: its events carry identity args
-        self.comm_name = np.zeros(0, bool)  # per distinct name: an NCCL kernel's name
-        self.kept: dict[int, _Args] = {}
-        self.rows = 0
-
-    def add(self, events: list[_Event]) -> None:
-        n = len(events)
-        for key, distinct in self.distinct.items():
-            self.codes[key].append(np.fromiter(map(distinct.__getitem__, map(attrgetter(key), events)), np.int32, n))
-        # ts and dur in one conversion: each costs ~0.1 ms however few the events
-        times = _ns(chain(map(attrgetter("ts"), events), map(attrgetter("dur"), events)), 2 * n)
-        self.numbers["ts_ns"].append(times[:n])
-        self.numbers["dur_ns"].append(times[n:])
-        self.numbers["corr"].append(np.fromiter(map(attrgetter("args.correlation"), events), np.int64, n))
-        self.numbers["ext"].append(np.fromiter(map(attrgetter("args.external"), events), np.int64, n))
-        self._classify_new_names()
-        name, cat = self.codes["name"][-1], self.codes["cat"][-1]
-        kernel = cat == self.distinct["cat"].get("kernel", -1)
-        rows = np.flatnonzero(self.identity_name[name] | (kernel & self.comm_name[name])).tolist()
-        self.kept.update(zip([self.rows + r for r in rows], [_detached(events[r].args) for r in rows]))
-        self.rows += n
-
-    def _classify_new_names(self) -> None:
-        """Identity tests once per distinct name, as names first appear."""
-        names = list(self.distinct["name"])[len(self.identity_name):]
-        if not names:
-            return
-        by_name = [name.startswith((_C10D, _NCCL, _GLOO)) or name == _RPC for name in names]
-        self.identity_name = np.concatenate([self.identity_name, np.array(by_name, bool)])
-        self.comm_name = np.concatenate([self.comm_name, ops.is_comm_kernel(names)])
-
-    def events(self, base: int) -> _Events:
-        codes = {key: np.concatenate(parts) if parts else np.zeros(0, np.int32) for key, parts in self.codes.items()}
-        numbers = {key: np.concatenate(parts) if parts else np.zeros(0, np.int64)
-                   for key, parts in self.numbers.items()}
-        text = np.array(list(self.distinct["name"]), dtype=object)
-        # Ops of the host calls' and gloo workers' names only: canonical is a regex, and a
-        # trace has hundreds of distinct kernel names.
-        op = np.array([_canonical(n) if n.startswith((_C10D, _GLOO)) else None for n in text], dtype=object)
-        distinct_ops = _Codes()
-        op_code = np.array([-1 if o is None else distinct_ops[o] for o in op], np.int64)
-        names = _Names(text, self.comm_name, op, op_code)
-        cats = dict(self.distinct["cat"])
-        cat = codes["cat"]
-        # Ids of the events that are linked; any others an event carries are not read.
-        linked = _equal_any(cat, [cats[c] for c in _LINKED_CATS if c in cats])
-        linked |= names.where(lambda n: n.startswith(_C10D) or n == _RPC)[codes["name"]]
-        return _Events(
-            cat=cat,
-            name=codes["name"],
-            pid=codes["pid"],
-            thread=codes["pid"].astype(np.int64) * (len(self.distinct["tid"]) + 1) + codes["tid"],
-            ts=numbers["ts_ns"] + base,
-            dur=numbers["dur_ns"],
-            corr=np.where(linked, numbers["corr"], -1),
-            ext=np.where(linked, numbers["ext"], -1),
-            cats=cats,
-            names=names,
-            pids=list(self.distinct["pid"]),
-        )
-
-
-def _equal_any(values: np.ndarray, wanted: list) -> np.ndarray:
-    """Mask of the values equal to any of a few wanted ones: one comparison each (np.isin
-    costs 70-600 µs on a large trace's column, this 10-20)."""
-    mask = np.zeros(len(values), bool)
-    for value in wanted:
-        mask |= values == value
-    return mask
-
-
-class _Codes(dict):
-    """Value -> code, first seen first. Events are looked up by C iteration; Python runs
-    only for a value not seen before."""
-
-    def __missing__(self, value) -> int:
-        code = self[value] = len(self)
-        return code
-
-
-def _detached(args: _Args) -> _Args:
-    """Args kept past their chunk: input shapes copied, so they do not pin the chunk's text."""
-    if args.dims or args.types:
-        return msgspec.structs.replace(args, dims=args.dims.copy(), types=args.types.copy())
-    return args
-
-
-# µs with up to 18 decimals and 20 integer digits; rounding to 3 decimals gives whole ns.
-_MICROS = pa.decimal128(38, 18)
-_NANOS_AS_MICROS = pa.decimal128(38, 3)
-_COMMA, _POINT, _MINUS, _ZERO = b",.-0"
-_POWERS = 10 ** np.arange(19, dtype=np.uint64)
-_INT64_MAX = np.iinfo(np.int64).max
-
-
-def _ns(numbers: Iterable[msgspec.Raw], count: int) -> np.ndarray:
-    """``count`` JSON numbers of µs (their exact decimal text; empty: 0) -> int64 ns, rounded
-    half away from zero, all at once: the texts, each ended by a comma (which no number
-    holds), read digit by digit where they are plain decimals with at most 3 decimals (as
-    Kineto writes them), else cast to decimal in Arrow. Never through float64."""
-    if not count:
-        return np.zeros(0, np.int64)
-    joined = np.frombuffer(b",".join(numbers) + b",", np.uint8)
-    comma = joined == _COMMA
-    ends = np.flatnonzero(comma)
-    if len(ends) != count:
-        raise pa.ArrowInvalid("an event time is not a JSON number")
-    plain = _plain_ns(joined, ends)
-    return plain if plain is not None else _decimal_ns(joined, comma, ends)
-
-
-def _plain_ns(joined: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
-    """ns of JSON numbers each ended by a comma (valid, as decoded: at most one point, a
-    minus only first) as the sum of their digits' place values, in uint64. None where a
-    number has an exponent, more than 3 decimals or 16 characters before its point, or is
-    2**63 ns or more: the Arrow cast reads (or refuses) those. As fast as the cast, without
-    its set-up, ~0.7 ms the first time in a process."""
-    digit = joined - _ZERO  # the other bytes wrap past 9
-    is_digit = digit < 10
-    points = np.flatnonzero(joined == _POINT)
-    minus = np.flatnonzero(joined == _MINUS)
-    if np.count_nonzero(is_digit) + len(ends) + len(points) + len(minus) != len(joined):
-        return None  # an exponent, or not a number
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    point = ends.copy()  # without a point, the number's end
-    point[np.searchsorted(ends, points)] = points
-    if (ends - point > 4).any() or (point - starts > 16).any():
-        return None
-    # A digit at i, p its number's point, is 10**(p - i - 1) µs before the point and
-    # 10**(p - i) after: 10**(p - i + 2) or 10**(p - i + 3) ns (0 to 18). Computed in place,
-    # in int32 (the texts of a window's times: far from 2**31 bytes): fresh temporaries of a
-    # few MB cost more in page faults than in arithmetic.
-    place = np.repeat(point.astype(np.int32), ends - starts + 1)
-    place -= np.arange(len(joined), dtype=np.int32)
-    place += 2
-    place += place < 2
-    values = _POWERS.take(place, mode="clip")
-    digit *= is_digit
-    values *= digit
-    # Sums per number from its first byte (an empty number's is its comma: 0); each is exact.
-    ns = np.add.reduceat(values, starts)
-    if (ns > _INT64_MAX).any():
-        return None
-    ns = ns.astype(np.int64)
-    ns[np.searchsorted(ends, minus)] *= -1
-    return ns
-
-
-def _decimal_ns(joined: np.ndarray, comma: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """ns of JSON numbers each ended by a comma through Arrow's decimal cast: the texts as
-    one string array, cast to decimal, and the decimal's unscaled integer at 3 decimals is
-    the ns."""
-    count = len(ends)
-    offsets = np.zeros(count + 1, np.int64)
-    offsets[1:] = ends - np.arange(count)
-    empty = offsets[1:] == offsets[:-1]
-    valid = pa.py_buffer(np.packbits(~empty, bitorder="little")) if empty.any() else None
-    strings = pa.Array.from_buffers(pa.large_string(), count, [valid, pa.py_buffer(offsets),
-                                                               pa.py_buffer(joined[~comma])])
-    try:
-        micros = strings.cast(_NANOS_AS_MICROS)  # Kineto writes at most 3 decimals: exact
-    except pa.ArrowInvalid:  # more decimals: round them to whole ns
-        micros = pc.round(strings.cast(_MICROS), 3, round_mode="half_towards_infinity").cast(_NANOS_AS_MICROS)
-    nanos = pa.Array.from_buffers(pa.decimal128(38, 0), count, micros.buffers()).cast(pa.int64())
-    return (nanos.fill_null(0) if valid is not None else nanos).to_numpy()
-
-
-def _instants(events: _Events, notes: list[str]) -> None:
-    """A negative ``dur`` (a profiler's broken event) is taken as an instant: its start
-    stands, its time counts nowhere, where it had cut busy time and could end the window
-    before it began."""
-    negative = events.dur < 0
-    if negative.any():
-        events.dur[negative] = 0
-        notes.append(f"{int(negative.sum())} event(s) with a negative duration: taken as instants (dur 0)")
-
-
-def _base(path: Path, top: dict) -> int:
-    base = top.get("baseTimeNanoseconds")
-    try:
-        value = int(base) if base is not None else 0
-    except (TypeError, ValueError, OverflowError):  # int() of inf overflows
-        raise ExportError(f"baseTimeNanoseconds {base!r} is not an integer", path=path) from None
-    if not _I64_MIN <= value <= _I64_MAX:
-        raise ExportError(f"baseTimeNanoseconds {base!r} is beyond int64 ns", path=path)
-    return value
-
-
-# The hook's Flight Recorder columns the reading looks up by name.
-_FR_COLUMNS = ("pg_name", "seq", "profiling_name", "time_created_ns")
-
-
-def _check_top(path: Path, top: dict) -> None:
-    """The metadata objects the reading walks into are objects, and the hook's Flight
-    Recorder has the columns it reads: else one error naming the file, not a traceback."""
-    for key in ("distributedInfo", HOOK_KEY):
-        if key in top and not isinstance(top[key], dict):
-            raise ExportError(f"malformed trace: {key} is a {type(top[key]).__name__}, not an object", path=path)
-    groups = top.get("distributedInfo", {}).get("pg_config")
-    if groups is not None and not isinstance(groups, list):
-        raise ExportError(f"malformed trace: distributedInfo.pg_config is a {type(groups).__name__}, not a list",
-                          path=path)
-    recorder = top.get(HOOK_KEY, {}).get("flight_recorder")
-    if recorder is None:
-        return
-    columns = recorder.get("columns") if isinstance(recorder, dict) else None
-    if not isinstance(columns, list) or not isinstance(recorder.get("rows"), list) or \
-            not set(_FR_COLUMNS) <= set(columns):
-        raise ExportError(f"malformed trace: {HOOK_KEY}.flight_recorder lacks columns and rows with "
-                          f"{', '.join(_FR_COLUMNS)}", path=path)
-    numbers = [columns.index(name) for name in ("seq", "time_created_ns")]
-    for row in recorder["rows"]:  # each read by position, its seq and time as int64
-        if not isinstance(row, list) or len(row) != len(columns) or any(_int(row[i]) is None for i in numbers):
-            raise ExportError(f"malformed trace: a {HOOK_KEY}.flight_recorder row is not {len(columns)} values "
-                              f"with an integer seq and time_created_ns: {str(row)[:80]}", path=path)
-
-
 # ---------------------------------------------------------------- identity
 
 
-def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) -> dict:
+def _meta(path: Path, trace: Trace, rank_from: str | None, notes: list[str]) -> dict:
     top = trace.top
     info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else None
     hook = top.get(HOOK_KEY) if isinstance(top.get(HOOK_KEY), dict) else {}
@@ -729,7 +143,7 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
         "world_size": world,
         "host": str(host),
         "gpu": hook.get("gpu") or None,
-        "pid": _int(pid) if pid is not None and str(pid).lstrip("-").isdigit() else None,
+        "pid": as_int64(pid) if pid is not None and str(pid).lstrip("-").isdigit() else None,
         "job_id": hook.get("job_id") or None,
         "source_format": SOURCE_FORMAT,
         "source_file": str(path),
@@ -741,7 +155,7 @@ def _meta(path: Path, trace: _Trace, rank_from: str | None, notes: list[str]) ->
     }
 
 
-def _most_common_pid(events: _Events):
+def _most_common_pid(events: Events):
     """The pid of most CPU ops (ties: the least, as pandas' mode; None without CPU ops)."""
     count = np.bincount(events.pid[events.of_cat("cpu_op")], minlength=len(events.pids))
     if not count.any():
@@ -792,7 +206,7 @@ class _Busy:
     totals: dict
 
 
-def _device_busy(events: _Events) -> _Busy:
+def _device_busy(events: Events) -> _Busy:
     gpu = np.flatnonzero(events.of_cat(*_GPU_CATS))
     start = events.ts[gpu]
     end = start + events.dur[gpu]
@@ -801,10 +215,10 @@ def _device_busy(events: _Events) -> _Busy:
     return _busy(start, end, comm, _kernel_table(events, gpu[kernel], comm[kernel]), copy=~kernel)
 
 
-def _cpu_busy(events: _Events) -> _Busy:
+def _cpu_busy(events: Events) -> _Busy:
     """CPU-only proxy: top-level CPU ops on compute threads, gloo worker ops as comm."""
-    gloo = events.prefixed(_GLOO) & events.of_cat("user_annotation")
-    c10d = events.prefixed((_C10D, _RPC))
+    gloo = events.prefixed(GLOO) & events.of_cat("user_annotation")
+    c10d = events.prefixed((C10D, RPC))
     # gloo worker threads: those of gloo ops without c10d calls (gloo:send runs on the caller);
     # per thread id (a few hundred at most), not setdiff1d/isin (~80 us on a small trace)
     worker = np.zeros(events.thread.max() + 1, bool)
@@ -842,7 +256,7 @@ def _busy(start: np.ndarray, end: np.ndarray, comm: np.ndarray, kernels: dict[st
     return _Busy(compute, everything, kernels, totals)
 
 
-def _kernel_table(events: _Events, rows: np.ndarray, is_comm: np.ndarray) -> dict[str, np.ndarray]:
+def _kernel_table(events: Events, rows: np.ndarray, is_comm: np.ndarray) -> dict[str, np.ndarray]:
     """Count and total time per (name, is_comm), largest total first (ties: first seen
     first), on the name codes: no trace-sized column of strings."""
     key = events.name[rows].astype(np.int64) * 2 + is_comm
@@ -858,7 +272,7 @@ def _kernel_table(events: _Events, rows: np.ndarray, is_comm: np.ndarray) -> dic
     }
 
 
-def _top_level(events: _Events, rows: np.ndarray) -> np.ndarray:
+def _top_level(events: Events, rows: np.ndarray) -> np.ndarray:
     """True for events (of ``rows``) not nested inside an earlier event of the same
     thread: ordered by thread, start, then longest first, an event is top-level where it
     starts at or after the furthest end of the thread's events before it."""
@@ -886,7 +300,7 @@ def _take(table: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarra
 def _recorded_bytes(row: list, op: str, field: dict[str, int]) -> int | None:
     """A Flight Recorder entry's size: its input's, or for AllGather and ReduceScatter the
     smaller of its input and output where the hook recorded both."""
-    sizes = [_int(row[field[column]]) for column in ("bytes", "out_bytes") if column in field]
+    sizes = [as_int64(row[field[column]]) for column in ("bytes", "out_bytes") if column in field]
     if op in _SPLIT_OPS and all(sizes):
         return min(sizes)
     return sizes[0] if sizes else None
@@ -897,7 +311,7 @@ def _present(values: np.ndarray) -> np.ndarray:
     return np.not_equal(values, None)
 
 
-def _calls(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray]:
+def _calls(trace: Trace, notes: list[str]) -> dict[str, np.ndarray]:
     """Host-side collective calls, by start: c10d ops, each with the row of the
     record_param_comms (``rpc``) and of the ``nccl:<op>`` annotation (``ann``) inside it,
     -1 where none, and the hook's Flight Recorder identity (``fr_pg``, ``fr_seq``,
@@ -905,9 +319,9 @@ def _calls(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray]:
     call's event."""
     events = trace.events
     cpu = events.of_cat("cpu_op")
-    c10d = np.flatnonzero(cpu & events.prefixed(_C10D))
-    rpc = np.flatnonzero(cpu & events.named(events.names.text == _RPC))
-    ann = np.flatnonzero(events.of_cat("user_annotation") & events.prefixed(_NCCL))
+    c10d = np.flatnonzero(cpu & events.prefixed(C10D))
+    rpc = np.flatnonzero(cpu & events.named(events.names.text == RPC))
+    ann = np.flatnonzero(events.of_cat("user_annotation") & events.prefixed(NCCL))
     inner_of = {"rpc": np.full(len(c10d), -1), "ann": np.full(len(c10d), -1)}
     lone = rpc
     for column, inner in (("rpc", rpc), ("ann", ann)):
@@ -940,7 +354,7 @@ def _calls(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray]:
         "dropped": np.zeros(len(rows), bool),
     }
     own = trace.args(calls["rpc"].tolist())
-    identified = np.array([_pg(a) is not None and _int(a.seq) is not None for a in own], bool)
+    identified = np.array([_pg(a) is not None and as_int64(a.seq) is not None for a in own], bool)
     return _with_flight_recorder(calls, identified, trace.top, notes)
 
 
@@ -965,7 +379,7 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, 
     if not recorder or not recorder.get("rows") or not len(calls["row"]):
         return calls
     field = {name: i for i, name in enumerate(recorder["columns"])}
-    entries = [(row, op) for row in recorder["rows"] if (op := _canonical(row[field["profiling_name"]])) is not None]
+    entries = [(row, op) for row in recorder["rows"] if (op := canonical(row[field["profiling_name"]])) is not None]
     created = np.array([int(row[field["time_created_ns"]]) for row, _ in entries], np.int64)
     by_time = np.argsort(created, kind="stable")
     entries, created = [entries[i] for i in by_time], created[by_time]
@@ -993,7 +407,7 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, 
     keep = ~_present(calls["op"])
     keep[labels] = True
     # Ops the recorder records none of (torch 2.13 gloo: send and recv) are no window's edge: kept, unjoined.
-    keep[known[~_equal_any(call_ops, sorted(recorded))]] = True
+    keep[known[~equal_any(call_ops, sorted(recorded))]] = True
     keep |= identified
     in_doubt = np.zeros(len(keep), bool)
     in_doubt[doubtful] = ~keep[doubtful]
@@ -1001,7 +415,7 @@ def _with_flight_recorder(calls: dict[str, np.ndarray], identified: np.ndarray, 
         notes.append(f"{int(in_doubt.sum())} collective call(s) ran alongside calls of the same op on other threads "
                      "when their Flight Recorder entries were made, and which entry is whose cannot be told "
                      "(entries name no thread): not matched")
-    evicted_before = _int(recorder.get("evicted_before_ns"))
+    evicted_before = as_int64(recorder.get("evicted_before_ns"))
     evicted = ~keep & ~in_doubt & (calls["ts"] < (-_NEVER if evicted_before is None else evicted_before))
     if evicted.any():
         notes.append(f"{int(evicted.sum())} collective call(s) have no Flight Recorder entry: the ring "
@@ -1061,7 +475,7 @@ def _entry_calls(calls: dict[str, np.ndarray], known: np.ndarray, call_op: np.nd
     return call, doubtful, stand_in
 
 
-def _containing(events: _Events, inner: np.ndarray, outer: np.ndarray) -> np.ndarray:
+def _containing(events: Events, inner: np.ndarray, outer: np.ndarray) -> np.ndarray:
     """For each inner event (rows): the position in ``outer`` (rows) of the latest event
     on the same thread that starts at or before it and has not ended (-1 where none)."""
     if not len(outer):
@@ -1075,7 +489,7 @@ def _containing(events: _Events, inner: np.ndarray, outer: np.ndarray) -> np.nda
     return np.where((at >= 0) & (ts <= end), pos, -1)
 
 
-def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] | None:
+def _nccl_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] | None:
     events = trace.events
     kernels = np.flatnonzero(events.of_cat("kernel") & events.named(events.names.comm))
     if not len(kernels):
@@ -1124,7 +538,7 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     ann_op = np.full(len(ann), None, object)
     if (ann >= 0).any():  # each distinct annotation name's op once, then taken per call
         used, which = np.unique(events.name[ann[ann >= 0]], return_inverse=True)
-        ann_op[ann >= 0] = np.array([_canonical(n) for n in events.names.text[used].tolist()], object)[which]
+        ann_op[ann >= 0] = np.array([canonical(n) for n in events.names.text[used].tolist()], object)[which]
     frame["op"] = _coalesce(own["op"], chosen["op"], kernel["op"], ann_op)
     hinted = ~frame["called"] & ~_present(frame["op"])
     if hinted.any():  # no call, no collective args (a window's first few kernels): the name's hint, as nsys takes it
@@ -1141,12 +555,12 @@ def _nccl_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     return _identify(_take(frame, _present(frame["op"])), trace.top, notes, fallback="stream")
 
 
-def _kernel_calls(events: _Events, kernels: np.ndarray, calls: dict[str, np.ndarray]) -> np.ndarray:
+def _kernel_calls(events: Events, kernels: np.ndarray, calls: dict[str, np.ndarray]) -> np.ndarray:
     """Position in ``calls`` of each kernel's (rows) host call (-1: none): via the CUDA
     launch that has the kernel's correlation id (its first such launch, enclosed by the
     call on its thread), else by External id (a call's own, else its record_param_comms')."""
     result = np.full(len(kernels), -1)
-    launch_rows = np.flatnonzero(events.of_cat(*_LAUNCH_CATS) & (events.corr >= 0))
+    launch_rows = np.flatnonzero(events.of_cat(*LAUNCH_CATS) & (events.corr >= 0))
     launch_corr, first = np.unique(events.corr[launch_rows], return_index=True)
     at, has = _lookup(launch_corr, events.corr[kernels])
     if has.any():
@@ -1171,9 +585,9 @@ def _lookup(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return at, (values >= 0) & (keys[at] == values)
 
 
-def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] | None:
+def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] | None:
     events = trace.events
-    work = np.flatnonzero(events.of_cat("user_annotation") & events.prefixed(_GLOO))
+    work = np.flatnonzero(events.of_cat("user_annotation") & events.prefixed(GLOO))
     if not len(work):
         return None
     work = work[_present(events.names.op[events.name[work]])]
@@ -1204,7 +618,7 @@ def _gloo_collectives(trace: _Trace, notes: list[str]) -> dict[str, np.ndarray] 
     return _identify(frame, trace.top, notes, fallback="op")
 
 
-def _pair_in_order(events: _Events, work: np.ndarray, work_bytes: np.ndarray, calls: dict[str, np.ndarray],
+def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, calls: dict[str, np.ndarray],
                    call_pg: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Pair each gloo worker op (rows; ``work_bytes``: the tensors each lists) with its
     enqueue: per line, the k-th call with the k-th worker op that started after the line's
@@ -1246,7 +660,7 @@ def _pair_in_order(events: _Events, work: np.ndarray, work_bytes: np.ndarray, ca
     return np.concatenate([sure_work[candidates], lone]), np.concatenate([sure_call[call], np.full(len(lone), -1)])
 
 
-def _pairs(events: _Events, work: np.ndarray, sure_work: np.ndarray, work_key: np.ndarray, call_ts: np.ndarray,
+def _pairs(events: Events, work: np.ndarray, sure_work: np.ndarray, work_key: np.ndarray, call_ts: np.ndarray,
            call_key: np.ndarray, until: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FIFO pairs per key (`_fifo`) of the worker ops ``sure_work`` (positions in ``work``)
     and the calls, and whether each is in doubt (`_taken_in_doubt`): positions in
@@ -1293,7 +707,7 @@ def _by_size(work_line: np.ndarray, work_bytes: np.ndarray, call_line: np.ndarra
                   np.where(by_size, first_unknown, -_NEVER)[line_of])
 
 
-def _taken_in_doubt(events: _Events, work: np.ndarray, paired: np.ndarray, line: np.ndarray,
+def _taken_in_doubt(events: Events, work: np.ndarray, paired: np.ndarray, line: np.ndarray,
                     next_call_ts: np.ndarray) -> np.ndarray:
     """Which paired worker ops (positions in ``work``, by start; ``line`` and the start of
     the call after their own in it, each) FIFO by start may give another's call. gloo's
@@ -1323,7 +737,7 @@ def _taken_in_doubt(events: _Events, work: np.ndarray, paired: np.ndarray, line:
     return doubt
 
 
-def _op_lines(events: _Events, work: np.ndarray, calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _op_lines(events: Events, work: np.ndarray, calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The op code of each worker op (rows) and of each call, a call gloo runs as another op
     (`_GLOO_RUNS_AS`) under that op's code."""
     op_code = events.names.op_code
@@ -1369,7 +783,7 @@ class _Split:
     unnamed: int = 0  # calls of split lines naming no group: their worker ops stay unpaired, said already
 
 
-def _thread_groups(events: _Events, work: np.ndarray, work_line: np.ndarray, calls: dict[str, np.ndarray],
+def _thread_groups(events: Events, work: np.ndarray, work_line: np.ndarray, calls: dict[str, np.ndarray],
                    call_line: np.ndarray, call_pg: np.ndarray, notes: list[str]) -> _Split:
     """The process group of each worker op (rows) and call in lines whose calls name several
     groups. Worker events name no group, seq or id that links them to their call (torch
@@ -1510,7 +924,7 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
     op, pg = frame["op"], frame["pg"].copy()
     configs = _pg_config(top)
     missing = ~_present(pg)
-    p2p = _equal_any(op, list(ops.P2P_OPS))
+    p2p = equal_any(op, list(ops.P2P_OPS))
     if missing.any():
         if len(configs) == 1:
             pg[missing] = next(iter(configs))
@@ -1566,7 +980,7 @@ def _collective_columns(frame: dict | None) -> dict[str, np.ndarray | pa.Array] 
     return columns
 
 
-def _steps(events: _Events) -> dict[str, np.ndarray]:
+def _steps(events: Events) -> dict[str, np.ndarray]:
     """ProfilerStep#N ranges by start; a step seen twice keeps its first."""
     number = np.array([int(m.group(1)) if (m := _STEP.match(n)) else -1 for n in events.names.text], np.int64)
     rows = np.flatnonzero(number[events.name] >= 0)
@@ -1609,29 +1023,17 @@ def _pg_config(top: dict) -> dict[str, dict]:
     return {str(g.get("pg_name")): g for g in info.get("pg_config") or [] if isinstance(g, dict)}
 
 
-def _pg(args: _Args) -> str | None:
+def _pg(args: Args) -> str | None:
     for value in (args.pg_name, args.pg_id):
         if value is not None and value != "":
             return str(value)
     return None
 
 
-def _canonical(name) -> str | None:
-    """ops.canonical of a name; None for an arg that is no string (a list, an object: the
-    cache could not even hash them)."""
-    return _canonical_text(name) if isinstance(name, str) else None
-
-
-@functools.lru_cache(maxsize=4096)
-def _canonical_text(name: str) -> str | None:
-    """ops.canonical, once per distinct spelling (the same names recur every step)."""
-    return ops.canonical(name)
-
-
-def _arg_columns(args: list[_Args]) -> dict[str, np.ndarray]:
+def _arg_columns(args: list[Args]) -> dict[str, np.ndarray]:
     """The identity args of events as object columns (None where absent): op, bytes, pg, seq."""
     return {
-        "op": np.array([_canonical(a.collective) for a in args], dtype=object),
+        "op": np.array([canonical(a.collective) for a in args], dtype=object),
         "bytes": _sizes(args),
         "pg": np.array([_pg(a) for a in args], dtype=object),
         "seq": _ints([a.seq for a in args]),
@@ -1648,15 +1050,7 @@ def _coalesce(*columns: np.ndarray) -> np.ndarray:
 
 def _ints(values: list) -> np.ndarray:
     """Integer args (ints or their text) as an object array; anything else, or beyond int64, is None."""
-    return np.array([v if type(v) is int and _I64_MIN <= v <= _I64_MAX else _int(v) for v in values], dtype=object)
-
-
-def _int(value) -> int | None:
-    try:
-        number = None if value is None else int(value)
-    except (TypeError, ValueError, OverflowError):  # int() of inf overflows
-        return None
-    return number if number is None or _I64_MIN <= number <= _I64_MAX else None
+    return np.array([v if type(v) is int and I64_MIN <= v <= I64_MAX else as_int64(v) for v in values], dtype=object)
 
 
 def _element_size(dtype) -> int:
@@ -1668,20 +1062,20 @@ def _element_size_of(dtype: str) -> int:
     return _DTYPE_BYTES.get(dtype.lower(), 0)
 
 
-def _sizes(args: list[_Args]) -> np.ndarray:
+def _sizes(args: list[Args]) -> np.ndarray:
     """Message size: record_param_comms `In msg nelems` x dtype, else the first input's
     `Input Dims` x `Input type` (per rank, as sent)."""
-    return _ints([n * size if (n := _int(a.nelems)) is not None and (size := _element_size(a.dtype))
+    return _ints([n * size if (n := as_int64(a.nelems)) is not None and (size := _element_size(a.dtype))
                   else next(_tensor_bytes(a), None) for a in args])
 
 
-def _total_bytes(args: list[_Args]) -> np.ndarray:
+def _total_bytes(args: list[Args]) -> np.ndarray:
     """Bytes of all the tensors in `Input Dims` x `Input type`: a gloo worker op lists every
     tensor it moves as an input (a coalesced allreduce's each, an all_to_all's send list)."""
     return _ints([sum(_tensor_bytes(a)) or None for a in args])
 
 
-def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[_Args], ...], recorded: np.ndarray) -> np.ndarray:
+def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[Args], ...], recorded: np.ndarray) -> np.ndarray:
     """``sizes``, but for AllGather and ReduceScatter the smaller of input and output:
     record_param_comms' In and Out msg nelems where a source has both (totals, so coalesced
     calls count every tensor), else the smallest buffer any source shows: a c10d call's
@@ -1698,17 +1092,17 @@ def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[_Args], ...]
         if recorded[i] is not None:
             shown.append(recorded[i])
         if counted is not None or shown:
-            sizes[i] = _int(counted if counted is not None else min(shown))
+            sizes[i] = as_int64(counted if counted is not None else min(shown))
     return sizes
 
 
-def _nelems_bytes(args: _Args) -> int | None:
+def _nelems_bytes(args: Args) -> int | None:
     """The smaller of record_param_comms' In and Out msg nelems, in bytes, where it has both."""
-    size, counts = _element_size(args.dtype), (_int(args.nelems), _int(args.out_nelems))
+    size, counts = _element_size(args.dtype), (as_int64(args.nelems), as_int64(args.out_nelems))
     return min(counts) * size if size and None not in counts and min(counts) > 0 else None
 
 
-def _tensor_bytes(args: _Args) -> Iterator[int]:
+def _tensor_bytes(args: Args) -> Iterator[int]:
     """Bytes of each tensor in `Input Dims` x `Input type`, in order (a TensorList: its first tensor)."""
     dims = msgspec.json.decode(args.dims) if args.dims else None
     types = msgspec.json.decode(args.types) if args.types else None

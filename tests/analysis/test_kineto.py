@@ -231,7 +231,7 @@ def test_timestamp_text_converts_exactly_like_decimal():
 
     import msgspec
 
-    from rankscope.analysis.kineto import _ns
+    from rankscope.analysis.kineto_events import _ns
 
     rng = np.random.default_rng(3)
     texts = ["0", "17", "-3", "-0.5", "0.0005", "12.3", "1712195495520871.123", "5089065858023.0774",
@@ -250,7 +250,7 @@ def test_plain_timestamp_texts_read_digit_by_digit_like_decimal():
 
     import msgspec
 
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto_events
 
     rng = np.random.default_rng(5)
     texts = ["0", "7", "-3", "-0.5", "0.001", "12.3", "", "1712195495520871.123", "-922337203685477.807",
@@ -260,12 +260,12 @@ def test_plain_timestamp_texts_read_digit_by_digit_like_decimal():
     texts += [str(w) for w in rng.integers(-(10**15), 10**15, 100)]
     want = [int(Decimal(t or "0") * 1000) for t in texts]
     joined = np.frombuffer(",".join(texts).encode() + b",", np.uint8)
-    plain = kineto._plain_ns(joined, np.flatnonzero(joined == ord(",")))
+    plain = kineto_events._plain_ns(joined, np.flatnonzero(joined == ord(",")))
     assert plain is not None and plain.dtype == np.int64 and plain.tolist() == want
-    assert kineto._ns([msgspec.Raw(t.encode()) for t in texts], len(texts)).tolist() == want
+    assert kineto_events._ns([msgspec.Raw(t.encode()) for t in texts], len(texts)).tolist() == want
     for other in ("1e3", "0.0005", "9223372036854775.808", "12345678901234567", "-1712195495520871.123"):
         joined = np.frombuffer(f"1.5,{other},".encode(), np.uint8)
-        assert kineto._plain_ns(joined, np.flatnonzero(joined == ord(","))) is None, other
+        assert kineto_events._plain_ns(joined, np.flatnonzero(joined == ord(","))) is None, other
 
 
 def test_timestamp_texts_empty_or_not_numbers():
@@ -274,7 +274,7 @@ def test_timestamp_texts_empty_or_not_numbers():
     import msgspec
     import pyarrow as pa
 
-    from rankscope.analysis.kineto import _ns
+    from rankscope.analysis.kineto_events import _ns
 
     raws = [msgspec.Raw(t) for t in (b"", b"1.5", b"", b"2")]
     assert _ns(raws, 4).tolist() == [0, 1500, 0, 2000]
@@ -577,9 +577,9 @@ def test_simulated_kineto_job_ingests_and_names_its_straggler(tmp_path):
 
 def _by_split(monkeypatch):
     """Make the reader split every trace by decoding it (the fallback of reading by windows)."""
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto_events
 
-    monkeypatch.setattr(kineto, "_windows", lambda text, columns: None)
+    monkeypatch.setattr(kineto_events, "_windows", lambda text, columns: None)
 
 
 @pytest.mark.parametrize("name", [f"{GLOO}/rank0.json", f"{HTA}/trace_filter/sampled_rank-0.json.gz",
@@ -588,13 +588,13 @@ def test_events_decoded_a_window_at_a_time_give_the_same_digest(samples, name, m
     """Events become columns a window of text at a time (names coded, times and ids read,
     identity args kept per window): windows of a few events give the digest one window
     gives, and so does splitting the text by decoding it, in chunks of 7 events."""
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto_events
 
     whole = _row(read_kineto(samples / name))
-    monkeypatch.setattr(kineto, "_WINDOW", 300)
-    monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
+    monkeypatch.setattr(kineto_events, "_WINDOW", 300)
+    monkeypatch.setattr(kineto_events, "_ONE_WINDOW", 0)
     assert _row(read_kineto(samples / name)) == whole
-    monkeypatch.setattr(kineto, "_CHUNK", 7)
+    monkeypatch.setattr(kineto_events, "_CHUNK", 7)
     _by_split(monkeypatch)
     assert _row(read_kineto(samples / name)) == whole
 
@@ -618,11 +618,11 @@ def test_cut_lookalikes_in_strings_and_nested_args_do_not_cut(tmp_path, monkeypa
     """A cut candidate inside a string or a nested value is never used: its window does
     not decode, and the reader takes the next, or splits the text by decoding it. (None:
     a small text, decoded as one window.)"""
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto_events
 
     if window is not None:
-        monkeypatch.setattr(kineto, "_WINDOW", window)
-        monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
+        monkeypatch.setattr(kineto_events, "_WINDOW", window)
+        monkeypatch.setattr(kineto_events, "_ONE_WINDOW", 0)
     path = _write(tmp_path / "t.json", _awkward_trace(), compact=compact)
     got = _row(read_kineto(path))
     _by_split(monkeypatch)
@@ -634,14 +634,14 @@ def test_windows_are_the_path_taken_and_a_nested_traceevents_key_falls_back(tmp_
     """A Kineto trace is read by windows, also where a list of objects follows the events
     (its cuts are tried and fail first); a "traceEvents" key nested before the real one
     makes the reader split the text by decoding it, with the same digest as without it."""
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto_events
 
     taken = []
-    windows = kineto._windows
-    monkeypatch.setattr(kineto, "_windows", lambda text, columns: taken.append(windows(text, columns)) or taken[-1])
+    windows = kineto_events._windows
+    monkeypatch.setattr(kineto_events, "_windows", lambda text, columns: taken.append(windows(text, columns)) or taken[-1])
     if window is not None:  # None: a small text, decoded as one window
-        monkeypatch.setattr(kineto, "_WINDOW", window)
-        monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
+        monkeypatch.setattr(kineto_events, "_WINDOW", window)
+        monkeypatch.setattr(kineto_events, "_ONE_WINDOW", 0)
     data = _trace(_gloo_events("200.000", "201.000"), host_name="node-a")
     plain = _row(read_kineto(_write(tmp_path / "a.json", data)))
     assert taken[-1] is not None
@@ -658,7 +658,7 @@ def test_kept_args_do_not_pin_their_windows_text(tmp_path, monkeypatch):
     is copied out of its window, so the window's bytes are freed with the window."""
     import sys
 
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto, kineto_events
 
     windows = []
 
@@ -667,14 +667,14 @@ def test_kept_args_do_not_pin_their_windows_text(tmp_path, monkeypatch):
             windows.append(text)
             return decoder.decode(text)
 
-    decoder = kineto._EVENTS
-    monkeypatch.setattr(kineto, "_EVENTS", Recording())
-    monkeypatch.setattr(kineto, "_WINDOW", 1)
-    monkeypatch.setattr(kineto, "_ONE_WINDOW", 0)
+    decoder = kineto_events._EVENTS
+    monkeypatch.setattr(kineto_events, "_EVENTS", Recording())
+    monkeypatch.setattr(kineto_events, "_WINDOW", 1)
+    monkeypatch.setattr(kineto_events, "_ONE_WINDOW", 0)
     events = [_event("c10d::allreduce_", "100.000", "50.000", tid=1,
                      args={"External id": 1, "Input Dims": [[4, 8]], "Input type": ["float"]}),
               _event("gloo:all_reduce", "110.000", "30.000", cat="user_annotation", tid=2)]
-    trace = kineto._load(_write(tmp_path / "t.json", _trace(events, baseTimeNanoseconds=1790857026000000000)))
+    trace = kineto_events.load(_write(tmp_path / "t.json", _trace(events, baseTimeNanoseconds=1790857026000000000)))
     (args,) = trace.args([0])
     assert bytes(args.dims).replace(b" ", b"") == b"[[4,8]]"
     refs = [sys.getrefcount(windows[i]) for i in range(len(windows))]
@@ -686,27 +686,27 @@ def test_kept_args_do_not_pin_their_windows_text(tmp_path, monkeypatch):
 def test_a_large_gzipped_trace_is_mapped_from_a_temporary_file(samples, name, monkeypatch):
     """Past the in-memory size, a gzipped trace is decompressed to an unnamed temporary
     file and mapped (in memory where the file cannot be written): the same digest."""
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto_events
 
     whole = _row(read_kineto(samples / name))
-    assert kineto._Text(samples / name).mapped is None
-    monkeypatch.setattr(kineto, "_GZIP_IN_MEMORY", 0)
-    assert kineto._Text(samples / name).mapped is not None
+    assert kineto_events._Text(samples / name).mapped is None
+    monkeypatch.setattr(kineto_events, "_GZIP_IN_MEMORY", 0)
+    assert kineto_events._Text(samples / name).mapped is not None
     assert _row(read_kineto(samples / name)) == whole
 
     def no_room(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(kineto.tempfile, "TemporaryFile", no_room)  # then it is decompressed in memory
-    assert kineto._Text(samples / name).mapped is None
+    monkeypatch.setattr(kineto_events.tempfile, "TemporaryFile", no_room)  # then it is decompressed in memory
+    assert kineto_events._Text(samples / name).mapped is None
     assert _row(read_kineto(samples / name)) == whole
 
 
 @pytest.mark.parametrize("in_memory", [1 << 30, 0])
 def test_corrupt_or_truncated_gzip_is_an_export_error(tmp_path, monkeypatch, in_memory):
-    from rankscope.analysis import kineto
+    from rankscope.analysis import kineto_events
 
-    monkeypatch.setattr(kineto, "_GZIP_IN_MEMORY", in_memory)
+    monkeypatch.setattr(kineto_events, "_GZIP_IN_MEMORY", in_memory)
     packed = gzip.compress(json.dumps(_trace(_gloo_events("200.000", "201.000"))).encode() * 50)
     (tmp_path / "corrupt.json.gz").write_bytes(packed[:20] + b"\xff" * 30 + packed[50:])
     (tmp_path / "truncated.json.gz").write_bytes(packed[: len(packed) // 2])
