@@ -78,7 +78,7 @@ _SEPARATORS = re.compile(r"[^a-z0-9]")
 # their mangled names (`COMM_KERNEL_GLOBS`), whose argument types follow the base name.
 _KERNEL = re.compile(r"^(?:_Z[1-9][0-9]*)?nccl(?:symk?)?(?:dev)?kernel_([a-z]+)", re.I)
 # What names an NCCL kernel, as GLOB patterns over the lower-cased name: SQLite's GLOB and
-# fnmatch read them alike, so the ingest's SQL (nsys `queries`) and `is_comm_kernel` share
+# fnmatch read them alike, so the ingest's SQL (nsys_export `queries`) and `is_comm_kernel` share
 # this one definition. A demangled or short name starts with nccl (nccl-in-traces.md §2);
 # one known only mangled is NCCL's entry kernel, a free function, as Itanium mangles it:
 # `_Z<length><name>`, the name starting with nccl, so the length is 4 or more, without a

@@ -3,8 +3,8 @@
 For each size a simulated job (8 GPUs per node, TP=8) is written as nsys exports; then,
 on the same files:
   floor     sqlite3 alone running the very statements the ingest runs on each file
-            (`nsys.export_schema`: same tables, columns, joins and filters) on a
-            connection opened as the ingest opens it (`nsys.connect`), every row
+            (`nsys_export.export_schema`: same tables, columns, joins and filters) on a
+            connection opened as the ingest opens it (`nsys_export.connect`), every row
             fetched into Python, nothing else;
   analysis  `sources.load_digests` + `pipeline.analyze` (also shown split: load, analyze).
 Time: one fresh process times floor and analysis alternately, --repeat rounds, and keeps
@@ -38,12 +38,12 @@ from pathlib import Path
 
 def floor(paths: list[Path]) -> dict:
     """Fetch the rows the ingest reads, with sqlite3 alone."""
-    from rankscope.analysis import nsys
+    from rankscope.analysis import nsys_export
 
     rows = 0
     for path in paths:
-        db = nsys.connect(path)  # opened as the ingest opens it
-        for statement in nsys.export_schema(db)[1].values():
+        db = nsys_export.connect(path)  # opened as the ingest opens it
+        for statement in nsys_export.export_schema(db)[1].values():
             rows += len(db.execute(statement).fetchall())
         db.close()
     return {"rows": rows}

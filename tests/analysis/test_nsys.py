@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from rankscope.analysis import digest, nsys
+from rankscope.analysis import digest, nsys, nsys_export
 from rankscope.errors import ConsistencyError, ExportError, InputError
 
 DSL = "nsys/dsl_2node_2rank_allreduce"
@@ -109,7 +109,7 @@ def test_torchrun_report_splits_into_two_ranks_with_their_sendrecv(samples: Path
 def test_kernels_are_summed_per_demangled_name_as_nsys_stats_sums_them(torchrun: Path) -> None:
     # Keyed by shortName, every instantiation of a template was one kernel: the sample's
     # 8 elementwise_kernel<...> (add, mul, copy, neg functors) summed into one row.
-    db = nsys.connect(torchrun)  # read-only
+    db = nsys_export.connect(torchrun)  # read-only
     expected = db.execute(
         "SELECT (k.globalPid >> 24) & 16777215, s.value, COUNT(*), SUM(k.\"end\" - k.start) "
         "FROM CUPTI_ACTIVITY_KIND_KERNEL AS k JOIN StringIds AS s ON s.id = k.demangledName GROUP BY 1, 2").fetchall()

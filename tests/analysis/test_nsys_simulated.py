@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from rankscope.analysis import digest, kineto, nsys
+from rankscope.analysis import digest, kineto, nsys, nsys_export
 from rankscope.analysis import simulate
 from rankscope.errors import ExportError
 
@@ -122,13 +122,13 @@ def test_reading_runs_without_the_cyclic_collector_and_restores_it(job, monkeypa
 
     _, paths = job
     seen: list[bool] = []
-    read_file = nsys._read_file
+    read_file = nsys_export.read_file
 
     def spy(path: Path):
         seen.append(gc.isenabled())
         return read_file(path)
 
-    monkeypatch.setattr(nsys, "_read_file", spy)
+    monkeypatch.setattr(nsys, "read_file", spy)  # where read_many looks it up
     assert gc.isenabled()
     nsys.read_many(paths)
     assert seen == [False] * len(paths) and gc.isenabled()
@@ -148,10 +148,10 @@ def test_rows_fetched_a_few_at_a_time_give_the_same_digest(job, monkeypatch: pyt
     kernels, launches and NVTX rows anywhere join up to the digest of one fetch."""
     _, paths = job
     whole = nsys.read_many(paths)
-    kernels = nsys._read_file(paths[0]).kernels
+    kernels = nsys_export.read_file(paths[0]).kernels
     assert len(kernels) > 7 * 3  # several chunks of 7, the last one short
-    monkeypatch.setattr(nsys, "FETCH_ROWS", 7)
-    assert nsys._read_file(paths[0]).kernels.tolist() == kernels.tolist()
+    monkeypatch.setattr(nsys_export, "FETCH_ROWS", 7)
+    assert nsys_export.read_file(paths[0]).kernels.tolist() == kernels.tolist()
     assert nsys.read_many(paths).equals(whole)
 
 
