@@ -107,7 +107,7 @@ def export_command(report: Path, output: Path, *, type: str = "sqlite", nsys: st
 
 
 def export_path(report: Path) -> Path:
-    """Where `NsysBackend` exports ``report``: beside it, as the ``.sqlite`` analysis/nsys.py reads."""
+    """Where `NsysBackend` exports ``report``: beside it, as the ``.sqlite`` analysis/nsys_export.py reads."""
     return report.with_name(report.name.removesuffix(REPORT_SUFFIX) + ".sqlite")
 
 
