@@ -414,10 +414,13 @@ class Coordinator:
         if not 0 < spec.duration_s <= MAX_DURATION_S:
             raise InputError(f"capture window {spec.duration_s:g}s: it must be positive and at most "
                              f"{MAX_DURATION_S:g}s (DCGM stays paused throughout; capture more often instead)")
-        if spec.timeout_s <= 0:
+        if spec.timeout_s == 0:  # unset (proto3's default): the window plus the node timeout
             spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
         elif not math.isfinite(spec.timeout_s):  # a gRPC client's NaN or inf: no deadline could be set
             raise InputError(f"timeout {spec.timeout_s}s is not a finite number of seconds")
+        elif spec.timeout_s < 0:  # a client's mistake, not a request for the default
+            raise InputError(f"timeout {spec.timeout_s:g}s: it must be positive (or unset, for the capture "
+                             "window plus the coordinator's node timeout)")
         elif spec.timeout_s <= spec.duration_s:  # every node would time out, each one's capture wasted
             raise InputError(f"timeout {spec.timeout_s:g}s ends before the {spec.duration_s:g}s capture window "
                              "does: nodes need time after it to export and upload")

@@ -216,6 +216,20 @@ def test_a_sweep_timeout_over_the_limit_is_refused(coordinator, wire, timeout: f
     agent.close()
 
 
+@pytest.mark.parametrize("timeout", [-1.0, -0.5, -86_400.0, -1e308])
+def test_a_negative_sweep_timeout_is_refused_not_taken_as_the_default(coordinator, wire, timeout: float) -> None:
+    # found by review: any timeout <= 0 was read as unset, so -1 ran with the default deadline
+    agent = wire.FakeAgent(coordinator, "node-a")
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
+                                                           backend="sim", timeout_s=timeout), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == (f"timeout {timeout:g}s: it must be positive (or unset, for the capture window "
+                                      "plus the coordinator's node timeout)")
+    assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
+    agent.close()
+
+
 # A refusal's message must reach the client: over 16 KiB of trailer, gRPC drops it.
 
 def test_a_refusal_echoing_a_huge_value_is_cut_to_reach_the_client(coordinator, token) -> None:
