@@ -404,13 +404,12 @@ def run_sweeps(args: argparse.Namespace) -> int:
     rows = [["SWEEP", "STATE", "NODES", "BACKEND", "STARTED (UTC)", "STRAGGLERS (RANK@NODE)",
              "SLOW LINKS (RANKS: SHARE OF LIKE ONES' BUSBW)", "MISSING"]]
     for sweep in sweeps:
-        done = sum(n.state == pb.NODE_STATE_ANALYSED for n in sweep.nodes)
+        counted, missing = _outcomes(sweep)
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_ns / 1e9))
         flagged = ",".join(f"{s.rank}@{s.node}" for s in sweep.stragglers) or _no_straggler(sweep)
         links = " ".join(f"{ranks_text(list(link.ranks))}:{link.busbw_gbps / link.peers_busbw_gbps:.0%}"
                          for link in sweep.slow_links) or "none" if sweep.report_path else "-"
-        rows.append([sweep.sweep_id, state_name(sweep.state), f"{done}/{len(sweep.nodes)}", sweep.backend, started,
-                     flagged, links, ",".join(sweep.missing) or "-"])
+        rows.append([sweep.sweep_id, state_name(sweep.state), counted, sweep.backend, started, flagged, links, missing])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
@@ -418,6 +417,16 @@ def run_sweeps(args: argparse.Namespace) -> int:
     if repeated:
         print(f"\nflagged again and again: {repeated}")
     return 0
+
+
+def _outcomes(sweep: pb.Sweep) -> tuple[str, str]:
+    """A sweep's NODES and MISSING cells: its nodes analysed of all (and how many a cancel
+    stopped, where any), and the nodes without data otherwise. A cancelled node has no data
+    either, but a user stopped it: under MISSING it read as a node down."""
+    cancelled = {n.node for n in sweep.nodes if n.state == pb.NODE_STATE_CANCELLED}
+    done = sum(n.state == pb.NODE_STATE_ANALYSED for n in sweep.nodes)
+    counted = f"{done}/{len(sweep.nodes)}" + (f" ({len(cancelled)} cancelled)" if cancelled else "")
+    return counted, ",".join(n for n in sweep.missing if n not in cancelled) or "-"
 
 
 def _no_straggler(sweep: pb.Sweep) -> str:

@@ -127,7 +127,8 @@ class NodeRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.finished or self.state in (NodeState.FAILED, NodeState.TIMED_OUT, NodeState.ANALYSED)
+        return self.finished or self.state in (NodeState.FAILED, NodeState.TIMED_OUT, NodeState.CANCELLED,
+                                               NodeState.ANALYSED)
 
     @property
     def digests(self) -> list[ArtifactInfo]:
@@ -358,7 +359,7 @@ class Sweep:
             if event.state is NodeState.DCGM_RESUMED:
                 record.dcgm_resumed = True
         else:
-            return []  # ANALYSED / TIMED_OUT are the coordinator's to set
+            return []  # ANALYSED / TIMED_OUT / CANCELLED are the coordinator's to set
         record.detail = event.detail
         if event.notes:
             record.notes = list(event.notes)
@@ -394,7 +395,7 @@ class Sweep:
         if self.state is not SweepState.RUNNING:
             return []
         return self._end(list(self.nodes), f"raw exports not all uploaded ({event.reason})",
-                         NodeState.FAILED, lambda record: event.reason, event.at_ns, told=event.reason)
+                         NodeState.CANCELLED, lambda record: event.reason, event.at_ns, told=event.reason)
 
     def _end(self, names: list[str], digest_why: str, state: NodeState, reason: Callable[[NodeRecord], str],
              at_ns: int, told: str | None = None) -> list[Instruction]:

@@ -29,6 +29,7 @@ class NodeState(str, enum.Enum):
     # Set by the coordinator only.
     ANALYSED = "analysed"
     TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
 
 
 # The agent's last states of a capture: past them it holds nothing (DCGM resumed, files sent or given up).

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 3fe2fdeb3de357fee0acb3c694a6582bbe70ed3e08d08cd3e186a4fd64a7e2c7
+# from rankscope.proto, sha256 8b03ff80a8a3cf8ff827777bcba5fd4b6459af42dd1aa2841b832f830429ca59
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -21,6 +21,7 @@ class NodeState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATE_FAILED: _ClassVar[NodeState]
     NODE_STATE_ANALYSED: _ClassVar[NodeState]
     NODE_STATE_TIMED_OUT: _ClassVar[NodeState]
+    NODE_STATE_CANCELLED: _ClassVar[NodeState]
 
 class DcgmOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -59,6 +60,7 @@ NODE_STATE_DCGM_RESUMED: NodeState
 NODE_STATE_FAILED: NodeState
 NODE_STATE_ANALYSED: NodeState
 NODE_STATE_TIMED_OUT: NodeState
+NODE_STATE_CANCELLED: NodeState
 DCGM_OUTCOME_UNSPECIFIED: DcgmOutcome
 DCGM_OUTCOME_NOT_NEEDED: DcgmOutcome
 DCGM_OUTCOME_NOT_PRESENT: DcgmOutcome

@@ -172,6 +172,27 @@ def test_cancel_stops_a_running_sweep_and_its_nodes_capture(coordinator, wire, c
     agent.close()
 
 
+def test_a_cancelled_sweeps_nodes_are_listed_as_cancelled_not_missing(coordinator, wire, capsys) -> None:
+    # found by review: `rankscope sweeps` named them under MISSING, as it does a node that never answered
+    stopped, silent = wire.FakeAgent(coordinator, "node-a"), wire.FakeAgent(coordinator, "node-b")
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-b", "--backend", "sim",
+                 "--duration", "1s", "--timeout", "2s", "--wait"]) == 1
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim",
+                 "--duration", "1h"]) == 0
+    cancelled = capsys.readouterr().out.strip()
+    assert main(["cancel", "--coordinator", coordinator.address, cancelled]) == 0
+    capsys.readouterr()
+    assert main(["sweeps", "--coordinator", coordinator.address]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[2] == "NODES" and header.split()[-1] == "MISSING"
+    [cancelled_row] = [row.split() for row in rows if row.startswith(cancelled)]
+    [timed_out_row] = [row.split() for row in rows if not row.startswith(cancelled)]
+    assert cancelled_row[1:5] == ["failed", "0/1", "(1", "cancelled)"] and cancelled_row[-1] == "-"
+    assert timed_out_row[1:3] == ["failed", "0/1"] and timed_out_row[-1] == "node-b"  # missing, as it was
+    stopped.close()
+    silent.close()
+
+
 def test_nodes_are_listed_as_the_fleet_numbers_them(coordinator, wire, capsys) -> None:
     agents = [wire.FakeAgent(coordinator, name) for name in ("f10", "f2", "f0", "f1")]
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "f2,f9,f10,f0,f11",

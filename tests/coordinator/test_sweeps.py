@@ -272,7 +272,7 @@ def test_a_cancelled_sweep_stops_its_open_nodes_and_analyses_what_finished() -> 
     out = sweep.handle(sw.Cancelled("cancelled by the user", T0 + 2 * S))
     assert sw.CancelNode("b", "cancelled by the user") in out
     assert analyses(out) == [sw.Analyse((DIGEST,))]
-    assert sweep.nodes["b"].state is sw.NodeState.FAILED and sweep.missing == ["b"]
+    assert sweep.nodes["b"].state is sw.NodeState.CANCELLED and sweep.missing == ["b"]
     assert sweep.handle(sw.Cancelled("again", T0 + 3 * S)) == []  # analysing: nothing left to stop
 
 
