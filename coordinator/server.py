@@ -407,9 +407,10 @@ def _describe(targets: pb.Targets) -> str:
 class CoordinatorServer:
     """The gRPC server and the coordinator behind it, started and stopped together."""
 
-    def __init__(self, server: grpc.Server, coordinator: Coordinator, health_servicer: health.HealthServicer,
-                 port: int) -> None:
+    def __init__(self, server: grpc.Server, workers: futures.ThreadPoolExecutor, coordinator: Coordinator,
+                 health_servicer: health.HealthServicer, port: int) -> None:
         self.server = server
+        self.workers = workers  # the server's handler threads
         self.coordinator = coordinator
         self.health = health_servicer
         self.port = port
@@ -424,6 +425,10 @@ class CoordinatorServer:
         self.health.enter_graceful_shutdown()
         self.coordinator.closing()
         self.server.stop(self.coordinator.config.grace_s if grace is None else grace).wait()
+        # gRPC's stop ends with the calls, not with their handlers: one cancelled at the grace's
+        # end (an upload whose agent went quiet) still runs, and must not find the state closed.
+        # Cancelled, each returns promptly; the process would wait for them on its way out anyway.
+        self.workers.shutdown(wait=True)
         self.coordinator.stop()
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
@@ -444,8 +449,9 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
     output.make_folder(Path(config.data_dir))
     coordinator = Coordinator(config, analyze=analyze)
     keep_chunk_memory()  # upload chunks reuse freed pages instead of faulting in new ones
+    workers = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc")
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="grpc"),
+        workers,
         maximum_concurrent_rpcs=config.max_workers,
         interceptors=[_UploadChunks()],
         options=[
@@ -479,4 +485,4 @@ def create_server(listen: str | None = None, data_dir: str | Path | None = None,
     if port == 0:
         coordinator.stop()
         raise ConfigError(f"cannot listen on {config.listen} (address in use or not local)")
-    return CoordinatorServer(server, coordinator, health_servicer, port), port
+    return CoordinatorServer(server, workers, coordinator, health_servicer, port), port

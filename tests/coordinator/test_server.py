@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import queue
 import threading
@@ -724,3 +725,45 @@ def test_a_labelled_node_away_past_the_keep_is_taken_as_gone_from_the_fleet(coor
         named = client.start(nodes=[down, up], duration_s=0.5, backend="sim")
         assert sorted(n.node for n in named.nodes) == sorted([down, up])
     present.close()
+
+
+def test_a_stop_with_streams_left_open_waits_out_its_grace_and_no_handler_outlives_the_state(
+        tmp_path, wire, monkeypatch, caplog) -> None:
+    """Streams the coordinator cannot end itself (a session that never says Hello, an upload
+    whose agent went quiet) hold a stop for its grace, no longer. gRPC's stop then returns
+    once it has cancelled the calls, not once their handlers have returned: the upload's ran
+    on into the closed store ('Cannot operate on a closed database', a traceback in the log)."""
+    running = wire.start(tmp_path / "data", grace_s=1.0)
+    coordinator = running.server.coordinator
+    token = running.register("node-a").session_token
+    quiet = threading.Event()
+
+    def held(*messages):
+        yield from messages
+        quiet.wait()
+
+    data = os.urandom(200_000)
+    upload = running.agents.Upload.future(held(*wire.chunks(wire.header(data, node="node-a", token=token),
+                                                            data[:100_000])))
+    session = running.agents.Session(held())
+    while not running.query("u1", token).committed_offset:  # the upload is under way
+        time.sleep(0.01)
+    ended, on_a_closed_state = coordinator._ended, []
+
+    def slow_ended(sweep_id: str) -> bool:  # the upload's way out, slowed: the stop closes nothing under it
+        time.sleep(0.3)
+        on_a_closed_state.append(coordinator._closed)
+        return ended(sweep_id)
+
+    monkeypatch.setattr(coordinator, "_ended", slow_ended)
+    began = time.monotonic()
+    running.server.stop()
+    assert time.monotonic() - began < 10
+    quiet.set()
+    running.channel.close()
+    assert upload.exception(timeout=10) is not None and session.code() is not None
+    deadline = time.monotonic() + 10
+    while not on_a_closed_state and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert on_a_closed_state == [False]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
