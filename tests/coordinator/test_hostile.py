@@ -203,29 +203,22 @@ def test_a_status_with_an_unknown_enum_value_is_ignored_and_the_session_goes_on(
 
 # StartSweep's numbers come off the wire too.
 
-@pytest.mark.parametrize("timeout", [86_400.5, 1e10, 1e308, 1.7976931348623157e308])
-def test_a_sweep_timeout_over_the_limit_is_refused(coordinator, wire, timeout: float) -> None:
+_OVER_LIMIT = "is over the limit of 86400s (a node is in one capture at a time: the sweep's nodes are held until it ends)"
+# found by review: any timeout <= 0 was read as unset, so -1 ran with the default deadline
+_NEGATIVE = ": it must be positive (or unset, for the capture window plus the coordinator's node timeout)"
+
+
+@pytest.mark.parametrize("timeout, problem", [
+    *((t, f"s {_OVER_LIMIT}") for t in (86_400.5, 1e10, 1e308, 1.7976931348623157e308)),
+    *((t, f"s{_NEGATIVE}") for t in (-1.0, -0.5, -86_400.0, -1e308)),
+])
+def test_a_sweep_timeout_over_the_limit_or_negative_is_refused(coordinator, wire, timeout: float, problem: str) -> None:
     agent = wire.FakeAgent(coordinator, "node-a")
     with pytest.raises(grpc.RpcError) as caught:
         coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
                                                            backend="sim", timeout_s=timeout), timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details() == f"timeout {timeout:g}s is over the limit of 86400s (a node is in one capture " \
-                                     "at a time: the sweep's nodes are held until it ends)"
-    assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
-    agent.close()
-
-
-@pytest.mark.parametrize("timeout", [-1.0, -0.5, -86_400.0, -1e308])
-def test_a_negative_sweep_timeout_is_refused_not_taken_as_the_default(coordinator, wire, timeout: float) -> None:
-    # found by review: any timeout <= 0 was read as unset, so -1 ran with the default deadline
-    agent = wire.FakeAgent(coordinator, "node-a")
-    with pytest.raises(grpc.RpcError) as caught:
-        coordinator.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
-                                                           backend="sim", timeout_s=timeout), timeout=10)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details() == (f"timeout {timeout:g}s: it must be positive (or unset, for the capture window "
-                                      "plus the coordinator's node timeout)")
+    assert caught.value.details() == f"timeout {timeout:g}{problem}"
     assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
     agent.close()
 
