@@ -181,6 +181,17 @@ class _NoPandas:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
+def _one_line_undecodable(record: logging.LogRecord) -> bool:
+    """gRPC logs a message that does not decode (bytes from a client that are no protobuf of
+    the call's type) as ERROR with its whole traceback: in a coordinator's log, one line
+    with the cause says it (--verbose keeps the traceback)."""
+    if record.exc_info and record.exc_info[1] is not None:
+        error = record.exc_info[1]
+        record.msg, record.args = f"{record.getMessage()} ({type(error).__name__}: {error})", ()
+        record.exc_info = record.exc_text = None
+    return True
+
+
 def _command(argv: Sequence[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
@@ -195,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        logging.getLogger("grpc._common").addFilter(_one_line_undecodable)
     warnings.showwarning = _show_warning
     try:
         return int(args.func(args) or 0)

@@ -274,7 +274,7 @@ def test_node_names_given_with_spaces_around_them_are_the_nodes(coordinator, wir
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)  # SIGHUP: its terminal or ssh session closed
-def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path, signum: int) -> None:
+def test_coordinator_command_serves_health_logs_undecodable_calls_in_one_line_and_stops_on_sigterm(tmp_path: Path, signum: int) -> None:
     port_file = tmp_path / "port"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rankscope", "coordinator", "--listen", "127.0.0.1:0", "--data-dir",
@@ -289,11 +289,21 @@ def test_coordinator_command_serves_health_and_stops_on_sigterm(tmp_path: Path, 
         port = int(port_file.read_text())
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            # Bytes that are no protobuf of the call's type: gRPC logged each with its traceback.
+            for call in (channel.unary_unary("/rankscope.v1.AgentService/Register"),
+                         lambda raw, **kw: channel.stream_unary("/rankscope.v1.AgentService/Upload")(iter([raw]), **kw)):
+                with pytest.raises(grpc.RpcError):
+                    call(b"\xff\xff\xff not protobuf", timeout=10)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         assert (tmp_path / "data" / "state.sqlite").is_file()
         proc.send_signal(signum)
         assert proc.wait(timeout=30) == 0
-        assert f"listening on 127.0.0.1:{port}" in proc.stderr.read()
+        log = proc.stderr.read()
+        assert f"listening on 127.0.0.1:{port}" in log
+        undecodable = [line for line in log.splitlines() if "Exception deserializing message!" in line]
+        assert [line.endswith("Wire format was corrupt)") and "(DecodeError: " in line for line in undecodable] == [True] * 2, log
+        assert "rankscope.v1.RegisterRequest" in undecodable[0] and "rankscope.v1.UploadChunk" in undecodable[1]
+        assert "Traceback" not in log, log
     finally:
         proc.kill()
         proc.wait()
