@@ -19,8 +19,8 @@ _EXPORTS = {
     "load_digests": "rankscope.analysis.sources",
     "analyze": "rankscope.analysis.pipeline",
     "Report": "rankscope.analysis.report",
-    "JobSpec": "rankscope.analysis.simulate",
-    "Straggler": "rankscope.analysis.simulate",
+    "JobSpec": "rankscope.analysis.simulated_job",
+    "Straggler": "rankscope.analysis.simulated_job",
     "DIGEST_SCHEMA": "rankscope.analysis.digest",
 }
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from rankscope.analysis import digest, kineto, nsys, nsys_export
-from rankscope.analysis import simulate
+from rankscope.analysis import simulate, simulated_job
 from rankscope.errors import ExportError
 
 SPEC = dict(nodes=2, gpus_per_node=2, tp=2, steps=3, seed=5, job_id="simjob")
@@ -54,8 +54,8 @@ def test_ranks_hosts_gpus_and_job(job) -> None:
     table = digest.concat(nsys.read_nsys(p) for p in paths)
     assert table.column("rank").to_pylist() == list(range(4))
     assert set(table.column("rank_source").to_pylist()) == {"env:RANK"}
-    assert table.column("host").to_pylist() == [simulate.host_name(spec, r // 2) for r in range(4)]
-    assert table.column("gpu").to_pylist() == [simulate.gpu_uuid(spec, r // 2, r % 2) for r in range(4)]
+    assert table.column("host").to_pylist() == [simulated_job.host_name(spec, r // 2) for r in range(4)]
+    assert table.column("gpu").to_pylist() == [simulated_job.gpu_uuid(spec, r // 2, r % 2) for r in range(4)]
     assert set(table.column("job_id").to_pylist()) == {"simjob"}
     assert table.column("local_rank").to_pylist() == [0, 1, 0, 1]
     assert table.column("world_size").to_pylist() == [4] * 4
@@ -66,7 +66,7 @@ def test_communicator_ids_and_bytes_from_payloads(job) -> None:
     spec, paths = job
     coll = _long(digest.concat(nsys.read_nsys(p) for p in paths), "collectives")
     expected = {
-        f"{simulate.comm_hash(spec, kind, group):016x}": (kind, simulate.members(spec, kind, group))
+        f"{simulated_job.comm_hash(spec, kind, group):016x}": (kind, simulated_job.members(spec, kind, group))
         for kind in ("tp", "dp") for group in range(2)
     }
     assert set(coll["comm_id"]) == set(expected)
@@ -84,7 +84,7 @@ def test_communicator_ids_and_bytes_from_payloads(job) -> None:
 def test_communicator_sizes_from_init_payloads(job) -> None:
     spec, paths = job
     comms = _long(digest.concat(nsys.read_nsys(p) for p in paths), "communicators")
-    sizes = {f"{simulate.comm_hash(spec, kind, group):016x}": len(simulate.members(spec, kind, group))
+    sizes = {f"{simulated_job.comm_hash(spec, kind, group):016x}": len(simulated_job.members(spec, kind, group))
              for kind in ("tp", "dp") for group in range(2)}
     assert dict(zip(comms["comm_id"], comms["size"])) == sizes
     assert comms["ranks"].isna().all()  # one rank's export cannot list the others

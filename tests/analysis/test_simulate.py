@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from rankscope.analysis import simulate as sm
+from rankscope.analysis import simulated_exports, simulated_job
 from rankscope.cli import main
 from rankscope.errors import ConfigError, InputError
 
@@ -109,7 +110,7 @@ def test_identity_and_ids_follow_nsys_layout(tmp_path):
     assert tids == {gpid | pid}
     uuid = _query(path, "SELECT g.uuid FROM TARGET_INFO_CUDA_DEVICE d JOIN TARGET_INFO_GPU g ON g.id=d.gpuId "
                         "WHERE d.pid=? AND d.cudaId=?", pid, device)
-    assert uuid == [(sm.gpu_uuid(spec, 1, 2),)]
+    assert uuid == [(simulated_job.gpu_uuid(spec, 1, 2),)]
 
 
 def test_clock_model_is_what_the_export_shows(tmp_path):
@@ -316,7 +317,7 @@ def test_kineto_export_carries_groups_and_seq(tmp_path):
         assert c["args"]["Process Group Name"] == k["args"]["Process Group Name"]
         assert c["ts"] < k["ts"]
     tp_seqs = [c["args"]["Seq"] for c in comms if c["args"]["Process Group Ranks"] == "[0, 1, 2, 3]"]
-    first = 1 + sm.KINETO_WARMUP_STEPS * 2
+    first = 1 + simulated_exports.KINETO_WARMUP_STEPS * 2
     assert tp_seqs == list(range(first, first + spec.steps * 2))
     steps = [e["name"] for e in events if e["name"].startswith("ProfilerStep#")]
     assert steps == [f"ProfilerStep#{i}" for i in range(spec.steps)]
@@ -357,7 +358,7 @@ def test_cli_interrupted_leaves_whole_exports_and_their_truth(tmp_path, capsys, 
     # found by review: Ctrl-C left complete exports but no truth.json, so nothing said whose they were
     from rankscope.analysis import nsys
 
-    write, calls = sm._write_nsys, []
+    write, calls = sm.write_nsys, []
 
     def interrupted_on_the_third(ranks, path):
         calls.append(path)
@@ -365,7 +366,7 @@ def test_cli_interrupted_leaves_whole_exports_and_their_truth(tmp_path, capsys, 
             raise KeyboardInterrupt  # as Ctrl-C lands inside a write
         write(ranks, path)
 
-    monkeypatch.setattr(sm, "_write_nsys", interrupted_on_the_third)
+    monkeypatch.setattr(sm, "write_nsys", interrupted_on_the_third)
     out = tmp_path / "job"
     assert main(["simulate", str(out), "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "2",
                  "--seed", "4"]) == 130
