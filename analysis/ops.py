@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from fnmatch import fnmatchcase
+import fnmatch
 
 import numpy as np
 
@@ -84,6 +84,9 @@ _KERNEL = re.compile(r"^(?:_Z[1-9][0-9]*)?nccl(?:symk?)?(?:dev)?kernel_([a-z]+)"
 # `_Z<length><name>`, the name starting with nccl, so the length is 4 or more, without a
 # leading zero (`_Z22ncclDevKernel_SendRecv24ncclDevKernelArgsStorageILm4096EE`).
 COMM_KERNEL_GLOBS = ("nccl*", "_z[4-9]nccl*", "_z[1-9][0-9]nccl*", "_z[1-9][0-9][0-9]nccl*")
+# The same globs as one expression (fnmatch's own translation of each): a trace has hundreds
+# of distinct kernel names, and trying each glob in turn on each was ~4x the matching.
+_COMM_KERNEL = re.compile("|".join(f"(?:{fnmatch.translate(glob)})" for glob in COMM_KERNEL_GLOBS))
 
 
 def canonical(name: str | None) -> str | None:
@@ -130,12 +133,8 @@ def is_comm_kernel(names: Sequence[str | None]) -> np.ndarray:
     Classification only (`COMM_KERNEL_GLOBS`: a case-insensitive `nccl` prefix, mangled
     or not); the operation and communicator always come from the trace's own ids.
     """
-    return np.fromiter((isinstance(name, str) and _is_comm_name(name.lower()) for name in names),
+    return np.fromiter((isinstance(name, str) and _COMM_KERNEL.match(name.lower()) is not None for name in names),
                        dtype=bool, count=len(names))
-
-
-def _is_comm_name(lower: str) -> bool:
-    return any(fnmatchcase(lower, pattern) for pattern in COMM_KERNEL_GLOBS)
 
 
 def bus_factor(op: str, ranks: np.ndarray) -> np.ndarray:
