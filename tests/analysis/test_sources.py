@@ -126,6 +126,25 @@ def test_a_node_digest_beside_its_exports_warns_once_not_per_rank(dsl: Path, tmp
         f"{exports[1]}; same host, process and window each); read the exports alone"]
 
 
+def test_node_digests_beside_their_exports_warn_once_for_the_sweep(dsl: Path, tmp_path: Path, monkeypatch) -> None:
+    # `rankscope fetch` of a sweep run with --upload-raw lays each node's digest beside that
+    # node's exports: one warning per node buried a large sweep's report in them.
+    monkeypatch.chdir(tmp_path)
+    for node, original in zip(("node-a", "node-b"), sorted(dsl.glob("*.sqlite"))):
+        (tmp_path / node).mkdir()
+        export = Path(node) / original.name
+        shutil.copy(original, export)
+        digest.write(nsys.read_nsys(export), tmp_path / node / f"{node}.digest.parquet")
+    with pytest.warns(RankscopeWarning) as caught:
+        table = sources.load_digests([tmp_path])
+    assert sorted(table.column("rank").to_pylist()) == [0, 1]
+    assert all("(digest of" not in source for source in table.column("source_file").to_pylist())
+    assert [str(w.message) for w in caught] == [
+        f"2 digests of exports in the input too ({tmp_path / 'node-a' / 'node-a.digest.parquet'} to "
+        f"{tmp_path / 'node-b' / 'node-b.digest.parquet'}: ranks 0,1; same host, process and window each); "
+        "read the exports alone"]
+
+
 def test_a_digest_of_another_capture_beside_an_export_names_both_files(dsl: Path, tmp_path: Path) -> None:
     original = sorted(dsl.glob("*.sqlite"))[0]
     export = tmp_path / original.name
