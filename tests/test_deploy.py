@@ -69,7 +69,7 @@ def _containers(node: object) -> list[dict]:
     return []
 
 
-SHELL = sorted([*DEPLOY.glob("slurm/*"), *DEPLOY.glob("systemd/*")])
+SHELL = sorted([*DEPLOY.glob("slurm/*"), *DEPLOY.glob("systemd/*.service")])
 MANIFESTS = sorted(DEPLOY.glob("kubernetes/*.yaml"))
 
 
@@ -106,6 +106,17 @@ def test_the_fleet_agents_spool_is_where_ranks_announce_by_default_and_open_to_e
     words = shlex.split(made.partition("=")[2])
     assert words[:4] == ["/usr/bin/install", "-d", "-m", "1777"]
     assert {str(args.spool), str(ranks_dir(args.spool))} <= set(words[4:])
+
+
+def test_the_hosts_shared_folders_in_tmp_are_kept_out_of_its_clean_up() -> None:
+    """systemd-tmpfiles ages /tmp out (RHEL: after 10 days): a rank announced when its job began would
+    vanish from a long job's spool, and the DCGM pause ledger from the host."""
+    from rankscope.agent.pause_ledger import DEFAULT_FOLDER
+    from rankscope.agent.spool import DEFAULT_SPOOL
+
+    rules = [line.split() for line in (DEPLOY / "systemd" / "rankscope.conf").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert sorted(rules) == sorted([["x", str(DEFAULT_SPOOL)], ["x", str(DEFAULT_FOLDER)]])
 
 
 def test_the_kubernetes_fleet_talks_mtls() -> None:
