@@ -326,6 +326,10 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             result = writer.write(first.offset, first.data)
             if result is None:
                 for chunk in request_iterator:
+                    # A second header would name another upload (or the same one anew) with
+                    # its bytes taken as this one's: refused, not passed over.
+                    if type(chunk) is not chunks.DataChunk and chunk.HasField("header"):
+                        raise art.BadUpload(f"upload {header.upload_id}: only the first message carries a header")
                     result = writer.write(chunk.offset, chunk.data)
                     if result is not None:
                         break

@@ -128,6 +128,17 @@ def test_first_message_without_a_header(coordinator, wire) -> None:
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
+def test_a_header_after_the_first_message_is_refused_not_passed_over(coordinator, wire, token) -> None:
+    # Its bytes were written into the first message's upload, whatever upload it named.
+    first, second = (wire.header(DATA, node="node-a", token=token, upload_id=u) for u in ("u1", "u2"))
+    error = refused(coordinator, [pb.UploadChunk(header=first, offset=0, data=DATA[:64 << 10]),
+                                  pb.UploadChunk(header=second, offset=64 << 10, data=DATA[64 << 10:128 << 10])])
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details() == "upload u1: only the first message carries a header"
+    assert coordinator.query("u1", token).committed_offset == 64 << 10  # what came before stays, to resume from
+    assert coordinator.query("u2", token).committed_offset == 0
+
+
 # QueryUpload: an upload's offset, size and sha256 are for the agent of its node only.
 
 def query_refused(coordinator, upload_id: str, token: str) -> grpc.RpcError:
