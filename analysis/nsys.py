@@ -41,10 +41,10 @@ import pyarrow as pa
 from rankscope.analysis import digest, intervals, ops
 from rankscope.analysis.groups import Groups, factorize, run_starts
 from rankscope.analysis.nsys_export import (
-    I64_MAX, I64_MIN, MAX_DEVICE, NCCL_DOMAIN, NCCL_NAMED, NCCL_RANGE, OTHER_RANGE, PAYLOAD_FIELDS, File, quoted,
+    I64_MAX, I64_MIN, MAX_DEVICE, NCCL_DOMAIN, NCCL_NAMED, NCCL_RANGE, OTHER_RANGE, PAYLOAD_FIELDS, File,
     read_file,
 )
-from rankscope.errors import ExportError, InputError
+from rankscope.errors import ExportError, InputError, quoted
 from rankscope import launchers
 from rankscope.launchers import LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rankscope.analysis import ops
-from rankscope.errors import ExportError
+from rankscope.errors import ExportError, quoted
 
 _log = logging.getLogger(__name__)
 
@@ -511,11 +511,6 @@ def _time_offset(export: File, utc_epoch: int, first_kernel: int) -> int:
         export.warn(f"EXPORT_CONFIG_TIME_SHIFT {shift} does not fit the timestamps; used EXPORT_PARAM_TIME_NORMALIZE={normalized}")
         return by_flag
     return by_shift
-
-
-def quoted(text: str) -> str:
-    """A value from the export, quoted for a message, cut where it is long (one line stays one)."""
-    return repr(text if len(text) <= 40 else f"{text[:40]}...")
 
 
 def _host(export: File, capture: list[tuple], hostname: list[tuple]) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rankscope import atomic, output
-from rankscope.errors import RankscopeError, UploadRejected
+from rankscope.errors import RankscopeError, UploadRejected, quoted
 from rankscope.proto.v1 import chunks
 
 log = logging.getLogger(__name__)
@@ -135,9 +135,9 @@ def check_header(header: UploadHeader, max_bytes: int) -> None:
     """Refuse a header before any byte of its upload is accepted."""
     for label, value in (("upload id", header.upload_id), ("artifact name", header.name)):
         if not _SAFE_NAME.fullmatch(value) or ".." in value:
-            raise BadUpload(f"{label} {value!r} is not a plain file name (letters, digits, '._+-'; no '/' or '..')")
+            raise BadUpload(f"{label} {quoted(value)} is not a plain file name (letters, digits, '._+-'; no '/' or '..')")
     if len(header.upload_id) > chunks.MAX_UPLOAD_ID:
-        raise BadUpload(f"upload id {header.upload_id[:40]}... is {len(header.upload_id)} characters, "
+        raise BadUpload(f"upload id {quoted(header.upload_id)} is {len(header.upload_id)} characters, "
                         f"over the limit of {chunks.MAX_UPLOAD_ID}")
     if not _SHA256.fullmatch(header.sha256):
         raise BadUpload(f"upload {header.upload_id}: sha256 {header.sha256!r} is not 64 lower-case hex digits")

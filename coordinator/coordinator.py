@@ -38,7 +38,7 @@ from rankscope.coordinator.registry import (
 )
 from rankscope.coordinator.store import Store, UnreadableSweep
 from rankscope.coordinator import sweeps as sw
-from rankscope.errors import InputError, RankscopeError, TransportError
+from rankscope.errors import InputError, RankscopeError, TransportError, quoted
 from rankscope.lock import FolderLock
 from rankscope.states import AGENT_DONE
 
@@ -71,17 +71,12 @@ MAX_OPTIONS = 64
 MAX_OPTION_CHARS = 4096
 
 
-def _shown(text: str) -> str:
-    """A name from a request, quoted, its first 64 characters where it runs long."""
-    return f"{text[:64]!r}{'...' if len(text) > 64 else ''}"
-
-
 def _check_options(options: Mapping[str, str]) -> None:
     if len(options) > MAX_OPTIONS:
         raise InputError(f"{len(options)} capture options, over the limit of {MAX_OPTIONS}")
     for key, value in options.items():
         if not _NAME.fullmatch(key) or len(value) > MAX_OPTION_CHARS:
-            raise InputError(f"capture option {_shown(key)}: its key must be a name (up to "
+            raise InputError(f"capture option {quoted(key)}: its key must be a name (up to "
                              f"64 letters, digits, '._-') and its value at most {MAX_OPTION_CHARS} characters")
 
 
@@ -408,7 +403,7 @@ class Coordinator:
     def start_sweep(self, spec: sw.SweepSpec, *, names: list[str], labels: Mapping[str, str],
                     everything: bool) -> sw.Sweep:
         if spec.backend and not _NAME.fullmatch(spec.backend):
-            raise InputError(f"capture backend {_shown(spec.backend)} is not a "
+            raise InputError(f"capture backend {quoted(spec.backend)} is not a "
                              "backend's name (up to 64 letters, digits, '._-': sim, nsys, torch)")
         _check_options(spec.options)
         if not 0 < spec.duration_s <= MAX_DURATION_S:

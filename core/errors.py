@@ -76,3 +76,9 @@ class UploadRejected(RankscopeError, ValueError):
 
 class RankscopeWarning(UserWarning):
     """Something was inferred or skipped; the result is usable but say so."""
+
+
+def quoted(text: str, limit: int = 64) -> str:
+    """A value from the user or a file, quoted for a message: its first ``limit`` characters
+    where it runs long (a name of a megabyte would be the whole message)."""
+    return f"{text[:limit]!r}{'...' if len(text) > limit else ''}"
