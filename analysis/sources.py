@@ -95,26 +95,30 @@ def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
         keep.append(not export)
         if export:
             skipped.setdefault(made["digest"], []).append((capture[0], export))
-    # One warning: a node's digest (as `rankscope fetch` lays it beside the node's exports)
-    # holds every rank of the node, and a fetched sweep has one per node; a line per rank, or
-    # per node, buries the report.
+    if skipped:
+        warnings.warn(_digests_of_exports(skipped), RankscopeWarning, stacklevel=3)
+    return digests.filter(pa.array(keep))
+
+
+def _digests_of_exports(skipped: dict[str, list[tuple[int, str]]]) -> str:
+    """One warning for every digest left out for its exports (digest -> its (rank, export)):
+    a node's digest, as `rankscope fetch` lays it beside the node's exports, holds every rank
+    of the node, and a fetched sweep has one per node; a line per rank, or per node, buried
+    the report."""
     from rankscope.analysis.report import ranks_text
 
-    found = sorted(pair for pairs in skipped.values() for pair in pairs)  # (rank, export)
+    found = sorted(pair for pairs in skipped.values() for pair in pairs)
     ranks = ranks_text([rank for rank, _ in found])
     if len(skipped) > 1:
         names = sorted(skipped)
-        said = (f"{len(names)} digests of exports in the input too ({names[0]} to {names[-1]}: ranks {ranks}; same "
+        return (f"{len(names)} digests of exports in the input too ({names[0]} to {names[-1]}: ranks {ranks}; same "
                 "host, process and window each); read the exports alone")
-    elif len(found) > 1:
-        said = (f"{next(iter(skipped))}: a digest of {len(found)} exports in the input too (ranks {ranks}, "
-                f"{found[0][1]} to {found[-1][1]}; same host, process and window each); read the exports alone")
-    elif found:
-        said = (f"{next(iter(skipped))}: a digest of {found[0][1]}, which is in the input too (same rank {ranks}, "
-                "host, process and window); read the export alone")
-    if found:
-        warnings.warn(said, RankscopeWarning, stacklevel=3)
-    return digests.filter(pa.array(keep))
+    (name,) = skipped
+    if len(found) > 1:
+        return (f"{name}: a digest of {len(found)} exports in the input too (ranks {ranks}, {found[0][1]} to "
+                f"{found[-1][1]}; same host, process and window each); read the exports alone")
+    return (f"{name}: a digest of {found[0][1]}, which is in the input too (same rank {ranks}, host, process and "
+            "window); read the export alone")
 
 
 def discover(paths: Sequence[Path | str]) -> list[Path]:

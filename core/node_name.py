@@ -15,10 +15,10 @@ V = TypeVar("V")
 
 def problem(name: str) -> str | None:
     """Why ``name`` cannot name a node; None where it can."""
-    if _NODE_NAME.fullmatch(name) and name.strip("."):
-        return None
     if name and not name.strip("."):  # `fetch` files a node's artifacts under DIR/<node>/
         return "a node name of only dots ('.', '..') would name a folder, not a node"
+    if _NODE_NAME.fullmatch(name):
+        return None
     return "a node name is 1 to 253 letters, digits, '.', '_' or '-' (as host names are)"
 
 
