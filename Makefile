@@ -4,13 +4,18 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The versions `make test` and `make demo` were last run green with: a release of any
+# dependency reaches CI only through `make lock`, not by appearing on PyPI.
+LOCK := constraints.txt
 
-.PHONY: demo test bench bench-hta protos image clean
+.PHONY: demo test bench bench-hta protos image lock clean
 
-$(STAMP): pyproject.toml
+EXTRAS := '.[dev,ray,plot]' torch==2.13.0  # the CPU build the samples were made with
+
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,ray,plot]' torch==2.13.0  # the CPU build the samples were made with
+	$(BIN)/python -m pip install -q -c $(LOCK) -e $(EXTRAS)
 	touch $@
 
 demo: $(STAMP)
@@ -44,6 +49,15 @@ protos: $(STAMP)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 image:
 	docker build -f deploy/container/Dockerfile -t rankscope:$(VERSION) $(DOCKER_BUILD_ARGS) .
+
+# Take the newest releases pyproject admits into constraints.txt (then run make test).
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q -e $(EXTRAS)
+	{ echo '# make lock wrote this: the versions make test and make demo install (pip -c).'; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed 's/+[a-z0-9.]*$$//'; } > $(LOCK)
+	rm -rf .venv-lock
 
 clean:
 	rm -rf $(VENV) .venv-hta build *.egg-info
