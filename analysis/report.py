@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
@@ -351,11 +352,13 @@ def _render(report: Report) -> list[str]:
     if report.top_kernels:
         out.append("")
         out.append("TOP KERNELS (all ranks)")
-        # The whole name, last: kernels are told apart by their template arguments, which a
-        # cut to a column's width (60 characters of ``void at::native::elementwise_kernel<``) hid.
+        # The name last, its template arguments whole: they tell kernels apart, which a cut to
+        # a column's width (60 characters of ``void at::native::elementwise_kernel<``) hid.
+        labels = kernel_labels([k["name"] for k in report.top_kernels])
         out += _table(
             ["calls", "total", "comm", "kernel"],
-            [[str(k["count"]), fmt_ns(k["total_ns"]), "yes" if k["is_comm"] else "", k["name"]] for k in report.top_kernels],
+            [[str(k["count"]), fmt_ns(k["total_ns"]), "yes" if k["is_comm"] else "", label]
+             for k, label in zip(report.top_kernels, labels)],
             text_last=True,
         )
     if report.warnings:
@@ -363,6 +366,35 @@ def _render(report: Report) -> list[str]:
         out.append("WARNINGS")
         out += [f"  - {w}" for w in report.warnings]
     return out
+
+
+def kernel_labels(names: Sequence[str]) -> list[str]:
+    """Kernel names as the table shows them: a demangled name's parameter list as ``(…)``.
+    It repeats what the template arguments already say, and runs to thousands of characters
+    (fbgemm's kernels take 30 tensor accessors), a screenful a row; the JSON keeps it. Names
+    that would then read alike (overloads) are shown whole."""
+    short = [_without_parameters(name) for name in names]
+    seen = Counter(short)
+    return [label if seen[label] == 1 else name for label, name in zip(short, names)]
+
+
+def _without_parameters(name: str) -> str:
+    """``f<T>(int, float)`` as ``f<T>(…)``; other text (``Memcpy HtoD (Pageable -> Device)``,
+    whose parenthesis follows a space, ``gloo:all_reduce``) as it is."""
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for at in range(len(name) - 1, -1, -1):  # back to the "(" that the last ")" closes
+        if name[at] == ")":
+            depth += 1
+        elif name[at] == "(":
+            depth -= 1
+            if depth == 0:
+                break
+    else:
+        return name  # unbalanced: not a parameter list
+    opens_list = at > 0 and (name[at - 1].isalnum() or name[at - 1] in "_>")
+    return name[: at + 1] + "…)" if opens_list and at + 2 < len(name) else name
 
 
 def _short(text: str, width: int = 28) -> str:

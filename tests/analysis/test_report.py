@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rankscope.analysis.pipeline import analyze
-from rankscope.analysis.report import Report, fmt_gbps, fmt_ns, ranks_text
+from rankscope.analysis.report import Report, fmt_gbps, fmt_ns, kernel_labels, ranks_text
 from rankscope.analysis.testing import SyntheticJob, synthetic_job
 from rankscope.errors import InputError
 
@@ -127,3 +127,36 @@ def test_the_headline_names_the_job_where_the_traces_do_and_no_placeholder_where
     assert report.render_table().splitlines()[0] == "rankscope report — job 4242: 4 ranks on 2 host(s)"
     report.job_id = None  # Kineto traces carry none: it read 'job ?'
     assert report.render_table().splitlines()[0] == "rankscope report — 4 ranks on 2 host(s)"
+
+
+def test_kernel_table_shows_parameter_lists_elided_and_template_arguments_whole() -> None:
+    accessor = "at::GenericPackedTensorAccessor<c10::Half, 1ul, at::RestrictPtrTraits, long>"
+    fbgemm = f"void split_embedding_kernel<c10::Half, 2ul, 32>({', '.join([accessor] * 30)}, float)"
+    names = [
+        fbgemm,
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+        "void at::native::elementwise_kernel<128, 2, (anonymous namespace)::f>(int, (anonymous namespace)::f)",
+        "Memcpy HtoD (Pageable -> Device)",  # a parenthesis after a space: no parameter list
+        "gloo:all_reduce",
+        "void empty_params_kernel<float>()",
+        "void overloaded(int)",  # overloads: elided, they would read alike
+        "void overloaded(float)",
+    ]
+    assert kernel_labels(names) == [
+        "void split_embedding_kernel<c10::Half, 2ul, 32>(…)",
+        "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(…)",
+        "void at::native::elementwise_kernel<128, 2, (anonymous namespace)::f>(…)",
+        "Memcpy HtoD (Pageable -> Device)",
+        "gloo:all_reduce",
+        "void empty_params_kernel<float>()",
+        "void overloaded(int)",
+        "void overloaded(float)",
+    ]
+
+
+def test_the_table_elides_a_kernel_s_parameters_and_the_json_keeps_them(report: Report) -> None:
+    name = "void k<float>(" + ", ".join(["at::GenericPackedTensorAccessor<float, 2ul>"] * 20) + ")"
+    report.top_kernels = [{"name": name, "count": 3, "total_ns": 9000, "is_comm": False}]
+    table = report.render_table()
+    assert "void k<float>(…)" in table and name not in table
+    assert json.loads(report.to_json())["top_kernels"][0]["name"] == name
