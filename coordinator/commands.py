@@ -386,7 +386,12 @@ def _print_report(reply: pb.ReportReply, args: argparse.Namespace) -> None:
 
             plot.save(report, plot_path)
     if reply.missing:
-        print(f"rankscope: sweep {reply.sweep_id} is partial; missing nodes: {', '.join(reply.missing)}", file=sys.stderr)
+        # A node a user's cancel stopped is no node down: said apart (an older coordinator
+        # sends no `cancelled`: its cancelled nodes stay under missing).
+        missing = [n for n in reply.missing if n not in reply.cancelled]
+        parts = [f"{what} nodes: {', '.join(nodes)}" for what, nodes in (("cancelled", reply.cancelled), ("missing", missing))
+                 if nodes]
+        print(f"rankscope: sweep {reply.sweep_id} is partial; {'; '.join(parts)}", file=sys.stderr)
     # The coordinator's path, which on another host (a pod) is no file here.
     print(f"report on the coordinator's host: {reply.path}", file=sys.stderr)
     if reply.raw_exports:

@@ -377,8 +377,9 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
     def GetReport(self, request: pb.GetReportRequest, context: grpc.ServicerContext) -> pb.ReportReply:
         sweep, text, path = self.coordinator.report(request.sweep_id)
         raw = self.coordinator.stored_artifacts(request.sweep_id, kinds=("raw",))
+        cancelled = [name for name in sweep.missing if sweep.nodes[name].state is states.NodeState.CANCELLED]
         return pb.ReportReply(sweep_id=sweep.sweep_id, state=sweep_message(sweep).state, report_json=text, path=path,
-                              missing=sweep.missing, error=sweep.error, raw_exports=len(raw))
+                              missing=sweep.missing, error=sweep.error, raw_exports=len(raw), cancelled=cancelled)
 
     @_mapped
     def ListArtifacts(self, request: pb.ListArtifactsRequest, context: grpc.ServicerContext) -> pb.ListArtifactsReply:

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 8b03ff80a8a3cf8ff827777bcba5fd4b6459af42dd1aa2841b832f830429ca59
+# from rankscope.proto, sha256 236c85cde7ccbe32c26652f36f2006b81d219946b04a4a345d711e54de8fb332
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -567,7 +567,7 @@ class GetReportRequest(_message.Message):
     def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("sweep_id", "state", "report_json", "path", "missing", "error", "raw_exports")
+    __slots__ = ("sweep_id", "state", "report_json", "path", "missing", "error", "raw_exports", "cancelled")
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -575,6 +575,7 @@ class ReportReply(_message.Message):
     MISSING_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RAW_EXPORTS_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     state: SweepState
     report_json: str
@@ -582,4 +583,5 @@ class ReportReply(_message.Message):
     missing: _containers.RepeatedScalarFieldContainer[str]
     error: str
     raw_exports: int
-    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., report_json: _Optional[str] = ..., path: _Optional[str] = ..., missing: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., raw_exports: _Optional[int] = ...) -> None: ...
+    cancelled: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[_Union[SweepState, str]] = ..., report_json: _Optional[str] = ..., path: _Optional[str] = ..., missing: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., raw_exports: _Optional[int] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...

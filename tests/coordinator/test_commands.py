@@ -193,6 +193,40 @@ def test_a_cancelled_sweeps_nodes_are_listed_as_cancelled_not_missing(coordinato
     silent.close()
 
 
+def _sweep_where(coordinator, sweep_id: str, done, timeout_s: float = 20.0) -> pb.Sweep:
+    """The sweep once ``done(sweep)`` holds (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        [sweep] = [s for s in coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
+                   if s.sweep_id == sweep_id]
+        if done(sweep) or time.monotonic() > deadline:
+            return sweep
+        time.sleep(0.05)
+
+
+def test_a_partial_report_names_the_nodes_a_cancel_stopped_apart_from_missing_ones(coordinator, wire, digests,
+                                                                                    capsys) -> None:
+    # found by review: `report` and `capture --wait` said "missing nodes" of the nodes a user
+    # had stopped, as of a node down
+    talking, stopped = (wire.FakeAgent(coordinator, name) for name in digests)
+    threads = [answer(talking, digests[talking.node]), answer(stopped, None)]
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", f"{talking.node},{stopped.node}",
+                 "--backend", "sim", "--duration", "1s", "--timeout", "1h"]) == 0
+    sweep_id = capsys.readouterr().out.strip()
+    uploaded = _sweep_where(coordinator, sweep_id, lambda s: any(n.node == talking.node and n.artifacts for n in s.nodes))
+    assert uploaded.state == pb.SWEEP_STATE_RUNNING
+    assert main(["cancel", "--coordinator", coordinator.address, sweep_id]) == 0
+    assert _sweep_where(coordinator, sweep_id, lambda s: s.report_path).state == pb.SWEEP_STATE_PARTIAL
+    capsys.readouterr()
+    assert main(["report", "--coordinator", coordinator.address, sweep_id]) == 0
+    err = capsys.readouterr().err
+    assert f"rankscope: sweep {sweep_id} is partial; cancelled nodes: {stopped.node}\n" in err
+    assert "missing nodes" not in err
+    for agent, thread in zip((talking, stopped), threads):
+        thread.join(10)
+        agent.close()
+
+
 def test_nodes_are_listed_as_the_fleet_numbers_them(coordinator, wire, capsys) -> None:
     agents = [wire.FakeAgent(coordinator, name) for name in ("f10", "f2", "f0", "f1")]
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "f2,f9,f10,f0,f11",
