@@ -91,6 +91,15 @@ def start_command(session: str, output: Path, *, gpu_metrics: bool = False, nsys
     return argv
 
 
+def gpu_metrics_sampler(ranks: Sequence[RankInfo]) -> RankInfo | None:
+    """The one rank of the node whose session samples GPU metrics: a local rank 0, the first
+    by job and rank. GPU metrics cover the whole node, and sessions that each ask for them
+    contend for the counters (Nsight Systems User Guide, GPU metrics: concurrent `nsys`
+    instances each try to collect; collect on the node-local rank 0 only); a node shared by
+    several jobs (Slurm, one-GPU pods) holds a local rank 0 of each."""
+    return min((r for r in ranks if r.local_rank == 0), key=lambda r: (r.job_id, r.rank, r.pid), default=None)
+
+
 def stop_command(session: str, *, nsys: str = NSYS) -> list[str]:
     return [nsys, "stop", f"--session={session}"]
 
@@ -307,10 +316,11 @@ class NsysBackend(CaptureBackend):
         self.own_ranks(request)
 
     def needs_gpu_counters(self, request: CaptureRequest) -> bool:
-        """Only local rank 0 samples GPU metrics, where they are asked for: plain CUDA, NVTX and
-        NCCL tracing reads no counters (dcgm.md §6), so DCGM is paused for nothing else (§9.2)."""
-        return request.options.get("gpu_metrics", "true").lower() != "false" and any(
-            r.local_rank == 0 for r in self.own_ranks(request))
+        """Only the node's sampler (`gpu_metrics_sampler`) reads GPU metrics, where they are asked
+        for: plain CUDA, NVTX and NCCL tracing reads no counters (dcgm.md §6), so DCGM is paused
+        for nothing else (§9.2)."""
+        return (request.options.get("gpu_metrics", "true").lower() != "false"
+                and gpu_metrics_sampler(self.own_ranks(request)) is not None)
 
     def start(self, request: CaptureRequest) -> None:
         exe = find_nsys(self.nsys)
@@ -321,10 +331,10 @@ class NsysBackend(CaptureBackend):
             # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
             self.note("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
             gpu_metrics = False
+        sampler = gpu_metrics_sampler(ranks) if gpu_metrics else None
         started: list[RankInfo] = []
         for info in ranks:
-            argv = start_command(info.session, report_base(request, info), nsys=exe,
-                                 gpu_metrics=gpu_metrics and info.local_rank == 0)
+            argv = start_command(info.session, report_base(request, info), nsys=exe, gpu_metrics=info is sampler)
             try:
                 self._hold(info)
                 self._start_rank(exe, argv, info)
@@ -344,10 +354,11 @@ class NsysBackend(CaptureBackend):
         ranks = self._started.pop(request.sweep_id, None) or self.own_ranks(request)
         errors: list[str] = []
         reports: list[Path] = []
-        # Local rank 0 first: its session samples the node's GPU metrics (`start`), so the counters
+        # The sampler first: its session samples the node's GPU metrics (`start`), so the counters
         # DCGM waits for are free once it stops, however long the others' stops take (their
         # tracing reads none, dcgm.md §6) and should they outlast the pause's lease.
-        for info in sorted(ranks, key=lambda r: r.local_rank != 0):  # all, even if one fails: none left collecting
+        sampler = gpu_metrics_sampler(ranks)
+        for info in sorted(ranks, key=lambda r: r is not sampler):  # all, even if one fails: none left collecting
             try:
                 self._hold(info)  # held already, unless this agent restarted: never stop another's
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
@@ -479,5 +490,6 @@ def reports_dir(request: CaptureRequest) -> Path:
 
 
 def report_base(request: CaptureRequest, info: RankInfo) -> Path:
-    """Where a rank's report goes (nsys adds ``.nsys-rep``)."""
-    return reports_dir(request) / f"{request.sweep_id}_{info.host}_rank{info.rank}"
+    """Where a rank's report goes (nsys adds ``.nsys-rep``). With its wrapper's pid: two jobs on
+    a node each have a rank 0, whose reports, named alike, were written over each other."""
+    return reports_dir(request) / f"{request.sweep_id}_{info.host}_rank{info.rank}_{info.pid}"

@@ -170,14 +170,14 @@ def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch
     work = request.workdir
     expected = [["profile", "--gpu-metrics-devices=help"]]  # counters free? (nobody holds them here)
     for r in ranks:
-        expected.append(["start", f"--session={r.session}", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}",
+        expected.append(["start", f"--session={r.session}", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}_{r.pid}",
                          "--force-overwrite=true", *(["--gpu-metrics-devices=all"] if r.local_rank == 0 else [])])
     expected += [["stop", f"--session={r.session}"] for r in ranks]
-    expected += [["export", "--type=sqlite", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}.sqlite",
-                  "--force-overwrite=true", "--include-blobs=true", f"{work}/reports/sw1_{r.host}_rank{r.rank}.nsys-rep"]
+    expected += [["export", "--type=sqlite", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}_{r.pid}.sqlite",
+                  "--force-overwrite=true", "--include-blobs=true", f"{work}/reports/sw1_{r.host}_rank{r.rank}_{r.pid}.nsys-rep"]
                  for r in ranks]
     assert standin_nsys.calls(node.state)[before:] == expected
-    assert [p.name for p in exports] == [f"sw1_{r.host}_rank{r.rank}.sqlite" for r in ranks]
+    assert [p.name for p in exports] == [f"sw1_{r.host}_rank{r.rank}_{r.pid}.sqlite" for r in ranks]
     assert not list(work.rglob("*.nsys-rep"))  # reports removed once exported
     # the ranks' sessions write their reports as the job's user, whoever the agent runs as
     assert stat.S_IMODE((work / "reports").stat().st_mode) == 0o777 | stat.S_ISVTX
@@ -197,6 +197,41 @@ def test_the_rank_sampling_gpu_metrics_is_stopped_first(node, tmp_path, monkeypa
     backend.stop(request)
     stops = [argv[1] for argv in standin_nsys.calls(node.state) if argv[0] == "stop"]
     assert stops == [f"--session={r.session}" for r in sorted(ranks, key=lambda r: r.local_rank)]
+
+
+def test_one_rank_samples_gpu_metrics_on_a_node_two_jobs_share(node, tmp_path, monkeypatch):
+    """A second job's local rank 0 on the node: each local rank 0 asked for the node's GPU
+    metrics, two samplers contending for the counters (one per node, the User Guide says),
+    and the two rank 0s wrote one report, each over the other's."""
+    use_env(monkeypatch, node.env)
+    other = subprocess.Popen(
+        [sys.executable, "-m", "rankscope", "rank", "--spool", str(node.spool), "--", sys.executable, "-c",
+         "import time; time.sleep(120)"],
+        env={**node.env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "SLURM_JOB_ID": "78"})
+    try:
+        deadline = time.monotonic() + 60
+        while len(local_ranks(node.spool)) < 3:
+            assert time.monotonic() < deadline and other.poll() is None, "the second job's rank never announced"
+            time.sleep(0.1)
+        ranks = tuple(reversed(local_ranks(node.spool)))  # job 78's rank listed first
+        assert [(r.job_id, r.local_rank) for r in ranks].count(("78", 0)) == 1
+        request = CaptureRequest(sweep_id="sw1", duration_s=0.1, workdir=tmp_path / "work", ranks=ranks, options={})
+        backend = nsys.NsysBackend()
+        assert backend.needs_gpu_counters(request)
+        backend.start(request)
+        reports = backend.stop(request)
+    finally:
+        other.terminate()
+        other.wait(30)
+    by_session = {r.session: r for r in ranks}
+    calls = standin_nsys.calls(node.state)
+    sampling = [by_session[argv[1].removeprefix("--session=")] for argv in calls
+                if argv[0] == "start" and "--gpu-metrics-devices=all" in argv]
+    assert [(r.job_id, r.rank) for r in sampling] == [("77", 0)]
+    stops = [argv[1] for argv in calls if argv[0] == "stop"]
+    assert stops[0] == f"--session={sampling[0].session}" and len(stops) == 3
+    outputs = [argv[2] for argv in calls if argv[0] == "start"]
+    assert len(set(outputs)) == 3 and len(set(reports)) == 3
 
 
 def test_gpu_metrics_can_be_turned_off(node, tmp_path, monkeypatch):
@@ -267,7 +302,7 @@ def test_export_failure_names_the_rank_and_nsys_words(node, tmp_path, monkeypatc
     request = request_for(node, tmp_path)
     backend.start(request)
     reports = backend.stop(request)
-    with pytest.raises(ToolError, match=r"sw1_.*_rank0.nsys-rep: `.*nsys export .*` failed \(exit 1\): "
+    with pytest.raises(ToolError, match=r"sw1_.*_rank0_\d+.nsys-rep: `.*nsys export .*` failed \(exit 1\): "
                                         r"Error: No space left on device"):
         backend.export(request, reports)
 
@@ -309,7 +344,7 @@ def test_ranks_that_fail_to_export_are_left_out_while_one_exports(node, tmp_path
 
     monkeypatch.setattr(backend, "_wait_for_report", lose_rank_1)
     exports = backend.export(request, backend.stop(request))
-    assert [p.name for p in exports] == [f"sw1_{request.ranks[0].host}_rank0.sqlite"]
+    assert [p.name for p in exports] == [f"sw1_{request.ranks[0].host}_rank0_{request.ranks[0].pid}.sqlite"]
     assert len(backend.notes) == 1 and backend.notes[0].startswith(
         f"went on without {lost.name}: nsys stopped the session but wrote no report")
     assert backend.notes[0] in caplog.text
@@ -445,7 +480,7 @@ def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node,
     backend.start(request)
     first = request.ranks[0]
     # The orphan still held the GPU counters when they were checked: this capture goes without them.
-    start = ["start", f"--session={first.session}", f"--output={tmp_path}/work2/reports/sw2_{first.host}_rank0",
+    start = ["start", f"--session={first.session}", f"--output={tmp_path}/work2/reports/sw2_{first.host}_rank0_{first.pid}",
              "--force-overwrite=true"]
     assert standin_nsys.calls(node.state)[before + 1:before + 4] == [
         start, ["stop", f"--session={first.session}"], start]

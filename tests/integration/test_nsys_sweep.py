@@ -142,7 +142,7 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
         ranks = local_ranks(cluster.spool(name))
         assert [r.rank for r in ranks] == [index * GPUS, index * GPUS + 1]
         folder = capture_folder(cluster, name, sweep_id)
-        base = [f"{folder}/reports/{sweep_id}_{r.host}_rank{r.rank}" for r in ranks]
+        base = [f"{folder}/reports/{sweep_id}_{r.host}_rank{r.rank}_{r.pid}" for r in ranks]
         # Each rank's session: launched by its wrapper, then started, stopped and exported by the agent.
         assert sorted(c["argv"] for c in cluster.nsys_calls(name, "launch")) == sorted(
             ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary", *SLEEPER]
@@ -187,7 +187,7 @@ def test_upload_raw_sends_each_ranks_report_beside_its_export(make_cluster, tmp_
     assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep), [n.reason for n in sweep.nodes])
     assert main(["fetch", "--coordinator", f"127.0.0.1:{cluster.port}", "--kind", "raw", "-o", str(tmp_path / "got"),
                  sweep_id]) == 0
-    bases = [f"{sweep_id}_{r.host}_rank{r.rank}" for r in local_ranks(cluster.spool("n0"))]
+    bases = [f"{sweep_id}_{r.host}_rank{r.rank}_{r.pid}" for r in local_ranks(cluster.spool("n0"))]
     assert sorted(p.name for p in (tmp_path / "got" / "n0").iterdir()) == sorted(
         f"{b}{suffix}" for b in bases for suffix in (".nsys-rep", ".sqlite"))
     folder = capture_folder(cluster, "n0", sweep_id)  # uploaded, so not kept on the node
