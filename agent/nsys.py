@@ -334,10 +334,12 @@ class NsysBackend(CaptureBackend):
         sampler = gpu_metrics_sampler(ranks) if gpu_metrics else None
         started: list[RankInfo] = []
         for info in ranks:
-            argv = start_command(info.session, report_base(request, info), nsys=exe, gpu_metrics=info is sampler)
             try:
                 self._hold(info)
-                self._start_rank(exe, argv, info)
+                if info is sampler:
+                    self._start_sampler(exe, request, info)
+                else:
+                    self._start_rank(exe, start_command(info.session, report_base(request, info), nsys=exe), info)
             except ToolError as exc:
                 self._let_go(info)
                 self._stop_quietly(exe, started)
@@ -390,6 +392,17 @@ class NsysBackend(CaptureBackend):
         return waves * (self.report_wait_s + self.export_timeout_s_each)
 
     # internals
+
+    def _start_sampler(self, exe: str, request: CaptureRequest, info: RankInfo) -> None:
+        """Start the node's sampler with GPU metrics; where nsys cannot collect them (another
+        profiler holds the counters, or the agent may not read them: ERR_NVGPUCTRPERM), without,
+        as the other ranks: the trace is what the capture is for, the metrics an extra."""
+        base = report_base(request, info)
+        try:
+            self._start_rank(exe, start_command(info.session, base, nsys=exe, gpu_metrics=True), info)
+        except ToolError as exc:
+            self._start_rank(exe, start_command(info.session, base, nsys=exe), info)
+            self.note(f"rank {info.rank}: captured without GPU metrics, which nsys could not collect ({exc})")
 
     def _start_rank(self, exe: str, argv: list[str], info: RankInfo) -> None:
         """Start collecting; if that fails, stop a collection an agent that died mid-capture

@@ -234,6 +234,24 @@ def test_one_rank_samples_gpu_metrics_on_a_node_two_jobs_share(node, tmp_path, m
     assert len(set(outputs)) == 3 and len(set(reports)) == 3
 
 
+def test_gpu_metrics_nsys_cannot_collect_leave_the_trace_captured_and_say_why(node, tmp_path, monkeypatch):
+    """The sampler's start refused for its GPU metrics (no permission to read the counters,
+    ERR_NVGPUCTRPERM, which the check for a holder before the start does not see) failed
+    the node's whole capture, the trace with it."""
+    use_env(monkeypatch, node.env)
+    standin_nsys.fail(node.state, "start --gpu-metrics-devices", "insufficient privilege to read GPU counters")
+    backend = nsys.NsysBackend()
+    request = request_for(node, tmp_path)
+    backend.start(request)
+    assert len(backend.stop(request)) == 2
+    [sampler] = [r for r in request.ranks if r.local_rank == 0]
+    [note] = backend.notes
+    assert note.startswith("rank 0: captured without GPU metrics, which nsys could not collect (`")
+    assert note.endswith("--gpu-metrics-devices=all` failed (exit 1): Error: insufficient privilege to read GPU counters)")
+    starts = [argv for argv in standin_nsys.calls(node.state) if argv[0] == "start"]
+    assert [argv[1] for argv in starts if "--gpu-metrics-devices=all" not in argv].count(f"--session={sampler.session}") == 1
+
+
 def test_gpu_metrics_can_be_turned_off(node, tmp_path, monkeypatch):
     use_env(monkeypatch, node.env)
     backend = nsys.NsysBackend()

@@ -33,7 +33,7 @@ def calls(state: Path) -> list[list[str]]:
 
 
 def fail(state: Path, command: str, message: str) -> None:
-    """Make every later `nsys COMMAND` fail with ``message``."""
+    """Make every later `nsys COMMAND` fail with ``message`` (``COMMAND --OPTION``: only those given OPTION)."""
     path = state / "faults.json"
     faults = json.loads(path.read_text()) if path.exists() else {}
     faults[command] = message
