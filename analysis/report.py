@@ -265,10 +265,32 @@ def _table(header: list[str], rows: list[list[str]], *, text_last: bool = False)
 
 
 def _render(report: Report) -> list[str]:
-    a = report.alignment
+    """The table's sections, in the order a reader looks: who is late and why, each rank,
+    each communicator, then the details."""
     by_rank = {r.rank: r for r in report.ranks}
+    return [
+        *_headline(report), "",
+        *_straggler_lines(report, by_rank), "",
+        *_rank_table(report), "",
+        *_communicator_table(report),
+        *_section("SLOW LINKS (bus bandwidth far below like communicators': same op, kind, size and hosts)",
+                  _slow_link_lines(report)),
+        *_section("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)",
+                  _tp_table(report)),
+        *_section("TOP KERNELS (all ranks)", _kernel_table(report)),
+        *_section("WARNINGS", [f"  - {w}" for w in report.warnings]),
+    ]
+
+
+def _section(title: str, lines: list[str]) -> list[str]:
+    """A titled section after a blank line; nothing where it has no lines."""
+    return ["", title, *lines] if lines else []
+
+
+def _headline(report: Report) -> list[str]:
+    a = report.alignment
     hosts = len({r.host for r in report.ranks})
-    out = [
+    return [
         f"rankscope report — {f'job {report.job_id}: ' if report.job_id else ''}{len(report.ranks)}"
         + (f" of {report.world_size}" if report.missing_ranks else "")
         + f" ranks on {hosts} host(s)" + (f" (missing: {ranks_text(report.missing_ranks)})" if report.missing_ranks else ""),
@@ -277,10 +299,13 @@ def _render(report: Report) -> list[str]:
         + (f"happens-before violations {a.happens_before_violations}/{a.happens_before_checked} "
          f"({_pct(a.happens_before_violation_rate)})" if a.happens_before_checked else
          "happens-before not checked (no N-to-N instance matched)"),
-        "",
     ]
+
+
+def _straggler_lines(report: Report, by_rank: dict[int, RankRow]) -> list[str]:
+    """The stragglers (or why none), then the other ranks that arrived late."""
     if report.stragglers:
-        out.append("STRAGGLERS (root cause: own delay before arriving, vs. peers)")
+        out = ["STRAGGLERS (root cause: own delay before arriving, vs. peers)"]
         for rank in report.stragglers:
             r = by_rank[rank]
             out.append(
@@ -289,9 +314,9 @@ def _render(report: Report) -> list[str]:
                 f"last in {_pct(r.last_arrival_share)}, blame {fmt_ns(r.blame_ns)}"
             )
     elif report.stragglers_not_judged:
-        out.append(f"STRAGGLERS: not judged ({report.stragglers_not_judged})")
+        out = [f"STRAGGLERS: not judged ({report.stragglers_not_judged})"]
     else:
-        out.append("STRAGGLERS: none (no rank's own delay stands out from its peers)")
+        out = ["STRAGGLERS: none (no rank's own delay stands out from its peers)"]
     others = [r for r in report.late_ranks if r not in report.stragglers]
     if others:
         shown = ", ".join(f"{r} ({fmt_ns(by_rank[r].late_mean_ns)})" for r in others[:12])
@@ -300,7 +325,10 @@ def _render(report: Report) -> list[str]:
         cause = (" (delayed by the stragglers or their own)" if report.stragglers else
                  " (members of the slow links below)" if set(others) <= behind_links else "")
         out.append(f"LATE ARRIVALS, mean lateness{cause}: rank {shown}{more}")
-    out.append("")
+    return out
+
+
+def _rank_table(report: Report) -> list[str]:
     flagged = set(report.stragglers)
     shown = _most(sorted(report.ranks, key=lambda r: r.rank), lambda r: (r.rank not in flagged, -(r.blame_ns or 0)))
     rows = [
@@ -308,64 +336,66 @@ def _render(report: Report) -> list[str]:
             str(r.rank), r.host, fmt_ns(r.clock_offset_ns), fmt_ns(r.clock_uncertainty_ns),
             fmt_ns(r.late_mean_ns), fmt_ns(r.late_p99_ns), fmt_ns(r.late_max_ns), _pct(r.last_arrival_share),
             fmt_ns(r.blame_ns), fmt_ns(r.nccl_kernel_ns), fmt_ns(r.nccl_wait_ns), fmt_ns(r.nccl_transfer_ns),
-            "-" if r.gpu_busy_pct is None else f"{r.gpu_busy_pct:.1f}%", "*" if r.rank in report.stragglers else "",
+            "-" if r.gpu_busy_pct is None else f"{r.gpu_busy_pct:.1f}%", "*" if r.rank in flagged else "",
         ]
         for r in shown
     ]
-    out += _table(
+    return _table(
         ["rank", "host", "clock off", "±σ", "late mean", "late p99", "late max", "last", "blame",
          "nccl", "wait", "transfer", "busy", "!"],
         rows,
-    )
-    out += _not_shown(len(shown), len(report.ranks), "the stragglers and the most blamed ranks")
-    out.append("")
-    out.append("COMMUNICATORS (busbw = bus bandwidth as nccl-tests counts it, over the transfer once all arrived;")
-    out.append("               imbal = CV of per-rank NCCL time; network = CV of transfer over time)")
+    ) + _not_shown(len(shown), len(report.ranks), "the stragglers and the most blamed ranks")
+
+
+def _communicator_table(report: Report) -> list[str]:
     pairs = [(c, o) for c in report.communicators for o in c.ops]
     slow = {(c.comm_id, c.op) for c in report.slow_communicators}
     listed = _most(pairs, lambda pair: ((pair[0].comm_id, pair[1].op) not in slow, -(pair[1].skew_mean_ns or 0.0)))
-    comm_rows = [
+    rows = [
         [_short(c.comm_id), c.kind, ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
          fmt_ns(o.transfer_mean_ns), fmt_gbps(o.busbw_gbps), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv),
          _num(o.network_cv)]
         for c, o in listed
     ]
-    out += _table(["comm", "kind", "ranks", "op", "inst", "dur mean", "transfer", "busbw", "skew mean", "imbal", "network"],
-                  comm_rows)
-    out += _not_shown(len(listed), len(pairs), "the slow links and those of the largest skew")
-    if report.slow_communicators:
-        out.append("")
-        out.append("SLOW LINKS (bus bandwidth far below like communicators': same op, kind, size and hosts)")
-        out += [f"  {_short(c.comm_id)} (ranks {ranks_text(c.ranks)}) {c.op}: {fmt_gbps(c.busbw_gbps)}, like ones "
-                f"{fmt_gbps(c.peers_busbw_gbps)} (median of {c.peers})" for c in report.slow_communicators]
-    if report.tp_overhead:
-        out.append("")
-        out.append("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)")
-        groups = _most(report.tp_overhead, lambda t: (-(t.exposed_frac or 0.0),))
-        tp_rows = [
-            [_short(t.comm_id), ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
-             _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
-            for t in groups
-        ]
-        out += _table(["comm", "ranks", "time base", "time", "exposed", "exposed", "wait", "transfer"], tp_rows)
-        out += _not_shown(len(groups), len(report.tp_overhead), "the groups of the largest exposed share")
-    if report.top_kernels:
-        out.append("")
-        out.append("TOP KERNELS (all ranks)")
-        # The name last, its template arguments whole: they tell kernels apart, which a cut to
-        # a column's width (60 characters of ``void at::native::elementwise_kernel<``) hid.
-        labels = kernel_labels([k["name"] for k in report.top_kernels])
-        out += _table(
-            ["calls", "total", "comm", "kernel"],
-            [[str(k["count"]), fmt_ns(k["total_ns"]), "yes" if k["is_comm"] else "", label]
-             for k, label in zip(report.top_kernels, labels)],
-            text_last=True,
-        )
-    if report.warnings:
-        out.append("")
-        out.append("WARNINGS")
-        out += [f"  - {w}" for w in report.warnings]
-    return out
+    return [
+        "COMMUNICATORS (busbw = bus bandwidth as nccl-tests counts it, over the transfer once all arrived;",
+        "               imbal = CV of per-rank NCCL time; network = CV of transfer over time)",
+        *_table(["comm", "kind", "ranks", "op", "inst", "dur mean", "transfer", "busbw", "skew mean", "imbal", "network"],
+                rows),
+        *_not_shown(len(listed), len(pairs), "the slow links and those of the largest skew"),
+    ]
+
+
+def _slow_link_lines(report: Report) -> list[str]:
+    return [f"  {_short(c.comm_id)} (ranks {ranks_text(c.ranks)}) {c.op}: {fmt_gbps(c.busbw_gbps)}, like ones "
+            f"{fmt_gbps(c.peers_busbw_gbps)} (median of {c.peers})" for c in report.slow_communicators]
+
+
+def _tp_table(report: Report) -> list[str]:
+    if not report.tp_overhead:
+        return []
+    groups = _most(report.tp_overhead, lambda t: (-(t.exposed_frac or 0.0),))
+    rows = [
+        [_short(t.comm_id), ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
+         _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
+        for t in groups
+    ]
+    return (_table(["comm", "ranks", "time base", "time", "exposed", "exposed", "wait", "transfer"], rows)
+            + _not_shown(len(groups), len(report.tp_overhead), "the groups of the largest exposed share"))
+
+
+def _kernel_table(report: Report) -> list[str]:
+    if not report.top_kernels:
+        return []
+    # The name last, its template arguments whole: they tell kernels apart, which a cut to
+    # a column's width (60 characters of ``void at::native::elementwise_kernel<``) hid.
+    labels = kernel_labels([k["name"] for k in report.top_kernels])
+    return _table(
+        ["calls", "total", "comm", "kernel"],
+        [[str(k["count"]), fmt_ns(k["total_ns"]), "yes" if k["is_comm"] else "", label]
+         for k, label in zip(report.top_kernels, labels)],
+        text_last=True,
+    )
 
 
 def kernel_labels(names: Sequence[str]) -> list[str]:
