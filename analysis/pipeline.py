@@ -72,30 +72,12 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     notes = _rank_notes(ranks, digests.column("warnings").to_pylist())
     world = _world_size(digests.column("world_size"), notes)
     missing = _missing_ranks(ranks, world)
-    if missing:  # said on stderr too: a whole node's ranks may be what is missing
-        notes.append(f"{len(missing)} of the job's {world} ranks not in the input ({ranks_text(missing)}): lateness, "
-                     f"blame and stragglers are judged among the {len(ranks)} present")
-        pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=2)
-    silent = _silent_ranks(ranks, collectives["rank"])
-    if silent:  # as telling as a rank missing: it may have hung or exited
-        notes.append(f"{len(silent)} of the {len(ranks)} ranks in the input recorded no collectives "
-                     f"({ranks_text(silent)}): no lateness or blame is measured for them (hung, exited, or "
-                     "idle through the window?)")
-        pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=2)
+    notes += _coverage_notes(ranks, world, missing, collectives["rank"])
 
     matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
     hosts = natural(set(host_of_rank))  # the report's host rows and warnings in that order
-    model = clock.fit(events, hosts, clock_hints)
-    events["start"] = model.align(events["host"], events["start_ns"])
-    events["end"] = model.align(events["host"], events["end_ns"])
-    events["sigma"] = model.uncertainty(events["host"])
-    hb = clock.happens_before(events)
-    if hb.violations:
-        notes.append(
-            f"{hb.violations} of {hb.checked} N-to-N instances violate happens-before after alignment "
-            f"({100 * hb.rate:.1f}%): lateness near the clock uncertainty is unreliable"
-        )
+    model, hb = _aligned(events, hosts, clock_hints, notes)
 
     inst = metrics.instance_frame(events)
     wait = np.zeros(len(events["rank"]), dtype=np.int64)
@@ -108,13 +90,8 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         pywarnings.warn(message, RankscopeWarning, stacklevel=2)
 
     hosts_of = dict(zip(ranks, host_of_rank))
-    comm_ops = metrics.communicator_ops(events)
-    kinds = metrics.communicator_kinds(matched.members, matched.names, hosts_of, comm_ops)
-    tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
-    if guessed := [c for c in tp_comms if not matched.names.get(c) and set(matched.members[c]) == set(ranks)]:
-        # a TP group as wide as the job looks just like a data-parallel job's world group
-        all_warnings.append(f"{len(guessed)} unnamed communicator(s) spanning every rank, on one host, taken as TP "
-                            f"by their layout ({some_of(guessed)}): a data-parallel job's world group looks the same")
+    kinds = metrics.communicator_kinds(matched.members, matched.names, hosts_of, metrics.communicator_ops(events))
+    tp_comms = _tp_communicators(matched, kinds, set(ranks), all_warnings)
     tp_table = metrics.tp_overhead(events, steps, meta, tp_comms)
     if outside := sorted(set(tp_comms) - set(tp_table["comm_id"].tolist())):
         # only collectives inside a traced step count where a rank traced steps
@@ -133,24 +110,74 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         communicators=comm_rows,
         slow_communicators=links.slow_communicators(comm_rows),
         tp_overhead=_tp_rows(tp_table, matched),
-        alignment=Alignment(
-            method=model.method,
-            matching=matched.method,
-            t0_ns=model.t0_ns,
-            hosts=[_host_row(model.hosts[h]) for h in hosts],
-            collectives=int(len(events["rank"])),
-            matched_collectives=matched.instances,
-            dropped_incomplete=matched.dropped_incomplete,
-            dropped_inconsistent=matched.dropped_inconsistent,
-            anchors=model.anchors,
-            happens_before_checked=hb.checked,
-            happens_before_violations=hb.violations,
-            happens_before_violation_rate=hb.rate,
-        ),
+        alignment=_alignment(model, matched, hosts, len(events["rank"]), hb),
         top_kernels=_records(top, list(top)) if top is not None else [],
         warnings=all_warnings,
         world_size=world,
         missing_ranks=missing,
+    )
+
+
+def _coverage_notes(ranks: list[int], world: int | None, missing: list[int], collective_ranks: np.ndarray) -> list[str]:
+    """What the input lacks of the job: ranks of its world not in it, and ranks in it that
+    recorded no collective (said on stderr too: a whole node, or a hung rank, may be why)."""
+    notes = []
+    if missing:
+        notes.append(f"{len(missing)} of the job's {world} ranks not in the input ({ranks_text(missing)}): lateness, "
+                     f"blame and stragglers are judged among the {len(ranks)} present")
+    silent = _silent_ranks(ranks, collective_ranks)
+    if silent:
+        notes.append(f"{len(silent)} of the {len(ranks)} ranks in the input recorded no collectives "
+                     f"({ranks_text(silent)}): no lateness or blame is measured for them (hung, exited, or "
+                     "idle through the window?)")
+    for note in notes:
+        pywarnings.warn(note, RankscopeWarning, stacklevel=3)
+    return notes
+
+
+def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | None,
+             notes: list[str]) -> tuple[clock.ClockModel, clock.HappensBefore]:
+    """Fit the hosts' clocks and put ``events`` on the aligned time base (start, end, sigma);
+    the model, and its happens-before check (a note where it finds violations)."""
+    model = clock.fit(events, hosts, clock_hints)
+    events["start"] = model.align(events["host"], events["start_ns"])
+    events["end"] = model.align(events["host"], events["end_ns"])
+    events["sigma"] = model.uncertainty(events["host"])
+    hb = clock.happens_before(events)
+    if hb.violations:
+        notes.append(
+            f"{hb.violations} of {hb.checked} N-to-N instances violate happens-before after alignment "
+            f"({100 * hb.rate:.1f}%): lateness near the clock uncertainty is unreliable"
+        )
+    return model, hb
+
+
+def _tp_communicators(matched: matching.Matching, kinds: Mapping[str, str], ranks: set[int],
+                      warnings: list[str]) -> list[str]:
+    """The TP communicators of more than one rank; a warning where one, unnamed, spans every
+    rank: a TP group as wide as the job looks just like a data-parallel job's world group."""
+    tp_comms = [c for c, k in kinds.items() if k == "tp" and len(matched.members[c]) > 1]
+    if guessed := [c for c in tp_comms if not matched.names.get(c) and set(matched.members[c]) == ranks]:
+        warnings.append(f"{len(guessed)} unnamed communicator(s) spanning every rank, on one host, taken as TP "
+                        f"by their layout ({some_of(guessed)}): a data-parallel job's world group looks the same")
+    return tp_comms
+
+
+def _alignment(model: clock.ClockModel, matched: matching.Matching, hosts: list[str], collectives: int,
+               hb: clock.HappensBefore) -> Alignment:
+    return Alignment(
+        method=model.method,
+        matching=matched.method,
+        t0_ns=model.t0_ns,
+        hosts=[_host_row(model.hosts[h]) for h in hosts],
+        collectives=int(collectives),
+        matched_collectives=matched.instances,
+        dropped_incomplete=matched.dropped_incomplete,
+        dropped_inconsistent=matched.dropped_inconsistent,
+        anchors=model.anchors,
+        happens_before_checked=hb.checked,
+        happens_before_violations=hb.violations,
+        happens_before_violation_rate=hb.rate,
     )
 
 
