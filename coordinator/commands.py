@@ -90,14 +90,32 @@ def parse_option(text: str) -> tuple[str, str]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    default_coordinator = os.environ.get("RANKSCOPE_COORDINATOR")
+    for add in (_add_coordinator_command, _add_capture, _add_sweeps, _add_cancel, _add_report, _add_fetch):
+        add(subparsers)
 
-    def add_coordinator(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--coordinator", metavar="HOST:PORT", default=default_coordinator,
-                            required=default_coordinator is None,
-                            help="the coordinator's address (default: $RANKSCOPE_COORDINATOR)")
-        tls.add_client_arguments(parser)
 
+def _add_coordinator_option(parser: argparse.ArgumentParser) -> None:
+    """--coordinator (required unless $RANKSCOPE_COORDINATOR names it) and the TLS client options."""
+    default = os.environ.get("RANKSCOPE_COORDINATOR")
+    parser.add_argument("--coordinator", metavar="HOST:PORT", default=default, required=default is None,
+                        help="the coordinator's address (default: $RANKSCOPE_COORDINATOR)")
+    tls.add_client_arguments(parser)
+
+
+def _add_sweep_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
+
+
+def _add_report_options(parser: argparse.ArgumentParser, *, after_wait: bool) -> None:
+    """--format and --plot, which `capture` takes only with --wait."""
+    parser.add_argument("--format", choices=("table", "json"), default="table",
+                        help=f"report format{' with --wait' if after_wait else ''} (default: table)")
+    parser.add_argument("--plot", type=Path, metavar="FILE",
+                        help=f"{'with --wait, ' if after_wait else ''}also draw the per-rank picture (PNG/SVG/PDF; "
+                             "needs matplotlib)")
+
+
+def _add_coordinator_command(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser(
         "coordinator", help="run the coordinator (gRPC control plane and ingest)",
         description="Run the coordinator: agents dial in to it, sweeps are started through it, and it stores "
@@ -114,11 +132,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="require client certificates signed by this CA (mTLS)")
     serve.set_defaults(func=run_coordinator)
 
+
+def _add_capture(subparsers: argparse._SubParsersAction) -> None:
     capture = subparsers.add_parser(
         "capture", help="start a fleet-wide capture (a sweep)",
         description="Start a capture on the chosen nodes at once (a sweep) and print its id; with --wait, follow "
                     "it and print its report.")
-    add_coordinator(capture)
+    _add_coordinator_option(capture)
     targets = capture.add_mutually_exclusive_group(required=True)
     targets.add_argument("--nodes", type=parse_nodes, metavar="A,B",
                          help="these nodes, by agent name")
@@ -140,9 +160,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="show progress and print the report; exit 0 analysed, 3 partial, 1 failed "
                               f"(with --fail-on-findings {EXIT_FINDINGS}: findings, {EXIT_NOT_JUDGED}: stragglers not "
                               f"judged; {EXIT_INTERRUPTED}: stopped waiting with Ctrl-C, the sweep goes on)")
-    capture.add_argument("--format", choices=("table", "json"), default="table", help="report format with --wait (default: table)")
-    capture.add_argument("--plot", type=Path, metavar="FILE",
-                         help="with --wait, also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
+    _add_report_options(capture, after_wait=True)
     capture.add_argument("--fail-on-findings", action="store_true",
                          help=f"with --wait, exit {EXIT_FINDINGS} when the report flags a straggler or a slow link, "
                               f"{EXIT_NOT_JUDGED} when it could not judge stragglers (it says why), else 0, a partial "
@@ -150,31 +168,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "job fails, and alerting sees it")
     capture.set_defaults(func=run_capture)
 
+
+def _add_sweeps(subparsers: argparse._SubParsersAction) -> None:
     listing = subparsers.add_parser(
         "sweeps", help="list sweeps, newest first",
         description="List sweeps, newest first, with each one's stragglers and slow links, then the nodes and "
                     "links flagged in more than one of them.")
-    add_coordinator(listing)
+    _add_coordinator_option(listing)
     listing.add_argument("--limit", type=parse_count, default=20, help="at most this many (0: all; default: 20)")
     listing.set_defaults(func=run_sweeps)
 
+
+def _add_cancel(subparsers: argparse._SubParsersAction) -> None:
     cancel = subparsers.add_parser("cancel", help="stop a running sweep: its nodes end their captures, "
                                                   "what finished is analysed",
                                    description="Stop a running sweep: its nodes end their captures, and what "
                                                "finished is analysed.")
-    add_coordinator(cancel)
-    cancel.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
+    _add_coordinator_option(cancel)
+    _add_sweep_argument(cancel)
     cancel.add_argument("--reason", type=parse_reason, default="cancelled by the user", help="shown as each stopped node's reason (default: %(default)s)")
     cancel.set_defaults(func=run_cancel)
 
+
+def _add_report(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="print a sweep's report",
                                    description="Print a sweep's report; exit 1 where the sweep failed and has none.")
-    add_coordinator(report)
-    report.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
-    report.add_argument("--format", choices=("table", "json"), default="table", help="report format (default: table)")
-    report.add_argument("--plot", type=Path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
+    _add_coordinator_option(report)
+    _add_sweep_argument(report)
+    _add_report_options(report, after_wait=False)
     report.set_defaults(func=run_report)
 
+
+def _add_fetch(subparsers: argparse._SubParsersAction) -> None:
     fetch = subparsers.add_parser(
         "fetch", help="download a sweep's raw exports and digests from the coordinator",
         description="Download what a sweep's agents uploaded to the coordinator (the profilers' own files, where the "
@@ -182,8 +207,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "into DIR/<node>/<name>. Each file is written whole "
                     "or not at all, its sha256 checked against the coordinator's record; a file already there with "
                     "that sha256 is kept.")
-    add_coordinator(fetch)
-    fetch.add_argument("sweep", metavar="SWEEP", help="the sweep's id (`rankscope sweeps` lists them)")
+    _add_coordinator_option(fetch)
+    _add_sweep_argument(fetch)
     fetch.add_argument("-o", "--output", type=Path, metavar="DIR", help="where to write (default: ./SWEEP)")
     fetch.add_argument("--kind", choices=tuple(_KINDS), help="only raw exports or only digests (default: both)")
     fetch.set_defaults(func=run_fetch)
