@@ -94,9 +94,9 @@ def start_command(session: str, output: Path, *, gpu_metrics: bool = False, nsys
 def gpu_metrics_sampler(ranks: Sequence[RankInfo]) -> RankInfo | None:
     """The one rank of the node whose session samples GPU metrics: a local rank 0, the first
     by job and rank. GPU metrics cover the whole node, and sessions that each ask for them
-    contend for the counters (Nsight Systems User Guide, GPU metrics: concurrent `nsys`
-    instances each try to collect; collect on the node-local rank 0 only); a node shared by
-    several jobs (Slurm, one-GPU pods) holds a local rank 0 of each."""
+    contend for the counters (nsys-export.md §10: one sampler per node; the User Guide has
+    concurrent `nsys` instances each try to collect); a node shared by several jobs (Slurm,
+    one-GPU pods) holds a local rank 0 of each."""
     return min((r for r in ranks if r.local_rank == 0), key=lambda r: (r.job_id, r.rank, r.pid), default=None)
 
 
