@@ -492,12 +492,15 @@ def _time_offset(export: File, utc_epoch: int, first_kernel: int) -> int:
     ``utcEpochNs``. ``EXPORT_CONFIG_TIME_SHIFT`` records the shift applied, so
     ``utc = t - shift + utcEpochNs`` covers both.
     """
-    normalized = export.meta.get("EXPORT_PARAM_TIME_NORMALIZE", "").lower()
+    recorded = export.meta.get("EXPORT_PARAM_TIME_NORMALIZE")
+    normalized = (recorded or "").lower()
     if normalized not in ("true", "false"):
-        # Not recorded: judge by magnitude (session-relative times are far below epoch ns).
+        # Not recorded (or not as nsys writes it): judge by magnitude (session-relative times are far below epoch ns).
         normalized = "true" if first_kernel > utc_epoch // 2 else "false"
         looks = "normalized" if normalized == "true" else "session-relative"
-        export.warn(f"export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look {looks}")
+        said = ("does not record EXPORT_PARAM_TIME_NORMALIZE" if recorded is None else
+                f"records EXPORT_PARAM_TIME_NORMALIZE as {quoted(recorded)}, neither true nor false")
+        export.warn(f"export {said}; timestamps look {looks}")
     by_flag = 0 if normalized == "true" else utc_epoch
     shift = export.meta.get("EXPORT_CONFIG_TIME_SHIFT")
     if shift is None:

@@ -459,7 +459,12 @@ def test_an_export_cut_short_says_so_where_its_header_gives_its_length(tmp_path:
     ("edit", "warning"),
     [
         ("UPDATE META_DATA_EXPORT SET value = '1779782330176752435' WHERE name = 'EXPORT_CONFIG_TIME_SHIFT'", "does not fit"),
-        ("DELETE FROM META_DATA_EXPORT WHERE name IN ('EXPORT_PARAM_TIME_NORMALIZE', 'EXPORT_CONFIG_TIME_SHIFT')", "look session-relative"),
+        ("DELETE FROM META_DATA_EXPORT WHERE name IN ('EXPORT_PARAM_TIME_NORMALIZE', 'EXPORT_CONFIG_TIME_SHIFT')",
+         "export does not record EXPORT_PARAM_TIME_NORMALIZE; timestamps look session-relative"),
+        # found by review: a value other than true/false was said not to be recorded at all
+        ("UPDATE META_DATA_EXPORT SET value = 'yes' WHERE name = 'EXPORT_PARAM_TIME_NORMALIZE'; "
+         "DELETE FROM META_DATA_EXPORT WHERE name = 'EXPORT_CONFIG_TIME_SHIFT'",
+         "export records EXPORT_PARAM_TIME_NORMALIZE as 'yes', neither true nor false; timestamps look session-relative"),
     ],
 )
 def test_time_base_survives_missing_or_inconsistent_export_metadata(torchrun: Path, tmp_path: Path, edit: str, warning: str) -> None:
@@ -467,7 +472,7 @@ def test_time_base_survives_missing_or_inconsistent_export_metadata(torchrun: Pa
     copy = tmp_path / "edited.sqlite"
     shutil.copy(torchrun, copy)
     with sqlite3.connect(copy) as db:
-        db.execute(edit)
+        db.executescript(edit)
     table = nsys.read_nsys(copy)
     assert table.column("window_start_ns").to_pylist() == expected
     assert any(warning in w for w in table.column("warnings")[0].as_py())
