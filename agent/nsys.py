@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -332,20 +332,22 @@ class NsysBackend(CaptureBackend):
             self.note("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
             gpu_metrics = False
         sampler = gpu_metrics_sampler(ranks) if gpu_metrics else None
-        started: list[RankInfo] = []
-        for info in ranks:
-            try:
-                self._hold(info)
-                if info is sampler:
-                    self._start_sampler(exe, request, info)
-                else:
-                    self._start_rank(exe, start_command(info.session, report_base(request, info), nsys=exe), info)
-            except ToolError as exc:
+        self._hold_all(ranks)
+
+        def start_one(info: RankInfo) -> None:
+            if info is sampler:
+                self._start_sampler(exe, request, info)
+            else:
+                self._start_rank(exe, start_command(info.session, report_base(request, info), nsys=exe), info)
+
+        failed = _at_once(start_one, ranks)
+        if any(failed):
+            self._stop_quietly(exe, [info for info, error in zip(ranks, failed) if error is None])
+            for info in ranks:
                 self._let_go(info)
-                self._stop_quietly(exe, started)
-                raise ToolError(f"rank {info.rank}: {exc}") from None
-            started.append(info)
-        self._started[request.sweep_id] = started
+            info, error = next((info, error) for info, error in zip(ranks, failed) if error is not None)
+            raise ToolError(f"rank {info.rank}: {error}")
+        self._started[request.sweep_id] = list(ranks)
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         """Stop every rank's collection; the reports its ranks write, to ``export``. A rank whose
@@ -354,23 +356,26 @@ class NsysBackend(CaptureBackend):
         where no rank stopped; otherwise the ranks that failed are noted and left out."""
         exe = find_nsys(self.nsys)
         ranks = self._started.pop(request.sweep_id, None) or self.own_ranks(request)
-        errors: list[str] = []
-        reports: list[Path] = []
-        # The sampler first: its session samples the node's GPU metrics (`start`), so the counters
-        # DCGM waits for are free once it stops, however long the others' stops take (their
-        # tracing reads none, dcgm.md §6) and should they outlast the pause's lease.
-        sampler = gpu_metrics_sampler(ranks)
-        for info in sorted(ranks, key=lambda r: r is not sampler):  # all, even if one fails: none left collecting
+
+        def stop_one(info: RankInfo) -> None:
             try:
                 self._hold(info)  # held already, unless this agent restarted: never stop another's
                 run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
-            except ToolError as exc:
+            except ToolError:
                 if lives(info):
-                    errors.append(f"rank {info.rank}: {exc}")
-                    continue
-                self.note(f"rank {info.rank} ended during the window: exported what nsys recorded until then")
+                    raise
+                raise _Ended() from None
             finally:
                 self._let_go(info)
+
+        errors: list[str] = []
+        reports: list[Path] = []
+        for info, error in zip(ranks, _at_once(stop_one, ranks)):  # all, even if one fails: none left collecting
+            if isinstance(error, ToolError):
+                errors.append(f"rank {info.rank}: {error}")
+                continue
+            if isinstance(error, _Ended):
+                self.note(f"rank {info.rank} ended during the window: exported what nsys recorded until then")
             reports.append(Path(f"{report_base(request, info)}{REPORT_SUFFIX}"))
         return self._went_on(reports, errors)
 
@@ -416,6 +421,16 @@ class NsysBackend(CaptureBackend):
                 raise first from None
             log.warning("rank %d: stopped a collection left open in nsys session %s", info.rank, info.session)
             run(argv, timeout_s=self.timeout_s)
+
+    def _hold_all(self, ranks: Sequence[RankInfo]) -> None:
+        """`_hold` every rank's session, or none (a ToolError naming the rank that could not be)."""
+        for at, info in enumerate(ranks):
+            try:
+                self._hold(info)
+            except ToolError as exc:
+                for held in ranks[:at]:
+                    self._let_go(held)
+                raise ToolError(f"rank {info.rank}: {exc}") from None
 
     def _hold(self, info: RankInfo) -> None:
         """Hold the rank's session host-wide while this capture's window is open. Two agents
@@ -488,6 +503,26 @@ class NsysBackend(CaptureBackend):
                 log.warning("could not stop nsys session %s: %s", info.session, exc)
             finally:
                 self._let_go(info)
+
+
+class _Ended(Exception):
+    """A rank's session could not be stopped because its process ended during the window."""
+
+
+def _at_once(action: Callable[[RankInfo], None], ranks: Sequence[RankInfo]) -> list[Exception | None]:
+    """``action`` on every rank at once, one thread each; per rank, in order, the ToolError
+    (or `_Ended`) it raised, else None. The ranks' ``nsys start``/``stop`` run together: one
+    after another, a node's last rank began (and ended) its window seconds after its first,
+    and the collectives of those seconds, missing a rank, were dropped as incomplete."""
+    def outcome(info: RankInfo) -> Exception | None:
+        try:
+            action(info)
+        except (ToolError, _Ended) as exc:
+            return exc
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, len(ranks)), thread_name_prefix="nsys-session") as pool:
+        return list(pool.map(outcome, ranks))
 
 
 def session_hold(info: RankInfo) -> FolderLock:
