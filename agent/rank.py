@@ -24,7 +24,8 @@ from rankscope.agent import nsys
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, ranks_dir, withdraw
 from rankscope import output
 from rankscope.cli import parse_duration
-from rankscope.errors import CommandError, InputError, ToolError
+from rankscope.errors import CommandError, ConfigError, InputError, ToolError
+from rankscope.lock import FolderInUse, FolderLock
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, job_id, starts_ranks
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,21 @@ def _wait_for_session(child: subprocess.Popen, session: str, exe: str) -> bool:
     return False  # CMD already ended: nothing to announce
 
 
+def _claim_sampler(spool: Path) -> bool:
+    """Whether this process takes the node's GPU-metrics sampler role: one sampler per node
+    (nsys-export.md §10), and a node shared by two jobs has two local rank 0s, which may start
+    together, before either's sampling shows to the other's check. The role is an flock held
+    for the process's life (never released: the kernel drops it however the process ends)."""
+    try:
+        FolderLock(spool / "gpu-metrics", "GPU-metrics sampler").acquire()
+    except FolderInUse:
+        log.warning("another rank samples this node's GPU metrics: profiling without them")
+        return False
+    except ConfigError as exc:  # the lock cannot be made here: sample, as every local rank 0 did
+        log.warning("%s: sampling GPU metrics, unable to tell whether another rank does", exc)
+    return True
+
+
 def _forward(child: subprocess.Popen, signum: int) -> None:
     if child.poll() is None:
         child.send_signal(signum)
@@ -229,7 +245,7 @@ def run_one_shot(info: RankInfo, cmd: Sequence[str], args: argparse.Namespace, e
     """``nsys profile`` for the whole run, then the SQLite export beside the report in the spool."""
     folder = output.make_folder(args.spool / "reports", shared=True)
     base = folder / f"{nsys.session_name(info.job_id, info.rank, info.pid)}"
-    gpu_metrics = info.local_rank == 0
+    gpu_metrics = info.local_rank == 0 and _claim_sampler(args.spool)
     if gpu_metrics and nsys.gpu_metrics_held(nsys=exe):
         # No agent paused DCGM here: sampling beside it would fight it for the counters (dcgm.md §9.5).
         log.warning("GPU counters are held by another tool (DCGM?): profiling without GPU metrics")

@@ -284,6 +284,22 @@ def test_one_shot_on_local_rank_0_samples_no_gpu_metrics_where_dcgm_holds_the_co
     assert not any(a.startswith("--gpu-metrics-devices") for a in profile)
 
 
+def test_one_shot_samples_gpu_metrics_on_one_local_rank_0_of_the_node(nsys_env, tmp_path):
+    """Two jobs' local rank 0s on one node, started together: each asked for the node's GPU
+    metrics (one sampler per node, nsys-export.md §10); the first to claim the role samples."""
+    state, env = nsys_env
+    env = {**env, "LOCAL_RANK": "0"}
+    spool = tmp_path / "spool"
+    procs = [rankscope("rank", "--spool", str(spool), "--one-shot", "--duration", "5", "--",
+                       sys.executable, "-c", "import time; time.sleep(4)", env={**env, "SLURM_JOB_ID": job})
+             for job in ("55", "56")]
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], errors
+    profiles = [argv for argv in standin_nsys.calls(state) if argv[0] == "profile" and "--duration=5" in argv]
+    assert len(profiles) == 2 and sum("--gpu-metrics-devices=all" in argv for argv in profiles) == 1
+    assert sum("another rank samples this node's GPU metrics" in err for err in errors) == 1
+
+
 def test_one_shot_needs_a_duration_or_a_capture_range(nsys_env, tmp_path):
     _, env = nsys_env
     proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--", "true", env=env)
