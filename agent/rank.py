@@ -24,7 +24,7 @@ from rankscope.agent import nsys
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, ranks_dir, withdraw
 from rankscope import output
 from rankscope.cli import parse_duration
-from rankscope.errors import CommandError, ConfigError, InputError, ToolError
+from rankscope.errors import CommandError, InputError, RankscopeError, ToolError
 from rankscope.lock import FolderInUse, FolderLock
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, job_id, starts_ranks
 
@@ -223,11 +223,11 @@ def _claim_sampler(spool: Path) -> bool:
     together, before either's sampling shows to the other's check. The role is an flock held
     for the process's life (never released: the kernel drops it however the process ends)."""
     try:
-        FolderLock(spool / "gpu-metrics", "GPU-metrics sampler").acquire()
+        FolderLock(spool / "gpu-metrics", "GPU-metrics sampler", shared=True).acquire()
     except FolderInUse:
         log.warning("another rank samples this node's GPU metrics: profiling without them")
         return False
-    except ConfigError as exc:  # the lock cannot be made here: sample, as every local rank 0 did
+    except RankscopeError as exc:  # the lock cannot be made here: sample, as every local rank 0 did
         log.warning("%s: sampling GPU metrics, unable to tell whether another rank does", exc)
     return True
 

@@ -20,6 +20,7 @@ import socket
 import threading
 from pathlib import Path
 
+from rankscope import output
 from rankscope.errors import ConfigError
 
 LOCK_NAME = ".rankscope.lock"
@@ -34,11 +35,15 @@ class FolderInUse(ConfigError):
 
 
 class FolderLock:
-    """The exclusive hold of ``folder`` by this process, as ``owner`` (e.g. "coordinator")."""
+    """The exclusive hold of ``folder`` by this process, as ``owner`` (e.g. "coordinator").
+    ``shared``: contended by processes of several users (the ranks of different jobs), so the
+    folder is made as the spool's are (sticky, writable by all) and the lock file writable by
+    all: another user's 0644 file could not be opened to lock, and the lock would guard nothing."""
 
-    def __init__(self, folder: Path, owner: str) -> None:
+    def __init__(self, folder: Path, owner: str, *, shared: bool = False) -> None:
         self.folder = folder
         self.owner = owner
+        self.shared = shared
         self._fd: int | None = None
         self._guard = threading.Lock()
 
@@ -46,10 +51,15 @@ class FolderLock:
         if self._fd is not None:  # held already, by this process through this object
             return self
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            if self.shared:
+                output.make_folder(self.folder, shared=True)
+            else:
+                self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 if self.shared else 0o644)
         except OSError as exc:
             raise ConfigError(f"cannot create the lock file {LOCK_NAME} ({exc.strerror or exc})", path=self.folder) from None
+        if self.shared and os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o666)  # past the umask, which made it 0644
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
