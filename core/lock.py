@@ -12,6 +12,7 @@ holder files and the spool's rank announcements are flock-held by their writers.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -58,8 +59,9 @@ class FolderLock:
             fd = os.open(self.folder / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 if self.shared else 0o644)
         except OSError as exc:
             raise ConfigError(f"cannot create the lock file {LOCK_NAME} ({exc.strerror or exc})", path=self.folder) from None
-        if self.shared and os.fstat(fd).st_uid == os.geteuid():
-            os.fchmod(fd, 0o666)  # past the umask, which made it 0644
+        if self.shared:
+            with contextlib.suppress(OSError):  # another user's file, or a filesystem without modes
+                os.fchmod(fd, 0o666)  # past the umask, which made it 0644
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
