@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import re
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,9 @@ def test_every_installed_package_is_pinned() -> None:
             name, sep, version = line.partition("==")
             assert sep and version, f"constraints.txt: {line!r} is not NAME==VERSION"
             pinned[_name(name)] = version
-    installed = {_name(d.metadata["Name"]) for d in importlib.metadata.distributions()} - UNPINNED
+    # The environment's own folders only: Ray, imported by earlier tests, puts the psutil and
+    # colorama it ships (ray/thirdparty_files) on sys.path, which pip never installed.
+    folders = sorted({sysconfig.get_paths()[key] for key in ("purelib", "platlib")})
+    installed = {_name(d.metadata["Name"]) for d in importlib.metadata.distributions(path=folders)} - UNPINNED
     unpinned = sorted(installed - set(pinned))
     assert not unpinned, f"installed but not in constraints.txt: {', '.join(unpinned)} (run `make lock`)"
