@@ -28,7 +28,7 @@ from pathlib import Path
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo, lives
 from rankscope import output
-from rankscope.errors import ToolError
+from rankscope.errors import RankscopeError, ToolError
 from rankscope.lock import FolderInUse, FolderLock
 
 log = logging.getLogger(__name__)
@@ -443,6 +443,8 @@ class NsysBackend(CaptureBackend):
             self._holds[info.session] = session_hold(info).acquire()
         except FolderInUse as exc:
             raise ToolError(f"nsys session {info.session} is in another capture on this host ({exc})") from None
+        except RankscopeError as exc:  # the spool refuses the lock: say so, as any capture failure
+            raise ToolError(f"nsys session {info.session} cannot be held for this capture ({exc})") from None
 
     def _let_go(self, info: RankInfo) -> None:
         hold = self._holds.pop(info.session, None)
@@ -527,8 +529,11 @@ def _at_once(action: Callable[[RankInfo], None], ranks: Sequence[RankInfo]) -> l
 
 def session_hold(info: RankInfo) -> FolderLock:
     """The lock on a rank's nsys session, in the spool its announcement came from (the one
-    place every agent that can see the rank shares, across containers too)."""
-    return FolderLock(Path(info.spool) / "sessions" / info.session, f"capture of nsys session {info.session}")
+    place every agent that can see the rank shares, across containers too). Shared, as the
+    spool: the agents of a host may run as different users (root's fleet agent, a Slurm job's
+    own), and the first one's 0755 `sessions` folder shut the others out of every session."""
+    sessions = output.make_folder(Path(info.spool) / "sessions", shared=True)
+    return FolderLock(sessions / info.session, f"capture of nsys session {info.session}", shared=True)
 
 
 def reports_dir(request: CaptureRequest) -> Path:
