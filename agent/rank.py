@@ -11,13 +11,16 @@ rank in the spool folder, forwards signals, and exits with CMD's exit code. One-
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from rankscope.agent import nsys
@@ -126,9 +129,66 @@ def run(args: argparse.Namespace) -> int:
         return run_one_shot(info, cmd, args, exe, trace)
     session = nsys.session_name(info.job_id, info.rank, info.pid)
     info = RankInfo(**{**info.__dict__, "session": session})
-    argv = nsys.launch_command(session, cmd, trace=trace, nsys=exe)
+    if not _env_changes_folder():
+        log.warning("this system's env has no --chdir: nsys runs in the job's folder, and leaves an empty "
+                    "report<N>.nsys-rep there where no capture reaches this rank")
+        argv = nsys.launch_command(session, cmd, trace=trace, nsys=exe)
+        return run_in_session(argv, info, args.spool, exe)
+    argv = nsys.launch_command(session, in_folder(_job_folder(), cmd), trace=trace, nsys=exe)
     log.info("rank %d: %s", info.rank, " ".join(argv))
-    return run_in_session(argv, info, args.spool, exe)
+    with _launch_folder(args.spool, session) as folder:
+        return run_in_session(argv, info, args.spool, exe, cwd=folder)
+
+
+# nsys writes a session that never collected (its application ended before any `start`) as "a
+# fully formed .nsys-rep file containing no data" in its default place, report<N>.nsys-rep in its
+# working folder (User Guide, interactive CLI): for every rank no capture reached, in the job's
+# folder, where ranks sharing one would also write the same file. `nsys launch` runs in a folder
+# of the spool instead, and the application in the job's, through coreutils' `env --chdir`: it
+# changes folder and replaces itself with the application (one process, as --wait=primary counts
+# them), leaves the environment as it was (a shell would set OLDPWD, SHLVL or _), and exits 127
+# or 126 where the application cannot be run, as a shell does.
+
+
+def in_folder(folder: str, cmd: Sequence[str]) -> list[str]:
+    """``cmd`` run in ``folder``, as the same process."""
+    return ["env", f"--chdir={folder}", "--", *cmd]
+
+
+@functools.cache
+def _env_changes_folder() -> bool:
+    """Whether this system's `env` has --chdir (coreutils 8.28, 2017; not BusyBox's)."""
+    try:
+        return subprocess.run(in_folder("/", ["true"]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _job_folder() -> str:
+    """The folder the rank was started in, as its shell names it ($PWD, links kept) where
+    that is still this folder."""
+    try:
+        here = os.getcwd()
+    except OSError as exc:
+        raise InputError(f"the working folder is gone ({exc.strerror or exc})") from None
+    named = os.environ.get("PWD", "")
+    try:
+        return named if named and os.path.samefile(named, here) else here
+    except OSError:
+        return here
+
+
+@contextmanager
+def _launch_folder(spool: Path, session: str) -> Iterator[Path]:
+    """`nsys launch`'s working folder for this rank, removed (with what nsys left in it) once
+    the rank has ended."""
+    folder = output.make_folder(spool / "launch", shared=True) / session
+    folder.mkdir(exist_ok=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def rank_info(environ: Mapping[str, str], *, pid: int, backend: str = "nsys") -> RankInfo:
@@ -172,10 +232,12 @@ def _gpu(environ: Mapping[str, str], local_rank: int) -> str:
     return ""
 
 
-def supervise(argv: Sequence[str], started: Callable[[subprocess.Popen], object] | None = None) -> int:
-    """Run ``argv`` forwarding the launcher's signals to it; its exit code (128+N if killed by N)."""
+def supervise(argv: Sequence[str], started: Callable[[subprocess.Popen], object] | None = None, *,
+              cwd: Path | None = None) -> int:
+    """Run ``argv`` (in ``cwd``) forwarding the launcher's signals to it; its exit code (128+N if
+    killed by N)."""
     try:
-        child = subprocess.Popen(list(argv))
+        child = subprocess.Popen(list(argv), cwd=cwd)
     except OSError as exc:
         raise CommandError(f"cannot run the command ({exc.strerror or exc})", path=argv[0],
                            exit_code=126 if isinstance(exc, PermissionError) else 127) from None
@@ -193,14 +255,14 @@ def supervise(argv: Sequence[str], started: Callable[[subprocess.Popen], object]
             child.wait()
 
 
-def run_in_session(argv: Sequence[str], info: RankInfo, spool: Path, exe: str) -> int:
-    """nsys launch; announce the rank once its session is listed; withdraw when it ends."""
+def run_in_session(argv: Sequence[str], info: RankInfo, spool: Path, exe: str, *, cwd: Path | None = None) -> int:
+    """nsys launch (in ``cwd``); announce the rank once its session is listed; withdraw when it ends."""
     def started(child: subprocess.Popen) -> None:
         if _wait_for_session(child, info.session, exe):
             announce(spool, info)
 
     try:
-        return supervise(argv, started)
+        return supervise(argv, started, cwd=cwd)
     finally:
         withdraw(spool, info)
 

@@ -149,10 +149,11 @@ def test_rank_wrapper_launches_each_rank_in_its_own_session(node):
     ranks = local_ranks(node.spool)
     assert [(r.rank, r.local_rank, r.world_size, r.job_id, r.backend) for r in ranks] == [
         (0, 0, 2, "77", "nsys"), (1, 1, 2, "77", "nsys")]
-    launches = [argv for argv in standin_nsys.calls(node.state) if argv[0] == "launch"]
-    assert sorted(launches) == sorted(
-        ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary",
-         sys.executable, "-c", "import time; time.sleep(120)"] for r in ranks)
+    launches = [standin_nsys.launched(argv) for argv in standin_nsys.calls(node.state) if argv[0] == "launch"]
+    assert sorted(head for head, _, _ in launches) == sorted(
+        ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary"] for r in ranks)
+    assert all(os.path.samefile(folder, os.getcwd()) and app == [sys.executable, "-c", "import time; time.sleep(120)"]
+               for _, folder, app in launches)
     assert {r.session for r in ranks} == set(standin_nsys.sessions(node.state))
 
 

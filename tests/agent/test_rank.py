@@ -101,8 +101,26 @@ def test_exit_code_is_the_commands_and_the_rank_is_withdrawn(nsys_env, tmp_path)
     assert len(launch) == 1
     session = launch[0][1].removeprefix("--session-new=")
     assert session == f"rankscope_55_r1_{proc.pid}"
-    assert launch[0] == ["launch", f"--session-new={session}", "--trace=cuda,nvtx,osrt", "--wait=primary",
-                         sys.executable, "-c", "import sys; sys.exit(7)"]
+    head, folder, app = standin_nsys.launched(launch[0])
+    assert head == ["launch", f"--session-new={session}", "--trace=cuda,nvtx,osrt", "--wait=primary"]
+    assert os.path.samefile(folder, os.getcwd()) and app == [sys.executable, "-c", "import sys; sys.exit(7)"]
+
+
+def test_a_rank_never_captured_leaves_no_report_in_the_jobs_folder(nsys_env, tmp_path):
+    """nsys writes a session whose application ended before any `start` as an empty
+    report<N>.nsys-rep in its working folder (User Guide; the stand-in does too): that was the
+    job's folder, one per uncaptured rank. The application still runs in the job's folder."""
+    state, env = nsys_env
+    job = tmp_path / "job"
+    job.mkdir()
+    spool = tmp_path / "spool"
+    proc = rankscope("rank", "--spool", str(spool), "--", sys.executable, "-c", "import os; print(os.getcwd())",
+                     env={**env, "PWD": str(job)}, cwd=job)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == str(job)
+    assert sorted(p.name for p in job.iterdir()) == []
+    assert list((spool / "launch").iterdir()) == []  # nsys's folder, and the empty report in it, removed
 
 
 def test_signals_reach_the_command_and_the_announcement_lives_as_long_as_it(nsys_env, tmp_path):

@@ -144,9 +144,10 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
         folder = capture_folder(cluster, name, sweep_id)
         base = [f"{folder}/reports/{sweep_id}_{r.host}_rank{r.rank}_{r.pid}" for r in ranks]
         # Each rank's session: launched by its wrapper, then started, stopped and exported by the agent.
-        assert sorted(c["argv"] for c in cluster.nsys_calls(name, "launch")) == sorted(
-            ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary", *SLEEPER]
-            for r in ranks)
+        launches = [standin_nsys.launched(c["argv"]) for c in cluster.nsys_calls(name, "launch")]
+        assert sorted(head for head, _, _ in launches) == sorted(
+            ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary"] for r in ranks)
+        assert all(app == SLEEPER for _, _, app in launches)
         agent_calls = [c for c in cluster.nsys_calls(name) if c["argv"][0] in ("start", "stop", "export")]
         # the ranks' starts, then their stops, each all at once (in any order)
         assert sorted(c["argv"] for c in agent_calls[:2]) == sorted([

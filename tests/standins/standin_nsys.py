@@ -46,3 +46,12 @@ def configure(state: Path, **config) -> None:
 
 def sessions(state: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (state / "sessions").glob("*.json")}
+
+
+def launched(argv: list[str]) -> tuple[list[str], str, list[str]]:
+    """A `launch` call as the rank wrapper makes it: launch and its options, then the folder
+    the application runs in and the application (`rank.in_folder`: `env --chdir=FOLDER --`)."""
+    at = next(i for i, arg in enumerate(argv) if i and not arg.startswith("--"))
+    env, chdir, end, *app = argv[at:]
+    assert env == "env" and chdir.startswith("--chdir=") and end == "--", f"not launched through rank.in_folder: {argv}"
+    return argv[:at], chdir.removeprefix("--chdir="), app
