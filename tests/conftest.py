@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT.parent / "shared" / "samples"
+NOBODY = 65534
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +42,29 @@ def stop_signals_restored():
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
+
+
+@pytest.fixture
+def other_user():
+    """(a folder that another user can reach, and ``run(action)``, which calls ``action`` in a
+    forked process as the user nobody and returns what it returned, an int below 100, as that
+    process's exit code; 100 where it raised). Root only: none else can become another user."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to act as another user")
+    folder = Path(tempfile.mkdtemp(prefix="rankscope-other-user-"))  # tmp_path is root's alone
+    folder.chmod(0o755)
+
+    def run(action: Callable[[], int]) -> int:
+        pid = os.fork()
+        if pid == 0:
+            code = 100
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                code = action()
+            finally:
+                os._exit(code)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    yield folder, run
+    shutil.rmtree(folder)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,30 +47,21 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     FolderLock(tmp_path, "coordinator").acquire().release()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to take the lock as another user")
-def test_a_shared_lock_is_contended_by_other_users_not_refused_to_them() -> None:
+def test_a_shared_lock_is_contended_by_other_users_not_refused_to_them(other_user) -> None:
     """Ranks of different jobs (different users) claim one node-wide role through a shared
     lock: another user's 0644 lock file could not be opened, and each took the role."""
-    base = Path(tempfile.mkdtemp(prefix="rankscope-lock-"))
-    try:
-        base.chmod(0o755)  # reachable by the other user
-        hold = FolderLock(base / "role", "GPU-metrics sampler", shared=True).acquire()
-        assert stat.S_IMODE((base / "role").stat().st_mode) == 0o777 | stat.S_ISVTX
-        pid = os.fork()
-        if pid == 0:  # another user tries: in use (3), or refused the file (4)
-            code = 1
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                FolderLock(base / "role", "GPU-metrics sampler", shared=True).acquire()
-                code = 2
-            except FolderInUse:
-                code = 3
-            except ConfigError:
-                code = 4
-            finally:
-                os._exit(code)
-        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 3
-        hold.release()
-    finally:
-        shutil.rmtree(base)
+    folder, as_nobody = other_user
+    hold = FolderLock(folder / "role", "GPU-metrics sampler", shared=True).acquire()
+    assert stat.S_IMODE((folder / "role").stat().st_mode) == 0o777 | stat.S_ISVTX
+
+    def take() -> int:  # in use (3), or refused the file (4)
+        try:
+            FolderLock(folder / "role", "GPU-metrics sampler", shared=True).acquire()
+            return 2
+        except FolderInUse:
+            return 3
+        except ConfigError:
+            return 4
+
+    assert as_nobody(take) == 3
+    hold.release()

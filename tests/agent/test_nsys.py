@@ -541,42 +541,29 @@ def test_two_captures_on_one_host_do_not_stop_each_others_sessions(node, tmp_pat
     assert len(second.stop(other)) == 2
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to hold sessions as two users")
-def test_agents_of_two_users_hold_sessions_of_one_spool() -> None:
+def test_agents_of_two_users_hold_sessions_of_one_spool(other_user) -> None:
     """Root's fleet agent and a job's own agent read one spool: the first to hold a session
     made `sessions/` 0755, and the other could hold no session at all, its capture failing
     on the lock file rather than on a session in use."""
-    import tempfile
-
     from rankscope import output
     from rankscope.agent.spool import RankInfo
     from rankscope.lock import FolderInUse
 
-    base = Path(tempfile.mkdtemp(prefix="rankscope-spool-"))
-    try:
-        base.chmod(0o755)  # reachable by the other user
-        spool = output.make_folder(base / "spool", shared=True)
-        def rank(n: int) -> RankInfo:
-            return RankInfo(rank=n, local_rank=n, world_size=2, pid=100 + n, host="h", spool=str(spool),
-                            session=f"rankscope_j_r{n}_{100 + n}")
-        held = nsys.session_hold(rank(0)).acquire()  # root's agent, capturing rank 0
-        pid = os.fork()
-        if pid == 0:  # the job's agent, as another user: rank 1 is free, rank 0 in use
-            code = 1
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                nsys.session_hold(rank(1)).acquire()
-                try:
-                    nsys.session_hold(rank(0)).acquire()
-                    code = 2
-                except FolderInUse:
-                    code = 0
-            except Exception:  # any other failure (the lock file refused) is what this test looks for
-                code = 3
-            finally:
-                os._exit(code)
-        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
-        held.release()
-    finally:
-        shutil.rmtree(base)
+    folder, as_nobody = other_user
+    spool = output.make_folder(folder / "spool", shared=True)
+
+    def rank(n: int) -> RankInfo:
+        return RankInfo(rank=n, local_rank=n, world_size=2, pid=100 + n, host="h", spool=str(spool),
+                        session=f"rankscope_j_r{n}_{100 + n}")
+
+    def hold_both() -> int:  # the job's agent: rank 1 is free (else it raises), rank 0 in use
+        nsys.session_hold(rank(1)).acquire()
+        try:
+            nsys.session_hold(rank(0)).acquire()
+            return 2
+        except FolderInUse:
+            return 0
+
+    held = nsys.session_hold(rank(0)).acquire()  # root's agent, capturing rank 0
+    assert as_nobody(hold_both) == 0
+    held.release()
