@@ -72,13 +72,13 @@ class PauseLedger:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
             output.create_shared(self.folder)  # other users' agents join; none deletes another's file
             self._mutex = os.open(self.folder / MUTEX_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
-            _readable_by_all(self._mutex, 0o444)
+            output.open_to_others(self._mutex, 0o444)
             with self._locked():  # a holder file is locked before anyone can see it
                 name = f"{HOLDER_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}.json"
                 self.path = self.folder / name
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                _readable_by_all(self._fd, 0o644)
+                output.open_to_others(self._fd, 0o644)
                 self.write(False, {})
         except OSError as exc:
             self.close()
@@ -159,14 +159,6 @@ class NoLedger(PauseLedger):
         yield []
 
     def write(self, paused: bool, leases: Mapping[str, float]) -> None:
-        pass
-
-
-def _readable_by_all(fd: int, mode: int) -> None:
-    """Whatever the umask: other users' agents must read and lock it."""
-    try:
-        os.fchmod(fd, mode)
-    except PermissionError:  # another user's: they made it readable
         pass
 
 

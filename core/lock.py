@@ -12,7 +12,6 @@ holder files and the spool's rank announcements are flock-held by their writers.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import logging
@@ -60,8 +59,7 @@ class FolderLock:
         except OSError as exc:
             raise ConfigError(f"cannot create the lock file {LOCK_NAME} ({exc.strerror or exc})", path=self.folder) from None
         if self.shared:
-            with contextlib.suppress(OSError):  # another user's file, or a filesystem without modes
-                os.fchmod(fd, 0o666)  # past the umask, which made it 0644
+            output.open_to_others(fd, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -106,6 +106,14 @@ def check_not_input(path: Path, inputs: Iterable[Path]) -> None:
             raise InputError("the output is one of the inputs: writing it would destroy that input", path=path)
 
 
+def open_to_others(fd: int, mode: int) -> None:
+    """Give the file open as ``fd`` ``mode`` whatever the umask, so that other users' processes
+    can open (and lock) it; where the file is another user's, or its filesystem keeps no modes,
+    as it is (its maker opened it so)."""
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, mode)
+
+
 def create_shared(path: Path) -> None:
     """Create the folder ``path`` (in an existing parent) sticky and writable by all (1777,
     like /tmp), so other users' processes write in it too and none removes another's files;
