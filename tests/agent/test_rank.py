@@ -11,7 +11,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -215,32 +214,27 @@ def test_a_spool_whose_ranks_folder_cannot_be_written_fails_before_the_command_s
     assert not marker.exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="runs a second rank as another user (needs root and setpriv)")
-def test_a_spool_the_wrapper_made_takes_other_users_ranks(nsys_env):
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="runs a second rank as another user (needs setpriv)")
+def test_a_spool_the_wrapper_made_takes_other_users_ranks(nsys_env, other_user):
     # The first job's wrapper made the spool and its ranks folder 0755, its user's own: every
     # other user's rank on the node then failed at start (exit 2, cannot write in the folder).
     import pwd
 
     _, env = nsys_env
     other = pwd.getpwnam("nobody")
-    shared = Path(tempfile.mkdtemp(prefix="rankscope-shared-"))  # tmp_path is root's alone
-    try:
-        shared.chmod(0o755)
-        spool = shared / "spool"
-        as_other = ["setpriv", f"--reuid={other.pw_uid}", f"--regid={other.pw_gid}", "--clear-groups"]
-        for user, prefix in ((0, []), (other.pw_uid, as_other)):
-            state = shared / f"nsys-{user}"
-            state.mkdir()
-            os.chown(state, user, -1)
-            proc = subprocess.run([*prefix, sys.executable, "-m", "rankscope", "rank", "--spool", str(spool), "--",
-                                   "true"], capture_output=True, text=True, timeout=60,
-                                  env={**env, "RANKSCOPE_STANDIN_NSYS_DIR": str(state)})
-            assert proc.returncode == 0, proc.stderr
-            assert any(argv[0] == "launch" for argv in standin_nsys.calls(state))  # run, not refused
-        assert all(stat.S_IMODE(f.stat().st_mode) == 0o1777 for f in (spool, ranks_dir(spool)))
-    finally:
-        shutil.rmtree(shared)
+    shared, _ = other_user
+    spool = shared / "spool"
+    as_other = ["setpriv", f"--reuid={other.pw_uid}", f"--regid={other.pw_gid}", "--clear-groups"]
+    for user, prefix in ((0, []), (other.pw_uid, as_other)):
+        state = shared / f"nsys-{user}"
+        state.mkdir()
+        os.chown(state, user, -1)
+        proc = subprocess.run([*prefix, sys.executable, "-m", "rankscope", "rank", "--spool", str(spool), "--",
+                               "true"], capture_output=True, text=True, timeout=60,
+                              env={**env, "RANKSCOPE_STANDIN_NSYS_DIR": str(state)})
+        assert proc.returncode == 0, proc.stderr
+        assert any(argv[0] == "launch" for argv in standin_nsys.calls(state))  # run, not refused
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o1777 for f in (spool, ranks_dir(spool)))
 
 
 def test_advanced_nccl_tracing_where_this_nsys_has_it(nsys_env, tmp_path):
