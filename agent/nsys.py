@@ -1,9 +1,10 @@
 """Nsight Systems on the node: one argv builder per nsys command, and the ``nsys`` backend.
 
 Every rank runs inside its own named nsys interactive session (``nsys launch
---session-new=NAME``, started by ``rankscope rank``), so the agent can open and close a
-capture window on demand with ``nsys start/stop --session=NAME`` and export each report
-to SQLite at the edge (reference/nsys-export.md §1, §9, §10). Trace flags belong to
+--session-new=NAME``, started by ``rankscope rank``), so a capture window can open and
+close on demand with ``nsys start/stop --session=NAME``, which the rank's wrapper runs
+when the agent asks (`SessionWindow`, window.py); the agent exports each report to
+SQLite at the edge (reference/nsys-export.md §1, §9, §10). Trace flags belong to
 ``launch``; output and GPU-metric flags belong to ``start``.
 
 Every subprocess has a timeout: a wedged nsys becomes a ToolError naming the command,
@@ -21,15 +22,17 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+from rankscope.agent import window
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
-from rankscope.agent.spool import RankInfo, lives
+from rankscope.agent.spool import RankInfo
+from rankscope.agent.window import NoWindow
 from rankscope import output
-from rankscope.errors import RankscopeError, ToolError
-from rankscope.lock import FolderInUse, FolderLock
+from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
 
@@ -285,15 +288,85 @@ def session_listed(session: str, *, nsys: str = NSYS) -> bool:
     return any(session in line.split() for line in out.splitlines())
 
 
+# -- a rank's window (run by its wrapper) --------------------------------------------------
+
+
+class SessionWindow:
+    """A collection in a rank's own nsys session, started and stopped by the rank's wrapper
+    (`rankscope rank`, the process that launched the session, as its user and in its
+    container) when the agent asks through the spool (window.py). ``options``: the report's
+    path, whether this rank samples the node's GPU metrics, the nsys commands' bound."""
+
+    def __init__(self, session: str, options: Mapping[str, Any], *, ended: Callable[[], bool], nsys: str = NSYS) -> None:
+        self.session = session
+        self.nsys = nsys
+        self.ended = ended
+        self.timeout_s = float(options.get("timeout_s", COMMAND_TIMEOUT_S))
+        self.notes: list[str] = []
+        if not options.get("output"):
+            raise NoWindow("the capture named no report to write")
+        report = Path(options["output"])
+        gpu_metrics = bool(options.get("gpu_metrics"))
+        if gpu_metrics and gpu_metrics_held(nsys=nsys):
+            # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
+            self.notes.append("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
+            gpu_metrics = False
+        if gpu_metrics:
+            self._start_sampler(report)
+        else:
+            self._start(start_command(session, report, nsys=nsys))
+
+    def close(self, folder: Path) -> None:
+        """Stop collecting: nsys writes the report. A rank that ended during the window has no
+        session left to stop, but nsys wrote its report as the process ended."""
+        if not self.ended():
+            try:
+                run(stop_command(self.session, nsys=self.nsys), timeout_s=self.timeout_s)
+                return
+            except ToolError:
+                if not self.ended():
+                    raise
+        self.notes.append(ENDED)
+
+    def _start_sampler(self, report: Path) -> None:
+        """Start the node's sampler with GPU metrics; where nsys cannot collect them (another
+        profiler holds the counters, or this user may not read them: ERR_NVGPUCTRPERM),
+        without, as the other ranks: the trace is what the capture is for, the metrics an extra."""
+        try:
+            self._start(start_command(self.session, report, nsys=self.nsys, gpu_metrics=True))
+        except ToolError as exc:
+            self._start(start_command(self.session, report, nsys=self.nsys))
+            self.notes.append(f"captured without GPU metrics, which nsys could not collect ({exc})")
+
+    def _start(self, argv: list[str]) -> None:
+        """Start collecting; if that fails, stop a collection left open in the session (a
+        window whose stop failed), and try once more."""
+        try:
+            run(argv, timeout_s=self.timeout_s)
+        except ToolError as first:
+            try:
+                run(stop_command(self.session, nsys=self.nsys), timeout_s=self.timeout_s)
+            except ToolError:
+                raise first from None
+            log.warning("stopped a collection left open in nsys session %s", self.session)
+            run(argv, timeout_s=self.timeout_s)
+
+
+ENDED = "ended during the window: exported what nsys recorded until then"
+
+
 # -- the backend ---------------------------------------------------------------------------
 
 
 class NsysBackend(CaptureBackend):
-    """Start and stop the nsys sessions of the node's announced ranks, export each to SQLite.
+    """Have the node's announced ranks record in their nsys sessions, export each report to SQLite.
 
-    ``stop`` only stops the sessions, so DCGM is resumed the moment the window closes
-    (dcgm.md §9.7); the exports follow in ``export``, one ``nsys export`` process per report,
-    as many at once as this node has CPUs."""
+    Each rank's wrapper starts and stops its own session when asked (window.py), all at
+    once: one after another, a node's last rank began (and ended) its window seconds after
+    its first, and the collectives of those seconds, missing a rank, were dropped as
+    incomplete. ``stop`` only ends the windows, so DCGM is resumed the moment they close
+    (dcgm.md §9.7); the exports follow in ``export``, one ``nsys export`` process per
+    report, as many at once as this node has CPUs."""
 
     name = "nsys"
     options = frozenset({"gpu_metrics"})
@@ -309,7 +382,6 @@ class NsysBackend(CaptureBackend):
         # The ranks each capture started: a rank that dies mid-capture drops out of the spool,
         # and must fail the capture rather than silently go missing from it.
         self._started: dict[str, list[RankInfo]] = {}
-        self._holds: dict[str, FolderLock] = {}  # session -> this capture's hold of it (session_hold)
 
     def check(self, request: CaptureRequest) -> None:
         find_nsys(self.nsys)
@@ -323,61 +395,41 @@ class NsysBackend(CaptureBackend):
                 and gpu_metrics_sampler(self.own_ranks(request)) is not None)
 
     def start(self, request: CaptureRequest) -> None:
-        exe = find_nsys(self.nsys)
+        """Every rank records, or none (a ToolError naming the ranks that could not)."""
+        find_nsys(self.nsys)  # the exports need it here
         ranks = self.own_ranks(request)
         output.make_folder(reports_dir(request), shared=True)
-        gpu_metrics = self.needs_gpu_counters(request)
-        if gpu_metrics and gpu_metrics_held(nsys=exe):
-            # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
-            self.note("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
-            gpu_metrics = False
-        sampler = gpu_metrics_sampler(ranks) if gpu_metrics else None
-        self._hold_all(ranks)
-
-        def start_one(info: RankInfo) -> None:
-            if info is sampler:
-                self._start_sampler(exe, request, info)
-            else:
-                self._start_rank(exe, start_command(info.session, report_base(request, info), nsys=exe), info)
-
-        failed = _at_once(start_one, ranks)
-        if any(failed):
-            self._stop_quietly(exe, [info for info, error in zip(ranks, failed) if error is None])
-            for info in ranks:
-                self._let_go(info)
-            info, error = next((info, error) for info, error in zip(ranks, failed) if error is not None)
-            raise ToolError(f"rank {info.rank}: {error}")
+        sampler = gpu_metrics_sampler(ranks) if self.needs_gpu_counters(request) else None
+        window.ask(request.sweep_id, ranks, request.duration_s + window.GRACE_S, {
+            r.key: {"output": str(report_base(request, r)), "gpu_metrics": r is sampler, "timeout_s": self.timeout_s}
+            for r in ranks})
+        replies = window.wait(request.sweep_id, ranks, window.STARTED, self._start_wait_s())
+        failed = replies.failed + [(window.EXITED, r) for r in replies.exited]
+        if failed:
+            self._end([rank for rank, _ in replies.done], request)
+            raise ToolError(f"not every rank started recording{window.within(failed, self._start_wait_s())}: "
+                            + "; ".join(window.reasons(failed, "no answer (is `rankscope rank` running it?)")))
+        self._notes(replies)
         self._started[request.sweep_id] = list(ranks)
 
     def stop(self, request: CaptureRequest) -> list[Path]:
-        """Stop every rank's collection; the reports its ranks write, to ``export``. A rank whose
-        process ended during the window has no session left to stop, but nsys wrote its report
-        as the process ended: it is exported like the others. The node's capture fails only
-        where no rank stopped; otherwise the ranks that failed are noted and left out."""
-        exe = find_nsys(self.nsys)
-        ranks = self._started.pop(request.sweep_id, None) or self.own_ranks(request)
-
-        def stop_one(info: RankInfo) -> None:
-            try:
-                self._hold(info)  # held already, unless this agent restarted: never stop another's
-                run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
-            except ToolError:
-                if lives(info):
-                    raise
-                raise _Ended() from None
-            finally:
-                self._let_go(info)
-
-        errors: list[str] = []
-        reports: list[Path] = []
-        for info, error in zip(ranks, _at_once(stop_one, ranks)):  # all, even if one fails: none left collecting
-            if isinstance(error, ToolError):
-                errors.append(f"rank {info.rank}: {error}")
-                continue
-            if isinstance(error, _Ended):
-                self.note(f"rank {info.rank} ended during the window: exported what nsys recorded until then")
-            reports.append(Path(f"{report_base(request, info)}{REPORT_SUFFIX}"))
-        return self._went_on(reports, errors)
+        """End every rank's window; the reports its ranks write, to ``export``. A rank whose
+        process ended during the window wrote its report as it ended: it is exported like the
+        others. The node's capture fails only where no rank stopped; otherwise the ranks that
+        failed are noted and left out."""
+        ranks = self._started.pop(request.sweep_id, None) or window.asked(request.sweep_id, self.own_ranks(request))
+        if not ranks:
+            raise ToolError(f"no rank of this node was asked to record for capture {request.sweep_id}")
+        window.tell_stop(request.sweep_id, ranks)
+        replies = window.wait(request.sweep_id, ranks, window.STOPPED, self.timeout_s + window.GRACE_S)
+        window.forget(request.sweep_id, ranks)
+        self._notes(replies)
+        for rank in replies.exited:
+            self.note(f"rank {rank.rank}: {ENDED}")
+        stopped = {id(rank) for rank, _ in replies.done} | {id(rank) for rank in replies.exited}
+        errors = window.reasons(replies.failed, f"no answer within {self.timeout_s + window.GRACE_S:g} s")
+        return self._went_on([Path(f"{report_base(request, r)}{REPORT_SUFFIX}") for r in ranks if id(r) in stopped],
+                             errors)
 
     def export(self, request: CaptureRequest, outputs: Sequence[Path]) -> list[Path]:
         """Export every report to SQLite, several at once (each is its own ``nsys export``
@@ -398,58 +450,23 @@ class NsysBackend(CaptureBackend):
 
     # internals
 
-    def _start_sampler(self, exe: str, request: CaptureRequest, info: RankInfo) -> None:
-        """Start the node's sampler with GPU metrics; where nsys cannot collect them (another
-        profiler holds the counters, or the agent may not read them: ERR_NVGPUCTRPERM), without,
-        as the other ranks: the trace is what the capture is for, the metrics an extra."""
-        base = report_base(request, info)
-        try:
-            self._start_rank(exe, start_command(info.session, base, nsys=exe, gpu_metrics=True), info)
-        except ToolError as exc:
-            self._start_rank(exe, start_command(info.session, base, nsys=exe), info)
-            self.note(f"rank {info.rank}: captured without GPU metrics, which nsys could not collect ({exc})")
+    def _start_wait_s(self) -> float:
+        """A wrapper's start runs up to four nsys commands (the counters' check, start, and
+        the stop and start again of a collection left open), each bounded."""
+        return 4 * self.timeout_s + window.GRACE_S
 
-    def _start_rank(self, exe: str, argv: list[str], info: RankInfo) -> None:
-        """Start collecting; if that fails, stop a collection an agent that died mid-capture
-        may have left open in the session, and try once more."""
-        try:
-            run(argv, timeout_s=self.timeout_s)
-        except ToolError as first:
-            try:
-                run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
-            except ToolError:
-                raise first from None
-            log.warning("rank %d: stopped a collection left open in nsys session %s", info.rank, info.session)
-            run(argv, timeout_s=self.timeout_s)
+    def _end(self, ranks: Sequence[RankInfo], request: CaptureRequest) -> None:
+        """End the windows of a capture that failed to start: none is left recording."""
+        window.tell_stop(request.sweep_id, ranks)
+        replies = window.wait(request.sweep_id, ranks, window.STOPPED, self.timeout_s + window.GRACE_S)
+        for reason in window.reasons(replies.failed, "no answer"):
+            log.warning("capture %s: could not end the window of %s", request.sweep_id, reason)
+        window.forget(request.sweep_id, request.ranks)
 
-    def _hold_all(self, ranks: Sequence[RankInfo]) -> None:
-        """`_hold` every rank's session, or none (a ToolError naming the rank that could not be)."""
-        for at, info in enumerate(ranks):
-            try:
-                self._hold(info)
-            except ToolError as exc:
-                for held in ranks[:at]:
-                    self._let_go(held)
-                raise ToolError(f"rank {info.rank}: {exc}") from None
-
-    def _hold(self, info: RankInfo) -> None:
-        """Hold the rank's session host-wide while this capture's window is open. Two agents
-        reading one spool (a fleet agent beside a job's own) would otherwise stop each other's
-        collection: `nsys stop --session` stops whoever started it, and `_start_rank`'s
-        recovery of a collection left open cannot tell a dead agent's from a live one's."""
-        if info.session in self._holds:
-            return
-        try:
-            self._holds[info.session] = session_hold(info).acquire()
-        except FolderInUse as exc:
-            raise ToolError(f"nsys session {info.session} is in another capture on this host ({exc})") from None
-        except RankscopeError as exc:  # the spool refuses the lock: say so, as any capture failure
-            raise ToolError(f"nsys session {info.session} cannot be held for this capture ({exc})") from None
-
-    def _let_go(self, info: RankInfo) -> None:
-        hold = self._holds.pop(info.session, None)
-        if hold is not None:
-            hold.release()
+    def _notes(self, replies: window.Replies) -> None:
+        for rank, notes in replies.done:
+            for note in notes:
+                self.note(f"rank {rank.rank}: {note}")
 
     def _went_on(self, done: list[Path], errors: list[str]) -> list[Path]:
         if errors and not done:
@@ -496,44 +513,6 @@ class NsysBackend(CaptureBackend):
                                 f"within {self.report_wait_s:g} s")
             if cancelled.wait(0.1):
                 raise ToolError(f"{report.name}: no longer waited for: the capture was cancelled")
-
-    def _stop_quietly(self, exe: str, ranks: Sequence[RankInfo]) -> None:
-        for info in ranks:
-            try:
-                run(stop_command(info.session, nsys=exe), timeout_s=self.timeout_s)
-            except ToolError as exc:
-                log.warning("could not stop nsys session %s: %s", info.session, exc)
-            finally:
-                self._let_go(info)
-
-
-class _Ended(Exception):
-    """A rank's session could not be stopped because its process ended during the window."""
-
-
-def _at_once(action: Callable[[RankInfo], None], ranks: Sequence[RankInfo]) -> list[Exception | None]:
-    """``action`` on every rank at once, one thread each; per rank, in order, the ToolError
-    (or `_Ended`) it raised, else None. The ranks' ``nsys start``/``stop`` run together: one
-    after another, a node's last rank began (and ended) its window seconds after its first,
-    and the collectives of those seconds, missing a rank, were dropped as incomplete."""
-    def outcome(info: RankInfo) -> Exception | None:
-        try:
-            action(info)
-        except (ToolError, _Ended) as exc:
-            return exc
-        return None
-
-    with ThreadPoolExecutor(max_workers=max(1, len(ranks)), thread_name_prefix="nsys-session") as pool:
-        return list(pool.map(outcome, ranks))
-
-
-def session_hold(info: RankInfo) -> FolderLock:
-    """The lock on a rank's nsys session, in the spool its announcement came from (the one
-    place every agent that can see the rank shares, across containers too). Shared, as the
-    spool: the agents of a host may run as different users (root's fleet agent, a Slurm job's
-    own), and the first one's 0755 `sessions` folder shut the others out of every session."""
-    sessions = output.make_folder(Path(info.spool) / "sessions", shared=True)
-    return FolderLock(sessions / info.session, f"capture of nsys session {info.session}", shared=True)
 
 
 def reports_dir(request: CaptureRequest) -> Path:

@@ -2,9 +2,10 @@
 
 Users put it in their launch line after the launcher (``srun rankscope rank -- python
 train.py``, torchrun's ``--no-python``, a pod's command). It reads the rank's identity
-from the launcher's environment, runs CMD inside its own nsys interactive session (so
-the agent can start and stop captures later without restarting the job), announces the
-rank in the spool folder, forwards signals, and exits with CMD's exit code. One-shot mode
+from the launcher's environment, runs CMD inside its own nsys interactive session,
+announces the rank in the spool folder, starts and stops captures in that session when
+the node's agent asks (window.py: no restart of the job, and nsys driven by the user and
+container that launched it), forwards signals, and exits with CMD's exit code. One-shot mode
 (``--one-shot``) runs CMD under ``nsys profile`` for short jobs instead.
 """
 
@@ -18,12 +19,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from rankscope.agent import nsys
+from rankscope.agent import nsys, window
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, ranks_dir, withdraw
 from rankscope import output
 from rankscope.cli import parse_duration
@@ -256,14 +258,23 @@ def supervise(argv: Sequence[str], started: Callable[[subprocess.Popen], object]
 
 
 def run_in_session(argv: Sequence[str], info: RankInfo, spool: Path, exe: str, *, cwd: Path | None = None) -> int:
-    """nsys launch (in ``cwd``); announce the rank once its session is listed; withdraw when it ends."""
+    """nsys launch (in ``cwd``); announce the rank once its session is listed, and record
+    the windows the node's agent asks of it in that session; withdraw when it ends."""
+    watching: list[tuple[window.Watcher, threading.Thread]] = []
+
     def started(child: subprocess.Popen) -> None:
-        if _wait_for_session(child, info.session, exe):
-            announce(spool, info)
+        if not _wait_for_session(child, info.session, exe):
+            return
+        watcher = window.Watcher(spool, info.key, lambda folder, options: nsys.SessionWindow(
+            info.session, options, ended=lambda: child.poll() is not None, nsys=exe))
+        announce(spool, info)
+        watching.append((watcher, watcher.start()))
 
     try:
         return supervise(argv, started, cwd=cwd)
     finally:
+        for watcher, thread in watching:  # a window still open: say the rank ended in it
+            watcher.close(thread, nsys.COMMAND_TIMEOUT_S)
         withdraw(spool, info)
 
 

@@ -3,18 +3,9 @@
 ``rankscope rank --backend torch -- python train.py`` runs the command with a
 ``sitecustomize`` on ``PYTHONPATH`` that installs this hook in the rank's Python process
 (and only there: the hook removes its environment variable, so the rank's own
-subprocesses start without it). The hook's daemon thread watches the spool's
-``captures/<sweep>/`` folders that the agent's torch backend writes:
-
-    start.json            {"ranks": [rank keys], "max_s": S}   the agent asks these ranks to record, for
-                          S seconds at most: a window whose stop never comes (the agent
-                          lost) ends there, so a profiler's buffers cannot grow in the job
-    <key>.started         the hook's reply once its profiler runs
-    stop.json             the agent ends the window
-    rank<R>.<key>.pt.trace.json   the Kineto trace, written atomically
-    <key>.error           the reason, if this rank could not record
-
-(a rank's key, not its pid: containers sharing the spool have pids of their own, spool.py)
+subprocesses start without it). The hook's daemon thread records the windows the agent's
+torch backend asks for through the spool (window.py); a window's output is the Kineto
+trace ``rank<R>.<key>.pt.trace.json`` in the capture's folder, written atomically.
 
 A job that exits while a window is open ends the window there: the trace is still
 written, before the interpreter shuts down.
@@ -35,19 +26,18 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from rankscope import atomic
+from rankscope.agent import window
 from rankscope.agent.spool import RankInfo, announce, withdraw
+from rankscope.agent.window import NoWindow
 
 ENV = "RANKSCOPE_TORCH_HOOK"
 FR_BUFFER = "20000"  # Flight Recorder entries kept per process (a ring buffer)
-POLL_S = 0.05
-MAX_WINDOW_S = 3600.0  # the longest window, whatever start.json asks
 EXIT_WAIT_S = 120.0  # at exit, how long the job waits for an open window's trace to be written
 SITECUSTOMIZE = """\
 import importlib.machinery, importlib.util, os, sys
@@ -67,10 +57,6 @@ if _spec is not None and _spec.loader is not None:
     sys.modules["sitecustomize"] = _shadowed
     _spec.loader.exec_module(_shadowed)
 """
-
-
-def captures_dir(spool: Path) -> Path:
-    return Path(spool) / "captures"
 
 
 def trace_name(rank: int, key: str) -> str:
@@ -103,69 +89,12 @@ def run(info: RankInfo, cmd: list[str], spool: Path) -> int:
 def install() -> None:
     """Start the hook's watcher thread in this process (called from sitecustomize)."""
     info = RankInfo(**json.loads(os.environ.pop(ENV)))
-    hook = _Hook(Path(info.spool), info)
-    thread = threading.Thread(target=hook.watch, name="rankscope-torch-hook", daemon=True)
-    thread.start()
+    watcher = window.Watcher(Path(info.spool), info.key, lambda folder, options: _Window(info))
+    thread = watcher.start()
     # Registered first, so it runs after the job's own exit handlers, while the interpreter
     # still works: a daemon thread caught inside torch's C++ code by finalization aborts the
     # process (pytorch/pytorch#38228), and a profiler left running crashes it at exit.
-    atexit.register(hook.close, thread)
-
-
-class _Hook:
-    def __init__(self, spool: Path, info: RankInfo) -> None:
-        self.root = captures_dir(spool)
-        self.info = info
-        self.seen: set[str] = set()
-        self.installed = time.time()
-        self.closing = threading.Event()
-
-    def close(self, thread: threading.Thread) -> None:
-        """The job is exiting: end an open window (its trace is still written), then stop."""
-        self.closing.set()
-        thread.join(EXIT_WAIT_S)
-
-    def watch(self) -> None:
-        while not self.closing.wait(POLL_S):
-            for start in sorted(self.root.glob("*/start.json")):
-                folder = start.parent
-                if folder.name in self.seen:
-                    continue
-                self.seen.add(folder.name)
-                try:
-                    request = json.loads(start.read_text())
-                    written = start.stat().st_mtime
-                except (OSError, ValueError):
-                    self.seen.discard(folder.name)  # being written (or just removed): look again next turn
-                    continue
-                if self.info.key in request.get("ranks", []) and written >= self.installed - 1:
-                    self.capture(folder, min(float(request.get("max_s", MAX_WINDOW_S)), MAX_WINDOW_S))
-
-    def capture(self, folder: Path, max_s: float) -> None:
-        try:
-            window = _Window(self.info)
-            try:
-                (folder / f"{self.info.key}.started").write_text(str(time.time_ns()))
-                deadline = time.monotonic() + max_s
-                while not (folder / "stop.json").exists() and time.monotonic() < deadline:
-                    if self.closing.wait(POLL_S):
-                        break
-            finally:  # whatever went wrong, no profiler is left running in the job
-                window.finish(folder / trace_name(self.info.rank, self.info.key))
-        except NoWindow as exc:
-            self._tell(folder, str(exc))
-        except Exception as exc:  # reported to the agent, never raised into the user's job
-            self._tell(folder, f"{type(exc).__name__}: {exc}")
-
-    def _tell(self, folder: Path, reason: str) -> None:
-        try:
-            atomic.write_text(folder / f"{self.info.key}.error", reason)
-        except OSError:  # the capture's folder went away: no agent waits for the answer
-            pass
-
-
-class NoWindow(Exception):
-    """This rank records no window, for the reason given (said as it is, not as a crash)."""
+    atexit.register(watcher.close, thread, EXIT_WAIT_S)
 
 
 class _Window:
@@ -199,6 +128,7 @@ class _Window:
         shapes = not torch.cuda.is_available()
         self.profiler = profile(activities=activities, record_shapes=shapes, experimental_config=config)
         self.profiler.start()
+        self.notes: list[str] = []
         self.taken_over = False
         self._watch_takeover(autograd_profiler.profile)
 
@@ -212,6 +142,9 @@ class _Window:
 
         session_class._start_trace = start_trace
         self._unwatch = lambda: setattr(session_class, "_start_trace", original)
+
+    def close(self, folder: Path) -> None:
+        self.finish(folder / trace_name(self.info.rank, self.info.key))
 
     def finish(self, path: Path) -> None:
         self._unwatch()

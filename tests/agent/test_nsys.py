@@ -115,7 +115,8 @@ def node(tmp_path):
     spec = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, job_id="j77", seed=3)
     spec_path = simulate.write_truth(spec, tmp_path / "truth.json")
     state, spool = tmp_path / "nsys", tmp_path / "spool"
-    env = standin_nsys.env(state, spec_path)
+    # the node's DCGM engine as the ranks' nsys sees it (none until a test configures it)
+    env = {**standin_nsys.env(state, spec_path), "RANKSCOPE_STANDIN_DCGM_STATE": str(tmp_path / "engine.json")}
     procs = []
     for rank in range(2):
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "SLURM_JOB_ID": "77"}
@@ -176,9 +177,16 @@ def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch
                  "--force-overwrite=true", "--include-blobs=true", f"{work}/reports/sw1_{r.host}_rank{r.rank}_{r.pid}.nsys-rep"]
                 for r in ranks]
     calls = standin_nsys.calls(node.state)[before:]
-    assert calls[0] == ["profile", "--gpu-metrics-devices=help"]  # counters free? (nobody holds them here)
+    check = ["profile", "--gpu-metrics-devices=help"]  # counters free? (nobody holds them here)
+    assert calls.count(check) == 1 and calls.index(check) < calls.index(starts[0])
     # the ranks' starts, then their stops, each all at once (in any order)
-    assert sorted(calls[1:3]) == sorted(starts) and sorted(calls[3:5]) == sorted(stops) and calls[5:] == exported
+    calls.remove(check)
+    assert sorted(calls[0:2]) == sorted(starts) and sorted(calls[2:4]) == sorted(stops) and calls[4:] == exported
+    # Each session's own wrapper ran its check, start and stop: the process that launched it, as
+    # its user and in its container, where an agent in another pod or of another user may not reach it.
+    wrapper = {f"--session={r.session}": r.pid for r in ranks}
+    ran = [(argv, ppid) for argv, ppid in standin_nsys.callers(node.state) if argv[0] in ("start", "stop", "profile")]
+    assert len(ran) == 5 and all(ppid == wrapper.get(argv[1], ranks[0].pid) for argv, ppid in ran)
     assert [p.name for p in exports] == [f"sw1_{r.host}_rank{r.rank}_{r.pid}.sqlite" for r in ranks]
     assert not list(work.rglob("*.nsys-rep"))  # reports removed once exported
     # the ranks' sessions write their reports as the job's user, whoever the agent runs as
@@ -269,13 +277,13 @@ def test_gpu_metrics_are_dropped_when_an_unpaused_dcgm_holds_the_counters(node, 
     use_env(monkeypatch, node.env)
     engine = tmp_path / "engine.json"
     standin_dcgm.configure(engine)  # profiling, not paused, pre-Hopper
-    monkeypatch.setenv("RANKSCOPE_STANDIN_DCGM_STATE", str(engine))
     assert nsys.gpu_metrics_held() is True
     backend = nsys.NsysBackend()
     request = request_for(node, tmp_path)
     backend.start(request)
     starts = [argv for argv in standin_nsys.calls(node.state) if argv[0] == "start"]
     assert len(starts) == 2 and not any("--gpu-metrics-devices=all" in argv for argv in starts)
+    assert backend.notes == ["rank 0: GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics"]
     assert len(backend.stop(request)) == 2  # the trace itself is complete
     standin_dcgm.configure(engine, paused=True)
     assert nsys.gpu_metrics_held() is False
@@ -343,8 +351,25 @@ def test_a_rank_that_died_mid_window_is_exported_as_far_as_it_lived_and_the_othe
     assert ["stop", f"--session={request.ranks[0].session}"] in standin_nsys.calls(node.state)
     assert standin_nsys.sessions(node.state)[request.ranks[0].session]["state"] == "launched"
     assert sorted(load_digests(exports).column("rank").to_pylist()) == [0, 1]
-    assert backend.notes == ["rank 1 ended during the window: exported what nsys recorded until then"]
+    assert backend.notes == ["rank 1: ended during the window: exported what nsys recorded until then"]
     assert backend.notes[0] in caplog.text
+
+
+def test_a_window_whose_agent_is_lost_ends_by_itself_soon_after_its_duration(node, tmp_path, monkeypatch):
+    """No stop ever comes (the agent died for good): each wrapper stops its session at the
+    capture's duration plus a grace, rather than record until the job ends."""
+    from rankscope.agent import window
+
+    use_env(monkeypatch, node.env)
+    monkeypatch.setattr(window, "GRACE_S", 0.5)
+    request = request_for(node, tmp_path)
+    nsys.NsysBackend().start(request)  # and nothing more from this agent
+    deadline = time.monotonic() + 30
+    while {s["state"] for s in standin_nsys.sessions(node.state).values()} != {"launched"}:
+        assert time.monotonic() < deadline, "a window was still open 30 s after its 0.6 s"
+        time.sleep(0.1)
+    assert all(Path(f"{nsys.report_base(request, r)}{nsys.REPORT_SUFFIX}").exists() for r in request.ranks)
+    assert all(p.poll() is None for p in node.procs)  # the job runs on
 
 
 def test_ranks_that_fail_to_export_are_left_out_while_one_exports(node, tmp_path, monkeypatch, caplog):
@@ -486,25 +511,22 @@ def test_no_ranks_under_nsys_is_an_error(tmp_path):
             step(request)
 
 
-def test_a_collection_left_open_by_a_dead_agent_is_stopped_before_starting(node, tmp_path, monkeypatch):
+def test_a_collection_left_open_in_a_session_is_stopped_before_starting(node, tmp_path, monkeypatch):
+    """A collection nobody stops (an `nsys stop` that timed out, an older agent that died in
+    its window) keeps the session from starting again: the wrapper stops it first."""
     use_env(monkeypatch, node.env)
-    orphan = request_for(node, tmp_path)
-    dead = nsys.NsysBackend()
-    dead.start(orphan)  # ... and the agent dies here, never stopping
-    for hold in dead._holds.values():  # as the kernel drops a dead process's locks
-        hold.release()
-    request = CaptureRequest(sweep_id="sw2", duration_s=0.1, workdir=tmp_path / "work2", ranks=orphan.ranks)
+    first = local_ranks(node.spool)[0]
+    orphan = tmp_path / "orphan"
+    subprocess.run(nsys.start_command(first.session, orphan), check=True, env=node.env)
+    request = request_for(node, tmp_path)
     before = len(standin_nsys.calls(node.state))
     backend = nsys.NsysBackend()
     backend.start(request)
-    first = request.ranks[0]
-    # The orphan still held the GPU counters when they were checked: this capture goes without them.
-    start = ["start", f"--session={first.session}", f"--output={tmp_path}/work2/reports/sw2_{first.host}_rank0_{first.pid}",
-             "--force-overwrite=true"]
+    start = nsys.start_command(first.session, nsys.report_base(request, first), gpu_metrics=True)[1:]
     its = [argv for argv in standin_nsys.calls(node.state)[before:] if f"--session={first.session}" in argv]
     assert its[:3] == [start, ["stop", f"--session={first.session}"], start]
-    assert backend.notes == ["GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics"]
-    assert len(backend.stop(request)) == 2
+    assert Path(f"{orphan}{nsys.REPORT_SUFFIX}").exists()  # what it had recorded is not lost
+    assert backend.notes == [] and len(backend.stop(request)) == 2
 
 
 def test_an_nsys_that_cannot_run_is_named_for_what_is_wrong(tmp_path: Path, monkeypatch) -> None:
@@ -522,14 +544,13 @@ def test_an_nsys_that_cannot_run_is_named_for_what_is_wrong(tmp_path: Path, monk
 
 def test_two_captures_on_one_host_do_not_stop_each_others_sessions(node, tmp_path, monkeypatch):
     """A fleet agent and a job's own agent reading one spool: the second must not take the
-    first's sessions over (its dead-agent recovery would stop the first's collection)."""
+    first's windows over (nor stop them); its ranks say they are busy."""
     use_env(monkeypatch, node.env)
     first, second = nsys.NsysBackend(), nsys.NsysBackend()
     request = request_for(node, tmp_path)
     other = CaptureRequest(sweep_id="sw2", duration_s=0.1, workdir=tmp_path / "work2", ranks=request.ranks)
     first.start(request)
-    with pytest.raises(ToolError, match=rf"rank 0: nsys session {request.ranks[0].session} is in another capture "
-                                        r"on this host \(.*in use by capture of nsys session"):
+    with pytest.raises(ToolError, match=r"^not every rank started recording: ranks 0, 1: already recording for capture sw1$"):
         second.start(other)
     sessions = standin_nsys.sessions(node.state)
     assert [sessions[r.session]["state"] for r in request.ranks] == ["collecting", "collecting"]
@@ -541,29 +562,23 @@ def test_two_captures_on_one_host_do_not_stop_each_others_sessions(node, tmp_pat
     assert len(second.stop(other)) == 2
 
 
-def test_agents_of_two_users_hold_sessions_of_one_spool(other_user) -> None:
-    """Root's fleet agent and a job's own agent read one spool: the first to hold a session
-    made `sessions/` 0755, and the other could hold no session at all, its capture failing
-    on the lock file rather than on a session in use."""
+def test_agents_of_two_users_ask_the_ranks_of_one_spool(other_user) -> None:
+    """Root's fleet agent and a job's own agent read one spool: the first to ask made
+    `captures/` 0755, and the other could ask no rank to record at all."""
     from rankscope import output
+    from rankscope.agent import window
     from rankscope.agent.spool import RankInfo
-    from rankscope.lock import FolderInUse
 
     folder, as_nobody = other_user
     spool = output.make_folder(folder / "spool", shared=True)
+    ranks = [RankInfo(rank=n, local_rank=n, world_size=2, pid=100 + n, host="h", spool=str(spool), token=f"t{n}")
+             for n in range(2)]
+    window.ask("sw1", ranks, 10)  # root's agent
 
-    def rank(n: int) -> RankInfo:
-        return RankInfo(rank=n, local_rank=n, world_size=2, pid=100 + n, host="h", spool=str(spool),
-                        session=f"rankscope_j_r{n}_{100 + n}")
+    def ask() -> int:  # the job's agent
+        window.ask("sw2", ranks, 10)
+        return 0
 
-    def hold_both() -> int:  # the job's agent: rank 1 is free (else it raises), rank 0 in use
-        nsys.session_hold(rank(1)).acquire()
-        try:
-            nsys.session_hold(rank(0)).acquire()
-            return 2
-        except FolderInUse:
-            return 0
-
-    held = nsys.session_hold(rank(0)).acquire()  # root's agent, capturing rank 0
-    assert as_nobody(hold_both) == 0
-    held.release()
+    assert as_nobody(ask) == 0
+    assert sorted(p.name for p in window.captures_dir(spool).iterdir()) == ["sw1", "sw2"]
+    assert window.asked("sw2", ranks) == ranks

@@ -16,7 +16,7 @@ import pytest
 
 from rankscope.agent.backend import CaptureRequest
 from rankscope.agent.spool import RankInfo, local_ranks
-from rankscope.agent import torch_hook
+from rankscope.agent import torch_hook, window
 from rankscope.agent.torch_backend import TorchBackend
 from rankscope.analysis.kineto import read_kineto
 from rankscope.errors import ToolError
@@ -45,7 +45,7 @@ def test_a_rank_that_exited_fails_at_once(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     rank = RankInfo(rank=1, local_rank=1, world_size=2, pid=gone.pid, host="h", backend="torch",
-                    session=str(tmp_path / "spool"))
+                    session=str(tmp_path / "spool"), spool=str(tmp_path / "spool"))
     request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=(rank,))
     started = time.monotonic()
     with pytest.raises(ToolError, match="rank 1: the rank exited"):
@@ -58,7 +58,7 @@ def test_a_rank_that_never_answers_fails_the_start_and_says_why(tmp_path, monkey
 
     monkeypatch.setattr(torch_backend, "START_TIMEOUT_S", 0.3)
     silent = RankInfo(rank=3, local_rank=0, world_size=4, pid=os.getpid(), host="h", backend="torch",
-                      session=str(tmp_path / "spool"))
+                      session=str(tmp_path / "spool"), spool=str(tmp_path / "spool"))
     request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=(silent,))
     with pytest.raises(ToolError, match="rank 3: no answer"):
         TorchBackend().start(request)
@@ -214,9 +214,7 @@ def test_a_job_starting_its_own_profiler_mid_window_survives_and_keeps_its_profi
 def test_a_window_whose_agent_is_lost_ends_by_itself_soon_after_its_duration(tmp_path, monkeypatch):
     """No stop.json ever comes (the agent died, for good): the rank ends the window at the
     capture's duration plus a grace, not after an hour of profiler buffers in the job."""
-    from rankscope.agent import torch_backend
-
-    monkeypatch.setattr(torch_backend, "WINDOW_GRACE_S", 1.0)
+    monkeypatch.setattr(window, "GRACE_S", 1.0)
     with _job(tmp_path) as (proc, ranks):
         request = CaptureRequest(sweep_id="w5", duration_s=1, workdir=tmp_path / "work", ranks=ranks)
         TorchBackend().start(request)  # and nothing more from this agent
@@ -232,9 +230,7 @@ def test_a_window_whose_folder_vanishes_ends_quietly_and_the_next_capture_works(
     still ends, nothing is printed into the job, and the hook serves the next capture."""
     import shutil
 
-    from rankscope.agent import torch_backend
-
-    monkeypatch.setattr(torch_backend, "WINDOW_GRACE_S", 0.5)
+    monkeypatch.setattr(window, "GRACE_S", 0.5)
     with open(tmp_path / "job.err", "w") as err, _job(tmp_path, stderr=err) as (_, ranks):
         first = CaptureRequest(sweep_id="w6", duration_s=0.5, workdir=tmp_path / "work", ranks=ranks)
         TorchBackend().start(first)

@@ -143,32 +143,34 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
         assert [r.rank for r in ranks] == [index * GPUS, index * GPUS + 1]
         folder = capture_folder(cluster, name, sweep_id)
         base = [f"{folder}/reports/{sweep_id}_{r.host}_rank{r.rank}_{r.pid}" for r in ranks]
-        # Each rank's session: launched by its wrapper, then started, stopped and exported by the agent.
+        # Each rank's session: launched by its wrapper, started and stopped by it as the agent asks,
+        # then exported by the agent.
         launches = [standin_nsys.launched(c["argv"]) for c in cluster.nsys_calls(name, "launch")]
         assert sorted(head for head, _, _ in launches) == sorted(
             ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary"] for r in ranks)
         assert all(app == SLEEPER for _, _, app in launches)
-        agent_calls = [c for c in cluster.nsys_calls(name) if c["argv"][0] in ("start", "stop", "export")]
+        window_calls = [c for c in cluster.nsys_calls(name) if c["argv"][0] in ("start", "stop", "export")]
         # the ranks' starts, then their stops, each all at once (in any order)
-        assert sorted(c["argv"] for c in agent_calls[:2]) == sorted([
+        assert sorted(c["argv"] for c in window_calls[:2]) == sorted([
             ["start", f"--session={ranks[0].session}", f"--output={base[0]}", "--force-overwrite=true",
              "--gpu-metrics-devices=all"],
             ["start", f"--session={ranks[1].session}", f"--output={base[1]}", "--force-overwrite=true"]])
-        assert sorted(c["argv"] for c in agent_calls[2:4]) == sorted(
+        assert sorted(c["argv"] for c in window_calls[2:4]) == sorted(
             ["stop", f"--session={r.session}"] for r in ranks)
-        assert sorted(c["argv"] for c in agent_calls[4:]) == [  # exported at once, in any order
+        assert sorted(c["argv"] for c in window_calls[4:]) == [  # exported at once, in any order
             ["export", "--type=sqlite", f"--output={b}.sqlite", "--force-overwrite=true", "--include-blobs=true",
              f"{b}.nsys-rep"] for b in sorted(base)]
         # DCGM paused before the counters are checked and the first start, resumed after the
         # last stop and before the first export, exactly once each.
         (check,) = cluster.nsys_calls(name, "profile")
-        assert check["argv"] == ["profile", "--gpu-metrics-devices=help"] and check["t"] < agent_calls[0]["t"]
+        (sampler,) = [c for c in window_calls if "--gpu-metrics-devices=all" in c["argv"]]
+        assert check["argv"] == ["profile", "--gpu-metrics-devices=help"] and check["t"] < sampler["t"]
         dcgm_calls = cluster.dcgm_calls(name)
         assert [c["op"] for c in dcgm_calls] == ["pause", "resume"]
         assert dcgm_calls[0]["t"] < check["t"]
         assert dcgm_calls[0]["via"] == ("bindings" if name == "n0" else "dcgmi")
-        assert dcgm_calls[0]["t"] < agent_calls[0]["t"]
-        assert agent_calls[3]["t"] < dcgm_calls[1]["t"] < agent_calls[4]["t"]  # resumed before exporting
+        assert dcgm_calls[0]["t"] < window_calls[0]["t"]
+        assert window_calls[3]["t"] < dcgm_calls[1]["t"] < window_calls[4]["t"]  # resumed before exporting
         assert not cluster.paused(name)
         assert report["sweep"]["nodes"][name]["dcgm"] == "resumed"
         # The node keeps nothing it uploaded.

@@ -32,6 +32,14 @@ def calls(state: Path) -> list[list[str]]:
     return [json.loads(line)["argv"] for line in log.read_text().splitlines() if line.strip()]
 
 
+def callers(state: Path) -> list[tuple[list[str], int]]:
+    """Every nsys invocation's argv with the pid of the process that ran it."""
+    log = state / "calls.jsonl"
+    if not log.exists():
+        return []
+    return [(call["argv"], call["ppid"]) for call in map(json.loads, log.read_text().splitlines())]
+
+
 def fail(state: Path, command: str, message: str) -> None:
     """Make every later `nsys COMMAND` fail with ``message`` (``COMMAND --OPTION``: only those given OPTION)."""
     path = state / "faults.json"

@@ -1,0 +1,294 @@
+"""A capture window, asked of a rank through the spool: how the agent has its ranks record.
+
+The agent never drives a rank's profiler itself. The rank's own side does, as the user
+that started it and in its container: the torch hook inside the rank's Python process,
+and for nsys the `rankscope rank` wrapper, which runs ``nsys start/stop`` on the session
+its ``nsys launch`` opened, as the User Guide's interactive CLI has the launching user
+do. That an agent could drive a session from outside is unverified (nsys-export.md §9),
+and likely false where it runs in another pod (a pod's /tmp, where nsys keeps session
+state, and its namespaces are its own) or as another user (root's fleet agent beside a
+job). Both ends meet in the spool, which every container of the host shares.
+
+One folder per capture, ``<spool>/captures/<sweep>/``, open to every user (the ranks
+answer as theirs):
+
+    start.json      {"ranks": [keys], "max_s": S, "options": {key: {...}}}: these ranks
+                    record, for S seconds at most (a window whose stop never comes, its
+                    agent lost, ends there), each with its own options
+    <key>.started   the rank's reply once it records: {"notes": [...]}
+    stop.json       the agent ends the window
+    <key>.stopped   the rank's reply once its recording has ended and its output is
+                    written: {"notes": [...]}
+    <key>.error     why this rank could not record (or stop)
+
+(a rank's key, not its pid: containers sharing the spool have pids of their own, spool.py).
+A rank records one window at a time: asked by a second capture meanwhile (two agents
+reading one spool), it answers that one with an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rankscope import atomic, output
+from rankscope.agent.spool import RankInfo, lives
+from rankscope.errors import RankscopeError
+
+log = logging.getLogger(__name__)
+
+START, STOP = "start.json", "stop.json"
+STARTED, STOPPED, ERROR = "started", "stopped", "error"
+POLL_S = 0.05
+MAX_WINDOW_S = 3600.0  # the longest window, whatever start.json asks
+# Beyond the capture's duration, when a rank ends its window by itself: the agent was lost.
+GRACE_S = 60.0
+EXITED = "the rank exited"
+
+
+def captures_dir(spool: Path) -> Path:
+    return Path(spool) / "captures"
+
+
+def reply_path(folder: Path, key: str, kind: str) -> Path:
+    return folder / f"{key}.{kind}"
+
+
+# -- the rank's side -----------------------------------------------------------------------
+
+
+class Window(Protocol):
+    """One recording, open from its opener's return until `close`."""
+
+    notes: list[str]  # what the rank's reply says besides (it records without GPU metrics, ...)
+
+    def close(self, folder: Path) -> None:
+        """End the recording and write its output; raise with the reason where it cannot."""
+
+
+class NoWindow(Exception):
+    """This rank records no window, for the reason given (said as it is, not as a crash)."""
+
+
+# Opens a window for the capture in ``folder`` with the options start.json gives this rank.
+Opener = Callable[[Path, Mapping[str, Any]], Window]
+
+
+class Watcher:
+    """The rank's side: opens a window where a capture asks for this rank, closes it on
+    stop.json, on its deadline, when the capture's folder goes away, or at `close`. Runs
+    on one thread (Kineto requires its windows started and ended on one)."""
+
+    def __init__(self, spool: Path, key: str, opener: Opener) -> None:
+        self.root = captures_dir(spool)
+        self.key = key
+        self.opener = opener
+        self.seen: dict[str, tuple[int, int]] = {}  # capture -> its start.json (inode, mtime) as read
+        self.installed = time.time()
+        self.closing = threading.Event()
+        self.window: Window | None = None
+        self.folder = Path()
+        self.said = 0  # of the open window's notes, how many its start reply gave
+        self.deadline = 0.0
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.watch, name="rankscope-window", daemon=True)
+        thread.start()
+        return thread
+
+    def close(self, thread: threading.Thread, timeout_s: float) -> None:
+        """The rank is ending: close an open window (its output is still written), then stop."""
+        self.closing.set()
+        thread.join(timeout_s)
+
+    def watch(self) -> None:
+        while not self.closing.wait(POLL_S):
+            if self.window is not None and self._ended():
+                self._close()
+            for folder, request in self._requests():
+                if self.window is None:
+                    self._open(folder, request)
+                else:
+                    _reply(folder, self.key, ERROR, f"already recording for capture {self.folder.name}")
+        if self.window is not None:
+            self._close()
+
+    def _requests(self) -> Iterator[tuple[Path, dict]]:
+        """Captures newly asking for this rank (not ones asked before it started watching);
+        a start.json written anew (the same capture asking again) is a new request."""
+        for start in sorted(self.root.glob(f"*/{START}")):
+            folder = start.parent
+            try:
+                written = start.stat()
+                if self.seen.get(folder.name) == (written.st_ino, written.st_mtime_ns):
+                    continue
+                request = json.loads(start.read_text())
+            except (OSError, ValueError):
+                continue  # being written (or just removed): look again next turn
+            self.seen[folder.name] = (written.st_ino, written.st_mtime_ns)
+            if self.key in request.get("ranks", []) and written.st_mtime >= self.installed - 1:
+                yield folder, request
+
+    def _open(self, folder: Path, request: dict) -> None:
+        try:
+            window = self.opener(folder, request.get("options", {}).get(self.key, {}))
+        except Exception as exc:  # said to the agent, never raised into the rank
+            _reply(folder, self.key, ERROR, _reason(exc))
+            return
+        self.window, self.folder, self.said = window, folder, len(window.notes)
+        self.deadline = time.monotonic() + min(float(request.get("max_s", MAX_WINDOW_S)), MAX_WINDOW_S)
+        if not _reply(folder, self.key, STARTED, json.dumps({"notes": window.notes})):
+            self._close()  # its capture is gone already
+
+    def _ended(self) -> bool:
+        return (not self.folder.is_dir() or (self.folder / STOP).exists()
+                or time.monotonic() > self.deadline)
+
+    def _close(self) -> None:
+        window, self.window = self.window, None
+        try:
+            window.close(self.folder)
+        except Exception as exc:
+            _reply(self.folder, self.key, ERROR, _reason(exc))
+            return
+        _reply(self.folder, self.key, STOPPED, json.dumps({"notes": window.notes[self.said:]}))  # new since start
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, (NoWindow, RankscopeError)) else f"{type(exc).__name__}: {exc}"
+
+
+def _reply(folder: Path, key: str, kind: str, text: str) -> bool:
+    """Whether the reply was written: not where the capture's folder went away (no agent
+    waits for the answer)."""
+    try:
+        atomic.write_text(reply_path(folder, key, kind), text)
+    except OSError:
+        return False
+    return True
+
+
+# -- the agent's side ----------------------------------------------------------------------
+
+
+def folder_of(sweep_id: str, rank: RankInfo) -> Path:
+    """The capture's folder in the spool the agent found the rank in (its own mount of it)."""
+    return captures_dir(Path(rank.spool)) / sweep_id
+
+
+def by_folder(sweep_id: str, ranks: Sequence[RankInfo]) -> dict[Path, list[RankInfo]]:
+    folders: dict[Path, list[RankInfo]] = {}
+    for rank in ranks:
+        folders.setdefault(folder_of(sweep_id, rank), []).append(rank)
+    return folders
+
+
+def ask(sweep_id: str, ranks: Sequence[RankInfo], max_s: float,
+        options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Ask ``ranks`` to record (``options``: by rank key, what each one needs)."""
+    for folder, group in by_folder(sweep_id, ranks).items():
+        output.make_folder(folder.parent, shared=True)
+        output.make_folder(folder, shared=True)
+        keys = [r.key for r in group]
+        for path in [folder / STOP, *(reply_path(folder, key, kind) for key in keys for kind in (STARTED, STOPPED, ERROR))]:
+            path.unlink(missing_ok=True)  # a capture asking again: not the answers to its last ask
+        atomic.write_text(folder / START, json.dumps({
+            "ranks": keys, "max_s": max_s, "options": {key: dict((options or {}).get(key, {})) for key in keys}}))
+
+
+def asked(sweep_id: str, ranks: Sequence[RankInfo]) -> list[RankInfo]:
+    """The ranks this capture asked to record (an agent restarted mid-window knows them so)."""
+    named: set[str] = set()
+    for folder in by_folder(sweep_id, ranks):
+        try:
+            named.update(json.loads((folder / START).read_text()).get("ranks", []))
+        except (OSError, ValueError):
+            continue
+    return [r for r in ranks if r.key in named]
+
+
+def tell_stop(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
+    for folder in by_folder(sweep_id, ranks):
+        if folder.is_dir():
+            atomic.write_text(folder / STOP, "{}")
+
+
+def forget(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
+    """Remove the capture's folders: a rank still recording in one ends its window."""
+    for folder in by_folder(sweep_id, ranks):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@dataclass
+class Replies:
+    """How the ranks answered: in time, with their notes; with an error (None: no answer
+    in time); or not at all, their wrapper gone."""
+
+    done: list[tuple[RankInfo, list[str]]] = field(default_factory=list)
+    failed: list[tuple[str | None, RankInfo]] = field(default_factory=list)
+    exited: list[RankInfo] = field(default_factory=list)
+
+
+def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float) -> Replies:
+    """Wait (bounded) for each rank's ``kind`` reply, its error, or its end; each list in
+    the order of ``ranks``."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(ranks)
+    replies = Replies()
+    while pending:
+        for rank in list(pending):
+            folder = folder_of(sweep_id, rank)
+            if reply_path(folder, rank.key, kind).exists():
+                replies.done.append((rank, _notes(reply_path(folder, rank.key, kind))))
+            elif reply_path(folder, rank.key, ERROR).exists():
+                replies.failed.append((_read(reply_path(folder, rank.key, ERROR)), rank))
+            elif not lives(rank):
+                replies.exited.append(rank)
+            else:
+                continue
+            pending.remove(rank)
+        if pending and time.monotonic() > deadline:
+            replies.failed.extend((None, r) for r in pending)
+            break
+        if pending:
+            time.sleep(POLL_S)
+    order = {id(rank): at for at, rank in enumerate(ranks)}  # as asked, not as answered
+    replies.done.sort(key=lambda reply: order[id(reply[0])])
+    replies.failed.sort(key=lambda reply: order[id(reply[1])])
+    replies.exited.sort(key=lambda rank: order[id(rank)])
+    return replies
+
+
+def _notes(path: Path) -> list[str]:
+    try:
+        return [str(note) for note in json.loads(path.read_text()).get("notes", [])]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        return f"its error could not be read ({exc.strerror or exc})"
+
+
+def within(failed: Sequence[tuple[str | None, RankInfo]], timeout_s: float) -> str:
+    """" within N s" where some rank gave no answer in time; nothing where each said why."""
+    return f" within {timeout_s:g} s" if any(error is None for error, _ in failed) else ""
+
+
+def reasons(failed: Sequence[tuple[str | None, RankInfo]], no_answer: str) -> list[str]:
+    """Each reason once, with the ranks that gave it (a node's 8 ranks often fail alike)."""
+    ranks: dict[str, list[int]] = {}
+    for error, rank in failed:
+        ranks.setdefault(error or no_answer, []).append(rank.rank)
+    return [f"rank{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}: {error}"
+            for error, numbers in ranks.items()]
