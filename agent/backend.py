@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from rankscope.agent import window
 from rankscope.agent.spool import RankInfo
 from rankscope.errors import ToolError
 
@@ -58,10 +59,16 @@ class CaptureBackend(ABC):
 
     def own_ranks(self, request: CaptureRequest) -> list[RankInfo]:
         """The request's ranks that run under this backend (``rankscope rank --backend NAME``);
-        a ToolError where there is none, as then there is nothing to record."""
+        a ToolError where there is none, as then there is nothing to record, or where a rank's
+        wrapper is too old to answer (window.py)."""
         ranks = [r for r in request.ranks if r.backend == self.name and r.session]
         if not ranks:
             raise ToolError(f"no rank on this node runs under `rankscope rank --backend {self.name}`")
+        older = [r.rank for r in ranks if r.protocol < window.PROTOCOL]
+        if older:
+            ranks_run = f"ranks {', '.join(map(str, older))} run" if len(older) > 1 else f"rank {older[0]} runs"
+            raise ToolError(f"{ranks_run} under a `rankscope rank` older than this agent, which records no window "
+                            "it is asked for: start the job's ranks under this rankscope version")
         return ranks
 
     def check(self, request: CaptureRequest) -> None:

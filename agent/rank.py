@@ -206,7 +206,7 @@ def rank_info(environ: Mapping[str, str], *, pid: int, backend: str = "nsys") ->
         raise InputError(f"rank {rank} is outside a world of {world} (check {', '.join(RANK_ENV)})")
     return RankInfo(rank=rank, local_rank=local, world_size=world, pid=pid, host=socket.gethostname(),
                     job_id=job_id(environ, JOB_ID_VARS) or "", gpu=_gpu(environ, local), backend=backend,
-                    token=new_token(pid))
+                    token=new_token(pid), protocol=window.PROTOCOL)
 
 
 def _int_var(environ: Mapping[str, str], names: Sequence[str], default: int | None) -> int | None:

@@ -49,6 +49,7 @@ class RankInfo:
     token: str = ""  # unique to the wrapper: names its files in the spool ("" from older wrappers)
     locked: bool = False  # the wrapper holds its announcement's flock (else judged by pid)
     spool: str = ""  # where the reader found the announcement (its own mount of the spool)
+    protocol: int = 0  # how its wrapper records (window.PROTOCOL); 0: older than asking through the spool
 
     @property
     def key(self) -> str:

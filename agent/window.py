@@ -44,6 +44,10 @@ from rankscope.errors import RankscopeError
 
 log = logging.getLogger(__name__)
 
+# What a wrapper announces it answers (`RankInfo.protocol`): 1, the files below. The agent's
+# image and a job's (a pod's) are built apart, and a wrapper that does not answer would only
+# be found out by a start that times out.
+PROTOCOL = 1
 START, STOP = "start.json", "stop.json"
 STARTED, STOPPED, ERROR = "started", "stopped", "error"
 POLL_S = 0.05

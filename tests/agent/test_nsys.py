@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import namedtuple
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -509,6 +510,21 @@ def test_no_ranks_under_nsys_is_an_error(tmp_path):
     for step in (nsys.NsysBackend(nsys=sys.executable).check, nsys.NsysBackend(nsys=sys.executable).start):
         with pytest.raises(ToolError, match="no rank on this node"):
             step(request)
+
+
+def test_ranks_under_an_older_wrapper_are_refused_at_once(tmp_path):
+    """A wrapper that does not answer through the spool (a job's image built before the
+    agent's) is named before DCGM is paused, not found out by a start that times out."""
+    from rankscope.agent.spool import RankInfo
+
+    ranks = tuple(RankInfo(rank=n, local_rank=n, world_size=4, pid=os.getpid(), host="h", session=f"s{n}",
+                           spool=str(tmp_path), protocol=int(n == 0)) for n in range(3))
+    request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=ranks)
+    with pytest.raises(ToolError, match=r"^ranks 1, 2 run under a `rankscope rank` older than this agent"):
+        nsys.NsysBackend(nsys=sys.executable).check(request)
+    with pytest.raises(ToolError, match=r"^rank 2 runs under"):
+        nsys.NsysBackend(nsys=sys.executable).check(replace(request, ranks=ranks[:1] + ranks[2:]))
+    assert not (tmp_path / "captures").exists()
 
 
 def test_a_collection_left_open_in_a_session_is_stopped_before_starting(node, tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ def test_a_rank_that_exited_fails_at_once(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     rank = RankInfo(rank=1, local_rank=1, world_size=2, pid=gone.pid, host="h", backend="torch",
-                    session=str(tmp_path / "spool"), spool=str(tmp_path / "spool"))
+                    session=str(tmp_path / "spool"), spool=str(tmp_path / "spool"), protocol=1)
     request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=(rank,))
     started = time.monotonic()
     with pytest.raises(ToolError, match="rank 1: the rank exited"):
@@ -58,7 +58,7 @@ def test_a_rank_that_never_answers_fails_the_start_and_says_why(tmp_path, monkey
 
     monkeypatch.setattr(torch_backend, "START_TIMEOUT_S", 0.3)
     silent = RankInfo(rank=3, local_rank=0, world_size=4, pid=os.getpid(), host="h", backend="torch",
-                      session=str(tmp_path / "spool"), spool=str(tmp_path / "spool"))
+                      session=str(tmp_path / "spool"), spool=str(tmp_path / "spool"), protocol=1)
     request = CaptureRequest(sweep_id="s", duration_s=1, workdir=tmp_path, ranks=(silent,))
     with pytest.raises(ToolError, match="rank 3: no answer"):
         TorchBackend().start(request)
