@@ -137,17 +137,19 @@ class Watcher:
             except (OSError, ValueError):
                 continue  # being written (or just removed): look again next turn
             self.seen[folder.name] = (written.st_ino, written.st_mtime_ns)
-            if self.key in request.get("ranks", []) and written.st_mtime >= self.installed - 1:
+            if (isinstance(request, dict) and self.key in request.get("ranks", [])
+                    and written.st_mtime >= self.installed - 1):
                 yield folder, request
 
     def _open(self, folder: Path, request: dict) -> None:
         try:
+            max_s = min(float(request.get("max_s", MAX_WINDOW_S)), MAX_WINDOW_S)
             window = self.opener(folder, request.get("options", {}).get(self.key, {}))
-        except Exception as exc:  # said to the agent, never raised into the rank
+        except Exception as exc:  # said to the agent, never raised into the rank (nor ending this thread)
             _reply(folder, self.key, ERROR, _reason(exc))
             return
         self.window, self.folder, self.said = window, folder, len(window.notes)
-        self.deadline = time.monotonic() + min(float(request.get("max_s", MAX_WINDOW_S)), MAX_WINDOW_S)
+        self.deadline = time.monotonic() + max_s
         if not _reply(folder, self.key, STARTED, json.dumps({"notes": window.notes})):
             self._close()  # its capture is gone already
 

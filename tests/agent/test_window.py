@@ -1,0 +1,105 @@
+"""The window protocol's rank side (a Watcher with a window that only notes what it is told),
+and the agent side's waits, in one process: the backends' tests run both with real ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rankscope.agent import window
+from rankscope.agent.spool import RankInfo
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Recorded:
+    """A window that records nothing, and says what was done to it."""
+
+    def __init__(self, options: dict) -> None:
+        self.options = options
+        self.notes = ["opened"]
+        self.closed_in: Path | None = None
+
+    def close(self, folder: Path) -> None:
+        self.closed_in = folder
+        self.notes.append("closed")
+
+
+def _until(what: str, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 20
+    while not done():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def rank(tmp_path: Path):
+    """A Watcher for rank 0 of the spool ``tmp_path``, its windows in ``opened``."""
+    opened: list[Recorded] = []
+    info = RankInfo(rank=0, local_rank=0, world_size=1, pid=os.getpid(), host="h", token="k0", spool=str(tmp_path),
+                    protocol=window.PROTOCOL)
+    watcher = window.Watcher(tmp_path, info.key, lambda folder, options: opened.append(Recorded(dict(options)))
+                             or opened[-1])
+    thread = watcher.start()
+    yield info, watcher, thread, opened
+    watcher.close(thread, 10)
+
+
+def test_a_window_opens_when_asked_and_closes_on_stop_with_the_notes_of_each_part(rank) -> None:
+    info, _, _, opened = rank
+    window.ask("sw1", [info], 60, {info.key: {"output": "/r"}})
+    started = window.wait("sw1", [info], window.STARTED, 10)
+    assert started.done == [(info, ["opened"])] and opened[0].options == {"output": "/r"}
+    window.tell_stop("sw1", [info])
+    stopped = window.wait("sw1", [info], window.STOPPED, 10)
+    assert stopped.done == [(info, ["closed"])]  # only what is new since the start's reply
+    assert opened[0].closed_in == window.folder_of("sw1", info)
+
+
+def test_a_malformed_request_is_answered_and_the_next_one_served(rank) -> None:
+    info, _, _, opened = rank
+    folder = window.folder_of("bad", info)
+    folder.mkdir(parents=True)
+    (folder / window.START).write_text(json.dumps({"ranks": [info.key], "max_s": "soon"}))
+    failed = window.wait("bad", [info], window.STARTED, 10)
+    assert failed.failed == [("ValueError: could not convert string to float: 'soon'", info)] and not opened
+    window.ask("good", [info], 60)
+    assert window.wait("good", [info], window.STARTED, 10).done == [(info, ["opened"])]
+
+
+def test_a_window_ends_by_its_deadline_when_no_stop_comes(rank) -> None:
+    info, _, _, opened = rank
+    window.ask("sw1", [info], 0.2)
+    assert window.wait("sw1", [info], window.STOPPED, 10).done == [(info, ["closed"])]
+
+
+def test_the_rank_ending_closes_its_open_window(rank) -> None:
+    info, watcher, thread, opened = rank
+    window.ask("sw1", [info], 60)
+    window.wait("sw1", [info], window.STARTED, 10)
+    watcher.close(thread, 10)
+    assert not thread.is_alive() and opened[0].closed_in is not None
+    assert window.reply_path(window.folder_of("sw1", info), info.key, window.STOPPED).exists()
+
+
+def test_a_request_from_before_the_rank_watched_is_not_its_own(tmp_path: Path) -> None:
+    """A start.json left in the spool by an earlier capture (its agent gone) is not taken up
+    by a rank that starts later."""
+    info = RankInfo(rank=0, local_rank=0, world_size=1, pid=os.getpid(), host="h", token="k0", spool=str(tmp_path))
+    window.ask("old", [info], 60)
+    start = window.folder_of("old", info) / window.START
+    os.utime(start, (time.time() - 60, time.time() - 60))
+    opened: list = []
+    watcher = window.Watcher(tmp_path, info.key, lambda folder, options: opened.append(folder) or Recorded({}))
+    thread = watcher.start()
+    try:
+        window.ask("new", [info], 60)
+        _until("the new capture to start", lambda: len(opened) == 1)
+        assert opened == [window.folder_of("new", info)]
+    finally:
+        watcher.close(thread, 10)
