@@ -8,7 +8,7 @@ SQLite at the edge (reference/nsys-export.md §1, §9, §10). Trace flags belong
 ``launch``; output and GPU-metric flags belong to ``start``.
 
 Every subprocess has a timeout: a wedged nsys becomes a ToolError naming the command,
-never a hung agent.
+never a hung agent or rank wrapper.
 """
 
 from __future__ import annotations

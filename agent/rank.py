@@ -49,8 +49,8 @@ _NSYS_DEFAULTS = {"nsys": nsys.NSYS, "trace": ",".join(nsys.DEFAULT_TRACE), "ncc
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "rank", help="run one rank under nsys (or the torch hook) so the node agent can profile it",
-        description="Run CMD as one rank of a job, inside an nsys interactive session the node's "
-                    "agent starts and stops on demand. Rank identity comes from the launcher's "
+        description="Run CMD as one rank of a job, inside an nsys interactive session this wrapper "
+                    "starts and stops when the node's agent asks. Rank identity comes from the launcher's "
                     "environment (torchrun, Slurm, Open MPI, PMI). Under nsys, CMD runs only where nsys "
                     "does: without it the command fails before CMD starts (--backend torch needs none). "
                     "Exit status: CMD's, or 1 and 2 for rankscope's own errors.",
