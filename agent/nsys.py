@@ -295,7 +295,9 @@ class SessionWindow:
     """A collection in a rank's own nsys session, started and stopped by the rank's wrapper
     (`rankscope rank`, the process that launched the session, as its user and in its
     container) when the agent asks through the spool (window.py). ``options``: the report's
-    path, whether this rank samples the node's GPU metrics, the nsys commands' bound."""
+    path, whether this rank samples the node's GPU metrics, the nsys commands' bound. Made
+    ready by checking the counters (the sampler: a second or so), so that every rank's
+    `nsys start` runs together."""
 
     def __init__(self, session: str, options: Mapping[str, Any], *, ended: Callable[[], bool], nsys: str = NSYS) -> None:
         self.session = session
@@ -305,16 +307,18 @@ class SessionWindow:
         self.notes: list[str] = []
         if not options.get("output"):
             raise NoWindow("the capture named no report to write")
-        report = Path(options["output"])
-        gpu_metrics = bool(options.get("gpu_metrics"))
-        if gpu_metrics and gpu_metrics_held(nsys=nsys):
+        self.report = Path(options["output"])
+        self.gpu_metrics = bool(options.get("gpu_metrics"))
+        if self.gpu_metrics and gpu_metrics_held(nsys=nsys):
             # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
             self.notes.append("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
-            gpu_metrics = False
-        if gpu_metrics:
-            self._start_sampler(report)
+            self.gpu_metrics = False
+
+    def start(self) -> None:
+        if self.gpu_metrics:
+            self._start_sampler(self.report)
         else:
-            self._start(start_command(session, report, nsys=nsys))
+            self._start(start_command(self.session, self.report, nsys=self.nsys))
 
     def close(self, folder: Path) -> None:
         """Stop collecting: nsys writes the report. A rank that ended during the window has no
@@ -400,10 +404,10 @@ class NsysBackend(CaptureBackend):
         ranks = self.own_ranks(request)
         output.make_folder(reports_dir(request), shared=True)
         sampler = gpu_metrics_sampler(ranks) if self.needs_gpu_counters(request) else None
-        window.ask(request.sweep_id, ranks, request.duration_s + window.GRACE_S, {
+        replies = window.open_windows(request.sweep_id, ranks, request.duration_s + window.GRACE_S,
+                                      self._start_wait_s(), all_or_none=True, options={
             r.key: {"output": str(report_base(request, r)), "gpu_metrics": r is sampler, "timeout_s": self.timeout_s}
             for r in ranks})
-        replies = window.wait(request.sweep_id, ranks, window.STARTED, self._start_wait_s())
         failed = replies.failed + [(window.EXITED, r) for r in replies.exited]
         if failed:
             self._end([rank for rank, _ in replies.done], request)
@@ -451,8 +455,8 @@ class NsysBackend(CaptureBackend):
     # internals
 
     def _start_wait_s(self) -> float:
-        """A wrapper's start runs up to four nsys commands (the counters' check, start, and
-        the stop and start again of a collection left open), each bounded."""
+        """A wrapper's start runs up to four nsys commands (start with and without GPU
+        metrics, the stop and start again of a collection left open), each bounded."""
         return 4 * self.timeout_s + window.GRACE_S
 
     def _end(self, ranks: Sequence[RankInfo], request: CaptureRequest) -> None:

@@ -1,7 +1,7 @@
 """The `torch` capture backend: PyTorch-profiler windows on the ranks run under the torch hook.
 
 The agent asks each rank's hook for a window through the spool (window.py): start waits
-until each hook says its profiler runs; stop waits (bounded) for every started rank's
+until each hook is ready, then has the ready ones start their profilers together; stop waits (bounded) for every started rank's
 Kineto trace, and moves the traces into the capture's work folder for the digest step.
 """
 
@@ -35,8 +35,7 @@ class TorchBackend(CaptureBackend):
 
     def start(self, request: CaptureRequest) -> None:
         ranks = self.own_ranks(request)
-        window.ask(request.sweep_id, ranks, request.duration_s + window.GRACE_S)
-        replies = window.wait(request.sweep_id, ranks, window.STARTED, START_TIMEOUT_S)
+        replies = window.open_windows(request.sweep_id, ranks, request.duration_s + window.GRACE_S, START_TIMEOUT_S)
         failed = _failed(replies)
         if not replies.done:
             raise ToolError(f"no torch rank started its profiler{window.within(failed, START_TIMEOUT_S)}: "

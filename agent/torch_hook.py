@@ -22,6 +22,8 @@ The Flight Recorder is switched on through ``TORCH_FR_BUFFER_SIZE`` unless the u
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -98,7 +100,8 @@ def install() -> None:
 
 
 class _Window:
-    """One profiler window, started and ended on the hook's thread (Kineto requires one thread).
+    """One profiler window, made ready, started and ended on the hook's thread (Kineto
+    requires one thread).
 
     A process has one Kineto session: the job's own ``torch.profiler`` and ours cannot
     overlap. So no window starts while the job's profiler records, and where the job starts
@@ -111,12 +114,10 @@ class _Window:
         import torch.autograd.profiler as autograd_profiler
         from torch.profiler import ProfilerActivity, profile
 
-        if getattr(autograd_profiler, "_is_profiler_enabled", False):
-            raise NoWindow("the job's own torch.profiler is recording: a second one would end it, "
-                               "so this rank records no window")
+        self._autograd_profiler = autograd_profiler
+        self._refuse_beside_the_jobs_own()
         self.info = info
         self.torch = torch
-        self.started_ns = time.time_ns()
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -127,10 +128,24 @@ class _Window:
         # up together; with a GPU, NCCL kernels link to their calls by id: no shapes needed.
         shapes = not torch.cuda.is_available()
         self.profiler = profile(activities=activities, record_shapes=shapes, experimental_config=config)
-        self.profiler.start()
+        # What a first profiler start imports (torch 2.13: torch._inductor, for its CUDA-graph
+        # setting; 1 to 2.5 s), imported now, so that `start` is quick and the node's ranks
+        # begin together.
+        with contextlib.suppress(ImportError):
+            importlib.import_module("torch._inductor.config")
         self.notes: list[str] = []
         self.taken_over = False
-        self._watch_takeover(autograd_profiler.profile)
+
+    def start(self) -> None:
+        self._refuse_beside_the_jobs_own()  # the job may have started its own since
+        self.started_ns = time.time_ns()
+        self.profiler.start()
+        self._watch_takeover(self._autograd_profiler.profile)
+
+    def _refuse_beside_the_jobs_own(self) -> None:
+        if getattr(self._autograd_profiler, "_is_profiler_enabled", False):
+            raise NoWindow("the job's own torch.profiler is recording: a second one would end it, "
+                           "so this rank records no window")
 
     def _watch_takeover(self, session_class: type) -> None:
         """Note any profiler the job starts until ``finish`` (each starts through ``_start_trace``)."""

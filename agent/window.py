@@ -13,17 +13,23 @@ One folder per capture, ``<spool>/captures/<sweep>/``, open to every user (the r
 answer as theirs):
 
     start.json      {"ranks": [keys], "max_s": S, "options": {key: {...}}}: these ranks
-                    record, for S seconds at most (a window whose stop never comes, its
-                    agent lost, ends there), each with its own options
+                    make ready to record, for S seconds at most (a window whose stop never
+                    comes, its agent lost, ends there), each with its own options
+    <key>.ready     the rank's reply once ready: {"notes": [...]}
+    go.json         {"at": T}: the ready ranks start recording at T (epoch seconds)
     <key>.started   the rank's reply once it records: {"notes": [...]}
     stop.json       the agent ends the window
     <key>.stopped   the rank's reply once its recording has ended and its output is
                     written: {"notes": [...]}
     <key>.error     why this rank could not record (or stop)
 
-(a rank's key, not its pid: containers sharing the spool have pids of their own, spool.py).
-A rank records one window at a time: asked by a second capture meanwhile (two agents
-reading one spool), it answers that one with an error.
+Making ready is the slow, uneven part (torch.profiler's first start imports
+torch._inductor, 1 to 2.5 s; the node's GPU-metrics sampler checks the counters first),
+and a rank that began its window seconds after another missed the window's first
+collectives, which were then dropped as incomplete. So the ranks start together, at one
+time on the clock their node shares. (A rank's key, not its pid: containers sharing the
+spool have pids of their own, spool.py.) A rank records one window at a time: asked by a
+second capture meanwhile (two agents reading one spool), it answers that one with an error.
 """
 
 from __future__ import annotations
@@ -48,9 +54,12 @@ log = logging.getLogger(__name__)
 # image and a job's (a pod's) are built apart, and a wrapper that does not answer would only
 # be found out by a start that times out.
 PROTOCOL = 1
-START, STOP = "start.json", "stop.json"
-STARTED, STOPPED, ERROR = "started", "stopped", "error"
+START, GO, STOP = "start.json", "go.json", "stop.json"
+READY, STARTED, STOPPED, ERROR = "ready", "started", "stopped", "error"
 POLL_S = 0.05
+# How far ahead of now go.json sets the start: past the poll by which every ready rank reads it.
+GO_LEAD_S = 0.25
+MAX_GO_WAIT_S = 2.0  # what a rank waits for a go.json's time at most (a clock far off, a bad value)
 MAX_WINDOW_S = 3600.0  # the longest window, whatever start.json asks
 # Beyond the capture's duration, when a rank ends its window by itself: the agent was lost.
 GRACE_S = 60.0
@@ -69,9 +78,12 @@ def reply_path(folder: Path, key: str, kind: str) -> Path:
 
 
 class Window(Protocol):
-    """One recording, open from its opener's return until `close`."""
+    """One recording: made ready by its opener, recording from `start` until `close`."""
 
-    notes: list[str]  # what the rank's reply says besides (it records without GPU metrics, ...)
+    notes: list[str]  # what the rank's replies say besides (it records without GPU metrics, ...)
+
+    def start(self) -> None:
+        """Begin recording (quick: the opener did the slow part); raise where it cannot."""
 
     def close(self, folder: Path) -> None:
         """End the recording and write its output; raise with the reason where it cannot."""
@@ -81,14 +93,15 @@ class NoWindow(Exception):
     """This rank records no window, for the reason given (said as it is, not as a crash)."""
 
 
-# Opens a window for the capture in ``folder`` with the options start.json gives this rank.
+# Makes a window ready for the capture in ``folder`` with the options start.json gives this rank.
 Opener = Callable[[Path, Mapping[str, Any]], Window]
 
 
 class Watcher:
-    """The rank's side: opens a window where a capture asks for this rank, closes it on
-    stop.json, on its deadline, when the capture's folder goes away, or at `close`. Runs
-    on one thread (Kineto requires its windows started and ended on one)."""
+    """The rank's side: makes a window ready where a capture asks for this rank, starts it
+    on go.json, closes it on stop.json, on its deadline, when the capture's folder goes
+    away, or at `close`. Runs on one thread (Kineto requires its windows started and
+    ended on one)."""
 
     def __init__(self, spool: Path, key: str, opener: Opener) -> None:
         self.root = captures_dir(spool)
@@ -97,10 +110,12 @@ class Watcher:
         self.seen: dict[str, tuple[int, int]] = {}  # capture -> its start.json (inode, mtime) as read
         self.installed = time.time()
         self.closing = threading.Event()
-        self.window: Window | None = None
+        self.window: Window | None = None  # the capture's, ready or recording
+        self.recording = False
         self.folder = Path()
-        self.said = 0  # of the open window's notes, how many its start reply gave
-        self.deadline = 0.0
+        self.said = 0  # of the window's notes, how many its replies gave
+        self.max_s = 0.0
+        self.deadline = 0.0  # of waiting for go.json, then of the recording
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.watch, name="rankscope-window", daemon=True)
@@ -114,15 +129,27 @@ class Watcher:
 
     def watch(self) -> None:
         while not self.closing.wait(POLL_S):
-            if self.window is not None and self._ended():
-                self._close()
+            if self.window is not None:
+                self._step()
             for folder, request in self._requests():
                 if self.window is None:
-                    self._open(folder, request)
+                    self._prepare(folder, request)
                 else:
                     _reply(folder, self.key, ERROR, f"already recording for capture {self.folder.name}")
-        if self.window is not None:
+        if self.recording:
             self._close()
+
+    def _step(self) -> None:
+        """Start the ready window on go.json, or give it up with its capture; close the
+        recording one when asked, or past its deadline."""
+        gone = not self.folder.is_dir() or (self.folder / STOP).exists()
+        if self.recording:
+            if gone or time.monotonic() > self.deadline:
+                self._close()
+        elif (self.folder / GO).exists():
+            self._begin()
+        elif gone or time.monotonic() > self.deadline:
+            self.window = None  # ready, never started: nothing recorded, nothing to end
 
     def _requests(self) -> Iterator[tuple[Path, dict]]:
         """Captures newly asking for this rank (not ones asked before it started watching);
@@ -141,30 +168,44 @@ class Watcher:
                     and written.st_mtime >= self.installed - 1):
                 yield folder, request
 
-    def _open(self, folder: Path, request: dict) -> None:
+    def _prepare(self, folder: Path, request: dict) -> None:
         try:
             max_s = min(float(request.get("max_s", MAX_WINDOW_S)), MAX_WINDOW_S)
             window = self.opener(folder, request.get("options", {}).get(self.key, {}))
         except Exception as exc:  # said to the agent, never raised into the rank (nor ending this thread)
             _reply(folder, self.key, ERROR, _reason(exc))
             return
-        self.window, self.folder, self.said = window, folder, len(window.notes)
-        self.deadline = time.monotonic() + max_s
-        if not _reply(folder, self.key, STARTED, json.dumps({"notes": window.notes})):
+        self.window, self.recording, self.folder, self.said = window, False, folder, 0
+        self.max_s, self.deadline = max_s, time.monotonic() + max_s
+        self._say(READY)
+
+    def _begin(self) -> None:
+        try:
+            at = float(json.loads((self.folder / GO).read_text())["at"])
+            time.sleep(min(max(0.0, at - time.time()), MAX_GO_WAIT_S))
+            self.window.start()
+        except Exception as exc:
+            self.window = None
+            _reply(self.folder, self.key, ERROR, _reason(exc))
+            return
+        self.recording, self.deadline = True, time.monotonic() + self.max_s
+        if not self._say(STARTED):
             self._close()  # its capture is gone already
 
-    def _ended(self) -> bool:
-        return (not self.folder.is_dir() or (self.folder / STOP).exists()
-                or time.monotonic() > self.deadline)
-
     def _close(self) -> None:
-        window, self.window = self.window, None
+        window, self.window, self.recording = self.window, None, False
         try:
             window.close(self.folder)
         except Exception as exc:
             _reply(self.folder, self.key, ERROR, _reason(exc))
             return
-        _reply(self.folder, self.key, STOPPED, json.dumps({"notes": window.notes[self.said:]}))  # new since start
+        self._say(STOPPED, window)
+
+    def _say(self, kind: str, window: Window | None = None) -> bool:
+        """Reply ``kind``, with the window's notes not said before."""
+        notes = (window or self.window).notes
+        said, self.said = self.said, len(notes)
+        return _reply(self.folder, self.key, kind, json.dumps({"notes": notes[said:]}))
 
 
 def _reason(exc: Exception) -> str:
@@ -203,7 +244,8 @@ def ask(sweep_id: str, ranks: Sequence[RankInfo], max_s: float,
         output.make_folder(folder.parent, shared=True)
         output.make_folder(folder, shared=True)
         keys = [r.key for r in group]
-        for path in [folder / STOP, *(reply_path(folder, key, kind) for key in keys for kind in (STARTED, STOPPED, ERROR))]:
+        for path in [folder / GO, folder / STOP,
+                     *(reply_path(folder, key, kind) for key in keys for kind in (READY, STARTED, STOPPED, ERROR))]:
             path.unlink(missing_ok=True)  # a capture asking again: not the answers to its last ask
         atomic.write_text(folder / START, json.dumps({
             "ranks": keys, "max_s": max_s, "options": {key: dict((options or {}).get(key, {})) for key in keys}}))
@@ -218,6 +260,32 @@ def asked(sweep_id: str, ranks: Sequence[RankInfo]) -> list[RankInfo]:
         except (OSError, ValueError):
             continue
     return [r for r in ranks if r.key in named]
+
+
+def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout_s: float, *,
+                 options: Mapping[str, Mapping[str, Any]] | None = None, all_or_none: bool = False) -> Replies:
+    """Ask ``ranks`` to record, and start the ready ones together; how each answered
+    (``done``: started, with the notes of both its replies). ``all_or_none``: where one
+    cannot be ready, none starts."""
+    ask(sweep_id, ranks, max_s, options)
+    ready = wait(sweep_id, ranks, READY, timeout_s)
+    replies = Replies(failed=ready.failed, exited=ready.exited)
+    if not ready.done or (all_or_none and (ready.failed or ready.exited)):
+        return replies
+    go(sweep_id, [rank for rank, _ in ready.done])
+    started = wait(sweep_id, [rank for rank, _ in ready.done], STARTED, timeout_s)
+    said = {id(rank): notes for rank, notes in ready.done}
+    replies.done = [(rank, said[id(rank)] + notes) for rank, notes in started.done]
+    replies.failed += started.failed
+    replies.exited += started.exited
+    return _in_order(replies, ranks)
+
+
+def go(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
+    """The ready ranks start recording, together, `GO_LEAD_S` from now."""
+    at = time.time() + GO_LEAD_S
+    for folder in by_folder(sweep_id, ranks):
+        atomic.write_text(folder / GO, json.dumps({"at": at}))
 
 
 def tell_stop(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
@@ -265,7 +333,12 @@ def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float) 
             break
         if pending:
             time.sleep(POLL_S)
-    order = {id(rank): at for at, rank in enumerate(ranks)}  # as asked, not as answered
+    return _in_order(replies, ranks)
+
+
+def _in_order(replies: Replies, ranks: Sequence[RankInfo]) -> Replies:
+    """Each list in the order of ``ranks`` (as asked, not as answered)."""
+    order = {id(rank): at for at, rank in enumerate(ranks)}
     replies.done.sort(key=lambda reply: order[id(reply[0])])
     replies.failed.sort(key=lambda reply: order[id(reply[1])])
     replies.exited.sort(key=lambda rank: order[id(rank)])

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standins"))
 import standin_nsys  # noqa: E402
 
-from rankscope.agent import nsys  # noqa: E402
+from rankscope.agent import nsys, window  # noqa: E402
 from rankscope.agent.backend import CaptureRequest  # noqa: E402
 from rankscope.agent.spool import local_ranks  # noqa: E402
 from rankscope.analysis import simulate  # noqa: E402
@@ -359,8 +359,6 @@ def test_a_rank_that_died_mid_window_is_exported_as_far_as_it_lived_and_the_othe
 def test_a_window_whose_agent_is_lost_ends_by_itself_soon_after_its_duration(node, tmp_path, monkeypatch):
     """No stop ever comes (the agent died for good): each wrapper stops its session at the
     capture's duration plus a grace, rather than record until the job ends."""
-    from rankscope.agent import window
-
     use_env(monkeypatch, node.env)
     monkeypatch.setattr(window, "GRACE_S", 0.5)
     request = request_for(node, tmp_path)
@@ -395,15 +393,32 @@ def test_ranks_that_fail_to_export_are_left_out_while_one_exports(node, tmp_path
     assert backend.notes[0] in caplog.text
 
 
-def test_start_failure_stops_the_sessions_already_started(node, tmp_path, monkeypatch):
+def test_a_rank_that_cannot_be_made_ready_keeps_every_rank_from_starting(node, tmp_path, monkeypatch):
     use_env(monkeypatch, node.env)
     request = request_for(node, tmp_path)
     second = request.ranks[1].session
     os.kill(standin_nsys.sessions(node.state)[second]["app_pid"], signal.SIGKILL)
     node.procs[1].wait(30)
-    with pytest.raises(ToolError, match="rank 1"):
+    with pytest.raises(ToolError, match="^not every rank started recording: rank 1: the rank exited$"):
         nsys.NsysBackend().start(request)
-    assert standin_nsys.calls(node.state)[-1] == ["stop", f"--session={request.ranks[0].session}"]
+    assert not any(argv[0] in ("start", "stop") for argv in standin_nsys.calls(node.state))
+    assert not window.captures_dir(node.spool).joinpath("sw1").exists()
+
+
+def test_a_start_that_fails_ends_the_windows_already_started(node, tmp_path, monkeypatch):
+    """Ready together, started together: where one rank's `nsys start` fails, the others
+    recording are told to stop, none left collecting for a capture that failed."""
+    use_env(monkeypatch, node.env)
+    request = request_for(node, tmp_path)
+    first, second = request.ranks
+    subprocess.run(nsys.start_command(second.session, tmp_path / "orphan"), check=True, env=node.env)
+    standin_nsys.fail(node.state, "stop", "cannot stop it")  # the collection left open stays open
+    with pytest.raises(ToolError, match=rf"^not every rank started recording: rank 1: `.*nsys start "
+                                        rf"--session={second.session} .*` failed \(exit 1\): Error: session"):
+        nsys.NsysBackend().start(request)
+    calls = standin_nsys.calls(node.state)
+    began = calls.index(nsys.start_command(first.session, nsys.report_base(request, first), gpu_metrics=True)[1:])
+    assert ["stop", f"--session={first.session}"] in calls[began:]
 
 
 def test_disk_full_is_said_before_exporting(node, tmp_path, monkeypatch):
@@ -582,7 +597,6 @@ def test_agents_of_two_users_ask_the_ranks_of_one_spool(other_user) -> None:
     """Root's fleet agent and a job's own agent read one spool: the first to ask made
     `captures/` 0755, and the other could ask no rank to record at all."""
     from rankscope import output
-    from rankscope.agent import window
     from rankscope.agent.spool import RankInfo
 
     folder, as_nobody = other_user

@@ -81,6 +81,7 @@ def broken(since_ns):
 
 torch_hook._flight_recorder = broken
 window = torch_hook._Window(RankInfo(rank=0, local_rank=0, world_size=1, pid=0, host="h"))
+window.start()
 try:
     window.finish(torch_hook.Path(sys.argv[1]))
 except RuntimeError as exc:

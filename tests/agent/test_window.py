@@ -22,8 +22,14 @@ class Recorded:
 
     def __init__(self, options: dict) -> None:
         self.options = options
-        self.notes = ["opened"]
+        self.notes = ["ready"]
+        self.started_at: float | None = None
         self.closed_in: Path | None = None
+        time.sleep(float(options.get("prepare_s", 0)))
+
+    def start(self) -> None:
+        self.started_at = time.time()
+        self.notes.append("started")
 
     def close(self, folder: Path) -> None:
         self.closed_in = folder
@@ -52,9 +58,8 @@ def rank(tmp_path: Path):
 
 def test_a_window_opens_when_asked_and_closes_on_stop_with_the_notes_of_each_part(rank) -> None:
     info, _, _, opened = rank
-    window.ask("sw1", [info], 60, {info.key: {"output": "/r"}})
-    started = window.wait("sw1", [info], window.STARTED, 10)
-    assert started.done == [(info, ["opened"])] and opened[0].options == {"output": "/r"}
+    started = window.open_windows("sw1", [info], 60, 10, options={info.key: {"output": "/r"}})
+    assert started.done == [(info, ["ready", "started"])] and opened[0].options == {"output": "/r"}
     window.tell_stop("sw1", [info])
     stopped = window.wait("sw1", [info], window.STOPPED, 10)
     assert stopped.done == [(info, ["closed"])]  # only what is new since the start's reply
@@ -68,20 +73,18 @@ def test_a_malformed_request_is_answered_and_the_next_one_served(rank) -> None:
     (folder / window.START).write_text(json.dumps({"ranks": [info.key], "max_s": "soon"}))
     failed = window.wait("bad", [info], window.STARTED, 10)
     assert failed.failed == [("ValueError: could not convert string to float: 'soon'", info)] and not opened
-    window.ask("good", [info], 60)
-    assert window.wait("good", [info], window.STARTED, 10).done == [(info, ["opened"])]
+    assert window.open_windows("good", [info], 60, 10).done == [(info, ["ready", "started"])]
 
 
 def test_a_window_ends_by_its_deadline_when_no_stop_comes(rank) -> None:
     info, _, _, opened = rank
-    window.ask("sw1", [info], 0.2)
+    window.open_windows("sw1", [info], 0.2, 10)
     assert window.wait("sw1", [info], window.STOPPED, 10).done == [(info, ["closed"])]
 
 
 def test_the_rank_ending_closes_its_open_window(rank) -> None:
     info, watcher, thread, opened = rank
-    window.ask("sw1", [info], 60)
-    window.wait("sw1", [info], window.STARTED, 10)
+    window.open_windows("sw1", [info], 60, 10)
     watcher.close(thread, 10)
     assert not thread.is_alive() and opened[0].closed_in is not None
     assert window.reply_path(window.folder_of("sw1", info), info.key, window.STOPPED).exists()
@@ -103,3 +106,35 @@ def test_a_request_from_before_the_rank_watched_is_not_its_own(tmp_path: Path) -
         assert opened == [window.folder_of("new", info)]
     finally:
         watcher.close(thread, 10)
+
+
+def test_ranks_that_take_long_to_be_ready_still_start_together(tmp_path: Path) -> None:
+    """One rank's first window takes seconds to make ready (torch.profiler's imports, the
+    sampler's check of the counters): started as each was ready, it began seconds after the
+    others and missed the window's first collectives."""
+    infos = [RankInfo(rank=n, local_rank=n, world_size=3, pid=os.getpid(), host="h", token=f"k{n}",
+                      spool=str(tmp_path), protocol=window.PROTOCOL) for n in range(3)]
+    windows: list[Recorded] = []
+    watchers = [window.Watcher(tmp_path, info.key, lambda folder, options: windows.append(Recorded(dict(options)))
+                               or windows[-1]) for info in infos]
+    threads = [watcher.start() for watcher in watchers]
+    try:
+        opened = window.open_windows("sw1", infos, 60, 10, options={"k1": {"prepare_s": 1.5}})
+        assert [rank for rank, _ in opened.done] == infos and not opened.failed
+        starts = [w.started_at for w in windows]
+        assert max(starts) - min(starts) < 0.1, starts
+        # each began after the slowest was ready, not as soon as it was
+        assert min(starts) >= max(window.reply_path(window.folder_of("sw1", i), i.key, window.READY).stat().st_mtime
+                                  for i in infos) - 0.01
+    finally:
+        for watcher, thread in zip(watchers, threads):
+            watcher.close(thread, 10)
+
+
+def test_a_rank_that_cannot_be_ready_leaves_the_others_unstarted_where_all_or_none_is_asked(rank, tmp_path) -> None:
+    info, _, _, opened = rank
+    absent = RankInfo(rank=1, local_rank=1, world_size=2, pid=os.getpid(), host="h", token="k1", spool=str(tmp_path))
+    replies = window.open_windows("sw1", [info, absent], 60, 0.5, all_or_none=True)
+    assert replies.failed == [(None, absent)] and replies.done == []
+    assert opened and opened[0].started_at is None
+    assert not (window.folder_of("sw1", info) / window.GO).exists()

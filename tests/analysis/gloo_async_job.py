@@ -26,6 +26,7 @@ def rank_main(rank: int, port: str, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     buffers = [torch.ones(n) for n in SIZES]
     window = _Window(RankInfo(rank=rank, local_rank=rank, world_size=2, pid=os.getpid(), host="localhost"))
+    window.start()
     for _ in range(STEPS):
         for work in [dist.all_reduce(b, async_op=True) for b in buffers]:
             work.wait()
