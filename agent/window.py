@@ -18,7 +18,7 @@ answer as theirs):
     <key>.ready     the rank's reply once ready: {"notes": [...]}
     go.json         {"at": T}: the ready ranks start recording at T (epoch seconds)
     <key>.started   the rank's reply once it records: {"notes": [...]}
-    stop.json       the agent ends the window
+    stop.json       {"at": T}: the ranks end the window at T
     <key>.stopped   the rank's reply once its recording has ended and its output is
                     written: {"notes": [...]}
     <key>.error     why this rank could not record (or stop)
@@ -27,7 +27,7 @@ Making ready is the slow, uneven part (torch.profiler's first start imports
 torch._inductor, 1 to 2.5 s; the node's GPU-metrics sampler checks the counters first),
 and a rank that began its window seconds after another missed the window's first
 collectives, which were then dropped as incomplete. So the ranks start together, at one
-time on the clock their node shares. (A rank's key, not its pid: containers sharing the
+time on the clock their node shares, and stop so too (not each at its next poll). (A rank's key, not its pid: containers sharing the
 spool have pids of their own, spool.py.) A rank records one window at a time: asked by a
 second capture meanwhile (two agents reading one spool), it answers that one with an error.
 """
@@ -57,9 +57,9 @@ PROTOCOL = 1
 START, GO, STOP = "start.json", "go.json", "stop.json"
 READY, STARTED, STOPPED, ERROR = "ready", "started", "stopped", "error"
 POLL_S = 0.05
-# How far ahead of now go.json sets the start: past the poll by which every ready rank reads it.
-GO_LEAD_S = 0.25
-MAX_GO_WAIT_S = 2.0  # what a rank waits for a go.json's time at most (a clock far off, a bad value)
+# How far ahead of now go.json and stop.json set the time: past the poll by which every rank reads them.
+LEAD_S = 0.25
+MAX_WAIT_S = 2.0  # what a rank waits for such a time at most (a clock far off, a bad value)
 MAX_WINDOW_S = 3600.0  # the longest window, whatever start.json asks
 # Beyond the capture's duration, when a rank ends its window by itself: the agent was lost.
 GRACE_S = 60.0
@@ -145,6 +145,7 @@ class Watcher:
         gone = not self.folder.is_dir() or (self.folder / STOP).exists()
         if self.recording:
             if gone or time.monotonic() > self.deadline:
+                _sleep_until(self.folder / STOP)
                 self._close()
         elif (self.folder / GO).exists():
             self._begin()
@@ -181,8 +182,7 @@ class Watcher:
 
     def _begin(self) -> None:
         try:
-            at = float(json.loads((self.folder / GO).read_text())["at"])
-            time.sleep(min(max(0.0, at - time.time()), MAX_GO_WAIT_S))
+            _sleep_until(self.folder / GO)
             self.window.start()
         except Exception as exc:
             self.window = None
@@ -206,6 +206,15 @@ class Watcher:
         notes = (window or self.window).notes
         said, self.said = self.said, len(notes)
         return _reply(self.folder, self.key, kind, json.dumps({"notes": notes[said:]}))
+
+
+def _sleep_until(path: Path) -> None:
+    """Until the time ``path`` (go.json, stop.json) names, if it names one (bounded)."""
+    try:
+        at = float(json.loads(path.read_text())["at"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return
+    time.sleep(min(max(0.0, at - time.time()), MAX_WAIT_S))
 
 
 def _reason(exc: Exception) -> str:
@@ -282,16 +291,20 @@ def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout
 
 
 def go(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
-    """The ready ranks start recording, together, `GO_LEAD_S` from now."""
-    at = time.time() + GO_LEAD_S
-    for folder in by_folder(sweep_id, ranks):
-        atomic.write_text(folder / GO, json.dumps({"at": at}))
+    """The ready ranks start recording, together, `LEAD_S` from now."""
+    _at(GO, sweep_id, ranks)
 
 
 def tell_stop(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
+    """The ranks stop recording, together, `LEAD_S` from now."""
+    _at(STOP, sweep_id, ranks)
+
+
+def _at(name: str, sweep_id: str, ranks: Sequence[RankInfo]) -> None:
+    at = time.time() + LEAD_S
     for folder in by_folder(sweep_id, ranks):
         if folder.is_dir():
-            atomic.write_text(folder / STOP, "{}")
+            atomic.write_text(folder / name, json.dumps({"at": at}))
 
 
 def forget(sweep_id: str, ranks: Sequence[RankInfo]) -> None:

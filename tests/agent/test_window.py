@@ -32,7 +32,7 @@ class Recorded:
         self.notes.append("started")
 
     def close(self, folder: Path) -> None:
-        self.closed_in = folder
+        self.closed_in, self.closed_at = folder, time.time()
         self.notes.append("closed")
 
 
@@ -108,10 +108,11 @@ def test_a_request_from_before_the_rank_watched_is_not_its_own(tmp_path: Path) -
         watcher.close(thread, 10)
 
 
-def test_ranks_that_take_long_to_be_ready_still_start_together(tmp_path: Path) -> None:
+def test_ranks_that_take_long_to_be_ready_still_start_together_and_stop_together(tmp_path: Path) -> None:
     """One rank's first window takes seconds to make ready (torch.profiler's imports, the
     sampler's check of the counters): started as each was ready, it began seconds after the
-    others and missed the window's first collectives."""
+    others and missed the window's first collectives. Stopped each at its next poll, they
+    ended up to a poll apart."""
     infos = [RankInfo(rank=n, local_rank=n, world_size=3, pid=os.getpid(), host="h", token=f"k{n}",
                       spool=str(tmp_path), protocol=window.PROTOCOL) for n in range(3)]
     windows: list[Recorded] = []
@@ -126,6 +127,11 @@ def test_ranks_that_take_long_to_be_ready_still_start_together(tmp_path: Path) -
         # each began after the slowest was ready, not as soon as it was
         assert min(starts) >= max(window.reply_path(window.folder_of("sw1", i), i.key, window.READY).stat().st_mtime
                                   for i in infos) - 0.01
+        window.tell_stop("sw1", infos)
+        at = json.loads((window.folder_of("sw1", infos[0]) / window.STOP).read_text())["at"]
+        assert [rank for rank, _ in window.wait("sw1", infos, window.STOPPED, 10).done] == infos
+        ends = [w.closed_at for w in windows]
+        assert min(ends) >= at - 0.005 and max(ends) - min(ends) < 0.1, (at, ends)
     finally:
         for watcher, thread in zip(watchers, threads):
             watcher.close(thread, 10)
