@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from rankscope import __version__, atomic, output, states, tls
 from rankscope.agent import capture as cap
 from rankscope.agent import dcgm as dcgm_mod
+from rankscope.agent import window
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.session import CHANNEL_OPTIONS, REGISTER_TIMEOUT_S, Registration, Session
 from rankscope.agent.spool import local_ranks
@@ -311,6 +312,7 @@ class CaptureRun:
             "sweep_id": start.sweep_id,
             "backend": start.backend or agent.config.backends[0],
             "duration_s": start.duration_s,
+            "start_at_ns": start.start_at_ns,
             "timeout_s": start.timeout_s,
             # wall clock: survives restarts
             "deadline": time.time() + start.timeout_s if start.timeout_s > 0 and not refused else None,
@@ -459,12 +461,12 @@ class CaptureRun:
             return self._pause()
         if isinstance(instruction, cap.StartCapture):
             try:
-                self.backend.start(self.request())
+                self.record["began"] = self.backend.start(self.request()) or 0.0
             finally:
                 self._keep_notes()
             return self._window_opened()
         if isinstance(instruction, cap.StopCapture):
-            self.cancelled.wait(self.record["duration_s"])
+            self.cancelled.wait(self._window_left_s())
             try:
                 exports = self.backend.stop(self.request())
             finally:
@@ -489,6 +491,7 @@ class CaptureRun:
         if self._request is None:
             self._request = CaptureRequest(
                 sweep_id=self.sweep_id, duration_s=self.record["duration_s"], workdir=self.folder,
+                start_at=self.record.get("start_at_ns", 0) / 1e9,
                 ranks=tuple(local_ranks(self.agent.config.spool)), options=self.record["options"],
                 keep_outputs=self.record["upload_raw"], cancelled=self.cancelled,
             )
@@ -525,6 +528,16 @@ class CaptureRun:
             return cap.CaptureStarted()
         return cap.Failed(f"starting the ranks' recording outlasted the DCGM pause's {self._lease_s():g}s lease "
                           "(DCGM was resumed meanwhile): the capture would have fought DCGM for the counters")
+
+    def _window_left_s(self) -> float:
+        """How long the window runs on: the capture's duration, or where the ranks began
+        together, until the stop at that time plus the duration (every node of the sweep
+        that began at its start ends alike), asked for `window.LEAD_S` ahead."""
+        duration = self.record["duration_s"]
+        began = self.record.get("began", 0.0)
+        if not began:
+            return duration
+        return min(duration, max(0.0, began + duration - window.LEAD_S - time.time()))
 
     def _lease_s(self) -> float:
         return self.record["duration_s"] + LEASE_MARGIN_S

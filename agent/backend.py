@@ -28,6 +28,8 @@ class CaptureRequest:
     workdir: Path  # this capture's private folder on the node
     ranks: tuple[RankInfo, ...]  # local ranks to record (may be empty for `sim`)
     options: Mapping[str, str] = field(default_factory=dict)
+    # When the sweep's windows begin on every node (epoch seconds, the coordinator's clock); 0: when ready.
+    start_at: float = 0.0
     # --upload-raw: the profiler's own files (nsys reports) go too, so export keeps them.
     keep_outputs: bool = False
     # Set when the capture is cancelled: long steps (exports) stop early instead of finishing
@@ -81,8 +83,9 @@ class CaptureBackend(ABC):
         return False
 
     @abstractmethod
-    def start(self, request: CaptureRequest) -> None:
-        """Begin recording on every rank of the request."""
+    def start(self, request: CaptureRequest) -> float | None:
+        """Begin recording on every rank of the request (at ``request.start_at`` where they
+        are ready by then); when they began (epoch seconds), where they began together."""
 
     @abstractmethod
     def stop(self, request: CaptureRequest) -> list[Path]:

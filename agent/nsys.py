@@ -398,14 +398,15 @@ class NsysBackend(CaptureBackend):
         return (request.options.get("gpu_metrics", "true").lower() != "false"
                 and gpu_metrics_sampler(self.own_ranks(request)) is not None)
 
-    def start(self, request: CaptureRequest) -> None:
+    def start(self, request: CaptureRequest) -> float:
         """Every rank records, or none (a ToolError naming the ranks that could not)."""
         find_nsys(self.nsys)  # the exports need it here
         ranks = self.own_ranks(request)
         output.make_folder(reports_dir(request), shared=True)
         sampler = gpu_metrics_sampler(ranks) if self.needs_gpu_counters(request) else None
         replies = window.open_windows(request.sweep_id, ranks, request.duration_s + window.GRACE_S,
-                                      self._start_wait_s(), all_or_none=True, options={
+                                      self._start_wait_s(), all_or_none=True, start_at=request.start_at,
+                                      cancelled=request.cancelled, options={
             r.key: {"output": str(report_base(request, r)), "gpu_metrics": r is sampler, "timeout_s": self.timeout_s}
             for r in ranks})
         failed = replies.failed + [(window.EXITED, r) for r in replies.exited]
@@ -415,6 +416,7 @@ class NsysBackend(CaptureBackend):
                             + "; ".join(window.reasons(failed, "no answer (is `rankscope rank` running it?)")))
         self._notes(replies)
         self._started[request.sweep_id] = list(ranks)
+        return replies.began
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         """End every rank's window; the reports its ranks write, to ``export``. A rank whose

@@ -33,15 +33,17 @@ class TorchBackend(CaptureBackend):
     # CPU activity and CUPTI activity tracing do not use the GPU performance counters
     # DCGM profiling holds, so DCGM keeps running.
 
-    def start(self, request: CaptureRequest) -> None:
+    def start(self, request: CaptureRequest) -> float:
         ranks = self.own_ranks(request)
-        replies = window.open_windows(request.sweep_id, ranks, request.duration_s + window.GRACE_S, START_TIMEOUT_S)
+        replies = window.open_windows(request.sweep_id, ranks, request.duration_s + window.GRACE_S, START_TIMEOUT_S,
+                                      start_at=request.start_at, cancelled=request.cancelled)
         failed = _failed(replies)
         if not replies.done:
             raise ToolError(f"no torch rank started its profiler{window.within(failed, START_TIMEOUT_S)}: "
                             f"{_why(failed)}")
         for reason in window.reasons(failed, NO_ANSWER):
             self.note(f"did not start recording on {reason}")
+        return replies.began
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         ranks = self.own_ranks(request)

@@ -60,6 +60,8 @@ POLL_S = 0.05
 # How far ahead of now go.json and stop.json set the time: past the poll by which every rank reads them.
 LEAD_S = 0.25
 MAX_WAIT_S = 2.0  # what a rank waits for such a time at most (a clock far off, a bad value)
+# A sweep's start further ahead than this is a coordinator whose clock is off, not a plan.
+MAX_AHEAD_S = 60.0
 MAX_WINDOW_S = 3600.0  # the longest window, whatever start.json asks
 # Beyond the capture's duration, when a rank ends its window by itself: the agent was lost.
 GRACE_S = 60.0
@@ -272,16 +274,23 @@ def asked(sweep_id: str, ranks: Sequence[RankInfo]) -> list[RankInfo]:
 
 
 def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout_s: float, *,
-                 options: Mapping[str, Mapping[str, Any]] | None = None, all_or_none: bool = False) -> Replies:
-    """Ask ``ranks`` to record, and start the ready ones together; how each answered
-    (``done``: started, with the notes of both its replies). ``all_or_none``: where one
-    cannot be ready, none starts."""
+                 options: Mapping[str, Mapping[str, Any]] | None = None, all_or_none: bool = False,
+                 start_at: float = 0.0, cancelled: threading.Event | None = None) -> Replies:
+    """Ask ``ranks`` to record, and start the ready ones together, at ``start_at`` (epoch
+    seconds: the sweep's time for every node) where they are ready before it; how each
+    answered (``done``: started, with the notes of both its replies). ``all_or_none``:
+    where one cannot be ready, none starts. ``cancelled`` ends the wait for ``start_at``."""
     ask(sweep_id, ranks, max_s, options)
     ready = wait(sweep_id, ranks, READY, timeout_s)
     replies = Replies(failed=ready.failed, exited=ready.exited)
     if not ready.done or (all_or_none and (ready.failed or ready.exited)):
         return replies
-    go(sweep_id, [rank for rank, _ in ready.done])
+    ahead = start_at - time.time()
+    if ahead > MAX_AHEAD_S:
+        log.warning("capture %s: its start is %.0f s ahead of this node's clock: starting now", sweep_id, ahead)
+    elif ahead > LEAD_S + POLL_S:  # a poll early: a wait that wakes late must not move the start
+        (cancelled or threading.Event()).wait(ahead - LEAD_S - POLL_S)
+    replies.began = go(sweep_id, [rank for rank, _ in ready.done], at=start_at if ahead <= MAX_AHEAD_S else 0.0)
     started = wait(sweep_id, [rank for rank, _ in ready.done], STARTED, timeout_s)
     said = {id(rank): notes for rank, notes in ready.done}
     replies.done = [(rank, said[id(rank)] + notes) for rank, notes in started.done]
@@ -290,21 +299,23 @@ def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout
     return _in_order(replies, ranks)
 
 
-def go(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
-    """The ready ranks start recording, together, `LEAD_S` from now."""
-    _at(GO, sweep_id, ranks)
+def go(sweep_id: str, ranks: Sequence[RankInfo], at: float = 0.0) -> float:
+    """The ready ranks start recording, together, at ``at`` or `LEAD_S` from now, whichever
+    is later; that time."""
+    return _at(GO, sweep_id, ranks, at)
 
 
-def tell_stop(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
-    """The ranks stop recording, together, `LEAD_S` from now."""
-    _at(STOP, sweep_id, ranks)
+def tell_stop(sweep_id: str, ranks: Sequence[RankInfo], at: float = 0.0) -> float:
+    """The ranks stop recording, together, at ``at`` or `LEAD_S` from now, whichever is later."""
+    return _at(STOP, sweep_id, ranks, at)
 
 
-def _at(name: str, sweep_id: str, ranks: Sequence[RankInfo]) -> None:
-    at = time.time() + LEAD_S
+def _at(name: str, sweep_id: str, ranks: Sequence[RankInfo], at: float) -> float:
+    at = max(at, time.time() + LEAD_S)  # every rank reads it before then
     for folder in by_folder(sweep_id, ranks):
         if folder.is_dir():
             atomic.write_text(folder / name, json.dumps({"at": at}))
+    return at
 
 
 def forget(sweep_id: str, ranks: Sequence[RankInfo]) -> None:
@@ -321,6 +332,7 @@ class Replies:
     done: list[tuple[RankInfo, list[str]]] = field(default_factory=list)
     failed: list[tuple[str | None, RankInfo]] = field(default_factory=list)
     exited: list[RankInfo] = field(default_factory=list)
+    began: float = 0.0  # `open_windows`: when the windows began (epoch seconds), 0 where none did
 
 
 def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float) -> Replies:

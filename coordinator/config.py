@@ -26,6 +26,10 @@ class CoordinatorConfig:
     max_upload_bytes: int = 8 << 30  # one raw nsys report can be several GiB
     chunk_bytes: int = 1 << 20  # suggested to agents; well under gRPC's 4 MiB receive limit
     node_timeout_s: float = 120.0  # beyond the capture duration, for export and upload
+    # From a sweep's start to its windows' start on every node: the time nodes take to pause
+    # DCGM and make their ranks ready (a first torch window imports for 1 to 2.5 s), so that
+    # the nodes begin (and end) their windows together; a node ready later begins when ready.
+    window_lead_s: float = 3.0
     # after a restart, agents get this long to come back; so does an agent gone mid-export
     restart_grace_s: float = 60.0
     heartbeat_interval_s: float = 10.0
@@ -111,3 +115,5 @@ def _check(config: CoordinatorConfig) -> None:
     for name in ("node_timeout_s", "restart_grace_s", "heartbeat_interval_s", "ping_interval_s", "grace_s"):
         if not 0 < getattr(config, name) < math.inf:  # NaN too: float() of the environment takes "nan"
             raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(config, name)}")
+    if not 0 <= config.window_lead_s <= 60:  # the agents take a start further ahead for a clock that is off
+        raise ConfigError(f"window_lead_s must be 0 to 60 seconds, got {config.window_lead_s}")

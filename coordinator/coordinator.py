@@ -98,6 +98,7 @@ class CaptureOrder:
 
     sweep_id: str
     spec: sw.SweepSpec
+    start_at_ns: int  # when every node's window begins (its ranks ready by then)
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ class Coordinator:
         with self._lock:
             for sweep in self._active.values():
                 if agent.node in sweep.open_nodes():
-                    connection.send(CaptureOrder(sweep.sweep_id, sweep.spec))
+                    connection.send(self._order(sweep))
         log.info("agent %s (%s) connected", agent.node, agent.agent_id)
         return connection
 
@@ -512,6 +513,10 @@ class Coordinator:
 
     # the shell ----------------------------------------------------------------------
 
+    def _order(self, sweep: sw.Sweep) -> CaptureOrder:
+        """The sweep's StartCapture: the same for every node, and again after reconnects."""
+        return CaptureOrder(sweep.sweep_id, sweep.spec, sweep.created_ns + int(self.config.window_lead_s * 1e9))
+
     def _apply(self, sweep: sw.Sweep, instructions: list[sw.Instruction]) -> None:
         """Carry out a machine's instructions; called with the lock held."""
         changed: list[str] = []
@@ -519,7 +524,7 @@ class Coordinator:
             if isinstance(instruction, sw.Changed):
                 changed.append(instruction.node)
             elif isinstance(instruction, sw.SendCapture):
-                self.registry.send(instruction.node, CaptureOrder(sweep.sweep_id, sweep.spec))
+                self.registry.send(instruction.node, self._order(sweep))
             elif isinstance(instruction, sw.CancelNode):
                 self.registry.send(instruction.node, CancelOrder(sweep.sweep_id, instruction.reason))
             elif isinstance(instruction, sw.Analyse):

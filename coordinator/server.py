@@ -197,7 +197,7 @@ def _command(order: object) -> pb.CoordinatorCommand:
         spec = order.spec
         return pb.CoordinatorCommand(start=pb.StartCapture(
             sweep_id=order.sweep_id, backend=spec.backend, duration_s=spec.duration_s, options=dict(spec.options),
-            upload_raw=spec.upload_raw, timeout_s=spec.timeout_s,
+            upload_raw=spec.upload_raw, timeout_s=spec.timeout_s, start_at_ns=order.start_at_ns,
         ))
     if isinstance(order, CancelOrder):
         return pb.CoordinatorCommand(cancel=pb.CancelCapture(sweep_id=order.sweep_id, reason=order.reason))

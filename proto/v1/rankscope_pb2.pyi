@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 236c85cde7ccbe32c26652f36f2006b81d219946b04a4a345d711e54de8fb332
+# from rankscope.proto, sha256 5ea2fda08f904b0d2b07786eb77c64eb1e3ddbe021dddb353a7a4093d4928081
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -244,7 +244,7 @@ class AgentEvent(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., status: _Optional[_Union[NodeStatus, _Mapping]] = ...) -> None: ...
 
 class StartCapture(_message.Message):
-    __slots__ = ("sweep_id", "backend", "duration_s", "options", "upload_raw", "timeout_s")
+    __slots__ = ("sweep_id", "backend", "duration_s", "options", "upload_raw", "timeout_s", "start_at_ns")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -258,13 +258,15 @@ class StartCapture(_message.Message):
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_RAW_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    START_AT_NS_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     backend: str
     duration_s: float
     options: _containers.ScalarMap[str, str]
     upload_raw: bool
     timeout_s: float
-    def __init__(self, sweep_id: _Optional[str] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    start_at_ns: int
+    def __init__(self, sweep_id: _Optional[str] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., start_at_ns: _Optional[int] = ...) -> None: ...
 
 class CancelCapture(_message.Message):
     __slots__ = ("sweep_id", "reason")

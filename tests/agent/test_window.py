@@ -144,3 +144,21 @@ def test_a_rank_that_cannot_be_ready_leaves_the_others_unstarted_where_all_or_no
     assert replies.failed == [(None, absent)] and replies.done == []
     assert opened and opened[0].started_at is None
     assert not (window.folder_of("sw1", info) / window.GO).exists()
+
+
+def test_windows_begin_at_the_sweeps_start_where_ready_before_it(rank) -> None:
+    """Every node of a sweep begins at one time (the coordinator's), not each when ready."""
+    info, _, _, opened = rank
+    start_at = time.time() + 1.0
+    replies = window.open_windows("sw1", [info], 60, 10, start_at=start_at)
+    assert replies.began == start_at and opened[0].started_at >= start_at - 0.005
+
+
+@pytest.mark.parametrize("ahead_s", [-30.0, 3600.0])
+def test_a_start_already_past_or_implausibly_far_ahead_begins_now(rank, ahead_s: float) -> None:
+    """A node ready late starts as soon as it is; a start an hour ahead is a coordinator whose
+    clock is off, not a plan to wait for."""
+    info, _, _, opened = rank
+    asked = time.time()
+    replies = window.open_windows("sw1", [info], 60, 10, start_at=asked + ahead_s)
+    assert asked < replies.began < asked + 2 and opened[0].started_at < asked + 2

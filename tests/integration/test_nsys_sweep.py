@@ -24,6 +24,7 @@ from test_sweep import START_S, Cluster, states, wait_for  # noqa: E402
 
 from rankscope.agent.spool import local_ranks  # noqa: E402
 from rankscope.analysis import simulate  # noqa: E402
+from rankscope.coordinator.config import CoordinatorConfig  # noqa: E402
 from rankscope.proto.v1 import rankscope_pb2 as pb  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -176,6 +177,13 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
         # The node keeps nothing it uploaded.
         assert not list(folder.rglob("*.sqlite")) and not list(folder.rglob("*.nsys-rep"))
     assert {n.dcgm for n in sweep.nodes} == {pb.DCGM_OUTCOME_RESUMED}
+    # Both nodes' windows begin at the sweep's start (its creation + window_lead_s), not each
+    # node's as soon as it is ready, and end together a duration later.
+    begin = sweep.created_ns / 1e9 + CoordinatorConfig().window_lead_s
+    starts = [c["t"] for name in ("n0", "n1") for c in cluster.nsys_calls(name, "start")]
+    stops = [c["t"] for name in ("n0", "n1") for c in cluster.nsys_calls(name, "stop")]
+    assert begin <= min(starts) and max(starts) < begin + 1.0, (begin, starts)
+    assert begin + 0.5 <= min(stops) and max(stops) < begin + 1.5, (begin, stops)
 
 
 def test_upload_raw_sends_each_ranks_report_beside_its_export(make_cluster, tmp_path: Path) -> None:
