@@ -27,7 +27,8 @@ Making ready is the slow, uneven part (torch.profiler's first start imports
 torch._inductor, 1 to 2.5 s; the node's GPU-metrics sampler checks the counters first),
 and a rank that began its window seconds after another missed the window's first
 collectives, which were then dropped as incomplete. So the ranks start together, at one
-time on the clock their node shares, and stop so too (not each at its next poll). (A rank's key, not its pid: containers sharing the
+time on the clock their node shares (the sweep's start, the same for every node, where
+they are ready by then), and stop so too (not each at its next poll). (A rank's key, not its pid: containers sharing the
 spool have pids of their own, spool.py.) A rank records one window at a time: asked by a
 second capture meanwhile (two agents reading one spool), it answers that one with an error.
 """
