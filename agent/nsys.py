@@ -409,7 +409,7 @@ class NsysBackend(CaptureBackend):
                                       cancelled=request.cancelled, options={
             r.key: {"output": str(report_base(request, r)), "gpu_metrics": r is sampler, "timeout_s": self.timeout_s}
             for r in ranks})
-        failed = replies.failed + [(window.EXITED, r) for r in replies.exited]
+        failed = replies.failures()
         if failed:
             self._end([rank for rank, _ in replies.done], request)
             raise ToolError(f"not every rank started recording{window.within(failed, self._start_wait_s())}: "

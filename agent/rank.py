@@ -22,7 +22,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from rankscope.agent import nsys, window
@@ -131,14 +131,13 @@ def run(args: argparse.Namespace) -> int:
         return run_one_shot(info, cmd, args, exe, trace)
     session = nsys.session_name(info.job_id, info.rank, info.pid)
     info = RankInfo(**{**info.__dict__, "session": session})
-    if not _env_changes_folder():
+    apart = _env_changes_folder()
+    if not apart:
         log.warning("this system's env has no --chdir: nsys runs in the job's folder, and leaves an empty "
                     "report<N>.nsys-rep there where no capture reaches this rank")
-        argv = nsys.launch_command(session, cmd, trace=trace, nsys=exe)
-        return run_in_session(argv, info, args.spool, exe)
-    argv = nsys.launch_command(session, in_folder(_job_folder(), cmd), trace=trace, nsys=exe)
+    argv = nsys.launch_command(session, in_folder(_job_folder(), cmd) if apart else cmd, trace=trace, nsys=exe)
     log.info("rank %d: %s", info.rank, " ".join(argv))
-    with _launch_folder(args.spool, session) as folder:
+    with _launch_folder(args.spool, session) if apart else nullcontext() as folder:
         return run_in_session(argv, info, args.spool, exe, cwd=folder)
 
 

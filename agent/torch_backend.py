@@ -37,7 +37,7 @@ class TorchBackend(CaptureBackend):
         ranks = self.own_ranks(request)
         replies = window.open_windows(request.sweep_id, ranks, request.duration_s + window.GRACE_S, START_TIMEOUT_S,
                                       start_at=request.start_at, cancelled=request.cancelled)
-        failed = _failed(replies)
+        failed = replies.failures()
         if not replies.done:
             raise ToolError(f"no torch rank started its profiler{window.within(failed, START_TIMEOUT_S)}: "
                             f"{_why(failed)}")
@@ -51,7 +51,7 @@ class TorchBackend(CaptureBackend):
         recording = [r for r in ranks if window.reply_path(window.folder_of(request.sweep_id, r), r.key,
                                                            window.STARTED).exists()]
         replies = window.wait(request.sweep_id, recording, window.STOPPED, STOP_TIMEOUT_S)
-        failed = _failed(replies)
+        failed = replies.failures()
         for reason in window.reasons(failed, NO_ANSWER):
             self.note(f"no trace from {reason}")
         if not replies.done:
@@ -66,10 +66,6 @@ class TorchBackend(CaptureBackend):
             paths.append(target)
         window.forget(request.sweep_id, ranks)
         return paths
-
-
-def _failed(replies: window.Replies) -> list[tuple[str | None, RankInfo]]:
-    return replies.failed + [(window.EXITED, r) for r in replies.exited]
 
 
 def _why(failed: list[tuple[str | None, RankInfo]]) -> str:

@@ -335,6 +335,11 @@ class Replies:
     exited: list[RankInfo] = field(default_factory=list)
     began: float = 0.0  # `open_windows`: when the windows began (epoch seconds), 0 where none did
 
+    def failures(self) -> list[tuple[str | None, RankInfo]]:
+        """The ranks that did not answer as asked, with why: their error, None (no answer in
+        time), or that the rank exited."""
+        return self.failed + [(EXITED, rank) for rank in self.exited]
+
 
 def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float) -> Replies:
     """Wait (bounded) for each rank's ``kind`` reply, its error, or its end; each list in
