@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,14 @@ from rankscope.analysis import simulate, simulated_job
 from rankscope.errors import ExportError
 
 SPEC = dict(nodes=2, gpus_per_node=2, tp=2, steps=3, seed=5, job_id="simjob")
+
+
+@pytest.fixture(autouse=True, params=["sqlite3", "arrow"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here twice: exports read by the sqlite3 module, and by ADBC's driver
+    (which hands what it cannot read as promised to the sqlite3 reader)."""
+    monkeypatch.setattr(nsys_export, "ARROW_FROM_BYTES", sys.maxsize if request.param == "sqlite3" else 0)
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +156,13 @@ def test_reading_runs_without_the_cyclic_collector_and_restores_it(job, monkeypa
 
 
 def test_rows_fetched_a_few_at_a_time_give_the_same_digest(job, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The big tables are fetched `FETCH_ROWS` at a time into arrays: chunks that split
-    kernels, launches and NVTX rows anywhere join up to the digest of one fetch."""
+    """The sqlite3 reader fetches the big tables `FETCH_ROWS` at a time into arrays: chunks
+    that split kernels, launches and NVTX rows anywhere join up to the digest of one fetch."""
     _, paths = job
     whole = nsys.read_many(paths)
     kernels = nsys_export.read_file(paths[0]).kernels
     assert len(kernels) > 7 * 3  # several chunks of 7, the last one short
+    monkeypatch.setattr(nsys_export, "ARROW_FROM_BYTES", sys.maxsize)
     monkeypatch.setattr(nsys_export, "FETCH_ROWS", 7)
     assert nsys_export.read_file(paths[0]).kernels.tolist() == kernels.tolist()
     assert nsys.read_many(paths).equals(whole)
@@ -270,6 +283,23 @@ def test_a_helper_process_without_nccl_kernels_is_left_out_not_taken_for_a_rank(
     assert any("pid 7 ran kernels on cuda:" in w and "made no NCCL call" in w for w in warnings)
 
 
+@contextlib.contextmanager
+def _writing(path: Path, *statements: str) -> Iterator[None]:
+    """A writer in another process, as nsys export is, that has run ``statements`` and holds
+    its connection open. Not this process: the reader's SQLite (ADBC's own copy) and the
+    sqlite3 module's share the process's POSIX locks, so one does not see the other's."""
+    code = ("import sqlite3, sys\ndb = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "for statement in sys.argv[2:]:\n    db.execute(statement)\nprint('held', flush=True)\nsys.stdin.read()")
+    writer = subprocess.Popen([sys.executable, "-c", code, str(path), *statements],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline() == "held\n"
+        yield
+    finally:
+        writer.stdin.close()
+        writer.wait(timeout=30)
+
+
 def test_an_export_being_written_is_refused_and_a_wal_export_read_whole(job, tmp_path: Path) -> None:
     # Opened immutable=1, an export under a writer's lock read as finished (here: without
     # its NVTX rows, so no op, communicator or call time), and a -wal file was ignored.
@@ -277,23 +307,17 @@ def test_an_export_being_written_is_refused_and_a_wal_export_read_whole(job, tmp
     whole = nsys.read_nsys(paths[0])
     locked = tmp_path / "locked.sqlite"
     locked.write_bytes(paths[0].read_bytes())
-    writer = sqlite3.connect(locked, isolation_level=None)
-    writer.execute("BEGIN EXCLUSIVE")
-    writer.execute("DELETE FROM NVTX_EVENTS")
-    with pytest.raises(ExportError, match="export is locked by a process writing it") as err:
-        nsys.read_nsys(locked)
+    with _writing(locked, "BEGIN EXCLUSIVE", "DELETE FROM NVTX_EVENTS"):
+        with pytest.raises(ExportError, match="export is locked by a process writing it") as err:
+            nsys.read_nsys(locked)
     assert str(locked) in str(err.value) and "\n" not in str(err.value)
-    writer.execute("ROLLBACK")
-    writer.close()
 
     wal = tmp_path / "wal.sqlite"
     wal.write_bytes(paths[0].read_bytes())
-    writer = sqlite3.connect(wal, isolation_level=None)
-    writer.execute("PRAGMA journal_mode=WAL")
-    writer.execute("PRAGMA wal_autocheckpoint=0")  # the change stays in wal.sqlite-wal
-    writer.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = 'walhost' WHERE name = 'Hostname'")
-    assert nsys.read_nsys(wal).column("host").to_pylist() == ["walhost"] != whole.column("host").to_pylist()
-    writer.close()
+    # wal_autocheckpoint=0: the change stays in wal.sqlite-wal.
+    with _writing(wal, "PRAGMA journal_mode=WAL", "PRAGMA wal_autocheckpoint=0",
+                  "UPDATE TARGET_INFO_SYSTEM_ENV SET value = 'walhost' WHERE name = 'Hostname'"):
+        assert nsys.read_nsys(wal).column("host").to_pylist() == ["walhost"] != whole.column("host").to_pylist()
 
 
 @pytest.mark.parametrize("table, column, rows, named", [

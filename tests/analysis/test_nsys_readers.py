@@ -1,0 +1,125 @@
+"""An export's rows read by ADBC's SQLite driver (into Arrow) are the rows the sqlite3
+module reads; an export the driver cannot read as the statements promise is read again
+by sqlite3, whose reading names what is wrong."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.analysis import nsys, nsys_export, simulate
+from rankscope.errors import ExportError
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, seed=3)
+    return simulate.simulate(spec, tmp_path_factory.mktemp("sim"))[0]
+
+
+def _copy(export: Path, copy: Path, *statements: str) -> Path:
+    copy.write_bytes(export.read_bytes())
+    with sqlite3.connect(copy) as db:
+        for statement in statements:
+            db.execute(statement)
+    return copy
+
+
+def _big(export: Path, copy: Path, *statements: str) -> Path:
+    """A copy with every kernel 100 times over, then ``statements``: an export the size the
+    Arrow reader reads, with more rows than the driver's first batch (1,024), the rows it
+    types each column by."""
+    copies = ("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT k.* FROM CUPTI_ACTIVITY_KIND_KERNEL AS k, "
+              "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100) SELECT i FROM n)")
+    big = _copy(export, copy, copies, *statements)
+    assert big.stat().st_size >= nsys_export.ARROW_FROM_BYTES
+    return big
+
+
+def _assert_same_rows(arrow: dict, rows: dict) -> None:
+    assert arrow.keys() == rows.keys()
+    for name, value in arrow.items():
+        if name == "nvtx":
+            (ints, names, blobs), (sql_ints, sql_names, sql_blobs) = value, rows[name]
+            _assert_same_array(ints, sql_ints)
+            assert names == sql_names and blobs == sql_blobs
+        elif isinstance(value, np.ndarray):
+            _assert_same_array(value, rows[name])
+        else:
+            assert value == rows[name], name
+
+
+def _assert_same_array(array: np.ndarray, expected: np.ndarray) -> None:
+    assert array.dtype == expected.dtype == np.int64 and array.shape == expected.shape
+    assert np.array_equal(array, expected)
+
+
+def _read_by_arrow(path: Path) -> dict:
+    """The Arrow reader's rows, failing where it would hand the export to sqlite3."""
+    try:
+        return nsys_export._read_arrow(path)
+    except nsys_export._Unread as exc:
+        pytest.fail(f"{path.name} was not read by the Arrow reader: {exc}")
+
+
+def test_a_simulated_export_reads_to_the_same_rows_through_either_reader(export: Path, tmp_path: Path) -> None:
+    big = _big(export, tmp_path / "big.sqlite")
+    for path in (export, big):
+        rows = nsys_export._read_rows(path)
+        _assert_same_rows(_read_by_arrow(path), rows)
+    assert len(rows["kernels"]) > 1024
+
+
+def test_a_big_export_is_read_by_the_arrow_reader_alone(export: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    big = _big(export, tmp_path / "big.sqlite")
+    rows = nsys_export._read_rows(big)
+    monkeypatch.setattr(nsys_export, "_read_rows", lambda path: pytest.fail(f"{path.name} read by sqlite3"))
+    assert nsys_export.read_file(big).kernels.tolist() == rows["kernels"].tolist()
+
+
+def test_a_small_export_is_read_by_sqlite3_alone(export: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert export.stat().st_size < nsys_export.ARROW_FROM_BYTES
+    rows = nsys_export._read_rows(export)
+    monkeypatch.setattr(nsys_export, "_read_arrow", lambda path: pytest.fail(f"{path.name} read by ADBC"))
+    assert nsys_export.read_file(export).kernels.tolist() == rows["kernels"].tolist()
+
+
+def test_the_real_exports_read_to_the_same_rows_through_either_reader(samples: Path) -> None:
+    paths = sorted((samples / "nsys").glob("*/*.sqlite"))
+    assert len(paths) == 4
+    for path in paths:
+        _assert_same_rows(_read_by_arrow(path), nsys_export._read_rows(path))
+
+
+@pytest.mark.parametrize("edit, read_as", [
+    # In the driver's first batch a text or a real among integers turns the column to text
+    # or double; past it, the driver fails. Both are read again, and refused, by sqlite3.
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = 1", "string"),
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 1e300 WHERE rowid = 1", "double"),
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = (SELECT max(rowid) FROM "
+     "CUPTI_ACTIVITY_KIND_KERNEL)", "Type mismatch"),
+])
+def test_integers_the_driver_reads_otherwise_are_read_again_by_sqlite3_and_refused(
+        export: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: str, read_as: str) -> None:
+    copy = _big(export, tmp_path / "edited.sqlite", edit)
+    with caplog.at_level(logging.DEBUG, logger=nsys_export.__name__):
+        with pytest.raises(ExportError, match="its kernels rows hold a NULL or a non-integer") as err:
+            nsys.read_nsys(copy)
+    assert str(copy) in str(err.value)
+    (again,) = [r.getMessage() for r in caplog.records if "read again with sqlite3" in r.getMessage()]
+    assert read_as in again
+
+
+def test_text_the_driver_would_take_as_integers_is_read_as_sqlite3_reads_it(export: Path, tmp_path: Path) -> None:
+    # A process id stored as text: the sqlite3 module gives the text, which stays unmatched
+    # (no kernel's pid); the driver would give the column as text too, or fail past its
+    # first batch. Either way the rows are sqlite3's.
+    copy = _big(export, tmp_path / "edited.sqlite", "UPDATE TARGET_INFO_CUDA_DEVICE SET pid = 'x' WHERE rowid = 1")
+    with pytest.raises(nsys_export._Unread, match="cuda_devices gave string"):
+        nsys_export._read_arrow(copy)
+    assert {type(pid) for pid, _ in nsys_export.read_file(copy).cuda_devices} == {str, int}
