@@ -1,7 +1,7 @@
 """How analysis time and memory grow with ranks (issue 2, "must show" 4). Not a test.
 
-For each size a simulated job (8 GPUs per node, TP=8) is written as nsys exports; then,
-on the same files:
+For each size and step count a simulated job (8 GPUs per node, TP=8) is written as nsys
+exports; then, on the same files:
   floor     sqlite3 alone running the very statements the ingest runs on each file
             (`nsys_export.export_schema`: same tables, columns, joins and filters) on a
             connection opened as the ingest opens it (`nsys_export.connect`), every row
@@ -9,7 +9,8 @@ on the same files:
   analysis  `sources.load_digests` + `pipeline.analyze` (also shown split: load, analyze).
             Exports of `nsys_export.ARROW_FROM_BYTES` (256 KiB) or more are read by ADBC's
             SQLite driver straight into Arrow, smaller ones with sqlite3 as the floor reads:
-            at the default 20 steps an export is ~140 KiB; at --steps 200, ~400 KiB.
+            at 20 steps an export is ~140 KiB, at 200 steps ~400 KiB (the real exports in
+            ../shared/samples/nsys are 1.1 to 2.7 MB).
 Time: one fresh process times floor and analysis alternately, --repeat rounds, and keeps
 each one's best (other users of shared cores only ever add time; the load average is
 printed); load and analyze are each their own best too, so load/floor compares like
@@ -21,7 +22,7 @@ Memory: one fresh process per mode runs it once; peak RSS is shown, and its grow
 the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
 
-    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20] [--repeat 5]
+    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20 200] [--repeat 5]
     .venv/bin/python bench/analyze_scale.py --child time FOLDER [--repeat 5]   # one written set: JSON
 """
 
@@ -120,38 +121,46 @@ def run_child(mode: str, folder: Path, repeat: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _run(size: int, steps: int, repeat: int) -> None:
+    """One simulated job written, timed and measured: one printed row."""
+    from rankscope.analysis import simulate as sim
+
+    spec = sim.JobSpec(nodes=max(1, size // 8), gpus_per_node=min(8, size), tp=min(8, size), steps=steps,
+                       stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),), seed=1)
+    with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
+        folder = Path(tmp)
+        sim.simulate(spec, folder)
+        kib = sum(p.stat().st_size for p in folder.glob("*.sqlite")) / 2**10 / spec.world_size
+        load_before = os.getloadavg()[0]
+        timed = run_child("time", folder, repeat)
+        an_mem, fl_mem = run_child("analysis", folder, 1), run_child("floor", folder, 1)
+        load_after = os.getloadavg()[0]
+    an, fl = timed["analysis"], timed["floor"]
+    grown = an_mem["peak_mb"] - an_mem["baseline_mb"]
+    print(f"{spec.world_size:>5} {steps:>5} {kib:>10.0f} {an['seconds']:>10.3f} {an['load_s']:>7.3f} {an['analyze_s']:>9.3f} "
+          f"{fl['seconds']:>8.3f} {an['seconds'] / fl['seconds']:>6.2f} {an['paired']:>6.2f} "
+          f"{'%.2f-%.2f' % tuple(an['paired_range']):>9} {an['load_s'] / fl['seconds']:>10.2f} "
+          f"{an_mem['peak_mb']:>8.0f} {grown:>6.0f} {grown / spec.world_size:>8.2f} "
+          f"{fl_mem['peak_mb'] - fl_mem['baseline_mb']:>9.0f} {load_before:>4.1f}/{load_after:<4.1f}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 512])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, nargs="+", default=[20, 200], help="steps per job: each size is run at each")
     parser.add_argument("--repeat", type=int, default=5, help="timing rounds (best kept; paired: median of the rounds)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child, args.repeat)))
         return 0
-    from rankscope.analysis import simulate as sim
-
     print(f"{os.cpu_count()} CPUs; best of {args.repeat} alternating rounds; load = 1-min load average before/after")
-    print(f"{'ranks':>5} {'MB':>6} {'analysis s':>10} {'load s':>7} {'analyze s':>9} {'floor s':>8} {'ratio':>6} "
-          f"{'paired':>6} {'rounds':>9} {'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} {'floor +MB':>9} {'load avg':>10}")
-    for size in args.sizes:
-        spec = sim.JobSpec(nodes=max(1, size // 8), gpus_per_node=min(8, size), tp=min(8, size), steps=args.steps,
-                           stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),), seed=1)
-        with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
-            folder = Path(tmp)
-            sim.simulate(spec, folder)
-            megabytes = sum(p.stat().st_size for p in folder.glob("*.sqlite")) / 2**20
-            load_before = os.getloadavg()[0]
-            timed = run_child("time", folder, args.repeat)
-            an_mem, fl_mem = run_child("analysis", folder, 1), run_child("floor", folder, 1)
-            load_after = os.getloadavg()[0]
-        an, fl = timed["analysis"], timed["floor"]
-        grown = an_mem["peak_mb"] - an_mem["baseline_mb"]
-        print(f"{spec.world_size:>5} {megabytes:>6.1f} {an['seconds']:>10.3f} {an['load_s']:>7.3f} {an['analyze_s']:>9.3f} "
-              f"{fl['seconds']:>8.3f} {an['seconds'] / fl['seconds']:>6.2f} {an['paired']:>6.2f} {'%.2f-%.2f' % tuple(an['paired_range']):>9} {an['load_s'] / fl['seconds']:>10.2f} "
-              f"{an_mem['peak_mb']:>8.0f} {grown:>6.0f} {grown / spec.world_size:>8.2f} "
-              f"{fl_mem['peak_mb'] - fl_mem['baseline_mb']:>9.0f} {load_before:>4.1f}/{load_after:<4.1f}", flush=True)
+    print(f"{'ranks':>5} {'steps':>5} {'KiB/export':>10} {'analysis s':>10} {'load s':>7} {'analyze s':>9} {'floor s':>8} "
+          f"{'ratio':>6} {'paired':>6} {'rounds':>9} {'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} "
+          f"{'floor +MB':>9} {'load avg':>10}")
+    for steps in args.steps:
+        for size in args.sizes:
+            _run(size, steps, args.repeat)
     return 0
 
 
