@@ -361,7 +361,7 @@ def read_file(path: Path) -> File:
     promise, with the sqlite3 module, which names what is wrong with it (or reads what is
     only unusual)."""
     rows = None
-    if _size(path) >= ARROW_FROM_BYTES:
+    if by_arrow(path):
         try:
             rows = _read_arrow(path)
         except _Unread as exc:
@@ -369,11 +369,12 @@ def read_file(path: Path) -> File:
     return _parse(path, _read_rows(path) if rows is None else rows)
 
 
-def _size(path: Path) -> int:
+def by_arrow(path: Path) -> bool:
+    """Whether `read_file` reads this export with ADBC's driver (which runs without the GIL)."""
     try:
-        return path.stat().st_size
+        return path.stat().st_size >= ARROW_FROM_BYTES
     except OSError:
-        return 0  # for the sqlite3 reader to name
+        return False  # for the sqlite3 reader to name
 
 
 def _read_rows(path: Path) -> dict[str, Any]:

@@ -65,7 +65,8 @@ def load_digests(
     given = {} if local else {str(f.absolute()): str(f) for f in files}
     shipped = files if local else [f.absolute() for f in files]
     chunks = [shipped[i : i + size] for i in range(0, len(shipped), size)]
-    results = runner.map(_Reader(rank_from), chunks)
+    # A Ray task reads on one thread (Ray spreads the tasks); locally, on every CPU allowed.
+    results = runner.map(_Reader(rank_from, len(os.sched_getaffinity(0)) if local else 1), chunks)
     if progress:
         results = counted(results, len(chunks), f"reading exports ({size} per batch)")
     digests = digest.concat(results)
@@ -222,8 +223,9 @@ class _Reader:
     """Picklable reader of a chunk of files (Ray ships it to tasks): digest rows in file
     order, consecutive nsys exports read as one batch."""
 
-    def __init__(self, rank_from: str | None) -> None:
+    def __init__(self, rank_from: str | None, workers: int) -> None:
         self.rank_from = rank_from
+        self.workers = workers  # threads reading a batch's exports (`nsys.read_many`)
 
     def __call__(self, paths: Sequence[Path]) -> pa.Table:
         tables, exports = [], []
@@ -233,11 +235,11 @@ class _Reader:
                 exports.append(export)
                 continue
             if exports:
-                tables.append(nsys.read_many(exports, rank_from=self.rank_from))
+                tables.append(nsys.read_many(exports, rank_from=self.rank_from, workers=self.workers))
                 exports = []
             tables.append(read_one(path, rank_from=self.rank_from))
         if exports:
-            tables.append(nsys.read_many(exports, rank_from=self.rank_from))
+            tables.append(nsys.read_many(exports, rank_from=self.rank_from, workers=self.workers))
         return digest.concat(tables)
 
 

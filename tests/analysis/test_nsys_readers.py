@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -123,3 +125,44 @@ def test_text_the_driver_would_take_as_integers_is_read_as_sqlite3_reads_it(expo
     with pytest.raises(nsys_export._Unread, match="cuda_devices gave string"):
         nsys_export._read_arrow(copy)
     assert {type(pid) for pid, _ in nsys_export.read_file(copy).cuda_devices} == {str, int}
+
+
+def test_big_exports_are_read_on_threads_to_the_same_digest_as_on_one(export: Path, tmp_path: Path) -> None:
+    paths = [_big(export, tmp_path / f"big{i}.sqlite") for i in range(3)] + [export]
+    assert nsys.read_many(paths, workers=3).equals(nsys.read_many(paths, workers=1))
+
+
+def test_threads_read_in_order_no_more_than_workers_ahead_and_small_exports_here(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = [Path(f"{i}.{'big' if i % 3 else 'small'}") for i in range(12)]
+    started: list[tuple[int, str]] = []
+    lock = threading.Lock()
+
+    def read_file(path: Path) -> Path:
+        with lock:
+            started.append((int(path.stem), threading.current_thread().name))
+        time.sleep(0.01)
+        return path
+
+    monkeypatch.setattr(nsys, "read_file", read_file)
+    monkeypatch.setattr(nsys, "by_arrow", lambda path: path.suffix == ".big")
+    taken = []
+    for path in nsys._read_files(paths, workers=2):
+        with lock:
+            assert max(i for i, _ in started) <= len(taken) + 2, "read more than 2 ahead of the one taken"
+        taken.append(path)
+    assert taken == paths
+    threads = dict(started)
+    assert all(threads[i].startswith("rankscope-read") == (i % 3 != 0) for i in range(12)), threads
+    assert not [t for t in threading.enumerate() if t.name.startswith("rankscope-read")]
+
+
+def test_on_threads_the_first_bad_export_in_order_is_the_error(export: Path, tmp_path: Path) -> None:
+    big = _big(export, tmp_path / "big.sqlite")
+    bad = [tmp_path / f"bad{i}.sqlite" for i in range(2)]
+    for path in bad:
+        path.write_bytes(b"\0" * nsys_export.ARROW_FROM_BYTES)
+    with pytest.raises(ExportError, match="not an SQLite export") as err:
+        nsys.read_many([big, bad[0], big, bad[1]], workers=2)
+    assert str(bad[0]) in str(err.value)
+    assert not [t for t in threading.enumerate() if t.name.startswith("rankscope-read")]
