@@ -406,9 +406,9 @@ class _Unread(Exception):
 
 def _read_arrow(path: Path) -> dict[str, Any]:
     """The statements' rows as `_fetch` gives them, read by ADBC's SQLite driver straight
-    into Arrow: no Python object per value, where the sqlite3 module makes one (a third to
-    a half of the time on big tables). Read-only, in one read transaction, as `connect`
-    reads. Raises `_Unread` for an export it cannot open or read, or whose results are
+    into Arrow: no Python object per value, where the sqlite3 module makes one (about half
+    the time on exports of some MB), and without the GIL. Read-only, in one read
+    transaction, as `connect` reads. Raises `_Unread` for an export it cannot open or read, or whose results are
     not of the kinds the statements promise (`_KINDS`): SQLite keeps any value in any
     column, and the driver takes each column's type from its first rows.
 
