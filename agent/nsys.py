@@ -411,7 +411,7 @@ class NsysBackend(CaptureBackend):
             for r in ranks})
         failed = replies.failures()
         if failed:
-            self._end([rank for rank, _ in replies.done], request)
+            self._end(request, [rank for rank, _ in replies.done], ranks)
             raise ToolError(f"not every rank started recording{window.within(failed, self._start_wait_s())}: "
                             + "; ".join(window.reasons(failed, "no answer (is `rankscope rank` running it?)")))
         self._notes(replies)
@@ -426,14 +426,13 @@ class NsysBackend(CaptureBackend):
         ranks = self._started.pop(request.sweep_id, None) or window.asked(request.sweep_id, self.own_ranks(request))
         if not ranks:
             raise ToolError(f"no rank of this node was asked to record for capture {request.sweep_id}")
-        window.tell_stop(request.sweep_id, ranks)
-        replies = window.wait(request.sweep_id, ranks, window.STOPPED, self.timeout_s + window.GRACE_S)
+        replies = window.end_windows(request.sweep_id, ranks, self._stop_wait_s())
         window.forget(request.sweep_id, ranks)
         self._notes(replies)
         for rank in replies.exited:
             self.note(f"rank {rank.rank}: {ENDED}")
         stopped = {id(rank) for rank, _ in replies.done} | {id(rank) for rank in replies.exited}
-        errors = window.reasons(replies.failed, f"no answer within {self.timeout_s + window.GRACE_S:g} s")
+        errors = window.reasons(replies.failed, f"no answer within {self._stop_wait_s():g} s")
         return self._went_on([Path(f"{report_base(request, r)}{REPORT_SUFFIX}") for r in ranks if id(r) in stopped],
                              errors)
 
@@ -461,13 +460,17 @@ class NsysBackend(CaptureBackend):
         metrics, the stop and start again of a collection left open), each bounded."""
         return 4 * self.timeout_s + window.GRACE_S
 
-    def _end(self, ranks: Sequence[RankInfo], request: CaptureRequest) -> None:
-        """End the windows of a capture that failed to start: none is left recording."""
-        window.tell_stop(request.sweep_id, ranks)
-        replies = window.wait(request.sweep_id, ranks, window.STOPPED, self.timeout_s + window.GRACE_S)
+    def _stop_wait_s(self) -> float:
+        """A wrapper's stop runs one nsys command, bounded."""
+        return self.timeout_s + window.GRACE_S
+
+    def _end(self, request: CaptureRequest, started: Sequence[RankInfo], asked: Sequence[RankInfo]) -> None:
+        """End the windows of a capture that failed to start: none is left recording, nor
+        asked to."""
+        replies = window.end_windows(request.sweep_id, started, self._stop_wait_s())
         for reason in window.reasons(replies.failed, "no answer"):
             log.warning("capture %s: could not end the window of %s", request.sweep_id, reason)
-        window.forget(request.sweep_id, request.ranks)
+        window.forget(request.sweep_id, asked)
 
     def _notes(self, replies: window.Replies) -> None:
         for rank, notes in replies.done:

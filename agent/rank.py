@@ -19,7 +19,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -259,7 +258,7 @@ def supervise(argv: Sequence[str], started: Callable[[subprocess.Popen], object]
 def run_in_session(argv: Sequence[str], info: RankInfo, spool: Path, exe: str, *, cwd: Path | None = None) -> int:
     """nsys launch (in ``cwd``); announce the rank once its session is listed, and record
     the windows the node's agent asks of it in that session; withdraw when it ends."""
-    watching: list[tuple[window.Watcher, threading.Thread]] = []
+    watching: list[window.Watcher] = []
 
     def started(child: subprocess.Popen) -> None:
         if not _wait_for_session(child, info.session, exe):
@@ -267,13 +266,14 @@ def run_in_session(argv: Sequence[str], info: RankInfo, spool: Path, exe: str, *
         watcher = window.Watcher(spool, info.key, lambda folder, options: nsys.SessionWindow(
             info.session, options, ended=lambda: child.poll() is not None, nsys=exe))
         announce(spool, info)
-        watching.append((watcher, watcher.start()))
+        watcher.start()
+        watching.append(watcher)
 
     try:
         return supervise(argv, started, cwd=cwd)
     finally:
-        for watcher, thread in watching:  # a window still open: say the rank ended in it
-            watcher.close(thread, nsys.COMMAND_TIMEOUT_S)
+        for watcher in watching:  # a window still open: say the rank ended in it
+            watcher.close(nsys.COMMAND_TIMEOUT_S)
         withdraw(spool, info)
 
 

@@ -1,8 +1,9 @@
 """The `torch` capture backend: PyTorch-profiler windows on the ranks run under the torch hook.
 
 The agent asks each rank's hook for a window through the spool (window.py): start waits
-until each hook is ready, then has the ready ones start their profilers together; stop waits (bounded) for every started rank's
-Kineto trace, and moves the traces into the capture's work folder for the digest step.
+until each hook is ready, then has the ready ones start their profilers together; stop
+waits (bounded) for every started rank's Kineto trace, and moves the traces into the
+capture's work folder for the digest step.
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ class TorchBackend(CaptureBackend):
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         ranks = self.own_ranks(request)
-        window.tell_stop(request.sweep_id, ranks)
-        recording = [r for r in ranks if window.reply_path(window.folder_of(request.sweep_id, r), r.key,
-                                                           window.STARTED).exists()]
-        replies = window.wait(request.sweep_id, recording, window.STOPPED, STOP_TIMEOUT_S)
+        try:
+            return self._collect(request, window.end_windows(request.sweep_id, window.recording(request.sweep_id, ranks),
+                                                             STOP_TIMEOUT_S))
+        finally:
+            window.forget(request.sweep_id, ranks)  # a rank still ready or recording ends its window
+
+    def _collect(self, request: CaptureRequest, replies: window.Replies) -> list[Path]:
+        """The written traces, moved into the capture's work folder for the digest step."""
         failed = replies.failures()
         for reason in window.reasons(failed, NO_ANSWER):
             self.note(f"no trace from {reason}")
@@ -64,7 +69,6 @@ class TorchBackend(CaptureBackend):
             target = out / source.name
             shutil.move(source, target)
             paths.append(target)
-        window.forget(request.sweep_id, ranks)
         return paths
 
 

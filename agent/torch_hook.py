@@ -92,11 +92,11 @@ def install() -> None:
     """Start the hook's watcher thread in this process (called from sitecustomize)."""
     info = RankInfo(**json.loads(os.environ.pop(ENV)))
     watcher = window.Watcher(Path(info.spool), info.key, lambda folder, options: _Window(info))
-    thread = watcher.start()
+    watcher.start()
     # Registered first, so it runs after the job's own exit handlers, while the interpreter
     # still works: a daemon thread caught inside torch's C++ code by finalization aborts the
     # process (pytorch/pytorch#38228), and a profiler left running crashes it at exit.
-    atexit.register(watcher.close, thread, EXIT_WAIT_S)
+    atexit.register(watcher.close, EXIT_WAIT_S)
 
 
 class _Window:

@@ -28,9 +28,10 @@ torch._inductor, 1 to 2.5 s; the node's GPU-metrics sampler checks the counters 
 and a rank that began its window seconds after another missed the window's first
 collectives, which were then dropped as incomplete. So the ranks start together, at one
 time on the clock their node shares (the sweep's start, the same for every node, where
-they are ready by then), and stop so too (not each at its next poll). (A rank's key, not its pid: containers sharing the
-spool have pids of their own, spool.py.) A rank records one window at a time: asked by a
-second capture meanwhile (two agents reading one spool), it answers that one with an error.
+they are ready by then), and stop so too (not each at its next poll). Ranks are named by
+their key, not their pid: containers sharing the spool have pids of their own (spool.py).
+A rank records one window at a time: asked by a second capture meanwhile (two agents
+reading one spool), it answers that one with an error.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ Opener = Callable[[Path, Mapping[str, Any]], Window]
 class Watcher:
     """The rank's side: makes a window ready where a capture asks for this rank, starts it
     on go.json, closes it on stop.json, on its deadline, when the capture's folder goes
-    away, or at `close`. Runs on one thread (Kineto requires its windows started and
-    ended on one)."""
+    away, or at `close`. Runs on its one thread, from `start` (Kineto requires its windows
+    started and ended on one)."""
 
     def __init__(self, spool: Path, key: str, opener: Opener) -> None:
         self.root = captures_dir(spool)
@@ -119,16 +120,15 @@ class Watcher:
         self.said = 0  # of the window's notes, how many its replies gave
         self.max_s = 0.0
         self.deadline = 0.0  # of waiting for go.json, then of the recording
+        self.thread = threading.Thread(target=self.watch, name="rankscope-window", daemon=True)
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.watch, name="rankscope-window", daemon=True)
-        thread.start()
-        return thread
+    def start(self) -> None:
+        self.thread.start()
 
-    def close(self, thread: threading.Thread, timeout_s: float) -> None:
+    def close(self, timeout_s: float) -> None:
         """The rank is ending: close an open window (its output is still written), then stop."""
         self.closing.set()
-        thread.join(timeout_s)
+        self.thread.join(timeout_s)
 
     def watch(self) -> None:
         while not self.closing.wait(POLL_S):
@@ -317,6 +317,18 @@ def _at(name: str, sweep_id: str, ranks: Sequence[RankInfo], at: float) -> float
         if folder.is_dir():
             atomic.write_text(folder / name, json.dumps({"at": at}))
     return at
+
+
+def end_windows(sweep_id: str, ranks: Sequence[RankInfo], timeout_s: float) -> Replies:
+    """``ranks`` end their windows together (`tell_stop`); how each answered (bounded):
+    ``done`` once its output is written."""
+    tell_stop(sweep_id, ranks)
+    return wait(sweep_id, ranks, STOPPED, timeout_s)
+
+
+def recording(sweep_id: str, ranks: Sequence[RankInfo]) -> list[RankInfo]:
+    """The ranks that said they began recording for this capture."""
+    return [rank for rank in ranks if reply_path(folder_of(sweep_id, rank), rank.key, STARTED).exists()]
 
 
 def forget(sweep_id: str, ranks: Sequence[RankInfo]) -> None:

@@ -205,6 +205,7 @@ def test_a_job_starting_its_own_profiler_mid_window_survives_and_keeps_its_profi
         with pytest.raises(ToolError, match=r"^no torch rank wrote its trace: rank 0: the job started its own "
                                             r"torch.profiler during the window"):
             backend.stop(request)
+        assert not window.folder_of("w4", ranks[0]).exists()  # a failed stop leaves no capture asked
         assert proc.poll() is None  # still training
     assert _job_trace(tmp_path)
 

@@ -51,23 +51,22 @@ def rank(tmp_path: Path):
                     protocol=window.PROTOCOL)
     watcher = window.Watcher(tmp_path, info.key, lambda folder, options: opened.append(Recorded(dict(options)))
                              or opened[-1])
-    thread = watcher.start()
-    yield info, watcher, thread, opened
-    watcher.close(thread, 10)
+    watcher.start()
+    yield info, watcher, opened
+    watcher.close(10)
 
 
 def test_a_window_opens_when_asked_and_closes_on_stop_with_the_notes_of_each_part(rank) -> None:
-    info, _, _, opened = rank
+    info, _, opened = rank
     started = window.open_windows("sw1", [info], 60, 10, options={info.key: {"output": "/r"}})
     assert started.done == [(info, ["ready", "started"])] and opened[0].options == {"output": "/r"}
-    window.tell_stop("sw1", [info])
-    stopped = window.wait("sw1", [info], window.STOPPED, 10)
+    stopped = window.end_windows("sw1", [info], 10)
     assert stopped.done == [(info, ["closed"])]  # only what is new since the start's reply
     assert opened[0].closed_in == window.folder_of("sw1", info)
 
 
 def test_a_malformed_request_is_answered_and_the_next_one_served(rank) -> None:
-    info, _, _, opened = rank
+    info, _, opened = rank
     folder = window.folder_of("bad", info)
     folder.mkdir(parents=True)
     (folder / window.START).write_text(json.dumps({"ranks": [info.key], "max_s": "soon"}))
@@ -77,16 +76,16 @@ def test_a_malformed_request_is_answered_and_the_next_one_served(rank) -> None:
 
 
 def test_a_window_ends_by_its_deadline_when_no_stop_comes(rank) -> None:
-    info, _, _, opened = rank
+    info, _, opened = rank
     window.open_windows("sw1", [info], 0.2, 10)
     assert window.wait("sw1", [info], window.STOPPED, 10).done == [(info, ["closed"])]
 
 
 def test_the_rank_ending_closes_its_open_window(rank) -> None:
-    info, watcher, thread, opened = rank
+    info, watcher, opened = rank
     window.open_windows("sw1", [info], 60, 10)
-    watcher.close(thread, 10)
-    assert not thread.is_alive() and opened[0].closed_in is not None
+    watcher.close(10)
+    assert not watcher.thread.is_alive() and opened[0].closed_in is not None
     assert window.reply_path(window.folder_of("sw1", info), info.key, window.STOPPED).exists()
 
 
@@ -99,13 +98,13 @@ def test_a_request_from_before_the_rank_watched_is_not_its_own(tmp_path: Path) -
     os.utime(start, (time.time() - 60, time.time() - 60))
     opened: list = []
     watcher = window.Watcher(tmp_path, info.key, lambda folder, options: opened.append(folder) or Recorded({}))
-    thread = watcher.start()
+    watcher.start()
     try:
         window.ask("new", [info], 60)
         _until("the new capture to start", lambda: len(opened) == 1)
         assert opened == [window.folder_of("new", info)]
     finally:
-        watcher.close(thread, 10)
+        watcher.close(10)
 
 
 def test_ranks_that_take_long_to_be_ready_still_start_together_and_stop_together(tmp_path: Path) -> None:
@@ -118,7 +117,8 @@ def test_ranks_that_take_long_to_be_ready_still_start_together_and_stop_together
     windows: list[Recorded] = []
     watchers = [window.Watcher(tmp_path, info.key, lambda folder, options: windows.append(Recorded(dict(options)))
                                or windows[-1]) for info in infos]
-    threads = [watcher.start() for watcher in watchers]
+    for watcher in watchers:
+        watcher.start()
     try:
         opened = window.open_windows("sw1", infos, 60, 10, options={"k1": {"prepare_s": 1.5}})
         assert [rank for rank, _ in opened.done] == infos and not opened.failed
@@ -133,12 +133,12 @@ def test_ranks_that_take_long_to_be_ready_still_start_together_and_stop_together
         ends = [w.closed_at for w in windows]
         assert min(ends) >= at - 0.005 and max(ends) - min(ends) < 0.1, (at, ends)
     finally:
-        for watcher, thread in zip(watchers, threads):
-            watcher.close(thread, 10)
+        for watcher in watchers:
+            watcher.close(10)
 
 
 def test_a_rank_that_cannot_be_ready_leaves_the_others_unstarted_where_all_or_none_is_asked(rank, tmp_path) -> None:
-    info, _, _, opened = rank
+    info, _, opened = rank
     absent = RankInfo(rank=1, local_rank=1, world_size=2, pid=os.getpid(), host="h", token="k1", spool=str(tmp_path))
     replies = window.open_windows("sw1", [info, absent], 60, 0.5, all_or_none=True)
     assert replies.failed == [(None, absent)] and replies.done == []
@@ -148,7 +148,7 @@ def test_a_rank_that_cannot_be_ready_leaves_the_others_unstarted_where_all_or_no
 
 def test_windows_begin_at_the_sweeps_start_where_ready_before_it(rank) -> None:
     """Every node of a sweep begins at one time (the coordinator's), not each when ready."""
-    info, _, _, opened = rank
+    info, _, opened = rank
     start_at = time.time() + 1.0
     replies = window.open_windows("sw1", [info], 60, 10, start_at=start_at)
     assert replies.began == start_at and opened[0].started_at >= start_at - 0.005
@@ -158,7 +158,7 @@ def test_windows_begin_at_the_sweeps_start_where_ready_before_it(rank) -> None:
 def test_a_start_already_past_or_implausibly_far_ahead_begins_now(rank, ahead_s: float) -> None:
     """A node ready late starts as soon as it is; a start an hour ahead is a coordinator whose
     clock is off, not a plan to wait for."""
-    info, _, _, opened = rank
+    info, _, opened = rank
     asked = time.time()
     replies = window.open_windows("sw1", [info], 60, 10, start_at=asked + ahead_s)
     assert asked < replies.began < asked + 2 and opened[0].started_at < asked + 2
