@@ -148,7 +148,7 @@ class _Window:
                            "so this rank records no window")
 
     def _watch_takeover(self, session_class: type) -> None:
-        """Note any profiler the job starts until ``finish`` (each starts through ``_start_trace``)."""
+        """Note any profiler the job starts until `close` (each starts through ``_start_trace``)."""
         original = session_class._start_trace
 
         def start_trace(profiler, *args, **kwargs):
@@ -159,13 +159,11 @@ class _Window:
         self._unwatch = lambda: setattr(session_class, "_start_trace", original)
 
     def close(self, folder: Path) -> None:
-        self.finish(folder / trace_name(self.info.rank, self.info.key))
-
-    def finish(self, path: Path) -> None:
+        """Stop the profiler and write its trace, with rankscope's metadata, into ``folder``."""
         self._unwatch()
         if self.taken_over:
             raise NoWindow("the job started its own torch.profiler during the window, which ends "
-                               "rankscope's recording: no trace from this rank (the job's own profile is unharmed)")
+                           "rankscope's recording: no trace from this rank (the job's own profile is unharmed)")
         try:
             meta = {
                 "rank": self.info.rank,
@@ -180,7 +178,7 @@ class _Window:
             self.profiler.add_metadata_json("rankscope", json.dumps(meta))
         finally:  # whatever went wrong gathering it, no profiler is left running in the job
             self.profiler.stop()
-        with atomic.replacing(path) as tmp:  # a name not ending in .gz: Kineto writes it plain
+        with atomic.replacing(folder / trace_name(self.info.rank, self.info.key)) as tmp:  # not .gz: Kineto writes it plain
             self.profiler.export_chrome_trace(str(tmp))
 
 

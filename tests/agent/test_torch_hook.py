@@ -83,7 +83,7 @@ torch_hook._flight_recorder = broken
 window = torch_hook._Window(RankInfo(rank=0, local_rank=0, world_size=1, pid=0, host="h"))
 window.start()
 try:
-    window.finish(torch_hook.Path(sys.argv[1]))
+    window.close(torch_hook.Path(sys.argv[1]))
 except RuntimeError as exc:
     print("raised:", exc)
 print("recording:", autograd_profiler._is_profiler_enabled)
@@ -93,7 +93,7 @@ print("recording:", autograd_profiler._is_profiler_enabled)
 def test_a_window_whose_metadata_fails_still_stops_the_profiler(tmp_path: Path) -> None:
     """The hook's promise: whatever goes wrong, no profiler is left running in the job."""
     pytest.importorskip("torch")
-    done = subprocess.run([sys.executable, "-c", WINDOW_FAILING, str(tmp_path / "trace.json")],
+    done = subprocess.run([sys.executable, "-c", WINDOW_FAILING, str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-2:] == ["raised: no flight recorder today", "recording: False"]
