@@ -30,7 +30,7 @@ def rank_main(rank: int, port: str, out: str) -> None:
     for _ in range(STEPS):
         for work in [dist.all_reduce(b, async_op=True) for b in buffers]:
             work.wait()
-    window.finish(Path(out) / f"rank{rank}.json")
+    window.close(Path(out))  # rank<N>.<key>.pt.trace.json
     dist.barrier()
     dist.destroy_process_group()
     # The traces are whole; what torch 2.13 does tearing down a process that ran gloo with

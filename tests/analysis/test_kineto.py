@@ -1000,7 +1000,7 @@ def test_async_gloo_ops_taken_up_together_are_told_apart_by_size_under_the_hook(
     job = Path(__file__).with_name("gloo_async_job.py")
     subprocess.run([sys.executable, str(job), str(_free_port()), str(tmp_path)], check=True, timeout=150)
     for rank in (0, 1):
-        path = tmp_path / f"rank{rank}.json"
+        (path,) = tmp_path.glob(f"rank{rank}.*.pt.trace.json")
         worker_bytes = _worker_bytes(path)
         table = read_kineto(path)
         coll = _collectives(table)
