@@ -31,7 +31,7 @@ from rankscope.agent import window
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo
 from rankscope.agent.window import NoWindow
-from rankscope import output
+from rankscope import cpus, output
 from rankscope.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -370,7 +370,7 @@ class NsysBackend(CaptureBackend):
     its first, and the collectives of those seconds, missing a rank, were dropped as
     incomplete. ``stop`` only ends the windows, so DCGM is resumed the moment they close
     (dcgm.md §9.7); the exports follow in ``export``, one ``nsys export`` process per
-    report, as many at once as this node has CPUs."""
+    report, as many at once as the agent has CPUs (its affinity, within any cgroup CPU limit)."""
 
     name = "nsys"
     options = frozenset({"gpu_metrics"})
@@ -382,7 +382,7 @@ class NsysBackend(CaptureBackend):
         self.timeout_s = timeout_s
         self.export_timeout_s_each = export_timeout_s
         self.report_wait_s = report_wait_s
-        self.export_workers = export_workers or len(os.sched_getaffinity(0))
+        self.export_workers = export_workers or cpus.usable()
         # The ranks each capture started: a rank that dies mid-capture drops out of the spool,
         # and must fail the capture rather than silently go missing from it.
         self._started: dict[str, list[RankInfo]] = {}

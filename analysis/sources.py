@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from rankscope import cpus
 from rankscope.analysis import digest, engine, nsys
 from rankscope.errors import ExportError, InputError, RankscopeWarning, ToolError
 from rankscope.progress import counted
@@ -66,7 +67,7 @@ def load_digests(
     shipped = files if local else [f.absolute() for f in files]
     chunks = [shipped[i : i + size] for i in range(0, len(shipped), size)]
     # A Ray task reads on one thread (Ray spreads the tasks); locally, on every CPU allowed.
-    results = runner.map(_Reader(rank_from, len(os.sched_getaffinity(0)) if local else 1), chunks)
+    results = runner.map(_Reader(rank_from, cpus.usable() if local else 1), chunks)
     if progress:
         results = counted(results, len(chunks), f"reading exports ({size} per batch)")
     digests = digest.concat(results)
