@@ -39,7 +39,7 @@ from rankscope.analysis.kineto_events import (
     C10D, GLOO, HOOK_KEY, I64_MAX, I64_MIN, LAUNCH_CATS, NCCL, RPC, Args, Events, Trace, canonical, equal_any,
     instants, as_int64, load,
 )
-from rankscope.errors import ExportError
+from rankscope.errors import ExportError, quoted
 
 _log = logging.getLogger(__name__)
 
@@ -169,7 +169,12 @@ def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, note
     the whole match, searched in the file name) or ``filename`` (``rank<N>``/``rank-<N>``).
     Without it: distributedInfo, the rankscope hook's metadata, then the file name with a
     warning; else an error naming the file."""
-    what = "no distributedInfo" if info is None else "distributedInfo has no rank"
+    if info is None:
+        what = "no distributedInfo"
+    elif info.get("rank") is None:
+        what = "distributedInfo has no rank"
+    else:  # 1.0, "3": what JSON allows, not a rank to guess from
+        what = f"distributedInfo's rank {quoted(str(info['rank']))} is not a whole number"
     if rank_from is None:
         if info is not None and isinstance(info.get("rank"), int):
             return info["rank"], "distributedInfo.rank"

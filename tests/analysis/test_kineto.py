@@ -110,6 +110,18 @@ def test_missing_rank_is_a_clear_error_naming_the_file_then_file_name_fallback(s
                                   "no rank number in the file name")  # as nsys exports say
 
 
+def test_a_rank_that_is_no_whole_number_is_named_as_such_not_as_missing(tmp_path):
+    events = _gloo_events("100.0", "101.0")
+    for rank in (1.0, "3"):
+        path = _write(tmp_path / "trace.json", _trace(events, distributedInfo={"backend": "gloo", "rank": rank}))
+        with pytest.raises(ExportError) as refused:
+            read_kineto(path)
+        assert f"distributedInfo's rank '{rank}' is not a whole number: the file name gives no rank" in str(refused.value)
+    renamed = _write(tmp_path / "rank2.json", _trace(events, distributedInfo={"backend": "gloo", "rank": 1.0}))
+    row = _row(read_kineto(renamed))
+    assert row["rank"] == 2 and "distributedInfo's rank '1.0' is not a whole number: rank 2 taken from the file name" in row["warnings"]
+
+
 def test_gloo_pair_matches_instance_by_instance(samples):
     """torch 2.13 gloo: worker op = arrival; both ranks see the same ops in the same order
     per process group, and every instance ends within a few ms on the shared clock."""
