@@ -248,7 +248,8 @@ def main() -> int:
     parser.add_argument("--nccl-names", choices=("old", "new"), default="old",
                         help="NCCL kernel names in simulated traces: old (ncclKernel_*, which HTA's straggler "
                              "analysis needs) or new (ncclDevKernel_*, NCCL >= 2.19) (default: %(default)s)")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+    # More than one: on shared cores a single run of a 10 ms analysis can take 30 (either tool's).
+    parser.add_argument("--repeat", type=int, default=3, metavar="N",
                         help="runs of each tool per set, alternating; the least times and peak are kept "
                              "(default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per tool run (default: %(default)s)")
