@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,19 @@ def stop_signals_restored():
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
+
+
+# A command's own SIGHUP at its default before it starts (see `default_hangup`).
+_HANGUP_DEFAULT = "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+@pytest.fixture
+def default_hangup() -> Callable[[list[str]], list[str]]:
+    """``argv`` -> a command line that runs it with SIGHUP at its default. Under `nohup make
+    test` the suite ignores SIGHUP, and so does every process it starts (an ignored signal
+    stays ignored across fork and exec): `signals.on_stop` then rightly leaves it ignored, and
+    a test of what a hang-up does to a command would see nothing happen."""
+    return lambda argv: [sys.executable, "-c", _HANGUP_DEFAULT, *argv]
 
 
 @pytest.fixture

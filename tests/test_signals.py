@@ -19,6 +19,7 @@ def restored():
 
 
 def test_a_hangup_stops_the_process_as_a_term_does(restored) -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a terminal leaves it (under nohup the suite ignores it)
     seen = []
     signals.on_stop(lambda signum, frame: seen.append(signum))
     os.kill(os.getpid(), signal.SIGHUP)

@@ -647,7 +647,7 @@ def test_an_idle_agent_resumes_a_pause_another_agent_died_with(engine, tmp_path)
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])  # SIGHUP: its terminal or ssh session closed
-def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_asked_for_is_missing(tmp_path, signum):
+def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_asked_for_is_missing(tmp_path, signum, default_hangup):
     """Asked for dcgmi where PATH has none (a dcgmi named by path must be there: it is a
     usage error), the agent runs (tracing needs no counters) but says at start that its
     captures will not pause DCGM."""
@@ -656,8 +656,8 @@ def test_an_agent_says_which_dcgm_it_drives_and_warns_when_the_one_asked_for_is_
 
     env = {**{k: v for k, v in os.environ.items() if k != "RANKSCOPE_DCGMI"}, "PATH": str(tmp_path)}
     agent = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", "agent", "--coordinator", "127.0.0.1:1", "--name", "n1",
-         "--spool", str(tmp_path / "spool"), "--dcgm", "dcgmi"],
+        default_hangup([sys.executable, "-m", "rankscope", "agent", "--coordinator", "127.0.0.1:1", "--name", "n1",
+                        "--spool", str(tmp_path / "spool"), "--dcgm", "dcgmi"]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         first = agent.stdout.readline()

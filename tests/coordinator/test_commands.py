@@ -308,11 +308,12 @@ def test_node_names_given_with_spaces_around_them_are_the_nodes(coordinator, wir
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)  # SIGHUP: its terminal or ssh session closed
-def test_coordinator_command_serves_health_logs_undecodable_calls_in_one_line_and_stops_on_sigterm(tmp_path: Path, signum: int) -> None:
+def test_coordinator_command_serves_health_logs_undecodable_calls_in_one_line_and_stops_on_sigterm(
+        tmp_path: Path, signum: int, default_hangup) -> None:
     port_file = tmp_path / "port"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rankscope", "coordinator", "--listen", "127.0.0.1:0", "--data-dir",
-         str(tmp_path / "data"), "--port-file", str(port_file)],
+        default_hangup([sys.executable, "-m", "rankscope", "coordinator", "--listen", "127.0.0.1:0", "--data-dir",
+                        str(tmp_path / "data"), "--port-file", str(port_file)]),
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
