@@ -147,7 +147,8 @@ def run() -> int:
     # Not for `rank`: it uses no gRPC, and its environment is the training process's.
     if command != "rank":
         os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    if command in ARROW_COMMANDS:
+    # No command, or none known: every command's module is imported to list them (`--help`).
+    if command in ARROW_COMMANDS or command not in COMMANDS:
         arrow_without_pandas()
     return main()
 

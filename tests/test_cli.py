@@ -113,6 +113,17 @@ def test_the_rank_wrapper_command_does_not_load_pyarrow_to_keep_it_from_pandas()
     assert cli.ARROW_COMMANDS <= set(cli.COMMANDS)
 
 
+@pytest.mark.parametrize("argv", [["--help"], [], ["nosuch"]])
+def test_listing_the_commands_imports_every_module_but_not_pandas(argv) -> None:
+    """With no command, or none known, every command's module is imported to list them, the
+    analysis with its pyarrow arrays among them: pyarrow's first array brought pandas too."""
+    code = ("import sys; from rankscope import cli; sys.argv = ['rankscope', *sys.argv[1:]]\n"
+            "try:\n    cli.run()\nexcept SystemExit:\n    pass\n"
+            "print('rankscope.analysis.commands' in sys.modules, 'pandas' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip().splitlines()[-1] == "True False", done.stderr
+
+
 AGENT = ["agent", "--coordinator", "127.0.0.1:1", "--backend", "sim"]
 COORDINATOR = ["coordinator", "--listen", "127.0.0.1:0"]
 
