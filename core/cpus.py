@@ -24,7 +24,7 @@ _Read = Callable[[Path], "float | None"]
 def usable(proc: Path = _PROC) -> int:
     """CPUs this process may use at once: at least 1. A quota of 1.5 CPUs counts as 1, so
     that each worker sized by it has a whole CPU, the speed its timeout was set for. Read
-    once a process: a limit changed later (a pod resized in place) counts from the next."""
+    once per process: a limit changed later (a pod resized in place) counts from the next."""
     cpus = len(os.sched_getaffinity(0))
     quota = cgroup_quota(proc)
     return max(1, min(cpus, int(quota))) if quota is not None else cpus
