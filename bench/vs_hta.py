@@ -43,13 +43,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT.parent / "shared" / "samples" / "kineto"
 
+# A child's lines setting ``rss``: its resident set in MiB, as the peak is measured.
+_RSS = """
+with open("/proc/self/smaps_rollup") as f:
+    rss = next(int(line.split()[1]) for line in f if line.startswith("Rss:")) / 1024
+"""
 # Each child prints one JSON line: times, its memory after imports, stragglers named.
 _MEASURE = """
 import json, resource, sys, time, warnings
 warnings.simplefilter("ignore")
 {imports}
-with open("/proc/self/smaps_rollup") as f:  # RSS, as the peak is measured
-    base = next(int(line.split()[1]) for line in f if line.startswith("Rss:")) / 1024
+""" + _RSS + """base = rss
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 c0, t0 = cpu(), time.perf_counter()
@@ -220,8 +224,7 @@ def verdict(result: dict, truth: list[int] | None) -> str:
 
 
 # numpy and pyarrow imported, nothing else: the least RSS any Arrow-based tool can peak at.
-_LIBRARIES = ("import numpy, pyarrow\nwith open('/proc/self/smaps_rollup') as f:\n"
-              "    print(next(int(line.split()[1]) for line in f if line.startswith('Rss:')) / 1024)")
+_LIBRARIES = "import numpy, pyarrow" + _RSS + "print(rss)"
 
 
 def libraries_mib(runs: int = 3) -> float:
