@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "collectives, measure lateness, NCCL time, GPU busy, and name the stragglers.",
     )
     analyze_parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="exports, digests, or folders of them")
-    analyze_parser.add_argument("--format", choices=("table", "json"), default="table", help="report format (default: table)")
+    analyze_parser.add_argument("--format", choices=("table", "json"),
+                                help="report format (default: json where -o names a .json file, else table)")
     analyze_parser.add_argument("-o", "--output", type=Path, help="write the report here instead of stdout")
     analyze_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
     analyze_parser.add_argument("--engine", choices=("local", "ray"), default="local", help="where per-file reads run (default: local)")
@@ -61,6 +62,13 @@ def run_digest(args: argparse.Namespace) -> int:
     digest.check_consistent(table)
     digest.write(table, args.output)
     return 0
+
+
+def _format(args: argparse.Namespace) -> str:
+    """--format, else as -o's suffix says: a table written into report.json reads as a broken JSON file."""
+    if args.format is not None:
+        return args.format
+    return "json" if args.output is not None and args.output.suffix.lower() == ".json" else "table"
 
 
 def run_analyze(args: argparse.Namespace) -> int:
@@ -86,7 +94,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     log.info("analysed in %.2f s: clocks %s; %d collective call(s), %d instance(s) matched across ranks (%s)",
              time.perf_counter() - read, report.alignment.method, report.alignment.collectives,
              report.alignment.matched_collectives, report.alignment.matching)
-    text = report.to_json() if args.format == "json" else report.render_table()
+    text = report.to_json() if _format(args) == "json" else report.render_table()
     if not text.endswith("\n"):
         text += "\n"
     if args.output is None:

@@ -151,6 +151,15 @@ def test_analyze_verbose_says_what_it_read_and_matched(simulated: Path) -> None:
     assert "instance(s) matched across ranks" in done.stderr
 
 
+def test_a_report_written_to_a_json_file_is_json_unless_format_says_otherwise(simulated: Path, tmp_path: Path) -> None:
+    for name, extra in (("report.json", ()), ("report.txt", ()), ("table.JSON", ("--format", "table"))):
+        done = rankscope("analyze", simulated, *extra, "-o", tmp_path / name)
+        assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["schema"] == "rankscope.report/1"
+    assert (tmp_path / "report.txt").read_text().startswith("rankscope report")
+    assert (tmp_path / "table.JSON").read_text().startswith("rankscope report")
+
+
 # /proc takes no new files, for root (ENOENT) and others (EACCES) alike.
 @pytest.mark.parametrize("command", ["digest", "analyze -o", "analyze --plot", "simulate"])
 def test_an_output_that_cannot_be_written_is_one_line_exit_2(command: str, simulated: Path) -> None:
