@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 import pyarrow as pa
@@ -352,6 +352,12 @@ def check_consistent(digests: pa.Table) -> None:
     ranks = digests.column("rank").to_numpy()
     files = digests.column("source_file").to_pylist()
     worlds = digests.column("world_size").to_pylist()
+    # Before ranks: two jobs' traces often both hold a rank 0, and the job is the cause.
+    differing = _two_values(worlds, files)
+    if differing:
+        (world_a, file_a), (world_b, file_b) = differing
+        raise ConsistencyError(f"its world of {world_b} ranks differs from the {world_a} of {file_a}: traces of two "
+                               "jobs? analyse one job at a time", path=file_b)
     by_pid = [source == "order:pid" for source in digests.column("rank_source").to_pylist()]
     seen: dict[int, tuple[str, tuple, bool]] = {}
     for rank, file, world, capture, numbered in zip(ranks.tolist(), files, worlds, captures(digests), by_pid):
@@ -362,12 +368,21 @@ def check_consistent(digests: pa.Table) -> None:
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
         seen[rank] = file, capture, numbered
-    jobs = digests.column("job_id").to_pylist()
-    known = {job: file for job, file in zip(jobs, files) if job}
-    if len(known) > 1:
-        (job_a, file_a), (job_b, file_b) = list(known.items())[:2]
+    differing = _two_values(digests.column("job_id").to_pylist(), files)
+    if differing:
+        (job_a, file_a), (job_b, file_b) = differing
         raise ConsistencyError(f"job {job_b!r} differs from job {job_a!r} of {file_a}", path=file_b)
     _check_windows_meet(digests, files)
+
+
+def _two_values(values: list, files: list[str]) -> list[tuple[Any, str]] | None:
+    """The first two different values given (None and '' are none), each with the first file
+    giving it; None where all agree."""
+    first: dict[Any, str] = {}
+    for value, file in zip(values, files):
+        if value is not None and value != "":
+            first.setdefault(value, file)
+    return list(first.items())[:2] if len(first) > 1 else None
 
 
 def _check_windows_meet(digests: pa.Table, files: list[str]) -> None:

@@ -85,6 +85,11 @@ def _bad_inputs(exports: list[Path], tmp: Path) -> dict[str, tuple[list[Path], P
     shutil.copy(exports[1], other_job)
     with sqlite3.connect(other_job) as db:
         db.execute("UPDATE META_DATA_CAPTURE SET value = 'SLURM_JOB_ID=\"999\"' WHERE value LIKE 'SLURM_JOB_ID=%'")
+    other_world = tmp / "other_world.sqlite"  # the same job id: only the world size tells
+    shutil.copy(exports[1], other_world)
+    with sqlite3.connect(other_world) as db:
+        db.execute("UPDATE META_DATA_CAPTURE SET value = replace(value, '\"2\"', '\"4\"') "
+                   "WHERE value LIKE 'PMI_SIZE=%' OR value LIKE 'SLURM_NTASKS=%'")
     return {
         "truncated": ([truncated, exports[1]], truncated),
         "not sqlite": ([exports[0], text], text),
@@ -92,10 +97,11 @@ def _bad_inputs(exports: list[Path], tmp: Path) -> dict[str, tuple[list[Path], P
         "not nsys": ([plain], plain),
         "rank twice": ([exports[0], twin], twin),
         "other job": ([exports[0], other_job], other_job),
+        "other world": ([exports[0], other_world], other_world),
     }
 
 
-CASES = ["truncated", "not sqlite", "no kernels", "not nsys", "rank twice", "other job"]
+CASES = ["truncated", "not sqlite", "no kernels", "not nsys", "rank twice", "other job", "other world"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -274,6 +280,15 @@ def test_a_folder_with_nothing_to_read_is_named(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("no traces here")
     result = rankscope("analyze", tmp_path)
     assert result.returncode == 2 and result.stderr == f"rankscope: error: no exports or digests found in {tmp_path}\n"
+
+
+def test_kineto_traces_of_two_jobs_are_refused_by_their_world_sizes(samples: Path) -> None:
+    """HTA's trace_diff pair: rank 3 of 8 and rank 1 of 2, two jobs; no job id to tell."""
+    folder = samples / "kineto" / "hta" / "trace_diff"
+    result = rankscope("analyze", folder)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"rankscope: error: {folder}/test/test.json.gz: its world of 2 ranks differs from the 8 "
+                             f"of {folder}/control/control.json.gz: traces of two jobs? analyse one job at a time\n")
 
 
 def test_kineto_traces_notes_go_to_the_report_and_a_failing_run_ends_in_one_line(samples: Path, tmp_path: Path) -> None:
