@@ -348,11 +348,15 @@ def _twice_hint(capture: tuple, other: tuple, by_pid: bool) -> str:
 
 def check_consistent(digests: pa.Table) -> None:
     """Refuse inputs that cannot belong to one job: one rank twice, a rank outside the world
-    its own trace gives, or two job ids."""
+    its own trace gives, two job ids or two world sizes."""
     ranks = digests.column("rank").to_numpy()
     files = digests.column("source_file").to_pylist()
     worlds = digests.column("world_size").to_pylist()
-    # Before ranks: two jobs' traces often both hold a rank 0, and the job is the cause.
+    # Jobs before ranks: two jobs' traces often both hold a rank 0, and the job is the cause.
+    differing = _two_values(digests.column("job_id").to_pylist(), files)
+    if differing:
+        (job_a, file_a), (job_b, file_b) = differing
+        raise ConsistencyError(f"job {job_b!r} differs from job {job_a!r} of {file_a}", path=file_b)
     differing = _two_values(worlds, files)
     if differing:
         (world_a, file_a), (world_b, file_b) = differing
@@ -368,10 +372,6 @@ def check_consistent(digests: pa.Table) -> None:
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
         seen[rank] = file, capture, numbered
-    differing = _two_values(digests.column("job_id").to_pylist(), files)
-    if differing:
-        (job_a, file_a), (job_b, file_b) = differing
-        raise ConsistencyError(f"job {job_b!r} differs from job {job_a!r} of {file_a}", path=file_b)
     _check_windows_meet(digests, files)
 
 
