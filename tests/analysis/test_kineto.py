@@ -533,6 +533,27 @@ def test_a_rank_outside_its_own_world_is_refused(tmp_path):
         digest.check_consistent(read_kineto(path))
 
 
+def test_two_jobs_are_named_as_such_before_their_ranks_0_as_one_rank_claimed_twice(tmp_path):
+    import pyarrow as pa
+
+    from rankscope.errors import ConsistencyError
+
+    def rank_0(name: str, world: int, job: str | None) -> pa.Table:
+        data = _trace(_gloo_events("1000.000", "1010.000"))
+        data["distributedInfo"].update(rank=0, world_size=world)
+        table = read_kineto(_write(tmp_path / name, data))
+        return table.set_column(table.schema.get_field_index("job_id"), "job_id", pa.array([job], pa.string()))
+
+    a = rank_0("a.json", 2, "101")
+    with pytest.raises(ConsistencyError, match=f"^{tmp_path}/b.json: job '102' differs from job '101' of {tmp_path}/a.json$"):
+        digest.check_consistent(digest.concat([a, rank_0("b.json", 2, "102")]))
+    with pytest.raises(ConsistencyError, match=f"^{tmp_path}/c.json: its world of 4 ranks differs from the 2 of "
+                                               f"{tmp_path}/a.json: traces of two jobs"):
+        digest.check_consistent(digest.concat([a, rank_0("c.json", 4, None)]))
+    with pytest.raises(ConsistencyError, match=f"^{tmp_path}/d.json: rank 0 is also claimed by {tmp_path}/a.json"):
+        digest.check_consistent(digest.concat([a, rank_0("d.json", 2, None)]))
+
+
 def test_not_a_trace_is_an_export_error(tmp_path):
     bad = tmp_path / "rank0.json"
     bad.write_text("{not json")
