@@ -206,7 +206,7 @@ def _add_fetch(subparsers: argparse._SubParsersAction) -> None:
                     "capture ran with --upload-raw: nsys reports and their SQLite exports, Kineto traces; and digests) "
                     "into DIR/<node>/<name>. Each file is written whole "
                     "or not at all, its sha256 checked against the coordinator's record; a file already there with "
-                    "that sha256 is kept.")
+                    "that sha256 is kept, and one with other bytes is not replaced: fetch then names it and fetches nothing.")
     _add_coordinator_option(fetch)
     _add_sweep_argument(fetch)
     fetch.add_argument("-o", "--output", type=Path, metavar="DIR", help="where to write (default: ./SWEEP)")
@@ -524,6 +524,7 @@ def run_fetch(args: argparse.Namespace) -> int:
         folder = output.make_folder(args.output or Path(args.sweep))
         todo = [(stored, _destination(folder, stored)) for stored in listing.artifacts]
         todo = [(stored, path) for stored, path in todo if not _already_there(path, stored.artifact)]
+        _check_free(listing.sweep_id, [path for _, path in todo])
         total = sum(stored.artifact.size for stored, _ in todo)
         with Progress(f"fetching sweep {listing.sweep_id}", total, show=total >= PROGRESS_FROM_BYTES,
                       redraw_s=0.1, text=_mib) as progress:
@@ -582,6 +583,15 @@ def _already_there(path: Path, artifact: pb.ArtifactRef) -> bool:
     if there:
         _partial(path).unlink(missing_ok=True)
     return there
+
+
+def _check_free(sweep_id: str, paths: list[Path]) -> None:
+    """Refuse, before any download, to replace files that hold other bytes (another sweep's,
+    fetched into the same folder; a user's own): fetch only adds the sweep's files."""
+    taken = [path for path in paths if os.path.lexists(path)]
+    if taken:
+        raise InputError(f"{len(taken)} file(s) there hold other bytes than sweep {sweep_id}'s (another sweep's?), "
+                         "and fetch replaces none: fetch into another folder (-o DIR) or remove them", path=taken[0])
 
 
 def _partial(path: Path) -> Path:

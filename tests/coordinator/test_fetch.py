@@ -124,6 +124,32 @@ def test_an_unknown_sweep_is_one_line_and_writes_nothing(coordinator, tmp_path, 
         assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.NOT_FOUND, "no sweep 'no-such-sweep'")
 
 
+def test_a_file_with_other_bytes_in_the_folder_is_not_replaced_and_nothing_is_fetched(coordinator, wire, tmp_path,
+                                                                                        capsys) -> None:
+    """Two sweeps of one job name their files alike: the second fetched into the first's
+    folder would replace its files, unseen."""
+    agent = wire.FakeAgent(coordinator, "node000")
+    sweeps = []
+    for data in (b"first sweep's export", b"second sweep's export"):
+        sweeps.append(sweep_of(coordinator, agent, upload_raw=True))
+        upload(wire, coordinator, agent, sweeps[-1], "rank0.sqlite", data)
+        upload(wire, coordinator, agent, sweeps[-1], f"{sweeps[-1]}.json", b"{}")  # a file the other has not
+        end(coordinator, sweeps[-1])
+        assert agent.next_command().cancel.sweep_id == sweeps[-1]
+    agent.close()
+    folder = tmp_path / "out"
+    assert main(["fetch", "--coordinator", coordinator.address, sweeps[0], "-o", str(folder)]) == 0
+    before = tree(folder)
+    capsys.readouterr()
+    assert main(["fetch", "--coordinator", coordinator.address, sweeps[1], "-o", str(folder)]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: {folder}/node000/rank0.sqlite: 1 file(s) there hold other "
+                                       f"bytes than sweep {sweeps[1]}'s (another sweep's?), and fetch replaces none: "
+                                       "fetch into another folder (-o DIR) or remove them\n")
+    assert tree(folder) == before  # not even the file it lacked
+    assert main(["fetch", "--coordinator", coordinator.address, sweeps[1], "-o", str(tmp_path / "other")]) == 0
+    assert tree(tmp_path / "other")["node000/rank0.sqlite"] == b"second sweep's export"
+
+
 def test_a_sweep_without_raw_exports_says_so(coordinator, wire, digests, tmp_path, capsys) -> None:
     agent = wire.FakeAgent(coordinator, "node000")
     sweep_id = sweep_of(coordinator, agent, upload_raw=False)
@@ -224,8 +250,6 @@ def test_bytes_that_are_not_the_recorded_ones_are_not_written(coordinator, wire,
     stored = coordinator.data_dir / "artifacts" / "objects" / sha[:2] / sha
     stored.write_bytes(data[:1000] + bytes([data[1000] ^ 1]) + data[1001:] if damage == "a byte changed" else data[:-7])
     folder = tmp_path / "out"
-    (folder / "node-a").mkdir(parents=True)
-    (folder / "node-a" / "rank0.sqlite").write_bytes(b"a copy from before")
     assert main(["fetch", "--coordinator", coordinator.address, sweep_id, "-o", str(folder)]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     size = len(data) if damage == "a byte changed" else len(data) - 7
@@ -233,7 +257,7 @@ def test_bytes_that_are_not_the_recorded_ones_are_not_written(coordinator, wire,
                            "sha256 ")
     assert line.endswith(f", the coordinator recorded {sha} ({len(data)} bytes): not written (its stored copy may be "
                          "damaged)")
-    assert tree(folder) == {"node-a/rank0.sqlite": b"a copy from before"}  # as it was, and no partial file beside it
+    assert tree(folder) == {}  # no partial file either
 
 
 def test_a_fetch_starts_at_the_offset_asked_for_and_refuses_one_outside_the_file(small_chunks, wire) -> None:
