@@ -179,6 +179,7 @@ _CUT_SHORT = "incomplete (was its capture or its copy cut short?)"
 
 
 def load(path: Path) -> Trace:
+    text = None
     try:
         text = _Text(path)
         columns = _Columns()
@@ -193,7 +194,9 @@ def load(path: Path) -> Trace:
     except msgspec.DecodeError as exc:
         if "truncated" in str(exc):  # msgspec: "Input data was truncated"
             raise ExportError(f"Kineto trace ends early: its JSON is {_CUT_SHORT}", path=path) from None
-        raise ExportError(f"not a Kineto JSON trace ({exc})", path=path) from None
+        plain = path.suffix.lower() == ".gz" and text is not None and not text.gzipped
+        raise ExportError(f"not a Kineto JSON trace ({'named .gz but not gzip data; ' if plain else ''}{exc})",
+                          path=path) from None
     except RecursionError:  # msgspec's own, for values nested past its depth (thousands of [ in an arg)
         raise ExportError("not a Kineto JSON trace (values nested too deep to decode)", path=path) from None
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
@@ -328,8 +331,15 @@ def _split(text: _Text, columns: _Columns) -> _Document | None:
     document.traceEvents = []
     for first in range(0, len(items), _CHUNK):
         text.release()
-        columns.add(_complete(_EVENTS.decode(b"[" + b",".join(items[first : first + _CHUNK]) + b"]")))
+        try:
+            events = _EVENTS.decode(b"[" + b",".join(items[first : first + _CHUNK]) + b"]")
+        except msgspec.ValidationError as exc:  # its path counts in the chunk: say the event's place in the trace
+            raise msgspec.ValidationError(_AT_EVENT.sub(lambda m: f"`$.traceEvents[{first + int(m[1])}]", str(exc)))
+        columns.add(_complete(events))
     return document
+
+
+_AT_EVENT = re.compile(r"`\$\[(\d+)\]")
 
 
 class _Text:
@@ -342,7 +352,8 @@ class _Text:
         self.mapped: mmap.mmap | None = None
         self.data: bytes | mmap.mmap = b""
         with path.open("rb") as handle:
-            if handle.read(2) != b"\x1f\x8b":
+            self.gzipped = handle.read(2) == b"\x1f\x8b"
+            if not self.gzipped:
                 self._map(handle)
                 return
             if os.fstat(handle.fileno()).st_size > _GZIP_IN_MEMORY:

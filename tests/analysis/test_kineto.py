@@ -757,6 +757,10 @@ def test_truncated_json_is_said_to_end_early(tmp_path):
     (tmp_path / "rank1.json").write_text(text.replace('"traceEvents"', '"traceEvents" x', 1))
     with pytest.raises(ExportError, match="not a Kineto JSON trace"):  # malformed, not short
         read_kineto(tmp_path / "rank1.json")
+    read_kineto(_write(tmp_path / "rank2.json.gz", _trace(_gloo_events("200.000", "201.000"))))  # plain: read so
+    shutil.copy(tmp_path / "rank1.json", tmp_path / "rank3.json.gz")
+    with pytest.raises(ExportError, match=r"not a Kineto JSON trace \(named .gz but not gzip data; JSON is malformed"):
+        read_kineto(tmp_path / "rank3.json.gz")
 
 
 def test_values_nested_past_the_decoders_depth_are_an_export_error(tmp_path):
@@ -898,7 +902,11 @@ def test_a_gloo_workers_message_is_every_tensor_it_moves(tmp_path):
     # Beyond int64 (a corrupt trace): one error naming the file, not an OverflowError's traceback.
     (lambda d: d["distributedInfo"].update(rank=2**70), r"malformed trace metadata \(Python int too large"),
     (lambda d: d.update(baseTimeNanoseconds=2**70), r"baseTimeNanoseconds 1180591620717411303424 is beyond int64 ns"),
-    (lambda d: d["traceEvents"][1]["args"].update({"External id": 2**70}), r"Expected `int` <= 9223372036854775807"),
+    (lambda d: d["traceEvents"][1]["args"].update({"External id": 2**70}),
+     r"Expected `int` <= 9223372036854775807 - at `\$\.traceEvents\[1\]\.args\.External id`\)$"),
+    # Past the first chunk of events decoded: the place in the trace, not in the chunk.
+    (lambda d: d["traceEvents"].__setitem__(slice(0, 0), [d["traceEvents"][0]] * 5000 + [1]),
+     r"Expected `object`, got `int` - at `\$\.traceEvents\[5000\]`\)$"),
     # Iterated (a TypeError traceback), and cast to the digest's string (an ArrowNotImplementedError one).
     (lambda d: d["distributedInfo"].update(pg_config=-1), "malformed trace: distributedInfo.pg_config is a int, not a list"),
     (lambda d: d["distributedInfo"].update(pg_config=[{"pg_name": "0", "pg_desc": ["a"]}]),
