@@ -402,6 +402,8 @@ def parse_straggler(text: str) -> Straggler:
             f"bad straggler {text!r}: expected RANK[:compute|launch[:EXTRA_US[:EVERY]]]") from None
     if kind not in STRAGGLER_KINDS:
         raise argparse.ArgumentTypeError(f"bad straggler {text!r}: kind must be compute or launch")
+    if extra_ns < 0 or every < 1:  # said in the flag's terms, before the job's check says it in JobSpec's
+        raise argparse.ArgumentTypeError(f"bad straggler {text!r}: EXTRA_US must be >= 0 and EVERY >= 1")
     return Straggler(rank=rank, kind=kind, extra_ns=extra_ns, every=every)
 
 

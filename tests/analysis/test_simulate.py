@@ -414,6 +414,16 @@ def test_cli_refuses_a_number_that_is_not_finite(tmp_path, capsys, flag):
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--straggler=1:compute:-5", "--straggler=1:launch:5:0"])
+def test_cli_says_a_bad_straggler_in_the_flags_terms(tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", str(tmp_path / "out"), "--nodes", "1", "--gpus-per-node", "2", "--tp", "2", flag])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.endswith(f"argument --straggler: bad straggler '{flag.partition('=')[2]}': "
+                                            "EXTRA_US must be >= 0 and EVERY >= 1\n")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("flag", ["--straggler=1:compute:1e30", "--jitter-us=1e30", "--max-offset-ms=1e20",
                                   "--straggler=1:compute:3.6e9"])
 def test_cli_refuses_times_past_int64_before_writing_any_export(tmp_path, capsys, flag):
