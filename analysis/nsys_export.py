@@ -279,8 +279,9 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
 
 def _check_magic(path: Path) -> None:
     """Raise the precise error for a file that is missing, unreadable, not SQLite or
-    shorter than its header says. Called once SQLite has failed (or found no tables: an
-    empty file is an empty database to it), not for every file."""
+    shorter than its header says. Before SQLite reads it: an empty file is an empty
+    database to SQLite, and one cut inside its last page reads as whole, its rows lost
+    unseen."""
     try:
         with path.open("rb") as handle:
             header = handle.read(_SQLITE_HEADER)
@@ -360,6 +361,7 @@ def read_file(path: Path) -> File:
     ADBC's SQLite driver; a smaller one, or one that driver cannot read as the statements
     promise, with the sqlite3 module, which names what is wrong with it (or reads what is
     only unusual)."""
+    _check_magic(path)
     rows = None
     if by_arrow(path):
         try:
@@ -381,12 +383,9 @@ def _read_rows(path: Path) -> dict[str, Any]:
     try:
         db = connect(path)
     except sqlite3.Error as exc:
-        _check_magic(path)
         raise ExportError(f"cannot open the SQLite export ({exc})", path=path) from None
     try:
         columns, statements = export_schema(lambda sql: db.execute(sql).fetchall())
-        if not columns:
-            _check_magic(path)
         _check_tables(path, columns)
         return {name: _fetch_checked(path, db.execute(sql), name) for name, sql in statements.items()}
     except sqlite3.DatabaseError as exc:
@@ -394,7 +393,6 @@ def _read_rows(path: Path) -> dict[str, Any]:
         if getattr(exc, "sqlite_errorname", None) == "SQLITE_BUSY":
             raise ExportError("export is locked by a process writing it (nsys export still running?); read it once "
                               "that is done", path=path) from None
-        _check_magic(path)
         raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
     finally:
         db.close()

@@ -410,6 +410,9 @@ def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path])
     truncated.write_bytes(dsl[0].read_bytes()[:600_000])
     with pytest.raises(ExportError, match=r"export ends early: 600,000 of its 1,359,872 bytes \(was its export or"):
         nsys.read_nsys(truncated)
+    truncated.write_bytes(dsl[0].read_bytes()[:1_358_512])  # inside its last page; read by ADBC
+    with pytest.raises(ExportError, match=r"export ends early: 1,358,512 of its 1,359,872 bytes"):
+        nsys.read_nsys(truncated)
 
     other = tmp_path / "other.sqlite"
     with sqlite3.connect(other) as db:
@@ -446,7 +449,7 @@ def test_an_export_cut_short_says_so_where_its_header_gives_its_length(tmp_path:
 
     simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), tmp_path)
     whole = (tmp_path / "sim_rank00000.sqlite").read_bytes()
-    for cut in (100, len(whole) // 2):
+    for cut in (100, len(whole) // 2, len(whole) - 152):  # the last: inside its last page, which SQLite reads as whole
         (tmp_path / "cut.sqlite").write_bytes(whole[:cut])
         with pytest.raises(ExportError, match=f"export ends early: {cut:,} of its {len(whole):,} bytes"):
             nsys.read_nsys(tmp_path / "cut.sqlite")
