@@ -208,7 +208,10 @@ def load(path: Path) -> Trace:
         document.schemaVersion, document.distributedInfo, document.baseTimeNanoseconds,
         document.host_name, document.trace_id, document.hook)) if value is not None}
     _check_top(path, top)
-    events = columns.events(_base(path, top))
+    try:
+        events = columns.events(_base(path, top))
+    except pa.ArrowInvalid as exc:
+        raise ExportError(f"unreadable event time ({exc})", path=path) from None
     kept = columns.kept
 
     def args(rows) -> list[Args]:
@@ -454,7 +457,7 @@ class _Columns:
             name=codes["name"],
             pid=codes["pid"],
             thread=codes["pid"].astype(np.int64) * (len(self.distinct["tid"]) + 1) + codes["tid"],
-            ts=numbers["ts_ns"] + base,
+            ts=_epoch_ns(numbers["ts_ns"], numbers["dur_ns"], base),
             dur=numbers["dur_ns"],
             corr=np.where(linked, numbers["corr"], -1),
             ext=np.where(linked, numbers["ext"], -1),
@@ -462,6 +465,17 @@ class _Columns:
             names=names,
             pids=list(self.distinct["pid"]),
         )
+
+
+def _epoch_ns(ts: np.ndarray, dur: np.ndarray, base: int) -> np.ndarray:
+    """``ts + base``, refusing starts and ends that leave int64 ns (numpy wraps them round
+    silently: a corrupt ts became a time before 1970, and the rank's busy time vanished)."""
+    if len(ts) and not I64_MIN <= int(ts.min()) + base <= int(ts.max()) + base <= I64_MAX:
+        raise pa.ArrowInvalid(f"an event's ts is past int64 ns once baseTimeNanoseconds {base} is added")
+    ts = ts + base
+    if len(ts) and int(ts.max()) + max(int(dur.max()), 0) > I64_MAX and (ts > I64_MAX - np.maximum(dur, 0)).any():
+        raise pa.ArrowInvalid("an event ends past int64 ns (its ts + dur)")
+    return ts
 
 
 def equal_any(values: np.ndarray, wanted: list) -> np.ndarray:
@@ -492,7 +506,8 @@ def _detached(args: Args) -> Args:
 # µs with up to 18 decimals and 20 integer digits; rounding to 3 decimals gives whole ns.
 _MICROS = pa.decimal128(38, 18)
 _NANOS_AS_MICROS = pa.decimal128(38, 3)
-_COMMA, _POINT, _MINUS, _ZERO = b",.-0"
+_COMMA, _POINT, _MINUS, _ZERO, _E, _CAPITAL_E = b",.-0eE"
+_MAX_WHOLE_DIGITS = 20  # past int64 ns (19 digits) as µs, with leading zeros to spare
 _POWERS = 10 ** np.arange(19, dtype=np.uint64)
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -525,7 +540,7 @@ def _plain_ns(joined: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     minus = np.flatnonzero(joined == _MINUS)
     if np.count_nonzero(is_digit) + len(ends) + len(points) + len(minus) != len(joined):
         return None  # an exponent, or not a number
-    starts = np.concatenate(([0], ends[:-1] + 1))
+    starts = _starts(ends)
     point = ends.copy()  # without a point, the number's end
     point[np.searchsorted(ends, points)] = points
     if (ends - point > 4).any() or (point - starts > 16).any():
@@ -550,11 +565,20 @@ def _plain_ns(joined: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     return ns
 
 
+def _starts(ends: np.ndarray) -> np.ndarray:
+    """Where each number begins, in the texts each ended by a comma at ``ends``."""
+    return np.concatenate(([0], ends[:-1] + 1))
+
+
 def _decimal_ns(joined: np.ndarray, comma: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """ns of JSON numbers each ended by a comma through Arrow's decimal cast: the texts as
     one string array, cast to decimal, and the decimal's unscaled integer at 3 decimals is
     the ns."""
-    count = len(ends)
+    count, starts = len(ends), _starts(ends)
+    marks = np.flatnonzero(comma | (joined == _POINT) | (joined == _E) | (joined == _CAPITAL_E))
+    whole = marks[np.searchsorted(marks, starts)] - starts - (joined[starts] == _MINUS)
+    if (whole > _MAX_WHOLE_DIGITS).any():  # the cast wraps them (Arrow 26: 2**128 + 320 reads as 320)
+        raise pa.ArrowInvalid(f"an event time has more than {_MAX_WHOLE_DIGITS} digits before its point: beyond int64 ns")
     offsets = np.zeros(count + 1, np.int64)
     offsets[1:] = ends - np.arange(count)
     empty = offsets[1:] == offsets[:-1]

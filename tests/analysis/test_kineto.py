@@ -904,6 +904,14 @@ def test_a_gloo_workers_message_is_every_tensor_it_moves(tmp_path):
     (lambda d: d.update(baseTimeNanoseconds=2**70), r"baseTimeNanoseconds 1180591620717411303424 is beyond int64 ns"),
     (lambda d: d["traceEvents"][1]["args"].update({"External id": 2**70}),
      r"Expected `int` <= 9223372036854775807 - at `\$\.traceEvents\[1\]\.args\.External id`\)$"),
+    # Times that leave int64 ns: refused, where numpy's sum wrapped them round (busy time vanished).
+    (lambda d: d.update(baseTimeNanoseconds=1_790_857_026_000_000_000) or d["traceEvents"][2].update(ts="8000000000000000"),
+     r"unreadable event time \(an event's ts is past int64 ns once baseTimeNanoseconds 1790857026000000000 is added"),
+    (lambda d: d["traceEvents"][2].update(ts="9223372036854775.000", dur="1000"),
+     r"unreadable event time \(an event ends past int64 ns \(its ts \+ dur\)\)"),
+    # Arrow's decimal cast wraps past 38 digits: 2**128 + 320 µs read as 320.
+    (lambda d: d["traceEvents"][1].update(dur=str(2**128 + 320)),
+     r"unreadable event time \(an event time has more than 20 digits before its point: beyond int64 ns\)"),
     # Past the first chunk of events decoded: the place in the trace, not in the chunk.
     (lambda d: d["traceEvents"].__setitem__(slice(0, 0), [d["traceEvents"][0]] * 5000 + [1]),
      r"Expected `object`, got `int` - at `\$\.traceEvents\[5000\]`\)$"),
