@@ -7,11 +7,12 @@ import logging
 import stat
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from rankscope import output
 from rankscope.analysis import digest, engine, sources
-from rankscope.errors import InputError
+from rankscope.errors import InputError, RankscopeWarning
 
 RANK_FROM_HELP = (
     "where each export's rank comes from, overriding the captured environment: "
@@ -61,6 +62,9 @@ def run_digest(args: argparse.Namespace) -> int:
     table = sources.read_one(args.export, rank_from=args.rank_from)
     digest.check_consistent(table)
     digest.write(table, args.output)
+    # `analyze` lists them in its report; here nothing else would show them.
+    for note in dict.fromkeys(note for notes in table.column("warnings").to_pylist() for note in notes):
+        warnings.warn(f"{args.export}: {note}", RankscopeWarning, stacklevel=1)
     return 0
 
 

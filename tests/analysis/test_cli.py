@@ -39,6 +39,9 @@ def test_digest_writes_a_readable_parquet_digest(exports: list[Path], tmp_path: 
     assert table.column("host").to_pylist() == ["ault44.cscs.ch"]
     assert [c["op"] for c in table.column("collectives")[0].as_py()] == ["allreduce"]
     assert not list(tmp_path.glob(".*tmp"))
+    # What it noted is said, each once, as `analyze` lists it in its report.
+    notes = table.column("warnings")[0].as_py()
+    assert notes and result.stderr == "".join(f"rankscope: warning: {exports[1]}: {note}\n" for note in notes)
 
 
 def test_analyze_two_node_allreduce_names_the_late_rank(samples: Path, tmp_path: Path) -> None:
