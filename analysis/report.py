@@ -367,8 +367,10 @@ def _communicator_table(report: Report) -> list[str]:
 
 
 def _slow_link_lines(report: Report) -> list[str]:
-    return [f"  {_short(c.comm_id)} (ranks {ranks_text(c.ranks)}) {c.op}: {fmt_gbps(c.busbw_gbps)}, like ones "
-            f"{fmt_gbps(c.peers_busbw_gbps)} (median of {c.peers})" for c in report.slow_communicators]
+    kind = {c.comm_id: f" {c.kind}" for c in report.communicators}
+    return [f"  {_short(c.comm_id)}{kind.get(c.comm_id, '')} (ranks {ranks_text(c.ranks)}) {c.op}: "
+            f"{fmt_gbps(c.busbw_gbps)}, like ones {fmt_gbps(c.peers_busbw_gbps)} (median of {c.peers})"
+            for c in report.slow_communicators]
 
 
 def _tp_table(report: Report) -> list[str]:
