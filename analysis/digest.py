@@ -11,6 +11,7 @@ Epoch ns exceed 2**53, so they never pass through float64.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -332,18 +333,30 @@ SEVERAL_RANKS_HINT = ("give each rank its own report (rankscope rank), or export
                       "so NCCL's CommInitRank names the ranks")
 
 
-def _twice_hint(capture: tuple, other: tuple, by_pid: bool) -> str:
-    """What two captures of one rank most likely are: one file twice, two runs, two
-    reports that each numbered their processes from 0 (``by_pid``), or two processes of
-    one run that took one rank number."""
+# How a digest's rows name their file when read: the digest, and the export it was built from.
+DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
+
+
+def _twice_hint(capture: tuple, other: tuple, by_pid: bool, files: tuple[str, str]) -> str:
+    """What two captures of one rank most likely are: one file twice, a digest of an
+    earlier export of the other's name, two runs, two reports that each numbered their
+    processes from 0 (``by_pid``), or two processes of one run that took one rank number."""
     if capture == other:
         return " (the same capture: one file given twice?)"
+    if _digest_of_name(*files) or _digest_of_name(*reversed(files)):
+        return " (the digest is of an earlier export of that name: rebuild it with `rankscope digest`, or remove it)"
     (start, end), (other_start, other_end) = capture[-2:], other[-2:]
     if start > other_end or other_start > end:
         return " (another capture window: analyse one run at a time)"
     if by_pid:
         return f" (each report numbered its processes 0, 1, ... by pid: {SEVERAL_RANKS_HINT})"
     return " (at the same time: two processes of one job took one rank; check RANK or use --rank-from)"
+
+
+def _digest_of_name(file: str, other: str) -> bool:
+    """Whether ``file`` is a digest built from an export named as ``other``, an export."""
+    made = DIGEST_OF.fullmatch(file)
+    return bool(made) and not DIGEST_OF.fullmatch(other) and Path(made["export"]).name == Path(other).name
 
 
 def check_consistent(digests: pa.Table) -> None:
@@ -367,7 +380,7 @@ def check_consistent(digests: pa.Table) -> None:
     for rank, file, world, capture, numbered in zip(ranks.tolist(), files, worlds, captures(digests), by_pid):
         if rank in seen:
             first, other, other_numbered = seen[rank]
-            hint = _twice_hint(capture, other, numbered and other_numbered)
+            hint = _twice_hint(capture, other, numbered and other_numbered, (file, first))
             raise ConsistencyError(f"rank {rank} is also claimed by {first}{hint}", path=file)
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -44,7 +43,6 @@ _OWN_SCHEMA = b'"schema": "rankscope.'
 # decompressed only as far as it is read (1 MiB of it: ~1.5 ms per trace; 64 KiB: ~0.15).
 _SNIFF_BYTES = 1 << 16
 # A digest's rows name the digest given beside the export it was built from (`_digest_name`).
-_DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
 
 
 def load_digests(
@@ -88,11 +86,11 @@ def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
         return digests
     files = digests.column("source_file").to_pylist()
     captures = digest.captures(digests)
-    exports = {(capture, Path(file).name): file for capture, file in zip(captures, files) if not _DIGEST_OF.fullmatch(file)}
+    exports = {(capture, Path(file).name): file for capture, file in zip(captures, files) if not digest.DIGEST_OF.fullmatch(file)}
     keep = []
     skipped: dict[str, list[tuple[int, str]]] = {}
     for capture, file in zip(captures, files):
-        made = _DIGEST_OF.fullmatch(file)
+        made = digest.DIGEST_OF.fullmatch(file)
         export = made and exports.get((capture, Path(made["export"]).name))
         keep.append(not export)
         if export:
@@ -299,7 +297,7 @@ def _read_report(path: Path, rank_from: str | None) -> pa.Table:
 
 
 def _digest_name(digest_path: Path, source: str) -> str:
-    return f"{digest_path} (digest of {source})"  # read back by _DIGEST_OF
+    return f"{digest_path} (digest of {source})"  # read back by digest.DIGEST_OF
 
 
 def _named(table: pa.Table, sources: list[str]) -> pa.Table:

@@ -157,7 +157,8 @@ def test_a_digest_of_another_capture_beside_an_export_names_both_files(dsl: Path
     with pytest.raises(ConsistencyError) as caught:
         sources.load_digests([tmp_path])
     assert str(caught.value) == (f"{tmp_path / 'rank0.parquet'} (digest of {export}): "
-                                 f"rank 0 is also claimed by {export} (another capture window: analyse one run at a time)")
+                                 f"rank 0 is also claimed by {export} (the digest is of an earlier export of that name: "
+                                 "rebuild it with `rankscope digest`, or remove it)")
 
 
 def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Path) -> None:
