@@ -124,7 +124,7 @@ def _coverage_notes(ranks: list[int], world: int | None, missing: list[int], col
     notes = []
     if missing:
         notes.append(f"{len(missing)} of the job's {world} ranks not in the input ({ranks_text(missing)}): lateness, "
-                     f"blame and stragglers are judged among the {len(ranks)} present")
+                     f"blame and stragglers are relative to the {len(ranks)} present alone")
     silent = _silent_ranks(ranks, collective_ranks)
     if silent:
         notes.append(f"{len(silent)} of the {len(ranks)} ranks in the input recorded no collectives "

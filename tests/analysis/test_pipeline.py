@@ -52,8 +52,8 @@ def test_ranks_missing_from_the_input_are_named_against_the_jobs_world_size() ->
         part = analyze(digests.filter(pc.invert(pc.is_in(digests.column("rank"), value_set=pa.array([5, 6])))))
     assert (part.world_size, part.missing_ranks) == (8, [5, 6])
     assert part.render_table().splitlines()[0].endswith(": 6 of 8 ranks on 2 host(s) (missing: 5,6)")
-    assert ("2 of the job's 8 ranks not in the input (5,6): lateness, blame and stragglers are judged among the "
-            "6 present") in part.warnings
+    assert ("2 of the job's 8 ranks not in the input (5,6): lateness, blame and stragglers are relative to the "
+            "6 present alone") in part.warnings
     again = Report.from_dict(json.loads(part.to_json()))
     assert (again.world_size, again.missing_ranks) == (8, [5, 6])
 
