@@ -289,9 +289,15 @@ def test_a_health_sweep_job_that_hangs_ends_before_the_next_one_is_due() -> None
 
 def test_the_pytorchjob_example_runs_one_wrapper_per_gpu() -> None:
     """A pod is a node of 8 GPUs: one `python train.py` under one wrapper would be one rank
-    where the job has eight; torchrun in the pod starts each rank under its own wrapper."""
+    where the job has eight; torchrun in the pod starts each rank under its own wrapper.
+    The training operator sets MASTER_ADDR, WORLD_SIZE and RANK only in a job with a Master
+    replica (kubeflow/training-operator, pytorch/envvar.go): a Worker-only job's torchrun
+    got empty flags, and every pod failed."""
     (doc,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "pytorchjob-example.yaml").read_text())
-    (container,) = _containers(doc)
+    replicas = doc["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and set(replicas) <= {"Master", "Worker"}
+    container, *others = _containers(doc)
+    assert all(other == container for other in others)  # every node runs the same
     words = shlex.split(" ".join(container["command"][2:]))
     gpus = container["resources"]["limits"]["nvidia.com/gpu"]
     assert container["command"][:2] == ["sh", "-c"] and words[:2] == ["exec", "torchrun"]
