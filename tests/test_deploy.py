@@ -457,3 +457,11 @@ def test_the_agent_and_the_sweep_outrank_the_training_pods_without_preempting_th
     assert priority["preemptionPolicy"] == "Never" and not priority["globalDefault"]
     (container,) = spec["containers"]
     assert container["resources"]["requests"]["memory"] and "limits" not in container["resources"]
+
+
+def test_the_coordinator_is_not_besteffort() -> None:
+    """It analyses each sweep in its own process (0.5 GB at 512 ranks): as BestEffort it was
+    the first pod evicted under memory pressure, mid-analysis."""
+    (container,) = _pod_spec(DEPLOY / "kubernetes" / "coordinator.yaml")["containers"]
+    requests = container["resources"]["requests"]
+    assert requests["cpu"] and requests["memory"] and "limits" not in container["resources"]
