@@ -122,7 +122,8 @@ def _add_coordinator_command(subparsers: argparse._SubParsersAction) -> None:
                     "their uploads and analyses them (SQLite state and artifacts in --data-dir).")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 0.0.0.0:7443; port 0 picks one)")
     serve.add_argument("--data-dir", type=Path, metavar="DIR", help="state and artifacts (default ./rankscope-data)")
-    serve.add_argument("--max-upload-bytes", type=int, metavar="N", help="refuse larger uploads (default 8 GiB)")
+    serve.add_argument("--max-upload-bytes", metavar="SIZE",
+                       help="refuse larger uploads: bytes, or with K, M, G or T (1024s), e.g. 8G (default 8G)")
     serve.add_argument("--node-timeout", type=parse_duration, metavar="DURATION",
                        help="time beyond the capture window before a silent node is given up (default 120s)")
     serve.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once serving")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -90,13 +91,29 @@ def _parse(name: str, kind: Any, raw: Any, where: str) -> Any:
     try:
         if kind in ("Path", "Path | None"):
             return Path(raw)
+        if kind == "int" and name.endswith("_bytes"):
+            return _size(raw)
         if kind == "int":
             return int(raw)
         if kind == "float":
             return float(raw)
         return str(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: {raw!r} is not a valid {kind} for {name}") from None
+        what = "size: bytes, or with K, M, G or T (1024s), e.g. 8G," if name.endswith("_bytes") else f"valid {kind}"
+        raise ConfigError(f"{where}: {raw!r} is not a {what} for {name}") from None
+
+
+# Bytes, or a number of K, M, G or T: powers of 1024, as the help's "8 GiB" (8G, 8GiB, 1.5G).
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:i?B)?|B)?\s*", re.IGNORECASE)
+
+
+def _size(raw: Any) -> int:
+    match = _SIZE.fullmatch(str(raw))
+    if not match:
+        raise ValueError(raw)
+    scale = 1 << 10 * ("KMGT".index(match[2].upper()) + 1) if match[2] else 1
+    number = match[1]
+    return int(number) * scale if "." not in number else int(float(number) * scale)
 
 
 def _check(config: CoordinatorConfig) -> None:

@@ -168,8 +168,11 @@ def test_config_from_defaults_environment_and_flags() -> None:
     config = resolve({"listen": "127.0.0.1:0", "node_timeout_s": None},
                      environ={"RANKSCOPE_NODE_TIMEOUT_S": "7.5", "RANKSCOPE_LISTEN": "0.0.0.0:1"})
     assert config.listen == "127.0.0.1:0" and config.node_timeout_s == 7.5
-    with pytest.raises(ConfigError, match="RANKSCOPE_MAX_UPLOAD_BYTES"):
+    with pytest.raises(ConfigError, match=r"^\$RANKSCOPE_MAX_UPLOAD_BYTES: 'lots' is not a size: bytes, or with K, M"):
         resolve(environ={"RANKSCOPE_MAX_UPLOAD_BYTES": "lots"})
+    # Sizes as the help gives its default (8 GiB): K, M, G and T are 1024s.
+    for raw, size in (("4096", 4096), ("1G", 1 << 30), ("8GiB", 8 << 30), ("512 MB", 512 << 20), ("1.5g", 3 << 29)):
+        assert resolve({"max_upload_bytes": raw}, environ={}).max_upload_bytes == size, raw
     with pytest.raises(ConfigError, match="HOST:PORT"):
         resolve({"listen": "7443"}, environ={})
     for name, raw in (("NODE_TIMEOUT_S", "nan"), ("RESTART_GRACE_S", "inf"), ("GRACE_S", "-1")):
