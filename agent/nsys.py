@@ -107,6 +107,11 @@ def stop_command(session: str, *, nsys: str = NSYS) -> list[str]:
     return [nsys, "stop", f"--session={session}"]
 
 
+def cancel_command(session: str, *, nsys: str = NSYS) -> list[str]:
+    """``nsys cancel --session=NAME``: the collection ends, its data dropped (no report)."""
+    return [nsys, "cancel", f"--session={session}"]
+
+
 def sessions_list_command(*, nsys: str = NSYS) -> list[str]:
     return [nsys, "sessions", "list"]
 
@@ -327,10 +332,20 @@ class SessionWindow:
             try:
                 run(stop_command(self.session, nsys=self.nsys), timeout_s=self.timeout_s)
                 return
-            except ToolError:
+            except ToolError as exc:
                 if not self.ended():
-                    raise
+                    raise ToolError(f"{exc}; {self._cancel()}") from None
         self.notes.append(ENDED)
+
+    def _cancel(self) -> str:
+        """End the collection a failed stop left open, dropping it: still recording, the
+        sampler's session would hold the GPU counters once the agent resumed DCGM, and the
+        trace would grow until the next window's start found it."""
+        try:
+            run(cancel_command(self.session, nsys=self.nsys), timeout_s=self.timeout_s)
+        except ToolError as exc:
+            return f"cancelling the collection failed too ({exc})"
+        return "its collection was cancelled (nsys cancel): no report"
 
     def _start_sampler(self, report: Path) -> None:
         """Start the node's sampler with GPU metrics; where nsys cannot collect them (another

@@ -560,6 +560,28 @@ def test_a_collection_left_open_in_a_session_is_stopped_before_starting(node, tm
     assert backend.notes == [] and len(backend.stop(request)) == 2
 
 
+def test_a_stop_that_fails_cancels_the_collection_it_would_leave_open(node, tmp_path, monkeypatch):
+    """An `nsys stop` past its bound is killed, but the session's collection goes on: still
+    recording, the sampler's would hold the GPU counters once the agent resumed DCGM."""
+    use_env(monkeypatch, node.env)
+    first = local_ranks(node.spool)[0]
+    sampler = nsys.SessionWindow(first.session, {"output": str(tmp_path / "r0"), "gpu_metrics": True, "timeout_s": 1},
+                                 ended=lambda: False)
+    sampler.start()
+    standin_nsys.configure(node.state, stop_s=5)  # writing a large report
+    with pytest.raises(ToolError, match=r"^`.*nsys stop --session=.*` did not finish within 1 s; its collection was "
+                                        r"cancelled \(nsys cancel\): no report$"):
+        sampler.close(tmp_path)
+    assert standin_nsys.calls(node.state)[-1] == ["cancel", f"--session={first.session}"]
+    assert standin_nsys.sessions(node.state)[first.session]["state"] == "launched"  # counters let go
+    # Where the cancel fails too, both are said.
+    sampler.start()
+    standin_nsys.fail(node.state, "cancel", "no such collection")
+    with pytest.raises(ToolError, match=r"; cancelling the collection failed too \(`.*nsys cancel --session=.*` failed "
+                                        r"\(exit 1\): Error: no such collection\)$"):
+        sampler.close(tmp_path)
+
+
 def test_an_nsys_that_cannot_run_is_named_for_what_is_wrong(tmp_path: Path, monkeypatch) -> None:
     """A name is looked up on PATH; a path given (RANKSCOPE_NSYS, --nsys) is not 'not on PATH'."""
     plain = tmp_path / "nsys"
