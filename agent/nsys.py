@@ -39,7 +39,14 @@ log = logging.getLogger(__name__)
 NSYS = os.environ.get("RANKSCOPE_NSYS", "nsys")
 # NCCL's own NVTX ranges ("legacy" NCCL tracing, nccl-in-traces.md §1) are what the
 # ingest reads; nsys's advanced NCCL tracing (-t nccl) turns them off, so it is opt-in.
-DEFAULT_TRACE = ("cuda", "nvtx", "osrt")
+# Nothing else is read: no OS runtime calls, and no CPU sampling (`NO_SAMPLING`), whose
+# cost every rank pays and whose data slows every stop and export (nsys-export.md §10).
+DEFAULT_TRACE = ("cuda", "nvtx")
+# Sampling is a collection's setting (`start`, `profile`; `launch` refuses it).
+NO_SAMPLING = ("--sample=none", "--cpuctxsw=none")
+# A CUDA graph's kernels as kernels: by default nsys traces a graph launch as one range, and
+# NCCL kernels captured in graphs (torch.compile, Megatron's CUDA graphs) would go unseen.
+GRAPH_NODES = "--cuda-graph-trace=node"
 NCCL_MODES = ("legacy", "advanced", "auto")
 REPORT_SUFFIX = ".nsys-rep"
 COMMAND_TIMEOUT_S = 60.0
@@ -79,16 +86,18 @@ def trace_flag(trace: Sequence[str], nccl: str = "legacy", *, nccl_supported: bo
 
 def launch_command(session: str, cmd: Sequence[str], *, trace: str = trace_flag(DEFAULT_TRACE),
                    wait: str = "primary", nsys: str = NSYS) -> list[str]:
-    """``nsys launch --session-new=NAME --trace=... --wait=primary CMD...``: inject, not collecting."""
+    """``nsys launch --session-new=NAME --trace=... --cuda-graph-trace=node --wait=primary CMD...``:
+    inject, not collecting."""
     _require_cmd(cmd)
-    return [nsys, "launch", f"--session-new={session}", trace, f"--wait={wait}", *cmd]
+    return [nsys, "launch", f"--session-new={session}", trace, GRAPH_NODES, f"--wait={wait}", *cmd]
 
 
 def start_command(session: str, output: Path, *, gpu_metrics: bool = False, nsys: str = NSYS) -> list[str]:
-    """``nsys start --session=NAME --output=PATH --force-overwrite=true [--gpu-metrics-devices=all]``.
+    """``nsys start --session=NAME --output=PATH --force-overwrite=true --sample=none
+    --cpuctxsw=none [--gpu-metrics-devices=all]``.
 
     GPU metrics sample the whole node, so only one session per node asks for them (§10)."""
-    argv = [nsys, "start", f"--session={session}", f"--output={output}", "--force-overwrite=true"]
+    argv = [nsys, "start", f"--session={session}", f"--output={output}", "--force-overwrite=true", *NO_SAMPLING]
     if gpu_metrics:
         argv.append("--gpu-metrics-devices=all")
     return argv
@@ -144,7 +153,7 @@ def profile_command(cmd: Sequence[str], output: Path, *, trace: str = trace_flag
         raise ValueError("one-shot profiling needs exactly one of a duration or a capture range")
     if (capture_range == "nvtx") != (nvtx_capture is not None):
         raise ValueError("--capture-range=nvtx goes with --nvtx-capture=RANGE@DOMAIN, and only with it")
-    argv = [nsys, "profile", trace, f"--output={output}", "--force-overwrite=true"]
+    argv = [nsys, "profile", trace, GRAPH_NODES, *NO_SAMPLING, f"--output={output}", "--force-overwrite=true"]
     if duration_s is not None:
         argv += [f"--duration={max(1, round(duration_s))}", "--kill=none"]
     else:

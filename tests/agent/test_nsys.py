@@ -35,15 +35,16 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_launch_command():
     assert nsys.launch_command("rankscope_77_r3_999", ["python", "train.py", "--lr", "1"]) == [
-        "nsys", "launch", "--session-new=rankscope_77_r3_999", "--trace=cuda,nvtx,osrt", "--wait=primary",
-        "python", "train.py", "--lr", "1"]
+        "nsys", "launch", "--session-new=rankscope_77_r3_999", "--trace=cuda,nvtx", "--cuda-graph-trace=node",
+        "--wait=primary", "python", "train.py", "--lr", "1"]
     with pytest.raises(ValueError):
         nsys.launch_command("s", [])
 
 
 def test_start_command_asks_for_gpu_metrics_only_when_told():
     assert nsys.start_command("s", Path("/w/sw_rank0")) == [
-        "nsys", "start", "--session=s", "--output=/w/sw_rank0", "--force-overwrite=true"]
+        "nsys", "start", "--session=s", "--output=/w/sw_rank0", "--force-overwrite=true", "--sample=none",
+        "--cpuctxsw=none"]
     assert nsys.start_command("s", Path("/w/x"), gpu_metrics=True, nsys="/opt/nsys")[-1] == "--gpu-metrics-devices=all"
     assert nsys.start_command("s", Path("/w/x"), gpu_metrics=True, nsys="/opt/nsys")[0] == "/opt/nsys"
 
@@ -60,16 +61,16 @@ def test_stop_sessions_export_help_commands():
 
 def test_profile_command_one_shot():
     assert nsys.profile_command(["app"], Path("/s/r0"), duration_s=20) == [
-        "nsys", "profile", "--trace=cuda,nvtx,osrt", "--output=/s/r0", "--force-overwrite=true",
-        "--duration=20", "--kill=none", "app"]
+        "nsys", "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none", "--cpuctxsw=none",
+        "--output=/s/r0", "--force-overwrite=true", "--duration=20", "--kill=none", "app"]
     assert nsys.profile_command(["app", "-x"], Path("/s/r0"), capture_range="cudaProfilerApi", gpu_metrics=True) == [
-        "nsys", "profile", "--trace=cuda,nvtx,osrt", "--output=/s/r0", "--force-overwrite=true",
-        "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--kill=none", "--gpu-metrics-devices=all",
+        "nsys", "profile", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none", "--cpuctxsw=none",
+        "--output=/s/r0", "--force-overwrite=true", "--capture-range=cudaProfilerApi", "--capture-range-end=stop", "--kill=none", "--gpu-metrics-devices=all",
         "app", "-x"]
     with pytest.raises(ValueError):
         nsys.profile_command(["app"], Path("/s/r0"))
     # PyTorch's NVTX ranges use unregistered strings, which open no range unless nsys is told to look
-    assert nsys.profile_command(["app"], Path("/s/r0"), capture_range="nvtx", nvtx_capture="step 3@*")[5:10] == [
+    assert nsys.profile_command(["app"], Path("/s/r0"), capture_range="nvtx", nvtx_capture="step 3@*")[8:13] == [
         "--capture-range=nvtx", "--capture-range-end=stop", "--kill=none", "--nvtx-capture=step 3@*",
         "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0"]
     with pytest.raises(ValueError):
@@ -153,7 +154,7 @@ def test_rank_wrapper_launches_each_rank_in_its_own_session(node):
         (0, 0, 2, "77", "nsys"), (1, 1, 2, "77", "nsys")]
     launches = [standin_nsys.launched(argv) for argv in standin_nsys.calls(node.state) if argv[0] == "launch"]
     assert sorted(head for head, _, _ in launches) == sorted(
-        ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary"] for r in ranks)
+        ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--wait=primary"] for r in ranks)
     assert all(os.path.samefile(folder, os.getcwd()) and app == [sys.executable, "-c", "import time; time.sleep(120)"]
                for _, folder, app in launches)
     assert {r.session for r in ranks} == set(standin_nsys.sessions(node.state))
@@ -172,7 +173,8 @@ def test_capture_starts_stops_and_exports_every_rank(node, tmp_path, monkeypatch
     ranks = local_ranks(node.spool)
     work = request.workdir
     starts = [["start", f"--session={r.session}", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}_{r.pid}",
-               "--force-overwrite=true", *(["--gpu-metrics-devices=all"] if r.local_rank == 0 else [])] for r in ranks]
+               "--force-overwrite=true", "--sample=none", "--cpuctxsw=none",
+               *(["--gpu-metrics-devices=all"] if r.local_rank == 0 else [])] for r in ranks]
     stops = [["stop", f"--session={r.session}"] for r in ranks]
     exported = [["export", "--type=sqlite", f"--output={work}/reports/sw1_{r.host}_rank{r.rank}_{r.pid}.sqlite",
                  "--force-overwrite=true", "--include-blobs=true", f"{work}/reports/sw1_{r.host}_rank{r.rank}_{r.pid}.nsys-rep"]

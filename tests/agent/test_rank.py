@@ -101,7 +101,7 @@ def test_exit_code_is_the_commands_and_the_rank_is_withdrawn(nsys_env, tmp_path)
     session = launch[0][1].removeprefix("--session-new=")
     assert session == f"rankscope_55_r1_{proc.pid}"
     head, folder, app = standin_nsys.launched(launch[0])
-    assert head == ["launch", f"--session-new={session}", "--trace=cuda,nvtx,osrt", "--wait=primary"]
+    assert head == ["launch", f"--session-new={session}", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--wait=primary"]
     assert os.path.samefile(folder, os.getcwd()) and app == [sys.executable, "-c", "import sys; sys.exit(7)"]
 
 
@@ -246,7 +246,7 @@ def test_advanced_nccl_tracing_where_this_nsys_has_it(nsys_env, tmp_path):
     assert proc.returncode == 0
     calls = standin_nsys.calls(state)
     assert calls[0] == ["launch", "--help"]
-    assert [a for a in calls if a[0] == "launch" and a[1] != "--help"][0][2] == "--trace=cuda,nvtx,osrt,nccl"
+    assert [a for a in calls if a[0] == "launch" and a[1] != "--help"][0][2] == "--trace=cuda,nvtx,nccl"
 
 
 def test_one_shot_profiles_and_exports_into_the_spool(nsys_env, tmp_path):
@@ -258,8 +258,9 @@ def test_one_shot_profiles_and_exports_into_the_spool(nsys_env, tmp_path):
     assert proc.returncode == 4, err
     base = spool / "reports" / f"rankscope_55_r1_{proc.pid}"
     assert standin_nsys.calls(state) == [
-        ["profile", "--trace=cuda,nvtx,osrt", f"--output={base}", "--force-overwrite=true", "--duration=5",
-         "--kill=none", sys.executable, "-c", "import sys; sys.exit(4)"],
+        ["profile", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none", "--cpuctxsw=none",
+         f"--output={base}", "--force-overwrite=true", "--duration=5", "--kill=none", sys.executable, "-c",
+         "import sys; sys.exit(4)"],
         ["export", "--type=sqlite", f"--output={base}.sqlite", "--force-overwrite=true", "--include-blobs=true",
          f"{base}.nsys-rep"],
     ]

@@ -148,14 +148,15 @@ def test_a_sweep_over_two_nsys_agents(make_cluster) -> None:
         # then exported by the agent.
         launches = [standin_nsys.launched(c["argv"]) for c in cluster.nsys_calls(name, "launch")]
         assert sorted(head for head, _, _ in launches) == sorted(
-            ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx,osrt", "--wait=primary"] for r in ranks)
+            ["launch", f"--session-new={r.session}", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--wait=primary"] for r in ranks)
         assert all(app == SLEEPER for _, _, app in launches)
         window_calls = [c for c in cluster.nsys_calls(name) if c["argv"][0] in ("start", "stop", "export")]
         # the ranks' starts, then their stops, each all at once (in any order)
         assert sorted(c["argv"] for c in window_calls[:2]) == sorted([
             ["start", f"--session={ranks[0].session}", f"--output={base[0]}", "--force-overwrite=true",
-             "--gpu-metrics-devices=all"],
-            ["start", f"--session={ranks[1].session}", f"--output={base[1]}", "--force-overwrite=true"]])
+             "--sample=none", "--cpuctxsw=none", "--gpu-metrics-devices=all"],
+            ["start", f"--session={ranks[1].session}", f"--output={base[1]}", "--force-overwrite=true",
+             "--sample=none", "--cpuctxsw=none"]])
         assert sorted(c["argv"] for c in window_calls[2:4]) == sorted(
             ["stop", f"--session={r.session}"] for r in ranks)
         assert sorted(c["argv"] for c in window_calls[4:]) == [  # exported at once, in any order
