@@ -59,6 +59,7 @@ PROTOCOL = 1
 START, GO, STOP = "start.json", "go.json", "stop.json"
 READY, STARTED, STOPPED, ERROR = "ready", "started", "stopped", "error"
 POLL_S = 0.05
+CANCELLED = "the capture was cancelled"
 # How far ahead of now go.json and stop.json set the time: past the poll by which every rank reads them.
 LEAD_S = 0.25
 MAX_WAIT_S = 2.0  # what a rank waits for such a time at most (a clock far off, a bad value)
@@ -280,9 +281,12 @@ def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout
     """Ask ``ranks`` to record, and start the ready ones together, at ``start_at`` (epoch
     seconds: the sweep's time for every node) where they are ready before it; how each
     answered (``done``: started, with the notes of both its replies). ``all_or_none``:
-    where one cannot be ready, none starts. ``cancelled`` ends the wait for ``start_at``."""
+    where one cannot be ready, none starts. ``cancelled`` ends the waits: the ranks not
+    started yet fail with `CANCELLED`, and none is told to go (DCGM is paused meanwhile: a
+    wait for ready ranks runs up to ``timeout_s``)."""
+    cancelled = cancelled or threading.Event()
     ask(sweep_id, ranks, max_s, options)
-    ready = wait(sweep_id, ranks, READY, timeout_s)
+    ready = wait(sweep_id, ranks, READY, timeout_s, cancelled)
     replies = Replies(failed=ready.failed, exited=ready.exited)
     if not ready.done or (all_or_none and (ready.failed or ready.exited)):
         return replies
@@ -290,9 +294,12 @@ def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout
     if ahead > MAX_AHEAD_S:
         log.warning("capture %s: its start is %.0f s ahead of this node's clock: starting now", sweep_id, ahead)
     elif ahead > LEAD_S + POLL_S:  # a poll early: a wait that wakes late must not move the start
-        (cancelled or threading.Event()).wait(ahead - LEAD_S - POLL_S)
+        cancelled.wait(ahead - LEAD_S - POLL_S)
+    if cancelled.is_set():
+        replies.failed += [(CANCELLED, rank) for rank, _ in ready.done]
+        return _in_order(replies, ranks)
     replies.began = go(sweep_id, [rank for rank, _ in ready.done], at=start_at if ahead <= MAX_AHEAD_S else 0.0)
-    started = wait(sweep_id, [rank for rank, _ in ready.done], STARTED, timeout_s)
+    started = wait(sweep_id, [rank for rank, _ in ready.done], STARTED, timeout_s, cancelled)
     said = {id(rank): notes for rank, notes in ready.done}
     replies.done = [(rank, said[id(rank)] + notes) for rank, notes in started.done]
     replies.failed += started.failed
@@ -353,9 +360,11 @@ class Replies:
         return self.failed + [(EXITED, rank) for rank in self.exited]
 
 
-def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float) -> Replies:
-    """Wait (bounded) for each rank's ``kind`` reply, its error, or its end; each list in
-    the order of ``ranks``."""
+def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float,
+         cancelled: threading.Event | None = None) -> Replies:
+    """Wait (bounded, and until ``cancelled``) for each rank's ``kind`` reply, its error, or
+    its end; each list in the order of ``ranks``."""
+    cancelled = cancelled or threading.Event()
     deadline = time.monotonic() + timeout_s
     pending = list(ranks)
     replies = Replies()
@@ -374,8 +383,9 @@ def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float) 
         if pending and time.monotonic() > deadline:
             replies.failed.extend((None, r) for r in pending)
             break
-        if pending:
-            time.sleep(POLL_S)
+        if pending and cancelled.wait(POLL_S):
+            replies.failed.extend((CANCELLED, r) for r in pending)
+            break
     return _in_order(replies, ranks)
 
 

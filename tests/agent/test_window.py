@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,6 +145,23 @@ def test_a_rank_that_cannot_be_ready_leaves_the_others_unstarted_where_all_or_no
     assert replies.failed == [(None, absent)] and replies.done == []
     assert opened and opened[0].started_at is None
     assert not (window.folder_of("sw1", info) / window.GO).exists()
+
+
+def test_a_cancel_ends_the_waits_and_tells_no_rank_to_go(rank, tmp_path) -> None:
+    """DCGM is paused while the agent waits: a cancelled capture waited up to the whole
+    bound for a rank that never made ready, or for the sweep's start, and then started."""
+    info, _, opened = rank
+    absent = RankInfo(rank=1, local_rank=1, world_size=2, pid=os.getpid(), host="h", token="k1", spool=str(tmp_path))
+    for sweep, ranks, start_at in (("sw1", [info, absent], 0.0), ("sw2", [info], time.time() + 30)):
+        cancelled = threading.Event()
+        threading.Timer(0.3, cancelled.set).start()
+        began = time.monotonic()
+        replies = window.open_windows(sweep, ranks, 60, 30, all_or_none=True, start_at=start_at, cancelled=cancelled)
+        assert time.monotonic() - began < 5, sweep
+        assert replies.failed == [(window.CANCELLED, ranks[-1])] and replies.done == [], sweep
+        assert not (window.folder_of(sweep, info) / window.GO).exists()
+        window.forget(sweep, ranks)  # as the backend does once its start fails: the ready rank lets go
+    assert all(o.started_at is None for o in opened)
 
 
 def test_windows_begin_at_the_sweeps_start_where_ready_before_it(rank) -> None:
