@@ -155,9 +155,9 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     counted = ordinal_comm[calls.keys[1]]
     warnings += _ordinal_count_warnings(calls.keys[1][counted], calls.size[counted], comm_ids)
     host, _ = codes(events["host"])
-    _shift_ordinals_on_shared_clocks(
-        key_seq, use_ordinal, comm, comm_ids, host, rank, np.asarray(events["end_ns"], np.int64), warnings
-    )
+    end = np.asarray(events["end_ns"], np.int64)
+    _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, comm, comm_ids, host, rank, end, warnings)
+    _shift_ordinals_across_hosts(key_seq, use_ordinal, comm, comm_ids, rank, end, warnings)
 
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
     if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
@@ -273,14 +273,8 @@ def _shift_ordinals_on_shared_clocks(
     c, h, r, k, e = comm[rows], host[rows], rank[rows], key_seq[rows], end[rows]
     per_rank = Groups(c, h, r, within=k)  # each rank's calls in ordinal order
     rc, rh, rr = per_rank.keys
-    # The reference of each (comm, host): most calls, then the lowest rank.
-    by_count = np.lexsort((rr, -per_rank.size, rh, rc))
-    rc_sorted, rh_sorted = rc[by_count], rh[by_count]
-    pair_start = np.concatenate(([True], (rc_sorted[1:] != rc_sorted[:-1]) | (rh_sorted[1:] != rh_sorted[:-1])))
-    is_ref = np.zeros(per_rank.count, dtype=bool)
-    is_ref[by_count[pair_start]] = True
-    ref_of = np.empty(per_rank.count, dtype=np.int64)  # each rank's reference (a group of per_rank)
-    ref_of[by_count] = by_count[pair_start][np.cumsum(pair_start) - 1]
+    ref_of = _references(per_rank.size, rr, rc, rh)  # each rank's reference (a group of per_rank)
+    is_ref = ref_of == np.arange(per_rank.count)
     # Rows by rank, then ordinal: the k-th call of a rank and of its reference (which has
     # at least as many calls) are each group's k-th rows.
     ends = e[per_rank.order]
@@ -315,6 +309,90 @@ def _shift_ordinals_on_shared_clocks(
             f"communicator {comm_id}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
             f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
         )
+
+
+def _references(size: np.ndarray, rank: np.ndarray, *scope: np.ndarray) -> np.ndarray:
+    """Per group (``size`` calls, of ``rank``), the group that is the reference of its
+    ``scope`` (a communicator, and a host): the most calls, then the lowest rank."""
+    by_count = np.lexsort((rank, -size, *reversed(scope)))
+    first = np.ones(len(size), dtype=bool)
+    first[1:] = np.any([key[by_count][1:] != key[by_count][:-1] for key in scope], axis=0)
+    ref_of = np.empty(len(size), dtype=np.int64)
+    ref_of[by_count] = by_count[first][np.cumsum(first) - 1]
+    return ref_of
+
+
+def _shift_ordinals_across_hosts(
+    key_seq: np.ndarray,
+    use_ordinal: np.ndarray,
+    comm: np.ndarray,
+    comm_ids: np.ndarray,
+    rank: np.ndarray,
+    end: np.ndarray,
+    warnings: list[str],
+) -> None:
+    """Re-align ordinals (``key_seq``, in place) of members whose calls are a few off their
+    communicator's reference member (the one with most calls), on any host.
+
+    Their clocks differ, so ends cannot be compared, but the gaps between consecutive ends
+    can: an instance ends on every member at once, so with the right pairing a member's
+    gaps are its reference's, whatever its clock's offset (drift changes them by ppm); a
+    window that cut one more or one less call on one host pairs each gap with another
+    call's. A shift is taken where it makes the gaps clearly closer (alignment-and-metrics.md
+    §5: one off-by-one corrupts the clock fit, and the fit alone cannot tell)."""
+    rows = np.flatnonzero(use_ordinal)
+    if not len(rows):
+        return
+    per_rank = Groups(comm[rows], rank[rows], within=key_seq[rows])
+    rc, rr = per_rank.keys
+    ref_of = _references(per_rank.size, rr, rc)
+    ends, keys = end[rows][per_rank.order], key_seq[rows][per_rank.order]
+    group = np.arange(per_rank.count).repeat(per_rank.size)
+    ref, ref_start = ref_of[group], per_rank.starts[ref_of[group]]
+    # Each call's gap since its previous call, beside the reference's gap between the same keys.
+    follows = np.concatenate(([False], (group[1:] == group[:-1]) & (np.diff(keys) == 1)))
+    compared = follows & (ref != group) & (keys >= 1) & (keys < per_rank.size[ref])
+    at = np.where(compared, ref_start + keys, 0)
+    gap = np.diff(ends, prepend=ends[:1])
+    deviation = np.abs(gap - (ends[at] - ends[np.maximum(at - 1, 0)]))[compared]
+    if not len(deviation):
+        return
+    checked = Groups(group[compared], ordered=True)
+    miss = checked.median(deviation.astype(np.float64))
+    own_gaps = follows & (ref == group)
+    of_reference = Groups(group[own_gaps], ordered=True)
+    spacing = np.full(per_rank.count, np.inf)
+    spacing[of_reference.keys[0]] = of_reference.median(gap[own_gaps].astype(np.float64))
+    # Aligned, a member's gaps are its reference's to µs (ends skew a little per instance);
+    # shifted, by the calls' own variation: beyond 1/200 of a gap is worth a look.
+    suspect = checked.keys[0][miss > spacing[ref_of[checked.keys[0]]] / 200]
+    for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
+        lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
+        ref_gaps = np.diff(ends[per_rank.starts[j] :][: per_rank.size[j]])
+        shift = _best_gap_shift(keys[lo : lo + n], ends[lo : lo + n], ref_gaps)
+        if not shift:
+            continue
+        key_seq[rows[per_rank.order[lo : lo + n]]] += shift
+        warnings.append(
+            f"communicator {comm_ids[rc[i]]}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
+            f"{'behind' if shift > 0 else 'ahead of'} rank {rr[j]}'s; re-aligned on the gaps between end times"
+        )
+
+
+def _best_gap_shift(keys: np.ndarray, ends: np.ndarray, ref_gaps: np.ndarray, widest: int = 8) -> int:
+    """The shift s whose reference gaps (``ref_gaps[q]``: from key q to q + 1) are clearly
+    (4x) closer to this member's than its own keys' are; 0 where none is."""
+    mine = np.diff(ends)
+    lower = keys[:-1]
+    misses = {}
+    for shift in range(-widest, widest + 1):
+        at = lower + shift
+        inside = (at >= 0) & (at < len(ref_gaps))
+        if inside.sum() < max(1, len(mine) // 2):
+            continue
+        misses[shift] = float(np.median(np.abs(mine[inside] - ref_gaps[at[inside]])))
+    best = min(misses, key=misses.get, default=0)
+    return best if 0 in misses and 4 * misses[best] < misses[0] else 0
 
 
 def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, widest: int = 8) -> int | None:

@@ -169,6 +169,26 @@ def test_rank_whose_capture_started_one_call_late_is_realigned_on_its_host_clock
     assert (ev.groupby("instance")["start_ns"].nunique() == 1).all()  # each instance pairs equal times
 
 
+def test_rank_whose_capture_started_one_call_late_on_another_host_is_realigned_on_the_gaps() -> None:
+    """Rank 2 (host h1, its clock 5 ms ahead) missed the first call: its ends cannot be set
+    beside rank 0's, but the gaps between them can (an instance ends on every member at once).
+    Gaps all alike (a call per step, no jitter) cannot tell: nothing is shifted."""
+    for ends, shifted in (([1_000, 1_700, 3_100, 3_500, 5_200, 5_600], True), ([1_000, 2_000, 3_000, 4_000], False)):
+        rows = _rows(
+            [(0, "c", k, "ordinal", "allreduce", 64, None, e - 100) for k, e in enumerate(ends)]
+            + [(2, "c", k, "ordinal", "allreduce", 64, None, e + 5_000_000 - 100) for k, e in enumerate(ends[1:])]
+        )
+        m = match(rows, _comms({"c": [0, 2]}, [0, 2]), {0, 2})
+        said = [w for w in m.warnings if "call(s) behind" in w]
+        assert said == (["communicator c: rank 2's capture is 1 call(s) behind rank 0's; re-aligned on the gaps "
+                         "between end times"] if shifted else [])
+        ev = pd.DataFrame(m.events)
+        ev = ev[ev["instance"] != UNMATCHED]
+        pairs = ev.groupby("instance")["end_ns"].agg(lambda e: e.max() - e.min())
+        assert m.instances == len(ends) - 1
+        assert (pairs == 5_000_000).all() == shifted  # each instance: one call seen on two clocks
+
+
 def test_alltoall_sizes_may_differ_per_rank() -> None:
     rows = _rows([(0, "c", 0, "trace", "alltoall", 64, None, 100), (1, "c", 0, "trace", "alltoall", 96, None, 100)])
     assert match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1}).instances == 1
