@@ -46,7 +46,8 @@ from rankscope.node_name import natural
 
 # Far past any job run (the largest train on ~100k GPUs): a larger world size is a corrupt field.
 MAX_WORLD_SIZE = 1 << 22
-_META = ["rank", "host", "job_id", "window_start_ns", "window_end_ns", "gpu_busy_ns"]
+_META = ["rank", "host", "job_id", "window_start_ns", "window_end_ns", "gpu_busy_ns", "compute_only_ns", "comm_only_ns",
+         "overlap_ns"]
 # the report rows' fields, looked up once (dataclasses.fields costs ~9 us a call)
 _RANK_FIELDS = [n for n in field_names(RankRow) if n != "top_kernels"]
 _OP_FIELDS = field_names(OpSpread)

@@ -44,6 +44,12 @@ class RankRow:
     own_delay_ns: float | None = None  # mean excess gap before arrival vs peers (straggler signal)
     straggler_score: float | None = None  # robust z-score of own_delay_ns
     late_cause: str | None = None  # stragglers: "compute" (busy until arrival) or "launch/host" (idle)
+    # gpu_busy_pct split (alignment-and-metrics.md §7), % of the window: compute kernels alone,
+    # NCCL kernels alone, both at once; idle is what the device did nothing in.
+    gpu_compute_only_pct: float | None = None
+    gpu_comm_only_pct: float | None = None
+    gpu_overlap_pct: float | None = None
+    gpu_idle_pct: float | None = None
     top_kernels: list[dict[str, Any]] = field(default_factory=list)
 
 

@@ -221,16 +221,20 @@ def test_op_spread_takes_the_median_size_and_the_p99_of_skew() -> None:
     assert spread["skew_p99_ns"] == pytest.approx(400 + 0.96 * 600)  # 0.99 x 4 = 3.96 of the way
 
 
-def test_rank_frame_counts_each_ranks_collectives_and_its_gpu_busy_share() -> None:
+def test_rank_frame_counts_each_ranks_collectives_and_its_gpu_busy_share_and_split() -> None:
     aligned = _aligned([(0, 0, "a", 0, 1000), (0, 1, "b", 400, 1000), (1, 0, "a", 2000, 2500), (1, 1, "b", 2000, 2500)])
     events = {"rank": np.array([0, 0, 0, 1, 1]), "duration": np.array([1000, 500, 70, 600, 500]),
               "instance": np.array([0, 1, -1, 0, 1])}  # rank 0's third call matched nothing
     meta = {"rank": np.array([1, 0]), "host": np.array(["b", "a"], object), "window_start_ns": np.array([0, 0]),
-            "window_end_ns": np.array([10_000, 0]), "gpu_busy_ns": np.array([2_500.0, 100.0])}
+            "window_end_ns": np.array([10_000, 0]), "gpu_busy_ns": np.array([2_500.0, 100.0]),
+            "compute_only_ns": np.array([1_000, 50]), "comm_only_ns": np.array([1_200, 50]), "overlap_ns": np.array([300, 0])}
     frame = pd.DataFrame(metrics.rank_frame(meta, events, metrics.instance_frame(aligned))).set_index("rank")
     assert frame["collectives"].to_dict() == {0: 3, 1: 2}
     assert frame.loc[1, "gpu_busy_pct"] == pytest.approx(25.0)  # 2.5 us busy in a 10 us window
     assert np.isnan(frame.loc[0, "gpu_busy_pct"])  # no window: no share, not a division by zero
+    split = ["gpu_compute_only_pct", "gpu_comm_only_pct", "gpu_overlap_pct", "gpu_idle_pct"]
+    assert frame.loc[1, split].tolist() == pytest.approx([10.0, 12.0, 3.0, 75.0])  # with idle, the window's 100%
+    assert frame.loc[0, split].isna().all()
     assert frame["nccl_kernel_ns"].to_dict() == {0: 1570, 1: 1100} and frame.loc[0, "nccl_unmatched_ns"] == 70
 
 

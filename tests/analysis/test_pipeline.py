@@ -31,6 +31,9 @@ def test_report_contract_on_a_synthetic_job() -> None:
     assert rank2["late_mean_ns"] == pytest.approx(truth.late_mean_ns[2], abs=1_000)
     assert rank2["nccl_wait_ns"] + rank2["nccl_transfer_ns"] == rank2["nccl_kernel_ns"]
     assert 0 < rank2["gpu_busy_pct"] <= 100
+    split = [rank2[f"gpu_{part}_pct"] for part in ("compute_only", "comm_only", "overlap")]
+    assert min(split) >= 0 and sum(split) == pytest.approx(rank2["gpu_busy_pct"])  # no copies in this job
+    assert rank2["gpu_idle_pct"] == pytest.approx(100 - rank2["gpu_busy_pct"])
 
 
 def test_hosts_are_listed_in_the_fleets_numbering() -> None:
