@@ -100,7 +100,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
                             f"({some_of(outside)}): no TP overhead for them")
         pywarnings.warn(all_warnings[-1], RankscopeWarning, stacklevel=2)
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
-    late_ranks = _late_ranks(per_rank, found.min_effect_ns)
+    late_ranks = _late_ranks(per_rank, found.min_effect_ns, found.ranks)
     comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst, matched.sizes))
     return Report(
         job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
@@ -228,14 +228,15 @@ def _rank_list(ranks: list[int]) -> str:
     return ",".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
 
 
-def _late_ranks(per_rank: Table, min_effect: float) -> list[int]:
+def _late_ranks(per_rank: Table, min_effect: float, stragglers_found: list[int]) -> list[int]:
     """Ranks arriving late beyond their peers (standing out, or above a jump as where one
     rank of several TP pairs is slow and its mates wait): root causes and the ranks they delayed.
 
     Too few ranks for robust statistics (a two-rank job): a rank later than its peer by the
     minimum effect, so a single late rank is still named with its lateness. (Lateness counts
     from the earliest arrival, so in a balanced pair each rank is late about half the time:
-    it is the difference that tells a late rank.)
+    it is the difference that tells a late rank.) A straggler that arrives late at all is
+    one, whether or not its lateness alone stands out (its own delay named it).
     """
     ranks, late = per_rank["rank"], np.asarray(per_rank["late_mean_ns"], dtype=np.float64)
     flagged, _ = stragglers.outliers(ranks, late, min_effect)
@@ -244,6 +245,7 @@ def _late_ranks(per_rank: Table, min_effect: float) -> list[int]:
         earliest = late[known].min() if known.any() else 0.0
         flagged = [int(r) for r in ranks[known & (late - earliest > min_effect)]]
     late_of = dict(zip(ranks.tolist(), late.tolist()))
+    flagged = set(flagged) | {r for r in stragglers_found if late_of.get(r, 0.0) > 0}
     return sorted(flagged, key=lambda r: -late_of[r])
 
 

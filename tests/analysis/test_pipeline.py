@@ -251,3 +251,15 @@ def test_instantiations_of_one_kernel_template_are_top_kernels_of_their_own_from
     table = lines[lines.index("TOP KERNELS (all ranks)") + 3:]
     labels = kernel_labels(flash)  # parameter lists elided, template arguments whole
     assert labels[0] != labels[1] and [sum(line.endswith(f"  {label}") for line in table) for label in labels] == [1, 1]
+
+
+def test_a_straggler_late_by_less_than_the_lateness_bar_is_still_among_the_late_ranks(tmp_path) -> None:
+    """One rank per TP group (tp=1): rank 6, 0.3 ms late on 3 ms collectives, is named a
+    straggler by its own delay, below the 10%-of-NCCL-time bar lateness alone must pass; a
+    report naming it the root cause of lateness listed no late rank."""
+    from rankscope.analysis.simulate import JobSpec, Straggler, simulate
+    from rankscope.analysis.sources import load_digests
+
+    spec = JobSpec(nodes=4, gpus_per_node=4, tp=1, stragglers=[Straggler(rank=6, kind="compute", extra_ns=300_000)])
+    report = analyze(load_digests(simulate(spec, tmp_path)))
+    assert report.stragglers == [6] and report.late_ranks == [6]
