@@ -281,9 +281,9 @@ def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout
     """Ask ``ranks`` to record, and start the ready ones together, at ``start_at`` (epoch
     seconds: the sweep's time for every node) where they are ready before it; how each
     answered (``done``: started, with the notes of both its replies). ``all_or_none``:
-    where one cannot be ready, none starts. ``cancelled`` ends the waits: the ranks not
-    started yet fail with `CANCELLED`, and none is told to go (DCGM is paused meanwhile: a
-    wait for ready ranks runs up to ``timeout_s``)."""
+    where one cannot be ready, none starts. ``cancelled`` ends the waits before the ranks
+    are told to go: those not ready yet fail with `CANCELLED`, and none goes (DCGM is paused
+    meanwhile: a wait for ready ranks runs up to ``timeout_s``)."""
     cancelled = cancelled or threading.Event()
     ask(sweep_id, ranks, max_s, options)
     ready = wait(sweep_id, ranks, READY, timeout_s, cancelled)
@@ -299,7 +299,8 @@ def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout
         replies.failed += [(CANCELLED, rank) for rank, _ in ready.done]
         return _in_order(replies, ranks)
     replies.began = go(sweep_id, [rank for rank, _ in ready.done], at=start_at if ahead <= MAX_AHEAD_S else 0.0)
-    started = wait(sweep_id, [rank for rank, _ in ready.done], STARTED, timeout_s, cancelled)
+    # Not cancelled: told to go, a rank records until it is told to stop, which needs it started.
+    started = wait(sweep_id, [rank for rank, _ in ready.done], STARTED, timeout_s)
     said = {id(rank): notes for rank, notes in ready.done}
     replies.done = [(rank, said[id(rank)] + notes) for rank, notes in started.done]
     replies.failed += started.failed
