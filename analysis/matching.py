@@ -379,33 +379,31 @@ def _shift_ordinals_across_hosts(
         )
 
 
-def _best_gap_shift(keys: np.ndarray, ends: np.ndarray, ref_gaps: np.ndarray, widest: int = 8) -> int:
+def _best_gap_shift(keys: np.ndarray, ends: np.ndarray, ref_gaps: np.ndarray) -> int:
     """The shift s whose reference gaps (``ref_gaps[q]``: from key q to q + 1) are clearly
     (4x) closer to this member's than its own keys' are; 0 where none is."""
-    mine = np.diff(ends)
-    lower = keys[:-1]
-    misses = {}
-    for shift in range(-widest, widest + 1):
-        at = lower + shift
-        inside = (at >= 0) & (at < len(ref_gaps))
-        if inside.sum() < max(1, len(mine) // 2):
-            continue
-        misses[shift] = float(np.median(np.abs(mine[inside] - ref_gaps[at[inside]])))
+    misses = _shift_misses(np.diff(ends), keys[:-1], ref_gaps)
     best = min(misses, key=misses.get, default=0)
     return best if 0 in misses and 4 * misses[best] < misses[0] else 0
 
 
-def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, widest: int = 8) -> int | None:
+def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float) -> int | None:
     """The shift s (mine[k] ~ ref[k + s]) whose ends coincide, if one clearly does."""
-    best, best_miss = None, np.inf
+    misses = _shift_misses(mine, np.arange(len(mine)), ref)
+    best = min(misses, key=misses.get, default=None)
+    return best if best is not None and misses[best] < spacing / 4 else None
+
+
+def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, widest: int = 8) -> dict[int, float]:
+    """Per shift s within ``widest``, the median of |mine[k] - ref[at[k] + s]| over the k
+    where the reference has that value, for the shifts that overlap half of the shorter."""
+    misses = {}
     for shift in range(-widest, widest + 1):
-        k = np.arange(max(0, -shift), min(len(mine), len(ref) - shift))
-        if len(k) < max(1, min(len(mine), len(ref)) // 2):
-            continue
-        miss = float(np.median(np.abs(mine[k] - ref[k + shift])))
-        if miss < best_miss:
-            best, best_miss = shift, miss
-    return best if best_miss < spacing / 4 else None
+        to = at + shift
+        inside = (to >= 0) & (to < len(ref))
+        if inside.sum() >= max(1, min(len(mine), len(ref)) // 2):
+            misses[shift] = float(np.median(np.abs(mine[inside] - ref[to[inside]])))
+    return misses
 
 
 def _check_instances(
