@@ -108,6 +108,8 @@ def rank_frame(meta: Table, events: Table, inst: Table) -> dict[str, np.ndarray]
         ns = np.asarray(meta[column], np.float64)[order]
         return np.where(window > 0, 100.0 * ns / np.where(window > 0, window, 1), np.nan)
 
+    busy = share("gpu_busy_ns")
+
     # each call's rank as its position among the ranks: per-rank counts and int sums without a grouping
     event_rank = np.asarray(events["rank"], np.int64)
     at, known = ranks.searchsorted(event_rank), in_sorted(event_rank, ranks)
@@ -119,11 +121,11 @@ def rank_frame(meta: Table, events: Table, inst: Table) -> dict[str, np.ndarray]
     columns = {
         "rank": meta_rank[order],
         "host": np.asarray(meta["host"], dtype=object)[order],
-        "gpu_busy_pct": share("gpu_busy_ns"),
+        "gpu_busy_pct": busy,
         "gpu_compute_only_pct": share("compute_only_ns"),
         "gpu_comm_only_pct": share("comm_only_ns"),
         "gpu_overlap_pct": share("overlap_ns"),
-        "gpu_idle_pct": 100.0 - share("gpu_busy_ns"),
+        "gpu_idle_pct": 100.0 - busy,
         "collectives": np.bincount(at[known], minlength=len(ranks)),
         "nccl_kernel_ns": kernel_ns,
         "nccl_unmatched_ns": unmatched_ns,
