@@ -56,6 +56,9 @@ DCGM_OUTCOMES = {
     dcgm_mod.DcgmOutcome.PAUSED: pb.DCGM_OUTCOME_PAUSED,
     dcgm_mod.DcgmOutcome.RESUMED: pb.DCGM_OUTCOME_RESUMED,
 }
+# A node clock this far from the coordinator's is named when the agent registers (NTP keeps
+# nodes within milliseconds).
+CLOCK_WARN_NS = 1_000_000_000
 RECORD_KEEP_S = 7 * 86400.0  # a finished capture's record answers a repeated StartCapture this long
 # Past its sweep's deadline the coordinator cancels a capture; an agent that cannot hear it
 # (its link down) gives the capture up itself this much later.
@@ -235,6 +238,10 @@ class Agent:
         that a restart failed before the coordinator was reached): the coordinator may have
         missed them. Others that are finished are re-reported when their StartCapture comes again."""
         self.registered.set()
+        if abs(registration.clock_offset_ns) > CLOCK_WARN_NS:
+            log.warning("this node's clock is %.1f s %s the coordinator's (is NTP running?): sweeps' start times are "
+                        "moved onto it", abs(registration.clock_offset_ns) / 1e9,
+                        "behind" if registration.clock_offset_ns > 0 else "ahead of")
         for run in list(self.runs.values()):
             if not run.capture.done or run.unsent:
                 run.report_latest()
@@ -256,6 +263,15 @@ class Agent:
             run = CaptureRun.new(self, start)
             self.runs[start.sweep_id] = run
         run.begin()
+
+    def local_ns(self, coordinator_ns: int) -> int:
+        """A time on the coordinator's clock (a sweep's start) on this node's, by the offset the
+        registration's round trip measured (within half of it); 0, no time, stays 0. Taken as
+        it is, a node whose clock is off began its window that far from the other nodes'."""
+        registration = self.session.registration
+        if not coordinator_ns or registration is None:
+            return coordinator_ns
+        return coordinator_ns - registration.clock_offset_ns
 
     def send_status(self, status: pb.NodeStatus) -> bool:
         """Queue a status on the session; False while there is none."""
@@ -312,7 +328,7 @@ class CaptureRun:
             "sweep_id": start.sweep_id,
             "backend": start.backend or agent.config.backends[0],
             "duration_s": start.duration_s,
-            "start_at_ns": start.start_at_ns,
+            "start_at_ns": agent.local_ns(start.start_at_ns),  # this node's clock: the window waits on it
             "timeout_s": start.timeout_s,
             # wall clock: survives restarts
             "deadline": time.time() + start.timeout_s if start.timeout_s > 0 and not refused else None,

@@ -53,12 +53,13 @@ class Coordinator(pb_grpc.AgentServiceServicer):
         self.complete: dict[str, str] = {}
         self.register_delay_s = 0.0
         self.session_refusal: tuple[grpc.StatusCode, str] | None = None
+        self.clock_ahead_ns = 0  # of the agent's
 
     def Register(self, request, context):
         time.sleep(self.register_delay_s)
         self.registered.append(request)
         return pb.RegisterReply(agent_id=f"agent-{request.node}", session_token="tok", heartbeat_interval_ms=200,
-                                chunk_bytes=4096, coordinator_time_ns=time.time_ns())
+                                chunk_bytes=4096, coordinator_time_ns=time.time_ns() + self.clock_ahead_ns)
 
     def Session(self, request_iterator, context):
         if self.session_refusal is not None:
@@ -280,6 +281,22 @@ def test_an_export_cut_short_is_left_out_and_noted_while_the_others_go_on(coordi
         assert note.startswith("went on without ") and "r1.parquet" in note and "Parquet" in note
         record = json.loads((tmp_path / "work" / "captures" / "s1" / "capture.json").read_text())
         assert record["ranks"] == [0]
+
+
+@pytest.mark.parametrize("ahead_s, said", [(30, "30.0 s behind"), (-30, "30.0 s ahead of")])
+def test_a_node_whose_clock_is_off_starts_its_window_at_the_sweeps_time(coordinator, tmp_path: Path, monkeypatch, caplog,
+                                                                      ahead_s: int, said: str) -> None:
+    """A sweep's start is on the coordinator's clock: taken as it was, a node 30 s behind it
+    began its window 30 s after the others' (one ahead, at once: its window 30 s early)."""
+    servicer, address = coordinator
+    servicer.clock_ahead_ns = ahead_s * 10**9
+    asked: list[CaptureRequest] = []
+    with running_agent(address, tmp_path, Log(), monkeypatch, on_start=asked.append):
+        in_2_s = time.time_ns() + 2 * 10**9  # on this clock
+        servicer.commands.put(start("s1", start_at_ns=in_2_s + servicer.clock_ahead_ns))
+        assert servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+    assert abs(asked[0].start_at - in_2_s / 1e9) < 0.5
+    assert any(said in r.getMessage() and "NTP" in r.getMessage() for r in caplog.records)
 
 
 def test_a_failed_capture_leaves_only_its_record_on_the_node(coordinator, tmp_path: Path, monkeypatch) -> None:
