@@ -553,16 +553,25 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
     """Refuse a session start before 1970, and times that leave int64 once moved to UTC
     epoch ns: numpy's addition wraps them round silently, to a window thousands of years
     before 1970 (a utcEpochNs or a timestamp near 2**63 in a damaged export). So epoch ns
-    are 0 (1970) to 2**63 - 1 (2262). Only each column's least and greatest."""
+    are 0 (1970) to 2**63 - 1 (2262). And kernels, copies and launches more than
+    `_MAX_SESSION_NS` from the session start: a kernel ending near 2**63 in a normalized
+    export gave a lateness of 7.5e9 s. Only each column's least and greatest."""
     if utc_epoch < 0:  # an integer column: it cannot pass 2**63 - 1
         raise ExportError(f"TARGET_INFO_SESSION_START_TIME.utcEpochNs {utc_epoch:,} puts the session start before 1970 "
                           "(UTC epoch ns are 0 to 2**63 - 1)", path=export.path)
     for part, at in _TIME_COLUMNS.items():
         times = getattr(export, part)[:, at]
-        if times.size and not (I64_MIN <= int(times.min()) + export.offset and
-                               int(times.max()) + export.offset <= I64_MAX):
+        if not times.size:
+            continue
+        first, last = int(times.min()) + export.offset, int(times.max()) + export.offset
+        if not I64_MIN <= first <= last <= I64_MAX:
             raise ExportError(f"times in its {part} leave int64 once moved to UTC epoch ns (offset {export.offset:,}): "
                               "a timestamp or utcEpochNs near 2**63", path=export.path)
+        # NVTX's are not bounded: a range without an end or a start reads 0 (`_nvtx_sql`).
+        far = max(utc_epoch - first, last - utc_epoch)
+        if part != "nvtx" and far > _MAX_SESSION_NS:
+            raise ExportError(f"times in its {part} lie {far / 86400e9:,.0f} days from the session start (utcEpochNs), "
+                              f"where a capture lasts minutes to hours: a damaged timestamp or utcEpochNs", path=export.path)
 
 
 def _captured_env(capture: list[tuple]) -> dict[str, str]:

@@ -356,6 +356,17 @@ def test_times_that_leave_int64_at_epoch_ns_are_an_error_naming_the_export(job, 
         nsys.read_nsys(late)
 
 
+@pytest.mark.parametrize("when", ["start = 4611686018427387904, \"end\" = 4611686018427388904",  # 2**62: int64-safe
+                                  '"end" = "end" + 8 * 86400 * 1000000000'])
+def test_a_kernel_days_from_the_session_start_is_an_error_naming_the_export(job, tmp_path: Path, when: str) -> None:
+    # Within int64 still, so it was read: one rank's window ran 146 years, its lateness 7.5e9 s.
+    _, paths = job
+    far = _one_more_kernel(paths[0], tmp_path / "far.sqlite", "1", when)
+    with pytest.raises(ExportError, match=r"times in its kernels lie [\d,]+ days from the session start \(utcEpochNs\)") as err:
+        nsys.read_nsys(far)
+    assert str(err.value).startswith(f"{far}: ")
+
+
 def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
     # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
     _, paths = job
