@@ -266,10 +266,12 @@ class Agent:
 
     def local_ns(self, coordinator_ns: int) -> int:
         """A time on the coordinator's clock (a sweep's start) on this node's, by the offset the
-        registration's round trip measured (within half of it); 0, no time, stays 0. Taken as
-        it is, a node whose clock is off began its window that far from the other nodes'."""
+        registration's round trip measured, where that offset passes the round trip; 0, no
+        time, stays 0. Taken as it is, a node whose clock is off began its window that far
+        from the other nodes'. Within the round trip, a request queued at the coordinator may
+        be all it measured, and NTP keeps clocks closer than that."""
         registration = self.session.registration
-        if not coordinator_ns or registration is None:
+        if not coordinator_ns or registration is None or abs(registration.clock_offset_ns) <= registration.round_trip_ns:
             return coordinator_ns
         return coordinator_ns - registration.clock_offset_ns
 

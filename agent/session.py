@@ -53,6 +53,7 @@ class Registration:
     max_upload_bytes: int
     chunk_bytes: int
     clock_offset_ns: int  # coordinator minus agent clock, from the register round trip
+    round_trip_ns: int  # that round trip: the offset is known within half of it
 
     @classmethod
     def from_reply(cls, reply: pb.RegisterReply, sent_ns: int, received_ns: int) -> Registration:
@@ -66,6 +67,7 @@ class Registration:
             max_upload_bytes=reply.max_upload_bytes,
             chunk_bytes=reply.chunk_bytes,
             clock_offset_ns=reply.coordinator_time_ns - midpoint if reply.coordinator_time_ns else 0,
+            round_trip_ns=received_ns - sent_ns,
         )
 
 

@@ -299,6 +299,20 @@ def test_a_node_whose_clock_is_off_starts_its_window_at_the_sweeps_time(coordina
     assert any(said in r.getMessage() and "NTP" in r.getMessage() for r in caplog.records)
 
 
+def test_a_clock_offset_within_the_registrations_round_trip_is_not_applied(coordinator, tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """A registration queued 0.4 s at the coordinator reads as clocks 0.2 s apart: NTP keeps
+    them closer, so the sweep's start is taken as sent."""
+    servicer, address = coordinator
+    servicer.register_delay_s = 0.4
+    asked: list[CaptureRequest] = []
+    with running_agent(address, tmp_path, Log(), monkeypatch, on_start=asked.append):
+        start_at = time.time_ns() + 2 * 10**9
+        servicer.commands.put(start("s1", start_at_ns=start_at))
+        assert servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+    assert asked[0].start_at == start_at / 1e9
+
+
 def test_a_failed_capture_leaves_only_its_record_on_the_node(coordinator, tmp_path: Path, monkeypatch) -> None:
     """An export failing for a full disk kept the capture's reports (GiBs a rank, for nsys) for
     the week its record is kept: every later capture of the node failed "disk full" too."""
