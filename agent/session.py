@@ -127,7 +127,8 @@ class Session:
             try:
                 self._serve(self._register())
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                # Another agent holds the node; the node is not this agent's certificate's: no retry mends either.
+                if exc.code() in (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED):
                     raise ConfigError(f"coordinator: {exc.details()}") from None
                 # Loud once per outage, quiet while it lasts; our own close cancels the call.
                 quiet = (failures and not self._heard) or self.stop.is_set()

@@ -131,6 +131,9 @@ def _add_coordinator_command(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
     serve.add_argument("--tls-client-ca", type=Path, metavar="PEM",
                        help="require client certificates signed by this CA (mTLS)")
+    serve.add_argument("--node-certs", action="store_true", default=None,
+                       help="each agent holds its own node's certificate: it registers only under a name the "
+                            "certificate carries (its CN or a subject alternative name); needs --tls-client-ca")
     serve.set_defaults(func=run_coordinator)
 
 
@@ -227,7 +230,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
 
     config = resolve({"listen": args.listen, "data_dir": args.data_dir, "max_upload_bytes": args.max_upload_bytes,
                       "node_timeout_s": args.node_timeout, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
-                      "tls_client_ca": args.tls_client_ca})
+                      "tls_client_ca": args.tls_client_ca, "node_certs": args.node_certs})
     if args.port_file:
         output.check_writable(args.port_file)  # before serving: a server must not start only to fail
     server, port = create_server(config=config)
@@ -237,7 +240,8 @@ def run_coordinator(args: argparse.Namespace) -> int:
     host = config.listen.rsplit(":", 1)[0]
     if args.port_file:
         output.write_text(args.port_file, f"{port}\n")
-    security = "mTLS" if config.tls_client_ca else "TLS" if config.tls_cert else "plaintext"
+    security = ("mTLS, node certificates" if config.node_certs else "mTLS" if config.tls_client_ca else
+                "TLS" if config.tls_cert else "plaintext")
     print(f"rankscope coordinator listening on {host}:{port} ({security}; data in {config.data_dir})",
           file=sys.stderr, flush=True)
     stop.wait()

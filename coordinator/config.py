@@ -45,6 +45,10 @@ class CoordinatorConfig:
     tls_cert: Path | None = None  # PEM; with tls_key the port speaks TLS
     tls_key: Path | None = None
     tls_client_ca: Path | None = None  # PEM; set, clients must present a certificate it signed (mTLS)
+    # Each agent holds its own node's certificate (deployment.md §4: CN = node): it registers
+    # only under a name its certificate carries, so a node's stolen key (or a user's) speaks
+    # for no other node. Off, one certificate may serve the fleet.
+    node_certs: bool = False
 
     @property
     def max_sessions(self) -> int:
@@ -97,12 +101,17 @@ def _parse(name: str, kind: Any, raw: Any, where: str) -> Any:
             return int(raw)
         if kind == "float":
             return float(raw)
+        if kind == "bool":
+            return raw if isinstance(raw, bool) else _BOOLS[str(raw).strip().lower()]
         return str(raw)
-    except (TypeError, ValueError):
-        what = "size: bytes, or with K, M, G or T (1024s), e.g. 8G," if name.endswith("_bytes") else f"valid {kind}"
+    except (TypeError, ValueError, KeyError):
+        what = ("size: bytes, or with K, M, G or T (1024s), e.g. 8G," if name.endswith("_bytes") else
+                "yes/no (1/0, true/false, on/off)" if kind == "bool" else f"valid {kind}")
         raise ConfigError(f"{where}: {raw!r} is not a {what} for {name}") from None
 
 
+_BOOLS = {word: value for value, words in ((True, ("1", "true", "yes", "on")), (False, ("0", "false", "no", "off", "")))
+          for word in words}
 # Bytes, or a number of K, M, G or T: powers of 1024, as the help's "8 GiB" (8G, 8GiB, 1.5G).
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:i?B)?|B)?\s*", re.IGNORECASE)
 
@@ -121,6 +130,8 @@ def _check(config: CoordinatorConfig) -> None:
         raise ConfigError("TLS needs both a certificate and its private key (--tls-cert and --tls-key)")
     if config.tls_client_ca is not None and config.tls_cert is None:
         raise ConfigError("--tls-client-ca needs the server's own --tls-cert and --tls-key")
+    if config.node_certs and config.tls_client_ca is None:
+        raise ConfigError("--node-certs needs --tls-client-ca: without client certificates there is no node name to check")
     if host_port(config.listen) is None:
         raise ConfigError(f"listen address {config.listen!r} must be HOST:PORT, the port 0-65535 (0 picks one)")
     if config.max_upload_bytes <= 0:

@@ -12,7 +12,7 @@ import inspect
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
 
@@ -192,6 +192,17 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
     )
 
 
+def _check_certified(node: str, auth: Mapping[str, Iterable[bytes]]) -> None:
+    """With node certificates, an agent registers only under its certificate's CN or one of
+    its subject alternative names (gRPC's peer identities)."""
+    names = {name.decode("utf-8", "replace") for key in ("x509_common_name", "x509_subject_alternative_name")
+             for name in auth.get(key, ())}
+    if node not in names:
+        raise NotPermitted(f"node {node!r} is none of the names in this agent's certificate "
+                           f"({', '.join(sorted(names)) or 'none'}): with node certificates an agent registers under "
+                           "its certificate's CN or a subject alternative name (set its --name to one)")
+
+
 def _command(order: object) -> pb.CoordinatorCommand:
     if isinstance(order, CaptureOrder):
         spec = order.spec
@@ -225,8 +236,11 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
     @_mapped
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
         versions = request.versions
+        node = request.node or request.hostname
+        if self.config.node_certs:
+            _check_certified(node, context.auth_context())
         agent, warnings = self.coordinator.register(
-            request.node or request.hostname,
+            node,
             request.hostname,
             dict(request.labels),
             gpus=[{"uuid": g.uuid, "name": g.name, "index": g.index} for g in request.gpus],

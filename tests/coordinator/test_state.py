@@ -180,6 +180,13 @@ def test_config_from_defaults_environment_and_flags() -> None:
             resolve(environ={f"RANKSCOPE_{name}": raw})
     with pytest.raises(ConfigError, match="max_workers must be at least 2, got 0"):  # not a ValueError from the pool
         resolve(environ={"RANKSCOPE_MAX_WORKERS": "0"})
+    # A switch from the environment, as systemd's EnvironmentFile and a pod's env give it.
+    tls = {"RANKSCOPE_TLS_CERT": "s.pem", "RANKSCOPE_TLS_KEY": "s.key", "RANKSCOPE_TLS_CLIENT_CA": "ca.pem"}
+    for raw, on in (("1", True), ("Yes", True), ("on", True), ("0", False), ("false", False), ("", False)):
+        assert resolve(environ={**tls, "RANKSCOPE_NODE_CERTS": raw}).node_certs is on, raw
+    with pytest.raises(ConfigError, match=r"^\$RANKSCOPE_NODE_CERTS: 'maybe' is not a yes/no \(1/0, true/false, on/off\) "
+                                          "for node_certs"):
+        resolve(environ={**tls, "RANKSCOPE_NODE_CERTS": "maybe"})
 
 
 def test_a_full_disk_is_a_storage_error_and_the_store_writes_again_once_there_is_room(tmp_path: Path) -> None:

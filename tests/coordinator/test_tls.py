@@ -26,15 +26,17 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
+    """A CA, a server certificate for 127.0.0.1, a client certificate, and node-a's (its CN,
+    and gpu-a.cluster among its subject alternative names), all signed by the CA."""
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
              "-subj", "/CN=rankscope test CA", cwd=d)
     (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
+    (d / "node.ext").write_text("subjectAltName=DNS:gpu-a.cluster\n")
+    for name, cn in (("server", "server"), ("client", "client"), ("node", "node-a")):
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)
-        extra = ["-extfile", "server.ext"] if name == "server" else []
+                 "-subj", f"/CN={cn}", cwd=d)
+        extra = ["-extfile", f"{name}.ext"] if name in ("server", "node") else []
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                  "-out", f"{name}.pem", "-days", "2", *extra, cwd=d)
     return d
@@ -162,3 +164,50 @@ def test_a_certificate_the_client_does_not_trust_is_one_line_from_the_command(se
     assert line == (f"rankscope: error: coordinator at {secure.address} refuses this client's TLS settings: its "
                     f"certificate does not verify against the CA in {tmp_path / 'other.pem'} (unable to get local "
                     "issuer certificate)")
+
+
+@pytest.fixture
+def node_certs(tmp_path, wire, pki):
+    running = wire.start(tmp_path / "nodes", tls_cert=pki / "server.pem", tls_key=pki / "server.key",
+                         tls_client_ca=pki / "ca.pem", node_certs=True)
+    yield running
+    wire.stop(running)
+
+
+def _register(address: str, pki: Path, cert: str, node: str) -> pb.RegisterReply:
+    with channel(address, TlsFiles(cert=pki / f"{cert}.pem", key=pki / f"{cert}.key", ca=pki / "ca.pem")) as ch:
+        return pb_grpc.AgentServiceStub(ch).Register(pb.RegisterRequest(node=node), timeout=10)
+
+
+def test_with_node_certificates_an_agent_registers_only_under_a_name_its_certificate_carries(node_certs, secure,
+                                                                                             pki) -> None:
+    """Any certificate the CA signed, a user's included, registered as any node: its session
+    token then took that node's captures and uploaded digests in its name."""
+    assert _register(node_certs.address, pki, "node", "node-a").session_token  # its CN
+    assert _register(node_certs.address, pki, "node", "gpu-a.cluster").session_token  # a subject alternative name
+    for cert, node, names in (("node", "node-b", "gpu-a.cluster, node-a"), ("client", "node-a", "client")):
+        with pytest.raises(grpc.RpcError) as refused:
+            _register(node_certs.address, pki, cert, node)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.details().startswith(f"node {node!r} is none of the names in this agent's certificate "
+                                                  f"({names}): with node certificates")
+    assert _register(secure.address, pki, "client", "node-b").session_token  # without: one certificate serves the fleet
+
+
+def test_an_agent_registering_under_another_nodes_name_stops_with_one_line(node_certs, pki, tmp_path) -> None:
+    # A refusal no retry mends: the agent reconnected with backoff for ever, saying so once.
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    done = subprocess.run([sys.executable, "-m", "rankscope", "agent", "--coordinator", node_certs.address,
+                           "--name", "node-b", "--spool", str(tmp_path / "spool"), "--backend", "sim",
+                           "--tls-cert", str(pki / "node.pem"), "--tls-key", str(pki / "node.key"),
+                           "--tls-ca", str(pki / "ca.pem"), "--dcgm", "none"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "rankscope: error: coordinator: node 'node-b' is none of the names in this agent's certificate (gpu-a.cluster, "
+        "node-a)")
+
+
+def test_node_certificates_need_client_certificates(tmp_path, wire, pki) -> None:
+    with pytest.raises(ConfigError, match="--node-certs needs --tls-client-ca"):
+        wire.start(tmp_path / "data", tls_cert=pki / "server.pem", tls_key=pki / "server.key", node_certs=True)
