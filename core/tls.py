@@ -36,19 +36,23 @@ KEEPALIVE = (
 # gRPC server answers with its own SETTINGS frame (frame type 4 in the header's 4th byte).
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 _H2_SETTINGS = 4
+_NAME_MISMATCH = (62, 64)  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
 
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """PEM files for one side: its certificate and key, and the CA it trusts for the other side."""
+    """PEM files for one side: its certificate and key, and the CA it trusts for the other
+    side; for a client, the name the server's certificate must carry where it is not the
+    dialled host (a port forwarded to localhost)."""
 
     cert: Path | None = None
     key: Path | None = None
     ca: Path | None = None
+    server_name: str | None = None
 
     @property
     def enabled(self) -> bool:
-        return any((self.cert, self.key, self.ca))
+        return any((self.cert, self.key, self.ca, self.server_name))
 
 
 def _read(path: Path | None, what: str) -> bytes | None:
@@ -99,23 +103,28 @@ def channel(address: str, files: TlsFiles | None, options: Sequence[tuple[str, o
     """A secure channel where TLS files are given, else a plaintext one; with `KEEPALIVE`."""
     options = [*KEEPALIVE, *options]
     if files is not None and files.enabled:
+        if files.server_name:
+            options.append(("grpc.ssl_target_name_override", files.server_name))
         return grpc.secure_channel(address, channel_credentials(files), options=options)
     return grpc.insecure_channel(address, options=options)
 
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
-    """--tls-ca/--tls-cert/--tls-key, each defaulting to its $RANKSCOPE_TLS_* variable."""
-    group = parser.add_argument_group("TLS (default: plaintext; each also from $RANKSCOPE_TLS_CA/_CERT/_KEY)")
+    """--tls-ca/--tls-cert/--tls-key/--tls-server-name, each defaulting to its $RANKSCOPE_TLS_* variable."""
+    group = parser.add_argument_group("TLS (default: plaintext; each also from $RANKSCOPE_TLS_CA/_CERT/_KEY/_SERVER_NAME)")
     group.add_argument("--tls-ca", type=Path, default=_env_path("RANKSCOPE_TLS_CA"), metavar="PEM",
                        help="CA that signed the coordinator's certificate")
     group.add_argument("--tls-cert", type=Path, default=_env_path("RANKSCOPE_TLS_CERT"), metavar="PEM",
                        help="this client's certificate, where the coordinator requires one")
     group.add_argument("--tls-key", type=Path, default=_env_path("RANKSCOPE_TLS_KEY"), metavar="PEM",
                        help="this client's private key")
+    group.add_argument("--tls-server-name", default=os.environ.get("RANKSCOPE_TLS_SERVER_NAME") or None, metavar="NAME",
+                       help="the name the coordinator's certificate carries, where HOST is another (a port "
+                            "forwarded to localhost: kubectl port-forward)")
 
 
 def client_files(args: argparse.Namespace) -> TlsFiles:
-    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, server_name=args.tls_server_name)
 
 
 def _env_path(name: str) -> Path | None:
@@ -204,10 +213,13 @@ def _refused_tls(host: str, port: int, files: TlsFiles) -> str | None:
     if sock is None:
         return None
     try:
-        with context.wrap_socket(sock, server_hostname=host) as tls:
+        with context.wrap_socket(sock, server_hostname=files.server_name or host) as tls:
             tls.settimeout(0.5)
             closed = tls.recv(1) == b""  # TLS 1.3 refuses a client certificate after the handshake
     except ssl.SSLCertVerificationError as exc:
+        if exc.verify_code in _NAME_MISMATCH:
+            return (f"its certificate is not for the name {files.server_name or host!r} ({exc.verify_message}): dial "
+                    "a name it carries, or pass that name with --tls-server-name")
         trusted = f"the CA in {files.ca}" if files.ca else "the system's CAs"
         return f"its certificate does not verify against {trusted} ({exc.verify_message})"
     except ssl.SSLError:

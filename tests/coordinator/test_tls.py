@@ -26,17 +26,19 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
-    """A CA, a server certificate for 127.0.0.1, a client certificate, and node-a's (its CN,
-    and gpu-a.cluster among its subject alternative names), all signed by the CA."""
+    """A CA, a server certificate for 127.0.0.1, one for the name rankscope-coordinator alone,
+    a client certificate, and node-a's (its CN, and gpu-a.cluster among its subject
+    alternative names), all signed by the CA."""
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
              "-subj", "/CN=rankscope test CA", cwd=d)
     (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     (d / "node.ext").write_text("subjectAltName=DNS:gpu-a.cluster\n")
-    for name, cn in (("server", "server"), ("client", "client"), ("node", "node-a")):
+    (d / "named.ext").write_text("subjectAltName=DNS:rankscope-coordinator\n")  # as in-cluster: its Service's name
+    for name, cn in (("server", "server"), ("client", "client"), ("node", "node-a"), ("named", "rankscope-coordinator")):
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
                  "-subj", f"/CN={cn}", cwd=d)
-        extra = ["-extfile", f"{name}.ext"] if name in ("server", "node") else []
+        extra = ["-extfile", f"{name}.ext"] if name != "client" else []
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                  "-out", f"{name}.pem", "-days", "2", *extra, cwd=d)
     return d
@@ -211,3 +213,27 @@ def test_an_agent_registering_under_another_nodes_name_stops_with_one_line(node_
 def test_node_certificates_need_client_certificates(tmp_path, wire, pki) -> None:
     with pytest.raises(ConfigError, match="--node-certs needs --tls-client-ca"):
         wire.start(tmp_path / "data", tls_cert=pki / "server.pem", tls_key=pki / "server.key", node_certs=True)
+
+
+def test_a_coordinator_dialled_under_another_name_than_its_certificates_is_reached_with_tls_server_name(
+        tmp_path, wire, pki) -> None:
+    """kubectl port-forward puts the in-cluster coordinator at localhost, a name its
+    certificate does not carry: the handshake failed, with no way to say which name to check."""
+    running = wire.start(tmp_path / "data", tls_cert=pki / "named.pem", tls_key=pki / "named.key")
+    try:
+        with SweepClient(running.address, TlsFiles(ca=pki / "ca.pem")) as client:
+            with pytest.raises(ConfigError) as caught:
+                client.sweeps()
+        assert str(caught.value).startswith(
+            f"coordinator at {running.address} refuses this client's TLS settings: its certificate is not for the "
+            "name '127.0.0.1' (IP address mismatch")
+        assert str(caught.value).endswith("dial a name it carries, or pass that name with --tls-server-name")
+        with SweepClient(running.address, TlsFiles(ca=pki / "ca.pem", server_name="rankscope-coordinator")) as client:
+            assert client.sweeps() == []
+        env = {**{k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"},
+               "RANKSCOPE_TLS_SERVER_NAME": "rankscope-coordinator"}
+        done = subprocess.run([sys.executable, "-m", "rankscope", "sweeps", "--coordinator", running.address,
+                               "--tls-ca", str(pki / "ca.pem")], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+    finally:
+        wire.stop(running)
