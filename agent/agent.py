@@ -238,7 +238,7 @@ class Agent:
         that a restart failed before the coordinator was reached): the coordinator may have
         missed them. Others that are finished are re-reported when their StartCapture comes again."""
         self.registered.set()
-        if abs(registration.clock_offset_ns) > CLOCK_WARN_NS:
+        if abs(registration.clock_offset_ns) > max(CLOCK_WARN_NS, registration.round_trip_ns):  # as `local_ns` moves
             log.warning("this node's clock is %.1f s %s the coordinator's (is NTP running?): sweeps' start times are "
                         "moved onto it", abs(registration.clock_offset_ns) / 1e9,
                         "behind" if registration.clock_offset_ns > 0 else "ahead of")

@@ -571,7 +571,7 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
         far = max(utc_epoch - first, last - utc_epoch)
         if part != "nvtx" and far > _MAX_SESSION_NS:
             raise ExportError(f"times in its {part} lie {far / 86400e9:,.0f} days from the session start (utcEpochNs), "
-                              f"where a capture lasts minutes to hours: a damaged timestamp or utcEpochNs", path=export.path)
+                              "where a capture lasts minutes to hours: a damaged timestamp or utcEpochNs", path=export.path)
 
 
 def _captured_env(capture: list[tuple]) -> dict[str, str]:
