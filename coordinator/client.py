@@ -108,6 +108,10 @@ class SweepClient:
     def sweeps(self, limit: int = 0) -> list[pb.Sweep]:
         return list(self._call(self.stub.ListSweeps, pb.ListSweepsRequest(limit=limit)).sweeps)
 
+    def nodes(self, labels: Mapping[str, str] | None = None) -> list[pb.NodeInfo]:
+        """The agents the coordinator knows (with all of ``labels``), by node name."""
+        return list(self._call(self.stub.ListNodes, pb.ListNodesRequest(labels=dict(labels or {}))).nodes)
+
     def cancel(self, sweep_id: str, reason: str = "") -> pb.Sweep:
         return self._call(self.stub.CancelSweep, pb.CancelSweepRequest(sweep_id=sweep_id, reason=reason))
 

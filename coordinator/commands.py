@@ -1,4 +1,4 @@
-"""`rankscope coordinator`, `capture`, `sweeps`, `cancel`, `report` and `fetch`."""
+"""`rankscope coordinator`, `capture`, `sweeps`, `nodes`, `cancel`, `report` and `fetch`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import BinaryIO
 
-from rankscope.analysis.report import ranks_text
+from google.protobuf.message import Message
+
+from rankscope.analysis.report import fmt_ns, ranks_text
 from rankscope.cli import parse_duration, parse_labels
 from rankscope.checksum import sha256_of
 from rankscope.coordinator.client import SweepClient, node_progress, node_state_name, state_name
@@ -90,7 +92,7 @@ def parse_option(text: str) -> tuple[str, str]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    for add in (_add_coordinator_command, _add_capture, _add_sweeps, _add_cancel, _add_report, _add_fetch):
+    for add in (_add_coordinator_command, _add_capture, _add_sweeps, _add_nodes, _add_cancel, _add_report, _add_fetch):
         add(subparsers)
 
 
@@ -181,6 +183,19 @@ def _add_sweeps(subparsers: argparse._SubParsersAction) -> None:
     _add_coordinator_option(listing)
     listing.add_argument("--limit", type=parse_count, default=20, help="at most this many (0: all; default: 20)")
     listing.set_defaults(func=run_sweeps)
+
+
+def _add_nodes(subparsers: argparse._SubParsersAction) -> None:
+    nodes = subparsers.add_parser(
+        "nodes", help="list the nodes whose agents the coordinator knows",
+        description="List the nodes whose agents the coordinator knows, by name: connected or when last seen, "
+                    "labels, GPUs, the ranks announced when the agent registered, capture backends, clock offset, "
+                    "and the sweep capturing there. A sweep by --labels or --all takes these, less those away for over a day.")
+    _add_coordinator_option(nodes)
+    nodes.add_argument("--labels", type=parse_selector, default={}, metavar="K=V,...",
+                       help="only the nodes with all these labels")
+    nodes.add_argument("--format", choices=("table", "json"), default="table", help="(default: table)")
+    nodes.set_defaults(func=run_nodes)
 
 
 def _add_cancel(subparsers: argparse._SubParsersAction) -> None:
@@ -440,18 +455,68 @@ def run_sweeps(args: argparse.Namespace) -> int:
              "SLOW LINKS (RANKS: SHARE OF LIKE ONES' BUSBW)", "MISSING"]]
     for sweep in sweeps:
         counted, missing = _outcomes(sweep)
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sweep.created_ns / 1e9))
+        started = _utc(sweep.created_ns)
         flagged = ",".join(f"{s.rank}@{s.node}" for s in sweep.stragglers) or _no_straggler(sweep)
         links = " ".join(f"{ranks_text(list(link.ranks))}:{link.busbw_gbps / link.peers_busbw_gbps:.0%}"
                          for link in sweep.slow_links) or "none" if sweep.report_path else "-"
         rows.append([sweep.sweep_id, state_name(sweep.state), counted, sweep.backend, started, flagged, links, missing])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    _print_rows(rows)
     repeated = repeat_findings(sweeps)
     if repeated:
         print(f"\nflagged again and again: {repeated}")
     return 0
+
+
+def _print_rows(rows: list[list[str]]) -> None:
+    """A header and its rows, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+def _utc(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / 1e9))
+
+
+def run_nodes(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        nodes = client.nodes(args.labels)
+    if args.format == "json":
+        print(json.dumps({"schema": "rankscope.nodes/1", "nodes": [_node_record(n) for n in nodes]}, indent=2))
+        return 0
+    if not nodes:
+        wanted = ",".join(f"{k}={v}" for k, v in args.labels.items())
+        print(f"no node has labels {wanted}" if wanted else "no agent has registered", file=sys.stderr)
+        return 0
+    rows = [["NODE", "HOST", "STATE", "LAST SEEN (UTC)", "LABELS", "GPUS", "RANKS", "BACKENDS", "CLOCK (±)",
+             "VERSION", "SWEEP"]]
+    for n in nodes:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
+        ranks = ranks_text(sorted(r.rank for r in n.ranks)) if n.ranks else "-"
+        clock = f"{fmt_ns(n.clock_offset_ns)} ({fmt_ns(n.clock_rtt_ns / 2)})" if n.clock_known else "-"
+        rows.append([n.node, n.hostname or "-", "connected" if n.connected else "away", _utc(n.last_seen_ns), labels,
+                     str(len(n.gpus)), ranks, ",".join(n.backends) or "-", clock, n.versions.rankscope or "-",
+                     n.sweep_id or "-"])
+    _print_rows(rows)
+    return 0
+
+
+def _node_record(node: pb.NodeInfo) -> dict:
+    """One node of `nodes --format json`: the wire's fields, the clock's as null where no ping measured it."""
+    return {
+        "node": node.node, "hostname": node.hostname, "labels": dict(node.labels), "connected": node.connected,
+        "last_seen_ns": node.last_seen_ns, "registered_ns": node.registered_ns,
+        "gpus": [_scalars(g) for g in node.gpus], "ranks": [_scalars(r) for r in node.ranks],
+        "backends": list(node.backends), "rankscope_version": node.versions.rankscope,
+        "clock_offset_ns": node.clock_offset_ns if node.clock_known else None,
+        "clock_rtt_ns": node.clock_rtt_ns if node.clock_known else None,
+        "sweep_id": node.sweep_id or None,
+    }
+
+
+def _scalars(message: Message) -> dict:
+    """A message of scalar fields as a dict (JSON's numbers stay numbers, as protobuf's JSON makes int64s text)."""
+    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
 
 
 def _outcomes(sweep: pb.Sweep) -> tuple[str, str]:

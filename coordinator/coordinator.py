@@ -34,6 +34,7 @@ from rankscope.coordinator.registry import (
     UnknownAgent,
     clock_sample,
     default_backend,
+    has_labels,
     select_nodes,
 )
 from rankscope.coordinator.store import Store, UnreadableSweep
@@ -115,6 +116,15 @@ class UploadState:
     complete: bool = False
     size: int = 0
     sha256: str = ""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """An agent the coordinator knows, as `rankscope nodes` lists it."""
+
+    agent: AgentRecord
+    connected: bool
+    sweep_id: str  # the running sweep whose capture holds the node; "" none
 
 
 class Coordinator:
@@ -439,7 +449,7 @@ class Coordinator:
                 raise InputError("; ".join(
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
-            busy = {name: other.sweep_id for other in self._active.values() for name in other.open_nodes()}
+            busy = self._busy()
             away = [name for name in nodes if name not in connected]
             # Chosen by label or all, a node whose agent is away fails at once, named: a health
             # sweep must not pass without it unseen, nor wait out its timeout. Named, it waits.
@@ -451,6 +461,19 @@ class Coordinator:
             self._apply(sweep, instructions)
             log.info("sweep %s started on %s", sweep.sweep_id, ", ".join(nodes))
             return copy.deepcopy(sweep)
+
+    def _busy(self) -> dict[str, str]:
+        """Node -> the running sweep whose capture holds it (under the lock)."""
+        return {name: sweep.sweep_id for sweep in self._active.values() for name in sweep.open_nodes()}
+
+    def nodes(self, labels: Mapping[str, str] | None = None) -> list[NodeView]:
+        """The agents known (with all of ``labels``), by node name: connected or not, and the
+        sweep capturing there."""
+        with self._lock:
+            agents, connected, busy = self.store.agents(), self.registry.connected(), self._busy()
+        chosen = [a for a in agents if has_labels(a, labels or {})]
+        chosen.sort(key=lambda a: node_name.sort_key(a.node))
+        return [NodeView(a, a.node in connected, busy.get(a.node, "")) for a in chosen]
 
     def cancel_sweep(self, sweep_id: str, reason: str) -> sw.Sweep:
         """Stop a running sweep: its open nodes' captures end (DCGM back), what finished is analysed."""

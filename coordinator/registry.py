@@ -176,7 +176,7 @@ def select_nodes(
     if since_ns is not None:
         known = {node: a for node, a in known.items() if node in connected or a.last_seen_ns >= since_ns}
     if labels:
-        chosen = natural(a.node for a in known.values() if all(a.labels.get(k) == v for k, v in labels.items()))
+        chosen = natural(a.node for a in known.values() if has_labels(a, labels))
         if not connected.intersection(chosen):
             wanted = ",".join(f"{k}={v}" for k, v in labels.items())
             raise UnknownAgent(f"no connected agent has labels {wanted}" + _away(chosen))
@@ -186,6 +186,11 @@ def select_nodes(
     if not connected.intersection(known):
         raise UnknownAgent("no agent is connected" + _away(natural(known)))
     return natural(known)
+
+
+def has_labels(agent: AgentRecord, labels: Mapping[str, str]) -> bool:
+    """Whether the agent carries every one of ``labels`` (any agent, for none)."""
+    return all(agent.labels.get(k) == v for k, v in labels.items())
 
 
 def _away(nodes: list[str], shown: int = 5) -> str:

@@ -31,6 +31,7 @@ from rankscope.coordinator.coordinator import (
     CancelOrder,
     CaptureOrder,
     Coordinator,
+    NodeView,
     NotAuthenticated,
     NotPermitted,
     UnknownArtifact,
@@ -189,6 +190,18 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
         slow_links=[pb.SlowLink(comm_id=link.comm_id, op=link.op, ranks=link.ranks, busbw_gbps=link.busbw_gbps,
                                 peers_busbw_gbps=link.peers_busbw_gbps) for link in sweep.slow_links],
         stragglers_not_judged=sweep.stragglers_not_judged,
+    )
+
+
+def _node_message(view: NodeView) -> pb.NodeInfo:
+    agent = view.agent
+    return pb.NodeInfo(
+        node=agent.node, hostname=agent.hostname, labels=agent.labels, connected=view.connected,
+        last_seen_ns=agent.last_seen_ns, registered_ns=agent.registered_ns,
+        gpus=[pb.Gpu(**gpu) for gpu in agent.gpus], ranks=[pb.LocalRank(**rank) for rank in agent.ranks],
+        backends=agent.backends, versions=pb.Versions(**agent.versions),
+        clock_known=agent.clock_offset_ns is not None, clock_offset_ns=agent.clock_offset_ns or 0,
+        clock_rtt_ns=agent.rtt_ns or 0, sweep_id=view.sweep_id,
     )
 
 
@@ -403,6 +416,10 @@ class SweepServicer(pb_grpc.SweepServiceServicer):
         stored = self.coordinator.stored_artifacts(request.sweep_id, kinds=kinds)
         return pb.ListArtifactsReply(sweep_id=sweep.sweep_id, artifacts=[_stored(u) for u in stored],
                                      upload_raw=sweep.spec.upload_raw, state=wire_value(pb.SweepState, sweep.state.value))
+
+    @_mapped
+    def ListNodes(self, request: pb.ListNodesRequest, context: grpc.ServicerContext) -> pb.ListNodesReply:
+        return pb.ListNodesReply(nodes=[_node_message(view) for view in self.coordinator.nodes(dict(request.labels))])
 
     @_mapped
     def FetchArtifact(self, request: pb.FetchArtifactRequest, context: grpc.ServicerContext) -> Iterator[pb.ArtifactChunk]:

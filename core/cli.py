@@ -28,6 +28,7 @@ COMMANDS = {
     "coordinator": "rankscope.coordinator.commands",
     "capture": "rankscope.coordinator.commands",
     "sweeps": "rankscope.coordinator.commands",
+    "nodes": "rankscope.coordinator.commands",
     "report": "rankscope.coordinator.commands",
     "cancel": "rankscope.coordinator.commands",
     "fetch": "rankscope.coordinator.commands",

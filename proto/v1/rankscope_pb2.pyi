@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 5ea2fda08f904b0d2b07786eb77c64eb1e3ddbe021dddb353a7a4093d4928081
+# from rankscope.proto, sha256 c123b5d59039b6c86cdee47537317a186acaec09cb65fd071370cc868954a23b
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -363,6 +363,64 @@ class UploadStatus(_message.Message):
     sha256: str
     known: bool
     def __init__(self, upload_id: _Optional[str] = ..., committed_offset: _Optional[int] = ..., complete: _Optional[bool] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., known: _Optional[bool] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("labels",)
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("node", "hostname", "labels", "connected", "last_seen_ns", "registered_ns", "gpus", "ranks", "backends", "versions", "clock_known", "clock_offset_ns", "clock_rtt_ns", "sweep_id")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_NS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_NS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_RTT_NS_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    hostname: str
+    labels: _containers.ScalarMap[str, str]
+    connected: bool
+    last_seen_ns: int
+    registered_ns: int
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    ranks: _containers.RepeatedCompositeFieldContainer[LocalRank]
+    backends: _containers.RepeatedScalarFieldContainer[str]
+    versions: Versions
+    clock_known: bool
+    clock_offset_ns: int
+    clock_rtt_ns: int
+    sweep_id: str
+    def __init__(self, node: _Optional[str] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., connected: _Optional[bool] = ..., last_seen_ns: _Optional[int] = ..., registered_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ranks: _Optional[_Iterable[_Union[LocalRank, _Mapping]]] = ..., backends: _Optional[_Iterable[str]] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., clock_known: _Optional[bool] = ..., clock_offset_ns: _Optional[int] = ..., clock_rtt_ns: _Optional[int] = ..., sweep_id: _Optional[str] = ...) -> None: ...
+
+class ListNodesReply(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
 
 class ListArtifactsRequest(_message.Message):
     __slots__ = ("sweep_id", "kinds")

@@ -630,3 +630,47 @@ def test_a_coordinator_gone_while_waiting_is_said_at_once_and_the_end_names_the_
     assert err[-1].startswith(f"rankscope: error: coordinator at {running.address} unreachable")
     assert err[-1].endswith(f"; stopped waiting for sweep {sweep_id}, which may still finish once the coordinator is "
                             f"back (rankscope report --coordinator {running.address} {sweep_id} prints its report)")
+
+
+def test_nodes_lists_the_known_agents_connected_or_away_with_their_clock_and_sweep(coordinator, wire, capsys) -> None:
+    """Before a sweep by --labels or --all, which nodes it would take, and which are away;
+    there was no way to see them short of starting one."""
+    coordinator.agents.Register(pb.RegisterRequest(
+        node="node-away", hostname="host-z", labels={"pool": "a"}, gpus=[pb.Gpu(uuid="GPU-1", name="H100", index=0)],
+        ranks=[pb.LocalRank(rank=8, local_rank=0, pid=42, backend="nsys")], backends=["nsys"],
+        versions=pb.Versions(rankscope="0.1.0")), timeout=10)
+    busy = wire.FakeAgent(coordinator, "node-busy", clock_skew_ns=3_000_000, pool="a")
+    idle = wire.FakeAgent(coordinator, "node-idle", pool="b")
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-busy", "--backend", "sim",
+                 "--duration", "1h"]) == 0
+    sweep_id = capsys.readouterr().out.strip()
+    busy.next_command()
+
+    assert main(["nodes", "--coordinator", coordinator.address]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["NODE", "HOST", "STATE", "LAST"]
+    by_node = {row.split()[0]: row.split() for row in rows}
+    assert list(by_node) == ["node-away", "node-busy", "node-idle"]
+    assert by_node["node-away"][1:3] == ["host-z", "away"] and by_node["node-away"][-1] == "-"
+    assert by_node["node-busy"][2] == "connected" and by_node["node-busy"][-1] == sweep_id
+    assert by_node["node-idle"][-1] == "-"
+
+    assert main(["nodes", "--coordinator", coordinator.address, "--labels", "pool=a", "--format", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["schema"] == "rankscope.nodes/1"
+    away, chosen = listed["nodes"]
+    assert [away["node"], chosen["node"]] == ["node-away", "node-busy"]
+    assert away["connected"] is False and away["clock_offset_ns"] is None and away["sweep_id"] is None
+    assert away["gpus"] == [{"uuid": "GPU-1", "name": "H100", "index": 0}]
+    assert away["ranks"] == [{"rank": 8, "local_rank": 0, "pid": 42, "gpu": "", "backend": "nsys", "world_size": 0,
+                              "job_id": ""}]
+    assert away["backends"] == ["nsys"] and away["rankscope_version"] == "0.1.0"
+    assert chosen["connected"] is True and chosen["sweep_id"] == sweep_id
+    # The skewed agent's clock, measured by the session's pings: 3 ms within half a loopback round trip.
+    assert abs(chosen["clock_offset_ns"] - 3_000_000) <= chosen["clock_rtt_ns"] // 2 + 1_000_000
+
+    assert main(["cancel", "--coordinator", coordinator.address, sweep_id]) == 0
+    assert main(["nodes", "--coordinator", coordinator.address, "--labels", "pool=none"]) == 0
+    assert capsys.readouterr().err.endswith("no node has labels pool=none\n")
+    for agent in (busy, idle):
+        agent.close()
