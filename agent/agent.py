@@ -172,7 +172,8 @@ class Agent:
         self.channel = tls.channel(config.coordinator, config.tls, CHANNEL_OPTIONS)
         self.session = Session(self.channel, self.register_request, self.on_command, self.on_connect,
                                max_backoff_s=config.max_backoff_s, stop=self.stop,
-                               explain=lambda: tls.refusal(config.coordinator, config.tls, "this agent"))
+                               explain=lambda: tls.refusal(config.coordinator, config.tls, "this agent"),
+                               beat=self.heartbeat)
         self.hold = FolderLock(config.work_dir, "agent")
         self.pauses = dcgm_mod.PauseManager(dcgm_mod.discover(config.dcgm), config.dcgm.ledger_dir,
                                              who=f"agent {config.name}")
@@ -224,12 +225,20 @@ class Agent:
 
     # coordinator ---------------------------------------------------------------------
 
+    def announced(self) -> list[pb.LocalRank]:
+        """The ranks announced in the spool now."""
+        return [pb.LocalRank(rank=r.rank, local_rank=r.local_rank, pid=r.pid, gpu=r.gpu, backend=r.backend,
+                             world_size=r.world_size, job_id=r.job_id) for r in local_ranks(self.config.spool)]
+
+    def heartbeat(self) -> pb.Heartbeat:
+        """A heartbeat with the ranks announced now (`rankscope nodes` shows them): a job's ranks
+        come and go after the agent registered."""
+        return pb.Heartbeat(agent_time_ns=time.time_ns(), ranks=pb.LocalRanks(ranks=self.announced()))
+
     def register_request(self) -> pb.RegisterRequest:
-        ranks = [pb.LocalRank(rank=r.rank, local_rank=r.local_rank, pid=r.pid, gpu=r.gpu, backend=r.backend,
-                              world_size=r.world_size, job_id=r.job_id) for r in local_ranks(self.config.spool)]
         return pb.RegisterRequest(
             node=self.config.name, hostname=socket.gethostname(), labels=dict(self.config.labels),
-            gpus=node_gpus(), ranks=ranks, versions=pb.Versions(rankscope=__version__),
+            gpus=node_gpus(), ranks=self.announced(), versions=pb.Versions(rankscope=__version__),
             backends=list(self.config.backends), agent_time_ns=time.time_ns(),
         )
 

@@ -94,8 +94,10 @@ class Session:
         max_backoff_s: float = 30.0,
         stop: threading.Event | None = None,
         explain: Callable[[], str | None] = lambda: None,
+        beat: Callable[[], pb.Heartbeat] = lambda: pb.Heartbeat(agent_time_ns=time.time_ns()),
     ) -> None:
         self.stub = pb_grpc.AgentServiceStub(channel)
+        self.beat = beat  # each heartbeat, made as it is sent
         self.explain = explain  # why an UNAVAILABLE coordinator refuses us (`tls.refusal`), where that can be told
         self.hello = hello
         self.on_command = on_command
@@ -192,7 +194,7 @@ class Session:
             with self._lock:
                 if self._outbox is not outbox:
                     return
-                outbox.put(pb.AgentEvent(heartbeat=pb.Heartbeat(agent_time_ns=time.time_ns())))
+                outbox.put(pb.AgentEvent(heartbeat=self.beat()))
 
     def _close_outbox(self) -> None:
         with self._lock:

@@ -15,8 +15,6 @@ from collections import Counter
 from pathlib import Path
 from typing import BinaryIO
 
-from google.protobuf.message import Message
-
 from rankscope.analysis.report import fmt_ns, ranks_text
 from rankscope.cli import parse_duration, parse_labels
 from rankscope.checksum import sha256_of
@@ -27,6 +25,7 @@ from rankscope.errors import CallTimedOut, InputError, RankscopeError, Transport
 from rankscope.lock import NO_LOCKS
 from rankscope.memory import keep_chunk_memory
 from rankscope.progress import Progress
+from rankscope.records import scalars
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 # Exit codes of `capture --wait`: the report is printed in every case but a failed sweep.
@@ -189,8 +188,9 @@ def _add_nodes(subparsers: argparse._SubParsersAction) -> None:
     nodes = subparsers.add_parser(
         "nodes", help="list the nodes whose agents the coordinator knows",
         description="List the nodes whose agents the coordinator knows, by name: connected or when last seen, "
-                    "labels, GPUs, the ranks announced when the agent registered, capture backends, clock offset, "
-                    "and the sweep capturing there. A sweep by --labels or --all takes these, less those away for over a day.")
+                    "labels, GPUs, the ranks announced on the node (as of its agent's last heartbeat), capture "
+                    "backends, clock offset, and the sweep capturing there. A sweep by --labels or --all takes "
+                    "these, less those away for over a day.")
     _add_coordinator_option(nodes)
     nodes.add_argument("--labels", type=parse_selector, default={}, metavar="K=V,...",
                        help="only the nodes with all these labels")
@@ -506,17 +506,12 @@ def _node_record(node: pb.NodeInfo) -> dict:
     return {
         "node": node.node, "hostname": node.hostname, "labels": dict(node.labels), "connected": node.connected,
         "last_seen_ns": node.last_seen_ns, "registered_ns": node.registered_ns,
-        "gpus": [_scalars(g) for g in node.gpus], "ranks": [_scalars(r) for r in node.ranks],
+        "gpus": [scalars(g) for g in node.gpus], "ranks": [scalars(r) for r in node.ranks],
         "backends": list(node.backends), "rankscope_version": node.versions.rankscope,
         "clock_offset_ns": node.clock_offset_ns if node.clock_known else None,
         "clock_rtt_ns": node.clock_rtt_ns if node.clock_known else None,
         "sweep_id": node.sweep_id or None,
     }
-
-
-def _scalars(message: Message) -> dict:
-    """A message of scalar fields as a dict (JSON's numbers stay numbers, as protobuf's JSON makes int64s text)."""
-    return {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
 
 
 def _outcomes(sweep: pb.Sweep) -> tuple[str, str]:

@@ -292,6 +292,11 @@ class Coordinator:
                 or self.clock() - agent.last_seen_ns > SEEN_SAVE_NS):
             connection.agent = self._seen(replace(agent, clock_offset_ns=best.offset_ns, rtt_ns=best.rtt_ns))
 
+    def ranks_announced(self, connection: Connection, ranks: list[dict]) -> None:
+        """The ranks an agent's heartbeat says its node's spool holds now: kept where they changed."""
+        if ranks != connection.agent.ranks:
+            connection.agent = self._seen(replace(connection.agent, ranks=ranks))
+
     def _seen(self, agent: AgentRecord) -> AgentRecord:
         """``agent`` recorded as connected until now (`select_nodes` leaves out the long gone)."""
         agent = replace(agent, last_seen_ns=self.clock())

@@ -47,6 +47,7 @@ from rankscope.errors import (
     UploadRejected,
 )
 from rankscope.memory import keep_chunk_memory
+from rankscope.records import scalars
 from rankscope.proto.v1 import chunks
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
@@ -248,7 +249,6 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
 
     @_mapped
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
-        versions = request.versions
         node = request.node or request.hostname
         if self.config.node_certs:
             _check_certified(node, context.auth_context())
@@ -256,11 +256,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             node,
             request.hostname,
             dict(request.labels),
-            gpus=[{"uuid": g.uuid, "name": g.name, "index": g.index} for g in request.gpus],
-            ranks=[{"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid, "gpu": r.gpu, "backend": r.backend,
-                    "world_size": r.world_size, "job_id": r.job_id} for r in request.ranks],
-            versions={"rankscope": versions.rankscope, "nsys": versions.nsys, "driver": versions.driver,
-                      "dcgm": versions.dcgm, "nccl": versions.nccl},
+            gpus=[scalars(g) for g in request.gpus],
+            ranks=[scalars(r) for r in request.ranks],
+            versions=scalars(request.versions),
             backends=list(request.backends),
         )
         return pb.RegisterReply(
@@ -316,7 +314,9 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                     self.coordinator.pong(connection, event.pong.ping_id, event.pong.agent_time_ns)
                 elif kind == "status":
                     self._status(connection, event.status)
-                # Heartbeats only keep the stream busy through proxies; pings measure the agent.
+                elif kind == "heartbeat" and event.heartbeat.HasField("ranks"):
+                    self.coordinator.ranks_announced(connection, [scalars(r) for r in event.heartbeat.ranks.ranks])
+                # Heartbeats also keep the stream busy through proxies; pings measure the agent.
         except grpc.RpcError:
             pass  # the agent went away; its sweeps wait for it until their deadline
         except RankscopeError as exc:

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 c123b5d59039b6c86cdee47537317a186acaec09cb65fd071370cc868954a23b
+# from rankscope.proto, sha256 9ce2b15bbafdbd2185e8f8b4036ce14f0d8fbe598835529c19c62beda39327cf
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -192,10 +192,18 @@ class Hello(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("agent_time_ns",)
+    __slots__ = ("agent_time_ns", "ranks")
     AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     agent_time_ns: int
-    def __init__(self, agent_time_ns: _Optional[int] = ...) -> None: ...
+    ranks: LocalRanks
+    def __init__(self, agent_time_ns: _Optional[int] = ..., ranks: _Optional[_Union[LocalRanks, _Mapping]] = ...) -> None: ...
+
+class LocalRanks(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[LocalRank]
+    def __init__(self, ranks: _Optional[_Iterable[_Union[LocalRank, _Mapping]]] = ...) -> None: ...
 
 class Pong(_message.Message):
     __slots__ = ("ping_id", "coordinator_time_ns", "agent_time_ns")

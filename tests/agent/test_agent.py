@@ -28,7 +28,7 @@ import pytest
 
 from rankscope import atomic
 from rankscope.agent import agent as agent_mod
-from rankscope.agent import commands, dcgm, pause_ledger
+from rankscope.agent import commands, dcgm, pause_ledger, spool
 from rankscope.agent.agent import Agent, AgentConfig, load_backend, safe_name
 from rankscope.cli import main, parse_labels
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
@@ -482,6 +482,31 @@ def test_pings_are_answered_with_the_agent_clock(coordinator, tmp_path: Path, mo
                 break
         else:
             raise AssertionError("no pong")
+
+
+def _heartbeat_ranks(servicer: Coordinator, wanted: list[int]) -> pb.Heartbeat:
+    """The first heartbeat whose ranks are ``wanted``."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        event = servicer.events.get(timeout=WAIT_S)
+        if event.HasField("heartbeat") and [r.rank for r in event.heartbeat.ranks.ranks] == wanted:
+            return event.heartbeat
+    raise AssertionError(f"no heartbeat with ranks {wanted}")
+
+
+def test_heartbeats_carry_the_ranks_announced_now(coordinator, tmp_path: Path, monkeypatch) -> None:
+    """The ranks went up only when the agent registered: a job started after it was not seen
+    until the agent restarted (`rankscope nodes` showed the node with none)."""
+    servicer, address = coordinator
+    with running_agent(address, tmp_path, Log(), monkeypatch):
+        assert _heartbeat_ranks(servicer, []).HasField("ranks")  # none announced: said, not left out
+        info = spool.RankInfo(rank=5, local_rank=1, world_size=8, pid=os.getpid(), host="n0", job_id="job-7",
+                              token=spool.new_token(os.getpid()))
+        spool.announce(tmp_path / "spool", info)
+        (rank,) = _heartbeat_ranks(servicer, [5]).ranks.ranks
+        assert (rank.local_rank, rank.world_size, rank.pid, rank.job_id) == (1, 8, os.getpid(), "job-7")
+        spool.withdraw(tmp_path / "spool", info)
+        _heartbeat_ranks(servicer, [])
 
 
 def test_agent_restarted_mid_upload_finishes_it(coordinator, tmp_path: Path, monkeypatch) -> None:

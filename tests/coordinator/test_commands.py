@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rankscope.cli import main
 from rankscope.cli import parse_duration
 from rankscope.coordinator import server
+from rankscope.coordinator.client import SweepClient
 from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_NOT_JUDGED, EXIT_PARTIAL
 from rankscope.errors import ConfigError
 from rankscope.proto.v1 import rankscope_pb2 as pb
@@ -645,6 +646,13 @@ def test_nodes_lists_the_known_agents_connected_or_away_with_their_clock_and_swe
                  "--duration", "1h"]) == 0
     sweep_id = capsys.readouterr().out.strip()
     busy.next_command()
+    # A job's ranks announced since the agent registered come with its heartbeats.
+    busy.events.put(pb.AgentEvent(heartbeat=pb.Heartbeat(ranks=pb.LocalRanks(
+        ranks=[pb.LocalRank(rank=r, local_rank=r, world_size=4) for r in range(4)]))))
+    with SweepClient(coordinator.address) as client:
+        deadline = time.monotonic() + 20
+        while not client.nodes({"pool": "a"})[1].ranks and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     assert main(["nodes", "--coordinator", coordinator.address]) == 0
     header, *rows = capsys.readouterr().out.splitlines()
@@ -653,6 +661,7 @@ def test_nodes_lists_the_known_agents_connected_or_away_with_their_clock_and_swe
     assert list(by_node) == ["node-away", "node-busy", "node-idle"]
     assert by_node["node-away"][1:3] == ["host-z", "away"] and by_node["node-away"][-1] == "-"
     assert by_node["node-busy"][2] == "connected" and by_node["node-busy"][-1] == sweep_id
+    assert by_node["node-busy"][7] == "0-3" and by_node["node-idle"][7] == "-"  # RANKS (the time takes two cells)
     assert by_node["node-idle"][-1] == "-"
 
     assert main(["nodes", "--coordinator", coordinator.address, "--labels", "pool=a", "--format", "json"]) == 0
