@@ -118,6 +118,13 @@ class UploadState:
     sha256: str = ""
 
 
+def _returning(agents: list[AgentRecord]) -> set[str]:
+    """The nodes whose agents were connected as the previous run stopped: seen within
+    `SEEN_SAVE_NS` of the last one seen (a connected agent is saved at least that often)."""
+    latest = max((a.last_seen_ns for a in agents), default=0)
+    return {a.node for a in agents if a.last_seen_ns >= latest - SEEN_SAVE_NS}
+
+
 @dataclass(frozen=True)
 class NodeView:
     """An agent the coordinator knows, as `rankscope nodes` lists it."""
@@ -153,6 +160,10 @@ class Coordinator:
         self._refused_logged = -REFUSALS_LOG_S
         self._unsaved: set[str] = set()  # sweeps whose last save failed: kept active, saved whole later
         self._save_retry_at = 0.0
+        # The nodes whose agents were connected as the previous run stopped, on their way back
+        # (their back-off: up to 30 s), and until when a sweep waits for them (`start`).
+        self._returning: set[str] = set()
+        self._returning_until_ns = 0
 
     # lifecycle ----------------------------------------------------------------------
 
@@ -161,6 +172,7 @@ class Coordinator:
         now = self.clock()
         grace = int(self.config.restart_grace_s * 1e9)
         with self._lock:
+            self._returning, self._returning_until_ns = _returning(self.store.agents()), now + grace
             for sweep in self.store.sweeps(states=(sw.SweepState.RUNNING, sw.SweepState.ANALYSING)):
                 log.info("resuming sweep %s (%s)", sweep.sweep_id, sweep.state.value)
                 self._active[sweep.sweep_id] = sweep
@@ -457,10 +469,15 @@ class Coordinator:
             busy = self._busy()
             away = [name for name in nodes if name not in connected]
             # Chosen by label or all, a node whose agent is away fails at once, named: a health
-            # sweep must not pass without it unseen, nor wait out its timeout. Named, it waits.
-            sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy, away=[] if names else away)
-            for name in away if names else ():  # say so rather than an unexplained wait
-                sweep.nodes[name].detail = "agent not connected: it gets the capture if it connects in time"
+            # sweep must not pass without it unseen, nor wait out its timeout. Named, it waits;
+            # so does one whose agent is on its way back after this coordinator's restart.
+            returning = set(away) & self._returning if self.clock() < self._returning_until_ns else set()
+            waited = away if names else [name for name in away if name in returning]
+            sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy,
+                                                 away=[name for name in away if name not in waited])
+            for name in waited:  # say so rather than an unexplained wait
+                sweep.nodes[name].detail = ("agent reconnecting after the coordinator's restart" if name in returning else
+                                            "agent not connected") + ": it gets the capture if it connects in time"
             self.store.save_sweep(sweep)  # a full disk refuses a new sweep rather than run it unsaved
             self._active[sweep.sweep_id] = sweep
             self._apply(sweep, instructions)

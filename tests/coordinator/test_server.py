@@ -23,6 +23,7 @@ from rankscope.coordinator import artifacts as art
 from rankscope.coordinator import coordinator as coordinator_mod
 from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.client import SweepClient
+from rankscope.coordinator.registry import AgentRecord
 from rankscope.coordinator.store import Store
 from rankscope.errors import InputError
 from rankscope.proto.v1 import rankscope_pb2 as pb
@@ -651,9 +652,9 @@ def _until_disconnected(coordinator, node: str) -> None:
 
 
 def test_a_labelled_node_whose_agent_is_down_is_named_missing_not_left_out(coordinator, wire, digests) -> None:
-    """A scheduled health sweep by label over a fleet where one agent is down (or not yet back
-    after a coordinator restart): that node is in the sweep, failed at once and named in the
-    report, not left out unseen, so the sweep does not pass as if the fleet were whole."""
+    """A scheduled health sweep by label over a fleet where one agent is down: that node is
+    in the sweep, failed at once and named in the report, not left out unseen, so the sweep
+    does not pass as if the fleet were whole."""
     down, up = list(digests)
     gone = wire.FakeAgent(coordinator, down, pool="train")
     gone.close()
@@ -681,6 +682,44 @@ def test_a_labelled_node_whose_agent_is_down_is_named_missing_not_left_out(coord
         with pytest.raises(InputError, match=rf"no connected agent has labels pool=train \(not connected: "
                                              rf"{down}, {up}\)$"):
             client.start(labels={"pool": "train"}, duration_s=1.0, backend="sim")
+
+
+def test_a_sweep_by_label_right_after_a_restart_waits_for_the_agents_on_their_way_back(tmp_path, wire,
+                                                                                       digests) -> None:
+    """After a coordinator restart its agents come back within their back-off (up to 30 s): a
+    scheduled sweep by label started meanwhile failed them at once, as if down, and its report
+    went out without them. One down before the restart still fails at once."""
+    back, late = sorted(digests)
+    running = wire.start(tmp_path / "data")
+    for agent in [wire.FakeAgent(running, node, pool="train") for node in (back, late)]:
+        agent.close()
+    wire.stop(running)
+    store = Store(tmp_path / "data" / "state.sqlite")
+    hour_ago = time.time_ns() - 3600 * 10**9
+    store.save_agent(AgentRecord("agent-gone", "gone", "gone", "tok", hour_ago, labels={"pool": "train"},
+                                 last_seen_ns=hour_ago))
+    store.close()
+
+    running = wire.start(tmp_path / "data")
+    try:
+        first = wire.FakeAgent(running, back, pool="train")
+        with SweepClient(running.address) as client:
+            sweep = client.start(labels={"pool": "train"}, duration_s=0.5, backend="sim")
+            nodes = {n.node: (n.state, n.detail or n.reason) for n in sweep.nodes}
+            assert nodes == {
+                back: (pb.NODE_STATE_PENDING, ""),
+                late: (pb.NODE_STATE_PENDING, "agent reconnecting after the coordinator's restart: it gets the capture "
+                                              "if it connects in time"),
+                "gone": (pb.NODE_STATE_FAILED, "agent not connected when the sweep started"),
+            }
+            second = wire.FakeAgent(running, late, pool="train")
+            for agent in (first, second):
+                agent.finish(started_capture(agent).sweep_id, digests[agent.node])
+            assert list(final(client, sweep.sweep_id).missing) == ["gone"]
+        for agent in (first, second):
+            agent.close()
+    finally:
+        wire.stop(running)
 
 
 def test_a_node_whose_agent_is_away_does_not_choose_or_refuse_the_backend_by_label_or_all(coordinator, wire,
