@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rankscope import __version__
 from rankscope.address import dial_problem
 from rankscope.states import wire_name
 from rankscope.tls import TlsFiles, channel, not_a_coordinator, refusal
@@ -30,6 +32,7 @@ RECONNECT_S = 120.0
 # The largest reply the coordinator sends and this client takes: a report's JSON is ~1.5 kB
 # per rank (400 kB at 256 ranks), past gRPC's default 4 MiB limit from ~2700 ranks.
 MAX_REPLY_BYTES = 256 << 20
+SWEEP_SERVICE = pb.DESCRIPTOR.services_by_name["SweepService"].full_name  # rankscope.v1.SweepService
 _USER_MISTAKES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
 })
@@ -184,7 +187,21 @@ class SweepClient:
         try:
             return method(request, timeout=RPC_TIMEOUT_S)
         except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED and self._serves_sweeps():
+                call = type(request).__name__.removesuffix("Request")
+                raise ConfigError(f"coordinator at {self.address} has no {call}: it runs a rankscope older than this "
+                                  f"client's {__version__} (upgrade it, or use a client of its version)") from None
             raise rpc_error(self.address, exc, self.tls) from None
+
+    def _serves_sweeps(self) -> bool:
+        """Whether the server's health service knows the sweep service: a rankscope coordinator
+        (then one without a call is an older one), not another gRPC server."""
+        request = health_pb2.HealthCheckRequest(service=SWEEP_SERVICE)
+        try:
+            reply = health_pb2_grpc.HealthStub(self.channel).Check(request, timeout=RPC_TIMEOUT_S)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def _read_aside(items: Iterator[T], reading: _Reading, name: str, ahead: int = 0) -> Iterator[T]:

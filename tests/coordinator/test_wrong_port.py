@@ -13,7 +13,7 @@ from concurrent import futures
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rankscope.cli import main
 
@@ -80,3 +80,35 @@ def test_the_agent_says_once_what_answers_at_its_coordinator_address(port, said,
     finally:
         agent.session.close()
     assert warned() == [f"coordinator session: {said}"]
+
+
+@pytest.fixture
+def older_coordinator_port():
+    """A coordinator of an older rankscope: its sweep service serving, without the calls added since."""
+    from rankscope.proto.v1 import rankscope_pb2 as pb
+    from rankscope.proto.v1 import rankscope_pb2_grpc as pb_grpc
+
+    class Older(pb_grpc.SweepServiceServicer):
+        def ListSweeps(self, request, context):
+            return pb.ListSweepsReply()
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    checks = health.HealthServicer()
+    checks.set("rankscope.v1.SweepService", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    pb_grpc.add_SweepServiceServicer_to_server(Older(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=0)
+
+
+def test_a_call_an_older_coordinator_lacks_is_named_as_version_skew(older_coordinator_port, capsys) -> None:
+    # It said "is no rankscope coordinator ... (check the port)" of the right port.
+    from rankscope import __version__
+
+    assert main(["sweeps", "--coordinator", older_coordinator_port]) == 0
+    assert main(["nodes", "--coordinator", older_coordinator_port]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"rankscope: error: coordinator at {older_coordinator_port} has no ListNodes: it runs a rankscope older than "
+        f"this client's {__version__} (upgrade it, or use a client of its version)")
