@@ -551,10 +551,25 @@ class CaptureRun:
         the lease itself fails the capture: DCGM was resumed under it (never left dark)."""
         if self.capture.dcgm_mode != cap.PAUSED:
             return cap.CaptureStarted()
+        if not self.backend.counters_held(self.request()):
+            self._resume_early()
+            return cap.CaptureStarted()
         if self.agent.pauses.renew(self.sweep_id, self._lease_s()):
             return cap.CaptureStarted()
         return cap.Failed(f"starting the ranks' recording outlasted the DCGM pause's {self._lease_s():g}s lease "
                           "(DCGM was resumed meanwhile): the capture would have fought DCGM for the counters")
+
+    def _resume_early(self) -> None:
+        """Give DCGM's pause back as the window begins where no rank reads the counters (the
+        sampler fell back to no GPU metrics: held by another tool, or not its user's): else
+        DCGM's profiling series stayed dark through the window for nothing (dcgm.md §9.2).
+        The capture's own resume step then finds it given back."""
+        outcome = self.agent.pauses.release(self.sweep_id)
+        self._record_release(outcome)
+        if outcome is dcgm_mod.DcgmOutcome.RESUMED:
+            self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "resumed as the window began: no rank reads the GPU counters")
+        self.record["resumed_early"] = True
+        self.persist()
 
     def _window_left_s(self) -> float:
         """How long the window runs on: the capture's duration, or where the ranks began
@@ -587,7 +602,7 @@ class CaptureRun:
             if self.backend is not None:
                 self.backend.release_counters(self.request())
         finally:  # a backend that cannot let go of the counters must not keep DCGM paused too
-            if instruction.pause:
+            if instruction.pause and not self.record.get("resumed_early"):
                 self._record_release(self.agent.pauses.release(self.sweep_id))
         if not instruction.pause:
             if self.record["dcgm"] == pb.DCGM_OUTCOME_UNSPECIFIED:

@@ -82,6 +82,12 @@ class CaptureBackend(ABC):
         release first (dcgm.md); the agent pauses DCGM only then. Default: never."""
         return False
 
+    def counters_held(self, request: CaptureRequest) -> bool:
+        """Once ``start`` returned: whether a rank reads the GPU counters as it records. Where
+        none does (the sampler fell back to no GPU metrics), DCGM need not stay paused for
+        the window. Default: as `needs_gpu_counters` said."""
+        return self.needs_gpu_counters(request)
+
     @abstractmethod
     def start(self, request: CaptureRequest) -> float | None:
         """Begin recording on every rank of the request (at ``request.start_at`` where they

@@ -322,14 +322,14 @@ class SessionWindow:
         if not options.get("output"):
             raise NoWindow("the capture named no report to write")
         self.report = Path(options["output"])
-        self.gpu_metrics = bool(options.get("gpu_metrics"))
-        if self.gpu_metrics and gpu_metrics_held(nsys=nsys):
+        self.counters = bool(options.get("gpu_metrics"))  # this rank samples the node's GPU metrics
+        if self.counters and gpu_metrics_held(nsys=nsys):
             # Tracing does not need the counters; only the GPU-metrics sampler does (dcgm.md §6, §9.5).
             self.notes.append("GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics")
-            self.gpu_metrics = False
+            self.counters = False
 
     def start(self) -> None:
-        if self.gpu_metrics:
+        if self.counters:
             self._start_sampler(self.report)
         else:
             self._start(start_command(self.session, self.report, nsys=self.nsys))
@@ -364,6 +364,7 @@ class SessionWindow:
             self._start(start_command(self.session, report, nsys=self.nsys, gpu_metrics=True))
         except ToolError as exc:
             self._start(start_command(self.session, report, nsys=self.nsys))
+            self.counters = False
             self.notes.append(f"captured without GPU metrics, which nsys could not collect ({exc})")
 
     def _start(self, argv: list[str]) -> None:
@@ -410,6 +411,7 @@ class NsysBackend(CaptureBackend):
         # The ranks each capture started: a rank that dies mid-capture drops out of the spool,
         # and must fail the capture rather than silently go missing from it.
         self._started: dict[str, list[RankInfo]] = {}
+        self._counting: dict[str, bool] = {}  # capture -> whether a started rank reads the GPU counters
 
     def check(self, request: CaptureRequest) -> None:
         find_nsys(self.nsys)
@@ -440,13 +442,20 @@ class NsysBackend(CaptureBackend):
                             + "; ".join(window.reasons(failed, "no answer (is `rankscope rank` running it?)")))
         self._notes(replies)
         self._started[request.sweep_id] = list(ranks)
+        self._counting[request.sweep_id] = bool(replies.counters)
         return replies.began
+
+    def counters_held(self, request: CaptureRequest) -> bool:
+        """Whether the sampler's window records GPU metrics, as its start reply said (it falls
+        back to none where the counters are held or not its user's)."""
+        return self._counting.get(request.sweep_id, self.needs_gpu_counters(request))
 
     def stop(self, request: CaptureRequest) -> list[Path]:
         """End every rank's window; the reports its ranks write, to ``export``. A rank whose
         process ended during the window wrote its report as it ended: it is exported like the
         others. The node's capture fails only where no rank stopped; otherwise the ranks that
         failed are noted and left out."""
+        self._counting.pop(request.sweep_id, None)
         ranks = self._started.pop(request.sweep_id, None) or window.asked(request.sweep_id, self.own_ranks(request))
         if not ranks:
             raise ToolError(f"no rank of this node was asked to record for capture {request.sweep_id}")

@@ -101,7 +101,7 @@ def install() -> None:
 
 class _Window:
     """One profiler window, made ready, started and ended on the hook's thread (Kineto
-    requires one thread).
+    requires one thread). Its activity tracing reads no GPU counters.
 
     A process has one Kineto session: the job's own ``torch.profiler`` and ours cannot
     overlap. So no window starts while the job's profiler records, and where the job starts
@@ -134,6 +134,7 @@ class _Window:
         with contextlib.suppress(ImportError):
             importlib.import_module("torch._inductor.config")
         self.notes: list[str] = []
+        self.counters = False
         self.taken_over = False
 
     def start(self) -> None:

@@ -15,9 +15,11 @@ answer as theirs):
     start.json      {"ranks": [keys], "max_s": S, "options": {key: {...}}}: these ranks
                     make ready to record, for S seconds at most (a window whose stop never
                     comes, its agent lost, ends there), each with its own options
-    <key>.ready     the rank's reply once ready: {"notes": [...]}
+    <key>.ready     the rank's reply once ready: {"notes": [...], "counters": bool}
     go.json         {"at": T}: the ready ranks start recording at T (epoch seconds)
-    <key>.started   the rank's reply once it records: {"notes": [...]}
+    <key>.started   the rank's reply once it records: {"notes": [...], "counters": bool}
+                    (counters: it reads the GPU counters as it records, the node's GPU-metrics
+                    sampler; absent, from older wrappers, taken as true)
     stop.json       {"at": T}: the ranks end the window at T
     <key>.stopped   the rank's reply once its recording has ended and its output is
                     written: {"notes": [...]}
@@ -86,6 +88,7 @@ class Window(Protocol):
     """One recording: made ready by its opener, recording from `start` until `close`."""
 
     notes: list[str]  # what the rank's replies say besides (it records without GPU metrics, ...)
+    counters: bool  # it reads the GPU counters as it records (the node's GPU-metrics sampler)
 
     def start(self) -> None:
         """Begin recording (quick: the opener did the slow part); raise where it cannot."""
@@ -207,9 +210,9 @@ class Watcher:
 
     def _say(self, kind: str, window: Window | None = None) -> bool:
         """Reply ``kind``, with the window's notes not said before."""
-        notes = (window or self.window).notes
-        said, self.said = self.said, len(notes)
-        return _reply(self.folder, self.key, kind, json.dumps({"notes": notes[said:]}))
+        window = window or self.window
+        said, self.said = self.said, len(window.notes)
+        return _reply(self.folder, self.key, kind, json.dumps({"notes": window.notes[said:], "counters": window.counters}))
 
 
 def _sleep_until(path: Path) -> None:
@@ -305,6 +308,7 @@ def open_windows(sweep_id: str, ranks: Sequence[RankInfo], max_s: float, timeout
     replies.done = [(rank, said[id(rank)] + notes) for rank, notes in started.done]
     replies.failed += started.failed
     replies.exited += started.exited
+    replies.counters = started.counters
     return _in_order(replies, ranks)
 
 
@@ -354,6 +358,7 @@ class Replies:
     failed: list[tuple[str | None, RankInfo]] = field(default_factory=list)
     exited: list[RankInfo] = field(default_factory=list)
     began: float = 0.0  # `open_windows`: when the windows began (epoch seconds), 0 where none did
+    counters: list[RankInfo] = field(default_factory=list)  # of ``done``, those that read the GPU counters
 
     def failures(self) -> list[tuple[str | None, RankInfo]]:
         """The ranks that did not answer as asked, with why: their error, None (no answer in
@@ -373,7 +378,10 @@ def wait(sweep_id: str, ranks: Sequence[RankInfo], kind: str, timeout_s: float,
         for rank in list(pending):
             folder = folder_of(sweep_id, rank)
             if reply_path(folder, rank.key, kind).exists():
-                replies.done.append((rank, _notes(reply_path(folder, rank.key, kind))))
+                said = _said(reply_path(folder, rank.key, kind))
+                replies.done.append((rank, [str(note) for note in said.get("notes", [])]))
+                if said.get("counters", True) is not False:  # an older wrapper's: as it was, read
+                    replies.counters.append(rank)
             elif reply_path(folder, rank.key, ERROR).exists():
                 replies.failed.append((_read(reply_path(folder, rank.key, ERROR)), rank))
             elif not lives(rank):
@@ -399,11 +407,13 @@ def _in_order(replies: Replies, ranks: Sequence[RankInfo]) -> Replies:
     return replies
 
 
-def _notes(path: Path) -> list[str]:
+def _said(path: Path) -> dict:
+    """A reply's JSON; {} where it cannot be read as one."""
     try:
-        return [str(note) for note in json.loads(path.read_text()).get("notes", [])]
-    except (OSError, ValueError, AttributeError):
-        return []
+        said = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return said if isinstance(said, dict) else {}
 
 
 def _read(path: Path) -> str:

@@ -152,13 +152,17 @@ def fake_digest(path: Path, rank: int, host: str) -> Path:
 def make_backend(log: Log, *, fail_on_stop: bool = False, cannot_start: str = "", note_on_stop: str = "",
                  export_gate: threading.Event | None = None, export_until_cancelled: bool = False,
                  cut_short: tuple[int, ...] = (), fail_export: str = "", fail_release: bool = False,
-                 on_start: Callable[[CaptureRequest], None] | None = None) -> type[CaptureBackend]:
+                 on_start: Callable[[CaptureRequest], None] | None = None,
+                 counters_once_started: bool = True) -> type[CaptureBackend]:
     class Recording(CaptureBackend):
         name = "fake"
         options = frozenset({"gpu_metrics"})
 
         def needs_gpu_counters(self, request: CaptureRequest) -> bool:
             return True
+
+        def counters_held(self, request: CaptureRequest) -> bool:
+            return counters_once_started
 
         def check(self, request: CaptureRequest) -> None:
             if cannot_start:
@@ -364,6 +368,22 @@ def test_a_node_named_at_the_longest_uploads_its_digest(coordinator, tmp_path: P
         servicer.commands.put(start("s1"))
         states = [s.state for s in servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)]
         assert pb.NODE_STATE_UPLOADED in states and pb.NODE_STATE_FAILED not in states
+
+
+def test_dcgm_comes_back_as_the_window_begins_where_no_rank_reads_the_counters(coordinator, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    """The sampler fell back to no GPU metrics (the counters held by another tool, or not its
+    user's): DCGM stayed paused through the window all the same, its profiling series dark
+    for nothing (dcgm.md §9.2). Resumed once, as the window began, and said so."""
+    servicer, address = coordinator
+    log = Log()
+    with running_agent(address, tmp_path, log, monkeypatch, counters_once_started=False):
+        servicer.commands.put(start("s1"))
+        seen = servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)
+    assert log.calls[:5] == ["dcgm.pause", "backend.start", "dcgm.resume", "backend.stop", "backend.release"]
+    assert log.calls.count("dcgm.resume") == 1
+    assert seen[-1].state == pb.NODE_STATE_DCGM_RESUMED and seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
+    assert seen[-1].dcgm_detail == "resumed as the window began: no rank reads the GPU counters"
 
 
 def test_capture_pauses_before_and_resumes_before_export(coordinator, tmp_path: Path, monkeypatch) -> None:

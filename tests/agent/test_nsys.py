@@ -232,6 +232,7 @@ def test_one_rank_samples_gpu_metrics_on_a_node_two_jobs_share(node, tmp_path, m
         backend = nsys.NsysBackend()
         assert backend.needs_gpu_counters(request)
         backend.start(request)
+        assert backend.counters_held(request)  # the sampler records GPU metrics: DCGM stays paused
         reports = backend.stop(request)
     finally:
         other.terminate()
@@ -255,6 +256,7 @@ def test_gpu_metrics_nsys_cannot_collect_leave_the_trace_captured_and_say_why(no
     backend = nsys.NsysBackend()
     request = request_for(node, tmp_path)
     backend.start(request)
+    assert backend.needs_gpu_counters(request) and not backend.counters_held(request)  # DCGM may come back
     assert len(backend.stop(request)) == 2
     [sampler] = [r for r in request.ranks if r.local_rank == 0]
     [note] = backend.notes
@@ -287,6 +289,7 @@ def test_gpu_metrics_are_dropped_when_an_unpaused_dcgm_holds_the_counters(node, 
     starts = [argv for argv in standin_nsys.calls(node.state) if argv[0] == "start"]
     assert len(starts) == 2 and not any("--gpu-metrics-devices=all" in argv for argv in starts)
     assert backend.notes == ["rank 0: GPU counters are held by another tool (DCGM not paused?): captured without GPU metrics"]
+    assert not backend.counters_held(request)
     assert len(backend.stop(request)) == 2  # the trace itself is complete
     standin_dcgm.configure(engine, paused=True)
     assert nsys.gpu_metrics_held() is False

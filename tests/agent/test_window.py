@@ -24,6 +24,7 @@ class Recorded:
     def __init__(self, options: dict) -> None:
         self.options = options
         self.notes = ["ready"]
+        self.counters = bool(options.get("counters"))
         self.started_at: float | None = None
         self.closed_in: Path | None = None
         time.sleep(float(options.get("prepare_s", 0)))
@@ -64,6 +65,21 @@ def test_a_window_opens_when_asked_and_closes_on_stop_with_the_notes_of_each_par
     stopped = window.end_windows("sw1", [info], 10)
     assert stopped.done == [(info, ["closed"])]  # only what is new since the start's reply
     assert opened[0].closed_in == window.folder_of("sw1", info)
+
+
+def test_the_ranks_that_read_the_gpu_counters_say_so_and_an_older_wrappers_reply_counts_as_one(rank) -> None:
+    """The agent keeps DCGM paused through the window only where a rank reads the counters:
+    the sampler says so in its start reply; a wrapper from before the field is taken as one."""
+    info, _, opened = rank
+    assert window.open_windows("sw1", [info], 60, 10, options={info.key: {"counters": True}}).counters == [info]
+    window.end_windows("sw1", [info], 10)
+    assert window.open_windows("sw2", [info], 60, 10).counters == []
+    window.end_windows("sw2", [info], 10)
+    folder = window.folder_of("old", info)
+    folder.mkdir(parents=True)
+    window.reply_path(folder, info.key, window.STARTED).write_text(json.dumps({"notes": ["from before"]}))
+    older = window.wait("old", [info], window.STARTED, 10)
+    assert older.done == [(info, ["from before"])] and older.counters == [info]
 
 
 def test_a_malformed_request_is_answered_and_the_next_one_served(rank) -> None:

@@ -236,6 +236,30 @@ def test_a_capture_that_samples_no_gpu_metrics_leaves_dcgm_alone(make_cluster) -
     assert not any("--gpu-metrics-devices" in " ".join(argv) for argv in standin_nsys.calls(cluster.nsys_state("n0")))
 
 
+def test_dcgm_comes_back_as_the_window_begins_where_the_sampler_cannot_collect_gpu_metrics(make_cluster) -> None:
+    """The sampler's `nsys start` refused its GPU metrics (ERR_NVGPUCTRPERM): it traced on
+    without them, reading no counters, while DCGM stayed paused through the window, its
+    DCGM_FI_PROF_* series dark for nothing (dcgm.md §9.2)."""
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    standin_nsys.fail(cluster.nsys_state("n0"), "start --gpu-metrics-devices", "ERR_NVGPUCTRPERM")
+    sweep_id = cluster.capture(["n0"], duration_s=4)
+    wait_for("both ranks' windows to open",
+             lambda: [s["state"] for s in standin_nsys.sessions(cluster.nsys_state("n0")).values()] == ["collecting"] * 2,
+             START_S, 0.05)
+    wait_for("DCGM to resume while the ranks record", lambda: not cluster.paused("n0"), 2, 0.05)
+    assert {s["state"] for s in standin_nsys.sessions(cluster.nsys_state("n0")).values()} == {"collecting"}
+    sweep = cluster.wait_final(sweep_id, 150)
+    assert sweep.state == pb.SWEEP_STATE_ANALYSED, (sweep.error, states(sweep), [n.reason for n in sweep.nodes])
+    (node,) = sweep.nodes
+    assert node.dcgm == pb.DCGM_OUTCOME_RESUMED
+    assert node.dcgm_detail == "resumed as the window began: no rank reads the GPU counters"
+    assert [c["op"] for c in cluster.dcgm_calls("n0")].count("resume") == 1
+    notes = cluster.report_json(sweep_id)["sweep"]["nodes"]["n0"]["notes"]
+    assert any("captured without GPU metrics, which nsys could not collect" in note for note in notes), notes
+
+
 def test_a_failed_pause_traces_on_without_gpu_metrics_and_says_why(make_cluster) -> None:
     cluster = make_cluster(1)
     cluster.coordinator()
