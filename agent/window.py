@@ -22,7 +22,7 @@ answer as theirs):
                     sampler; absent, from older wrappers, taken as true)
     stop.json       {"at": T}: the ranks end the window at T
     <key>.stopped   the rank's reply once its recording has ended and its output is
-                    written: {"notes": [...]}
+                    written: {"notes": [...], "counters": bool}
     <key>.error     why this rank could not record (or stop)
 
 Making ready is the slow, uneven part (torch.profiler's first start imports
