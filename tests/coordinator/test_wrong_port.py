@@ -9,7 +9,9 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from contextlib import contextmanager
 
 import grpc
 import pytest
@@ -27,14 +29,24 @@ def http1_port():
     server.server_close()
 
 
-@pytest.fixture
-def other_grpc_port():
+@contextmanager
+def _grpc_port(*add: Callable[[grpc.Server], None]) -> Iterator[str]:
+    """A gRPC server on loopback with what ``add`` puts on it; its address."""
     server = grpc.server(futures.ThreadPoolExecutor(2))
-    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    for put in add:
+        put(server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(grace=0)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=0)
+
+
+@pytest.fixture
+def other_grpc_port():
+    with _grpc_port(lambda server: health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)) as address:
+        yield address
 
 
 def test_an_http1_port_is_named_as_no_grpc_server(http1_port, capsys) -> None:
@@ -92,15 +104,11 @@ def older_coordinator_port():
         def ListSweeps(self, request, context):
             return pb.ListSweepsReply()
 
-    server = grpc.server(futures.ThreadPoolExecutor(2))
     checks = health.HealthServicer()
     checks.set("rankscope.v1.SweepService", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
-    pb_grpc.add_SweepServiceServicer_to_server(Older(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(grace=0)
+    with _grpc_port(lambda server: health_pb2_grpc.add_HealthServicer_to_server(checks, server),
+                    lambda server: pb_grpc.add_SweepServiceServicer_to_server(Older(), server)) as address:
+        yield address
 
 
 def test_a_call_an_older_coordinator_lacks_is_named_as_version_skew(older_coordinator_port, capsys) -> None:
