@@ -273,16 +273,21 @@ class Agent:
             self.runs[start.sweep_id] = run
         run.begin()
 
-    def local_ns(self, coordinator_ns: int) -> int:
-        """A time on the coordinator's clock (a sweep's start) on this node's, by the offset the
-        registration's round trip measured, where that offset passes the round trip; 0, no
-        time, stays 0. Taken as it is, a node whose clock is off began its window that far
-        from the other nodes'. Within the round trip, a request queued at the coordinator may
-        be all it measured, and NTP keeps clocks closer than that."""
+    def local_ns(self, start: pb.StartCapture) -> int:
+        """The sweep's start (on the coordinator's clock) on this node's; 0, none, stays 0. By
+        the coordinator's estimate of this node's clock that the command carries (its latest
+        pings'), else by the registration's round trip (a node's clock may have been stepped
+        since: NTP at boot), where the offset passes its round trip: within it, a request
+        queued at the coordinator may be all it measured, and NTP keeps clocks closer. Taken
+        as it is, a node whose clock is off began its window that far from the other nodes'."""
         registration = self.session.registration
-        if not coordinator_ns or registration is None or abs(registration.clock_offset_ns) <= registration.round_trip_ns:
-            return coordinator_ns
-        return coordinator_ns - registration.clock_offset_ns
+        if start.HasField("node_clock"):
+            offset, round_trip = start.node_clock.offset_ns, start.node_clock.rtt_ns
+        elif registration is not None:
+            offset, round_trip = -registration.clock_offset_ns, registration.round_trip_ns
+        else:
+            return start.start_at_ns
+        return start.start_at_ns + offset if start.start_at_ns and abs(offset) > round_trip else start.start_at_ns
 
     def send_status(self, status: pb.NodeStatus) -> bool:
         """Queue a status on the session; False while there is none."""
@@ -339,7 +344,7 @@ class CaptureRun:
             "sweep_id": start.sweep_id,
             "backend": start.backend or agent.config.backends[0],
             "duration_s": start.duration_s,
-            "start_at_ns": agent.local_ns(start.start_at_ns),  # this node's clock: the window waits on it
+            "start_at_ns": agent.local_ns(start),  # this node's clock: the window waits on it
             "timeout_s": start.timeout_s,
             # wall clock: survives restarts
             "deadline": time.time() + start.timeout_s if start.timeout_s > 0 and not refused else None,

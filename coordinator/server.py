@@ -36,7 +36,7 @@ from rankscope.coordinator.coordinator import (
     NotPermitted,
     UnknownArtifact,
 )
-from rankscope.coordinator.registry import Connection, NodeTakenOver, SessionLimit, UnknownAgent
+from rankscope.coordinator.registry import AgentRecord, Connection, NodeTakenOver, SessionLimit, UnknownAgent
 from rankscope.coordinator.reports import Analyze
 from rankscope.errors import (
     ConfigError,
@@ -217,13 +217,17 @@ def _check_certified(node: str, auth: Mapping[str, Iterable[bytes]]) -> None:
                            "its certificate's CN or a subject alternative name (set its --name to one)")
 
 
-def _command(order: object) -> pb.CoordinatorCommand:
+def _command(order: object, agent: AgentRecord) -> pb.CoordinatorCommand:
+    """An order as the command sent to ``agent``'s node (a capture's with that node's clock as pinged)."""
     if isinstance(order, CaptureOrder):
         spec = order.spec
-        return pb.CoordinatorCommand(start=pb.StartCapture(
+        start = pb.StartCapture(
             sweep_id=order.sweep_id, backend=spec.backend, duration_s=spec.duration_s, options=dict(spec.options),
             upload_raw=spec.upload_raw, timeout_s=spec.timeout_s, start_at_ns=order.start_at_ns,
-        ))
+        )
+        if agent.clock_offset_ns is not None:
+            start.node_clock.CopyFrom(pb.ClockEstimate(offset_ns=agent.clock_offset_ns, rtt_ns=agent.rtt_ns or 0))
+        return pb.CoordinatorCommand(start=start)
     if isinstance(order, CancelOrder):
         return pb.CoordinatorCommand(cancel=pb.CancelCapture(sweep_id=order.sweep_id, reason=order.reason))
     raise TypeError(f"not a command: {order!r}")
@@ -294,7 +298,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                     continue
                 if order is None:
                     break
-                yield _command(order)
+                yield _command(order, connection.agent)
             if connection.taken_over_by is not None:
                 raise NodeTakenOver(f"node {agent.node}: a newer agent session from {connection.taken_over_by} took "
                                     "over; give each agent its own --name")

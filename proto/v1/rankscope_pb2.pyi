@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 9ce2b15bbafdbd2185e8f8b4036ce14f0d8fbe598835529c19c62beda39327cf
+# from rankscope.proto, sha256 d762d4fa64f54a16e93b03a71c409c8e739f7d1bd81778ddd9eaf81ca694f7b6
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -252,7 +252,7 @@ class AgentEvent(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., status: _Optional[_Union[NodeStatus, _Mapping]] = ...) -> None: ...
 
 class StartCapture(_message.Message):
-    __slots__ = ("sweep_id", "backend", "duration_s", "options", "upload_raw", "timeout_s", "start_at_ns")
+    __slots__ = ("sweep_id", "backend", "duration_s", "options", "upload_raw", "timeout_s", "start_at_ns", "node_clock")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +267,7 @@ class StartCapture(_message.Message):
     UPLOAD_RAW_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     START_AT_NS_FIELD_NUMBER: _ClassVar[int]
+    NODE_CLOCK_FIELD_NUMBER: _ClassVar[int]
     sweep_id: str
     backend: str
     duration_s: float
@@ -274,7 +275,16 @@ class StartCapture(_message.Message):
     upload_raw: bool
     timeout_s: float
     start_at_ns: int
-    def __init__(self, sweep_id: _Optional[str] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., start_at_ns: _Optional[int] = ...) -> None: ...
+    node_clock: ClockEstimate
+    def __init__(self, sweep_id: _Optional[str] = ..., backend: _Optional[str] = ..., duration_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ..., timeout_s: _Optional[float] = ..., start_at_ns: _Optional[int] = ..., node_clock: _Optional[_Union[ClockEstimate, _Mapping]] = ...) -> None: ...
+
+class ClockEstimate(_message.Message):
+    __slots__ = ("offset_ns", "rtt_ns")
+    OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    RTT_NS_FIELD_NUMBER: _ClassVar[int]
+    offset_ns: int
+    rtt_ns: int
+    def __init__(self, offset_ns: _Optional[int] = ..., rtt_ns: _Optional[int] = ...) -> None: ...
 
 class CancelCapture(_message.Message):
     __slots__ = ("sweep_id", "reason")

@@ -303,6 +303,24 @@ def test_a_node_whose_clock_is_off_starts_its_window_at_the_sweeps_time(coordina
     assert any(said in r.getMessage() and "NTP" in r.getMessage() for r in caplog.records)
 
 
+def test_the_coordinators_estimate_in_the_command_moves_the_start_not_the_registrations(coordinator, tmp_path: Path,
+                                                                                         monkeypatch) -> None:
+    """A node clock stepped since the agent registered (NTP at boot): the registration's
+    offset is stale, the coordinator's latest pings are not."""
+    servicer, address = coordinator
+    servicer.clock_ahead_ns = 30 * 10**9  # as it registered: 30 s behind
+    asked: list[CaptureRequest] = []
+    with running_agent(address, tmp_path, Log(), monkeypatch, on_start=asked.append):
+        start_at = time.time_ns() + 2 * 10**9
+        command = start("s1", start_at_ns=start_at, node_clock=pb.ClockEstimate(offset_ns=-5_000_000, rtt_ns=1_000_000))
+        servicer.commands.put(command)
+        assert servicer.statuses("s1", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+        servicer.commands.put(start("s2", start_at_ns=start_at, node_clock=pb.ClockEstimate(offset_ns=-5_000_000,
+                                                                                          rtt_ns=20_000_000)))
+        assert servicer.statuses("s2", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
+    assert [request.start_at for request in asked] == [(start_at - 5_000_000) / 1e9, start_at / 1e9]  # within its rtt: as sent
+
+
 def test_a_clock_offset_within_the_registrations_round_trip_is_not_applied(coordinator, tmp_path: Path,
                                                                          monkeypatch) -> None:
     """A registration queued 0.4 s at the coordinator reads as clocks 0.2 s apart: NTP keeps

@@ -330,6 +330,12 @@ def test_pings_estimate_the_agent_clock_offset(coordinator, wire) -> None:
         agent.reader.join(0.05)
     assert record.clock_offset_ns is not None and record.rtt_ns >= 0
     assert abs(record.clock_offset_ns - 5_000_000_000) <= record.rtt_ns // 2 + 50_000_000
+    # A capture's command carries the node's clock as the pings measured it: the agent moves
+    # the sweep's start onto its own clock by it.
+    with SweepClient(coordinator.address) as client:
+        client.start(nodes=["skewed"], duration_s=1.0, backend="sim")
+    clock = started_capture(agent).node_clock
+    assert abs(clock.offset_ns - 5_000_000_000) <= clock.rtt_ns // 2 + 50_000_000 and clock.rtt_ns >= 0
     agent.close()
 
 
