@@ -494,7 +494,9 @@ def run_nodes(args: argparse.Namespace) -> int:
         labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
         ranks = ranks_text(sorted(r.rank for r in n.ranks)) if n.ranks else "-"
         clock = f"{fmt_ns(n.clock_offset_ns)} ({fmt_ns(n.clock_rtt_ns / 2)})" if n.clock_known else "-"
-        rows.append([n.node, n.hostname or "-", "connected" if n.connected else "away", _utc(n.last_seen_ns), labels,
+        # A connected agent's record is saved now and then (`SEEN_SAVE_NS`): its last save is no news.
+        rows.append([n.node, n.hostname or "-", "connected" if n.connected else "away",
+                     "now" if n.connected else _utc(n.last_seen_ns), labels,
                      str(len(n.gpus)), ranks, ",".join(n.backends) or "-", clock, n.versions.rankscope or "-",
                      n.sweep_id or "-"])
     _print_rows(rows)

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 d762d4fa64f54a16e93b03a71c409c8e739f7d1bd81778ddd9eaf81ca694f7b6
+# from rankscope.proto, sha256 0df35a6c4d277a5d8707e4681c74172278a4b2df955b9ffe54b043f73f62024d
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
