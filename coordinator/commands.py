@@ -20,6 +20,7 @@ from rankscope.cli import parse_duration, parse_labels
 from rankscope.checksum import sha256_of
 from rankscope.coordinator.client import SweepClient, node_progress, node_state_name, state_name
 from rankscope.coordinator.config import resolve
+from rankscope.coordinator.registry import labels_text
 from rankscope import node_name, output, signals, tls
 from rankscope.errors import CallTimedOut, InputError, RankscopeError, TransportError
 from rankscope.lock import NO_LOCKS
@@ -485,13 +486,13 @@ def run_nodes(args: argparse.Namespace) -> int:
         print(json.dumps({"schema": "rankscope.nodes/1", "nodes": [_node_record(n) for n in nodes]}, indent=2))
         return 0
     if not nodes:
-        wanted = ",".join(f"{k}={v}" for k, v in args.labels.items())
-        print(f"no node has labels {wanted}" if wanted else "no agent has registered", file=sys.stderr)
+        print(f"no node has labels {labels_text(args.labels)}" if args.labels else "no agent has registered",
+              file=sys.stderr)
         return 0
     rows = [["NODE", "HOST", "STATE", "LAST SEEN (UTC)", "LABELS", "GPUS", "RANKS", "BACKENDS", "CLOCK (±)",
              "VERSION", "SWEEP"]]
     for n in nodes:
-        labels = ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())) or "-"
+        labels = labels_text(n.labels) or "-"
         ranks = ranks_text(sorted(r.rank for r in n.ranks)) if n.ranks else "-"
         clock = f"{fmt_ns(n.clock_offset_ns)} ({fmt_ns(n.clock_rtt_ns / 2)})" if n.clock_known else "-"
         # A connected agent's record is saved now and then (`SEEN_SAVE_NS`): its last save is no news.

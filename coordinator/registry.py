@@ -178,8 +178,7 @@ def select_nodes(
     if labels:
         chosen = natural(a.node for a in known.values() if has_labels(a, labels))
         if not connected.intersection(chosen):
-            wanted = ",".join(f"{k}={v}" for k, v in labels.items())
-            raise UnknownAgent(f"no connected agent has labels {wanted}" + _away(chosen))
+            raise UnknownAgent(f"no connected agent has labels {labels_text(labels)}" + _away(chosen))
         return chosen
     if not everything:
         raise InputError("choose the sweep's nodes: by name, by label, or all")
@@ -191,6 +190,11 @@ def select_nodes(
 def has_labels(agent: AgentRecord, labels: Mapping[str, str]) -> bool:
     """Whether the agent carries every one of ``labels`` (any agent, for none)."""
     return all(agent.labels.get(k) == v for k, v in labels.items())
+
+
+def labels_text(labels: Mapping[str, str]) -> str:
+    """Labels as `--labels` takes them: K=V,... (sorted)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def _away(nodes: list[str], shown: int = 5) -> str:

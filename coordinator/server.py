@@ -36,7 +36,14 @@ from rankscope.coordinator.coordinator import (
     NotPermitted,
     UnknownArtifact,
 )
-from rankscope.coordinator.registry import AgentRecord, Connection, NodeTakenOver, SessionLimit, UnknownAgent
+from rankscope.coordinator.registry import (
+    AgentRecord,
+    Connection,
+    NodeTakenOver,
+    SessionLimit,
+    UnknownAgent,
+    labels_text,
+)
 from rankscope.coordinator.reports import Analyze
 from rankscope.errors import (
     ConfigError,
@@ -437,7 +444,7 @@ def _describe(targets: pb.Targets) -> str:
     if targets.nodes:
         return "nodes " + ",".join(targets.nodes)
     if targets.labels:
-        return "labels " + ",".join(f"{k}={v}" for k, v in sorted(targets.labels.items()))
+        return "labels " + labels_text(targets.labels)
     return "all"
 
 
