@@ -569,12 +569,12 @@ class CaptureRun:
         sampler fell back to no GPU metrics: held by another tool, or not its user's): else
         DCGM's profiling series stayed dark through the window for nothing (dcgm.md §9.2).
         The capture's own resume step then finds it given back."""
+        self.record["resumed_early"] = True
         outcome = self.agent.pauses.release(self.sweep_id)
-        self._record_release(outcome)
         if outcome is dcgm_mod.DcgmOutcome.RESUMED:
             self._set_dcgm(pb.DCGM_OUTCOME_RESUMED, "resumed as the window began: no rank reads the GPU counters")
-        self.record["resumed_early"] = True
-        self.persist()
+        else:
+            self._record_release(outcome)
 
     def _window_left_s(self) -> float:
         """How long the window runs on: the capture's duration, or where the ranks began
