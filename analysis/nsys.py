@@ -30,9 +30,8 @@ from __future__ import annotations
 
 import gc
 import re
-from collections import deque
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
@@ -42,9 +41,10 @@ import pyarrow as pa
 
 from rankscope.analysis import digest, intervals, ops
 from rankscope.analysis.groups import Groups, factorize, run_starts
+from rankscope.analysis.inorder import InOrder
 from rankscope.analysis.nsys_export import (
     I64_MAX, I64_MIN, MAX_DEVICE, NCCL_DOMAIN, NCCL_NAMED, NCCL_RANGE, OTHER_RANGE, PAYLOAD_FIELDS, File,
-    by_arrow, read_file,
+    read_file,
 )
 from rankscope.errors import ExportError, InputError, quoted
 from rankscope import launchers
@@ -125,28 +125,32 @@ def read_many(paths: Iterable[str | Path], *, rank_from: str | None = None, work
 
 
 def _read_files(paths: Sequence[Path], workers: int) -> Iterator[File]:
-    """Each path's `read_file`, in order. With ``workers`` above 1, the exports ADBC's
-    driver reads (`by_arrow`: it runs without the GIL) are read on that many threads, no
-    more than that many ahead of the one taken, so the batches' bound on rows held stands;
-    the others (the sqlite3 module holds the GIL) are read here in their turn."""
-    if workers <= 1:
+    """Each path's `read_file`, in order. With ``workers`` above 1, that many read at once,
+    each taking the next export: ``workers`` - 1 threads, reading with ADBC's driver (it
+    runs without the GIL), and this thread, reading as `read_file` chooses (small exports
+    with the sqlite3 module, which holds the GIL but for SQLite's own steps: the threads
+    read meanwhile). None takes an export more than ``workers`` + 2 ahead of the one
+    yielded, so the batches' bound on rows held stands. (Only ``workers`` ahead, a thread
+    waited on this one's turn: 64 small exports on 2 CPUs read as slowly as on one, 1.34x
+    the floor's time; ``workers`` + 2 ahead, 1.12x.)"""
+    if workers <= 1 or len(paths) <= 1:
         yield from map(read_file, paths)
         return
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="rankscope-read")
-    ahead: deque[Future | Path] = deque()
+    exports: InOrder[Path, File] = InOrder(paths, ahead=workers + 2)
+    threads = [threading.Thread(target=exports.serve, args=(_read_by_driver,), name=f"rankscope-read-{i}", daemon=True)
+               for i in range(min(workers, len(paths)) - 1)]
+    for thread in threads:
+        thread.start()
     try:
-        for path in paths:
-            ahead.append(pool.submit(read_file, path) if by_arrow(path) else path)
-            while ahead and (len(ahead) > workers or not isinstance(ahead[0], Future)):
-                yield _taken(ahead.popleft())
-        while ahead:
-            yield _taken(ahead.popleft())
+        yield from exports.results(read_file)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        exports.close()
+        for thread in threads:
+            thread.join()
 
 
-def _taken(item: Future | Path) -> File:
-    return item.result() if isinstance(item, Future) else read_file(item)
+def _read_by_driver(path: Path) -> File:
+    return read_file(path, arrow=True)
 
 
 @contextmanager

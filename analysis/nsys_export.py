@@ -4,9 +4,9 @@
 Reads schema 3.13.x to 3.28.x (reference/nsys-export.md), selecting columns by name
 and tolerating absent (lazy) tables. `queries` (one statement per table, SQLite doing
 the joins and filters it does cheaply) are fetched into numpy columns: by ADBC's SQLite
-driver straight from Arrow for an export of `ARROW_FROM_BYTES` or more, else (and for
-one that driver cannot read as promised) by the sqlite3 module, the big tables
-`FETCH_ROWS` rows at a time. Then the export is checked and its metadata, host and
+driver straight from Arrow for an export of `ARROW_FROM_BYTES` or more (or any, where
+asked: `nsys` reads with it on threads), else (and for one that driver cannot read as
+promised) by the sqlite3 module, the big tables `FETCH_ROWS` rows at a time. Then the export is checked and its metadata, host and
 time offset are read.
 
 Time base (reference/nccl-in-traces.md): every timestamp + (``utcEpochNs`` - the
@@ -356,14 +356,14 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-def read_file(path: Path) -> File:
-    """One export's rows and metadata. An export of `ARROW_FROM_BYTES` or more is read by
-    ADBC's SQLite driver; a smaller one, or one that driver cannot read as the statements
-    promise, with the sqlite3 module, which names what is wrong with it (or reads what is
-    only unusual)."""
+def read_file(path: Path, *, arrow: bool | None = None) -> File:
+    """One export's rows and metadata. An export of `ARROW_FROM_BYTES` or more (or any,
+    with ``arrow``) is read by ADBC's SQLite driver; a smaller one, or one that driver
+    cannot read as the statements promise, with the sqlite3 module, which names what is
+    wrong with it (or reads what is only unusual)."""
     _check_magic(path)
     rows = None
-    if by_arrow(path):
+    if by_arrow(path) if arrow is None else arrow:
         try:
             rows = _read_arrow(path)
         except _Unread as exc:

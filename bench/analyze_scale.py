@@ -7,9 +7,10 @@ exports; then, on the same files:
             connection opened as the ingest opens it (`nsys_export.connect`), every row
             fetched into Python, nothing else;
   analysis  `sources.load_digests` + `pipeline.analyze` (also shown split: load, analyze).
-            Exports of `nsys_export.ARROW_FROM_BYTES` (256 KiB) or more are read by ADBC's
-            SQLite driver straight into Arrow, on a thread per CPU (it runs without the
-            GIL), smaller ones with sqlite3 on one thread as the floor reads them:
+            Exports are read on a thread per CPU, each taking the next: the extra
+            threads read with ADBC's SQLite driver straight into Arrow (it runs without
+            the GIL); the calling thread too for exports of `nsys_export.ARROW_FROM_BYTES`
+            (256 KiB) or more, smaller ones with sqlite3 as the floor reads them:
             at 20 steps an export is ~140 KiB, at 200 steps ~400 KiB (the real exports in
             ../shared/samples/nsys are 1.1 to 2.7 MB).
 Time: one fresh process times floor and analysis alternately, --repeat rounds, and keeps
