@@ -453,11 +453,14 @@ class Coordinator:
         with self._lock:
             agents = self.store.agents()
             connected = self.registry.connected()
-            nodes = select_nodes(agents, connected, names=names, labels=labels, everything=everything,
+            # Agents connected when this coordinator last stopped, within the restart grace: on
+            # their way back, counted as connected by a sweep by label or all (which waits for them).
+            returning = self._returning if self.clock() < self._returning_until_ns else set()
+            nodes = select_nodes(agents, connected | returning, names=names, labels=labels, everything=everything,
                                  since_ns=self.clock() - int(AWAY_KEEP_S * 1e9))
             # By label or all, a node whose agent is away fails at once (below): what it offers
             # must not refuse the sweep of the rest, as a down node would a health sweep.
-            judged = set(nodes) if names else set(nodes) & connected
+            judged = set(nodes) if names else set(nodes) & (connected | returning)
             if not spec.backend:
                 spec = replace(spec, backend=default_backend(a for a in agents if a.node in judged))
             lacking = [a for a in agents if a.node in judged and a.backends and spec.backend not in a.backends]
@@ -471,7 +474,6 @@ class Coordinator:
             # Chosen by label or all, a node whose agent is away fails at once, named: a health
             # sweep must not pass without it unseen, nor wait out its timeout. Named, it waits;
             # so does one whose agent is on its way back after this coordinator's restart.
-            returning = set(away) & self._returning if self.clock() < self._returning_until_ns else set()
             waited = away if names else [name for name in away if name in returning]
             sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy,
                                                  away=[name for name in away if name not in waited])

@@ -165,7 +165,7 @@ def select_nodes(
     connected or not (the caller says which are away: a health sweep by label must name a node
     whose agent is down, not pass without it), less, by label or all, those not seen since
     ``since_ns`` (decommissioned, renamed: gone from the fleet). By label or all, at least one
-    is connected."""
+    is connected (``connected``: the caller counts agents on their way back after its restart)."""
     known = {a.node: a for a in agents}
     names = list(names)
     if names:

@@ -728,6 +728,35 @@ def test_a_sweep_by_label_right_after_a_restart_waits_for_the_agents_on_their_wa
         wire.stop(running)
 
 
+def test_a_sweep_by_label_or_all_before_any_agent_is_back_from_a_restart_waits_for_them(tmp_path, wire,
+                                                                                        digests) -> None:
+    # found in session 28: with none back yet, a scheduled sweep was refused outright ("no
+    # connected agent has labels pool=train") though every agent was on its way back
+    nodes = sorted(digests)
+    running = wire.start(tmp_path / "data")
+    for agent in [wire.FakeAgent(running, node, pool="train") for node in nodes]:
+        agent.close()
+    wire.stop(running)
+
+    running = wire.start(tmp_path / "data")
+    try:
+        with SweepClient(running.address) as client:
+            for targets in ({"labels": {"pool": "train"}}, {"everything": True}):
+                sweep = client.start(**targets, duration_s=0.5, backend="sim")
+                assert {n.node: (n.state, n.detail) for n in sweep.nodes} == {node: (
+                    pb.NODE_STATE_PENDING, "agent reconnecting after the coordinator's restart: it gets the capture "
+                                           "if it connects in time") for node in nodes}
+                agents = [wire.FakeAgent(running, node, pool="train") for node in nodes]
+                for agent in agents:
+                    agent.finish(started_capture(agent).sweep_id, digests[agent.node])
+                done = final(client, sweep.sweep_id)
+                assert (done.state, list(done.missing)) == (pb.SWEEP_STATE_ANALYSED, [])
+                for agent in agents:
+                    agent.close()
+    finally:
+        wire.stop(running)
+
+
 def test_a_node_whose_agent_is_away_does_not_choose_or_refuse_the_backend_by_label_or_all(coordinator, wire,
                                                                                           digests) -> None:
     # found by review: `capture --all` naming no backend was refused ("the nodes' default
