@@ -34,7 +34,9 @@ class InOrder(Generic[Item, Result]):
     def serve(self, read: Callable[[Item], Result]) -> None:
         """Read items until none is left or `close` (a thread's target)."""
         while (index := self._next(wait=True)) is not None:
-            self._put(index, read)
+            # Anything a thread meets is the caller's to raise (were one to end the thread, the
+            # caller waited for its item for ever).
+            self._put(index, read, BaseException)
 
     def results(self, read: Callable[[Item], Result]) -> Iterator[Result]:
         """Every item's result, in order, this thread reading the next item (with ``read``)
@@ -42,20 +44,28 @@ class InOrder(Generic[Item, Result]):
         while self._given < len(self._items):
             index = self._next(wait=False)
             if index is not None:
-                self._put(index, read)
+                self._put(index, read, Exception)  # a KeyboardInterrupt goes up at once
                 continue
             with self._changed:
-                self._changed.wait_for(lambda: self._given in self._done)
+                self._changed.wait_for(lambda: self._closed or self._given in self._done)
+                if self._closed:
+                    return
                 result, error = self._done.pop(self._given)
                 self._given += 1
                 self._changed.notify_all()
             if error is not None:
-                raise error
+                try:
+                    raise error
+                finally:  # else the traceback's frame, holding the error, keeps all read ahead (a cycle)
+                    del error
             yield result  # type: ignore[misc]
 
     def close(self) -> None:
+        """Stop: the threads take no more items, what they read ahead is let go, and
+        `results` gives no more."""
         with self._changed:
             self._closed = True
+            self._done.clear()
             self._changed.notify_all()
 
     def _next(self, *, wait: bool) -> int | None:
@@ -75,11 +85,12 @@ class InOrder(Generic[Item, Result]):
     def _room(self) -> bool:
         return self._taken < min(len(self._items), self._given + self._ahead)
 
-    def _put(self, index: int, read: Callable[[Item], Result]) -> None:
+    def _put(self, index: int, read: Callable[[Item], Result], caught: type[BaseException]) -> None:
         try:
             outcome: tuple[Result | None, BaseException | None] = (read(self._items[index]), None)
-        except Exception as exc:  # given back in its turn
+        except caught as exc:  # given back in its turn
             outcome = (None, exc)
         with self._changed:
-            self._done[index] = outcome
+            if not self._closed:
+                self._done[index] = outcome
             self._changed.notify_all()
