@@ -144,7 +144,19 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
         files = [p for p, suffix in zip(files, suffixes) if not (suffix == NSYS_REPORT and _stem(p) in exports)]
     if not files:
         raise InputError("no exports or digests found in " + ", ".join(str(p) for p in paths))
-    return list({str(p): p for p in files}.values())  # the same file named twice: read once
+    return _once(files)
+
+
+def _once(files: list[Path]) -> list[Path]:
+    """Each file once, under the name it was first given: one file named twice (the same
+    path, a link to it, its relative and absolute paths) claimed its ranks twice, and was
+    read on two threads at once by two SQLite libraries, whose first close dropped the
+    other's lock on it."""
+    found: dict[tuple[int, int], Path] = {}
+    for path in files:
+        info = stat_input(path)
+        found.setdefault((info.st_dev, info.st_ino), path)
+    return list(found.values())
 
 
 def stat_input(path: Path) -> os.stat_result:

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pytest
 
 from rankscope.analysis import digest, nsys, sources
+from rankscope.analysis import simulate as sim
 from rankscope.errors import ConsistencyError, ExportError, InputError, RankscopeWarning
 
 DSL = "nsys/dsl_2node_2rank_allreduce"
@@ -42,6 +43,18 @@ def test_a_report_named_alone_reads_the_export_beside_it(dsl: Path, monkeypatch)
 def test_same_file_named_twice_is_read_once(dsl: Path) -> None:
     export = sorted(dsl.glob("*.sqlite"))[0]
     assert sources.discover([export, dsl]).count(export) == 1
+
+
+def test_one_file_under_two_names_is_read_once_by_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A link, or a relative and an absolute path, named it twice: it claimed its ranks twice,
+    # and its two reads (on two threads, with two SQLite libraries) could drop each other's lock.
+    sim.simulate(sim.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, seed=1), tmp_path / "job")
+    first = sorted((tmp_path / "job").glob("*.sqlite"))[0]
+    (tmp_path / "link.sqlite").symlink_to(first)
+    monkeypatch.chdir(tmp_path)
+    relative = Path("job") / first.name
+    assert sources.discover([relative, first, tmp_path / "link.sqlite"]) == [relative]
+    assert sources.load_digests([tmp_path / "job", tmp_path / "link.sqlite"]).num_rows == 2
 
 
 def _lone_report(dsl: Path, tmp_path: Path) -> Path:
