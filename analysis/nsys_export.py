@@ -6,8 +6,8 @@ and tolerating absent (lazy) tables. `queries` (one statement per table, SQLite 
 the joins and filters it does cheaply) are fetched into numpy columns: by ADBC's SQLite
 driver straight from Arrow for an export of `ARROW_FROM_BYTES` or more (or any, where
 asked: `nsys` reads with it on threads), else (and for one that driver cannot read as
-promised) by the sqlite3 module, the big tables `FETCH_ROWS` rows at a time. Then the export is checked and its metadata, host and
-time offset are read.
+promised) by the sqlite3 module, the big tables `FETCH_ROWS` rows at a time. Then the
+export is checked and its metadata, host and time offset are read.
 
 Time base (reference/nccl-in-traces.md): every timestamp + (``utcEpochNs`` - the
 export's time shift), so raw (session-relative) and ``--ts-normalize``d exports both
