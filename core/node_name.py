@@ -9,7 +9,7 @@ from typing import TypeVar
 # Host names, Kubernetes node names (DNS subdomains: 253 at most) and Slurm node names
 # all fit; a comma (the --nodes separator), a slash or a space would not be targetable.
 _NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}")
-_DIGITS = re.compile(r"(\d+)")
+_DIGITS = re.compile(r"([0-9]+)")
 V = TypeVar("V")
 
 
@@ -22,12 +22,19 @@ def problem(name: str) -> str | None:
     return "a node name is 1 to 253 letters, digits, '.', '_' or '-' (as host names are)"
 
 
-def sort_key(name: str) -> tuple[str | tuple[int, str], ...]:
+def sort_key(name: str) -> tuple[str | tuple[int, str, str], ...]:
     """Order names as a fleet numbers them: runs of digits by value, so f2 comes before f10.
     The split alternates text and digits, so keys compare part by part; a run's own text
-    breaks ties (f01, f1) so that the order stays total."""
+    breaks ties (f01, f1) so that the order stays total. A run's value is compared as its
+    length and digits once leading zeros are gone, not by int(): a host name from a
+    damaged export with a run past 4,300 digits made int() raise."""
     parts = _DIGITS.split(name)
-    return tuple((int(part), part) if i % 2 else part for i, part in enumerate(parts))
+    return tuple(_by_value(part) if i % 2 else part for i, part in enumerate(parts))
+
+
+def _by_value(digits: str) -> tuple[int, str, str]:
+    value = digits.lstrip("0")
+    return len(value), value, digits
 
 
 def natural(names: Iterable[str]) -> list[str]:

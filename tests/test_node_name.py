@@ -11,3 +11,9 @@ def test_node_names_sort_as_a_fleet_numbers_them() -> None:
 
 def test_names_of_digits_only_or_of_differing_shapes_still_compare() -> None:
     assert node_name.natural(["10", "9", "a", "1a", "a1", ""]) == ["", "1a", "9", "10", "a", "a1"]
+
+
+def test_a_run_of_digits_too_long_for_int_still_sorts_by_value() -> None:
+    # A host name from a damaged export: int() refuses runs past 4,300 digits.
+    huge = "node" + "9" * 5000
+    assert node_name.natural([huge, "node10", "node" + "1" + "0" * 5000]) == ["node10", huge, "node1" + "0" * 5000]
