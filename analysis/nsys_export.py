@@ -394,6 +394,11 @@ def _read_rows(path: Path) -> dict[str, Any]:
             raise ExportError("export is locked by a process writing it (nsys export still running?); read it once "
                               "that is done", path=path) from None
         raise ExportError(f"cannot read the SQLite export ({exc})", path=path) from None
+    except UnicodeDecodeError:
+        # SQLite's own message quoted a damaged schema's bytes (a table name), which the
+        # sqlite3 module could not decode to raise its error.
+        raise ExportError("cannot read the SQLite export (malformed database schema: SQLite's message about it is "
+                          "not UTF-8)", path=path) from None
     finally:
         db.close()
 

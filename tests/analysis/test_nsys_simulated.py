@@ -377,6 +377,20 @@ def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: 
     assert str(copy) in str(err.value)
 
 
+def test_a_table_name_damaged_past_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
+    # Found by fuzzing: SQLite's "malformed database schema (NVTX_PAY\xfaOAD...)" could not
+    # be decoded by the sqlite3 module, whose UnicodeDecodeError ended in a traceback.
+    _, paths = job
+    copy = tmp_path / "schema.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute("PRAGMA writable_schema = ON")
+        db.execute("UPDATE sqlite_master SET name = CAST(X'4e5654585ffa' AS TEXT) WHERE name = 'NVTX_PAYLOAD_SCHEMAS'")
+    with pytest.raises(ExportError, match=r"cannot read the SQLite export \(malformed database schema") as err:
+        nsys.read_nsys(copy)
+    assert str(err.value).startswith(f"{copy}: ")
+
+
 @pytest.mark.parametrize("value, problem", [
     # Times stayed within int64, so a raw export was analysed on a clock ~127 years before 1970.
     *((v, f"TARGET_INFO_SESSION_START_TIME.utcEpochNs {v:,} puts the session start before 1970") for v in (-4 * 10**18, -1)),
