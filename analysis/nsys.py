@@ -59,6 +59,7 @@ SOURCE_FORMAT = "nsys-sqlite"
 BATCH_ROWS = 1_000_000
 # Payload blob: [domainId u64][schemaId u64][payloadSize u64][payloadOffset u64] payload.
 _BLOB_HEADER = 32
+_MAX_PAYLOAD_OFFSET = 2**31 - 1  # bytes into a payload: NCCL's are a few dozen
 # NVTX payload entry type -> (bytes, signed) for the integer types NCCL uses
 # (nvToolsExtPayload.h); ids >= 2**24 are enums (C int).
 _ENTRY_TYPES = {
@@ -359,8 +360,14 @@ def _decode_payloads(files: list[File], file: np.ndarray, data: np.ndarray, blob
     e_list, e_name, e_schema, e_offset, e_type = zip(*entries)
     layout = [_ENTRY_TYPES.get(kind) or (_ENUM_TYPE if kind >= 2**24 else (0, False)) for kind in e_type]  # (bytes, signed)
     e_size, e_signed = np.array([size for size, _ in layout], np.int64), np.array([sign for _, sign in layout], bool)
-    e_offset = np.array(e_offset, np.int64) + _BLOB_HEADER
-    field = np.array([_FIELD_INDEX.get(name, -1) for name in e_name], np.int64)
+    # An offset before the payload, or past any blob, describes no field: read, it indexed
+    # before the blobs (an IndexError traceback), and near 2**63 its end wrapped round.
+    e_offset = np.array(e_offset, np.int64)
+    stray = (e_offset < 0) | (e_offset > _MAX_PAYLOAD_OFFSET)
+    e_offset = np.where(stray, 0, e_offset) + _BLOB_HEADER
+    field = np.where(stray, -1, np.array([_FIELD_INDEX.get(name, -1) for name in e_name], np.int64))
+    for i in np.flatnonzero(np.isin(list_of, np.array(e_list, np.int64)[stray])).tolist():
+        files[i].warn("NCCL payload schema offsets out of range (a corrupt schema?): those fields read as absent")
     lengths, file, base = lengths[index], file[index], blob_at[index]
     schema = _read_ints(data, base + 8, np.full(index.size, 8), np.zeros(index.size, bool))
     # (list, schema id) coded once for entries and blobs alike; then a table from

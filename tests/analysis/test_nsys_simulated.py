@@ -227,6 +227,21 @@ def test_payload_ranks_out_of_any_range_are_read_as_absent(job, tmp_path: Path) 
     assert edited.column("rank").to_pylist() == original.column("rank").to_pylist()  # from the environment
 
 
+@pytest.mark.parametrize("offset", [-1, -1_000_000, -(2**63), 2**63 - 41, 2**40])
+def test_payload_schema_offsets_out_of_any_blob_are_read_as_absent(job, tmp_path: Path, offset: int) -> None:
+    # Found by fuzzing: -1,000,000 indexed before the blobs (an IndexError traceback), 2**63 - 41
+    # wrapped round past the check that a field ends within its blob.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite",
+                   f"UPDATE NVTX_PAYLOAD_SCHEMA_ENTRIES SET \"offset\" = {offset} WHERE name = 'NCCL communicator ID'")
+    original, edited = nsys.read_nsys(paths[0]), nsys.read_nsys(copy)
+    (notes,) = edited.column("warnings").to_pylist()
+    assert any("NCCL payload schema offsets out of range" in n for n in notes), notes
+    assert edited.column("rank").to_pylist() == original.column("rank").to_pylist()
+    (collectives,) = edited.column("collectives").to_pylist()
+    assert all(c["comm_id"].startswith("inferred:") for c in collectives), collectives[0]  # no id read
+
+
 @pytest.mark.parametrize("value", ["3000000000", "99999999999999999999"])
 def test_a_rank_beyond_int32_is_an_error_naming_the_export(job, tmp_path: Path, value: str) -> None:
     # The digest's rank is int32: an ArrowInvalid or OverflowError traceback named no file.
