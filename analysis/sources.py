@@ -189,6 +189,7 @@ def _files_under(folder: Path) -> Iterator[Path]:
     process, which compiles its pattern). Hidden ones, and hidden folders, are passed by:
     a temporary file a killed writer left (`atomic.replacing` keeps an export's suffix), a
     broken fetch's bytes, editors' and notebooks' copies would each claim a rank twice.
+    An input's name on what is not a file (a broken link, a pipe) is passed by with a warning.
     A folder that cannot be listed is an error where it is the one named, else passed by
     with a warning (a file system's lost+found, root's alone, in a tree of exports)."""
 
@@ -202,8 +203,13 @@ def _files_under(folder: Path) -> Iterator[Path]:
         folders[:] = [f for f in folders if not f.startswith(".")]
         for name in names:
             file = Path(root, name)
-            if not name.startswith(".") and file.is_file():
+            if name.startswith("."):
+                continue
+            if file.is_file():
                 yield file
+            elif _suffix(file) in _KNOWN:  # named as input, yet nothing to read: its ranks go missing
+                warnings.warn(f"{file}: not a file (a broken or looping link, a pipe?); passed by",
+                              RankscopeWarning, stacklevel=4)
 
 
 def _kineto_or_warn(path: Path) -> bool:

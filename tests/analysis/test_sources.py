@@ -432,3 +432,18 @@ def test_folder_walk_passes_hidden_files_and_folders_by(tmp_path: Path) -> None:
     shutil.copy(exports[1], job / ".ipynb_checkpoints" / exports[1].name)
     assert sources.discover([job]) == sorted(exports)
     assert sources.load_digests([job]).column("rank").to_pylist() == [0, 1]
+
+
+def test_a_walk_warns_of_an_input_name_on_what_is_not_a_file(tmp_path: Path) -> None:
+    # Found by fuzzing: a broken link or a pipe named rank5.sqlite was passed by unsaid, its
+    # rank then reported missing with no word of why.
+    sim.simulate(sim.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, seed=1), tmp_path)
+    (tmp_path / "rank5.sqlite").symlink_to(tmp_path / "gone.sqlite")
+    os.mkfifo(tmp_path / "rank6.sqlite")
+    (tmp_path / "notes.txt").symlink_to(tmp_path / "gone.txt")  # not an input name: nothing to say
+    with pytest.warns(RankscopeWarning) as caught:
+        table = sources.load_digests([tmp_path])
+    assert table.num_rows == 2
+    assert sorted(str(w.message) for w in caught) == [
+        f"{tmp_path / name}: not a file (a broken or looping link, a pipe?); passed by"
+        for name in ("rank5.sqlite", "rank6.sqlite")]
