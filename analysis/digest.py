@@ -198,6 +198,8 @@ def read(path: str | Path) -> pa.Table:
         # ValueError: ArrowInvalid, and a null where the schema has none ("Casting field
         # 'rank' with null values to non-nullable"); the other two: a type that does not cast.
         raise ExportError(f"digest does not match {DIGEST_VERSION}: {exc}", path=path) from None
+    if not table.num_rows:  # `digest` writes none such: else "no ranks to analyse" named no file
+        raise ExportError("digest holds no ranks (0 rows)", path=path)
     _check_collectives(table, path)
     return table
 

@@ -447,3 +447,13 @@ def test_a_walk_warns_of_an_input_name_on_what_is_not_a_file(tmp_path: Path) -> 
     assert sorted(str(w.message) for w in caught) == [
         f"{tmp_path / name}: not a file (a broken or looping link, a pipe?); passed by"
         for name in ("rank5.sqlite", "rank6.sqlite")]
+
+
+def test_a_digest_of_no_rows_is_refused_by_name(tmp_path: Path) -> None:
+    # Found by fuzzing: it read as no ranks at all, and analyze said "no ranks to analyse",
+    # naming no file.
+    export = sim.simulate(sim.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2, seed=1), tmp_path / "job")[0]
+    digest.write(nsys.read_nsys(export).slice(0, 0), tmp_path / "empty.parquet")
+    with pytest.raises(ExportError, match=r"digest holds no ranks \(0 rows\)") as err:
+        sources.load_digests([tmp_path / "empty.parquet"])
+    assert str(err.value).startswith(f"{tmp_path / 'empty.parquet'}: ")
