@@ -377,6 +377,18 @@ def test_an_event_with_a_negative_duration_is_an_instant_and_named(tmp_path):
     assert "1 event(s) with a negative duration: taken as instants (dur 0)" in row["warnings"]
 
 
+@pytest.mark.parametrize("host, note", [
+    (["node0"], "host_name is not text"), (7, "host_name is not text"), (None, "no host_name in trace")])
+def test_a_host_name_that_is_no_text_is_no_host_and_said(tmp_path, host, note):
+    # Found by fuzzing: a list or a number was taken as text ("['node0']", "7"): a host of
+    # its own, the rank moved out of its node's clock domain, unsaid.
+    data = _trace(_gloo_events("950.000", "960.000"), baseTimeNanoseconds=0, host_name=host)
+    path = _write(tmp_path / "rank3.json", data)
+    row = _row(read_kineto(path))
+    assert row["host"] == f"unknown-host:{path.name}"
+    assert f"{note}: it is its own clock domain (unknown-host:{path.name})" in row["warnings"]
+
+
 def test_a_copy_is_busy_time_but_not_compute_as_the_nsys_reader_takes_it(tmp_path):
     """A memcpy beside a collective does not hide its exposed time (TP overhead counts
     compute kernels) and one before it does not make the arrival compute-bound; the device
