@@ -80,6 +80,10 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     path = Path(path)
     trace = load(path)
     notes: list[str] = []
+    if trace.untimed:  # a damaged trace: its steps, kernels or calls go missing
+        notes.append(f"{trace.untimed} complete (ph X) event(s) without a ts: left out")
+    if trace.undated:
+        notes.append(f"{trace.undated} complete (ph X) event(s) without a dur: taken as instants (dur 0)")
     instants(trace.events, notes)
     meta = _meta(path, trace, rank_from, notes)
     events = trace.events

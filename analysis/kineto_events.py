@@ -104,6 +104,8 @@ class Trace:
     top: dict
     events: Events
     args: callable  # rows (positions in events, -1 for none) -> list[Args]
+    untimed: int = 0  # complete events without a ts: left out
+    undated: int = 0  # complete events without a dur: instants
 
 
 class Args(msgspec.Struct, frozen=True, gc=False):
@@ -218,7 +220,7 @@ def load(path: Path) -> Trace:
         """Identity args of the given rows (-1: none)."""
         return [kept[row] if row >= 0 else _NO_ARGS for row in rows]
 
-    return Trace(top, events, args)
+    return Trace(top, events, args, columns.untimed, columns.undated)
 
 
 def _windows(text: _Text, columns: _Columns) -> _Document | None:
@@ -242,7 +244,7 @@ def _windows(text: _Text, columns: _Columns) -> _Document | None:
     try:
         if data[start : start + 1] != b"]":
             while len(data) > _ONE_WINDOW and (window := _next_window(data, view, start)) is not None:
-                columns.add(_complete(window[0]))
+                columns.add(window[0])
                 text.release()
                 start, opening = window[1], None
             end = _last_window(data, view, start, opening, columns)
@@ -313,7 +315,7 @@ def _last_window(data, view: memoryview, start: int, opening: int | None, column
             if failed == _TRIES:
                 raise
             continue
-        columns.add(_complete(events))
+        columns.add(events)
         return after
     raise msgspec.DecodeError("no end to the events list")
 
@@ -338,7 +340,7 @@ def _split(text: _Text, columns: _Columns) -> _Document | None:
             events = _EVENTS.decode(b"[" + b",".join(items[first : first + _CHUNK]) + b"]")
         except msgspec.ValidationError as exc:  # its path counts in the chunk: say the event's place in the trace
             raise msgspec.ValidationError(_AT_EVENT.sub(lambda m: f"`$.traceEvents[{first + int(m[1])}]", str(exc)))
-        columns.add(_complete(events))
+        columns.add(events)
     return document
 
 
@@ -391,11 +393,6 @@ _DROP = getattr(mmap, "MADV_DONTNEED", None)  # absent where the OS has no madvi
 _GZIP_IN_MEMORY = 1 << 20
 
 
-def _complete(events: list[_Event]) -> list[_Event]:
-    """The complete (ph X) events."""
-    return [e for e in events if e.ph == "X" and e.ts]
-
-
 class _Columns:
     """The complete events' columns, built a chunk of decoded events at a time: strings as
     codes into their distinct values (the same names recur every step), times as int64 ns,
@@ -409,13 +406,24 @@ class _Columns:
         self.comm_name = np.zeros(0, bool)  # per distinct name: an NCCL kernel's name
         self.kept: dict[int, Args] = {}
         self.rows = 0
+        self.untimed = self.undated = 0
 
-    def add(self, events: list[_Event]) -> None:
+    def add(self, decoded: list[_Event]) -> None:
+        """The complete (ph X) events of a chunk decoded; those without a ts left out,
+        counted (`untimed`), as are those without a dur (`undated`: instants)."""
+        events = [e for e in decoded if e.ph == "X"]
+        ts = list(map(attrgetter("ts"), events))
+        if untimed := ts.count(_EMPTY):
+            events = [e for e in events if e.ts]
+            ts = list(map(attrgetter("ts"), events))
+            self.untimed += untimed
+        dur = list(map(attrgetter("dur"), events))
+        self.undated += dur.count(_EMPTY)
         n = len(events)
         for key, distinct in self.distinct.items():
             self.codes[key].append(np.fromiter(map(distinct.__getitem__, map(attrgetter(key), events)), np.int32, n))
         # ts and dur in one conversion: each costs ~0.1 ms however few the events
-        times = _ns(chain(map(attrgetter("ts"), events), map(attrgetter("dur"), events)), 2 * n)
+        times = _ns(chain(ts, dur), 2 * n)
         self.numbers["ts_ns"].append(times[:n])
         self.numbers["dur_ns"].append(times[n:])
         self.numbers["corr"].append(np.fromiter(map(attrgetter("args.correlation"), events), np.int64, n))

@@ -389,6 +389,22 @@ def test_a_host_name_that_is_no_text_is_no_host_and_said(tmp_path, host, note):
     assert f"{note}: it is its own clock domain (unknown-host:{path.name})" in row["warnings"]
 
 
+def test_complete_events_without_a_ts_or_a_dur_are_counted_and_said(tmp_path):
+    # Found by fuzzing: a step or kernel without its ts was left out unsaid (a straggler's
+    # score moved from 0.09 to 0.46), one without its dur read as an instant unsaid.
+    events = [
+        _event("c10d::allreduce_", "950.000", "50.000", tid=1),
+        _event("gemm", "1000.000", "100.000", cat="kernel", tid=7, args={"stream": 7}),
+        _event("gemm", "1200.000", "100.000", cat="kernel", tid=7, args={"stream": 7}),
+        _event("gemm", "1400.000", "100.000", cat="kernel", tid=7, args={"stream": 7}),
+    ]
+    del events[2]["ts"], events[3]["dur"]
+    row = _row(read_kineto(_write(tmp_path / "rank3.json", _trace(events, baseTimeNanoseconds=0))))
+    assert "1 complete (ph X) event(s) without a ts: left out" in row["warnings"]
+    assert "1 complete (ph X) event(s) without a dur: taken as instants (dur 0)" in row["warnings"]
+    assert row["gpu_busy_ns"] == 100_000  # the first kernel's: one left out, one an instant
+
+
 def test_a_copy_is_busy_time_but_not_compute_as_the_nsys_reader_takes_it(tmp_path):
     """A memcpy beside a collective does not hide its exposed time (TP overhead counts
     compute kernels) and one before it does not make the arrival compute-bound; the device
