@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # DataFrames are for a person's look (tests, notebooks); the 
     import pandas as pd
 
 DIGEST_VERSION = "rankscope.digest/1"
+# One capture's times lie within this of each other (a capture lasts minutes to hours):
+# farther off, a time is a damaged one.
+MAX_CAPTURE_NS = 7 * 24 * 3600 * 10**9
 
 # One collective instance as seen by one rank.
 COLLECTIVE = pa.struct(

@@ -85,6 +85,7 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     if trace.undated:
         notes.append(f"{trace.undated} complete (ph X) event(s) without a dur: taken as instants (dur 0)")
     instants(trace.events, notes)
+    _check_times(path, trace.events)
     meta = _meta(path, trace, rank_from, notes)
     events = trace.events
     steps = _steps(events)
@@ -115,6 +116,21 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     # reads one trace after another, so each read hands them back (~1 µs).
     pa.default_memory_pool().release_unused()
     return row
+
+
+def _check_times(path: Path, events: Events) -> None:
+    """Refuse an event lasting longer than a capture can, or events lying farther apart
+    (`digest.MAX_CAPTURE_NS`): a damaged dur or ts. One such kernel made its rank's top
+    kernel 104 days long, or stretched its window so that its GPU read 5e-9 % busy."""
+    if not len(events.ts):
+        return
+    days = 86400e9
+    if (longest := int(events.dur.max())) > digest.MAX_CAPTURE_NS:
+        raise ExportError(f"an event lasts {longest / days:,.0f} days (its dur), where a capture lasts minutes to "
+                          "hours: a damaged dur", path=path)
+    if (spread := int(events.ts.max()) - int(events.ts.min())) > digest.MAX_CAPTURE_NS:
+        raise ExportError(f"its events lie {spread / days:,.0f} days apart (their ts), where a capture lasts minutes "
+                          "to hours: a damaged ts", path=path)
 
 
 # ---------------------------------------------------------------- identity

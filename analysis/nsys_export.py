@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from rankscope.analysis import ops
+from rankscope.analysis.digest import MAX_CAPTURE_NS
 from rankscope.errors import ExportError, quoted
 
 _log = logging.getLogger(__name__)
@@ -65,7 +66,6 @@ _PUSH_POP_RANGE, _START_END_RANGE, _DOMAIN_CREATE = 59, 60, 75
 NCCL_DOMAIN, NCCL_RANGE, NCCL_NAMED, OTHER_RANGE = 0, 1, 2, 3
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _SQLITE_HEADER = 100  # bytes
-_MAX_SESSION_NS = 7 * 24 * 3600 * 10**9
 _PID = "(globalPid >> 24) & 16777215"
 MAX_DEVICE = 2**16  # CUDA ordinals; packed below the pid in a unit key
 # Rows of the big tables fetched at a time and turned into int64 arrays at once: a fetch
@@ -559,7 +559,7 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
     epoch ns: numpy's addition wraps them round silently, to a window thousands of years
     before 1970 (a utcEpochNs or a timestamp near 2**63 in a damaged export). So epoch ns
     are 0 (1970) to 2**63 - 1 (2262). And kernels, copies and launches more than
-    `_MAX_SESSION_NS` from the session start: a kernel ending near 2**63 in a normalized
+    `MAX_CAPTURE_NS` from the session start: a kernel ending near 2**63 in a normalized
     export gave a lateness of 7.5e9 s. Only each column's least and greatest."""
     if utc_epoch < 0:  # an integer column: it cannot pass 2**63 - 1
         raise ExportError(f"TARGET_INFO_SESSION_START_TIME.utcEpochNs {utc_epoch:,} puts the session start before 1970 "
@@ -574,7 +574,7 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
                               "a timestamp or utcEpochNs near 2**63", path=export.path)
         # NVTX's are not bounded: a range without an end or a start reads 0 (`_nvtx_sql`).
         far = max(utc_epoch - first, last - utc_epoch)
-        if part != "nvtx" and far > _MAX_SESSION_NS:
+        if part != "nvtx" and far > MAX_CAPTURE_NS:
             raise ExportError(f"times in its {part} lie {far / 86400e9:,.0f} days from the session start (utcEpochNs), "
                               "where a capture lasts minutes to hours: a damaged timestamp or utcEpochNs", path=export.path)
 
@@ -629,7 +629,7 @@ def _time_offset(export: File, utc_epoch: int, first_kernel: int) -> int:
         return by_flag
     by_shift = utc_epoch - int(shift)
     # Events lie within the capture (minutes to hours) of the session start.
-    if abs(first_kernel + by_shift - utc_epoch) > _MAX_SESSION_NS:
+    if abs(first_kernel + by_shift - utc_epoch) > MAX_CAPTURE_NS:
         export.warn(f"EXPORT_CONFIG_TIME_SHIFT {shift} does not fit the timestamps; used EXPORT_PARAM_TIME_NORMALIZE={normalized}")
         return by_flag
     return by_shift

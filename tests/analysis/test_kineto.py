@@ -196,12 +196,13 @@ def _event(name, ts, dur, *, cat="cpu_op", tid=1, args=None) -> dict:
     return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur, "args": args or {}}
 
 
-def _gloo_events(ts_call: str, ts_work: str) -> list:
+def _gloo_events(ts_call: str, ts_work: str, ts_mm: str = "100.0") -> list:
+    # ts_mm: where the call's are epoch µs, the matmul's too (events days apart are refused)
     return [
         _event("c10d::allreduce_", ts_call, "5.5", tid=1),
         _event("gloo:all_reduce", ts_work, "1000.25", cat="user_annotation", tid=2,
                args={"Input Dims": [[1024]], "Input type": ["float"]}),
-        _event("aten::mm", "100.0", "50.000", tid=1),
+        _event("aten::mm", ts_mm, "50.000", tid=1),
     ]
 
 
@@ -221,7 +222,8 @@ def _write(path: Path, data: dict, *, compact=False, gz=False) -> Path:
 
 def test_absolute_microseconds_keep_nanoseconds(tmp_path):
     """1712195495520871.123 µs has 19 significant digits: float64 would lose the ns."""
-    path = _write(tmp_path / "abs.json", _trace(_gloo_events("1712195495520871.123", "1712195495520880.0005")))
+    events = _gloo_events("1712195495520871.123", "1712195495520880.0005", "1712195495520800.0")
+    path = _write(tmp_path / "abs.json", _trace(events))
     coll = _collectives(read_kineto(path))
     assert coll.loc[0, "cpu_call_ns"] == 1712195495520871123
     assert coll.loc[0, "start_ns"] == 1712195495520880001  # 0.5 ns rounds half up
@@ -231,7 +233,7 @@ def test_absolute_microseconds_keep_nanoseconds(tmp_path):
 
 def test_relative_microseconds_with_base_and_gzip(tmp_path):
     base = 1790857026000000000
-    data = _trace(_gloo_events("5089065858023.077", "5089065858128.380"), baseTimeNanoseconds=base)
+    data = _trace(_gloo_events("5089065858023.077", "5089065858128.380", "5089065858000.0"), baseTimeNanoseconds=base)
     coll = _collectives(read_kineto(_write(tmp_path / "rel.json.gz", data, gz=True)))
     assert coll.loc[0, "cpu_call_ns"] == base + 5089065858023077
     assert coll.loc[0, "start_ns"] == base + 5089065858128380
@@ -403,6 +405,24 @@ def test_complete_events_without_a_ts_or_a_dur_are_counted_and_said(tmp_path):
     assert "1 complete (ph X) event(s) without a ts: left out" in row["warnings"]
     assert "1 complete (ph X) event(s) without a dur: taken as instants (dur 0)" in row["warnings"]
     assert row["gpu_busy_ns"] == 100_000  # the first kernel's: one left out, one an instant
+
+
+@pytest.mark.parametrize("ts, dur, problem", [
+    ("1200.000", "9000000000000", r"an event lasts 104 days \(its dur\)"),  # 9e12 us
+    ("-1000000000000000", "100.000", r"its events lie 11,574 days apart \(their ts\)"),
+])
+def test_an_event_days_long_or_days_away_is_an_error_naming_the_trace(tmp_path, ts, dur, problem):
+    # Found by fuzzing: one such kernel gave a top kernel of 104 days, or stretched the
+    # window so the GPU read 5e-9 % busy, with no word.
+    events = [
+        _event("c10d::allreduce_", "950.000", "50.000", tid=1),
+        _event("gemm", "1000.000", "100.000", cat="kernel", tid=7, args={"stream": 7}),
+        _event("gemm", ts, dur, cat="kernel", tid=7, args={"stream": 7}),
+    ]
+    path = _write(tmp_path / "rank3.json", _trace(events, baseTimeNanoseconds=10**18))
+    with pytest.raises(ExportError, match=problem) as err:
+        read_kineto(path)
+    assert str(err.value).startswith(f"{path}: ")
 
 
 def test_a_copy_is_busy_time_but_not_compute_as_the_nsys_reader_takes_it(tmp_path):
@@ -824,7 +844,7 @@ def test_pg_size_without_member_list_gives_communicator_size(tmp_path):
 def test_cpu_op_starting_100ns_before_the_previous_ends_is_nested_at_epoch_times(tmp_path):
     """CPU-only traces count top-level CPU ops. At absolute epoch µs two ops 100 ns apart
     are one float64 (256 ns apart at 1.7e18 ns): the nesting test compares int64 ns."""
-    events = _gloo_events("1712195495520100.000", "1712195495520110.000")
+    events = _gloo_events("1712195495520100.000", "1712195495520110.000", "1712195495520050.000")
     events += [_event("aten::outer", "1712195495520000.000", "10.000", tid=1),
                _event("aten::inner", "1712195495520009.900", "5.000", tid=1)]
     kernels = digest.explode(read_kineto(_write(tmp_path / "abs.json", _trace(events))), "kernels")
