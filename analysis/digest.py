@@ -204,6 +204,7 @@ def read(path: str | Path) -> pa.Table:
     if not table.num_rows:  # `digest` writes none such: else "no ranks to analyse" named no file
         raise ExportError("digest holds no ranks (0 rows)", path=path)
     _check_collectives(table, path)
+    _check_values(table, path)
     return table
 
 
@@ -223,6 +224,49 @@ def _check_collectives(table: pa.Table, path: str | Path) -> None:
         raise ExportError(f"{inverted.size:,} of its {len(flat):,} collectives end before they start (a damaged digest): "
                           f"the first, rank {rank}'s seq {seq} on communicator {comm}, ends "
                           f"{int(start[first] - end[first]):,} ns before its start", path=path)
+
+
+# A window's start, at the latest: room for its capture's times after it in int64.
+_LATEST_START_NS = 2**63 - 1 - 4 * MAX_CAPTURE_NS
+
+
+def _check_values(table: pa.Table, path: str | Path) -> None:
+    """Refuse values no reader writes (a damaged or edited digest), which went into the
+    report unsaid: a collective at INT64_MIN gave negative NCCL times, a busy time of -1 ns
+    a GPU -1.8e-6 % busy, a kernel count of -1 the top kernels. Times lie within
+    `MAX_CAPTURE_NS` of their rank's window; lengths, counts, sizes and steps are not negative."""
+    start, end = table.column("window_start_ns").to_numpy(), table.column("window_end_ns").to_numpy()
+    ranks = table.column("rank").to_numpy()
+    rows = np.arange(table.num_rows)
+    window = end - start  # where both are checked first: no wrap round
+    checks = [("window_start_ns", start, rows, (start >= 0) & (start <= _LATEST_START_NS), "UTC epoch ns from 1970"),
+              ("window_end_ns", end, rows, (end >= start) & (window <= MAX_CAPTURE_NS), "at most 7 days after its start")]
+    for name in ("gpu_busy_ns", "compute_only_ns", "comm_only_ns", "overlap_ns"):
+        values = table.column(name).to_numpy()
+        checks.append((name, values, rows, (values >= 0) & (values <= window), "0 to its window's length"))
+    for part, times, counts in (
+        ("collectives", ("start_ns", "end_ns", "cpu_call_ns"),
+         ("bytes", "compute_before_ns", "idle_before_ns", "compute_overlap_ns", "step")),
+        ("kernels", (), ("count", "total_ns")),
+        ("steps", ("start_ns", "end_ns"), ("step",)),
+    ):
+        column = _one_array(table.column(part))
+        flat, parent = pc.list_flatten(column), pc.list_parent_indices(column).to_numpy()
+        low, high = start[parent] - MAX_CAPTURE_NS, end[parent] + MAX_CAPTURE_NS
+        for name in times:
+            values = pc.fill_null(flat.field(name), 0).to_numpy()
+            present = flat.field(name).is_valid().to_numpy(zero_copy_only=False)
+            checks.append((f"{part[:-1]} {name}", values, parent, ~present | ((values >= low) & (values <= high)),
+                           "within 7 days of its window"))
+        for name in counts:
+            values = pc.fill_null(flat.field(name), 0).to_numpy()
+            checks.append((f"{part[:-1]} {name}", values, parent, values >= 0, "0 or more"))
+    for what, values, rank_of, ok, expected in checks:
+        bad = np.flatnonzero(~ok)
+        if bad.size:
+            first = int(bad[0])
+            raise ExportError(f"a damaged digest: rank {int(ranks[rank_of[first]])}'s {what} is {int(values[first]):,} "
+                              f"({expected}; {bad.size:,} such)", path=path)
 
 
 def is_digest(path: str | Path) -> bool:

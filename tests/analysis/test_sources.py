@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -457,3 +458,30 @@ def test_a_digest_of_no_rows_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ExportError, match=r"digest holds no ranks \(0 rows\)") as err:
         sources.load_digests([tmp_path / "empty.parquet"])
     assert str(err.value).startswith(f"{tmp_path / 'empty.parquet'}: ")
+
+
+@pytest.mark.parametrize("part, field, value, said", [
+    (None, "window_start_ns", -(2**63), "window_start_ns is -9,223,372,036,854,775,808 (UTC epoch ns from 1970"),
+    (None, "gpu_busy_ns", -1, "gpu_busy_ns is -1 (0 to its window's length"),
+    ("collectives", "start_ns", -(2**63), "collective start_ns is -9,223,372,036,854,775,808 (within 7 days of its window"),
+    ("collectives", "compute_overlap_ns", -5, "collective compute_overlap_ns is -5 (0 or more"),
+    ("kernels", "count", -1, "kernel count is -1 (0 or more"),
+    ("steps", "end_ns", 2**62, "step end_ns is 4,611,686,018,427,387,904 (within 7 days of its window"),
+])
+def test_a_digest_holding_values_no_reader_writes_is_refused_by_name(tmp_path: Path, part, field, value, said) -> None:
+    # Found by fuzzing: each went into the report unsaid (negative NCCL and wait times,
+    # a GPU -1.8e-6 % busy, top kernels of negative counts).
+    export = sim.simulate(sim.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3, seed=1), tmp_path / "job")[0]
+    table = nsys.read_nsys(export).cast(digest.DIGEST_SCHEMA)
+    at = table.schema.get_field_index(part or field)
+    if part is None:
+        cells = [value]
+    else:
+        (cells,) = table.column(part).to_pylist()
+        cells[0][field] = value
+        cells = [cells]
+    table = table.set_column(at, table.schema.field(at), pa.array(cells, table.schema.field(at).type))
+    digest.write(table, tmp_path / "edited.parquet")
+    with pytest.raises(ExportError, match=rf"a damaged digest: rank \d+'s {re.escape(said)}") as err:
+        sources.load_digests([tmp_path / "edited.parquet"])
+    assert str(err.value).startswith(f"{tmp_path / 'edited.parquet'}: ")
