@@ -125,36 +125,35 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
     """The input files named by ``paths``, folders walked (sorted), reports that have an
     export beside them dropped; on a walk, JSON that is not a Kineto trace is skipped
     with a warning (a file named explicitly is always read). None found is an error."""
-    files: list[Path] = []
+    files: list[tuple[Path, os.stat_result]] = []
     for raw in paths:
         path = Path(raw)
         mode = stat_input(path).st_mode  # one call where is_dir() then is_file() made two
         if stat.S_ISDIR(mode):
-            found = [_not_empty(p) for p in sorted(_files_under(path)) if _suffix(p) in _KNOWN]
+            found = [(p, _not_empty(p)) for p in sorted(_files_under(path)) if _suffix(p) in _KNOWN]
             # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
-            found = [p for p in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p)]
-            files.extend(p for p in found if _suffix(p) not in KINETO_SUFFIXES or _kineto_or_warn(p))
+            found = [(p, s) for p, s in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p)]
+            files.extend((p, s) for p, s in found if _suffix(p) not in KINETO_SUFFIXES or _kineto_or_warn(p))
         elif stat.S_ISREG(mode):
-            files.append(_not_empty(path))
+            files.append((path, _not_empty(path)))
         else:
             raise InputError("not a file or folder (a device, a pipe?)", path=path)
-    suffixes = [_suffix(p) for p in files]
+    suffixes = [_suffix(p) for p, _ in files]
     if NSYS_REPORT in suffixes:
-        exports = {_stem(p) for p, suffix in zip(files, suffixes) if suffix == SQLITE}
-        files = [p for p, suffix in zip(files, suffixes) if not (suffix == NSYS_REPORT and _stem(p) in exports)]
+        exports = {_stem(p) for (p, _), suffix in zip(files, suffixes) if suffix == SQLITE}
+        files = [(p, s) for (p, s), suffix in zip(files, suffixes) if not (suffix == NSYS_REPORT and _stem(p) in exports)]
     if not files:
         raise InputError("no exports or digests found in " + ", ".join(str(p) for p in paths))
     return _once(files)
 
 
-def _once(files: list[Path]) -> list[Path]:
+def _once(files: list[tuple[Path, os.stat_result]]) -> list[Path]:
     """Each file once, under the name it was first given: one file named twice (the same
     path, a link to it, its relative and absolute paths) claimed its ranks twice, and was
     read on two threads at once by two SQLite libraries, whose first close dropped the
     other's lock on it."""
     found: dict[tuple[int, int], Path] = {}
-    for path in files:
-        info = stat_input(path)
+    for path, info in files:
         found.setdefault((info.st_dev, info.st_ino), path)
     return list(found.values())
 
@@ -170,8 +169,8 @@ def stat_input(path: Path) -> os.stat_result:
         raise ExportError(f"cannot read ({exc.strerror or exc})", path=path) from None
 
 
-def _not_empty(path: Path) -> Path:
-    """``path``, refused where it is empty: each reader's own message for no bytes (a
+def _not_empty(path: Path) -> os.stat_result:
+    """``path``'s stat, refused where it is empty: each reader's own message for no bytes (a
     JSON decoder's "truncated", SQLite's "not a database") hides the plain cause, and a
     walk would skip an empty trace as JSON that is not Kineto. A stream has no size to
     tell: it is refused too."""
@@ -180,7 +179,7 @@ def _not_empty(path: Path) -> Path:
         raise ExportError("not a file (a device, a pipe?): exports are files", path=path)
     if found.st_size == 0:
         raise ExportError("empty file (0 bytes): was its capture cut short?", path=path)
-    return path
+    return found
 
 
 def _files_under(folder: Path) -> Iterator[Path]:
