@@ -142,14 +142,14 @@ def _meta(path: Path, trace: Trace, rank_from: str | None, notes: list[str]) -> 
     hook = top.get(HOOK_KEY) if isinstance(top.get(HOOK_KEY), dict) else {}
     rank, source = _rank(path, info, hook, rank_from, notes)
     world = (info or {}).get("world_size", hook.get("world_size"))
-    host = next((h for h in (top.get("host_name"), hook.get("host")) if isinstance(h, str) and h), None)
+    given = top.get("host_name")
+    host = next((h for h in (given, hook.get("host")) if isinstance(h, str) and h), None)
     if host is None:
         # A host_name that is no text (a list, a number: a damaged trace) is none: as text
         # ("['node0']") it was a host of its own, its rank moved out of its node's clock.
-        odd = "host_name" in top and top["host_name"] is not None and not isinstance(top["host_name"], str)
         host = f"unknown-host:{path.name}"
-        notes.append(("host_name is not text" if odd else "no host_name in trace") +
-                     f": it is its own clock domain ({host})")
+        said = "no host_name in trace" if given is None or isinstance(given, str) else "host_name is not text"
+        notes.append(f"{said}: it is its own clock domain ({host})")
     events = trace.events
     if len(events.ts) == 0:
         raise ExportError("Kineto trace has no complete (ph X) events", path=path)
