@@ -100,8 +100,8 @@ def read_nsys(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     captured environment) or ``filename:REGEX`` (first group, else the whole match, of
     REGEX searched in the file name). Without it the rank comes from the captured
     environment (`launchers.RANK_ENV`: RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID,
-    the nearest launcher's first), then from the NCCL CommInitRank payload, then (with a
-    warning) from the order of processes.
+    the nearest launcher's first), then from the MPI_RANKS table (``-t mpi``), then from the
+    NCCL CommInitRank payload, then (with a warning) from the order of processes.
     """
     return read_many([path], rank_from=rank_from)
 
@@ -899,6 +899,8 @@ def _identities(files: list[File], units: Columns, nccl: Columns, rank_from: str
             rank[lo], source[lo] = _rank_override(export, rank_from), f"override:{rank_from}"
         elif single and rank_env:
             rank[lo], source[lo] = rank_env[1], f"env:{rank_env[0]}"
+        elif (mpi := _mpi_ranks(export, units["pid"][lo:hi].tolist())) is not None:
+            rank[lo:hi], source[lo:hi] = mpi, ["nsys:MPI_RANKS"] * (hi - lo)
         elif found is not None and not payload["comm_rank_na"][lo:hi].any() and np.unique(found).size == hi - lo:
             rank[lo:hi], source[lo:hi] = found.tolist(), ["nccl:CommInitRank"] * (hi - lo)
         else:
@@ -913,6 +915,18 @@ def _identities(files: list[File], units: Columns, nccl: Columns, rank_from: str
     return {"rank": np.array(rank, np.int64), "rank_na": np.zeros(n, bool), "rank_source": source,
             "local_rank": np.array(local, np.int64), "local_rank_na": np.array(local_na, bool),
             "world_size": np.array(world_size, np.int64), "world_size_na": np.array(world_na, bool)}
+
+
+def _mpi_ranks(export: File, pids: list[int]) -> list[int] | None:
+    """Each unit's MPI rank from the export's MPI_RANKS table (``nsys profile -t mpi``), where
+    every unit's process has one and they are distinct (a process of two GPUs is not one rank)."""
+    ranks = [export.mpi_ranks.get(pid, set()) for pid in pids]
+    if not all(len(r) == 1 for r in ranks):
+        return None
+    found = [next(iter(r)) for r in ranks]
+    if len(set(found)) != len(found):
+        return None
+    return [_rank_sized(export, str(r), f"MPI_RANKS rank {r}") for r in found]
 
 
 def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.ndarray) -> Columns:

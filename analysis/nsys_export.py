@@ -51,7 +51,7 @@ _KERNEL_NAMES = ("demangledName", "shortName", "mangledName")
 _TABLES = (
     "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV",
     "TARGET_INFO_CUDA_DEVICE", "TARGET_INFO_GPU", KERNEL_TABLE, RUNTIME_TABLE, *COPY_TABLES,
-    "NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMA_ENTRIES", "StringIds",
+    "NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMA_ENTRIES", "StringIds", "MPI_RANKS",
 )
 _WANTED = f"m.type = 'table' AND m.name IN ({', '.join(repr(t) for t in _TABLES)})"
 # The wanted tables' CREATE statements, and (slower) their columns: what `queries` is built from.
@@ -77,7 +77,7 @@ FETCH_ROWS = 1 << 16
 _KINDS = {
     "export": "tt", "capture": "tt", "session": "i", "hostname": "t", "cuda_devices": "iit", "gpus": "tt",
     "kernels": "iiiiii", "kernel_names": "it", "launches": "iiii", "copies": "iiii", "nvtx": "iiiiiitb",
-    "payload_entries": "tiii",
+    "payload_entries": "tiii", "mpi_ranks": "ii",
 }
 _INT_TABLES = ("kernels", "copies", "launches")
 # Exports this size or more are read by ADBC's driver (`_read_arrow`): it makes no Python
@@ -179,6 +179,10 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     nvtx = columns.get("NVTX_EVENTS", frozenset())
     if {"start", "end", "eventType", "globalTid"} <= nvtx:
         sql["nvtx"] = _nvtx_sql(nvtx)
+    if {"globalTid", "rank"} <= columns.get("MPI_RANKS", frozenset()):
+        # `nsys profile -t mpi`: each process's MPI rank (nsys-export.md §3), per thread.
+        sql["mpi_ranks"] = ("SELECT DISTINCT (globalTid >> 24) & 16777215, rank FROM MPI_RANKS "
+                            "WHERE typeof(globalTid) = 'integer' AND typeof(rank) = 'integer' ORDER BY 1, 2")
     entries = columns.get("NVTX_PAYLOAD_SCHEMA_ENTRIES", frozenset())
     if {"schemaId", "name", "type"} <= entries:
         # Schema tables have no process column: dedupe (pitfall 2); NULL offset means 0 (pitfall 1).
@@ -330,6 +334,7 @@ class File:
     nvtx_names: list[str | None]
     nvtx_blobs: list[bytes | None]
     payload_entries: list[tuple]  # (entry name, schema id, offset, type)
+    mpi_ranks: dict[int, set[int]] = field(default_factory=dict)  # pid -> MPI ranks (MPI_RANKS, -t mpi)
     host: str = ""
     offset: int = 0  # add to exported timestamps to get UTC epoch ns
     warnings: list[str] = field(default_factory=list)
@@ -532,6 +537,8 @@ def _parse(path: Path, rows: dict[str, Any]) -> File:
         nvtx=nvtx, nvtx_names=nvtx_names, nvtx_blobs=nvtx_blobs,
         payload_entries=rows.get("payload_entries", []),
     )
+    for pid, mpi_rank in rows.get("mpi_ranks", []):
+        export.mpi_ranks.setdefault(int(pid), set()).add(int(mpi_rank))
     for pid, ordinal, uuid in rows.get("cuda_devices", []):
         export.cuda_devices.setdefault((pid, ordinal), str(uuid))
     _check_schema(export)

@@ -380,6 +380,21 @@ def test_rank_from_override(dsl: list[Path]) -> None:
         nsys.read_nsys(dsl[1], rank_from="env:HOSTNAME")
 
 
+def test_mpi_ranks_name_the_ranks_of_a_report_of_several_processes(torchrun: Path, tmp_path: Path) -> None:
+    # `nsys profile -t mpi mpirun ...`: one report, mpirun's environment; MPI_RANKS (nsys-export.md §3)
+    # says which process is which MPI rank, here not in pid order. They were numbered by pid.
+    path = tmp_path / "mpi.sqlite"
+    shutil.copy(torchrun, path)
+    with sqlite3.connect(path) as db:
+        tids = dict(db.execute("SELECT (globalTid >> 24) & 16777215, MIN(globalTid) FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1"))
+        db.execute("CREATE TABLE MPI_RANKS (globalTid INTEGER, rank INTEGER NOT NULL)")
+        db.executemany("INSERT INTO MPI_RANKS VALUES (?, ?)", [(tids[144], 1), (tids[144] + 1, 1), (tids[145], 0)])
+    table = nsys.read_nsys(path)
+    assert dict(zip(table.column("pid").to_pylist(), table.column("rank").to_pylist())) == {144: 1, 145: 0}
+    assert set(table.column("rank_source").to_pylist()) == {"nsys:MPI_RANKS"}
+    assert not any("numbered 2 (process, GPU) pairs by pid" in w for w in table.column("warnings")[0].as_py())
+
+
 def test_rank_from_cannot_name_several_ranks_of_one_file(torchrun: Path) -> None:
     with pytest.raises(InputError, match=r"holds 2 processes/GPUs: give each rank its own report \(rankscope rank\)"):
         nsys.read_nsys(torchrun, rank_from="env:RANK")
