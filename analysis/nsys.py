@@ -529,6 +529,7 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
     linked = launch >= 0
     launch_ns = _take(launches["launch_ns"], launch, 0)
     served = _served(nccl, np.flatnonzero(linked), _take(launches["thread"], launch, -1)[linked], launch_ns[linked])
+    _warn_kernelless_calls(files, nccl, served["row"])
     out.update(_summarise_calls(_on_their_devices(served, nccl, out["device"]), nccl, rows.size))
     if out["comms_mixed"].any():
         _warn_per_file(files, out["file"], out["comms_mixed"], "{} of {} NCCL kernels were launched by an ncclGroup "
@@ -552,6 +553,29 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
     out = {key: out[key][order] for key in _COLLECTIVE_COLUMNS}
     out["seq"] = Groups(out["unit"], out["comm_id"]).cumcount()
     return out, comm_ids
+
+
+def _warn_kernelless_calls(files: list[File], nccl: Columns, served: np.ndarray) -> None:
+    """Say where NCCL API calls (op ranges) launched no kernel between calls of their process that
+    did: a copy-engine collective (nsys-export.md §3: MEMCPY/MEMSET, no kernel), a call captured
+    into a CUDA graph (its kernels replay under cudaGraphLaunch), or a call with nothing to move.
+    Such calls are in no collective row. (Calls before the first or after the last served call are
+    the window's edges: a group cut open, kernels after the window.)"""
+    call = nccl["op"] >= 0
+    if not call.any() or not served.size:
+        return
+    call[served] = False
+    processes, at = np.unique(nccl["process"][served], return_inverse=True)
+    first, last = np.full(processes.size, I64_MAX), np.full(processes.size, I64_MIN)
+    np.minimum.at(first, at, nccl["start"][served])
+    np.maximum.at(last, at, nccl["start"][served])
+    where = np.clip(np.searchsorted(processes, nccl["process"]), 0, processes.size - 1)
+    call &= (processes[where] == nccl["process"]) & (first[where] < nccl["start"]) & (nccl["start"] < last[where])
+    if call.any():
+        counts = np.bincount(nccl["file"][call], minlength=len(files))
+        for i in np.flatnonzero(counts).tolist():
+            files[i].warn(f"{int(counts[i])} NCCL API calls launched no NCCL kernel (copy-engine collectives, calls "
+                          "captured into a CUDA graph, or calls with nothing to move?): they are in no collective")
 
 
 # What the digest and the collectives' facts take from `_collectives`.

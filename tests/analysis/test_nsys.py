@@ -570,6 +570,33 @@ def test_a_group_end_left_without_an_end_unlinks_its_own_kernels_only(torchrun: 
     assert unlinked(nsys.read_nsys(path)) == unlinked(nsys.read_nsys(torchrun)) + 1
 
 
+def test_nccl_calls_that_launched_no_kernel_are_said_not_dropped_unsaid(torchrun: Path, tmp_path: Path) -> None:
+    # A copy-engine ncclAllGather (nsys-export.md §3: MEMCPY, no kernel) between two send/recv
+    # groups of each process: it made no collective row, and nothing said so.
+    assert not any("launched no NCCL kernel" in w for w in nsys.read_nsys(torchrun).column("warnings")[0].as_py())
+    path = tmp_path / "ce.sqlite"
+    shutil.copy(torchrun, path)
+    with sqlite3.connect(path) as db:
+        top = db.execute("SELECT MAX(id) FROM StringIds").fetchone()[0]
+        db.executemany("INSERT INTO StringIds VALUES (?, ?)", [(top + 1, "ncclAllGather"), (top + 2, "cudaMemcpyAsync")])
+        corr = db.execute("SELECT MAX(correlationId) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] + 1
+        for pid, device in ((144, 0), (145, 1)):
+            tid, gpid = db.execute("SELECT globalTid, globalTid & ~16777215 FROM NVTX_EVENTS WHERE domainId = 1 "
+                                   "AND (globalTid >> 24) & 16777215 = ? LIMIT 1", (pid,)).fetchone()
+            end = db.execute("SELECT \"end\" FROM NVTX_EVENTS WHERE globalTid = ? AND textId = (SELECT id FROM StringIds "
+                             "WHERE value = 'ncclGroupEnd') ORDER BY start LIMIT 1 OFFSET 15", (tid,)).fetchone()[0]
+            db.execute("INSERT INTO NVTX_EVENTS (start, \"end\", eventType, globalTid, textId, domainId) VALUES (?, ?, 59, ?, ?, 1)",
+                       (end + 1000, end + 31_000, tid, top + 1))
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, \"end\", eventClass, globalTid, correlationId, nameId, "
+                       "returnValue) VALUES (?, ?, 0, ?, ?, ?, 0)", (end + 11_000, end + 16_000, tid, corr + pid, top + 2))
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, \"end\", deviceId, contextId, greenContextId, streamId, "
+                       "correlationId, globalPid, bytes, copyKind, srcKind, dstKind, copyCount) "
+                       "VALUES (?, ?, ?, 1, 0, 99, ?, ?, 1048576, 10, 2, 2, 1)", (end + 51_000, end + 901_000, device, corr + pid, gpid))
+    table = nsys.read_nsys(path)
+    assert "2 NCCL API calls launched no NCCL kernel (copy-engine collectives, calls captured into a CUDA graph, or " \
+           "calls with nothing to move?): they are in no collective" in table.column("warnings")[0].as_py()
+
+
 def test_without_nvtx_the_kernel_name_is_only_a_hint_and_said_so(dsl: list[Path], tmp_path: Path) -> None:
     copy = tmp_path / "no_nvtx.sqlite"
     shutil.copy(dsl[1], copy)
