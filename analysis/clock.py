@@ -338,6 +338,7 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
 class HappensBefore:
     checked: int
     violations: int
+    violating: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # those instances' ids
 
     @property
     def rate(self) -> float:
@@ -351,4 +352,5 @@ def happens_before(aligned: Table) -> HappensBefore:
     per = Groups(instance[rows])
     last_start = per.max(np.asarray(aligned["start"])[rows])
     first_end = per.min(np.asarray(aligned["end"])[rows])
-    return HappensBefore(int(per.count), int((last_start > first_end).sum()))
+    violating = per.keys[0][last_start > first_end]
+    return HappensBefore(int(per.count), int(violating.size), violating)

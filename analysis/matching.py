@@ -33,6 +33,7 @@ class Matching:
     members: dict[str, tuple[int, ...]]  # comm_id -> member ranks present in the input
     sizes: dict[str, int]  # comm_id -> member count, those absent from the input too where the traces say
     names: dict[str, str | None]  # comm_id -> name from the trace (PG name, commName)
+    unlisted: frozenset[str]  # comm_ids whose members no trace lists: inferred from the ranks using them
     method: str  # "trace seq", "ordinal", or "trace seq + ordinal"
     instances: int
     dropped_incomplete: int
@@ -42,10 +43,10 @@ class Matching:
 
 def communicator_members(
     communicators: Table, collectives: Table, present: set[int]
-) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, str | None], list[str]]:
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, str | None], frozenset[str], list[str]]:
     """Members of each communicator among the ranks present, from the traces' member lists,
     and each communicator's size (members absent from the input count too, where the
-    traces list them or give the size).
+    traces list them or give the size); also the communicators no trace lists members of.
 
     Where no rank lists the members, they are inferred as the ranks that report the
     communicator or call collectives on it, checked against the communicator's size
@@ -76,7 +77,7 @@ def communicator_members(
             sizes.setdefault(comm_id, set()).add(int(size))
     members: dict[str, tuple[int, ...]] = {}
     counts: dict[str, int] = {}
-    inferred: list[str] = []
+    inferred: list[str] = []  # unlisted, and of unknown size
     checked: dict[str, tuple[int, list[int]]] = {}
     absent: list[str] = []
     for comm_id, seen in reported.items():
@@ -108,7 +109,8 @@ def communicator_members(
     if absent:
         warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({some_of(absent)}): "
                         "matched among the members present")
-    return members, counts, {c: names.get(c) for c in members}, warnings
+    unlisted = frozenset(c for c in members if not declared.get(c))
+    return members, counts, {c: names.get(c) for c in members}, unlisted, warnings
 
 
 def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
@@ -133,7 +135,7 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
 
 def match(collectives: Table, communicators: Table, present: set[int]) -> Matching:
     """Assign an instance id to every collective row that belongs to a complete, consistent instance."""
-    members, sizes, names, warnings = communicator_members(communicators, collectives, present)
+    members, sizes, names, unlisted, warnings = communicator_members(communicators, collectives, present)
     events = dict(collectives.items())
     comm, comm_ids = codes(events["comm_id"])
     rank = np.asarray(events["rank"], np.int64)
@@ -193,6 +195,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         members=members,
         sizes=sizes,
         names=names,
+        unlisted=unlisted,
         method=method,
         instances=int(len(ok)),
         dropped_incomplete=incomplete,
