@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rankscope.analysis import intervals
 from rankscope.analysis.groups import Groups, Table, codes, member_of, take
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.ops import N_TO_N_OPS
@@ -64,10 +65,15 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     start = np.asarray(events["start_ns"], np.int64)
     ordered = _by_rank_then_start(rank, start)
     previous = np.concatenate(([False], rank[ordered][1:] == rank[ordered][:-1]))
+    # Since the rank's collectives before it all ended (the latest end so far), floored at 0:
+    # a call made while an earlier one is still in flight (async_op, gloo's worker threads)
+    # had no delay of its own, where its gap to that call's end is negative by however long
+    # that call waited for a late peer, and its peers' shortfall became excess.
+    reach = intervals.running_max(np.asarray(events["end_ns"], np.int64)[ordered], rank[ordered])
     gap_sorted = np.full(len(ordered), np.nan)
-    gap_sorted[previous] = (
-        start[ordered][1:] - np.asarray(events["end_ns"], np.int64)[ordered][:-1]
-    )[previous[1:]]  # int64 difference first: epoch ns do not fit float64 exactly
+    gap_sorted[previous] = np.maximum(
+        start[ordered][1:] - reach[:-1], 0  # int64 difference first: epoch ns do not fit float64 exactly
+    )[previous[1:]]
     instance_sorted = np.asarray(events["instance"], np.int64)[ordered]
     kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
     per = Groups(peers(events)[ordered][kept], within=gap_sorted[kept])

@@ -183,6 +183,27 @@ def test_own_delay_is_the_gap_over_the_other_peers_median_floored_at_zero() -> N
     assert rows["instance"].tolist() == [1, 1, 1]  # the first collective has no gap before it
 
 
+def test_a_call_made_while_an_earlier_one_waits_has_no_own_delay() -> None:
+    """Async collectives (gloo, torch 2.13: all_reduce(async_op=True) then broadcast on one
+    group): rank 0 makes both at once, and its first waits 80 ns for rank 1, late. Measured
+    from the previous call's end, rank 0's gap before the second was -79 and rank 1's -9, so
+    the late rank's second call had 70 ns of excess it never spent: a victim of a TP straggler
+    came out as late as the straggler. Gaps run from the latest end so far, floored at 0."""
+    from rankscope.analysis.stragglers import own_delay
+    from rankscope.analysis.testing import T0_NS
+
+    events = {
+        "rank": np.array([0, 0, 0, 1, 1, 1]),
+        "start_ns": T0_NS + np.array([0, 20, 21, 0, 90, 91]),
+        "end_ns": T0_NS + np.array([10, 100, 101, 10, 100, 101]),
+        "instance": np.array([0, 1, 2, 0, 1, 2]),
+        "step": np.full(6, np.nan),
+    }
+    rows = own_delay(events)
+    excess = {(int(r), int(i)): float(e) for r, i, e in zip(rows["rank"], rows["instance"], rows["excess"])}
+    assert excess == {(0, 1): 0.0, (1, 1): 70.0, (0, 2): 0.0, (1, 2): 0.0}
+
+
 @pytest.mark.parametrize("jitter_ns", [100_000, 1_000_000])
 @pytest.mark.parametrize("seed", range(12))
 def test_a_balanced_four_rank_job_with_noisy_compute_flags_none(seed: int, jitter_ns: int) -> None:
