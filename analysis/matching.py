@@ -151,7 +151,13 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     seq = np.asarray(events["seq"], np.int64)
     collective = ~is_p2p
     ordinal = np.zeros_like(seq)
-    calls = Groups(rank[collective], comm[collective], within=start[collective])  # per (rank, communicator)
+    # The k-th call: in the order the ingest numbered a rank's calls on the communicator, where
+    # it numbered them all ("ordinal": Kineto counts host calls, as the program made them; gloo's
+    # worker threads may start two calls made together, async, in either order), else by arrival.
+    per_rank = Groups(rank[collective], comm[collective])
+    numbered = per_rank.all(~isin(events["seq_source"], ["trace"])[collective])[per_rank.id]
+    within = np.where(numbered, seq[collective], start[collective])
+    calls = Groups(rank[collective], comm[collective], within=within)  # per (rank, communicator)
     ordinal[collective] = calls.cumcount()
     key_seq = np.where(use_ordinal, ordinal, seq)
     counted = ordinal_comm[calls.keys[1]]

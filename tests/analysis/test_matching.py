@@ -189,6 +189,28 @@ def test_rank_whose_capture_started_one_call_late_on_another_host_is_realigned_o
         assert (pairs == 5_000_000).all() == shifted  # each instance: one call seen on two clocks
 
 
+def test_ordinals_follow_the_ingests_call_order_where_arrivals_swap() -> None:
+    """torch 2.13 gloo, broadcast(async_op=True) then all_reduce(async_op=True) on one group
+    (a plain profiler trace: no Seq, no Flight Recorder): the Kineto ingest numbers the calls
+    as made (seq 0 broadcast, 1 allreduce on both ranks), but gloo's two worker threads took
+    them up together and on rank 0 the allreduce's started first. Counted by arrival, the
+    first instance paired rank 0's allreduce with rank 1's broadcast: both steps' pairs were
+    dropped as disagreeing, and the shifts tried on the scrambled ends said more."""
+    spec = [  # rank, seq, op, start, end (one host: ranks 0 and 1 are h0)
+        (0, 0, "broadcast", 120, 130), (0, 1, "allreduce", 110, 400),
+        (0, 2, "broadcast", 1_000, 1_010), (0, 3, "allreduce", 1_020, 1_400),
+        (1, 0, "broadcast", 100, 125), (1, 1, "allreduce", 115, 400),
+        (1, 2, "broadcast", 1_000, 1_012), (1, 3, "allreduce", 1_030, 1_400),
+    ]
+    rows = _rows([(r, "c", k, "ordinal", op, 64, None, start) for r, k, op, start, _ in spec])
+    rows["end_ns"] = [end for *_, end in spec]
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert m.instances == 4 and m.dropped_inconsistent == 0 and m.dropped_incomplete == 0
+    ev = pd.DataFrame(m.events)
+    assert (ev.groupby("instance")["op"].nunique() == 1).all()
+    assert ev.groupby("instance")["seq"].agg(set).tolist() == [{0}, {1}, {2}, {3}]
+
+
 def test_alltoall_sizes_may_differ_per_rank() -> None:
     rows = _rows([(0, "c", 0, "trace", "alltoall", 64, None, 100), (1, "c", 0, "trace", "alltoall", 96, None, 100)])
     assert match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1}).instances == 1
