@@ -165,7 +165,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     host, _ = codes(events["host"])
     end = np.asarray(events["end_ns"], np.int64)
     _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, comm, comm_ids, host, rank, end, warnings)
-    _shift_ordinals_across_hosts(key_seq, use_ordinal, comm, comm_ids, rank, end, warnings)
+    _shift_ordinals_across_hosts(key_seq, use_ordinal, comm, comm_ids, host, rank, end, warnings)
 
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
     if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
@@ -336,12 +336,15 @@ def _shift_ordinals_across_hosts(
     use_ordinal: np.ndarray,
     comm: np.ndarray,
     comm_ids: np.ndarray,
+    host: np.ndarray,
     rank: np.ndarray,
     end: np.ndarray,
     warnings: list[str],
 ) -> None:
     """Re-align ordinals (``key_seq``, in place) of members whose calls are a few off their
-    communicator's reference member (the one with most calls), on any host.
+    communicator's reference member (the one with most calls), on another host than its: a
+    member on the reference's host shares its clock, and its ends were compared whole
+    (`_shift_ordinals_on_shared_clocks`), which the gaps, a few of them noisy, must not undo.
 
     Their clocks differ, so ends cannot be compared, but the gaps between consecutive ends
     can: an instance ends on every member at once, so with the right pairing a member's
@@ -375,6 +378,8 @@ def _shift_ordinals_across_hosts(
     # Aligned, a member's gaps are its reference's to µs (ends skew a little per instance);
     # shifted, by the calls' own variation: beyond 1/200 of a gap is worth a look.
     suspect = checked.keys[0][miss > spacing[ref_of[checked.keys[0]]] / 200]
+    host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
+    suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
     for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
         ref_gaps = np.diff(ends[per_rank.starts[j] :][: per_rank.size[j]])
