@@ -643,8 +643,33 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
         "pg": _coalesce(host["pg"], paired_call["fr_pg"]),
         "seq_trace": _coalesce(host["seq"], paired_call["fr_seq"]),
         "stream": np.full(len(rows), "", object),
+        "peer": _peers(events, groups.take_or(calls["row"], call, -1), host_args),
     }
     return _identify(frame, trace.top, notes, fallback="op")
+
+
+# c10d's point-to-point ops and where their schemas put the peer, a rank within the process
+# group (torch 2.13: send(Tensor[] tensors, ProcessGroup process_group, int dstRank, int tag),
+# recv_(..., int srcRank, int tag)); recv_any_source_ names none.
+_PEER_ARG = {"c10d::send": 2, "c10d::recv_": 2}
+
+
+def _peers(events: Events, rows: np.ndarray, args: list[Args]) -> np.ndarray:
+    """Each call's (rows; -1: none) peer from its ``Concrete Inputs`` (record_shapes), where
+    it is a point-to-point op that names one; else None."""
+    peer = np.full(len(rows), None, object)
+    names = events.names.text[events.name[rows]]
+    for i in np.flatnonzero((rows >= 0) & np.isin(names, list(_PEER_ARG))).tolist():
+        if not args[i].concrete:
+            continue
+        try:
+            values = msgspec.json.decode(args[i].concrete)
+        except msgspec.DecodeError:
+            continue
+        at = _PEER_ARG[names[i]]
+        if isinstance(values, list) and len(values) > at and isinstance(values[at], str) and values[at].isdigit():
+            peer[i] = as_int64(values[at])
+    return peer
 
 
 def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, calls: dict[str, np.ndarray],
@@ -962,6 +987,8 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
             key = np.where(p2p, "p2p", frame[fallback])
             pg[missing] = [f"unresolved-pg:{k}" + ("" if fallback == "op" or is_p2p else f":{o}")
                            for k, o, is_p2p in zip(key[missing], op[missing], p2p[missing])]
+            if "peer" in frame:  # a rank within a group not known: its global rank is not known either
+                frame["peer"] = np.where(missing, None, frame["peer"])
             notes.append(
                 f"{int(missing.sum())} collective(s) carry no process group and the trace lists "
                 f"{len(configs) or 'no'} group(s): grouped by {'op' if fallback == 'op' else fallback + ' and op'}, "
@@ -1004,6 +1031,8 @@ def _collective_columns(frame: dict | None) -> dict[str, np.ndarray | pa.Array] 
     columns = {key: frame[key] for key in ("comm_id", "seq", "seq_source", "op", "start_ns", "end_ns",
                                             "compute_before_ns", "idle_before_ns", "compute_overlap_ns")}
     columns["bytes"] = pa.array(frame["bytes"], pa.int64())
+    if "peer" in frame:
+        columns["peer"] = pa.array(frame["peer"], pa.int32())
     columns["cpu_call_ns"] = pa.array(frame["cpu_call_ns"], pa.int64(), mask=~frame["called"])
     columns["step"] = pa.array(frame["step"], pa.int64(), mask=frame["step"] < 0)
     return columns

@@ -122,6 +122,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     dtype: Any = None
     dims: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input Dims")
     types: msgspec.Raw = msgspec.field(default=_EMPTY, name="Input type")
+    # record_shapes: the scalar arguments as text (c10d::send / c10d::recv_: the peer, third)
+    concrete: msgspec.Raw = msgspec.field(default=_EMPTY, name="Concrete Inputs")
     pg_name: Any = msgspec.field(default=None, name="Process Group Name")
     pg_id: Any = msgspec.field(default=None, name="Process Group ID")
     seq: Any = msgspec.field(default=None, name="Seq")
@@ -506,8 +508,9 @@ class _Codes(dict):
 
 def _detached(args: Args) -> Args:
     """Args kept past their chunk: input shapes copied, so they do not pin the chunk's text."""
-    if args.dims or args.types:
-        return msgspec.structs.replace(args, dims=args.dims.copy(), types=args.types.copy())
+    if args.dims or args.types or args.concrete:
+        return msgspec.structs.replace(args, dims=args.dims.copy(), types=args.types.copy(),
+                                       concrete=args.concrete.copy())
     return args
 
 

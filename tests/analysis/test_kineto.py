@@ -1043,6 +1043,47 @@ def test_sends_the_flight_recorder_never_records_are_kept_and_meet_their_recvs(t
     assert comms == ["unresolved-pg:p2p/p2p"] * 2
 
 
+def _p2p_rank(rank: int, peer: int, send_first: bool, pg_config: list) -> dict:
+    """torch 2.13 gloo, record_shapes: c10d::send / c10d::recv_ name their peer (a rank in
+    the group) third in Concrete Inputs; gloo:send / gloo:recv run on the calling thread."""
+    calls = [("c10d::send", "gloo:send"), ("c10d::recv_", "gloo:recv")]
+    events = []
+    for i, (call, worker) in enumerate(calls if send_first else calls[::-1]):
+        t = 1000 * (i + 1)
+        events += [_event(call, f"{t}.000", "20.000", tid=1, args={"Concrete Inputs": ["", "", str(peer), "0"],
+                                                                    "Input type": ["TensorList", "", "Scalar", "Scalar"]}),
+                   _event(worker, f"{t + 5}.000", "100.000", cat="user_annotation", tid=1,
+                          args={"Input Dims": [[512]], "Input type": ["float"]})]
+    events += [_event("c10d::allreduce_", "3000.000", "20.000", tid=1),
+               _event("gloo:all_reduce", "3030.000", "100.000", cat="user_annotation", tid=2)]
+    data = _trace(events)
+    data["distributedInfo"].update(rank=rank, world_size=4, pg_config=pg_config)
+    return data
+
+
+def test_gloo_sends_and_recvs_take_their_peer_from_the_calls_concrete_inputs(tmp_path):
+    """Four gloo ranks on the world group, 0 with 2 and 1 with 3 (real torch 2.13 traces of
+    send/recv and isend/irecv show the peer only there). Without it no send or recv of a
+    group of more than two ranks was ever matched ("point-to-point call(s) without a known
+    peer"); with it each send meets its recv. Where the call's group is not known (several
+    groups, none named), the peer, a rank within it, is not taken for a global one."""
+    from rankscope.analysis.pipeline import analyze
+
+    world = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]}]
+    tables = [read_kineto(_write(tmp_path / f"rank{r}.json", _p2p_rank(r, r ^ 2, r < 2, world))) for r in range(4)]
+    assert [_collectives(t).query("op != 'allreduce'")["peer"].tolist() for t in tables] == [[2, 2], [3, 3], [0, 0],
+                                                                                              [1, 1]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(digest.concat(tables))
+    assert not any("without a known peer" in w for w in report.warnings)
+    p2p = {(c.comm_id, o.op): o.instances for c in report.communicators for o in c.ops if o.op in ("send", "recv")}
+    assert p2p == {("0/p2p", "send"): 4, ("0/p2p", "recv"): 4}
+    two = world + [{"pg_name": "1", "ranks": [0, 2]}]
+    unsure = _collectives(read_kineto(_write(tmp_path / "rank0_two.json", _p2p_rank(0, 1, True, two))))
+    assert unsure.query("op != 'allreduce'")["peer"].isna().all()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
