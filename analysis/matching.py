@@ -170,8 +170,13 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
     if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
         peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, sizes, is_p2p, warnings)
-        lo = np.where(is_p2p, np.minimum(rank, peer), -1)
-        hi = np.where(is_p2p, np.maximum(rank, peer), -1)
+        # A send and a recv are one transfer from its source to its destination: the k-th send
+        # from a to b meets b's k-th recv from a, whatever else the two exchange the other way
+        # (isend then irecv on both ranks; a pipeline's activations forward, its gradients back).
+        # A fused SendRecv says no direction: the k-th between the two.
+        sends, recvs = is_p2p & (op == _op_code(ops, SEND)), is_p2p & (op == _op_code(ops, RECV))
+        lo = np.where(sends, rank, np.where(recvs, peer, np.where(is_p2p, np.minimum(rank, peer), -1)))
+        hi = np.where(sends, peer, np.where(recvs, rank, np.where(is_p2p, np.maximum(rank, peer), -1)))
         p2p_rows = is_p2p & (peer >= 0)
         if p2p_rows.any():
             key_seq[p2p_rows] = Groups(
@@ -208,6 +213,12 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         dropped_inconsistent=bad,
         warnings=warnings,
     )
+
+
+def _op_code(ops: np.ndarray, name: str) -> int:
+    """The code of op ``name`` among ``ops`` (-1: absent)."""
+    found = np.flatnonzero(ops == name)
+    return int(found[0]) if len(found) else -1
 
 
 def _p2p_peers(

@@ -140,9 +140,24 @@ def test_traced_peers_are_ranks_within_their_communicator() -> None:
 
 
 def test_two_sends_do_not_make_a_pair() -> None:
+    # two transfers, 0 to 1 and 1 to 0, each without its recv
     rows = _rows([(0, "p", 0, "ordinal", "send", 8, None, 100), (1, "p", 0, "ordinal", "send", 8, None, 120)])
     m = match(rows, _comms({"p": [0, 1]}, [0, 1]), {0, 1})
-    assert m.instances == 0 and m.dropped_inconsistent == 1
+    assert m.instances == 0 and m.dropped_incomplete == 2
+
+
+def test_sends_meet_the_recvs_of_their_own_direction() -> None:
+    """isend then irecv on both ranks of a pair (torch 2.13 gloo, and any exchange, as a
+    pipeline's activations forward and gradients back): rank 0 sends first and so does rank
+    1. Counted per pair whatever the direction, the first call of each was its send: every
+    instance held two sends and was dropped."""
+    rows = _rows([(r, "p", k, "ordinal", op, 8, 1 - r, 100 * k + 10 * r)
+                  for r in (0, 1) for k, op in enumerate(["send", "recv"] * 3)])
+    m = match(rows, _comms({"p": [0, 1]}, [0, 1]), {0, 1})
+    assert m.instances == 6 and m.dropped_inconsistent == 0 and m.dropped_incomplete == 0
+    ev = pd.DataFrame(m.events)
+    by_instance = ev.groupby("instance").apply(lambda g: tuple(sorted(zip(g["rank"], g["op"]))), include_groups=False)
+    assert set(by_instance) == {((0, "send"), (1, "recv")), ((0, "recv"), (1, "send"))}
 
 
 def test_uneven_ordinal_counts_warn() -> None:
