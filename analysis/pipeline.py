@@ -164,7 +164,8 @@ def _happens_before_note(hb: clock.HappensBefore, events: dict, unlisted: frozen
         return f"{said}: lateness near the clock uncertainty is unreliable"
     return (f"{said}, on communicators whose members were inferred ({some_of(inferred)}): calls of different "
             "groups may be paired as one collective, which makes lateness, blame and stragglers unreliable "
-            "(nsys: export with --include-blobs=true, NCCL >= 2.25.1, for the communicator ids)")
+            "(traces naming each call's group tell them apart: nsys export --include-blobs=true with NCCL >= 2.25.1; "
+            "PyTorch traces recorded by rankscope's torch hook)")
 
 
 def _tp_communicators(matched: matching.Matching, kinds: Mapping[str, str], ranks: set[int],
