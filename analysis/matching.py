@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, member_of, run_starts
-from rankscope.analysis.ops import ALLTOALL, P2P_OPS, RECV, SEND
+from rankscope.analysis.ops import ALLTOALL, N_TO_N_OPS, P2P_OPS, RECV, SEND
 from rankscope.analysis.report import some_of
 
 UNMATCHED = -1
@@ -164,8 +164,9 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     warnings += _ordinal_count_warnings(calls.keys[1][counted], calls.size[counted], comm_ids)
     host, _ = codes(events["host"])
     end = np.asarray(events["end_ns"], np.int64)
-    _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, comm, comm_ids, host, rank, end, warnings)
-    _shift_ordinals_across_hosts(key_seq, use_ordinal, comm, comm_ids, host, rank, end, warnings)
+    together = member_of(ops, N_TO_N_OPS)[op]  # calls whose ends coincide on every member
+    _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
+    _shift_ordinals_across_hosts(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
 
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
     if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
@@ -272,6 +273,7 @@ def _ordinal_count_warnings(comm: np.ndarray, calls: np.ndarray, comm_ids: np.nd
 def _shift_ordinals_on_shared_clocks(
     key_seq: np.ndarray,
     use_ordinal: np.ndarray,
+    together: np.ndarray,
     comm: np.ndarray,
     comm_ids: np.ndarray,
     host: np.ndarray,
@@ -283,9 +285,11 @@ def _shift_ordinals_on_shared_clocks(
 
     Members on one host share a clock, so the k-th call's end must coincide with the
     host's reference member (the one with most calls); where it does not, try shifts
-    of a few calls and keep one that makes ends coincide. Cross-host members cannot be
-    checked this way (their clocks differ by more than a call period). The ordinals are
-    0, 1, ... in each rank's calls on a communicator (a rank has one host).
+    of a few calls and keep one that makes ends coincide. Only calls whose ends coincide
+    (``together``: N-to-N ops) are compared: a broadcast's root ends once it has sent, a
+    reduce's root once all came in. Cross-host members cannot be checked this way (their
+    clocks differ by more than a call period). The ordinals are 0, 1, ... in each rank's
+    calls on a communicator (a rank has one host).
     """
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
@@ -297,19 +301,21 @@ def _shift_ordinals_on_shared_clocks(
     is_ref = ref_of == np.arange(per_rank.count)
     # Rows by rank, then ordinal: the k-th call of a rank and of its reference (which has
     # at least as many calls) are each group's k-th rows.
-    ends = e[per_rank.order]
+    ends, joint = e[per_rank.order], together[rows][per_rank.order]
     group = np.arange(per_rank.count).repeat(per_rank.size)
     position = np.arange(per_rank.rows) - per_rank.starts[group]
-    ref_end = np.empty(per_rank.rows, dtype=np.int64)
-    ref_end[per_rank.order] = ends[per_rank.starts[ref_of][group] + position]
-    off = np.abs(e - ref_end)
+    at_ref = per_rank.starts[ref_of][group] + position
+    off = np.abs(ends - ends[at_ref])
+    compared = joint & joint[at_ref]  # both ends of an op that ends together
     step = (position[1:] > 0) & is_ref[group[1:]]
     gaps = np.diff(ends)[step]  # between consecutive ends of each reference
     # The usual case: every end within a quarter of the closest spacing of any reference,
     # so no rank's median miss exceeds a quarter of its reference's median spacing.
-    if not len(gaps) or 4 * int(off.max()) <= int(gaps.min()):
+    if not len(gaps) or not compared.any() or 4 * int(off[compared].max()) <= int(gaps.min()):
         return
-    miss = per_rank.median(off)
+    checked = Groups(group[compared], ordered=True)
+    miss = np.zeros(per_rank.count)
+    miss[checked.keys[0]] = checked.median(off[compared].astype(np.float64))
     # Each reference's median spacing of consecutive ends (inf below two calls).
     of_reference = Groups(group[1:][step], ordered=True)
     spacing = np.full(per_rank.count, np.inf)
@@ -317,9 +323,9 @@ def _shift_ordinals_on_shared_clocks(
     spacing = spacing[ref_of]
     for i in np.flatnonzero(miss > spacing / 4).tolist():  # off its reference: rare, one by one
         mine_rows = rows[(c == rc[i]) & (r == rr[i])]
-        mine = end[mine_rows][np.argsort(key_seq[mine_rows], kind="stable")]
-        ref = ends[per_rank.starts[ref_of[i]] :][: per_rank.size[ref_of[i]]]
-        shift = _best_shift(mine, ref, spacing[i])
+        mine = mine_rows[np.argsort(key_seq[mine_rows], kind="stable")]
+        ref = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
+        shift = _best_shift(end[mine], ends[ref], spacing[i], together[mine], joint[ref])
         comm_id = comm_ids[rc[i]]
         if shift is None:
             warnings.append(f"communicator {comm_id}: rank {rr[i]}'s calls do not line up with its host's other members")
@@ -345,6 +351,7 @@ def _references(size: np.ndarray, rank: np.ndarray, *scope: np.ndarray) -> np.nd
 def _shift_ordinals_across_hosts(
     key_seq: np.ndarray,
     use_ordinal: np.ndarray,
+    together: np.ndarray,
     comm: np.ndarray,
     comm_ids: np.ndarray,
     host: np.ndarray,
@@ -370,12 +377,17 @@ def _shift_ordinals_across_hosts(
     rc, rr = per_rank.keys
     ref_of = _references(per_rank.size, rr, rc)
     ends, keys = end[rows][per_rank.order], key_seq[rows][per_rank.order]
+    # A gap between two calls that each end together on every member (`together`): a
+    # broadcast's or a reduce's root ends apart from the others.
+    joint = together[rows][per_rank.order]
+    joint_gap = np.concatenate(([False], joint[1:] & joint[:-1]))
     group = np.arange(per_rank.count).repeat(per_rank.size)
     ref, ref_start = ref_of[group], per_rank.starts[ref_of[group]]
     # Each call's gap since its previous call, beside the reference's gap between the same keys.
     follows = np.concatenate(([False], (group[1:] == group[:-1]) & (np.diff(keys) == 1)))
     compared = follows & (ref != group) & (keys >= 1) & (keys < per_rank.size[ref])
     at = np.where(compared, ref_start + keys, 0)
+    compared &= joint_gap & joint_gap[at]
     gap = np.diff(ends, prepend=ends[:1])
     deviation = np.abs(gap - (ends[at] - ends[np.maximum(at - 1, 0)]))[compared]
     if not len(deviation):
@@ -393,8 +405,9 @@ def _shift_ordinals_across_hosts(
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
     for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
-        ref_gaps = np.diff(ends[per_rank.starts[j] :][: per_rank.size[j]])
-        shift = _best_gap_shift(keys[lo : lo + n], ends[lo : lo + n], ref_gaps)
+        theirs = slice(per_rank.starts[j], per_rank.starts[j] + per_rank.size[j])
+        shift = _best_gap_shift(keys[lo : lo + n], ends[lo : lo + n], np.diff(ends[theirs]),
+                                joint_gap[lo + 1 : lo + n], joint_gap[theirs][1:])
         if not shift:
             continue
         key_seq[rows[per_rank.order[lo : lo + n]]] += shift
@@ -404,29 +417,36 @@ def _shift_ordinals_across_hosts(
         )
 
 
-def _best_gap_shift(keys: np.ndarray, ends: np.ndarray, ref_gaps: np.ndarray) -> int:
+def _best_gap_shift(keys: np.ndarray, ends: np.ndarray, ref_gaps: np.ndarray, kept: np.ndarray,
+                    ref_kept: np.ndarray) -> int:
     """The shift s whose reference gaps (``ref_gaps[q]``: from key q to q + 1) are clearly
-    (4x) closer to this member's than its own keys' are; 0 where none is."""
-    misses = _shift_misses(np.diff(ends), keys[:-1], ref_gaps)
+    (4x) closer to this member's than its own keys' are; 0 where none is. Only the gaps
+    ``kept`` (and ``ref_kept``) are compared."""
+    misses = _shift_misses(np.diff(ends), keys[:-1], ref_gaps, kept, ref_kept)
     best = min(misses, key=misses.get, default=0)
     return best if 0 in misses and 4 * misses[best] < misses[0] else 0
 
 
-def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float) -> int | None:
-    """The shift s (mine[k] ~ ref[k + s]) whose ends coincide, if one clearly does."""
-    misses = _shift_misses(mine, np.arange(len(mine)), ref)
+def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together: np.ndarray,
+                ref_together: np.ndarray) -> int | None:
+    """The shift s (mine[k] ~ ref[k + s]) whose ends coincide, if one clearly does, comparing
+    only ends of calls that end together on every member."""
+    misses = _shift_misses(mine, np.arange(len(mine)), ref, mine_together, ref_together)
     best = min(misses, key=misses.get, default=None)
     return best if best is not None and misses[best] < spacing / 4 else None
 
 
-def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, widest: int = 8) -> dict[int, float]:
+def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, mine_kept: np.ndarray, ref_kept: np.ndarray,
+                  widest: int = 8) -> dict[int, float]:
     """Per shift s within ``widest``, the median of |mine[k] - ref[at[k] + s]| over the k
-    where the reference has that value, for the shifts that overlap half of the shorter."""
+    where the reference has that value and both are kept, for the shifts that overlap half
+    of the shorter (in values kept)."""
     misses = {}
     for shift in range(-widest, widest + 1):
         to = at + shift
         inside = (to >= 0) & (to < len(ref))
-        if inside.sum() >= max(1, min(len(mine), len(ref)) // 2):
+        inside[inside] &= mine_kept[inside] & ref_kept[to[inside]]
+        if inside.sum() >= max(1, min(int(mine_kept.sum()), int(ref_kept.sum())) // 2):
             misses[shift] = float(np.median(np.abs(mine[inside] - ref[to[inside]])))
     return misses
 

@@ -244,6 +244,34 @@ def test_a_member_on_its_references_host_is_not_shifted_on_the_gaps() -> None:
     assert m.instances == 8 and m.dropped_incomplete == 0
 
 
+def test_rooted_calls_whose_ends_differ_on_a_shared_clock_are_not_taken_for_misaligned_ones() -> None:
+    """Broadcasts from rank 0 on one host (torch 2.13 gloo): the root's call ends once it has
+    sent, the receiver's once the data is in, ~half a call period later. Ends of a broadcast or
+    a reduce need not coincide, yet they were held to the all-reduce's test: "rank 1's calls
+    do not line up with its host's other members" (or a shift, had one fitted). Found by a
+    helper's real-torch review."""
+    rows = _rows([(r, "c", k, "ordinal", "broadcast", 64, None, 1_000 * k + (450 if r else 0))
+                  for r in (0, 1) for k in range(6)])
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert not [w for w in m.warnings if "line up" in w or "behind" in w or "ahead of" in w], m.warnings
+    assert m.instances == 6
+
+
+def test_rooted_calls_on_two_hosts_are_not_shifted_on_their_gaps() -> None:
+    """Broadcasts between ranks 0 (host h0) and 2 (host h1), the root taking turns: each
+    root's call ends 450 us before its receiver's, so each rank's gaps alternate 1.45 and
+    0.55 ms, the other rank's in the opposite phase. Shifted by one call, the gaps matched
+    exactly, and the pass meant for windows cut one call apart on other hosts paired every
+    broadcast with the next one."""
+    ends = {r: [1_000_000 * k + (0 if (k + r // 2) % 2 == 0 else 450_000) for k in range(8)] for r in (0, 2)}
+    rows = _rows([(r, "c", k, "ordinal", "broadcast", 64, None, e - 100 + (5_000_000 if r else 0))
+                  for r, es in ends.items() for k, e in enumerate(es)])
+    rows["end_ns"] = [e + (5_000_000 if r else 0) for r, es in ends.items() for e in es]
+    m = match(rows, _comms({"c": [0, 2]}, [0, 2]), {0, 2})
+    assert not [w for w in m.warnings if "behind" in w or "ahead of" in w], m.warnings
+    assert m.instances == 8 and m.dropped_incomplete == 0
+
+
 def test_alltoall_sizes_may_differ_per_rank() -> None:
     rows = _rows([(0, "c", 0, "trace", "alltoall", 64, None, 100), (1, "c", 0, "trace", "alltoall", 96, None, 100)])
     assert match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1}).instances == 1
