@@ -338,7 +338,7 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
 class HappensBefore:
     checked: int
     violations: int
-    violating: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # those instances' ids
+    violating: np.ndarray  # the violating instances' ids
 
     @property
     def rate(self) -> float:
