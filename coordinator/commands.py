@@ -556,7 +556,9 @@ def run_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
         sweep = client.cancel(args.sweep, args.reason)
     stopped = [n.node for n in sweep.nodes if n.state == pb.NODE_STATE_CANCELLED]
+    cut = [n.node for n in sweep.nodes if n.digest_only]
     print(f"sweep {sweep.sweep_id}: stopped {len(stopped)} node(s) ({', '.join(stopped) or 'none'}); "
+          + (f"{len(cut)} node(s) uploading raw exports end on their stored digests ({', '.join(cut)}); " if cut else "")
           + (f"the nodes that finished are being analysed ({_command_line(args, 'report', sweep.sweep_id)})"
              if sweep.state == pb.SWEEP_STATE_ANALYSING else f"now {state_name(sweep.state)}: {sweep.error}"),
           file=sys.stderr)

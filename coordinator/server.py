@@ -188,6 +188,7 @@ def sweep_message(sweep: sw.Sweep) -> pb.Sweep:
                 dcgm_detail=rec.dcgm_detail,
                 artifacts=len(rec.artifacts),
                 updated_ns=rec.updated_ns,
+                digest_only=rec.digest_only,
             )
             for name, rec in node_name.items(sweep.nodes)
         ],

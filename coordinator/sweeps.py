@@ -91,6 +91,7 @@ class NodeRecord:
     export_allowance_ns: int = 0  # while it exports: the agent's bound on it
     export_credit_ns: int = 0  # time spent exporting, added to its deadline
     export_cut: str = ""  # why its running export counts only for a grace: how its agent went away
+    digest_only: bool = False  # ended on its stored digest, its raw exports cut short (`_on_its_digest`)
 
     def deadline_ns(self, sweep_deadline_ns: int, now_ns: int) -> int:
         """When this node times out: the sweep's deadline, pushed back by its export time."""
@@ -501,7 +502,7 @@ def _on_its_digest(record: NodeRecord, why: str, now_ns: int) -> bool:
     if record.terminal or record.state is not NodeState.UPLOADING or not record.digests:
         return False
     note = f"{why}: the report stands on its digest"
-    record.state, record.uploaded, record.dcgm_resumed = NodeState.UPLOADED, True, True
+    record.state, record.uploaded, record.dcgm_resumed, record.digest_only = NodeState.UPLOADED, True, True, True
     record.detail, record.notes, record.updated_ns = note, [*record.notes, note], now_ns
     return True
 

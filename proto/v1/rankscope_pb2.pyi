@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 0df35a6c4d277a5d8707e4681c74172278a4b2df955b9ffe54b043f73f62024d
+# from rankscope.proto, sha256 57785df1b57a792da6f55faaed27051fd8fbd3188c2a4278382bb9c3b204117a
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -537,7 +537,7 @@ class StartSweepRequest(_message.Message):
     def __init__(self, targets: _Optional[_Union[Targets, _Mapping]] = ..., duration_s: _Optional[float] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ..., options: _Optional[_Mapping[str, str]] = ..., upload_raw: _Optional[bool] = ...) -> None: ...
 
 class NodeProgress(_message.Message):
-    __slots__ = ("node", "state", "detail", "reason", "dcgm", "artifacts", "updated_ns", "dcgm_detail")
+    __slots__ = ("node", "state", "detail", "reason", "dcgm", "artifacts", "updated_ns", "dcgm_detail", "digest_only")
     NODE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -546,6 +546,7 @@ class NodeProgress(_message.Message):
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_NS_FIELD_NUMBER: _ClassVar[int]
     DCGM_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_ONLY_FIELD_NUMBER: _ClassVar[int]
     node: str
     state: NodeState
     detail: str
@@ -554,7 +555,8 @@ class NodeProgress(_message.Message):
     artifacts: int
     updated_ns: int
     dcgm_detail: str
-    def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ..., dcgm_detail: _Optional[str] = ...) -> None: ...
+    digest_only: bool
+    def __init__(self, node: _Optional[str] = ..., state: _Optional[_Union[NodeState, str]] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., dcgm: _Optional[_Union[DcgmOutcome, str]] = ..., artifacts: _Optional[int] = ..., updated_ns: _Optional[int] = ..., dcgm_detail: _Optional[str] = ..., digest_only: _Optional[bool] = ...) -> None: ...
 
 class Sweep(_message.Message):
     __slots__ = ("sweep_id", "state", "backend", "duration_s", "timeout_s", "created_ns", "finished_ns", "nodes", "missing", "report_path", "error", "stragglers", "slow_links", "stragglers_not_judged")

@@ -228,6 +228,31 @@ def test_a_partial_report_names_the_nodes_a_cancel_stopped_apart_from_missing_on
         agent.close()
 
 
+def test_cancel_says_which_nodes_end_on_their_digests_while_raw_exports_upload(coordinator, wire, capsys) -> None:
+    # A cancel while node-a uploads raw exports beside its stored digest: node-a finishes on the
+    # digest and is analysed, node-b (still capturing) stops. The line said "stopped 1 node(s)
+    # (node-b)" and nothing of node-a, whose raw exports were cut short by it.
+    agents = {name: wire.FakeAgent(coordinator, name) for name in ("node-a", "node-b")}
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a,node-b", "--backend", "sim",
+                 "--duration", "1h", "--upload-raw"]) == 0
+    sweep_id = capsys.readouterr().out.strip()
+    a = agents["node-a"]
+    assert a.next_command().start.sweep_id == sweep_id
+    for state in (pb.NODE_STATE_PENDING, pb.NODE_STATE_CAPTURING, pb.NODE_STATE_EXPORTING):
+        a.status(sweep_id, state)
+    ref = a.upload(sweep_id, "node-a.digest.parquet", b"digest")
+    a.status(sweep_id, pb.NODE_STATE_UPLOADING, artifacts=[ref], dcgm=pb.DCGM_OUTCOME_NOT_NEEDED)
+    with SweepClient(coordinator.address) as client:
+        for event in client.watch(sweep_id):  # until the coordinator has node-a's digest
+            if any(n.node == "node-a" and n.artifacts for n in event.sweep.nodes):
+                break
+    assert main(["cancel", "--coordinator", coordinator.address, sweep_id]) == 0
+    assert ("stopped 1 node(s) (node-b); 1 node(s) uploading raw exports end on their stored digests (node-a)"
+            in capsys.readouterr().err)
+    for agent in agents.values():
+        agent.close()
+
+
 def test_nodes_are_listed_as_the_fleet_numbers_them(coordinator, wire, capsys) -> None:
     agents = [wire.FakeAgent(coordinator, name) for name in ("f10", "f2", "f0", "f1")]
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "f2,f9,f10,f0,f11",

@@ -292,3 +292,4 @@ def test_a_cancelled_sweep_keeps_the_digests_stored_while_raw_exports_upload() -
     out = sweep.handle(sw.Cancelled("cancelled by the user", T0 + 2 * S))
     assert analyses(out) == [sw.Analyse((DIGEST,))] and sw.CancelNode("a", "cancelled by the user") in out
     assert sweep.nodes["a"].notes == ["raw exports not all uploaded (cancelled by the user): the report stands on its digest"]
+    assert sweep.nodes["a"].digest_only
