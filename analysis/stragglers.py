@@ -2,9 +2,10 @@
 
 Lateness propagates: a slow rank delays its TP group's collective, so its node-mates
 reach the next DP collective late too. Each rank's *own* delay is clock-free: the gap
-between the end of its previous collective and its arrival at this one, minus the
-median gap of its peers. A slow rank has a large excess gap; its node-mates, delayed by
-waiting inside the previous collective, do not. Peers are the instance's other
+between its last collective event (the end of its previous collective, or the arrival at
+one still in flight) and its arrival at this one, minus the median gap of its peers. A
+slow rank has a large excess gap; its node-mates, delayed by waiting inside the previous
+collective, do not. Peers are the instance's other
 participants and, where every collective lies in a traced step, those of its
 communicator's replicas' instances at the same place in the step (`peers`): a whole slow
 TP group (a slow node) then stands out from the other TP groups.
@@ -55,8 +56,9 @@ class Stragglers:
 
 
 def own_delay(events: Table) -> dict[str, np.ndarray]:
-    """Matched rows (rank, instance, gap) with ``excess``: the gap since the rank's previous
-    collective minus the median gap of its *other* peers (`peers`), floored at 0 (local clocks only).
+    """Matched rows (rank, instance, gap) with ``excess``: the gap since the rank's last
+    collective event (`_last_event`) minus the median gap of its *other* peers (`peers`),
+    floored at 0 (local clocks only).
 
     Leaving the rank itself out keeps a two-rank group from splitting the delay between
     its members; the floor keeps early ranks from looking like the cause of anything.
@@ -65,15 +67,9 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     start = np.asarray(events["start_ns"], np.int64)
     ordered = _by_rank_then_start(rank, start)
     previous = np.concatenate(([False], rank[ordered][1:] == rank[ordered][:-1]))
-    # Since the rank's collectives before it all ended (the latest end so far), floored at 0:
-    # a call made while an earlier one is still in flight (async_op, gloo's worker threads)
-    # had no delay of its own, where its gap to that call's end is negative by however long
-    # that call waited for a late peer, and its peers' shortfall became excess.
-    reach = intervals.running_max(np.asarray(events["end_ns"], np.int64)[ordered], rank[ordered])
     gap_sorted = np.full(len(ordered), np.nan)
-    gap_sorted[previous] = np.maximum(
-        start[ordered][1:] - reach[:-1], 0  # int64 difference first: epoch ns do not fit float64 exactly
-    )[previous[1:]]
+    since = _last_event(rank, start, np.asarray(events["end_ns"], np.int64), ordered)
+    gap_sorted[previous] = (start[ordered] - since)[previous]  # int64 first: epoch ns do not fit float64 exactly
     instance_sorted = np.asarray(events["instance"], np.int64)[ordered]
     kept = np.flatnonzero((instance_sorted != UNMATCHED) & previous)
     per = Groups(peers(events)[ordered][kept], within=gap_sorted[kept])
@@ -89,6 +85,21 @@ def own_delay(events: Table) -> dict[str, np.ndarray]:
     # index j among the others is index j + (j >= position) in the sorted instance
     median_others = 0.5 * (gap[base + lo + (lo >= position)] + gap[base + hi + (hi >= position)])
     return {"rank": rank[ordered[kept]], "instance": instance, "gap": gap, "excess": np.maximum(gap - median_others, 0.0)}
+
+
+def _last_event(rank: np.ndarray, start: np.ndarray, end: np.ndarray, ordered: np.ndarray) -> np.ndarray:
+    """Per row (in ``ordered``: by rank, then start), the rank's last collective event before
+    its arrival: the latest end at or before it, or the previous arrival where that is later.
+    A call made while an earlier one is still in flight (async_op, gloo's worker threads, a DP
+    all-reduce on its own stream across the TP calls) counts from that call's arrival, not its
+    end: the end lies ahead by however long the call waits, and would take the compute before
+    this call (a straggler's own delay) out of every gap in the window. (The first row of each
+    rank has no previous event: what is given there is not used.)"""
+    by_end = np.lexsort((end, rank))
+    at = intervals.last_at_or_before(rank[by_end], end[by_end], rank[ordered], start[ordered])
+    released = end[by_end][np.maximum(at, 0)]
+    previous_start = np.concatenate((start[ordered][:1], start[ordered][:-1]))
+    return np.where(at >= 0, np.maximum(released, previous_start), previous_start)
 
 
 def peers(events: Table) -> np.ndarray:

@@ -204,6 +204,39 @@ def test_a_call_made_while_an_earlier_one_waits_has_no_own_delay() -> None:
     assert excess == {(0, 1): 0.0, (1, 1): 70.0, (0, 2): 0.0, (1, 2): 0.0}
 
 
+def test_a_straggler_between_calls_made_while_an_async_all_reduce_waits_is_found() -> None:
+    """Megatron/FSDP-style overlap: each step's DP all-reduce runs on its own stream (async)
+    across the step's four TP all-reduces; rank 2 computes 500 us more before each TP call.
+    Measured from the latest end so far, every TP gap inside the window ran from the DP call's
+    end, still ahead, and came out 0 on every rank: own delay 0 everywhere, nothing flagged
+    (the same job measured from each call's previous end flagged rank 2 at ~405 us)."""
+    from rankscope.analysis.stragglers import find
+    from rankscope.analysis.testing import T0_NS
+
+    rng = np.random.default_rng(0)
+    now, rows, instance = np.zeros(8, np.int64), [], 0  # rows: rank, instance, start, end
+    for _ in range(10):
+        dp_end = np.zeros(8, np.int64)
+        for group in ([0, 2, 4, 6], [1, 3, 5, 7]):
+            dp_end[group] = now[group].max() + 3_000_000
+            rows += [(r, instance, now[r], dp_end[r]) for r in group]
+            instance += 1
+        for _ in range(4):
+            arrive = now + 200_000 + rng.integers(0, 10_000, 8) + np.where(np.arange(8) == 2, 500_000, 0)
+            for pair in ([0, 1], [2, 3], [4, 5], [6, 7]):
+                rows += [(r, instance, arrive[r], arrive[pair].max() + 40_000) for r in pair]
+                now[pair] = arrive[pair].max() + 40_000
+                instance += 1
+        now = np.maximum(now, dp_end)
+    rank, inst, start, end = np.array(sorted(rows, key=lambda row: (row[0], row[2]))).T
+    events = {"rank": rank, "instance": inst, "start_ns": T0_NS + start, "end_ns": T0_NS + end,
+              "step": np.full(len(rank), np.nan), "compute_before_ns": np.full(len(rank), np.nan),
+              "idle_before_ns": np.full(len(rank), np.nan)}
+    found = find(events, np.arange(8))
+    assert found.ranks == [2]
+    assert 350_000 < found.own_delay_ns[2] < 450_000  # 4 of its 5 gaps a step hold the 500 us
+
+
 @pytest.mark.parametrize("jitter_ns", [100_000, 1_000_000])
 @pytest.mark.parametrize("seed", range(12))
 def test_a_balanced_four_rank_job_with_noisy_compute_flags_none(seed: int, jitter_ns: int) -> None:
