@@ -33,7 +33,7 @@ class Matching:
     members: dict[str, tuple[int, ...]]  # comm_id -> member ranks present in the input
     sizes: dict[str, int]  # comm_id -> member count, those absent from the input too where the traces say
     names: dict[str, str | None]  # comm_id -> name from the trace (PG name, commName)
-    unlisted: frozenset[str]  # comm_ids whose members no trace lists: inferred from the ranks using them
+    unconfirmed: frozenset[str]  # comm_ids whose members no trace lists nor a size confirms: maybe pooled groups
     method: str  # "trace seq", "ordinal", or "trace seq + ordinal"
     instances: int
     dropped_incomplete: int
@@ -46,7 +46,8 @@ def communicator_members(
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, str | None], frozenset[str], list[str]]:
     """Members of each communicator among the ranks present, from the traces' member lists,
     and each communicator's size (members absent from the input count too, where the
-    traces list them or give the size); also the communicators no trace lists members of.
+    traces list them or give the size); also the communicators whose inferred members no
+    size confirms (`unconfirmed`).
 
     Where no rank lists the members, they are inferred as the ranks that report the
     communicator or call collectives on it, checked against the communicator's size
@@ -109,8 +110,15 @@ def communicator_members(
     if absent:
         warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({some_of(absent)}): "
                         "matched among the members present")
-    unlisted = frozenset(c for c in members if not declared.get(c))
-    return members, counts, {c: names.get(c) for c in members}, unlisted, warnings
+    return members, counts, {c: names.get(c) for c in members}, _unconfirmed(inferred, checked), warnings
+
+
+def _unconfirmed(inferred: list[str], checked: dict[str, tuple[int, list[int]]]) -> frozenset[str]:
+    """The communicators whose members, inferred from the ranks using them, no size the traces
+    give confirms (``checked``: comm_id -> (ranks using it, sizes given)). Their ids may pool
+    several groups' calls (nsys without NCCL payloads, Kineto calls naming no process group);
+    an id that names one communicator (NCCL's commHash) comes with the size it was made with."""
+    return frozenset(inferred) | {c for c, (seen, sizes) in checked.items() if sizes != [seen]}
 
 
 def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
@@ -135,7 +143,7 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
 
 def match(collectives: Table, communicators: Table, present: set[int]) -> Matching:
     """Assign an instance id to every collective row that belongs to a complete, consistent instance."""
-    members, sizes, names, unlisted, warnings = communicator_members(communicators, collectives, present)
+    members, sizes, names, unconfirmed, warnings = communicator_members(communicators, collectives, present)
     events = dict(collectives.items())
     comm, comm_ids = codes(events["comm_id"])
     rank = np.asarray(events["rank"], np.int64)
@@ -207,7 +215,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         members=members,
         sizes=sizes,
         names=names,
-        unlisted=unlisted,
+        unconfirmed=unconfirmed,
         method=method,
         instances=int(len(ok)),
         dropped_incomplete=incomplete,

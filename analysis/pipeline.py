@@ -78,7 +78,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
     hosts = natural(set(host_of_rank))  # the report's host rows and warnings in that order
-    model, hb = _aligned(events, hosts, clock_hints, matched.unlisted, notes)
+    model, hb = _aligned(events, hosts, clock_hints, matched.unconfirmed, notes)
 
     inst = metrics.instance_frame(events)
     wait = np.zeros(len(events["rank"]), dtype=np.int64)
@@ -136,7 +136,7 @@ def _coverage_notes(ranks: list[int], world: int | None, missing: list[int], col
     return notes
 
 
-def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | None, unlisted: frozenset[str],
+def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | None, unconfirmed: frozenset[str],
              notes: list[str]) -> tuple[clock.ClockModel, clock.HappensBefore]:
     """Fit the hosts' clocks and put ``events`` on the aligned time base (start, end, sigma);
     the model, and its happens-before check (a note where it finds violations)."""
@@ -146,20 +146,21 @@ def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | No
     events["sigma"] = model.uncertainty(events["host"])
     hb = clock.happens_before(events)
     if hb.violations:
-        notes.append(_happens_before_note(hb, events, unlisted))
+        notes.append(_happens_before_note(hb, events, unconfirmed))
     return model, hb
 
 
-def _happens_before_note(hb: clock.HappensBefore, events: dict, unlisted: frozenset[str]) -> str:
-    """What the violations say: on communicators whose members were inferred, that calls of
-    different groups were likely paired (traces without communicator ids are matched by op and
-    call order alone: a TP and a DP all-reduce look alike), which no clock error explains;
-    otherwise that lateness near the clock uncertainty is unreliable."""
+def _happens_before_note(hb: clock.HappensBefore, events: dict, unconfirmed: frozenset[str]) -> str:
+    """What the violations say: on communicators whose members were inferred and no size
+    confirms (`matching.Matching.unconfirmed`), that calls of different groups were likely
+    paired (traces without communicator ids are matched by op and call order alone: a TP and
+    a DP all-reduce look alike), which no clock error explains; otherwise that lateness near
+    the clock uncertainty is unreliable."""
     said = (f"{hb.violations} of {hb.checked} N-to-N instances violate happens-before after alignment "
             f"({100 * hb.rate:.1f}%)")
     comm, comm_ids = codes(events["comm_id"])
     violating = np.unique(comm[np.isin(np.asarray(events["instance"]), hb.violating)])
-    inferred = sorted(set(comm_ids[violating].tolist()) & unlisted)
+    inferred = sorted(set(comm_ids[violating].tolist()) & unconfirmed)
     if not inferred:
         return f"{said}: lateness near the clock uncertainty is unreliable"
     return (f"{said}, on communicators whose members were inferred ({some_of(inferred)}): calls of different "

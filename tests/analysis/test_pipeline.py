@@ -291,3 +291,18 @@ def test_happens_before_broken_on_communicators_of_inferred_members_says_groups_
     assert "on communicators whose members were inferred (inferred:allreduce)" in note
     assert "calls of different groups may be paired as one collective" in note
     assert "lateness near the clock uncertainty" not in note
+
+
+def test_happens_before_broken_on_communicators_named_by_nccl_blames_the_clocks(tmp_path) -> None:
+    """The same job exported with NCCL payloads: each call names its communicator (commHash) and
+    each rank the communicator's size, so no group's calls are pooled, though no trace lists the
+    members. Ends jittered by 3 ms break happens-before on 12 of 58 instances: the note said the
+    groups may be paired and asked for --include-blobs, which these exports already had."""
+    from rankscope.analysis.simulate import JobSpec, simulate
+    from rankscope.analysis.sources import load_digests
+
+    spec = JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=10, end_jitter_ns=3_000_000)
+    report = analyze(load_digests(simulate(spec, tmp_path)))
+    note = next(w for w in report.warnings if "happens-before" in w)
+    assert "lateness near the clock uncertainty is unreliable" in note
+    assert "may be paired" not in note
