@@ -995,7 +995,14 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
                 "ordered within the group"
             )
     frame["comm_id"] = np.where(p2p, pg + "/p2p", pg)
-    ordinal = groups.Groups(groups.factorize(frame["comm_id"])[0]).cumcount() + 1  # hashed, not sorted
+    comm = groups.factorize(frame["comm_id"])[0]  # hashed, not sorted
+    # Numbered as the program made the calls where every call of the group is in the trace;
+    # else by arrival: the host runs ahead of the device, so a kernel queued before the trace
+    # began (no call to time it by) starts after the calls that came next (matching follows
+    # these numbers).
+    per_comm = groups.Groups(comm)
+    traced_calls = per_comm.all(frame["called"])[per_comm.id]
+    ordinal = groups.Groups(comm, within=np.where(traced_calls, frame["cpu_call_ns"], frame["start_ns"])).cumcount() + 1
     traced = _present(frame["seq_trace"])
     frame["seq"] = np.where(traced, frame["seq_trace"], ordinal).astype(np.int64)
     frame["seq_source"] = np.where(traced, "trace", "ordinal")

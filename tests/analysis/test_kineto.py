@@ -487,6 +487,36 @@ def test_an_nccl_kernel_launched_before_the_trace_began_is_nccl_time_and_its_gro
     assert [r.late_max_ns for r in report.ranks] == [0, 50_000]
 
 
+def test_a_kernel_queued_before_the_trace_began_keeps_its_place_where_the_next_call_came_first(tmp_path):
+    """The host runs ahead of the GPU: rank 0's trace began after its first AllReduce was
+    queued (kernel at 105 us, no call in the trace), and its second call came at 100 us, before
+    that kernel started; rank 1 traced both calls. Numbered by the call's time where known and
+    the kernel's start where not, rank 0's second AllReduce came out first, and matching, which
+    follows the ingest's numbers, paired it with rank 1's first: happens-before broken."""
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    def rank_trace(rank: int, arrival_us: float) -> dict:
+        data = _allreduce_rank(rank, arrival_us)
+        data["traceEvents"][0].update(ts=105.0)
+        if rank:  # its first call traced: made at 10 us, launched at 20 us
+            comm = {k: v for k, v in data["traceEvents"][2]["args"].items() if k != "External id"}
+            data["traceEvents"][:0] = [
+                _event("c10d::allreduce_", "10.000", "50.000", tid=1, args={"External id": 11}),
+                _event("record_param_comms", "11.000", "40.000", tid=1, args={"External id": 12, **comm}),
+                _event("cudaLaunchKernel", "20.000", "5.000", cat="cuda_runtime", tid=1, args={"correlation": 4}),
+            ]
+        return data
+
+    paths = [_write(tmp_path / f"rank{r}.json", rank_trace(r, at)) for r, at in ((0, 200.0), (1, 250.0))]
+    coll = _collectives(read_kineto(paths[0]))
+    assert coll.sort_values("seq")["start_ns"].tolist() == [1790857026000105000, 1790857026000200000]
+    report = analyze(load_digests(paths))
+    assert [r.matched for r in report.ranks] == [2, 2]
+    assert report.alignment.happens_before_violations == 0
+    assert [r.late_max_ns for r in report.ranks] == [0, 50_000]
+
+
 def _reduce_scatter_rank(rank: int, arrival_us: float, *, flight_recorder: bool = False) -> dict:
     """One rank of a 2-rank ReduceScatter of 2 x 4096 floats as PyTorch records it: by
     record_param_comms' In msg nelems (the input) and Out msg nelems (the shard); or, as
