@@ -420,7 +420,8 @@ def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signe
 
 def _build(files: list[File], rank_from: str | None) -> pa.Table:
     """Digest rows of a batch of exports: every rank (file, process, device) at once."""
-    kernels = _columns(files, "kernels", ("start", "end", "pid", "device", "correlation", "name"), ("start", "end"))
+    kernels = _columns(files, "kernels", ("start", "end", "pid", "device", "correlation", "name", "stream"),
+                       ("start", "end"))
     _clip_inverted(files, kernels)
     names, kernels["name"] = _kernel_names(files, kernels)
     comm_name = ops.is_comm_kernel(names)  # each distinct name once
@@ -519,7 +520,7 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
     (unit) then start; ``seq`` numbers each communicator's collectives in call order.
     With the comm_ids, which the ``comm_id`` column indexes (``op`` indexes `_OPS`)."""
     rows = np.flatnonzero(is_comm)
-    out = {key: kernels[key][rows] for key in ("file", "pid", "device", "start", "end", "correlation", "name")}
+    out = {key: kernels[key][rows] for key in ("file", "pid", "device", "start", "end", "correlation", "name", "stream")}
     out["unit"], out["process"] = unit[rows], _process(out)
     launches = _columns(files, "launches", ("correlation", "pid", "tid", "launch_ns"), ("launch_ns",))
     threads = _run_codes(np.concatenate([launches["file"], nccl["file"]]), np.concatenate([launches["tid"], nccl["tid"]]))
@@ -741,8 +742,32 @@ def _comm_ids(files: list[File], out: Columns, nccl: Columns) -> tuple[list[str]
                    "(needs NCCL >= 2.25.1 and nsys export --include-blobs=true); those collectives are grouped "
                    "by operation as 'inferred:<op>' and numbered by call order")
     labels, combo, inferred_size, known = _inferred_comm_ids(out, nccl)
+    _warn_pooled_streams(files, out, ~traced, combo)
     return (comm_ids + labels, np.where(traced, which, distinct.size + combo),
             np.where(traced, size, inferred_size), np.where(traced, size_na, ~known))
+
+
+def _warn_pooled_streams(files: list[File], out: Columns, inferred: np.ndarray, combo: np.ndarray) -> None:
+    """Say where a process runs the kernels of one inferred communicator (an op, without ids)
+    on several streams: PyTorch gives each process group a stream of its own, so these are
+    several communicators (a TP and a DP group, say) whose calls are matched as one, by call
+    order, across every rank that runs the op; which ranks share a group is not in the export."""
+    rows = np.flatnonzero(inferred)
+    triples = np.unique(np.stack([out["unit"][rows], combo[rows], out["stream"][rows]]), axis=1)
+    (units, keys), streams = np.unique(triples[:2], axis=1, return_counts=True)
+    pooled = streams > 1
+    if not pooled.any():
+        return
+    first = rows[_first_match((out["unit"][rows], combo[rows]), (units[pooled], keys[pooled]))]
+    said: dict[tuple[int, int], int] = {}
+    for row, count in zip(first.tolist(), streams[pooled].tolist()):
+        at = (int(out["file"][row]), int(out["op"][row]))
+        said[at] = max(said.get(at, 0), count)
+    for (file, op), count in said.items():
+        files[file].warn(
+            f"NCCL {_OPS[op]} kernels without a communicator id run on {count} streams in a process: several "
+            "communicators (TP and DP groups, say) are matched as one by call order, so lateness and blame across "
+            "their ranks are unreliable (export with --include-blobs=true, NCCL >= 2.25.1)")
 
 
 def _traced_sizes(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray]:

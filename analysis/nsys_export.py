@@ -76,7 +76,7 @@ FETCH_ROWS = 1 << 16
 # (`_read_arrow`); the integer tables' become (rows, columns) int64 arrays.
 _KINDS = {
     "export": "tt", "capture": "tt", "session": "i", "hostname": "t", "cuda_devices": "iit", "gpus": "tt",
-    "kernels": "iiiiii", "kernel_names": "it", "launches": "iiii", "copies": "iiii", "nvtx": "iiiiiitb",
+    "kernels": "iiiiiii", "kernel_names": "it", "launches": "iiii", "copies": "iiii", "nvtx": "iiiiiitb",
     "payload_entries": "tiii", "mpi_ranks": "ii",
 }
 _INT_TABLES = ("kernels", "copies", "launches")
@@ -86,7 +86,7 @@ _INT_TABLES = ("kernels", "copies", "launches")
 ARROW_FROM_BYTES = 1 << 18
 _ARROW = {"i": pa.int64(), "t": pa.string(), "b": pa.binary()}
 _ARROW_TYPES = {name: [_ARROW[kind] for kind in kinds] for name, kinds in _KINDS.items()}
-_NO_ROWS = {width: np.empty((0, width), np.int64) for width in (4, 6)}
+_NO_ROWS = {width: np.empty((0, width), np.int64) for width in (4, 6, 7)}
 # NCCL payload entry names (stable; schema ids and offsets are not) -> our column.
 PAYLOAD_FIELDS = {
     "NCCL communicator ID": "comm",
@@ -157,7 +157,9 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     if names and "globalPid" in columns[KERNEL_TABLE]:
         key, named = _kernel_names_sql(names)
         # Integers only per row (names resolved once per distinct id): the bulk of an export.
-        sql["kernels"] = f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), {key} FROM {KERNEL_TABLE}'
+        stream = "COALESCE(streamId, -1)" if "streamId" in columns[KERNEL_TABLE] else "-1"
+        sql["kernels"] = (f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), {key}, {stream} '
+                          f"FROM {KERNEL_TABLE}")
         sql["kernel_names"] = named
         if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
             # Launches of the kernels whose key's own string is no other kernel's than NCCL's
@@ -326,7 +328,7 @@ class File:
     env: dict[str, str]
     cuda_devices: dict[tuple[int, int], str] | None  # (pid, CUDA ordinal) -> GPU uuid, where exported
     gpus: list[tuple[str, str]] | None  # (host ordinal, uuid) where only TARGET_INFO_GPU says
-    kernels: np.ndarray  # start, end, pid, device, correlation, name id
+    kernels: np.ndarray  # start, end, pid, device, correlation, name id, stream
     kernel_names: list[tuple[int, str]]  # (id, name) of the name ids used
     copies: np.ndarray  # start, end, pid, device
     launches: np.ndarray  # correlation, pid, tid, start
@@ -532,7 +534,7 @@ def _parse(path: Path, rows: dict[str, Any]) -> File:
         path=path, meta=dict(rows.get("export", ())), env=_captured_env(capture),
         cuda_devices=None if "cuda_devices" not in rows else {},
         gpus=None if "gpus" not in rows else [(str(o), str(u)) for o, u in rows["gpus"]],
-        kernels=rows.get("kernels", _NO_ROWS[6]), kernel_names=rows.get("kernel_names", []),
+        kernels=rows.get("kernels", _NO_ROWS[7]), kernel_names=rows.get("kernel_names", []),
         copies=rows.get("copies", _NO_ROWS[4]), launches=rows.get("launches", _NO_ROWS[4]),
         nvtx=nvtx, nvtx_names=nvtx_names, nvtx_blobs=nvtx_blobs,
         payload_entries=rows.get("payload_entries", []),

@@ -449,3 +449,30 @@ def test_a_kernel_that_ends_before_it_starts_counts_no_time_and_is_warned(job, t
     (said,) = [w for w in warnings if "end before they start" in w]
     assert said.endswith(f"1 of {sum(k['count'] for k in edited.column('kernels')[0].as_py())} kernels end before "
                          "they start (a damaged export): each counts no GPU time")
+
+
+def _without_payloads(paths: list[Path]) -> None:
+    """As a plain `nsys export` leaves them: --include-blobs defaults to false."""
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
+
+
+def test_kernels_of_one_op_on_several_streams_without_communicator_ids_are_said_pooled(tmp_path: Path) -> None:
+    """A balanced TP=2 x DP=2 job exported without NCCL payloads: each rank runs its TP and its DP
+    all-reduces on two NCCL streams (as PyTorch gives each process group one), which nothing else
+    tells apart, so 'inferred:allreduce' pools four communicators' calls by call order, TP {0,1}
+    with TP {2,3}. Happens-before held here, and the only word was that the kernels carry no
+    communicator id. The same job with one communicator per op on each rank says nothing more."""
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=5, seed=3)
+    paths = simulate.simulate(spec, tmp_path / "tpdp")
+    _without_payloads(paths)
+    warnings = [w for row in nsys.read_many(paths).column("warnings").to_pylist() for w in row]
+    pooled = [w for w in warnings if "streams" in w]
+    assert pooled and all(w.startswith("NCCL allreduce kernels without a communicator id run on 2 streams in a "
+                                       "process") for w in pooled), warnings
+    assert "export with --include-blobs=true" in pooled[0]
+    single = simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=2, tp=1, steps=5, seed=3), tmp_path / "dp")
+    _without_payloads(single)
+    assert not [w for row in nsys.read_many(single).column("warnings").to_pylist() for w in row if "streams" in w]
