@@ -385,27 +385,27 @@ def _shift_ordinals_across_hosts(
     rc, rr = per_rank.keys
     ref_of = _references(per_rank.size, rr, rc)
     ends, keys = end[rows][per_rank.order], key_seq[rows][per_rank.order]
-    # A gap between two calls that each end together on every member (`together`): a
-    # broadcast's or a reduce's root ends apart from the others.
-    joint = together[rows][per_rank.order]
-    joint_gap = np.concatenate(([False], joint[1:] & joint[:-1]))
     group = np.arange(per_rank.count).repeat(per_rank.size)
-    ref, ref_start = ref_of[group], per_rank.starts[ref_of[group]]
-    # Each call's gap since its previous call, beside the reference's gap between the same keys.
-    follows = np.concatenate(([False], (group[1:] == group[:-1]) & (np.diff(keys) == 1)))
-    compared = follows & (ref != group) & (keys >= 1) & (keys < per_rank.size[ref])
-    at = np.where(compared, ref_start + keys, 0)
-    compared &= joint_gap & joint_gap[at]
-    gap = np.diff(ends, prepend=ends[:1])
-    deviation = np.abs(gap - (ends[at] - ends[np.maximum(at - 1, 0)]))[compared]
+    # Gaps between a rank's successive calls that end together on every member (`together`),
+    # passing over the rest: a broadcast's or a reduce's root ends apart from the others.
+    joint = together[rows][per_rank.order]
+    at, before = _joint_gaps(joint, group)
+    ref = ref_of[group[at]]
+    ref_at, ref_before = per_rank.starts[ref] + keys[at], per_rank.starts[ref] + keys[before]
+    inside = (keys[before] >= 0) & (keys[at] < per_rank.size[ref])
+    ref_at, ref_before = np.where(inside, ref_at, 0), np.where(inside, ref_before, 0)
+    inside &= joint[ref_at] & joint[ref_before]
+    gap = ends[at] - ends[before]
+    compared = inside & (ref != group[at])
+    deviation = np.abs(gap - (ends[ref_at] - ends[ref_before]))[compared]
     if not len(deviation):
         return
-    checked = Groups(group[compared], ordered=True)
+    checked = Groups(group[at][compared], ordered=True)
     miss = checked.median(deviation.astype(np.float64))
-    own_gaps = follows & (ref == group)
-    of_reference = Groups(group[own_gaps], ordered=True)
+    own = ref == group[at]
+    of_reference = Groups(group[at][own], ordered=True)
     spacing = np.full(per_rank.count, np.inf)
-    spacing[of_reference.keys[0]] = of_reference.median(gap[own_gaps].astype(np.float64))
+    spacing[of_reference.keys[0]] = of_reference.median(gap[own].astype(np.float64))
     # Aligned, a member's gaps are its reference's to µs (ends skew a little per instance);
     # shifted, by the calls' own variation: beyond 1/200 of a gap is worth a look.
     suspect = checked.keys[0][miss > spacing[ref_of[checked.keys[0]]] / 200]
@@ -413,9 +413,9 @@ def _shift_ordinals_across_hosts(
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
     for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
+        mine = (group[at] == i)
         theirs = slice(per_rank.starts[j], per_rank.starts[j] + per_rank.size[j])
-        shift = _best_gap_shift(keys[lo : lo + n], ends[lo : lo + n], np.diff(ends[theirs]),
-                                joint_gap[lo + 1 : lo + n], joint_gap[theirs][1:])
+        shift = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs])
         if not shift:
             continue
         key_seq[rows[per_rank.order[lo : lo + n]]] += shift
@@ -425,12 +425,26 @@ def _shift_ordinals_across_hosts(
         )
 
 
-def _best_gap_shift(keys: np.ndarray, ends: np.ndarray, ref_gaps: np.ndarray, kept: np.ndarray,
-                    ref_kept: np.ndarray) -> int:
-    """The shift s whose reference gaps (``ref_gaps[q]``: from key q to q + 1) are clearly
-    (4x) closer to this member's than its own keys' are; 0 where none is. Only the gaps
-    ``kept`` (and ``ref_kept``) are compared."""
-    misses = _shift_misses(np.diff(ends), keys[:-1], ref_gaps, kept, ref_kept)
+def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, the row before it) of each gap between successive ``joint`` rows of one group
+    (rows in group order)."""
+    rows = np.flatnonzero(joint)
+    same = group[rows][1:] == group[rows][:-1]
+    return rows[1:][same], rows[:-1][same]
+
+
+def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
+                    ref_joint: np.ndarray, widest: int = 8) -> int:
+    """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
+    ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
+    s further on (both ends of calls that end together) than unshifted; 0 where none is."""
+    misses = {}
+    for shift in range(-widest, widest + 1):
+        a, b = first + shift, last + shift
+        inside = (a >= 0) & (b < len(ref_ends))
+        inside[inside] &= ref_joint[a[inside]] & ref_joint[b[inside]]
+        if inside.sum() >= max(1, len(gaps) // 2):
+            misses[shift] = float(np.median(np.abs(gaps[inside] - (ref_ends[b[inside]] - ref_ends[a[inside]]))))
     best = min(misses, key=misses.get, default=0)
     return best if 0 in misses and 4 * misses[best] < misses[0] else 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from rankscope.analysis.matching import UNMATCHED, match
@@ -270,6 +271,31 @@ def test_rooted_calls_on_two_hosts_are_not_shifted_on_their_gaps() -> None:
     m = match(rows, _comms({"c": [0, 2]}, [0, 2]), {0, 2})
     assert not [w for w in m.warnings if "behind" in w or "ahead of" in w], m.warnings
     assert m.instances == 8 and m.dropped_incomplete == 0
+
+
+def test_a_capture_cut_two_calls_late_is_realigned_on_the_gaps_between_its_n_to_n_calls() -> None:
+    """All-reduce and broadcast taking turns on ranks 0 (host h0) and 2 (host h1, clock 5 ms
+    ahead), whose capture began two calls later. Every gap between consecutive calls has a
+    broadcast at one end (its root ends apart), so none could be compared, and rank 2's k-th
+    call was paired with rank 0's k-th, silently, a step off (as before comparing only N-to-N
+    ends, when the broadcasts' gaps were compared and found nothing). The gaps from one
+    all-reduce to the next, passing over the broadcast, tell the shift."""
+    period = 1_000_000 + 300_000 * np.array([0, 1, 3, 0, 2, 5, 1, 4, 0, 3, 2, 6])  # compute varies per call
+    ends = np.cumsum(period)
+    spec, end_ns = [], []
+    for r, calls, skew in ((0, range(12), 0), (2, range(2, 12), 5_000_000)):
+        for k, call in enumerate(calls):
+            op = "allreduce" if call % 2 == 0 else "broadcast"
+            root_early = 400_000 if op == "broadcast" and r == 0 else 0
+            spec.append((r, "c", k, "ordinal", op, 64, None, ends[call] - 50_000 + skew - root_early))
+            end_ns.append(ends[call] + skew - root_early)
+    rows = _rows(spec)
+    rows["end_ns"] = end_ns
+    m = match(rows, _comms({"c": [0, 2]}, [0, 2]), {0, 2})
+    assert "communicator c: rank 2's capture is 2 call(s) behind rank 0's; re-aligned on the gaps between end " \
+           "times" in m.warnings, m.warnings
+    ev = pd.DataFrame(m.events).query("instance >= 0")
+    assert m.instances == 10 and (ev.groupby("instance")["op"].nunique() == 1).all()
 
 
 def test_alltoall_sizes_may_differ_per_rank() -> None:
