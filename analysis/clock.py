@@ -337,8 +337,11 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
 @dataclass(frozen=True)
 class HappensBefore:
     checked: int
-    violations: int
     violating: np.ndarray  # the violating instances' ids
+
+    @property
+    def violations(self) -> int:
+        return int(self.violating.size)
 
     @property
     def rate(self) -> float:
@@ -353,4 +356,4 @@ def happens_before(aligned: Table) -> HappensBefore:
     last_start = per.max(np.asarray(aligned["start"])[rows])
     first_end = per.min(np.asarray(aligned["end"])[rows])
     violating = per.keys[0][last_start > first_end]
-    return HappensBefore(int(per.count), int(violating.size), violating)
+    return HappensBefore(int(per.count), violating)
