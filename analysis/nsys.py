@@ -759,13 +759,19 @@ def _warn_pooled_streams(files: list[File], out: Columns, inferred: np.ndarray, 
     if not pooled.any():
         return
     first = rows[_first_match((out["unit"][rows], combo[rows]), (units[pooled], keys[pooled]))]
-    said: dict[tuple[int, int], int] = {}
+    said: dict[tuple[int, int], tuple[int, set[int]]] = {}
     for row, count in zip(first.tolist(), streams[pooled].tolist()):
         at = (int(out["file"][row]), int(out["op"][row]))
-        said[at] = max(said.get(at, 0), count)
-    for (file, op), count in said.items():
+        most, pids = said.get(at, (0, set()))
+        said[at] = (max(most, count), pids | {int(out["pid"][row])})
+    for (file, op), (count, pids) in said.items():
+        # A report of several processes (torchrun under one nsys) names the ones that pool: the
+        # warning is the file's, said of each of its ranks. One process per report: said alike
+        # of every rank, once.
+        several = np.unique(out["pid"][out["file"] == file]).size > 1
+        where = f"process {', '.join(str(pid) for pid in sorted(pids))}" if several else "a process"
         files[file].warn(
-            f"NCCL {_OPS[op]} kernels without a communicator id run on {count} streams in a process: several "
+            f"NCCL {_OPS[op]} kernels without a communicator id run on {count} streams in {where}: several "
             "communicators (TP and DP groups, say) are matched as one by call order, so lateness and blame across "
             "their ranks are unreliable (export with --include-blobs=true, NCCL >= 2.25.1)")
 

@@ -611,3 +611,19 @@ def test_without_nvtx_the_kernel_name_is_only_a_hint_and_said_so(dsl: list[Path]
     assert coll["cpu_call_ns"].tolist() == [launch]  # normalized export: no shift
     assert coll["comm_id"].tolist() == ["inferred:allreduce"]
     assert any("no NCCL API range" in w for w in table.column("warnings")[0].as_py())
+
+
+def test_pooled_streams_name_the_process_of_a_report_of_several_that_pools(torchrun: Path, tmp_path: Path) -> None:
+    # One report of two torchrun processes (pids 144, 145), no communicator ids: only pid 145
+    # runs its NCCL kernels on two streams. The warning is the file's, so it reaches both ranks;
+    # it said "in a process", and rank 0 (pid 144, one stream) read as pooling too.
+    copy = tmp_path / "pooled.sqlite"
+    shutil.copy(torchrun, copy)
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = streamId + 1000 WHERE rowid % 2 = 0 "
+                   "AND (globalPid >> 24) & 16777215 = 145 "
+                   "AND shortName IN (SELECT id FROM StringIds WHERE lower(value) LIKE 'nccl%')")
+    warnings = {w for row in nsys.read_many([copy]).column("warnings").to_pylist() for w in row}
+    (pooled,) = [w for w in warnings if "streams" in w]
+    assert pooled.startswith("NCCL sendrecv kernels without a communicator id run on 2 streams in process 145: "), pooled
+    assert not [w for row in nsys.read_many([torchrun]).column("warnings").to_pylist() for w in row if "streams" in w]
