@@ -387,8 +387,13 @@ def _shift_ordinals_across_hosts(
     ends, keys = end[rows][per_rank.order], key_seq[rows][per_rank.order]
     group = np.arange(per_rank.count).repeat(per_rank.size)
     # Gaps between a rank's successive calls that end together on every member (`together`),
-    # passing over the rest: a broadcast's or a reduce's root ends apart from the others.
+    # passing over the rest: a broadcast's or a reduce's root ends apart from the others. A
+    # communicator of no two such calls on any rank has every gap compared: a root that stays
+    # the root ends apart by much the same each time, so its gaps still agree.
     joint = together[rows][per_rank.order]
+    paired = np.zeros(len(comm_ids), bool)
+    paired[rc[np.bincount(group[joint], minlength=per_rank.count) >= 2]] = True
+    joint |= ~paired[rc[group]]
     at, before = _joint_gaps(joint, group)
     ref = ref_of[group[at]]
     ref_at, ref_before = per_rank.starts[ref] + keys[at], per_rank.starts[ref] + keys[before]

@@ -259,18 +259,20 @@ def test_rooted_calls_whose_ends_differ_on_a_shared_clock_are_not_taken_for_misa
 
 
 def test_rooted_calls_on_two_hosts_are_not_shifted_on_their_gaps() -> None:
-    """Broadcasts between ranks 0 (host h0) and 2 (host h1), the root taking turns: each
-    root's call ends 450 us before its receiver's, so each rank's gaps alternate 1.45 and
-    0.55 ms, the other rank's in the opposite phase. Shifted by one call, the gaps matched
-    exactly, and the pass meant for windows cut one call apart on other hosts paired every
-    broadcast with the next one."""
-    ends = {r: [1_000_000 * k + (0 if (k + r // 2) % 2 == 0 else 450_000) for k in range(8)] for r in (0, 2)}
-    rows = _rows([(r, "c", k, "ordinal", "broadcast", 64, None, e - 100 + (5_000_000 if r else 0))
+    """All-reduce and broadcast taking turns between ranks 0 (host h0) and 2 (host h1), the
+    broadcast's root taking turns too: each root's call ends 450 us before its receiver's, so
+    the gaps around the broadcasts alternate in opposite phase on the two ranks. Shifted by
+    two calls, those gaps matched exactly, and the pass meant for windows cut a few calls apart
+    on other hosts paired every call with the one a step on. Gaps between all-reduces agree."""
+    ops = ["allreduce", "broadcast"] * 6
+    ends = {r: [1_000_000 * k + (450_000 if op == "broadcast" and (k // 2 + r // 2) % 2 else 0)
+                for k, op in enumerate(ops)] for r in (0, 2)}
+    rows = _rows([(r, "c", k, "ordinal", ops[k], 64, None, e - 100 + (5_000_000 if r else 0))
                   for r, es in ends.items() for k, e in enumerate(es)])
     rows["end_ns"] = [e + (5_000_000 if r else 0) for r, es in ends.items() for e in es]
     m = match(rows, _comms({"c": [0, 2]}, [0, 2]), {0, 2})
     assert not [w for w in m.warnings if "behind" in w or "ahead of" in w], m.warnings
-    assert m.instances == 8 and m.dropped_incomplete == 0
+    assert m.instances == 12 and m.dropped_incomplete == 0
 
 
 def test_a_capture_cut_two_calls_late_is_realigned_on_the_gaps_between_its_n_to_n_calls() -> None:
@@ -296,6 +298,27 @@ def test_a_capture_cut_two_calls_late_is_realigned_on_the_gaps_between_its_n_to_
            "times" in m.warnings, m.warnings
     ev = pd.DataFrame(m.events).query("instance >= 0")
     assert m.instances == 10 and (ev.groupby("instance")["op"].nunique() == 1).all()
+
+
+def test_a_broadcast_only_capture_cut_two_calls_late_on_another_host_is_realigned_on_its_gaps() -> None:
+    """Broadcasts alone from rank 0 (host h0) to rank 2 (host h1, clock 5 ms ahead), whose capture
+    began two calls later. The root's calls end apart from its receiver's, but by the same amount
+    each time, so the gaps between them still agree; 8c28468 compared no gap with a rooted op at
+    either end, and with no all-reduce to go by rank 2's k-th call was paired with rank 0's k-th,
+    a step off, unsaid (found by a helper's review)."""
+    period = 1_000_000 + 300_000 * np.array([0, 1, 3, 0, 2, 5, 1, 4, 0, 3, 2, 6])
+    ends = np.cumsum(period)
+    spec, end_ns = [], []
+    for r, calls, skew in ((0, range(12), -400_000), (2, range(2, 12), 5_000_000)):  # the root ends 0.4 ms early
+        for k, call in enumerate(calls):
+            spec.append((r, "c", k, "ordinal", "broadcast", 64, None, ends[call] - 50_000 + skew))
+            end_ns.append(ends[call] + skew)
+    rows = _rows(spec)
+    rows["end_ns"] = end_ns
+    m = match(rows, _comms({"c": [0, 2]}, [0, 2]), {0, 2})
+    assert "communicator c: rank 2's capture is 2 call(s) behind rank 0's; re-aligned on the gaps between end " \
+           "times" in m.warnings, m.warnings
+    assert m.instances == 10
 
 
 def test_alltoall_sizes_may_differ_per_rank() -> None:
