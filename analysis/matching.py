@@ -183,7 +183,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         # from a to b meets b's k-th recv from a, whatever else the two exchange the other way
         # (isend then irecv on both ranks; a pipeline's activations forward, its gradients back).
         # A fused SendRecv says no direction: the k-th between the two.
-        sends, recvs = is_p2p & (op == _op_code(ops, SEND)), is_p2p & (op == _op_code(ops, RECV))
+        sends, recvs = is_p2p & member_of(ops, [SEND])[op], is_p2p & member_of(ops, [RECV])[op]
         lo = np.where(sends, rank, np.where(recvs, peer, np.where(is_p2p, np.minimum(rank, peer), -1)))
         hi = np.where(sends, peer, np.where(recvs, rank, np.where(is_p2p, np.maximum(rank, peer), -1)))
         p2p_rows = is_p2p & (peer >= 0)
@@ -222,12 +222,6 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         dropped_inconsistent=bad,
         warnings=warnings,
     )
-
-
-def _op_code(ops: np.ndarray, name: str) -> int:
-    """The code of op ``name`` among ``ops`` (-1: absent)."""
-    found = np.flatnonzero(ops == name)
-    return int(found[0]) if len(found) else -1
 
 
 def _p2p_peers(
