@@ -565,18 +565,16 @@ def _warn_kernelless_calls(files: list[File], nccl: Columns, served: np.ndarray)
     call = nccl["op"] >= 0
     if not call.any() or not served.size:
         return
-    call[served] = False
-    processes, at = np.unique(nccl["process"][served], return_inverse=True)
-    first, last = np.full(processes.size, I64_MAX), np.full(processes.size, I64_MIN)
-    np.minimum.at(first, at, nccl["start"][served])
-    np.maximum.at(last, at, nccl["start"][served])
-    where = np.clip(np.searchsorted(processes, nccl["process"]), 0, processes.size - 1)
-    call &= (processes[where] == nccl["process"]) & (first[where] < nccl["start"]) & (nccl["start"] < last[where])
-    if call.any():
-        counts = np.bincount(nccl["file"][call], minlength=len(files))
-        for i in np.flatnonzero(counts).tolist():
-            files[i].warn(f"{int(counts[i])} NCCL API calls launched no NCCL kernel (copy-engine collectives, calls "
-                          "captured into a CUDA graph, or calls with nothing to move?): they are in no collective")
+    kernelless = call.copy()
+    kernelless[served] = False
+    per = Groups(nccl["process"][served])
+    first, last = per.min(nccl["start"][served]), per.max(nccl["start"][served])
+    at = _first_match((per.keys[0],), (nccl["process"],))
+    kernelless &= (at >= 0) & (_take(first, at, I64_MAX) < nccl["start"]) & (nccl["start"] < _take(last, at, I64_MIN))
+    if kernelless.any():
+        _warn_per_file(files, nccl["file"][call], kernelless[call], "{} of {} NCCL API calls launched no NCCL kernel "
+                       "(copy-engine collectives, calls captured into a CUDA graph, or calls with nothing to move?): "
+                       "they are in no collective")
 
 
 # What the digest and the collectives' facts take from `_collectives`.
