@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from rankscope.analysis import clock, links, matching, metrics, stragglers
 from rankscope.analysis.digest import columns
-from rankscope.analysis.groups import ArrayLike, Coded, Table, codes
+from rankscope.analysis.groups import ArrayLike, Coded, Groups, Table, codes, in_sorted, member_of
 from rankscope.analysis.report import (
     Alignment,
     CommunicatorRow,
@@ -150,8 +150,9 @@ def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | No
     if len(mispaired):
         instance = np.array(events["instance"], dtype=np.int64)
         comm, comm_ids = codes(events["comm_id"])
-        comms = sorted(set(comm_ids[np.unique(comm[np.isin(instance, mispaired)])].tolist()))
-        instance[np.isin(instance, mispaired)] = matching.UNMATCHED
+        dropped = in_sorted(instance, mispaired)
+        comms = sorted(set(comm_ids[np.unique(comm[dropped])].tolist()))
+        instance[dropped] = matching.UNMATCHED
         events["instance"] = instance
         notes.append(f"{len(mispaired)} N-to-N instance(s) on communicators whose members were inferred "
                      f"({some_of(comms)}) broke happens-before by far more than the clocks' uncertainty: calls of "
@@ -181,24 +182,21 @@ def _mispaired(hb: clock.HappensBefore, events: dict, unconfirmed: frozenset[str
     such an instance pairs calls of different collectives; AllToAll sizes, which differ per
     rank, cannot catch it. Kept, the HTA trace_filter pair's two (553 and 579 ms past a
     0.3 ms uncertainty) made rank 0 late by 205 ms on average where every pair whose ends
-    coincide has rank 1 last. Violations are rare: one instance at a time."""
+    coincide has rank 1 last."""
     if not hb.violations or not unconfirmed:
         return np.zeros(0, dtype=np.int64)
     instance = np.asarray(events["instance"], np.int64)
     comm, comm_ids = codes(events["comm_id"])
+    rows = np.flatnonzero(in_sorted(instance, hb.violating) & member_of(comm_ids, unconfirmed)[comm])
+    start, end = np.asarray(events["start"])[rows], np.asarray(events["end"])[rows]
+    by_start, by_end = Groups(instance[rows], within=start), Groups(instance[rows], within=end)
+    last = rows[by_start.order[by_start.starts + by_start.size - 1]]  # each instance's last arrival
+    first = rows[by_end.order[by_end.starts]]  # and first to finish (both groupings: instances ascending)
     host, _ = codes(events["host"])
-    start, end = np.asarray(events["start"]), np.asarray(events["end"])
     sigma = np.asarray(events["sigma"], np.float64)
-    found = []
-    for i in hb.violating.tolist():
-        rows = np.flatnonzero(instance == i)
-        if comm_ids[comm[rows[0]]] not in unconfirmed:
-            continue
-        last, first = rows[np.argmax(start[rows])], rows[np.argmin(end[rows])]
-        pair = 0.0 if host[last] == host[first] else float(np.hypot(sigma[last], sigma[first]))
-        if start[last] - end[first] > max(metrics.SIGMAS * pair, MISPAIRED_FLOOR_NS):
-            found.append(i)
-    return np.array(found, dtype=np.int64)
+    pair = np.where(host[last] == host[first], 0.0, np.hypot(sigma[last], sigma[first]))
+    late = np.asarray(events["start"])[last] - np.asarray(events["end"])[first]
+    return by_start.keys[0][late > np.maximum(metrics.SIGMAS * pair, MISPAIRED_FLOOR_NS)]
 
 
 def _happens_before_note(hb: clock.HappensBefore, events: dict, unconfirmed: frozenset[str]) -> str:
@@ -232,7 +230,7 @@ def _tp_communicators(matched: matching.Matching, kinds: Mapping[str, str], rank
 
 
 def _alignment(model: clock.ClockModel, matched: matching.Matching, hosts: list[str], collectives: int,
-               hb: clock.HappensBefore, mispaired: int = 0) -> Alignment:
+               hb: clock.HappensBefore, mispaired: int) -> Alignment:
     return Alignment(
         method=model.method,
         matching=matched.method,
