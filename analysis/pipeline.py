@@ -82,6 +82,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     events = matched.events
     hosts = natural(set(host_of_rank))  # the report's host rows and warnings in that order
     model, hb, mispaired = _aligned(events, hosts, clock_hints, matched.unconfirmed, notes)
+    sizes = _known_sizes(matched, missing, notes)
 
     inst = metrics.instance_frame(events)
     wait = np.zeros(len(events["rank"]), dtype=np.int64)
@@ -104,7 +105,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         pywarnings.warn(all_warnings[-1], RankscopeWarning, stacklevel=2)
     top = metrics.job_top_kernels(kernels) if len(kernels["rank"]) else None
     late_ranks = _late_ranks(per_rank, found.min_effect_ns, found.ranks)
-    comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst, matched.sizes))
+    comm_rows = _communicator_rows(matched, kinds, hosts_of, metrics.op_spread(events, inst, sizes))
     return Report(
         job_id=next((j for j in meta["job_id"] if isinstance(j, str) and j), None),
         ranks=_rank_rows(per_rank, model, found, kernels),
@@ -164,6 +165,20 @@ def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | No
     if hb.violations:
         notes.append(_happens_before_note(hb, events, unconfirmed))
     return model, hb, len(mispaired)
+
+
+def _known_sizes(matched: matching.Matching, missing: list[int], notes: list[str]) -> dict[str, int]:
+    """The communicators' sizes, less those counted only from the ranks using them
+    (``matched.unconfirmed``, no size in the traces) where the input lacks ranks of the job
+    (``missing``): such a group may have more members than the input shows, and nccl-tests'
+    bus factor ((n - 1) for an AllGather) would be taken for too few."""
+    unknown = sorted(c for c in matched.unconfirmed & matched.sizes.keys() if matched.sizes[c] == len(matched.members[c]))
+    if not missing or not unknown:
+        return matched.sizes
+    notes.append(f"no bus bandwidth for {len(unknown)} communicator(s) whose size is unknown ({some_of(unknown)}): "
+                 "their members are inferred from the ranks in the input, which lacks ranks of the job")
+    pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=3)
+    return {c: n for c, n in matched.sizes.items() if c not in unknown}
 
 
 def _on_clock(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | None) -> clock.ClockModel:

@@ -1401,3 +1401,25 @@ def test_gloo_sizes_that_do_not_match_their_calls_entries_pair_by_op_alone(tmp_p
     assert _collectives(table).empty
     assert ("2 gloo worker op(s) could have been taken off their group's queue in another order than they "
             "started (worker threads free together; their events name no call): not matched") in _row(table)["warnings"]
+
+
+def test_no_bus_bandwidth_for_a_communicator_whose_size_only_the_ranks_present_suggest(tmp_path):
+    """Two ranks of an 8-rank job whose group lists no members: its size is unknown (the
+    ranks using it are 2 of perhaps 8), and nccl-tests' factor, (n - 1) for a ReduceScatter,
+    would be taken for n = 2. No bus bandwidth is claimed, and a warning says why; the
+    transfer time still is."""
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    paths = []
+    for rank, at in ((0, 120.0), (1, 150.0)):
+        data = _reduce_scatter_rank(rank, at)
+        data["distributedInfo"].update(world_size=8)
+        del data["distributedInfo"]["pg_config"]
+        paths.append(_write(tmp_path / f"rank{rank}.json", data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(load_digests(paths))
+    (spread,) = report.communicators[0].ops
+    assert spread.busbw_gbps is None and spread.transfer_mean_ns > 0
+    assert any("no bus bandwidth" in w and report.communicators[0].comm_id in w for w in report.warnings)

@@ -112,12 +112,15 @@ def test_a_slow_link_outside_the_job_is_refused() -> None:
         sm.JobSpec(nodes=4, gpus_per_node=8, tp=8, slow_links=(32,))
 
 
-def test_real_kineto_pair_has_bandwidths_where_its_sizes_mean_one(samples) -> None:
+def test_real_kineto_pair_claims_no_bandwidth_for_groups_of_unknown_size(samples) -> None:
+    """Ranks 0 and 1 of a 128-rank job, whose calls name no group: each group's size is
+    unknown, and nccl-tests' factor taken for the 2 ranks present understated the AllGather's
+    bus bandwidth some 60x (its output is 64x its input)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = analyze(load_digests([samples / "kineto" / "hta" / "trace_filter"]))
-    busbw = {o.op: o.busbw_gbps for c in report.communicators for o in c.ops}
-    assert busbw.keys() == {"allreduce", "allgather", "alltoall"}
-    assert busbw["allreduce"] > 0 and busbw["allgather"] > 0
-    assert busbw["alltoall"] is None  # the input's size, not NCCL's per-rank one: no factor claimed
+    ops_seen = {o.op: o for c in report.communicators for o in c.ops}
+    assert ops_seen.keys() == {"allreduce", "allgather", "alltoall"}
+    assert all(o.busbw_gbps is None for o in ops_seen.values())
+    assert ops_seen["allgather"].transfer_mean_ns > 0
     assert report.slow_communicators == []  # one communicator per op: nothing to compare with
