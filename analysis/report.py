@@ -281,7 +281,8 @@ def _render(report: Report) -> list[str]:
         *_communicator_table(report),
         *_section("SLOW LINKS (bus bandwidth far below like communicators': same op, kind, size and hosts)",
                   _slow_link_lines(report)),
-        *_section("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group)",
+        *_section("TP OVERHEAD (exposed NCCL time, not overlapped by compute, per rank of the group;\n"
+                  "             share = exposed / time, split into wait and transfer)",
                   _tp_table(report)),
         *_section("TOP KERNELS (all ranks)", _kernel_table(report)),
         *_section("WARNINGS", [f"  - {w}" for w in report.warnings]),
@@ -388,7 +389,7 @@ def _tp_table(report: Report) -> list[str]:
          _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
         for t in groups
     ]
-    return (_table(["comm", "ranks", "time base", "time", "exposed", "exposed", "wait", "transfer"], rows)
+    return (_table(["comm", "ranks", "time base", "time", "exposed", "share", "wait", "transfer"], rows)
             + _not_shown(len(groups), len(report.tp_overhead), "the groups of the largest exposed share"))
 
 
