@@ -351,7 +351,17 @@ def _rank_table(report: Report) -> list[str]:
         ["rank", "host", "clock off", "±σ", "late mean", "late p99", "late max", "last", "blame",
          "nccl", "wait", "transfer", "busy", "!"],
         rows,
-    ) + _not_shown(len(shown), len(report.ranks), "the stragglers and the most blamed ranks")
+    ) + _not_shown(len(shown), len(report.ranks), "the stragglers and the most blamed ranks") + _unsplit_line(report)
+
+
+def _unsplit_line(report: Report) -> list[str]:
+    """Where nccl is more than wait + transfer: the calls matched to no instance, per rank."""
+    unsplit = [r for r in sorted(report.ranks, key=lambda r: r.rank) if r.nccl_unmatched_ns]
+    if not unsplit:
+        return []
+    listed = ", ".join(f"rank {r.rank}: {fmt_ns(r.nccl_unmatched_ns)}" for r in unsplit[:4])
+    more = f" and {len(unsplit) - 4} more ranks" if len(unsplit) > 4 else ""
+    return [f"nccl also counts calls matched to no instance, not split into wait and transfer ({listed}{more})"]
 
 
 def _communicator_table(report: Report) -> list[str]:

@@ -160,3 +160,16 @@ def test_the_table_elides_a_kernel_s_parameters_and_the_json_keeps_them(report: 
     table = report.render_table()
     assert "void k<float>(…)" in table and name not in table
     assert json.loads(report.to_json())["top_kernels"][0]["name"] == name
+
+
+def test_the_table_says_where_nccl_time_is_not_split_into_wait_and_transfer(report: Report) -> None:
+    """Calls matched to no instance count in a rank's NCCL time but in neither part: a line
+    under the rank table says how much, per rank, so the three columns add up."""
+    from dataclasses import replace
+
+    assert "matched to no instance" not in report.render_table()
+    ranks = [replace(r, nccl_unmatched_ns=2_500_000 if r.rank == 1 else 0) for r in report.ranks]
+    lines = replace(report, ranks=ranks).render_table().splitlines()
+    note = next(line for line in lines if "matched to no instance" in line)
+    assert "rank 1: 2.50 ms" in note and "rank 0" not in note
+    assert lines.index(note) < next(i for i, line in enumerate(lines) if line.startswith("COMMUNICATORS"))
