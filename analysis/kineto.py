@@ -10,7 +10,8 @@ ns). What is made of them, and why (reference/nccl-in-traces.md §4, §6):
 - gloo collectives: ``c10d::<op>`` on the calling thread enqueues; ``gloo:<op>`` on a gloo
   worker thread is the real work (arrival = worker start). Worker events carry no PG or seq,
   so each is paired with its enqueue by op and order, and by group where several groups run
-  one op: each group has worker threads of its own (`_thread_groups`).
+  one op: each group has worker threads of its own (`_thread_groups`). A call gloo runs as
+  one worker op per group member (a list-form reduce_scatter) takes that many, in order.
 - communicator = process-group name (the same on every member); instance = ``Seq`` when
   traced, else the rank's torch hook's per-PG sequence base plus order, else the order
   within the PG in the window ("ordinal").
@@ -390,6 +391,10 @@ def _calls(trace: Trace, notes: list[str]) -> dict[str, np.ndarray]:
 # Calls gloo's worker runs as another op (torch 2.13: a reduce_scatter_tensor's worker op is
 # gloo:all_reduce), unless the trace shows that op's own worker.
 _GLOO_RUNS_AS = {ops.REDUCESCATTER: ops.ALLREDUCE}
+# Those of them gloo runs as one such op per member of the call's group, not one (torch 2.13:
+# a list-form reduce_scatter is an all_reduce per input tensor, each with its own Flight
+# Recorder entry: 4 worker ops in a group of 4, 2 in a group of 2).
+_GLOO_PER_MEMBER = ("c10d::reduce_scatter_",)
 
 
 def _gloo_runs_as(shown: set[str]) -> dict[str, str]:
@@ -623,10 +628,11 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
     calls = _calls(trace, notes)
     calls = _take(calls, _present(calls["op"]))
     call_pg = _coalesce(np.array([_pg(a) for a in trace.args(calls["row"].tolist())], object), calls["fr_pg"])
+    calls["worker_ops"] = _worker_ops(events, work, calls, call_pg, trace.top)
     work_bytes = _total_bytes(trace.args(work.tolist()))
     paired, call = _pair_in_order(events, work, work_bytes, calls, call_pg, notes)
     kept = (call < 0) | ~groups.take_or(calls["dropped"], call, False)
-    paired, call = paired[kept], call[kept]
+    paired, call, end = _whole_calls(events, work, paired[kept], call[kept], calls["worker_ops"], notes)
     rows = work[paired]
     paired_call = {key: groups.take_or(calls[key], call, None) for key in ("fr_pg", "fr_seq", "fr_bytes")}
     host_args, own_args = trace.args(groups.take_or(calls["row"], call, -1).tolist()), trace.args(rows.tolist())
@@ -634,7 +640,7 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
     op = np.where(call >= 0, groups.take_or(calls["op"], call, None), events.names.op[events.name[rows]])  # the call's
     frame = {
         "start_ns": events.ts[rows],
-        "end_ns": events.ts[rows] + events.dur[rows],
+        "end_ns": end,
         "cpu_call_ns": groups.take_or(calls["ts"], call, 0),
         "called": call >= 0,
         "op": op,
@@ -679,6 +685,7 @@ def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, cal
     first call (FIFO, as gloo's queue). A line is an op (a call gloo runs as another op,
     `_GLOO_RUNS_AS`, in that op's line) and, where calls of several process groups
     (``call_pg``) share the op, the group each worker op's thread serves (`_thread_groups`);
+    a call takes as many worker ops in a row as it runs as (``calls["worker_ops"]``);
     where sizes tell its calls apart, also a size (`_by_size`): the queue's order holds
     among the calls of one size too, and ops of two sizes cannot have swapped. Pairs FIFO
     may have swapped (`_taken_in_doubt`) are left out. Ops never enqueued in the trace (no
@@ -690,12 +697,12 @@ def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, cal
     sizes = _by_size(work_line, work_bytes, call_line, calls["fr_input_bytes"], calls["ts"])
     sized_key = groups.pack(key, np.concatenate([sizes.work, sizes.call]) + 1)
     sure_work, sure_call = np.flatnonzero(~split.doubtful_work), np.flatnonzero(~split.doubtful_call)
-    call_ts, until = calls["ts"][sure_call], sizes.until[sure_call]
+    call_ts, until, count = calls["ts"][sure_call], sizes.until[sure_call], calls["worker_ops"][sure_call]
     # Each call's pair comes from one pairing: by size before its line's first call of unknown size, else by op.
     from_size = call_ts < until
-    by_op = _pairs(events, work, sure_work, key[: len(work)], call_ts, key[len(work) :][sure_call], _NEVER)
+    by_op = _pairs(events, work, sure_work, key[: len(work)], call_ts, key[len(work) :][sure_call], count, _NEVER)
     by_size = (_pairs(events, work, sure_work, sized_key[: len(work)], call_ts, sized_key[len(work) :][sure_call],
-                      until) if from_size.any() else (np.zeros(0, np.intp),) * 2 + (np.zeros(0, bool),))
+                      count, until) if from_size.any() else (np.zeros(0, np.intp),) * 2 + (np.zeros(0, bool),))
     candidates, call, doubt = (np.concatenate([a[~from_size[by_op[1]]], b[from_size[by_size[1]]]])
                                for a, b in zip(by_op, by_size))
     # A worker op the two pairings each give a call, surely, to two calls: neither is sure.
@@ -715,12 +722,14 @@ def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, cal
 
 
 def _pairs(events: Events, work: np.ndarray, sure_work: np.ndarray, work_key: np.ndarray, call_ts: np.ndarray,
-           call_key: np.ndarray, until: np.ndarray | int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FIFO pairs per key (`_fifo`) of the worker ops ``sure_work`` (positions in ``work``)
-    and the calls, and whether each is in doubt (`_taken_in_doubt`): positions in
-    ``sure_work``, in the calls, and the doubt. A call after a pair's call but before
-    ``until`` (per call: a call of unknown size in its line) may be the next one in its line."""
-    candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], call_ts, call_key)
+           call_key: np.ndarray, count: np.ndarray, until: np.ndarray | int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FIFO pairs per key (`_fifo`; ``count``: the worker ops each call runs as) of the worker
+    ops ``sure_work`` (positions in ``work``) and the calls, and whether each is in doubt
+    (`_taken_in_doubt`): positions in ``sure_work``, in the calls, and the doubt. A call after
+    a pair's call but before ``until`` (per call: a call of unknown size in its line) may be
+    the next one in its line."""
+    candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], call_ts, call_key, count)
     paired = sure_work[candidates]
     next_call = np.minimum(_neighbour(call_key, call_ts, 1, _NEVER), until)[call]
     return candidates, call, _taken_in_doubt(events, work, paired, work_key[paired], next_call)
@@ -801,11 +810,55 @@ def _op_lines(events: Events, work: np.ndarray, calls: dict[str, np.ndarray]) ->
     return work_code, call_code
 
 
-def _fifo(work_ts: np.ndarray, work_line: np.ndarray, call_ts: np.ndarray, call_line: np.ndarray
-          ) -> tuple[np.ndarray, np.ndarray]:
-    """Per line, the k-th call (calls by time) with the k-th worker op started at or after
-    the line's first call, where it starts at or after that call. Returns the paired worker
-    ops' positions, by start, and their calls' positions."""
+def _worker_ops(events: Events, work: np.ndarray, calls: dict[str, np.ndarray], call_pg: np.ndarray,
+                top: dict) -> np.ndarray:
+    """How many of the worker ops (rows ``work``) each call runs as: one, but a call gloo runs
+    as one per member of its group (`_GLOO_PER_MEMBER`) as many as its group has, where the
+    trace lists its group (``call_pg``), else the size all the groups it lists share; one
+    where neither tells (a plain trace names no call's group)."""
+    count = np.ones(len(calls["row"]), np.int64)
+    runs_as = _gloo_runs_as(set(events.names.op[events.name[work]].tolist()))
+    spread = equal_any(events.names.text[events.name[calls["row"]]], list(_GLOO_PER_MEMBER))
+    spread &= equal_any(calls["op"], list(runs_as))
+    if spread.any():
+        sizes = {name: size for name, config in _pg_config(top).items() if (size := _members(config))}
+        shared = set(sizes.values())
+        either = shared.pop() if len(shared) == 1 else 1
+        count[spread] = [sizes.get(pg, either) for pg in call_pg[spread].tolist()]
+    return count
+
+
+def _members(config: dict) -> int | None:
+    """How many members a listed group has: its member list's length, else its pg_size."""
+    ranks, size = config.get("ranks"), config.get("pg_size")
+    return len(ranks) if isinstance(ranks, list) else size if type(size) is int else None
+
+
+def _whole_calls(events: Events, work: np.ndarray, paired: np.ndarray, call: np.ndarray, count: np.ndarray,
+                 notes: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row per call of the pairs (worker ops' positions in ``work``; their calls', -1:
+    none): a call run as several worker ops (``count``) arrives with its first op's start
+    and ends with its last op's end; one with only some of them paired (the window's edges,
+    ops in doubt) is left out, with a warning. Returns each row's first op, call and end."""
+    rows = work[paired]
+    own = np.where(call >= 0, call, -1 - np.arange(len(call)))  # an unpaired op is a row of its own
+    per = groups.Groups(own, within=events.ts[rows])
+    whole = per.size == groups.take_or(count, per.keys[0], 1)
+    if not whole.all():
+        notes.append(f"{int((~whole).sum())} gloo call(s) run as one worker op per member of their group had only "
+                     "some of those paired (the window's edges, or ops in doubt): not matched")
+    first = per.first(np.arange(len(call)))[whole]
+    return paired[first], call[first], per.max(events.ts[rows] + events.dur[rows])[whole]
+
+
+def _fifo(work_ts: np.ndarray, work_line: np.ndarray, call_ts: np.ndarray, call_line: np.ndarray,
+          count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per line, the k-th call slot with the k-th worker op started at or after the line's
+    first call, where it starts at or after that slot's call: the calls by time, each
+    ``count`` slots in a row (the worker ops it runs as). Returns the paired worker ops'
+    positions, by start, and their calls' positions."""
+    slot = np.repeat(np.arange(len(call_ts)), count)
+    call_ts, call_line = call_ts[slot], call_line[slot]
     lines, line_of = np.unique(call_line, return_inverse=True)
     first = np.full(len(lines), _NEVER)
     np.minimum.at(first, line_of, call_ts)
@@ -818,7 +871,7 @@ def _fifo(work_ts: np.ndarray, work_line: np.ndarray, call_ts: np.ndarray, call_
     call = groups.locate(key[: len(call_line)], key[len(call_line) :])
     ok = call >= 0
     ok[ok] = work_ts[candidates[ok]] >= call_ts[call[ok]]
-    return candidates[ok], call[ok]
+    return candidates[ok], slot[call[ok]]
 
 
 # Thread-to-group assignments tried where paired ops leave some worker threads' groups open.
@@ -834,7 +887,7 @@ class _Split:
     call_group: np.ndarray
     doubtful_work: np.ndarray
     doubtful_call: np.ndarray
-    unnamed: int = 0  # calls of split lines naming no group: their worker ops stay unpaired, said already
+    unnamed: int = 0  # worker ops of the calls of split lines naming no group: unpaired, said already
 
 
 def _thread_groups(events: Events, work: np.ndarray, work_line: np.ndarray, calls: dict[str, np.ndarray],
@@ -858,7 +911,7 @@ def _thread_groups(events: Events, work: np.ndarray, work_line: np.ndarray, call
     in_work, in_calls = groups.in_sorted(work_line, shared), groups.in_sorted(call_line, shared)
     threads, thread_of = np.unique(events.thread[work[in_work]], return_inverse=True)
     lines = _Lines(events.ts[work[in_work]], work_line[in_work], thread_of, len(threads),
-                   calls["ts"][in_calls], call_line[in_calls], pg[in_calls])
+                   calls["ts"][in_calls], call_line[in_calls], pg[in_calls], calls["worker_ops"][in_calls])
     callers = groups.in_sorted(threads, np.unique(events.thread[calls["row"]])).any()
     assigned = None if callers else lines.assign()
     if assigned is None:
@@ -869,7 +922,7 @@ def _thread_groups(events: Events, work: np.ndarray, work_line: np.ndarray, call
     thread_pg, doubtful_work, doubtful_call = assigned
     split.work_group[in_work] = thread_pg[thread_of]
     split.call_group[in_calls] = pg[in_calls]
-    split.unnamed = int((pg[in_calls] < 0).sum())
+    split.unnamed = int(calls["worker_ops"][in_calls][pg[in_calls] < 0].sum())
     split.doubtful_work[np.flatnonzero(in_work)[doubtful_work]] = True
     split.doubtful_call[np.flatnonzero(in_calls)[doubtful_call]] = True
     if doubtful_work.any():
@@ -889,7 +942,8 @@ def _split_lines(call_line: np.ndarray, pg: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Lines:
-    """Worker ops (start, line, thread) and calls (time, line, group) of the split lines."""
+    """Worker ops (start, line, thread) and calls (time, line, group, worker ops it runs as)
+    of the split lines."""
 
     work_ts: np.ndarray
     work_line: np.ndarray
@@ -898,6 +952,7 @@ class _Lines:
     call_ts: np.ndarray
     call_line: np.ndarray
     pg: np.ndarray
+    count: np.ndarray
 
     def _group_pairs(self, pg: int, threads: tuple[int, ...]) -> np.ndarray:
         """The pairs (ids, `_ids`) of group ``pg``'s calls, FIFO per line, with the worker ops
@@ -906,7 +961,8 @@ class _Lines:
         serves = np.zeros(self.threads, bool)
         serves[list(threads)] = True
         work, call = np.flatnonzero(serves[self.thread]), np.flatnonzero(self.pg == pg)
-        w, c = _fifo(self.work_ts[work], self.work_line[work], self.call_ts[call], self.call_line[call])
+        w, c = _fifo(self.work_ts[work], self.work_line[work], self.call_ts[call], self.call_line[call],
+                     self.count[call])
         return self._ids(work[w], call[c])
 
     def _ids(self, work: np.ndarray, call: np.ndarray) -> np.ndarray:
@@ -917,7 +973,7 @@ class _Lines:
         """Each thread's group where the pairs by op alone that leave no doubt give it one
         (-1: none, or several): a pair leaves none where no other call of the line comes
         between its call and the worker op's start, nor any other worker op start."""
-        work, call = _fifo(self.work_ts, self.work_line, self.call_ts, self.call_line)
+        work, call = _fifo(self.work_ts, self.work_line, self.call_ts, self.call_line, self.count)
         next_call = _neighbour(self.call_line, self.call_ts, 1, _NEVER)[call]
         previous_start = _neighbour(self.work_line[work], self.work_ts[work], -1, -_NEVER)
         sure = (next_call > self.work_ts[work]) & (self.call_ts[call] > previous_start)

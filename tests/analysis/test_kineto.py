@@ -1423,3 +1423,84 @@ def test_no_bus_bandwidth_for_a_communicator_whose_size_only_the_ranks_present_s
     (spread,) = report.communicators[0].ops
     assert spread.busbw_gbps is None and spread.transfer_mean_ns > 0
     assert any("no bus bandwidth" in w and report.communicators[0].comm_id in w for w in report.warnings)
+
+
+# Real torch 2.13 gloo, rank 0 of 4, its first two steps: an all_reduce on the world (group 0),
+# a list-form reduce_scatter on group 1 (all four ranks), an all_reduce on group 1. Per call:
+# (c10d op, start µs, dur, group, its Flight Recorder entries' times, its worker ops (tid,
+# start, dur, floats)). The reduce_scatter runs as four gloo:all_reduce ops, one per member,
+# on group 1's two worker threads, and has four entries.
+_LIST_REDUCE_SCATTER = [
+    ("c10d::allreduce_", 0.0, 519.6, "0", [49.452], [(32, 276.44, 63518.717, 2048)]),
+    ("c10d::reduce_scatter_", 65167.052, 121.631, "1", [65256.544, 65270.124, 65277.385, 65285.807],
+     [(39, 65441.129, 10096.233, 1024), (40, 65689.677, 10418.682, 1024), (39, 75561.308, 7596.026, 1024),
+      (40, 76122.711, 7740.931, 1024)]),
+    ("c10d::allreduce_", 84085.301, 56.784, "1", [84122.325], [(39, 84169.425, 5558.534, 2048)]),
+    ("c10d::allreduce_", 90125.319, 417.94, "0", [90149.964], [(31, 90273.248, 9028.12, 2048)]),
+    ("c10d::reduce_scatter_", 99566.572, 1154.792, "1", [99629.584, 99654.1, 100710.097, 100716.937],
+     [(40, 99675.343, 8246.55, 1024), (39, 100756.756, 7214.731, 1024), (40, 107932.059, 7059.931, 1024),
+      (39, 107975.383, 7983.921, 1024)]),
+    ("c10d::allreduce_", 116172.391, 49.613, "1", [116209.815], [(40, 116239.51, 2306.15, 2048)]),
+]
+_BASE = 1_700_000_000_000_000_000
+
+
+def _list_reduce_scatter_trace(calls, *, flight_recorder: bool, tp_of_two: bool = False) -> dict:
+    """``calls`` as rank 0's trace, with the hook's Flight Recorder or without (a plain
+    torch.profiler trace); ``tp_of_two``: the rank is also in a group of two it makes no call on."""
+    events, rows, seq = [], [], {}
+    for name, start, dur, pg, entries, workers in calls:
+        events.append(_event(name, f"{start:.3f}", f"{dur:.3f}", tid=12))
+        events += [_event("gloo:all_reduce", f"{t:.3f}", f"{d:.3f}", cat="user_annotation", tid=tid,
+                          args={"Input Dims": [[n]], "Input type": ["float"]}) for tid, t, d, n in workers]
+        for made, (*_, n) in zip(entries, workers):
+            seq[pg] = seq.get(pg, 0) + 1
+            rows.append([pg, seq[pg], "gloo:all_reduce", _BASE + round(made * 1000), False, 4 * n, 4 * n])
+    top = {"baseTimeNanoseconds": _BASE}
+    if flight_recorder:
+        columns = ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes", "out_bytes"]
+        top["rankscope"] = {"rank": 0, "flight_recorder": {"columns": columns, "rows": rows}}
+    data = _trace(events, **top)
+    data["distributedInfo"].update(rank=0, pg_config=[{"pg_name": "0", "pg_size": 4, "ranks": [0, 1, 2, 3]},
+                                                      {"pg_name": "1", "pg_size": 4, "ranks": [0, 1, 2, 3]}])
+    if tp_of_two:
+        data["distributedInfo"]["pg_config"].append({"pg_name": "2", "pg_size": 2, "ranks": [0, 1]})
+    return data
+
+
+@pytest.mark.parametrize(("flight_recorder", "tp_of_two"), [(False, False), (True, False), (True, True)],
+                         ids=["plain", "flight_recorder", "flight_recorder_groups_of_two_sizes"])
+def test_a_list_form_reduce_scatter_is_one_instance_over_one_worker_op_per_group_member(tmp_path, flight_recorder,
+                                                                                        tp_of_two):
+    """torch 2.13 gloo runs dist.reduce_scatter(output, input_list) as one gloo:all_reduce per
+    member of its group (4 here), where reduce_scatter_tensor runs one: paired one op a call,
+    its other three took the next calls' places, and all but the first of each op was left
+    unmatched, said to be ops enqueued before the window. Each call now takes as many worker
+    ops as its group has members (the group's, where the Flight Recorder names it; else the
+    size every listed group shares): it starts with the first and ends with the last."""
+    data = _list_reduce_scatter_trace(_LIST_REDUCE_SCATTER, flight_recorder=flight_recorder, tp_of_two=tp_of_two)
+    table = read_kineto(_write(tmp_path / "rank0.json", data))
+    coll = _collectives(table)
+    ns = lambda us: _BASE + round(us * 1000)  # noqa: E731
+    assert coll["op"].tolist() == ["allreduce", "reducescatter", "allreduce"] * 2
+    assert coll["cpu_call_ns"].tolist() == [ns(start) for _, start, *_ in _LIST_REDUCE_SCATTER]
+    assert coll["start_ns"].tolist() == [ns(min(w[1] for w in workers)) for *_, workers in _LIST_REDUCE_SCATTER]
+    assert coll["end_ns"].tolist() == [max(ns(w[1]) + round(w[2] * 1000) for w in workers)
+                                       for *_, workers in _LIST_REDUCE_SCATTER]
+    assert coll["bytes"].tolist() == [8192, 4096, 8192] * 2  # the reduce_scatter's: the shard it receives
+    if flight_recorder:  # a reduce_scatter's group and seq are its first entry's
+        assert list(zip(coll["comm_id"], coll["seq"])) == [("0", 1), ("1", 1), ("1", 5), ("0", 2), ("1", 6), ("1", 10)]
+    assert not [w for w in _row(table)["warnings"] if "not matched" in w]
+
+
+def test_a_list_form_reduce_scatter_cut_by_the_windows_end_is_left_out_and_said(tmp_path):
+    """The window ended after two of the last reduce_scatter's four worker ops had started:
+    an instance of half its ops would end early. It is left out, with a warning; the calls
+    before it keep theirs."""
+    *whole, (name, start, dur, pg, entries, workers) = _LIST_REDUCE_SCATTER[:5]
+    data = _list_reduce_scatter_trace([*whole, (name, start, dur, pg, entries, workers[:2])], flight_recorder=True)
+    table = read_kineto(_write(tmp_path / "rank0.json", data))
+    assert _collectives(table)["op"].tolist() == ["allreduce", "reducescatter", "allreduce", "allreduce"]
+    assert [w for w in _row(table)["warnings"] if "not matched" in w] == [
+        "1 gloo call(s) run as one worker op per member of their group had only some of those paired (the "
+        "window's edges, or ops in doubt): not matched"]
