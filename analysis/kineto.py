@@ -629,6 +629,8 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
     calls = _take(calls, _present(calls["op"]))
     call_pg = _coalesce(np.array([_pg(a) for a in trace.args(calls["row"].tolist())], object), calls["fr_pg"])
     calls["worker_ops"] = _worker_ops(events, work, calls, call_pg, trace.top)
+    counted_work, counted = _countable(events, work, calls, notes)
+    work, calls, call_pg = work[counted_work], _take(calls, counted), call_pg[counted]
     work_bytes = _total_bytes(trace.args(work.tolist()))
     paired, call = _pair_in_order(events, work, work_bytes, calls, call_pg, notes)
     kept = (call < 0) | ~groups.take_or(calls["dropped"], call, False)
@@ -814,7 +816,7 @@ def _worker_ops(events: Events, work: np.ndarray, calls: dict[str, np.ndarray], 
                 top: dict) -> np.ndarray:
     """How many of the worker ops (rows ``work``) each call runs as: one, but a call gloo runs
     as one per member of its group (`_GLOO_PER_MEMBER`) as many as its group has, where the
-    trace lists its group (``call_pg``), else the size all the groups it lists share; one
+    trace lists its group (``call_pg``), else the size all the groups it lists share; 0
     where neither tells (a plain trace names no call's group)."""
     count = np.ones(len(calls["row"]), np.int64)
     runs_as = _gloo_runs_as(set(events.names.op[events.name[work]].tolist()))
@@ -823,7 +825,7 @@ def _worker_ops(events: Events, work: np.ndarray, calls: dict[str, np.ndarray], 
     if spread.any():
         sizes = {name: size for name, config in _pg_config(top).items() if (size := _members(config))}
         shared = set(sizes.values())
-        either = shared.pop() if len(shared) == 1 else 1
+        either = shared.pop() if len(shared) == 1 else 0
         count[spread] = [sizes.get(pg, either) for pg in call_pg[spread].tolist()]
     return count
 
@@ -832,6 +834,26 @@ def _members(config: dict) -> int | None:
     """How many members a listed group has: its member list's length, else its pg_size."""
     ranks, size = config.get("ranks"), config.get("pg_size")
     return len(ranks) if isinstance(ranks, list) else size if type(size) is int else None
+
+
+def _countable(events: Events, work: np.ndarray, calls: dict[str, np.ndarray],
+               notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the worker ops (rows) and calls that can be paired: not those of a line with a
+    call whose worker ops are not known in number (`_worker_ops`: 0), whose ops FIFO would
+    give to the calls after it. A warning names them."""
+    unknown = calls["worker_ops"] == 0
+    if not unknown.any():
+        return np.ones(len(work), bool), np.ones(len(unknown), bool)
+    work_line, call_line = _op_lines(events, work, calls)
+    blind = np.unique(call_line[unknown])
+    lost_work, lost_calls = groups.in_sorted(work_line, blind), groups.in_sorted(call_line, blind)
+    names = ", ".join(np.unique(events.names.text[events.name[calls["row"][unknown]]]).tolist())
+    runs = ", ".join(np.unique(events.names.text[events.name[work[lost_work]]]).tolist())
+    notes.append(f"{int(lost_work.sum())} gloo worker op(s) of {int(lost_calls.sum())} call(s) not matched: gloo "
+                 f"runs {int(unknown.sum())} {names} call(s) as one {runs} per member of their group, which the "
+                 "trace does not name (its groups differ in size; the rankscope torch hook's Flight Recorder "
+                 f"would), so the {runs} ops cannot be counted off to their calls")
+    return ~lost_work, ~lost_calls
 
 
 def _whole_calls(events: Events, work: np.ndarray, paired: np.ndarray, call: np.ndarray, count: np.ndarray,

@@ -1493,6 +1493,20 @@ def test_a_list_form_reduce_scatter_is_one_instance_over_one_worker_op_per_group
     assert not [w for w in _row(table)["warnings"] if "not matched" in w]
 
 
+def test_a_list_form_reduce_scatter_of_a_group_whose_size_is_not_known_leaves_its_op_unmatched_and_says_why(tmp_path):
+    """A plain trace names no call's group; where the rank's groups differ in size, how many
+    all_reduce worker ops each reduce_scatter ran cannot be told, nor which of them are the
+    all_reduce calls' own: none of that op is matched, and the warning names the cause."""
+    data = _list_reduce_scatter_trace(_LIST_REDUCE_SCATTER, flight_recorder=False, tp_of_two=True)
+    table = read_kineto(_write(tmp_path / "rank0.json", data))
+    assert _collectives(table).empty
+    assert [w for w in _row(table)["warnings"] if "not matched" in w] == [
+        "12 gloo worker op(s) of 6 call(s) not matched: gloo runs 2 c10d::reduce_scatter_ call(s) as one "
+        "gloo:all_reduce per member of their group, which the trace does not name (its groups differ in size; "
+        "the rankscope torch hook's Flight Recorder would), so the gloo:all_reduce ops cannot be counted off to "
+        "their calls"]
+
+
 def test_a_list_form_reduce_scatter_cut_by_the_windows_end_is_left_out_and_said(tmp_path):
     """The window ended after two of the last reduce_scatter's four worker ops had started:
     an instance of half its ops would end early. It is left out, with a warning; the calls
