@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import warnings as pywarnings
 from collections.abc import Mapping
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -64,10 +65,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     meta = {name: digests.column(name).to_numpy() for name in _META}
     collectives = columns(digests, "collectives")
     if not len(collectives["rank"]):
-        files = sorted(set(digests.column("source_file").to_pylist()))
-        if len(files) == 1:
-            raise InputError("no collectives in this rank's trace: nothing to align", path=files[0])
-        raise InputError(f"no collectives in any rank of {len(files)} files ({_file_list(files)}): nothing to align")
+        _no_collectives(digests)
     collectives["duration"] = collectives["end_ns"] - collectives["start_ns"]
     communicators = columns(digests, "communicators", keep=("rank",))
     kernels = columns(digests, "kernels", keep=("rank",))
@@ -121,6 +119,17 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
         world_size=world,
         missing_ranks=missing,
     )
+
+
+def _no_collectives(digests: pa.Table) -> NoReturn:
+    """Refuse a job with no collective to align, the traces' notes said first: why calls
+    were left out of the digests (unpaired gloo ops, say) is among them."""
+    for note in _rank_notes(digests.column("rank").to_pylist(), digests.column("warnings").to_pylist()):
+        pywarnings.warn(note, RankscopeWarning, stacklevel=3)
+    files = sorted(set(digests.column("source_file").to_pylist()))
+    if len(files) == 1:
+        raise InputError("no collectives in this rank's trace: nothing to align", path=files[0])
+    raise InputError(f"no collectives in any rank of {len(files)} files ({_file_list(files)}): nothing to align")
 
 
 def _coverage_notes(ranks: list[int], world: int | None, missing: list[int], collective_ranks: np.ndarray) -> list[str]:

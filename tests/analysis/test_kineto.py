@@ -1507,6 +1507,24 @@ def test_a_list_form_reduce_scatter_of_a_group_whose_size_is_not_known_leaves_it
         "their calls"]
 
 
+def test_where_no_call_could_be_matched_analyze_says_why_before_its_error(tmp_path, capsys):
+    """Both ranks' all_reduce and reduce_scatter ops left unmatched (groups of unknown size):
+    no collective is left to align, and the error alone ("no collectives") would hide why.
+    The traces' notes come first, as warnings; the error is still one line, exit 2."""
+    from rankscope.cli import main
+
+    paths = []
+    for rank in (0, 1):
+        data = _list_reduce_scatter_trace(_LIST_REDUCE_SCATTER, flight_recorder=False, tp_of_two=True)
+        data["distributedInfo"]["rank"] = rank
+        paths.append(str(_write(tmp_path / f"rank{rank}.json", data)))
+    assert main(["analyze", *paths]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("rankscope: error: no collectives in any rank of 2 files")
+    assert any(line.startswith("rankscope: warning: ranks 0,1: 12 gloo worker op(s) of 6 call(s) not matched")
+               for line in err[:-1])
+
+
 def test_a_list_form_reduce_scatter_cut_by_the_windows_end_is_left_out_and_said(tmp_path):
     """The window ended after two of the last reduce_scatter's four worker ops had started:
     an instance of half its ops would end early. It is left out, with a warning; the calls
