@@ -67,13 +67,17 @@ LEASE_MARGIN_S = 120.0  # beyond the window: stop and release may take a while o
 # At exit, how long captures get to stop their ranks' recording before DCGM is resumed all
 # the same. Their nsys commands and uploads run in their own threads: this bounds them all.
 CLOSE_WAIT_S = 60.0
+# Stopped by a signal, how long the captures' last statuses get to reach the coordinator once
+# they have ended (it ends the session when it has read them).
+LAST_WORD_S = 5.0
 # The longest the agent takes to end on SIGTERM, for its supervisors to allow (deploy/, checked
 # by tests/test_deploy.py). Worst case, DCGM answering nothing: the main thread first ends a
-# Register call or, just started, recover()'s resume series; the captures get CLOSE_WAIT_S; then
-# close() waits for the pause lock's holder (the lease timer re-asserting, then its resume series
-# or a capture's) and makes its own series. One capture at a time holds a pause (the coordinator's
-# busy rule); other agents of the host holding the ledger meanwhile are not counted.
-STOP_BUDGET_S = (max(REGISTER_TIMEOUT_S, dcgm_mod.RESUME_WORST_S) + CLOSE_WAIT_S
+# Register call or, just started, recover()'s resume series; the captures get CLOSE_WAIT_S, then
+# LAST_WORD_S to say how they ended; then close() waits for the pause lock's holder (the lease
+# timer re-asserting, then its resume series or a capture's) and makes its own series. One capture
+# at a time holds a pause (the coordinator's busy rule); other agents of the host holding the
+# ledger meanwhile are not counted.
+STOP_BUDGET_S = (max(REGISTER_TIMEOUT_S, dcgm_mod.RESUME_WORST_S) + CLOSE_WAIT_S + LAST_WORD_S
                  + dcgm_mod.DCGM_TIMEOUT_S + 2 * dcgm_mod.RESUME_WORST_S)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 # The longest window or timeout a StartCapture may carry: a wait past threading.TIMEOUT_MAX
@@ -179,6 +183,8 @@ class Agent:
                                              who=f"agent {config.name}")
         self.runs: dict[str, CaptureRun] = {}
         self.registered = threading.Event()
+        self.stopping = ""  # why a signal stops the agent (`halt`): its captures in flight end with it
+        self._runs_end_by: float | None = None  # when the captures' wait at a stop ends (`_end_runs`)
         self._lock = threading.Lock()
 
     # lifecycle ----------------------------------------------------------------------
@@ -208,20 +214,47 @@ class Agent:
         finally:
             self.close()
 
+    def halt(self, why: str) -> None:
+        """Stop for ``why``, a signal: a pod deleted, a job ended, a service stopped, where no
+        restart may come to carry the captures on while their sweeps wait out their timeouts.
+        Each capture in flight ends first, as a cancel ends it (the ranks' recording stopped,
+        then DCGM resumed), and says so on the session, still open; then the session closes and
+        `run` returns through `close`. Returns at once: a signal handler calls it."""
+        with self._lock:
+            if self.stopping:
+                return
+            self.stopping = why
+        threading.Thread(target=self._halt, name="halt", daemon=True).start()
+
+    def _halt(self) -> None:
+        self._end_runs()
+        self.session.close(linger_s=LAST_WORD_S)
+
     def close(self) -> None:
         self.stop.set()
         self.session.close()
-        runs = list(self.runs.values())
-        for run in runs:
-            run.cancel("agent stopping")
-        # DCGM gets the counters back only once the ranks' recording has stopped (nsys stop
-        # writes its report first, seconds on end): resumed sooner, the two fight over them.
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        for run in runs:
-            run.join(max(0.0, deadline - time.monotonic()))
+        self._end_runs()
         self.pauses.close()
         self.channel.close()
         self.hold.release()
+
+    def _end_runs(self) -> None:
+        """Cancel the captures in flight and wait for them, CLOSE_WAIT_S at most from the first
+        call (a halt's, then close()'s): DCGM gets the counters back only once the ranks'
+        recording has stopped (nsys stop writes its report first, seconds on end): resumed
+        sooner, the two fight over them."""
+        with self._lock:
+            if self._runs_end_by is None:
+                self._runs_end_by = time.monotonic() + CLOSE_WAIT_S
+            runs = list(self.runs.values())
+        for run in runs:
+            if not run.cancelled.is_set():  # a cancel's reason stands
+                run.cancel(self._why_ended(run))
+        for run in runs:
+            run.join(max(0.0, self._runs_end_by - time.monotonic()))
+
+    def _why_ended(self, run: CaptureRun) -> str:
+        return f"{self.stopping} while {run.capture.state.value}" if self.stopping else "agent stopping"
 
     # coordinator ---------------------------------------------------------------------
 
@@ -271,6 +304,8 @@ class Agent:
                 return
             run = CaptureRun.new(self, start)
             self.runs[start.sweep_id] = run
+            if self.stopping:  # come as a signal stops the agent: it ends before it pauses DCGM, saying why
+                run.cancel(self._why_ended(run))
         run.begin()
 
     def local_ns(self, start: pb.StartCapture) -> int:
@@ -463,7 +498,9 @@ class CaptureRun:
                 if self.agent.stop.is_set() and not isinstance(event, cap.DcgmResumed):
                     if isinstance(instruction, cap.StartCapture):  # the ranks record: DCGM resumes on the way out
                         self._abort()
-                    return  # stopping: leave the record as it is, a restart carries on from here
+                    # stopping, not by a signal (a halt ends its captures before it stops): leave
+                    # the record as it is, a restart carries on from here
+                    return
                 followups = self._handle(event)
                 # A failure replaces the plan: what was still queued belongs to the old one.
                 pending = deque(followups) if isinstance(event, cap.Failed) else deque([*pending, *followups])

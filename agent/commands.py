@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 from pathlib import Path
 
@@ -87,9 +88,10 @@ def run(args: argparse.Namespace) -> int:
         raise
 
     def stop(signum, frame) -> None:
-        # Resuming DCGM happens on the way out (Agent.close), never skipped by a signal.
+        # Resuming DCGM happens on the way out (Agent.close), never skipped by a signal; the
+        # captures in flight end before, each telling the coordinator why.
         log.warning("signal %d: stopping the agent", signum)
-        agent.session.close()
+        agent.halt(f"agent stopped by {signal.Signals(signum).name}")
 
     signals.on_stop(stop)
     control = agent.pauses.control

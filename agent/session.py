@@ -148,13 +148,21 @@ class Session:
             failures = 1 if self._heard else failures + 1
             self.stop.wait(backoff_delay(failures, self.backoff_s, self.max_backoff_s))
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 0.0) -> None:
+        """Stop, ending the session stream at once; given ``linger_s``, once the events queued
+        have gone out and the coordinator has read them (it ends the stream then), that long
+        at most: a stopping agent's last statuses."""
         self.stop.set()
-        self._close_outbox()
+        self._close_outbox()  # what was queued goes first, then the stream half-closes
         with self._lock:  # after stop is set: `_serve` either saw it or has its call here to cancel
             call = self._call
-        if call is not None:
-            call.cancel()
+        if call is None:
+            return
+        if linger_s > 0:
+            ended = threading.Event()
+            call.add_done_callback(lambda _call: ended.set())  # at once where it ended already
+            ended.wait(linger_s)
+        call.cancel()
 
     def _register(self) -> Registration:
         request = self.hello()
@@ -187,7 +195,8 @@ class Session:
                                                      agent_time_ns=time.time_ns())))
             else:
                 self.on_command(command)
-        log.warning("coordinator closed the session stream")
+        if not self.stop.is_set():  # stopping, we half-closed it: the coordinator ends it once it has read all
+            log.warning("coordinator closed the session stream")
 
     def _heartbeat(self, outbox: queue.Queue, interval_s: float) -> None:
         while not self.stop.wait(interval_s):

@@ -65,15 +65,18 @@ class Coordinator(pb_grpc.AgentServiceServicer):
         if self.session_refusal is not None:
             context.abort(*self.session_refusal)
 
+        ended = threading.Event()
+
         def pump():
             try:
                 for event in request_iterator:
                     self.events.put(event)
             except grpc.RpcError:
                 pass  # the agent went away: what a real coordinator sees too
+            ended.set()  # as the real one, the session ends with the agent's events
 
         threading.Thread(target=pump, daemon=True).start()
-        while context.is_active():
+        while context.is_active() and not ended.is_set():
             try:
                 yield self.commands.get(timeout=0.1)
             except queue.Empty:
@@ -622,7 +625,7 @@ def test_an_agent_stopped_as_the_window_opens_stops_the_recording_before_dcgm_re
     servicer, address = coordinator
     log, agents = Log(), []
 
-    def stopped_meanwhile(request: CaptureRequest) -> None:  # as the signal handler stops the agent
+    def stopped_meanwhile(request: CaptureRequest) -> None:  # a stop not by a signal (`halt` ends captures first)
         threading.Thread(target=agents[0].session.close).start()
         assert agents[0].stop.wait(WAIT_S)
 
@@ -641,7 +644,8 @@ def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordin
     agent, thread = start_agent(address, tmp_path, log, monkeypatch)
     servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="s5", backend="fake", duration_s=600)))
     servicer.statuses("s5", pb.NODE_STATE_CAPTURING)
-    # The agent stops mid-capture (a service restart): the record keeps the window open for the next one.
+    # The agent stops mid-capture, not by a signal (`halt` fails the capture first): the record
+    # keeps the window open for the next one.
     agent.stop.set()
     agent.session.close()
     thread.join(10)
@@ -654,6 +658,47 @@ def test_agent_restarted_mid_capture_fails_the_node_and_stops_the_window(coordin
         seen = servicer.statuses("s5", pb.NODE_STATE_DCGM_RESUMED)
         assert seen[-1].state == pb.NODE_STATE_FAILED and "restarted while capturing" in seen[-1].reason
         assert "backend.stop" in log.calls and "backend.start" not in log.calls
+
+
+def test_an_agent_stopped_by_a_signal_mid_capture_fails_the_node_saying_why_before_it_goes(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    """Its captures were left for a restart that may never come (a pod deleted, a job ended),
+    the coordinator told nothing: the sweep waited out its timeout for the node."""
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="h1", backend="fake", duration_s=600,
+                                                                      timeout_s=900)))
+    servicer.statuses("h1", pb.NODE_STATE_CAPTURING)
+    agent.halt("agent stopped by SIGTERM")
+    seen = servicer.statuses("h1", pb.NODE_STATE_DCGM_RESUMED)
+    assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "agent stopped by SIGTERM while capturing"
+    assert seen[-1].dcgm == pb.DCGM_OUTCOME_RESUMED
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    # The ranks' recording stopped before DCGM got the counters back, as on a cancel.
+    assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
+    record = json.loads((tmp_path / "work" / "captures" / "h1" / "capture.json").read_text())
+    assert record["capture"]["state"] == "failed"  # not carried on by a restart
+
+
+def test_a_capture_asked_for_as_a_signal_stops_the_agent_fails_without_pausing_dcgm(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    log, gate = Log(), threading.Event()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, export_gate=gate)
+    servicer.commands.put(start("h3", timeout_s=900))
+    servicer.statuses("h3", pb.NODE_STATE_EXPORTING)
+    agent.halt("agent stopped by SIGTERM")  # its export holds the stop until the gate opens
+    servicer.commands.put(start("h4", timeout_s=900))
+    seen = servicer.statuses("h4", pb.NODE_STATE_DCGM_RESUMED)
+    assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "agent stopped by SIGTERM while pending"
+    gate.set()
+    seen = servicer.statuses("h3", pb.NODE_STATE_DCGM_RESUMED)
+    assert seen[-1].state == pb.NODE_STATE_FAILED and seen[-1].reason == "agent stopped by SIGTERM while exporting"
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert log.calls.count("dcgm.pause") == 1
 
 
 def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordinator, tmp_path: Path, capsys) -> None:

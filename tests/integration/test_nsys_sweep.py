@@ -324,12 +324,13 @@ def test_two_agents_of_one_host_keep_dcgm_paused_until_both_captures_end(make_cl
 def test_an_agent_stopped_mid_capture_resumes_dcgm_only_after_the_ranks_stop_recording(make_cluster) -> None:
     """SIGTERM in the window, with `nsys stop` taking seconds (it writes the report): the agent
     resumed DCGM after 5 s while a session still sampled GPU metrics, and exited with the
-    other rank's session never stopped."""
+    other rank's session never stopped. Then it told the coordinator nothing: the sweep waited
+    out its timeout."""
     cluster = make_cluster(1)
     cluster.coordinator()
     cluster.node("n0", 0)
     standin_nsys.configure(cluster.nsys_state("n0"), stop_s=4)
-    cluster.capture(["n0"], duration_s=60, timeout_s=90)
+    sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=600)
 
     def sessions() -> list[dict]:
         return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
@@ -345,6 +346,9 @@ def test_an_agent_stopped_mid_capture_resumes_dcgm_only_after_the_ranks_stop_rec
     assert agent.returncode == 0
     assert not overlap, "DCGM resumed while a rank still recorded"
     assert not cluster.paused("n0") and {s["state"] for s in sessions()} == {"launched"}
+    (node,) = cluster.wait_final(sweep_id, 30).nodes
+    assert node.state == pb.NODE_STATE_FAILED and node.reason == "agent stopped by SIGTERM while capturing"
+    assert node.dcgm == pb.DCGM_OUTCOME_RESUMED
 
 
 def test_an_agent_killed_mid_capture_resumes_dcgm_when_restarted(make_cluster) -> None:

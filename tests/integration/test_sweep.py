@@ -339,3 +339,23 @@ def test_an_agent_that_never_comes_back_makes_the_sweep_partial(cluster: Cluster
     assert states(sweep)["n3"] == "NODE_STATE_TIMED_OUT"
     assert {states(sweep)[n] for n in names[:3]} == {"NODE_STATE_ANALYSED"}
     assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3, 4, 5]
+
+
+def test_an_agent_stopped_mid_capture_ends_its_node_at_once_saying_why(cluster: Cluster) -> None:
+    """SIGTERM mid-capture (a pod deleted, a job ended, a service stopped): the agent left
+    without a word, and the sweep waited out its timeout for the node (last state: capturing).
+    The timeout here is far past the wait below: the sweep ends on the agent's word, or not at all."""
+    cluster.coordinator()
+    names = ["n0", "n1", "n2"]
+    for i, name in enumerate(names):
+        cluster.agent(name, i)
+    sweep_id = cluster.start_sweep(names, duration_s=3.0, timeout_s=600, options=sim_options(3))
+    wait_for("n2 to capture", lambda: cluster.node_state(sweep_id, "n2") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    cluster.procs["n2"].send_signal(signal.SIGTERM)
+    assert cluster.procs["n2"].wait(START_S) == 0
+    sweep = cluster.wait_final(sweep_id, 90)
+    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
+    stopped = next(n for n in sweep.nodes if n.node == "n2")
+    assert stopped.state == pb.NODE_STATE_FAILED and stopped.reason == "agent stopped by SIGTERM while capturing"
+    assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
