@@ -713,10 +713,12 @@ class CaptureRun:
             try:
                 result = uploader.upload(artifact)
             except RankscopeError as exc:
-                if digest or self.cancelled.is_set():
+                if digest or (self.cancelled.is_set() and not self.agent.stopping):
                     raise
-                # The digest, stored already, is what the analysis needs: a raw export is extra.
-                self.record["notes"].append(f"raw export {path.name} not uploaded: {exc}")
+                # The digest, stored already, is what the analysis needs: a raw export is extra,
+                # also where a signal stops the agent (a cancel ends the node at the coordinator).
+                why = self.cancel_reason if self.cancelled.is_set() else exc
+                self.record["notes"].append(f"raw export {path.name} not uploaded: {why}")
                 self.persist()
                 continue
             self.record["uploaded"].append({"name": result.name, "sha256": result.sha256, "size": result.size,

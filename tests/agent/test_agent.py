@@ -54,6 +54,7 @@ class Coordinator(pb_grpc.AgentServiceServicer):
         self.register_delay_s = 0.0
         self.session_refusal: tuple[grpc.StatusCode, str] | None = None
         self.clock_ahead_ns = 0  # of the agent's
+        self.raw_incomplete = False  # raw exports' uploads end uncommitted, retried until the agent stops
 
     def Register(self, request, context):
         time.sleep(self.register_delay_s)
@@ -94,6 +95,8 @@ class Coordinator(pb_grpc.AgentServiceServicer):
         first = next(request_iterator)
         assert first.header.session_token == "tok"
         uid = first.header.upload_id
+        if self.raw_incomplete and first.header.kind == pb.ARTIFACT_KIND_RAW:
+            return pb.UploadReply(upload_id=uid)
         buf = self.uploads.setdefault(uid, bytearray())
         for chunk in request_iterator:
             assert chunk.offset == len(buf)
@@ -680,6 +683,25 @@ def test_an_agent_stopped_by_a_signal_mid_capture_fails_the_node_saying_why_befo
     assert log.calls == ["dcgm.pause", "backend.start", "backend.stop", "backend.release", "dcgm.resume"]
     record = json.loads((tmp_path / "work" / "captures" / "h1" / "capture.json").read_text())
     assert record["capture"]["state"] == "failed"  # not carried on by a restart
+
+
+def test_an_agent_stopped_by_a_signal_mid_raw_upload_ends_its_node_on_the_stored_digest(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    servicer, address = coordinator
+    servicer.raw_incomplete = True
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch)
+    servicer.commands.put(start("h2", upload_raw=True, timeout_s=900))
+    seen = servicer.statuses("h2", pb.NODE_STATE_UPLOADING)
+    while not seen[-1].artifacts:  # the digest is stored, the raw exports on their way
+        seen = servicer.statuses("h2", pb.NODE_STATE_UPLOADING)
+    agent.halt("agent stopped by SIGTERM")
+    seen = servicer.statuses("h2", pb.NODE_STATE_DCGM_RESUMED)
+    assert [s.state for s in seen] == [pb.NODE_STATE_UPLOADED, pb.NODE_STATE_DCGM_RESUMED]
+    assert [a.kind for a in seen[0].artifacts] == [pb.ARTIFACT_KIND_DIGEST]
+    assert list(seen[-1].notes) == [f"raw export r{r}.parquet not uploaded: agent stopped by SIGTERM while uploading"
+                                    for r in (0, 1)]
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
 
 
 def test_a_capture_asked_for_as_a_signal_stops_the_agent_fails_without_pausing_dcgm(
