@@ -360,7 +360,7 @@ def _unsplit_line(report: Report) -> list[str]:
     if not unsplit:
         return []
     listed = ", ".join(f"rank {r.rank}: {fmt_ns(r.nccl_unmatched_ns)}" for r in unsplit[:4])
-    more = f" and {len(unsplit) - 4} more ranks" if len(unsplit) > 4 else ""
+    more = f" and {len(unsplit) - 4} more rank{'s' if len(unsplit) > 5 else ''}" if len(unsplit) > 4 else ""
     return [f"nccl also counts calls matched to no instance, not split into wait and transfer ({listed}{more})"]
 
 
