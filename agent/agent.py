@@ -454,7 +454,10 @@ class CaptureRun:
                 first = self._handle(cap.Restarted())
             else:
                 self._report(cap.Report(NodeState.PENDING, "capture accepted"))
-                failed = self._attempt("backend", self._prepare)
+                # Cancelled before it began (asked for as a signal stops the agent): it fails here,
+                # DCGM untouched, also once stop is set, where `_drive` no longer acts on a cancel.
+                failed = (cap.Failed(self.cancel_reason) if self.cancelled.is_set()
+                          else self._attempt("backend", self._prepare))
                 first = self._handle(failed or cap.Begin(self.backend.needs_gpu_counters(self.request())))
             self._drive(first)
             if self.capture.state is NodeState.FAILED:

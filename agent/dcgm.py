@@ -74,9 +74,9 @@ class DcgmOutcome(str, Enum):
 
 
 class PauseNotRecorded(ToolError):
-    """The pause ledger could not take a capture's pause (a full disk, a read-only folder): a
-    pause it cannot keep on record (renewed, released, read by the host's other agents) is not
-    held. ``undone``: how the pause was given back (a `release` outcome), None where none was made."""
+    """The pause ledger could not take a capture's pause (a full disk, a read-only folder), or
+    the manager is closed (the agent going): a pause it cannot keep on record (renewed,
+    released, read by the host's other agents) is not held. ``undone``: how the pause was given back (a `release` outcome), None where none was made."""
 
     def __init__(self, message: str, *, undone: DcgmOutcome | None) -> None:
         super().__init__(message)
@@ -393,6 +393,8 @@ class PauseManager:
     def acquire(self, capture_id: str, lease_s: float) -> DcgmOutcome:
         """Pause DCGM for one capture, holding it at most ``lease_s`` seconds."""
         with self._lock:
+            if self._closed:  # the agent is going: no lease timer would expire it, no close resume it
+                raise PauseNotRecorded("DCGM not paused: the agent is stopping", undone=None)
             self.open()
             self._released.pop(capture_id, None)
             with self.ledger.deciding() as others:

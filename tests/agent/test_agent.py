@@ -723,6 +723,32 @@ def test_a_capture_asked_for_as_a_signal_stops_the_agent_fails_without_pausing_d
     assert log.calls.count("dcgm.pause") == 1
 
 
+def test_a_capture_asked_for_once_a_signals_stop_closed_the_session_does_not_pause_dcgm(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    """The halt's last word: its session half-closed (stop set), the coordinator's commands
+    still read until it ends the stream. A StartCapture read then was cancelled, yet paused
+    DCGM (the cancel is not acted on once stop is set), and where the halt's wait for its
+    captures had used up CLOSE_WAIT_S, close() ended the pause manager first: DCGM stayed
+    paused after the agent had gone."""
+    servicer, address = coordinator
+    log = Log()
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch)
+    assert agent.registered.wait(WAIT_S)
+    with agent._lock:  # as `halt` leaves it for Session.close(linger_s)
+        agent.stopping = "agent stopped by SIGTERM"
+    agent.stop.set()
+    servicer.commands.put(start("h5", timeout_s=900))
+    deadline = time.monotonic() + WAIT_S
+    while "h5" not in agent.runs and time.monotonic() < deadline:
+        time.sleep(0.02)
+    agent.runs["h5"].join(WAIT_S)
+    assert agent.runs["h5"].capture.state is agent_mod.NodeState.FAILED
+    assert agent.runs["h5"].capture.reason == "agent stopped by SIGTERM while pending"
+    agent.close()
+    thread.join(WAIT_S)
+    assert "dcgm.pause" not in log.calls
+
+
 def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordinator, tmp_path: Path, capsys) -> None:
     servicer, address = coordinator
     servicer.session_refusal = (grpc.StatusCode.ALREADY_EXISTS,

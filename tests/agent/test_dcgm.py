@@ -248,6 +248,17 @@ def test_a_held_pause_is_reasserted_after_someone_else_resumes(engine, tmp_path)
     assert m.release("a") is DcgmOutcome.RESUMED and not paused(engine)
 
 
+def test_no_pause_once_closed(engine, tmp_path):
+    """A capture's acquire that comes after the agent's close() (its thread outlived the
+    stop's wait): it reopened the ledger and paused DCGM, with no lease timer left to expire
+    it, as the agent exited. It is refused, DCGM not paused."""
+    m = manager(tmp_path)
+    m.close()
+    with pytest.raises(dcgm.PauseNotRecorded, match="stopping"):
+        m.acquire("late", lease_s=60)
+    assert not paused(engine) and ops(engine) == [] and m.holders() == []
+
+
 def test_lease_expiry_resumes_without_anyone_releasing(engine, tmp_path):
     m = manager(tmp_path)
     assert m.acquire("lost-coordinator", lease_s=0.5) is DcgmOutcome.PAUSED
