@@ -710,6 +710,12 @@ class CaptureRun:
             if path.name in done:
                 continue
             digest = index == 0
+            if not digest and self.cancelled.is_set() and self.agent.stopping:
+                # Not begun as a signal stops the agent: not read whole for its sha256 only to be
+                # given up (nsys exports, GiBs a rank, would eat the stop's wait and last word).
+                self.record["notes"].append(f"raw export {path.name} not uploaded: {self.cancel_reason}")
+                self.persist()
+                continue
             artifact = Artifact(path, self.sweep_id, self.agent.config.name,
                                 kind=pb.ARTIFACT_KIND_DIGEST if digest else pb.ARTIFACT_KIND_RAW,
                                 ranks=tuple(self.record.get("ranks", ())) if digest else ())

@@ -749,6 +749,32 @@ def test_a_capture_asked_for_once_a_signals_stop_closed_the_session_does_not_pau
     assert "dcgm.pause" not in log.calls
 
 
+def test_raw_exports_not_begun_when_a_signal_stops_the_agent_are_not_hashed_nor_sent(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    """Past the raw upload the stop cut, each later raw export was read whole for its sha256
+    and offered to the coordinator, to be given up at once: nsys exports, GiBs a rank, ate
+    the stop's CLOSE_WAIT_S, and with it the node's last word."""
+    from rankscope.agent import uploader
+
+    servicer, address = coordinator
+    servicer.raw_incomplete = True
+    hashed, halted = [], threading.Event()
+    real = uploader.sha256_of
+    monkeypatch.setattr(uploader, "sha256_of", lambda path: hashed.append((path.name, halted.is_set())) or real(path))
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch)
+    servicer.commands.put(start("h6", upload_raw=True, timeout_s=900))
+    seen = servicer.statuses("h6", pb.NODE_STATE_UPLOADING)
+    while not seen[-1].artifacts:  # the digest is stored, the first raw export on its way
+        seen = servicer.statuses("h6", pb.NODE_STATE_UPLOADING)
+    halted.set()
+    agent.halt("agent stopped by SIGTERM")
+    seen = servicer.statuses("h6", pb.NODE_STATE_DCGM_RESUMED)
+    assert list(seen[-1].notes) == [f"raw export r{r}.parquet not uploaded: agent stopped by SIGTERM while uploading"
+                                    for r in (0, 1)]
+    thread.join(WAIT_S)
+    assert ("r1.parquet", True) not in hashed
+
+
 def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordinator, tmp_path: Path, capsys) -> None:
     servicer, address = coordinator
     servicer.session_refusal = (grpc.StatusCode.ALREADY_EXISTS,
