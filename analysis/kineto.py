@@ -734,7 +734,7 @@ def _pairs(events: Events, work: np.ndarray, sure_work: np.ndarray, work_key: np
     candidates, call = _fifo(events.ts[work[sure_work]], work_key[sure_work], call_ts, call_key, count)
     paired = sure_work[candidates]
     next_call = np.minimum(_neighbour(call_key, call_ts, 1, _NEVER), until)[call]
-    return candidates, call, _taken_in_doubt(events, work, paired, work_key[paired], next_call)
+    return candidates, call, _taken_in_doubt(events, work, paired, work_key[paired], next_call, call)
 
 
 @dataclass
@@ -773,14 +773,15 @@ def _by_size(work_line: np.ndarray, work_bytes: np.ndarray, call_line: np.ndarra
 
 
 def _taken_in_doubt(events: Events, work: np.ndarray, paired: np.ndarray, line: np.ndarray,
-                    next_call_ts: np.ndarray) -> np.ndarray:
-    """Which paired worker ops (positions in ``work``, by start; ``line`` and the start of
-    the call after their own in it, each) FIFO by start may give another's call. gloo's
-    threads take ops off the queue in call order but each starts its op's event after
-    letting go of the queue (torch 2.13, one PG: op 2 started 180 µs before op 1 on the
+                    next_call_ts: np.ndarray, call: np.ndarray) -> np.ndarray:
+    """Which paired worker ops (positions in ``work``, by start; ``line``, the start of the
+    call after their own in it, and their ``call``, each) FIFO by start may give another's
+    call. gloo's threads take ops off the queue in call order but each starts its op's event
+    after letting go of the queue (torch 2.13, one PG: op 2 started 180 µs before op 1 on the
     other thread). Op j, started after op i, may have been taken first where j's thread
     was free (its previous op ended) before i started, and i started after the next call
-    was made, so that i could be that call's."""
+    was made, so that i could be that call's; not where j is of i's call too (a call run as
+    several worker ops, `_worker_ops`): swapped, each call still has its own."""
     thread, start = events.thread[work], events.ts[work]
     order = np.lexsort((start, thread))
     reach = intervals.running_max((start + events.dur[work])[order], thread[order])
@@ -790,13 +791,22 @@ def _taken_in_doubt(events: Events, work: np.ndarray, paired: np.ndarray, line: 
     free, start = free[paired], start[paired]
     late = np.where(start >= next_call_ts, start, -_NEVER)  # could have taken a later call
     by_line = np.lexsort((start, line))
-    line, free, late = line[by_line], free[by_line], late[by_line]
-    first = np.r_[True, line[1:] != line[:-1]]
-    last = np.r_[line[1:] != line[:-1], True]
-    before = np.r_[-_NEVER, intervals.running_max(late, line)[:-1]]  # latest such start of an earlier op
-    before[first] = -_NEVER
-    after = np.r_[-intervals.running_max(-free[::-1], -line[::-1])[::-1][1:], _NEVER]  # earliest later free
-    after[last] = _NEVER
+    line, free, late, call = line[by_line], free[by_line], late[by_line], call[by_line]
+    # Each op's call's ops in a row (FIFO gives a call consecutive ops of its line): compared
+    # only with the ops of its line's other calls, before and after that run.
+    change = (line[1:] != line[:-1]) | (call[1:] != call[:-1])
+    begins, ends = np.r_[True, change], np.r_[change, True]
+    at = np.arange(len(line))
+    run_first = np.maximum.accumulate(np.where(begins, at, 0))
+    run_last = np.minimum.accumulate(np.where(ends, at, len(line))[::-1])[::-1]
+    earlier = run_first - 1  # the last op before the run, where it is of the line
+    earlier_in_line = (earlier >= 0) & (line[np.maximum(earlier, 0)] == line)
+    latest = intervals.running_max(late, line)  # up to and with each op
+    before = np.where(earlier_in_line, latest[np.maximum(earlier, 0)], -_NEVER)  # latest of earlier calls' ops
+    later = np.minimum(run_last + 1, len(line) - 1)  # the first op after the run, where it is of the line
+    later_in_line = (run_last + 1 < len(line)) & (line[later] == line)
+    earliest = -intervals.running_max(-free[::-1], -line[::-1])[::-1]  # from each op on
+    after = np.where(later_in_line, earliest[later], _NEVER)  # earliest free of a later call's op
     doubt = np.empty(len(paired), bool)
     doubt[by_line] = (before > free) | (late > after)
     return doubt

@@ -1493,6 +1493,53 @@ def test_a_list_form_reduce_scatter_is_one_instance_over_one_worker_op_per_group
     assert not [w for w in _row(table)["warnings"] if "not matched" in w]
 
 
+# Real torch 2.13 gloo, rank 0 of 4, two steps: each an async list-form reduce_scatter, an async
+# all_reduce and another async list-form reduce_scatter on the world, waited together. The first
+# two worker ops of step 2's first reduce_scatter start after the second reduce_scatter's call,
+# both threads free: they may have taken each other's op, both of the first reduce_scatter.
+_ASYNC_LIST_REDUCE_SCATTER = [
+    ("c10d::reduce_scatter_", 0.0, 4945.5, "0", [10.0, 11.0, 12.0, 13.0],
+     [(39, 409.5, 6373.2, 4096), (40, 5594.4, 2024.3, 4096), (39, 6810.2, 5051.3, 4096), (40, 7635.4, 5383.8, 4096)]),
+    ("c10d::allreduce_", 5129.9, 24.1, "0", [5130.0], [(39, 11882.3, 9942.5, 8192)]),
+    ("c10d::reduce_scatter_", 5300.5, 69.3, "0", [5301.0, 5302.0, 5303.0, 5304.0],
+     [(40, 13041.8, 5341.8, 4096), (40, 18405.5, 10433.3, 4096), (39, 25057.2, 12023.2, 4096),
+      (40, 28854.2, 9171.7, 4096)]),
+    ("c10d::reduce_scatter_", 38239.1, 87.4, "0", [38240.0, 38241.0, 38242.0, 38243.0],
+     [(40, 38524.8, 6915.5, 4096), (39, 38649.5, 7432.5, 4096), (40, 45943.5, 4878.9, 4096),
+      (39, 46178.6, 4705.9, 4096)]),
+    ("c10d::allreduce_", 38366.8, 6.5, "0", [38367.0], [(39, 50926.7, 4815.1, 8192)]),
+    ("c10d::reduce_scatter_", 38427.3, 39.3, "0", [38428.0, 38429.0, 38430.0, 38431.0],
+     [(40, 52786.4, 2916.3, 4096), (40, 55810.8, 7195.9, 4096), (39, 55868.5, 7648.4, 4096),
+      (40, 63039.8, 1888.1, 4096)]),
+]
+
+
+@pytest.mark.parametrize(("flight_recorder", "matched"), [(True, [0, 1, 2, 3, 4, 5]), (False, [0, 1, 2, 3])],
+                         ids=["flight_recorder", "plain"])
+def test_worker_ops_of_one_list_form_reduce_scatter_that_may_have_swapped_leave_no_doubt(tmp_path, flight_recorder,
+                                                                                        matched):
+    """FIFO doubt is about an op taking a later call's place; two ops of one call swapped
+    leave each call its own ops. Taken as doubt, step 2's first reduce_scatter lost two of
+    its four ops and was left out, unmatched, though no other call could have had them.
+    (Plain, op alone pairs them: step 2's all_reduce op and the next reduce_scatter's first
+    may have swapped, truly; the Flight Recorder's sizes tell them apart.)"""
+    from rankscope.analysis import ops
+
+    data = _list_reduce_scatter_trace(_ASYNC_LIST_REDUCE_SCATTER, flight_recorder=flight_recorder)
+    data["distributedInfo"]["pg_config"] = [{"pg_name": "0", "pg_size": 4, "ranks": [0, 1, 2, 3]}]
+    table = read_kineto(_write(tmp_path / "rank0.json", data))
+    coll = _collectives(table)
+    calls = [_ASYNC_LIST_REDUCE_SCATTER[i] for i in matched]
+    ns = lambda us: _BASE + round(us * 1000)  # noqa: E731
+    assert coll["op"].tolist() == [ops.canonical(name) for name, *_ in calls]
+    assert coll["start_ns"].tolist() == [ns(min(w[1] for w in workers)) for *_, workers in calls]
+    assert coll["end_ns"].tolist() == [max(ns(w[1]) + round(w[2] * 1000) for w in workers) for *_, workers in calls]
+    cut = [w for w in _row(table)["warnings"] if "run as one worker op per member" in w]
+    assert cut == ([] if flight_recorder else [  # the second reduce_scatter, its first op in doubt
+        "1 gloo call(s) run as one worker op per member of their group had only some of those paired (the "
+        "window's edges, or ops in doubt): not matched"])
+
+
 def test_a_list_form_reduce_scatter_of_a_group_whose_size_is_not_known_leaves_its_op_unmatched_and_says_why(tmp_path):
     """A plain trace names no call's group; where the rank's groups differ in size, how many
     all_reduce worker ops each reduce_scatter ran cannot be told, nor which of them are the
