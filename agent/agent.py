@@ -14,6 +14,7 @@ import importlib
 import json
 import logging
 import math
+import queue
 import re
 import shutil
 import socket
@@ -186,6 +187,9 @@ class Agent:
         self.stopping = ""  # why a signal stops the agent (`halt`): its captures in flight end with it
         self._runs_end_by: float | None = None  # when the captures' wait at a stop ends (`_end_runs`)
         self._lock = threading.Lock()
+        # What `halt` is told, for a thread of its own: put() takes no lock a signal may have cut into.
+        self._halts: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        threading.Thread(target=self._halt, name="halt", daemon=True).start()
 
     # lifecycle ----------------------------------------------------------------------
 
@@ -219,18 +223,21 @@ class Agent:
         restart may come to carry the captures on while their sweeps wait out their timeouts.
         Each capture in flight ends first, as a cancel ends it (the ranks' recording stopped,
         then DCGM resumed), and says so on the session, still open; then the session closes and
-        `run` returns through `close`. Returns at once: a signal handler calls it."""
-        with self._lock:
-            if self.stopping:
-                return
-            self.stopping = why
-        threading.Thread(target=self._halt, name="halt", daemon=True).start()
+        `run` returns through `close`. Returns at once, and takes no lock: a signal handler
+        calls it, on the main thread, which may hold the agent's lock as the signal lands."""
+        if not self.stopping:  # the first signal's reason stands
+            self.stopping = why  # set at once: a StartCapture from now on ends unbegun (`start_capture`)
+        self._halts.put(why)  # SimpleQueue.put is reentrant: safe in a signal handler
 
     def _halt(self) -> None:
+        """The first `halt`'s work, on its own thread (None from `close`: no halt came)."""
+        if self._halts.get() is None:
+            return
         self._end_runs()
         self.session.close(linger_s=LAST_WORD_S)
 
     def close(self) -> None:
+        self._halts.put(None)  # no halt to wait for any more (one under way goes on)
         self.stop.set()
         self.session.close()
         self._end_runs()

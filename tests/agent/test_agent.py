@@ -775,6 +775,31 @@ def test_raw_exports_not_begun_when_a_signal_stops_the_agent_are_not_hashed_nor_
     assert ("r1.parquet", True) not in hashed
 
 
+def test_a_signal_that_lands_while_the_main_thread_holds_the_agents_lock_stops_it_all_the_same(tmp_path: Path) -> None:
+    """The handler (commands.run: agent.halt) runs on the main thread, between two of its
+    steps; halt took the agent's lock, which that thread may hold then (start_capture writes a
+    capture's record under it): the handler waited on its own thread for ever, and each later
+    SIGTERM with it (seen: `rankscope agent` alive 10 s past timeout's SIGTERM, until SIGKILL)."""
+    config = AgentConfig(coordinator="127.0.0.1:1", name="n0", labels={}, spool=tmp_path / "spool",
+                         work_dir=tmp_path / "work", backends=("fake",), max_backoff_s=0.5,
+                         dcgm=dcgm.DcgmConfig(mode="none", ledger_dir=tmp_path / "dcgm-ledger"))
+    agent = Agent(config)
+    returned = threading.Event()
+
+    def interrupted() -> None:  # as the signal lands on the thread that holds the lock
+        with agent._lock:
+            agent.halt("agent stopped by SIGTERM")
+            returned.set()
+
+    threading.Thread(target=interrupted, daemon=True).start()
+    assert returned.wait(5), "halt waited on a lock its own thread held"
+    deadline = time.monotonic() + WAIT_S
+    while not agent.stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert agent.stopping == "agent stopped by SIGTERM" and agent.stop.is_set()  # the session closed
+    agent.close()
+
+
 def test_another_agent_taking_over_the_node_stops_this_one_with_one_line(coordinator, tmp_path: Path, capsys) -> None:
     servicer, address = coordinator
     servicer.session_refusal = (grpc.StatusCode.ALREADY_EXISTS,
