@@ -206,9 +206,10 @@ class Agent:
                     run.begin(restarted=True)  # a window left open is stopped first
             # As in close(): DCGM gets the counters back once the windows the previous process
             # left recording are stopped; resumed sooner, the two fight over them (dcgm.md §7).
-            # A stop meanwhile ends the wait: close() gives them CLOSE_WAIT_S, as its budget says.
+            # A stop meanwhile (a halt too) ends the wait: close() gives them CLOSE_WAIT_S, as its
+            # budget says; counted twice, the stop would outlast STOP_BUDGET_S.
             deadline = time.monotonic() + CLOSE_WAIT_S
-            while recording and not self.stop.is_set() and time.monotonic() < deadline:
+            while recording and not (self.stop.is_set() or self.stopping) and time.monotonic() < deadline:
                 recording = [run for run in recording if not run.window_shut.wait(0.1)]
             left = self.pauses.recover()
             if left is not None:
