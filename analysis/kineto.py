@@ -629,7 +629,7 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
     calls = _take(calls, _present(calls["op"]))
     call_pg = _coalesce(np.array([_pg(a) for a in trace.args(calls["row"].tolist())], object), calls["fr_pg"])
     calls["worker_ops"] = _worker_ops(events, work, calls, call_pg, trace.top)
-    counted_work, counted = _countable(events, work, calls, notes)
+    counted_work, counted = _countable(events, work, calls, bool(_pg_config(trace.top)), notes)
     work, calls, call_pg = work[counted_work], _take(calls, counted), call_pg[counted]
     work_bytes = _total_bytes(trace.args(work.tolist()))
     paired, call = _pair_in_order(events, work, work_bytes, calls, call_pg, notes)
@@ -846,11 +846,12 @@ def _members(config: dict) -> int | None:
     return len(ranks) if isinstance(ranks, list) else size if type(size) is int else None
 
 
-def _countable(events: Events, work: np.ndarray, calls: dict[str, np.ndarray],
+def _countable(events: Events, work: np.ndarray, calls: dict[str, np.ndarray], listed: bool,
                notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Masks of the worker ops (rows) and calls that can be paired: not those of a line with a
     call whose worker ops are not known in number (`_worker_ops`: 0), whose ops FIFO would
-    give to the calls after it. A warning names them."""
+    give to the calls after it. A warning names them, and why (the trace ``listed`` groups,
+    of sizes that differ, or none)."""
     unknown = calls["worker_ops"] == 0
     if not unknown.any():
         return np.ones(len(work), bool), np.ones(len(unknown), bool)
@@ -861,8 +862,8 @@ def _countable(events: Events, work: np.ndarray, calls: dict[str, np.ndarray],
     runs = ", ".join(np.unique(events.names.text[events.name[work[lost_work]]]).tolist())
     notes.append(f"{int(lost_work.sum())} gloo worker op(s) of {int(lost_calls.sum())} call(s) not matched: gloo "
                  f"runs {int(unknown.sum())} {names} call(s) as one {runs} per member of their group, which the "
-                 "trace does not name (its groups differ in size; the rankscope torch hook's Flight Recorder "
-                 f"would), so the {runs} ops cannot be counted off to their calls")
+                 f"trace does not name ({'its groups differ in size' if listed else 'it lists no groups'}; the "
+                 f"rankscope torch hook's Flight Recorder would), so the {runs} ops cannot be counted off to their calls")
     return ~lost_work, ~lost_calls
 
 

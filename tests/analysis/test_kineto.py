@@ -1554,6 +1554,16 @@ def test_a_list_form_reduce_scatter_of_a_group_whose_size_is_not_known_leaves_it
         "their calls"]
 
 
+def test_a_list_form_reduce_scatter_in_a_trace_listing_no_groups_is_said_so(tmp_path):
+    """No group listed at all: the warning says that, not that the groups differ in size."""
+    data = _list_reduce_scatter_trace(_LIST_REDUCE_SCATTER, flight_recorder=False)
+    del data["distributedInfo"]["pg_config"]
+    table = read_kineto(_write(tmp_path / "rank0.json", data))
+    assert _collectives(table).empty
+    (note,) = [w for w in _row(table)["warnings"] if "not matched" in w]
+    assert "which the trace does not name (it lists no groups;" in note
+
+
 def test_where_no_call_could_be_matched_analyze_says_why_before_its_error(tmp_path, capsys):
     """Both ranks' all_reduce and reduce_scatter ops left unmatched (groups of unknown size):
     no collective is left to align, and the error alone ("no collectives") would hide why.
