@@ -76,7 +76,8 @@ class DcgmOutcome(str, Enum):
 class PauseNotRecorded(ToolError):
     """The pause ledger could not take a capture's pause (a full disk, a read-only folder), or
     the manager is closed (the agent going): a pause it cannot keep on record (renewed,
-    released, read by the host's other agents) is not held. ``undone``: how the pause was given back (a `release` outcome), None where none was made."""
+    released, read by the host's other agents) is not held. ``undone``: how the pause was
+    given back (a `release` outcome), None where none was made."""
 
     def __init__(self, message: str, *, undone: DcgmOutcome | None) -> None:
         super().__init__(message)
