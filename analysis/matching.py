@@ -34,6 +34,7 @@ class Matching:
     sizes: dict[str, int]  # comm_id -> member count, those absent from the input too where the traces say
     names: dict[str, str | None]  # comm_id -> name from the trace (PG name, commName)
     unconfirmed: frozenset[str]  # comm_ids whose members no trace lists nor a size confirms: maybe pooled groups
+    realigned: frozenset[str]  # comm_ids a member's ordinals were shifted on (a capture cut a few calls off)
     method: str  # "trace seq", "ordinal", or "trace seq + ordinal"
     instances: int
     dropped_incomplete: int
@@ -173,8 +174,9 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     host, _ = codes(events["host"])
     end = np.asarray(events["end_ns"], np.int64)
     together = member_of(ops, N_TO_N_OPS)[op]  # calls whose ends coincide on every member
-    _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
-    _shift_ordinals_across_hosts(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
+    realigned = frozenset(
+        _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
+        | _shift_ordinals_across_hosts(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings))
 
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
     if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
@@ -216,6 +218,7 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         sizes=sizes,
         names=names,
         unconfirmed=unconfirmed,
+        realigned=realigned,
         method=method,
         instances=int(len(ok)),
         dropped_incomplete=incomplete,
@@ -282,7 +285,7 @@ def _shift_ordinals_on_shared_clocks(
     rank: np.ndarray,
     end: np.ndarray,
     warnings: list[str],
-) -> None:
+) -> set[str]:
     """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a few calls off.
 
     Members on one host share a clock, so the k-th call's end must coincide with the
@@ -295,7 +298,7 @@ def _shift_ordinals_on_shared_clocks(
     """
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
-        return
+        return set()
     c, h, r, k, e = comm[rows], host[rows], rank[rows], key_seq[rows], end[rows]
     per_rank = Groups(c, h, r, within=k)  # each rank's calls in ordinal order
     rc, rh, rr = per_rank.keys
@@ -314,7 +317,7 @@ def _shift_ordinals_on_shared_clocks(
     # The usual case: every end within a quarter of the closest spacing of any reference,
     # so no rank's median miss exceeds a quarter of its reference's median spacing.
     if not len(gaps) or not compared.any() or 4 * int(off[compared].max()) <= int(gaps.min()):
-        return
+        return set()
     checked = Groups(group[compared], ordered=True)
     miss = np.zeros(per_rank.count)
     miss[checked.keys[0]] = checked.median(off[compared].astype(np.float64))
@@ -323,6 +326,7 @@ def _shift_ordinals_on_shared_clocks(
     spacing = np.full(per_rank.count, np.inf)
     spacing[of_reference.keys[0]] = of_reference.median(gaps.astype(np.float64))
     spacing = spacing[ref_of]
+    shifted = set()
     for i in np.flatnonzero(miss > spacing / 4).tolist():  # off its reference: rare, one by one
         mine_rows = rows[(c == rc[i]) & (r == rr[i])]
         mine = mine_rows[np.argsort(key_seq[mine_rows], kind="stable")]
@@ -333,10 +337,12 @@ def _shift_ordinals_on_shared_clocks(
             warnings.append(f"communicator {comm_id}: rank {rr[i]}'s calls do not line up with its host's other members")
             continue
         key_seq[mine_rows] += shift
+        shifted.add(str(comm_id))
         warnings.append(
             f"communicator {comm_id}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
             f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
         )
+    return shifted
 
 
 def _references(size: np.ndarray, rank: np.ndarray, *scope: np.ndarray) -> np.ndarray:
@@ -360,7 +366,7 @@ def _shift_ordinals_across_hosts(
     rank: np.ndarray,
     end: np.ndarray,
     warnings: list[str],
-) -> None:
+) -> set[str]:
     """Re-align ordinals (``key_seq``, in place) of members whose calls are a few off their
     communicator's reference member (the one with most calls), on another host than its: a
     member on the reference's host shares its clock, and its ends were compared whole
@@ -374,7 +380,7 @@ def _shift_ordinals_across_hosts(
     §5: one off-by-one corrupts the clock fit, and the fit alone cannot tell)."""
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
-        return
+        return set()
     per_rank = Groups(comm[rows], rank[rows], within=key_seq[rows])
     rc, rr = per_rank.keys
     ref_of = _references(per_rank.size, rr, rc)
@@ -398,7 +404,7 @@ def _shift_ordinals_across_hosts(
     compared = inside & (ref != group[at])
     deviation = np.abs(gap - (ends[ref_at] - ends[ref_before]))[compared]
     if not len(deviation):
-        return
+        return set()
     checked = Groups(group[at][compared], ordered=True)
     miss = checked.median(deviation.astype(np.float64))
     own = ref == group[at]
@@ -410,6 +416,7 @@ def _shift_ordinals_across_hosts(
     suspect = checked.keys[0][miss > spacing[ref_of[checked.keys[0]]] / 200]
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
+    shifted = set()
     for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
         mine = (group[at] == i)
@@ -418,10 +425,12 @@ def _shift_ordinals_across_hosts(
         if not shift:
             continue
         key_seq[rows[per_rank.order[lo : lo + n]]] += shift
+        shifted.add(str(comm_ids[rc[i]]))
         warnings.append(
             f"communicator {comm_ids[rc[i]]}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
             f"{'behind' if shift > 0 else 'ahead of'} rank {rr[j]}'s; re-aligned on the gaps between end times"
         )
+    return shifted
 
 
 def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -79,7 +79,7 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     matched = matching.match(collectives, communicators, set(ranks))
     events = matched.events
     hosts = natural(set(host_of_rank))  # the report's host rows and warnings in that order
-    model, hb, mispaired = _aligned(events, hosts, clock_hints, matched.unconfirmed, notes)
+    model, hb, mispaired = _aligned(events, hosts, clock_hints, matched, notes)
     sizes = _known_sizes(matched, missing, notes)
 
     inst = metrics.instance_frame(events)
@@ -149,14 +149,14 @@ def _coverage_notes(ranks: list[int], world: int | None, missing: list[int], col
     return notes
 
 
-def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | None, unconfirmed: frozenset[str],
+def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | None, matched: matching.Matching,
              notes: list[str]) -> tuple[clock.ClockModel, clock.HappensBefore, int]:
     """Fit the hosts' clocks and put ``events`` on the aligned time base (start, end, sigma);
     the model, its happens-before check (a note where it finds violations), and how many
     instances were dropped as mispaired (`_mispaired`: the clocks are fitted again without them)."""
     model = _on_clock(events, hosts, clock_hints)
     hb = clock.happens_before(events)
-    mispaired = _mispaired(hb, events, unconfirmed)
+    mispaired = _mispaired(hb, events, matched.unconfirmed)
     if len(mispaired):
         instance = np.array(events["instance"], dtype=np.int64)
         comm, comm_ids = codes(events["comm_id"])
@@ -167,12 +167,14 @@ def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | No
         notes.append(f"{len(mispaired)} N-to-N instance(s) on communicators whose members were inferred "
                      f"({some_of(comms)}) broke happens-before by far more than the clocks' uncertainty: calls of "
                      "different collectives paired by op and call order (a capture that lost calls of one rank); "
-                     "dropped, and the clocks fitted without them")
+                     "dropped, and the clocks fitted without them"
+                     + ("; the calls of those communicators were re-aligned on their end times first, a shift these "
+                        "pairs put in doubt too" if matched.realigned & set(comms) else ""))
         pywarnings.warn(notes[-1], RankscopeWarning, stacklevel=3)
         model = _on_clock(events, hosts, clock_hints)
         hb = clock.happens_before(events)
     if hb.violations:
-        notes.append(_happens_before_note(hb, events, unconfirmed))
+        notes.append(_happens_before_note(hb, events, matched.unconfirmed))
     return model, hb, len(mispaired)
 
 
