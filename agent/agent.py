@@ -73,7 +73,9 @@ CLOSE_WAIT_S = 60.0
 LAST_WORD_S = 5.0
 # The longest the agent takes to end on SIGTERM, for its supervisors to allow (deploy/, checked
 # by tests/test_deploy.py). Worst case, DCGM answering nothing: the main thread first ends a
-# Register call or, just started, recover()'s resume series; the captures get CLOSE_WAIT_S, then
+# Register call or, just started, recover()'s resume series (stopped as it waited for windows a
+# previous process left recording, that series comes in close(), once they stop, in place of the
+# lock holder's, which no lease then re-asserts); the captures get CLOSE_WAIT_S, then
 # LAST_WORD_S to say how they ended; then close() waits for the pause lock's holder (the lease
 # timer re-asserting, then its resume series or a capture's) and makes its own series. One capture
 # at a time holds a pause (the coordinator's busy rule); other agents of the host holding the
@@ -186,6 +188,7 @@ class Agent:
         self.registered = threading.Event()
         self.stopping = ""  # why a signal stops the agent (`halt`): its captures in flight end with it
         self._runs_end_by: float | None = None  # when the captures' wait at a stop ends (`_end_runs`)
+        self._recover_at_close = False  # a stop came as `run` waited for windows left recording
         self._lock = threading.Lock()
         # What `halt` is told, for a thread of its own: put() takes no lock a signal may have cut into.
         self._halts: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -207,15 +210,15 @@ class Agent:
             # As in close(): DCGM gets the counters back once the windows the previous process
             # left recording are stopped; resumed sooner, the two fight over them (dcgm.md §7).
             # A stop meanwhile (a halt too) ends the wait: close() gives them CLOSE_WAIT_S, as its
-            # budget says; counted twice, the stop would outlast STOP_BUDGET_S.
+            # budget says; counted twice, the stop would outlast STOP_BUDGET_S. The recovery then
+            # waits for that too (close() runs it): run here, it resumed DCGM under those windows.
             deadline = time.monotonic() + CLOSE_WAIT_S
             while recording and not (self.stop.is_set() or self.stopping) and time.monotonic() < deadline:
                 recording = [run for run in recording if not run.window_shut.wait(0.1)]
-            left = self.pauses.recover()
-            if left is not None:
-                error = f" ({self.pauses.error})" if self.pauses.error else ""
-                log.warning("a DCGM pause left by a previous agent: %s%s", left.value, error)
-            self.session.run()
+            self._recover_at_close = bool(recording) and bool(self.stop.is_set() or self.stopping)
+            if not self._recover_at_close:
+                self._recover()
+            self.session.run()  # a halt's last word, the restarted captures' failures with it, goes out here
         finally:
             self.close()
 
@@ -237,11 +240,20 @@ class Agent:
         self._end_runs()
         self.session.close(linger_s=LAST_WORD_S)
 
+    def _recover(self) -> None:
+        left = self.pauses.recover()
+        if left is not None:
+            error = f" ({self.pauses.error})" if self.pauses.error else ""
+            log.warning("a DCGM pause left by a previous agent: %s%s", left.value, error)
+
     def close(self) -> None:
         self._halts.put(None)  # no halt to wait for any more (one under way goes on)
         self.stop.set()
         self.session.close()
         self._end_runs()
+        if self._recover_at_close:  # stopped while windows a previous process left still recorded
+            self._recover_at_close = False
+            self._recover()
         self.pauses.close()
         self.channel.close()
         self.hold.release()

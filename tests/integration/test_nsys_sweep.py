@@ -425,3 +425,37 @@ def test_an_agent_killed_mid_capture_resumes_dcgm_on_restart_only_after_the_wind
     wait_for("the restarted agent to stop the windows and resume DCGM", settled, START_S, 0.05)
     assert not overlap, "DCGM resumed while a window the dead agent left still recorded"
     assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume"]
+
+
+def test_an_agent_stopped_while_it_stops_the_windows_a_killed_one_left_resumes_dcgm_only_after_they_stop(
+        make_cluster) -> None:
+    """kill -9 in the window, then SIGTERM to the restarted agent while it waits for the
+    windows the dead one left recording (`nsys stop` taking seconds): the signal ended that wait
+    and the startup recovery resumed DCGM at once, while the ranks still sampled the counters."""
+    cluster = make_cluster(1)
+    cluster.coordinator()
+    cluster.node("n0", 0)
+    sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=600)
+
+    def sessions() -> list[dict]:
+        return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
+
+    wait_for("both ranks' windows to open", lambda: [s["state"] for s in sessions()] == ["collecting"] * 2,
+             START_S, 0.05)
+    cluster.kill("n0")
+    standin_nsys.configure(cluster.nsys_state("n0"), stop_s=5)
+    cluster.start_agent("n0")
+    wait_for("the restarted agent to stop the windows left open", lambda: cluster.nsys_calls("n0", "stop"),
+             START_S, 0.02)
+    agent = cluster.procs["n0"]
+    agent.send_signal(signal.SIGTERM)
+    overlap = False
+    while agent.poll() is None:
+        overlap |= not cluster.paused("n0") and any(s["state"] == "collecting" for s in sessions())
+        time.sleep(0.05)
+    assert agent.returncode == 0
+    assert not overlap, "DCGM resumed while a window the dead agent left still recorded"
+    assert not cluster.paused("n0") and {s["state"] for s in sessions()} == {"launched"}
+    assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume"]
+    (node,) = cluster.wait_final(sweep_id, 30).nodes
+    assert node.state == pb.NODE_STATE_FAILED and node.reason == "agent restarted while capturing"
