@@ -238,6 +238,8 @@ class Agent:
         if self._halts.get() is None:
             return
         self._end_runs()
+        for run in list(self.runs.values()):
+            run.outlasted_stop()
         self.session.close(linger_s=LAST_WORD_S)
 
     def _recover(self) -> None:
@@ -384,6 +386,7 @@ class CaptureRun:
         self._deadline_timer: threading.Timer | None = None
         self._status_lock = threading.Lock()
         self.unsent = False  # the latest status found no session: on_connect reports it
+        self._said_end = False  # its last status (FAILED, DCGM_RESUMED) was sent, or tried
         self._persist_lock = threading.Lock()
         self._unsaved = False  # the last save failed (logged once until one succeeds)
 
@@ -467,6 +470,24 @@ class CaptureRun:
     def cancel(self, reason: str) -> None:
         self.cancel_reason = reason
         self.cancelled.set()
+
+    def outlasted_stop(self) -> None:
+        """A signal's wait for this capture is over, its thread still in a step (an `nsys start`
+        or stop that hangs: a rank told to go records until told to stop, so its start is waited
+        for): the node fails at the coordinator all the same, saying why, before the session
+        closes; else the sweep waited out its timeout for a node whose agent had gone. DCGM is
+        resumed on the way out (`Agent.close`)."""
+        if not (self.cancelled.is_set() and self._thread is not None and self._thread.is_alive()):
+            return
+        with self._status_lock:
+            if self._said_end:
+                return
+            self._said_end = True
+            status = self._status(NodeState.FAILED, f"{self.cancel_reason}; the capture had not ended when the "
+                                                     f"agent exited, {CLOSE_WAIT_S:g} s on")
+            if self.capture.owes_resume:
+                status.dcgm_detail = "paused for this capture until the agent's exit, which resumes it"
+            self.agent.send_status(status)
 
     def _run(self, restarted: bool) -> None:
         try:
@@ -833,6 +854,7 @@ class CaptureRun:
         if report.state is NodeState.EXPORTING:
             self._export_began()
         with self._status_lock:
+            self._said_end |= report.state in states.AGENT_DONE
             self.unsent = not self.agent.send_status(self._status(report.state, report.detail))
 
     def report_latest(self) -> None:

@@ -775,6 +775,36 @@ def test_raw_exports_not_begun_when_a_signal_stops_the_agent_are_not_hashed_nor_
     assert ("r1.parquet", True) not in hashed
 
 
+def test_a_capture_whose_step_outlasts_a_signals_wait_still_ends_its_node_saying_why(
+        coordinator, tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM while the ranks' `nsys start` hung (told to go, a rank records until told to stop,
+    so the agent waits for its start, up to minutes): past CLOSE_WAIT_S the halt closed the
+    session without a word for the node, and the sweep waited out its timeout (seen with real
+    processes: the node CAPTURING, DCGM paused, no reason, 100 s after the agent had gone)."""
+    servicer, address = coordinator
+    log, hung, release = Log(), threading.Event(), threading.Event()
+    monkeypatch.setattr(agent_mod, "CLOSE_WAIT_S", 1.0)
+
+    def hangs(request: CaptureRequest) -> None:
+        hung.set()
+        release.wait(WAIT_S)
+
+    agent, thread = start_agent(address, tmp_path, log, monkeypatch, on_start=hangs)
+    try:
+        servicer.commands.put(pb.CoordinatorCommand(start=pb.StartCapture(sweep_id="h7", backend="fake",
+                                                                          duration_s=600, timeout_s=900)))
+        assert hung.wait(WAIT_S)
+        agent.halt("agent stopped by SIGTERM")
+        seen = servicer.statuses("h7", pb.NODE_STATE_DCGM_RESUMED)
+        assert seen[-1].state == pb.NODE_STATE_FAILED
+        assert seen[-1].reason.startswith("agent stopped by SIGTERM while capturing")
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        assert log.calls[-1] == "dcgm.resume"  # on the way out, the step still hung
+    finally:
+        release.set()
+
+
 def test_a_signal_that_lands_while_the_main_thread_holds_the_agents_lock_stops_it_all_the_same(tmp_path: Path) -> None:
     """The handler (commands.run: agent.halt) runs on the main thread, between two of its
     steps; halt took the agent's lock, which that thread may hold then (start_capture writes a
