@@ -862,6 +862,11 @@ class CaptureRun:
         state = self.capture.state
         detail = self.record.get("detail", "")
         with self._status_lock:
+            if self.capture.done and not self._said_end and self._thread is not None and self._thread.is_alive():
+                # Its end's plan runs (the window stopped, then DCGM resumed; a restart's failure
+                # too): that plan's own report says it, DCGM as it ended. Said now, DCGM as it was
+                # then stood: the coordinator keeps a node's first FAILED.
+                return
             if state is NodeState.DCGM_RESUMED:
                 self.agent.send_status(self._status(NodeState.UPLOADED, "uploaded"))
             self.unsent = not self.agent.send_status(self._status(state, detail))

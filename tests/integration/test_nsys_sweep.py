@@ -459,3 +459,5 @@ def test_an_agent_stopped_while_it_stops_the_windows_a_killed_one_left_resumes_d
     assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume"]
     (node,) = cluster.wait_final(sweep_id, 30).nodes
     assert node.state == pb.NODE_STATE_FAILED and node.reason == "agent restarted while capturing"
+    # Said once the window stopped and DCGM came back: the coordinator keeps a node's first FAILED.
+    assert node.dcgm == pb.DCGM_OUTCOME_RESUMED, pb.DcgmOutcome.Name(node.dcgm)
