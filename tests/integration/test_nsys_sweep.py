@@ -321,6 +321,28 @@ def test_two_agents_of_one_host_keep_dcgm_paused_until_both_captures_end(make_cl
         ("pause", "bindings"), ("pause", "dcgmi"), ("resume", "bindings")]
 
 
+def _sessions(cluster, node: str) -> list[dict]:
+    return list(standin_nsys.sessions(cluster.nsys_state(node)).values())
+
+
+def _windows_open(cluster, node: str) -> None:
+    wait_for("both ranks' windows to open",
+             lambda: [s["state"] for s in _sessions(cluster, node)] == ["collecting"] * 2, START_S, 0.05)
+
+
+def _stopped_by_sigterm(cluster, node: str) -> bool:
+    """SIGTERM to the node's agent, watched until it exits (0): whether DCGM was resumed
+    meanwhile while a rank still recorded."""
+    agent = cluster.procs[node]
+    agent.send_signal(signal.SIGTERM)
+    overlap = False
+    while agent.poll() is None:
+        overlap |= not cluster.paused(node) and any(s["state"] == "collecting" for s in _sessions(cluster, node))
+        time.sleep(0.05)
+    assert agent.returncode == 0
+    return overlap
+
+
 def test_an_agent_stopped_mid_capture_resumes_dcgm_only_after_the_ranks_stop_recording(make_cluster) -> None:
     """SIGTERM in the window, with `nsys stop` taking seconds (it writes the report): the agent
     resumed DCGM after 5 s while a session still sampled GPU metrics, and exited with the
@@ -332,20 +354,10 @@ def test_an_agent_stopped_mid_capture_resumes_dcgm_only_after_the_ranks_stop_rec
     standin_nsys.configure(cluster.nsys_state("n0"), stop_s=4)
     sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=600)
 
-    def sessions() -> list[dict]:
-        return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
-
-    wait_for("both ranks' windows to open", lambda: [s["state"] for s in sessions()] == ["collecting"] * 2,
-             START_S, 0.05)
-    agent = cluster.procs["n0"]
-    agent.send_signal(signal.SIGTERM)
-    overlap = False
-    while agent.poll() is None:
-        overlap |= not cluster.paused("n0") and any(s["state"] == "collecting" for s in sessions())
-        time.sleep(0.05)
-    assert agent.returncode == 0
+    _windows_open(cluster, "n0")
+    overlap = _stopped_by_sigterm(cluster, "n0")
     assert not overlap, "DCGM resumed while a rank still recorded"
-    assert not cluster.paused("n0") and {s["state"] for s in sessions()} == {"launched"}
+    assert not cluster.paused("n0") and {s["state"] for s in _sessions(cluster, "n0")} == {"launched"}
     (node,) = cluster.wait_final(sweep_id, 30).nodes
     assert node.state == pb.NODE_STATE_FAILED and node.reason == "agent stopped by SIGTERM while capturing"
     assert node.dcgm == pb.DCGM_OUTCOME_RESUMED
@@ -406,11 +418,7 @@ def test_an_agent_killed_mid_capture_resumes_dcgm_on_restart_only_after_the_wind
     cluster.node("n0", 0)
     cluster.capture(["n0"], duration_s=60, timeout_s=90)
 
-    def sessions() -> list[dict]:
-        return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
-
-    wait_for("both ranks' windows to open", lambda: [s["state"] for s in sessions()] == ["collecting"] * 2,
-             START_S, 0.05)
+    _windows_open(cluster, "n0")
     cluster.kill("n0")
     standin_nsys.configure(cluster.nsys_state("n0"), stop_s=2)
     cluster.start_agent("n0")
@@ -418,7 +426,7 @@ def test_an_agent_killed_mid_capture_resumes_dcgm_on_restart_only_after_the_wind
 
     def settled() -> bool:
         nonlocal overlap
-        states = {s["state"] for s in sessions()}
+        states = {s["state"] for s in _sessions(cluster, "n0")}
         overlap |= not cluster.paused("n0") and "collecting" in states
         return not cluster.paused("n0") and states == {"launched"}
 
@@ -437,25 +445,15 @@ def test_an_agent_stopped_while_it_stops_the_windows_a_killed_one_left_resumes_d
     cluster.node("n0", 0)
     sweep_id = cluster.capture(["n0"], duration_s=60, timeout_s=600)
 
-    def sessions() -> list[dict]:
-        return list(standin_nsys.sessions(cluster.nsys_state("n0")).values())
-
-    wait_for("both ranks' windows to open", lambda: [s["state"] for s in sessions()] == ["collecting"] * 2,
-             START_S, 0.05)
+    _windows_open(cluster, "n0")
     cluster.kill("n0")
     standin_nsys.configure(cluster.nsys_state("n0"), stop_s=5)
     cluster.start_agent("n0")
     wait_for("the restarted agent to stop the windows left open", lambda: cluster.nsys_calls("n0", "stop"),
              START_S, 0.02)
-    agent = cluster.procs["n0"]
-    agent.send_signal(signal.SIGTERM)
-    overlap = False
-    while agent.poll() is None:
-        overlap |= not cluster.paused("n0") and any(s["state"] == "collecting" for s in sessions())
-        time.sleep(0.05)
-    assert agent.returncode == 0
+    overlap = _stopped_by_sigterm(cluster, "n0")
     assert not overlap, "DCGM resumed while a window the dead agent left still recorded"
-    assert not cluster.paused("n0") and {s["state"] for s in sessions()} == {"launched"}
+    assert not cluster.paused("n0") and {s["state"] for s in _sessions(cluster, "n0")} == {"launched"}
     assert [c["op"] for c in cluster.dcgm_calls("n0")] == ["pause", "resume"]
     (node,) = cluster.wait_final(sweep_id, 30).nodes
     assert node.state == pb.NODE_STATE_FAILED and node.reason == "agent restarted while capturing"
