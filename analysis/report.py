@@ -359,9 +359,8 @@ def _unsplit_line(report: Report) -> list[str]:
     unsplit = [r for r in sorted(report.ranks, key=lambda r: r.rank) if r.nccl_unmatched_ns]
     if not unsplit:
         return []
-    listed = ", ".join(f"rank {r.rank}: {fmt_ns(r.nccl_unmatched_ns)}" for r in unsplit[:4])
-    more = f" and {len(unsplit) - 4} more rank{'s' if len(unsplit) > 5 else ''}" if len(unsplit) > 4 else ""
-    return [f"nccl also counts calls matched to no instance, not split into wait and transfer ({listed}{more})"]
+    listed = some_of([f"rank {r.rank}: {fmt_ns(r.nccl_unmatched_ns)}" for r in unsplit], 4)
+    return [f"nccl also counts calls matched to no instance, not split into wait and transfer ({listed})"]
 
 
 def _communicator_table(report: Report) -> list[str]:
