@@ -628,8 +628,9 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
     calls = _calls(trace, notes)
     calls = _take(calls, _present(calls["op"]))
     call_pg = _coalesce(np.array([_pg(a) for a in trace.args(calls["row"].tolist())], object), calls["fr_pg"])
-    calls["worker_ops"] = _worker_ops(events, work, calls, call_pg, trace.top)
-    counted_work, counted = _countable(events, work, calls, bool(_pg_config(trace.top)), notes)
+    configs = _pg_config(trace.top)
+    calls["worker_ops"] = _worker_ops(events, work, calls, call_pg, configs)
+    counted_work, counted = _countable(events, work, calls, bool(configs), notes)
     work, calls, call_pg = work[counted_work], _take(calls, counted), call_pg[counted]
     work_bytes = _total_bytes(trace.args(work.tolist()))
     paired, call = _pair_in_order(events, work, work_bytes, calls, call_pg, notes)
@@ -823,17 +824,17 @@ def _op_lines(events: Events, work: np.ndarray, calls: dict[str, np.ndarray]) ->
 
 
 def _worker_ops(events: Events, work: np.ndarray, calls: dict[str, np.ndarray], call_pg: np.ndarray,
-                top: dict) -> np.ndarray:
+                configs: dict[str, dict]) -> np.ndarray:
     """How many of the worker ops (rows ``work``) each call runs as: one, but a call gloo runs
     as one per member of its group (`_GLOO_PER_MEMBER`) as many as its group has, where the
-    trace lists its group (``call_pg``), else the size all the groups it lists share; 0
-    where neither tells (a plain trace names no call's group)."""
+    trace lists its group (``call_pg``; ``configs``: the groups listed), else the size all the
+    groups it lists share; 0 where neither tells (a plain trace names no call's group)."""
     count = np.ones(len(calls["row"]), np.int64)
     runs_as = _gloo_runs_as(set(events.names.op[events.name[work]].tolist()))
     spread = equal_any(events.names.text[events.name[calls["row"]]], list(_GLOO_PER_MEMBER))
     spread &= equal_any(calls["op"], list(runs_as))
     if spread.any():
-        sizes = {name: size for name, config in _pg_config(top).items() if (size := _members(config))}
+        sizes = {name: size for name, config in configs.items() if (size := _members(config))}
         shared = set(sizes.values())
         either = shared.pop() if len(shared) == 1 else 0
         count[spread] = [sizes.get(pg, either) for pg in call_pg[spread].tolist()]
