@@ -442,17 +442,11 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray, widest: int = 8) -> int:
+                    ref_joint: np.ndarray) -> int:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
     s further on (both ends of calls that end together) than unshifted; 0 where none is."""
-    misses = {}
-    for shift in range(-widest, widest + 1):
-        a, b = first + shift, last + shift
-        inside = (a >= 0) & (b < len(ref_ends))
-        inside[inside] &= ref_joint[a[inside]] & ref_joint[b[inside]]
-        if inside.sum() >= max(1, len(gaps) // 2):
-            misses[shift] = float(np.median(np.abs(gaps[inside] - (ref_ends[b[inside]] - ref_ends[a[inside]]))))
+    misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(1, len(gaps) // 2), before=first)
     best = min(misses, key=misses.get, default=0)
     return best if 0 in misses and 4 * misses[best] < misses[0] else 0
 
@@ -461,23 +455,27 @@ def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together
                 ref_together: np.ndarray) -> int | None:
     """The shift s (mine[k] ~ ref[k + s]) whose ends coincide, if one clearly does, comparing
     only ends of calls that end together on every member."""
-    misses = _shift_misses(mine, np.arange(len(mine)), ref, mine_together, ref_together)
+    need = max(1, min(int(mine_together.sum()), int(ref_together.sum())) // 2)  # half of the shorter
+    misses = _shift_misses(mine[mine_together], np.flatnonzero(mine_together), ref, ref_together, need)
     best = min(misses, key=misses.get, default=None)
     return best if best is not None and misses[best] < spacing / 4 else None
 
 
-def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, mine_kept: np.ndarray, ref_kept: np.ndarray,
-                  widest: int = 8) -> dict[int, float]:
-    """Per shift s within ``widest``, the median of |mine[k] - ref[at[k] + s]| over the k
-    where the reference has that value and both are kept, for the shifts that overlap half
-    of the shorter (in values kept)."""
+def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, ref_kept: np.ndarray, need: int,
+                  widest: int = 8, before: np.ndarray | None = None) -> dict[int, float]:
+    """Per shift s within ``widest``, the median of |mine[k] - ref[at[k] + s]| (given
+    ``before``, ``mine`` are gaps: |mine[k] - (ref[at[k] + s] - ref[before[k] + s])|) over
+    the k whose reference values exist and are kept, for the shifts that compare ``need``
+    of them or more."""
     misses = {}
     for shift in range(-widest, widest + 1):
-        to = at + shift
-        inside = (to >= 0) & (to < len(ref))
-        inside[inside] &= mine_kept[inside] & ref_kept[to[inside]]
-        if inside.sum() >= max(1, min(int(mine_kept.sum()), int(ref_kept.sum())) // 2):
-            misses[shift] = float(np.median(np.abs(mine[inside] - ref[to[inside]])))
+        points = [at + shift] if before is None else [at + shift, before + shift]
+        inside = np.logical_and.reduce([(p >= 0) & (p < len(ref)) for p in points])
+        for p in points:
+            inside[inside] &= ref_kept[p[inside]]
+        if inside.sum() >= need:
+            value = ref[points[0][inside]] - (ref[points[1][inside]] if before is not None else 0)
+            misses[shift] = float(np.median(np.abs(mine[inside] - value)))
     return misses
 
 
