@@ -213,14 +213,17 @@ class Agent:
             # budget says; counted twice, the stop would outlast STOP_BUDGET_S. The recovery then
             # waits for that too (close() runs it): run here, it resumed DCGM under those windows.
             deadline = time.monotonic() + CLOSE_WAIT_S
-            while recording and not (self.stop.is_set() or self.stopping) and time.monotonic() < deadline:
+            while recording and not self._stopping_or_stopped() and time.monotonic() < deadline:
                 recording = [run for run in recording if not run.window_shut.wait(0.1)]
-            self._recover_at_close = bool(recording) and bool(self.stop.is_set() or self.stopping)
+            self._recover_at_close = bool(recording) and self._stopping_or_stopped()
             if not self._recover_at_close:
                 self._recover()
             self.session.run()  # a halt's last word, the restarted captures' failures with it, goes out here
         finally:
             self.close()
+
+    def _stopping_or_stopped(self) -> bool:
+        return self.stop.is_set() or bool(self.stopping)
 
     def halt(self, why: str) -> None:
         """Stop for ``why``, a signal: a pod deleted, a job ended, a service stopped, where no
