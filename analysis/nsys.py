@@ -20,7 +20,8 @@ What comes from where (reference/nccl-in-traces.md):
   group past a kernel's budget), so a kernel keeps only the calls of its GPU's
   communicators (where init payloads say) and has bytes only where no other kernel
   serves its calls. Payload fields (communicator id, size, peer, rank) are decoded by
-  entry name when the export carries ``binaryData`` blobs;
+  entry name when the export carries ``binaryData`` blobs; without a communicator id, the
+  kernel's stream is kept, which tells communicators apart where nothing else does;
 - ranks: one per (process, CUDA device) that ran kernels, so a torchrun tree profiled
   as one report splits into its ranks; where some ran NCCL kernels, only those and
   processes that called NCCL (`_stray_units`).
@@ -550,6 +551,7 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
     out["cpu_call_ns"] = np.where(out["cpu_call_ns_na"], launch_ns, out["cpu_call_ns"])
     out["cpu_call_ns_na"] &= ~linked
     comm_ids, out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
+    out["stream_na"] = ~out["comm_na"]  # a named communicator needs no stream to tell it apart
     order = np.lexsort((out["start"], out["unit"]))
     out = {key: out[key][order] for key in _COLLECTIVE_COLUMNS}
     out["seq"] = Groups(out["unit"], out["comm_id"]).cumcount()
@@ -579,7 +581,7 @@ def _warn_kernelless_calls(files: list[File], nccl: Columns, served: np.ndarray)
 
 # What the digest and the collectives' facts take from `_collectives`.
 _COLLECTIVE_COLUMNS = ("unit", "process", "start", "end", "cpu_call_ns", "cpu_call_ns_na", "comm_id", "op", "bytes", "bytes_na",
-                       "peer", "peer_na", "comm_size", "comm_size_na")
+                       "peer", "peer_na", "comm_size", "comm_size_na", "stream", "stream_na")
 
 
 def _clip_inverted(files: list[File], kernels: Columns) -> None:
@@ -1077,6 +1079,7 @@ def _collective_part(coll: Columns, comm_ids: list[str], facts: Columns, n: int)
         "end_ns": pa.array(coll["end"], pa.int64()),
         "cpu_call_ns": _int_array(coll, "cpu_call_ns"),
         **{name: _int_array(facts, name) for name in ("compute_before_ns", "idle_before_ns", "compute_overlap_ns", "step")},
+        "stream": _int_array(coll, "stream"),
     }
     return _list_column("collectives", arrays, np.bincount(coll["unit"], minlength=n))
 

@@ -476,3 +476,20 @@ def test_kernels_of_one_op_on_several_streams_without_communicator_ids_are_said_
     single = simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=2, tp=1, steps=5, seed=3), tmp_path / "dp")
     _without_payloads(single)
     assert not [w for row in nsys.read_many(single).column("warnings").to_pylist() for w in row if "streams" in w]
+
+
+def test_kernels_without_communicator_ids_keep_their_stream(tmp_path: Path) -> None:
+    """A TP=2 x DP=2 job exported without NCCL payloads: each rank runs its TP and its DP
+    all-reduces on two NCCL streams (as PyTorch gives each process group one), which then
+    alone tell them apart, so the digest keeps each such kernel's stream; with the payloads,
+    the communicator id does, and no stream is kept."""
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=5, seed=3)
+    paths = simulate.simulate(spec, tmp_path / "tpdp")
+    with_ids = _long(nsys.read_many(paths), "collectives")
+    assert with_ids["stream"].isna().all() and not with_ids["comm_id"].str.startswith("inferred:").any()
+    _without_payloads(paths)
+    without = _long(nsys.read_many(paths), "collectives")
+    assert without["comm_id"].eq("inferred:allreduce").all()
+    kind = {f"{simulated_job.comm_hash(spec, kind, group):016x}": kind for kind in ("tp", "dp") for group in range(2)}
+    streams = without.groupby(with_ids["comm_id"].map(kind).to_numpy())["stream"].unique()
+    assert {k: v.tolist() for k, v in streams.items()} == {"dp": [27], "tp": [23]}
