@@ -51,9 +51,9 @@ COLLECTIVE = pa.struct(
         pa.field("compute_overlap_ns", pa.int64()),  # compute overlapping [start, end]
         pa.field("step", pa.int64()),  # enclosing step range, where traced
         # The device stream of a call whose communicator the trace does not name (nsys
-        # without NCCL payloads), else null: PyTorch gives each process group a stream of
-        # its own, so it tells such calls' communicators apart. Last, so that pyarrow
-        # (>= 19) casts an earlier digest, without it, to this schema with nulls.
+        # without NCCL payloads), else null: the analysis tells such calls' communicators
+        # apart by it (lines.py). Last, so that pyarrow (>= 19) casts an earlier digest,
+        # without it, to this schema with nulls.
         pa.field("stream", pa.int64()),
     ]
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rankscope.analysis import lines
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, N_TO_N_OPS, P2P_OPS, RECV, SEND
 from rankscope.analysis.report import some_of
@@ -43,17 +44,19 @@ class Matching:
 
 
 def communicator_members(
-    communicators: Table, collectives: Table, present: set[int]
+    communicators: Table, collectives: Table, present: set[int], explained: frozenset[str] = frozenset()
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, int], dict[str, str | None], frozenset[str], list[str]]:
     """Members of each communicator among the ranks present, from the traces' member lists,
     and each communicator's size (members absent from the input count too, where the
     traces list them or give the size); also the communicators whose inferred members no
-    size confirms (`unconfirmed`).
+    size confirms (`unconfirmed`), and those told apart by their lines (``explained``,
+    `lines.infer`: a size does not confirm how their members were paired).
 
     Where no rank lists the members, they are inferred as the ranks that report the
     communicator or call collectives on it, checked against the communicator's size
     where the traces give it (NCCL nranks); a warning says so where the size is unknown
-    or disagrees, and where listed members are not in the input.
+    or disagrees (not of ``explained``, whose own warning says how), and where listed members
+    are not in the input.
     """
     warnings: list[str] = []
     (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
@@ -90,7 +93,7 @@ def communicator_members(
             counts[comm_id] = next(iter(told)) if len(told) == 1 and len(seen) <= min(told) else len(seen)
             if comm_id in sizes:
                 checked[comm_id] = (len(seen), sorted(sizes[comm_id]))
-            else:
+            elif comm_id not in explained:
                 inferred.append(comm_id)
             continue
         full = frozenset().union(*lists)
@@ -111,7 +114,7 @@ def communicator_members(
     if absent:
         warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({some_of(absent)}): "
                         "matched among the members present")
-    return members, counts, {c: names.get(c) for c in members}, _unconfirmed(inferred, checked), warnings
+    return members, counts, {c: names.get(c) for c in members}, _unconfirmed(inferred, checked) | explained, warnings
 
 
 def _unconfirmed(inferred: list[str], checked: dict[str, tuple[int, list[int]]]) -> frozenset[str]:
@@ -143,9 +146,14 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
 
 
 def match(collectives: Table, communicators: Table, present: set[int]) -> Matching:
-    """Assign an instance id to every collective row that belongs to a complete, consistent instance."""
-    members, sizes, names, unconfirmed, warnings = communicator_members(communicators, collectives, present)
-    events = dict(collectives.items())
+    """Assign an instance id to every collective row that belongs to a complete, consistent
+    instance; the communicators of calls no trace names first told apart where their lines
+    allow (`lines.infer`)."""
+    inferred = lines.infer(collectives, communicators)
+    members, sizes, names, unconfirmed, warnings = communicator_members(
+        inferred.communicators, inferred.collectives, present, inferred.comm_ids)
+    warnings = inferred.warnings + warnings
+    events = inferred.collectives
     comm, comm_ids = codes(events["comm_id"])
     rank = np.asarray(events["rank"], np.int64)
     start = np.asarray(events["start_ns"], np.int64)

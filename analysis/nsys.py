@@ -21,7 +21,7 @@ What comes from where (reference/nccl-in-traces.md):
   communicators (where init payloads say) and has bytes only where no other kernel
   serves its calls. Payload fields (communicator id, size, peer, rank) are decoded by
   entry name when the export carries ``binaryData`` blobs; without a communicator id, the
-  kernel's stream is kept, which tells communicators apart where nothing else does;
+  kernel's stream is kept, by which the analysis tells communicators apart (lines.py);
 - ranks: one per (process, CUDA device) that ran kernels, so a torchrun tree profiled
   as one report splits into its ranks; where some ran NCCL kernels, only those and
   processes that called NCCL (`_stray_units`).
@@ -740,40 +740,11 @@ def _comm_ids(files: list[File], out: Columns, nccl: Columns) -> tuple[list[str]
         return comm_ids, which, size, size_na
     _warn_per_file(files, out["file"], ~traced, "{} of {} NCCL kernels carry no communicator id "
                    "(needs NCCL >= 2.25.1 and nsys export --include-blobs=true); those collectives are grouped "
-                   "by operation as 'inferred:<op>' and numbered by call order")
+                   "by operation as 'inferred:<op>' and keep their stream, by which the analysis tells their "
+                   "communicators apart where it can")
     labels, combo, inferred_size, known = _inferred_comm_ids(out, nccl)
-    _warn_pooled_streams(files, out, ~traced, combo)
     return (comm_ids + labels, np.where(traced, which, distinct.size + combo),
             np.where(traced, size, inferred_size), np.where(traced, size_na, ~known))
-
-
-def _warn_pooled_streams(files: list[File], out: Columns, inferred: np.ndarray, combo: np.ndarray) -> None:
-    """Say where a process runs the kernels of one inferred communicator (an op, without ids)
-    on several streams: PyTorch gives each process group a stream of its own, so these are
-    several communicators (a TP and a DP group, say) whose calls are matched as one, by call
-    order, across every rank that runs the op; which ranks share a group is not in the export."""
-    rows = np.flatnonzero(inferred)
-    triples = np.unique(np.stack([out["unit"][rows], combo[rows], out["stream"][rows]]), axis=1)
-    (units, keys), streams = np.unique(triples[:2], axis=1, return_counts=True)
-    pooled = streams > 1
-    if not pooled.any():
-        return
-    first = rows[_first_match((out["unit"][rows], combo[rows]), (units[pooled], keys[pooled]))]
-    said: dict[tuple[int, int], tuple[int, set[int]]] = {}
-    for row, count in zip(first.tolist(), streams[pooled].tolist()):
-        at = (int(out["file"][row]), int(out["op"][row]))
-        most, pids = said.get(at, (0, set()))
-        said[at] = (max(most, count), pids | {int(out["pid"][row])})
-    for (file, op), (count, pids) in said.items():
-        # A report of several processes (torchrun under one nsys) names the ones that pool: the
-        # warning is the file's, said of each of its ranks. One process per report: said alike
-        # of every rank, once.
-        several = np.unique(out["pid"][out["file"] == file]).size > 1
-        where = f"process {', '.join(str(pid) for pid in sorted(pids))}" if several else "a process"
-        files[file].warn(
-            f"NCCL {_OPS[op]} kernels without a communicator id run on {count} streams in {where}: several "
-            "communicators (TP and DP groups, say) are matched as one by call order, so lateness and blame across "
-            "their ranks are unreliable (export with --include-blobs=true, NCCL >= 2.25.1)")
 
 
 def _traced_sizes(out: Columns, nccl: Columns) -> tuple[np.ndarray, np.ndarray]:

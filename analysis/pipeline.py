@@ -5,7 +5,8 @@ work splits along the architecture's map/reduce lines (ARCHITECTURE.md) when one
 process is not enough:
 - per rank (map): exploding the digest row, kernel and busy figures, the own-delay
   gaps (stragglers.own_delay orders each rank's rows on its own clock);
-- per communicator (reduce): matching.match: instances never span communicators;
+- per communicator (reduce): matching.match: instances never span communicators (those of
+  calls no trace names are first told apart per op group, across its ranks: lines.infer);
 - per host (reduce): the clock fit's per-host lines (one vectorised step over hosts
   per round; the consensus between rounds is the only all-host exchange);
 - per instance / per communicator: metrics on the aligned rows.

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 import pytest
 
 from rankscope.analysis import digest, nsys, nsys_export
-from rankscope.errors import ConsistencyError, ExportError, InputError
+from rankscope.analysis.pipeline import analyze
+from rankscope.errors import ConsistencyError, ExportError, InputError, RankscopeWarning
 
 DSL = "nsys/dsl_2node_2rank_allreduce"
 TORCHRUN = "nsys/nsysai_2gpu_sendrecv/mfu_2gpu_before.sqlite"
@@ -615,17 +616,24 @@ def test_without_nvtx_the_kernel_name_is_only_a_hint_and_said_so(dsl: list[Path]
     assert any("no NCCL API range" in w for w in table.column("warnings")[0].as_py())
 
 
-def test_pooled_streams_name_the_process_of_a_report_of_several_that_pools(torchrun: Path, tmp_path: Path) -> None:
+def test_pooled_streams_name_the_rank_of_a_report_of_several_that_pools(torchrun: Path, tmp_path: Path) -> None:
     # One report of two torchrun processes (pids 144, 145), no communicator ids: only pid 145
-    # runs its NCCL kernels on two streams. The warning is the file's, so it reaches both ranks;
-    # it said "in a process", and rank 0 (pid 144, one stream) read as pooling too.
+    # (rank 1, numbered by pid) runs its NCCL kernels on two streams. The digest keeps each
+    # kernel's stream; the analysis, which sees every rank, says which rank pools them. (Said
+    # by the ingest as the file's warning, it reached both ranks, and rank 0 read as pooling too.)
     copy = tmp_path / "pooled.sqlite"
     shutil.copy(torchrun, copy)
     with sqlite3.connect(copy) as db:
         db.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = streamId + 1000 WHERE rowid % 2 = 0 "
                    "AND (globalPid >> 24) & 16777215 = 145 "
                    "AND shortName IN (SELECT id FROM StringIds WHERE lower(value) LIKE 'nccl%')")
-    warnings = {w for row in nsys.read_many([copy]).column("warnings").to_pylist() for w in row}
-    (pooled,) = [w for w in warnings if "streams" in w]
-    assert pooled.startswith("NCCL sendrecv kernels without a communicator id run on 2 streams in process 145: "), pooled
-    assert not [w for row in nsys.read_many([torchrun]).column("warnings").to_pylist() for w in row if "streams" in w]
+    table = nsys.read_many([copy])
+    streams = _collectives(table).groupby("rank")["stream"].nunique().to_dict()
+    assert streams == {0: 1, 1: 2}
+    with pytest.warns(RankscopeWarning):
+        report = analyze(table)
+    (pooled,) = [w for w in report.warnings if "several" in w]
+    assert pooled.startswith("NCCL calls without communicator ids (inferred:sendrecv) on 3 streams of 2 ranks; rank 1 "
+                             "on several, not told apart: "), pooled
+    with pytest.warns(RankscopeWarning):
+        assert not [w for w in analyze(nsys.read_many([torchrun])).warnings if "several" in w]

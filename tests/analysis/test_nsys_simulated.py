@@ -459,37 +459,22 @@ def _without_payloads(paths: list[Path]) -> None:
             db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
 
 
-def test_kernels_of_one_op_on_several_streams_without_communicator_ids_are_said_pooled(tmp_path: Path) -> None:
-    """A balanced TP=2 x DP=2 job exported without NCCL payloads: each rank runs its TP and its DP
-    all-reduces on two NCCL streams (as PyTorch gives each process group one), which nothing else
-    tells apart, so 'inferred:allreduce' pools four communicators' calls by call order, TP {0,1}
-    with TP {2,3}. Happens-before held here, and the only word was that the kernels carry no
-    communicator id. The same job with one communicator per op on each rank says nothing more."""
-    spec = simulate.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=5, seed=3)
-    paths = simulate.simulate(spec, tmp_path / "tpdp")
-    _without_payloads(paths)
-    warnings = [w for row in nsys.read_many(paths).column("warnings").to_pylist() for w in row]
-    pooled = [w for w in warnings if "streams" in w]
-    assert pooled and all(w.startswith("NCCL allreduce kernels without a communicator id run on 2 streams in a "
-                                       "process") for w in pooled), warnings
-    assert "export with --include-blobs=true" in pooled[0]
-    single = simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=2, tp=1, steps=5, seed=3), tmp_path / "dp")
-    _without_payloads(single)
-    assert not [w for row in nsys.read_many(single).column("warnings").to_pylist() for w in row if "streams" in w]
-
-
 def test_kernels_without_communicator_ids_keep_their_stream(tmp_path: Path) -> None:
     """A TP=2 x DP=2 job exported without NCCL payloads: each rank runs its TP and its DP
     all-reduces on two NCCL streams (as PyTorch gives each process group one), which then
-    alone tell them apart, so the digest keeps each such kernel's stream; with the payloads,
-    the communicator id does, and no stream is kept."""
+    alone tell them apart (lines.py), so the digest keeps each such kernel's stream; with
+    the payloads, the communicator id does, and no stream is kept. That calls are pooled is
+    said by the analysis, which sees every rank, where it cannot tell them apart: no longer
+    by the ingest, of every rank."""
     spec = simulate.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=5, seed=3)
     paths = simulate.simulate(spec, tmp_path / "tpdp")
     with_ids = _long(nsys.read_many(paths), "collectives")
     assert with_ids["stream"].isna().all() and not with_ids["comm_id"].str.startswith("inferred:").any()
     _without_payloads(paths)
-    without = _long(nsys.read_many(paths), "collectives")
+    table = nsys.read_many(paths)
+    without = _long(table, "collectives")
     assert without["comm_id"].eq("inferred:allreduce").all()
     kind = {f"{simulated_job.comm_hash(spec, kind, group):016x}": kind for kind in ("tp", "dp") for group in range(2)}
     streams = without.groupby(with_ids["comm_id"].map(kind).to_numpy())["stream"].unique()
     assert {k: v.tolist() for k, v in streams.items()} == {"dp": [27], "tp": [23]}
+    assert not [w for row in table.column("warnings").to_pylist() for w in row if "streams" in w]

@@ -1,0 +1,500 @@
+"""Communicators of NCCL calls no trace names, told apart by their lines and end times.
+
+nsys exports name each call's communicator (NCCL's commHash) only with NCCL >= 2.25.1 and
+``--include-blobs=true``. Without it the ingest groups a rank's calls by op (comm_id
+``inferred:<op>``) and keeps the stream each ran on (digest.COLLECTIVE ``stream``); matched by
+call order across every rank, a TP and a DP all-reduce, or two TP groups' all-reduces, are
+paired as one collective. What tells them apart (nccl-in-traces.md §6.5: stream and ordinal):
+- a *line*, one rank's calls on one stream, is one communicator's calls in call order: PyTorch
+  gives each process group its own NCCL stream per device, so a communicator has one line per
+  member, and a rank's lines are different communicators';
+- lines of one communicator make the same calls (as many, give or take a window's edges), and
+  their k-th calls end together (alignment-and-metrics.md §2): on one host (one clock) at the
+  same time; across hosts their end difference is the clocks' offset, which changes by ppm
+  from one call to the next, while that of different communicators' lines moves with the
+  jitter of the work each does between its calls.
+
+Lines of one *class* (the same op groups) are compared pairwise by how far apart their calls
+end (`_mismatch`), and split into communicators only where that is unambiguous (`_partition`):
+the lines that end together, within a threshold up to `TOGETHER_NS`, form cliques of one line
+per rank and of the size the traces give, every line in one; any two cliques' lines end `GAP`
+times further apart (median) than a clique's own; and once the cliques that span hosts give
+those hosts' clock offsets, the lines' ends on those clocks agree (`_split`). A clique that
+no other line was compared with may be several groups in lock step: it stays as the ingest
+left it, grouped by op, as does a class that is not split, with a warning where that may
+pool several communicators. Lines holding other ops (p2p, broadcast, reduce: their members
+need not end together), and lines too short to judge, are left as they are too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rankscope.analysis.groups import ArrayLike, Coded, Groups, Table, codes, in_sorted, member_of, pack
+from rankscope.analysis.ops import N_TO_N_OPS
+from rankscope.analysis.report import fmt_ns, ranks_text, some_of
+
+# Ends of one communicator's calls coincide within this (the mismatch of two of its lines):
+# nsys GPU timestamps agree to ~1 us (alignment-and-metrics.md §2).
+TOGETHER_NS = 10_000.0
+# Two communicators' lines mismatch (median) at least this many times as much as one's
+# (median), each counted above NOISE_FLOOR_NS (timestamp resolution: below it, alike).
+GAP = 3.0
+NOISE_FLOOR_NS = 500.0
+# Thresholds tried for the cliques: where the sorted mismatches step up by this much, the
+# first MAX_THRESHOLDS of them.
+STEP = 1.1
+MAX_THRESHOLDS = 64
+SAMPLES = 32  # calls compared per pair of lines, spread over the shorter
+MAX_EDGE_CALLS = 2  # calls a capture window's edges may cut off one member and not another
+MIN_CALLS = 6  # fewer, and the quartiles of a mismatch say little
+MAX_PAIRS = 2_000_000  # pairs of lines compared in one class (~2,000 lines of equal counts: ~10 s)
+_CHUNK = 2048  # pairs compared at once (SAMPLES x shifts values each)
+_BITS = 63  # op groups a class can name (the bits of an int64)
+
+
+@dataclass(frozen=True)
+class Inferred:
+    """The tables with the inferred communicators' calls renamed (comm_id, and seq: call
+    order on the line) and listed; the names of those communicators; the warnings."""
+
+    collectives: dict[str, ArrayLike]
+    communicators: dict[str, ArrayLike]
+    comm_ids: frozenset[str]
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class _Lines:
+    """Untraced calls by line: ``rows`` (collective rows, by line then start); per line its
+    first position in ``rows``, calls, rank, host code, stream, class (its calls' op groups
+    as a bit mask) and whether it can be judged; ``ends`` per position (ns from the earliest)."""
+
+    rows: np.ndarray
+    starts: np.ndarray
+    size: np.ndarray
+    rank: np.ndarray
+    host: np.ndarray
+    stream: np.ndarray
+    kind: np.ndarray
+    judged: np.ndarray
+    ends: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A class's lines as communicators (``label``: per line, the position of the first line
+    of its clique; -1: left as it is), or why not (``reason``); with the largest mismatch
+    within a clique and the least median mismatch between two (for a decline: the largest
+    mismatch seen)."""
+
+    label: np.ndarray | None
+    reason: str = ""
+    together_ns: float = np.nan
+    apart_ns: float = np.nan
+
+
+def infer(collectives: Table, communicators: Table) -> Inferred:
+    """Communicators for the calls whose trace names none (those with a ``stream``), where
+    their lines and end times tell them apart unambiguously; the rest as they are."""
+    unchanged = Inferred(dict(collectives), dict(communicators), frozenset(), [])
+    if "stream" not in collectives:  # a table built by hand
+        return unchanged
+    untraced = np.flatnonzero(~np.isnan(np.asarray(collectives["stream"], np.float64)))
+    if not len(untraced):
+        return unchanged
+    comm, comm_ids = codes(collectives["comm_id"])
+    lines = _lines(collectives, untraced, comm)
+    size = _listed_sizes(lines, comm, comm_ids, communicators)
+    label = np.full(len(lines.size), -1)  # each line's communicator: the first line of its clique
+    told: list[_Split] = []
+    left: list[tuple[np.ndarray, _Split]] = []  # lines left grouped by op, and why
+    unjudged = _Split(None, "too few of their calls, or calls of ops whose members need not end together, to judge")
+    for kind in np.unique(lines.kind).tolist():  # one per set of op groups: a few
+        members = np.flatnonzero(lines.kind == kind)
+        judged = members[lines.judged[members]]
+        split = _split(lines, judged, size[judged]) if np.unique(lines.rank[judged]).size > 1 else unjudged
+        if split.label is not None:
+            label[judged] = np.where(split.label >= 0, judged[split.label.clip(0)], -1)
+            told.append(split)
+            members = members[label[members] < 0]
+            split = _Split(None, "some end together with no other lines to be told apart from (several groups in lock "
+                                 "step?)") if lines.judged[members].any() else unjudged
+        left.append((members, split))
+    pooled = _pooled(lines, comm)
+    warnings = [said for members, split in left if (said := _declined(lines, members, pooled, comm_ids, comm, split))]
+    if not told:
+        return Inferred(dict(collectives), dict(communicators), frozenset(), warnings)
+    names = _names(lines, label, collectives)
+    inferred = sorted(set(names[label >= 0].tolist()))
+    warnings.insert(0, f"{int((label >= 0).sum())} lines (a rank's NCCL calls on one stream) without communicator ids "
+                       f"told apart by their end times into {len(inferred)} communicators ({some_of(inferred)}): a "
+                       f"communicator's lines end within {fmt_ns(max(s.together_ns for s in told))} of each other, two "
+                       f"communicators' {fmt_ns(min(s.apart_ns for s in told))} or more apart (median)")
+    renamed = _renamed(collectives, lines, names)
+    listed = _listed(communicators, renamed, lines, names, size, comm_ids[np.unique(comm[untraced])])
+    return Inferred(renamed, listed, frozenset(inferred), warnings)
+
+
+def _lines(collectives: Table, untraced: np.ndarray, comm: np.ndarray) -> _Lines:
+    """The untraced calls by line, each classed by the set of its calls' comm_ids (op groups)."""
+    rank = np.asarray(collectives["rank"], np.int64)[untraced]
+    stream = np.asarray(collectives["stream"], np.float64)[untraced].astype(np.int64)
+    per = Groups(rank, stream, within=np.asarray(collectives["start_ns"], np.int64)[untraced])
+    rows = untraced[per.order]
+    # One bit per op group (an op and a size each: a dozen at most); a line holding a group
+    # past the 63rd is not judged.
+    group = np.unique(comm[rows], return_inverse=True)[1].astype(np.int64)
+    fits = group < _BITS
+    kind = np.bitwise_or.reduceat(np.left_shift(np.int64(1), np.where(fits, group, 0)), per.starts)
+    op, op_ids = codes(collectives["op"])
+    joint = member_of(op_ids, N_TO_N_OPS)[op[rows]] & fits  # calls whose members end together
+    end = np.asarray(collectives["end_ns"], np.int64)[rows]
+    host, _ = codes(collectives["host"])
+    judged = np.logical_and.reduceat(joint, per.starts) & (per.size >= MIN_CALLS)
+    return _Lines(rows=rows, starts=per.starts, size=per.size, rank=per.keys[0], host=host[rows[per.starts]],
+                  stream=per.keys[1], kind=kind, judged=judged, ends=(end - end.min()).astype(np.float64))
+
+
+def _listed_sizes(lines: _Lines, comm: np.ndarray, comm_ids: np.ndarray, communicators: Table) -> np.ndarray:
+    """Per line, the communicator size its rank lists for its calls' op groups (NCCL nranks,
+    where the process made communicators of one size only); NaN where none is listed."""
+    if "size" not in communicators or not len(communicators["rank"]):
+        return np.full(len(lines.size), np.nan)
+    listed, listed_ids = codes(communicators["comm_id"])
+    at = np.searchsorted(comm_ids, listed_ids)
+    ours = (at < len(comm_ids)) & (comm_ids[np.minimum(at, len(comm_ids) - 1)] == listed_ids)
+    listed_rank = np.asarray(communicators["rank"], np.int64)
+    keys = pack(np.concatenate([listed_rank, lines.rank.repeat(lines.size)]),
+                np.concatenate([np.where(ours, at, -1)[listed], comm[lines.rows]]))
+    table, query = keys[: len(listed)], keys[len(listed):]
+    order = np.argsort(table, kind="stable")
+    hit = order[np.minimum(np.searchsorted(table[order], query), len(order) - 1)]
+    per_call = np.where(table[hit] == query, np.asarray(communicators["size"], np.float64)[hit], np.nan)
+    return np.fmax.reduceat(per_call, lines.starts)
+
+
+def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
+    """The class's lines (``members``, ascending; ``size``: each one's listed communicator
+    size) as communicators (`_partition`): first judged by how their ends move from call to
+    call (and on one host, where they fall); then, where communicators found span two hosts,
+    by where their ends fall on those hosts' clocks too (`_host_offsets`): groups in lock
+    step whose calls end a constant time apart on two hosts (a straggler every step) end
+    together call by call, not at the offset between those hosts' clocks."""
+    pairs = _pairs(lines, members)
+    if pairs is None:
+        return _Split(None, f"its {len(members)} lines are too many to compare pairwise")
+    change, level = _mismatch(lines, *pairs)
+    seen = ~np.isnan(change)
+    a, b = np.searchsorted(members, pairs[0][seen]), np.searchsorted(members, pairs[1][seen])
+    change, level = change[seen], level[seen]
+    if not len(change):
+        return _Split(None, "no two of its lines make comparable calls")
+    host = lines.host[members]
+    mismatch = np.where(host[a] == host[b], np.fmax(change, np.abs(level)), change)
+    split = _partition(a, b, mismatch, size)
+    if split.label is None:
+        return split
+    offset = _host_offsets(host, split.label, a, b, level)
+    if offset is None:
+        return _Split(None, "the clock offsets between hosts that the groups of its lines imply disagree",
+                      apart_ns=float(mismatch.max()))
+    known = ~np.isnan(offset)
+    if not known.any():
+        return split
+    return _partition(a, b, np.where(known, np.fmax(change, np.abs(level - offset)), mismatch), size)
+
+
+def _partition(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, size: np.ndarray) -> _Split:
+    """Lines (``size``: each one's listed communicator size) as cliques of lines that end
+    together (pairs ``a``-``b`` and their ``mismatch``), where that is unambiguous: two
+    communicators' lines end far apart (`_apart`) and the cliques match the sizes. A clique
+    with no line outside it to compare with may be several groups in lock step: its lines
+    get -1 (left as they are), as do all where none has."""
+    largest = float(mismatch.max())
+    label = _cliques(a, b, mismatch, len(size))
+    if label is None:
+        return _Split(None, f"its lines that end within {fmt_ns(TOGETHER_NS)} of each other fall into no groups that "
+                            "all do, of one line per rank", apart_ns=largest)
+    within = label[a] == label[b]
+    compared = _compared(label, a[~within], b[~within])
+    if not compared.any():
+        return _Split(None, "no group of its lines that end together has other lines to be told apart from",
+                      apart_ns=largest)
+    apart = float(_apart(label, a[~within], b[~within], mismatch[~within]))
+    typical = float(np.median(mismatch[within]))
+    if apart + NOISE_FLOOR_NS < GAP * (typical + NOISE_FLOOR_NS):
+        return _Split(None, f"the groups of its lines that end together end only {fmt_ns(apart)} apart (median), "
+                            f"against {fmt_ns(typical)} within one", apart_ns=largest)
+    cliques = np.bincount(label)[label]
+    known = ~np.isnan(size)
+    if (cliques[known] != size[known]).any():
+        return _Split(None, f"the groups their ends make hold {some_of(sorted(set(cliques.tolist())))} lines where "
+                            f"the traces give {some_of(sorted(set(size[known].astype(int).tolist())))} ranks",
+                      apart_ns=largest)
+    return _Split(np.where(compared[label], label, -1), together_ns=float(mismatch[within].max()), apart_ns=apart)
+
+
+def _host_offsets(host: np.ndarray, label: np.ndarray, a: np.ndarray, b: np.ndarray,
+                  level: np.ndarray) -> np.ndarray | None:
+    """Per pair of lines on two hosts, the offset between the hosts' clocks (the second's end
+    less the first's, as ``level``) that the communicators found (``label`` >= 0) show: the
+    median of their lines' end differences on those hosts; NaN where none spans the two,
+    None where those communicators disagree on it by more than TOGETHER_NS."""
+    low, high = np.minimum(host[a], host[b]), np.maximum(host[a], host[b])
+    sign = np.where(host[a] == low, 1.0, -1.0)
+    oriented = sign * level
+    spanning = (label[a] == label[b]) & (label[a] >= 0) & (low != high)
+    offset = np.full(len(a), np.nan)
+    if not spanning.any():
+        return offset
+    pairs = Groups(low[spanning], high[spanning])
+    consensus = pairs.median(oriented[spanning])
+    if (np.abs(oriented[spanning] - pairs.broadcast(consensus)) > TOGETHER_NS).any():
+        return None
+    keys = pack(np.concatenate([pairs.keys[0], low]), np.concatenate([pairs.keys[1], high]))
+    table, query = keys[: pairs.count], keys[pairs.count:]
+    at = np.minimum(np.searchsorted(table, query), pairs.count - 1)
+    found = (table[at] == query) & (low != high)
+    offset[found] = (sign * consensus[at])[found]
+    return offset
+
+
+def _cliques(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, count: int) -> np.ndarray | None:
+    """The finest partition of ``count`` lines into cliques (of two or more) that the pairs
+    ``a``-``b`` ending within some threshold make, trying thresholds up to TOGETHER_NS where
+    the mismatches step up; per line the first line of its clique, None where none does."""
+    nearest = np.full(count, np.inf)
+    np.minimum.at(nearest, a, mismatch)
+    np.minimum.at(nearest, b, mismatch)
+    lowest = nearest.max()  # from here every line has a partner
+    ranked = np.unique(mismatch[(mismatch >= lowest) & (mismatch <= TOGETHER_NS)])
+    if not len(ranked):
+        return None
+    lifted = ranked + NOISE_FLOOR_NS
+    steps = np.append(lifted[1:] >= STEP * lifted[:-1], True)  # the last: the next is past TOGETHER_NS
+    for threshold in ranked[steps][:MAX_THRESHOLDS].tolist():
+        label = _clique_labels(a, b, mismatch <= threshold, count)
+        if label is not None:
+            return label
+    return None
+
+
+def _clique_labels(a: np.ndarray, b: np.ndarray, linked: np.ndarray, count: int) -> np.ndarray | None:
+    """Per line the first line of its clique, where the ``linked`` pairs make disjoint
+    cliques of two or more lines covering all ``count``; else None."""
+    a, b = a[linked], b[linked]
+    label = np.arange(count)
+    np.minimum.at(label, a, b)  # the first of its own and its partners: of its clique, if cliques
+    np.minimum.at(label, b, a)
+    size = np.bincount(label, minlength=count)
+    links = np.bincount(label[a], minlength=count)
+    if (label[a] != label[b]).any() or (links != size * (size - 1) // 2).any() or (size[label] < 2).any():
+        return None
+    return label
+
+
+def _compared(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per line, whether its clique was compared with another (``a``-``b``: pairs of lines in
+    different cliques)."""
+    seen = np.zeros(len(label), bool)
+    seen[label[a]] = seen[label[b]] = True
+    return seen[label]
+
+
+def _apart(label: np.ndarray, a: np.ndarray, b: np.ndarray, mismatch: np.ndarray) -> np.floating:
+    """The least, over pairs of cliques compared, of the median mismatch of their lines
+    (``a``-``b``, in different cliques)."""
+    return Groups(np.minimum(label[a], label[b]), np.maximum(label[a], label[b])).median(mismatch).min()
+
+
+def _pairs(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pairs of lines of two ranks whose calls number alike (within MAX_EDGE_CALLS), as
+    (first, second) line indices; None past MAX_PAIRS."""
+    by_calls = members[np.argsort(lines.size[members], kind="stable")]
+    calls = lines.size[by_calls]
+    # Sorted by calls, a line's partners are the next lines up to MAX_EDGE_CALLS calls more.
+    partners = np.searchsorted(calls, calls + MAX_EDGE_CALLS, side="right") - np.arange(len(calls)) - 1
+    total = int(partners.sum())
+    if total > MAX_PAIRS:
+        return None
+    first = np.arange(len(calls)).repeat(partners)
+    second = first + 1 + np.arange(total) - (np.cumsum(partners) - partners).repeat(partners)
+    first, second = by_calls[first], by_calls[second]
+    apart = lines.rank[first] != lines.rank[second]
+    return first[apart], second[apart]
+
+
+def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair of lines, how far apart their k-th calls end, over SAMPLES calls: the upper
+    quartile of the change of the end difference from one call to the next (over sqrt 2: one
+    call's share; a quartile, not a median, so that groups apart every other call show it),
+    and the end difference itself (`_middle_mean`; the second's end less the first's: on two
+    hosts, their clocks' offset too). At the shift of the second line's calls (a window's
+    edges cut them differently) that changes the least, on one host that also ends the
+    closest, where it compares at least half the samples; NaN where none does."""
+    change_out, level_out = np.empty(len(first)), np.empty(len(first))
+    shifts = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
+    ends = lines.ends
+    for lo in range(0, len(first), _CHUNK):
+        a, b = first[lo : lo + _CHUNK], second[lo : lo + _CHUNK]
+        calls_b = lines.size[b][:, None, None]
+        compared = np.minimum(lines.size[a], lines.size[b]) - 1  # calls with a next one
+        # Pairs come by their calls: a chunk's lines are alike, and short ones need fewer samples.
+        spread = np.linspace(0.0, 1.0, min(SAMPLES, int(compared.max())))
+        k = (spread * (compared - 1)[:, None]).round().astype(np.int64)  # (pair, sample)
+        mine = lines.starts[a][:, None] + k
+        at = k[:, :, None] + shifts  # (pair, sample, shift): the second line's call compared
+        inside = (at >= 0) & (at + 1 < calls_b)
+        theirs = lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)
+        before = ends[theirs] - ends[mine][:, :, None]
+        after = ends[theirs + 1] - ends[mine + 1][:, :, None]
+        change = _upper_quartile(np.where(inside, np.abs(after - before), np.nan)) / np.sqrt(2)  # (pair, shift)
+        score = change.copy()
+        same = lines.host[a] == lines.host[b]  # a few: where the level picks the shift too
+        score[same] = np.fmax(change[same], np.abs(_middle_mean(np.where(inside[same], before[same], np.nan))))
+        score[np.count_nonzero(inside, axis=1) < len(spread) // 2] = np.inf
+        best = score.argmin(axis=1)
+        at_best = np.take_along_axis(np.where(inside, before, np.nan), best[:, None, None], 2)[:, :, 0]
+        seen = np.isfinite(np.take_along_axis(score, best[:, None], 1)[:, 0])
+        change_out[lo : lo + _CHUNK] = np.where(seen, np.take_along_axis(change, best[:, None], 1)[:, 0], np.nan)
+        level_out[lo : lo + _CHUNK] = _middle_mean(at_best)
+    return change_out, level_out
+
+
+def _upper_quartile(values: np.ndarray) -> np.ndarray:
+    """The upper quartile of the observed values along axis 1 (NaN: not observed)."""
+    ranked = np.sort(values, axis=1)  # NaN last
+    seen = np.count_nonzero(~np.isnan(ranked), axis=1, keepdims=True)
+    return np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0), 1)[:, 0]
+
+
+def _middle_mean(values: np.ndarray) -> np.ndarray:
+    """The mean of the middle half of the observed values along axis 1 (NaN: not observed):
+    robust to outliers as a median, yet averaging the noise, which a median of an end
+    difference that drifts with the clocks (ppm across the window) does not: it is one
+    call's, the middle one's."""
+    ranked = np.sort(values, axis=1)  # NaN last
+    seen = np.count_nonzero(~np.isnan(ranked), axis=1, keepdims=True)
+    sums = np.cumsum(np.where(np.isnan(ranked), 0.0, ranked), axis=1)
+    sums = np.concatenate([np.zeros_like(sums[:, :1]), sums], axis=1)
+    low, high = seen // 4, seen - seen // 4
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ((np.take_along_axis(sums, high, 1) - np.take_along_axis(sums, low, 1)) / (high - low))[:, 0]
+
+
+def _pooled(lines: _Lines, comm: np.ndarray) -> np.ndarray:
+    """Per line, whether its rank has another line in one of its op groups: calls of several
+    communicators grouped as one, unless told apart."""
+    line_of = np.arange(len(lines.size)).repeat(lines.size)
+    distinct = Groups(lines.rank[line_of], comm[lines.rows], lines.stream[line_of])
+    streams = Groups(*distinct.keys[:2], ordered=True)  # per (rank, op group): its streams
+    out = np.zeros(len(lines.size), bool)
+    out[line_of[streams.broadcast(streams.size > 1)[distinct.id]]] = True
+    return out
+
+
+def _declined(lines: _Lines, members: np.ndarray, pooled: np.ndarray, comm_ids: np.ndarray, comm: np.ndarray,
+              split: _Split) -> str | None:
+    """The warning for a class's lines left grouped by op (``members``), where that may pool
+    several communicators: where a rank ran calls of one op group on several streams
+    (``pooled``), or lines end far apart."""
+    ranks = np.unique(lines.rank[members]).size
+    if ranks < 2 or not (pooled[members].any() or split.apart_ns > TOGETHER_NS):
+        return None
+    line_of = np.arange(len(pooled)).repeat(lines.size)
+    groups = comm_ids[np.unique(comm[lines.rows[in_sorted(line_of, members)]])].tolist()
+    several = np.unique(lines.rank[members[pooled[members]]]).tolist()
+    where = f"; rank{'s' if len(several) > 1 else ''} {ranks_text(several)} on several" if several else ""
+    return (f"NCCL calls without communicator ids ({some_of(groups)}) on {len(members)} streams of {ranks} ranks{where}"
+            f", not told apart: {split.reason}; they stay grouped by op and matched by call order as one communicator, "
+            "which they may not be (TP and DP groups, say), so lateness and blame across their ranks are unreliable "
+            "(export with --include-blobs=true, NCCL >= 2.25.1)")
+
+
+def _names(lines: _Lines, label: np.ndarray, collectives: Table) -> np.ndarray:
+    """Per line, its inferred communicator's name ('' where none): ``inferred:<ops>:<members>``,
+    with the stream of its first member where two communicators have the same members and ops."""
+    names = np.full(len(label), "", dtype=object)
+    inferred = np.flatnonzero(label >= 0)
+    op, op_ids = codes(collectives["op"])
+    line_of = np.arange(len(label)).repeat(lines.size)
+    used = Groups(label[line_of], op[lines.rows])  # (communicator, op) pairs: few
+    ops: dict[int, list[str]] = {}
+    for root, code in zip(used.keys[0].tolist(), used.keys[1].tolist()):
+        if root >= 0:
+            ops.setdefault(root, []).append(str(op_ids[code]))
+    per = Groups(label[inferred], within=lines.rank[inferred])
+    ranks = lines.rank[inferred][per.order]
+    taken: dict[str, list[int]] = {}
+    for root, lo, count in zip(per.keys[0].tolist(), per.starts.tolist(), per.size.tolist()):  # one per communicator
+        taken.setdefault(f"inferred:{'+'.join(sorted(ops[root]))}:{_members(ranks[lo : lo + count].tolist())}",
+                         []).append(root)
+    for name, roots in taken.items():
+        for root in roots:
+            names[label == root] = name if len(roots) == 1 else f"{name}:s{lines.stream[root]}"
+    return names
+
+
+def _members(ranks: list[int]) -> str:
+    """Member ranks, exactly and short: '0-3', '0-56/8' (every 8th), else listed."""
+    step = ranks[1] - ranks[0]
+    if len(ranks) > 2 and all(b - a == step for a, b in zip(ranks, ranks[1:])):
+        return f"{ranks[0]}-{ranks[-1]}" + (f"/{step}" if step > 1 else "")
+    return ",".join(map(str, ranks))
+
+
+def _renamed(collectives: Table, lines: _Lines, names: np.ndarray) -> dict[str, ArrayLike]:
+    """The collectives with the inferred lines' calls under their communicator's name,
+    numbered in call order on the line."""
+    line_of = np.arange(len(names)).repeat(lines.size)
+    moved = names[line_of] != ""
+    rows = lines.rows[moved]
+    out = dict(collectives)
+    out["comm_id"] = _recoded(collectives["comm_id"], rows, names[line_of[moved]])
+    seq = np.array(collectives["seq"], np.int64)
+    seq[rows] = (np.arange(len(lines.rows)) - lines.starts.repeat(lines.size))[moved]
+    out["seq"] = seq
+    return out
+
+
+def _recoded(column: ArrayLike, rows: np.ndarray, values: np.ndarray) -> Coded:
+    """A string column with ``values`` put in at ``rows`` (appended where ``rows`` runs past it)."""
+    code, strings = codes(column)
+    merged = np.array(sorted(set(strings.tolist()) | set(values.tolist())), dtype=object)
+    out = np.append(np.searchsorted(merged, strings), -1)[code]  # -1 (missing) picks the appended -1
+    out = np.concatenate([out, np.full(max(int(rows.max(initial=-1)) + 1 - len(out), 0), -1)])
+    out[rows] = np.searchsorted(merged, values)
+    return Coded(out, merged)
+
+
+def _listed(communicators: Table, collectives: Table, lines: _Lines, names: np.ndarray, size: np.ndarray,
+            groups: np.ndarray) -> dict[str, ArrayLike]:
+    """The communicators table less the op groups (``groups``) a rank no longer calls on, plus
+    each inferred line's communicator, listed by its rank with the size the traces give."""
+    rank = np.asarray(communicators["rank"], np.int64)
+    comm, comm_ids = codes(communicators["comm_id"])
+    called, called_ids = codes(collectives["comm_id"])
+    known = np.union1d(comm_ids, called_ids)
+    listing = pack(np.concatenate([rank, np.asarray(collectives["rank"], np.int64)]),
+                   np.concatenate([np.searchsorted(known, comm_ids)[comm], np.searchsorted(known, called_ids)[called]]))
+    gone = member_of(comm_ids, groups.tolist())[comm] & ~in_sorted(listing[: len(rank)], np.unique(listing[len(rank):]))
+    keep = np.flatnonzero(~gone)
+    new = np.flatnonzero(names != "")
+    end = len(keep) + len(new)
+    out: dict[str, ArrayLike] = {}
+    for column, values in communicators.items():
+        if column == "rank":
+            out[column] = np.concatenate([rank[keep], lines.rank[new]])
+        elif column == "comm_id":
+            out[column] = _recoded(values[keep] if isinstance(values, Coded) else np.asarray(values, object)[keep],
+                                   np.arange(len(keep), end), names[new])
+        elif column == "size":
+            out[column] = np.concatenate([np.asarray(values, np.float64)[keep], size[new]])
+        elif isinstance(values, Coded):
+            out[column] = Coded(np.concatenate([values.codes[keep], np.full(len(new), -1)]), values.values)
+        else:  # member lists: none known
+            out[column] = np.concatenate([np.asarray(values, object)[keep], np.full(len(new), None, object)])
+    return out

@@ -1,0 +1,162 @@
+"""Communicators of NCCL calls without communicator ids, told apart by their lines (a rank's
+calls on one stream) and end times (lines.py): simulated jobs exported without NCCL payloads
+(`nsys export` leaves --include-blobs false), against the same jobs with them and the
+simulator's truth."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankscope.analysis import digest, matching
+from rankscope.analysis import simulate as sim
+from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.report import Report
+from rankscope.analysis.sources import load_digests
+
+STRAGGLER = sim.Straggler(5, "compute", 2 * sim.MS)
+TOLD = "without communicator ids told apart by their end times into"
+NOT_TOLD = "not told apart"
+
+
+def _reports(tmp: Path, spec: sim.JobSpec) -> tuple[Report, Report]:
+    """The job analysed with its NCCL payloads, then without (as a plain `nsys export` leaves it)."""
+    paths = sim.simulate(spec, tmp)
+    with_ids = _quietly(paths)
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
+    return with_ids, _quietly(paths)
+
+
+def _quietly(paths: list[Path]) -> Report:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(load_digests(paths))
+
+
+def _groups(report: Report) -> set[frozenset[int]]:
+    return {frozenset(c.ranks) for c in report.communicators}
+
+
+def _late(report: Report) -> dict[int, float]:
+    return {r.rank: r.late_mean_ns for r in report.ranks}
+
+
+def test_tp_and_dp_groups_without_communicator_ids_are_told_apart_as_with_them(tmp_path: Path) -> None:
+    """Two nodes of TP=4, rank 5 late by 2 ms each step. Grouped by op alone, the TP all-reduces
+    of both TP groups and the DP ones were one communicator 'inferred:allreduce' of ranks 0-7,
+    paired by call order: ranks 0-3 showed ~650 us of lateness too. Told apart by their streams
+    and end times, they are the job's six communicators, and the report is the one its NCCL
+    payloads give."""
+    with_ids, without = _reports(tmp_path, sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10, stragglers=[STRAGGLER]))
+    assert _groups(without) == _groups(with_ids) == {
+        frozenset(range(4)), frozenset(range(4, 8)), *(frozenset({r, r + 4}) for r in range(4))}
+    assert {c.comm_id for c in without.communicators} == {
+        "inferred:allreduce:0-3", "inferred:allreduce:4-7", "inferred:allreduce:0,4", "inferred:allreduce:1,5",
+        "inferred:allreduce:2,6", "inferred:allreduce:3,7"}
+    assert {c.comm_id: c.kind for c in without.communicators}["inferred:allreduce:4-7"] == "tp"
+    assert without.stragglers == with_ids.stragglers == [5]
+    assert without.late_ranks == with_ids.late_ranks
+    assert _late(without) == pytest.approx(_late(with_ids), abs=1_000)
+    assert max(_late(without)[r] for r in range(4)) < 50_000  # rank 5's delay is not theirs
+    (told,) = [w for w in without.warnings if TOLD in w]
+    assert told.startswith("16 lines (a rank's NCCL calls on one stream) without communicator ids told apart by their "
+                           "end times into 6 communicators (inferred:allreduce:0,4, inferred:allreduce:0-3, ")
+    assert not [w for w in without.warnings if NOT_TOLD in w or "members inferred" in w]
+
+
+@pytest.mark.parametrize("straggling", [True, False], ids=["stragglers", "balanced"])
+def test_eight_nodes_of_tp8_without_communicator_ids_flag_what_their_payloads_flag(tmp_path: Path, straggling: bool) -> None:
+    """The issue's job: 8 nodes of 8 GPUs, TP=8, ranks 3 and 42 late by 2 ms each step. Its 16
+    communicators are told apart, exactly the two are flagged, with their lateness as the
+    simulator's truth has it; balanced, none is."""
+    stragglers = [sim.Straggler(3, "compute", 2 * sim.MS), sim.Straggler(42, "compute", 2 * sim.MS)] if straggling else []
+    spec = sim.JobSpec(nodes=8, gpus_per_node=8, tp=8, steps=12, stragglers=stragglers)
+    with_ids, without = _reports(tmp_path, spec)
+    assert _groups(without) == _groups(with_ids) and len(_groups(without)) == 16
+    assert without.stragglers == with_ids.stragglers == ([3, 42] if straggling else [])
+    truth = {r["rank"]: r["late_mean_ns"] for r in sim.truth(spec)["ranks"]}
+    late = _late(without)
+    for rank in without.stragglers:
+        assert late[rank] == pytest.approx(truth[rank], abs=10_000)
+    assert late == pytest.approx(_late(with_ids), abs=1_000)
+
+
+@pytest.mark.parametrize("layout", [
+    dict(nodes=2, gpus_per_node=4, tp=4, dp_sharded=True),  # DP lines: an allgather and a reducescatter each
+    dict(nodes=2, gpus_per_node=4, tp=4, barrier=True),  # a world all-reduce beside the DP ones, as many calls
+    dict(nodes=2, gpus_per_node=4, tp=4, tp_collectives=0),  # DP only, in four groups
+    dict(nodes=1, gpus_per_node=8, tp=4),  # every line on one host (one clock)
+], ids=["fsdp", "barrier", "no-tp-calls", "one-node"])
+def test_other_layouts_without_communicator_ids_are_told_apart_as_with_them(tmp_path: Path, layout: dict) -> None:
+    with_ids, without = _reports(tmp_path, sim.JobSpec(steps=10, stragglers=[STRAGGLER], **layout))
+    assert _groups(without) == _groups(with_ids)
+    assert without.stragglers == with_ids.stragglers == [5]
+    assert _late(without) == pytest.approx(_late(with_ids), abs=1_000)
+    assert [w for w in without.warnings if TOLD in w] and not [w for w in without.warnings if NOT_TOLD in w]
+
+
+def test_groups_in_lock_step_a_constant_time_apart_are_told_apart_on_the_hosts_clocks(tmp_path: Path) -> None:
+    """No compute jitter: both TP groups run in lock step, node 1's 2 ms behind node 0's each
+    step (rank 5), so the difference of their ends moves no more than one group's own from
+    call to call, as if they were one communicator on two clocks. The DP groups, which span
+    both nodes, give the offset between the nodes' clocks, on which the TP groups end 2 ms apart."""
+    spec = sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10, jitter_ns=0, stragglers=[STRAGGLER])
+    with_ids, without = _reports(tmp_path, spec)
+    assert _groups(without) == _groups(with_ids)
+    assert without.stragglers == with_ids.stragglers == [5]
+
+
+@pytest.mark.parametrize("spec", [
+    dict(end_jitter_ns=20_000),  # ends 20 us apart within a communicator: as far as between two
+    dict(jitter_ns=0),  # no jitter, no straggler: every group in lock step with every other
+], ids=["noisy-ends", "lock-step"])
+def test_lines_their_end_times_do_not_tell_apart_stay_grouped_by_op_and_said_so(tmp_path: Path, spec: dict) -> None:
+    """Where the ends do not clearly tell communicators apart, no split is guessed: the calls stay
+    grouped by op, matched by call order across all ranks, and a warning says so."""
+    _, without = _reports(tmp_path, sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10, **spec))
+    assert [c.comm_id for c in without.communicators] == ["inferred:allreduce"]
+    (said,) = [w for w in without.warnings if NOT_TOLD in w]
+    assert said.startswith("NCCL calls without communicator ids (inferred:allreduce) on 16 streams of 8 ranks; ranks "
+                           "0-7 on several, not told apart: ")
+    assert said.endswith("so lateness and blame across their ranks are unreliable (export with --include-blobs=true, "
+                         "NCCL >= 2.25.1)")
+    assert not [w for w in without.warnings if TOLD in w]
+
+
+def test_lines_too_short_to_judge_stay_grouped_and_are_said_to_pool(tmp_path: Path) -> None:
+    """Three steps: each TP line has six calls, enough to tell the TP groups apart; each DP line
+    three, too few to judge. The DP calls stay grouped by op, one communicator of all eight
+    ranks, which the warning says they may not be: each rank ran that op on two streams."""
+    _, without = _reports(tmp_path, sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=3))
+    assert {c.comm_id: tuple(c.ranks) for c in without.communicators} == {
+        "inferred:allreduce:0-3": (0, 1, 2, 3), "inferred:allreduce:4-7": (4, 5, 6, 7),
+        "inferred:allreduce": tuple(range(8))}
+    (said,) = [w for w in without.warnings if NOT_TOLD in w]
+    assert "on 8 streams of 8 ranks; ranks 0-7 on several, not told apart: too few of their calls" in said
+
+
+def test_communicators_told_apart_stay_unconfirmed(tmp_path: Path) -> None:
+    """Inferred from end times, their members are not confirmed by any trace: happens-before
+    violations on them are taken as mispairings and dropped (pipeline._mispaired)."""
+    paths = sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=10), tmp_path)
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    digests = load_digests(paths)
+    matched = matching.match(digest.columns(digests, "collectives"),
+                             digest.columns(digests, "communicators", keep=("rank",)), {0, 1, 2, 3})
+    told = {"inferred:allreduce:0,1", "inferred:allreduce:2,3", "inferred:allreduce:0,2", "inferred:allreduce:1,3"}
+    assert set(matched.members) == told
+    assert matched.unconfirmed == told
+    assert matched.instances == 10 * 3 * 2
+    events = matched.events
+    ordinal = np.asarray(events["seq"])[np.asarray(events["rank"]) == 0]
+    assert sorted(ordinal.tolist()) == sorted(list(range(20)) + list(range(10)))  # call order on each of its lines
