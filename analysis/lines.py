@@ -198,13 +198,13 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     if split.label is None:
         return split
     offset = _host_offsets(host, split.label, a, b, level)
-    if offset is None:
+    known = ~np.isnan(offset) if offset is not None else np.zeros(len(a), bool)
+    if known.any():
+        split = _partition(a, b, np.where(known, np.fmax(change, np.abs(level - offset)), mismatch), size)
+    if split.label is not None and (offset is None or _host_offsets(host, split.label, a, b, level) is None):
         return _Split(None, "the clock offsets between hosts that the groups of its lines imply disagree",
                       apart_ns=float(mismatch.max()))
-    known = ~np.isnan(offset)
-    if not known.any():
-        return split
-    return _partition(a, b, np.where(known, np.fmax(change, np.abs(level - offset)), mismatch), size)
+    return split
 
 
 def _partition(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, size: np.ndarray) -> _Split:
