@@ -253,6 +253,17 @@ def test_a_digest_of_another_rankscope_version_says_so(dsl: Path, tmp_path: Path
     assert str(edited) in str(err.value)
 
 
+def test_a_digest_written_before_collectives_kept_their_stream_reads_with_none(dsl: Path, tmp_path: Path) -> None:
+    # Digests stored by earlier agents lack the last collective field: read with it null, not refused.
+    column = nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]).cast(digest.DIGEST_SCHEMA).column("collectives").combine_chunks()
+    flat = pc.list_flatten(column)
+    assert flat.field("stream").null_count == 0  # no payloads in the sample: its calls keep their stream
+    kept = [f for f in flat.type if f.name != "stream"]
+    older = pa.ListArray.from_arrays(column.offsets, pa.StructArray.from_arrays([flat.field(f.name) for f in kept], fields=kept))
+    read = digest.read(_digest_edited(dsl, tmp_path / "older.parquet", collectives=older))
+    assert pc.list_flatten(read.column("collectives").combine_chunks()).field("stream").null_count == len(flat)
+
+
 def test_kineto_traces_go_to_the_kineto_reader(samples: Path) -> None:
     folder = samples / "kineto" / "gloo_cpu_torch2.13"
     table = sources.load_digests([folder / "rank0.json", folder / "rank1.json"])
