@@ -19,7 +19,8 @@ end (`_mismatch`), and split into communicators only where that is unambiguous (
 the lines that end together, within a threshold up to `TOGETHER_NS`, form cliques of one line
 per rank and of the size the traces give, every line in one; any two cliques' lines end `GAP`
 times further apart (median) than a clique's own; and once the cliques that span hosts give
-those hosts' clock offsets, the lines' ends on those clocks agree (`_split`). A clique that
+those hosts' clock offsets, the lines' ends on those clocks agree (`_split`); and no clique,
+of any class, shares some ranks but not all with another (`_crossing`). A clique that
 no other line was compared with may be several groups in lock step: it stays as the ingest
 left it, grouped by op, as does a class that is not split, with a warning where that may
 pool several communicators. Lines holding other ops (p2p, broadcast, reduce: their members
@@ -109,8 +110,7 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
     lines = _lines(collectives, untraced, comm)
     size = _listed_sizes(lines, comm, comm_ids, communicators)
     label = np.full(len(lines.size), -1)  # each line's communicator: the first line of its clique
-    told: list[_Split] = []
-    left: list[tuple[np.ndarray, _Split]] = []  # lines left grouped by op, and why
+    splits: list[tuple[np.ndarray, _Split]] = []  # per class: its lines, and how they split
     unjudged = _Split(None, "too few of their calls, or calls of ops whose members need not end together, to judge")
     for kind in np.unique(lines.kind).tolist():  # one per set of op groups: a few
         members = np.flatnonzero(lines.kind == kind)
@@ -118,6 +118,16 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
         split = _split(lines, judged, size[judged]) if np.unique(lines.rank[judged]).size > 1 else unjudged
         if split.label is not None:
             label[judged] = np.where(split.label >= 0, judged[split.label.clip(0)], -1)
+        splits.append((members, split))
+    crossing = _crossing(lines, label)  # across classes: TP groups taken for one cross the DP groups of FSDP too
+    told: list[_Split] = []
+    left: list[tuple[np.ndarray, _Split]] = []  # lines left grouped by op, and why
+    for members, split in splits:
+        if crossing[members].any():
+            label[members] = -1
+            split = _Split(None, "some groups of its lines that end together share some ranks, not all, with another "
+                                 "group found (groups in lock step taken for one?)", apart_ns=split.apart_ns)
+        if split.label is not None:
             told.append(split)
             members = members[label[members] < 0]
             split = _Split(None, "some end together with no other lines to be told apart from (several groups in lock "
@@ -310,18 +320,43 @@ def _apart(label: np.ndarray, a: np.ndarray, b: np.ndarray, mismatch: np.ndarray
     return Groups(np.minimum(label[a], label[b]), np.maximum(label[a], label[b])).median(mismatch).min()
 
 
+def _crossing(lines: _Lines, label: np.ndarray) -> np.ndarray:
+    """Per line, whether its communicator found (``label`` >= 0) shares two or more ranks with
+    another found, and neither holds the other. Process groups do not overlap so (a TP x DP
+    grid's share one rank at most; a world group holds every other), but several groups in
+    lock step taken for one do: TP groups 1-3 of four as one, beside the DP groups, shares
+    three ranks with each."""
+    found = np.flatnonzero(label >= 0)
+    per = Groups(lines.rank[found])
+    clique = label[found][per.order]  # by rank: a rank's lines are in different communicators
+    first, second = _following(per.starts.repeat(per.size) + per.size.repeat(per.size))
+    low, high = np.minimum(clique[first], clique[second]), np.maximum(clique[first], clique[second])
+    shared = Groups(low, high)  # pairs of communicators with a rank in common, and how many
+    ranks = np.bincount(clique, minlength=len(label))
+    crossed = (shared.size > 1) & (shared.size < np.minimum(ranks[shared.keys[0]], ranks[shared.keys[1]]))
+    out = np.zeros(len(label), bool)
+    out[found] = in_sorted(label[found], np.union1d(shared.keys[0][crossed], shared.keys[1][crossed]))
+    return out
+
+
+def _following(ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair of a position and one after it up to its ``ends`` (exclusive, ascending
+    blocks), as (first, second) positions."""
+    partners = ends - np.arange(len(ends)) - 1
+    first = np.arange(len(ends)).repeat(partners)
+    return first, first + 1 + np.arange(int(partners.sum())) - (np.cumsum(partners) - partners).repeat(partners)
+
+
 def _pairs(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """The pairs of lines of two ranks whose calls number alike (within MAX_EDGE_CALLS), as
     (first, second) line indices; None past MAX_PAIRS."""
     by_calls = members[np.argsort(lines.size[members], kind="stable")]
     calls = lines.size[by_calls]
     # Sorted by calls, a line's partners are the next lines up to MAX_EDGE_CALLS calls more.
-    partners = np.searchsorted(calls, calls + MAX_EDGE_CALLS, side="right") - np.arange(len(calls)) - 1
-    total = int(partners.sum())
-    if total > MAX_PAIRS:
+    ends = np.searchsorted(calls, calls + MAX_EDGE_CALLS, side="right")
+    if int((ends - np.arange(len(calls)) - 1).sum()) > MAX_PAIRS:
         return None
-    first = np.arange(len(calls)).repeat(partners)
-    second = first + 1 + np.arange(total) - (np.cumsum(partners) - partners).repeat(partners)
+    first, second = _following(ends)
     first, second = by_calls[first], by_calls[second]
     apart = lines.rank[first] != lines.rank[second]
     return first[apart], second[apart]

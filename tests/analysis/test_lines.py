@@ -160,3 +160,25 @@ def test_communicators_told_apart_stay_unconfirmed(tmp_path: Path) -> None:
     events = matched.events
     ordinal = np.asarray(events["seq"])[np.asarray(events["rank"]) == 0]
     assert sorted(ordinal.tolist()) == sorted(list(range(20)) + list(range(10)))  # call order on each of its lines
+
+
+@pytest.mark.parametrize("layout", [
+    dict(nodes=4, gpus_per_node=4, tp=4, stragglers=[sim.Straggler(1, "compute", 2 * sim.MS)]),
+    dict(nodes=2, gpus_per_node=4, tp=2, seed=1, stragglers=[sim.Straggler(1, "compute", 2 * sim.MS),
+                                                             sim.Straggler(3, "compute", 2 * sim.MS)]),
+], ids=["three-of-four", "two-and-two"])
+def test_tp_groups_in_lock_step_beside_others_are_not_taken_for_one(tmp_path: Path, layout: dict) -> None:
+    """No compute jitter: the TP groups that no straggler holds back end together call by call,
+    and the one or two it does end apart from them. Taken by their ends alone, TP groups 1-3
+    were one communicator 'inferred:allreduce:4-15' (or groups 0-1 and 2-3 one each, ranks 0-3
+    and 4-7), beside the DP groups found apart: a confident wrong answer. Such a group shares
+    some ranks, not all, with a DP group (several of them), which no TP x DP grid's groups do:
+    the calls stay grouped by op, and a warning says so."""
+    spec = sim.JobSpec(steps=10, jitter_ns=0, **layout)
+    with_ids, without = _reports(tmp_path, spec)
+    assert len(_groups(with_ids)) == spec.world_size // spec.tp + spec.tp  # the TP and DP groups, apart
+    assert [c.comm_id for c in without.communicators] == ["inferred:allreduce"]
+    (said,) = [w for w in without.warnings if NOT_TOLD in w]
+    assert "share some ranks, not all, with" in said
+    assert not [w for w in without.warnings if TOLD in w]
+    assert without.stragglers == with_ids.stragglers
