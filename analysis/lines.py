@@ -115,7 +115,11 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
     for kind in np.unique(lines.kind).tolist():  # one per set of op groups: a few
         members = np.flatnonzero(lines.kind == kind)
         judged = members[lines.judged[members]]
-        split = _split(lines, judged, size[judged]) if np.unique(lines.rank[judged]).size > 1 else unjudged
+        if _cut_short(lines, members):
+            split = _Split(None, "some of its lines are too short to judge, within a capture window's edges of lines "
+                                 "judged: told apart without them, their communicators would lack those ranks")
+        else:
+            split = _split(lines, judged, size[judged]) if np.unique(lines.rank[judged]).size > 1 else unjudged
         if split.label is not None:
             label[judged] = np.where(split.label >= 0, judged[split.label.clip(0)], -1)
         splits.append((members, split))
@@ -184,6 +188,14 @@ def _listed_sizes(lines: _Lines, comm: np.ndarray, comm_ids: np.ndarray, communi
     hit = order[np.minimum(np.searchsorted(table[order], query), len(order) - 1)]
     per_call = np.where(table[hit] == query, np.asarray(communicators["size"], np.float64)[hit], np.nan)
     return np.fmax.reduceat(per_call, lines.starts)
+
+
+def _cut_short(lines: _Lines, members: np.ndarray) -> bool:
+    """Whether a line of the class (``members``) too short to judge has calls enough, give or
+    take MAX_EDGE_CALLS, to be a judged line's peer that a capture window's edges cut short."""
+    judged = lines.judged[members]
+    shortest = lines.size[members[judged]].min(initial=np.iinfo(np.int64).max)
+    return bool((lines.size[members[~judged]] >= shortest - MAX_EDGE_CALLS).any())
 
 
 def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:

@@ -182,3 +182,23 @@ def test_tp_groups_in_lock_step_beside_others_are_not_taken_for_one(tmp_path: Pa
     assert "share some ranks, not all, with" in said
     assert not [w for w in without.warnings if TOLD in w]
     assert without.stragglers == with_ids.stragglers
+
+
+def test_a_line_cut_too_short_to_judge_keeps_its_peers_from_being_told_apart_without_it(tmp_path: Path) -> None:
+    """Three steps: each TP line has six calls, enough to judge; rank 0's capture lost its first,
+    leaving five, too few. Told apart without it, TP group 0-3 was 'inferred:allreduce:1-3', and
+    rank 0's TP calls were matched by call order with the DP calls: a communicator short of a
+    member, and the hosts left without a collective in common. A line too short to judge that
+    a window's edges may have cut from a judged one's length keeps its class grouped by op."""
+    paths = sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=3, stragglers=[STRAGGLER]), tmp_path)
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    with contextlib.closing(sqlite3.connect(paths[0])) as db, db:
+        db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE streamId = 23 AND start = "
+                   "(SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE streamId = 23)")
+    without = _quietly(paths)
+    assert [c.comm_id for c in without.communicators] == ["inferred:allreduce"]
+    (said,) = [w for w in without.warnings if NOT_TOLD in w]
+    assert "too short to judge, within a capture window's edges of lines judged" in said
+    assert not [w for w in without.warnings if TOLD in w]
