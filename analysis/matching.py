@@ -36,6 +36,7 @@ class Matching:
     names: dict[str, str | None]  # comm_id -> name from the trace (PG name, commName)
     unconfirmed: frozenset[str]  # comm_ids whose members no trace lists nor a size confirms: maybe pooled groups
     realigned: frozenset[str]  # comm_ids a member's ordinals were shifted on (a capture cut a few calls off)
+    uneven: frozenset[str]  # ordinal-matched comm_ids whose members captured different numbers of calls
     method: str  # "trace seq", "ordinal", or "trace seq + ordinal"
     instances: int
     dropped_incomplete: int
@@ -178,11 +179,12 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     ordinal[collective] = calls.cumcount()
     key_seq = np.where(use_ordinal, ordinal, seq)
     counted = ordinal_comm[calls.keys[1]]
-    warnings += _ordinal_count_warnings(calls.keys[1][counted], calls.size[counted], comm_ids)
+    uneven = _uneven_counts(calls.keys[1][counted], calls.size[counted], comm_ids)
+    warnings += _ordinal_count_warnings(uneven)
     host, _ = codes(events["host"])
     end = np.asarray(events["end_ns"], np.int64)
     together = member_of(ops, N_TO_N_OPS)[op]  # calls whose ends coincide on every member
-    realigned = frozenset(
+    realigned = (
         _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
         | _shift_ordinals_across_hosts(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings))
 
@@ -226,7 +228,8 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
         sizes=sizes,
         names=names,
         unconfirmed=unconfirmed,
-        realigned=realigned,
+        realigned=frozenset(realigned),
+        uneven=frozenset(uneven),
         method=method,
         instances=int(len(ok)),
         dropped_incomplete=incomplete,
@@ -268,18 +271,27 @@ def _p2p_peers(
     return np.where(np.isnan(peer), -1, peer).astype(np.int64)
 
 
-def _ordinal_count_warnings(comm: np.ndarray, calls: np.ndarray, comm_ids: np.ndarray) -> list[str]:
-    """Ordinal matching is only sound when every member captured the same calls (``calls``
-    per rank of each communicator ``comm``)."""
+def _uneven_counts(comm: np.ndarray, calls: np.ndarray, comm_ids: np.ndarray) -> dict[str, tuple[int, int]]:
+    """The communicators (``comm``, one per rank) whose members captured different numbers of
+    calls (``calls`` per rank), with the fewest and most: comm_id -> (fewest, most)."""
     if not len(calls) or calls.min() == calls.max():  # the usual case: every rank made as many calls
-        return []
+        return {}
     per_comm = Groups(comm)
     lo, hi = per_comm.min(calls), per_comm.max(calls)
-    return [
-        f"communicator {comm_ids[c]}: members captured {low} to {high} calls; ordinal matching checks op and size "
-        "on every instance but a capture window that starts mid-sequence can shift it"
+    return {
+        str(comm_ids[c]): (low, high)
         for c, low, high in zip(per_comm.keys[0].tolist(), lo.tolist(), hi.tolist())
         if low != high
+    }
+
+
+def _ordinal_count_warnings(uneven: dict[str, tuple[int, int]]) -> list[str]:
+    """Ordinal matching is only sound when every member captured the same calls (``uneven``:
+    comm_id -> fewest and most calls of a member, where they differ)."""
+    return [
+        f"communicator {comm_id}: members captured {low} to {high} calls; ordinal matching checks op and size "
+        "on every instance but a capture window that starts mid-sequence can shift it"
+        for comm_id, (low, high) in uneven.items()
     ]
 
 
@@ -294,20 +306,48 @@ def _shift_ordinals_on_shared_clocks(
     end: np.ndarray,
     warnings: list[str],
 ) -> set[str]:
-    """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a few calls off.
+    """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a
+    few calls off their host's other members (`_shift_ordinals_on_clocks`): members on one
+    host share a clock. Cross-host members cannot be checked this way (their clocks differ
+    by more than a call period)."""
+    shifted = set()
+    for c, r, _, shift in _shift_ordinals_on_clocks(key_seq, use_ordinal, together, comm, host, rank, end):
+        comm_id = comm_ids[c]
+        if shift is None:
+            warnings.append(f"communicator {comm_id}: rank {r}'s calls do not line up with its host's other members")
+            continue
+        shifted.add(str(comm_id))
+        warnings.append(
+            f"communicator {comm_id}: rank {r}'s capture is {abs(shift)} call(s) "
+            f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
+        )
+    return shifted
 
-    Members on one host share a clock, so the k-th call's end must coincide with the
-    host's reference member (the one with most calls); where it does not, try shifts
-    of a few calls and keep one that makes ends coincide. Only calls whose ends coincide
-    (``together``: N-to-N ops) are compared: a broadcast's root ends once it has sent, a
-    reduce's root once all came in. Cross-host members cannot be checked this way (their
-    clocks differ by more than a call period). The ordinals are 0, 1, ... in each rank's
-    calls on a communicator (a rank has one host).
+
+def _shift_ordinals_on_clocks(
+    key_seq: np.ndarray,
+    use_ordinal: np.ndarray,
+    together: np.ndarray,
+    comm: np.ndarray,
+    clock: np.ndarray,
+    rank: np.ndarray,
+    end: np.ndarray,
+) -> list[tuple[int, int, int, int | None]]:
+    """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a
+    few calls off; (communicator code, rank, its reference rank, shift or None where no shift
+    makes ends coincide) per rank found off.
+
+    Members whose ends are on one ``clock`` (a host's, or fitted ones) must see the k-th
+    call end when the reference member on that clock (the one with most calls) does; where
+    they do not, try shifts of a few calls and keep one that makes ends coincide. Only calls
+    whose ends coincide (``together``: N-to-N ops) are compared: a broadcast's root ends once
+    it has sent, a reduce's root once all came in. The ordinals are 0, 1, ... in each rank's
+    calls on a communicator (a rank has one clock).
     """
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
-        return set()
-    c, h, r, k, e = comm[rows], host[rows], rank[rows], key_seq[rows], end[rows]
+        return []
+    c, h, r, k, e = comm[rows], clock[rows], rank[rows], key_seq[rows], end[rows]
     per_rank = Groups(c, h, r, within=k)  # each rank's calls in ordinal order
     rc, rh, rr = per_rank.keys
     ref_of = _references(per_rank.size, rr, rc, rh)  # each rank's reference (a group of per_rank)
@@ -325,7 +365,7 @@ def _shift_ordinals_on_shared_clocks(
     # The usual case: every end within a quarter of the closest spacing of any reference,
     # so no rank's median miss exceeds a quarter of its reference's median spacing.
     if not len(gaps) or not compared.any() or 4 * int(off[compared].max()) <= int(gaps.min()):
-        return set()
+        return []
     checked = Groups(group[compared], ordered=True)
     miss = np.zeros(per_rank.count)
     miss[checked.keys[0]] = checked.median(off[compared].astype(np.float64))
@@ -334,23 +374,16 @@ def _shift_ordinals_on_shared_clocks(
     spacing = np.full(per_rank.count, np.inf)
     spacing[of_reference.keys[0]] = of_reference.median(gaps.astype(np.float64))
     spacing = spacing[ref_of]
-    shifted = set()
+    found = []
     for i in np.flatnonzero(miss > spacing / 4).tolist():  # off its reference: rare, one by one
         mine_rows = rows[(c == rc[i]) & (r == rr[i])]
         mine = mine_rows[np.argsort(key_seq[mine_rows], kind="stable")]
         ref = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
         shift = _best_shift(end[mine], ends[ref], spacing[i], together[mine], joint[ref])
-        comm_id = comm_ids[rc[i]]
-        if shift is None:
-            warnings.append(f"communicator {comm_id}: rank {rr[i]}'s calls do not line up with its host's other members")
-            continue
-        key_seq[mine_rows] += shift
-        shifted.add(str(comm_id))
-        warnings.append(
-            f"communicator {comm_id}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
-            f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
-        )
-    return shifted
+        if shift is not None:
+            key_seq[mine_rows] += shift
+        found.append((int(rc[i]), int(rr[i]), int(rr[ref_of[i]]), shift))
+    return found
 
 
 def _references(size: np.ndarray, rank: np.ndarray, *scope: np.ndarray) -> np.ndarray:
