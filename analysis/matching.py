@@ -20,7 +20,7 @@ import numpy as np
 from rankscope.analysis import lines
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, N_TO_N_OPS, P2P_OPS, RECV, SEND
-from rankscope.analysis.report import some_of
+from rankscope.analysis.report import ranks_text, some_of
 
 UNMATCHED = -1
 _RANK_SPAN = 1 << 32  # (communicator, rank) pairs as one int64 key
@@ -42,6 +42,15 @@ class Matching:
     dropped_incomplete: int
     dropped_inconsistent: int
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FittedEnds:
+    """Each collective row's end on clocks fitted without the calls of ``comm_ids``: where the
+    gaps between ends could not tell a shift, those ends can (`match`)."""
+
+    comm_ids: frozenset[str]
+    end: np.ndarray  # aligned ns, one per row of the collectives `match` is given
 
 
 def communicator_members(
@@ -146,10 +155,11 @@ def _size_warnings(checked: dict[str, tuple[int, list[int]]]) -> list[str]:
     ]
 
 
-def match(collectives: Table, communicators: Table, present: set[int]) -> Matching:
+def match(collectives: Table, communicators: Table, present: set[int], fitted: FittedEnds | None = None) -> Matching:
     """Assign an instance id to every collective row that belongs to a complete, consistent
     instance; the communicators of calls no trace names first told apart where their lines
-    allow (`lines.infer`)."""
+    allow (`lines.infer`). Given ``fitted``, the members of its communicators are re-aligned
+    on those ends too, after every other re-alignment."""
     inferred = lines.infer(collectives, communicators)
     members, sizes, names, unconfirmed, warnings = communicator_members(
         inferred.communicators, inferred.collectives, present, inferred.comm_ids)
@@ -187,6 +197,10 @@ def match(collectives: Table, communicators: Table, present: set[int]) -> Matchi
     realigned = (
         _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
         | _shift_ordinals_across_hosts(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings))
+    if fitted is not None:
+        suspect = use_ordinal & member_of(comm_ids, fitted.comm_ids)[comm]
+        realigned |= _shift_ordinals_on_fitted_clocks(key_seq, suspect, together, comm, comm_ids, rank, fitted.end,
+                                                      warnings)
 
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
     if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
@@ -322,6 +336,36 @@ def _shift_ordinals_on_shared_clocks(
             f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
         )
     return shifted
+
+
+def _shift_ordinals_on_fitted_clocks(
+    key_seq: np.ndarray,
+    use_ordinal: np.ndarray,
+    together: np.ndarray,
+    comm: np.ndarray,
+    comm_ids: np.ndarray,
+    rank: np.ndarray,
+    end: np.ndarray,
+    warnings: list[str],
+) -> set[str]:
+    """Re-align ordinals (``key_seq``, in place) of the ``use_ordinal`` rows' members on their
+    ends on clocks fitted from other communicators' calls (``end``): on those, as on one
+    host's, a call's ends coincide on every member (`_shift_ordinals_on_clocks`, all rows
+    on one clock). One warning per communicator."""
+    found = _shift_ordinals_on_clocks(key_seq, use_ordinal, together, comm, np.zeros_like(comm), rank, end)
+    shifted = {c for c, _, _, shift in found if shift is not None}
+    ranks: dict[int, dict[tuple[int, int | None], list[int]]] = {}  # comm -> (reference, shift) -> ranks
+    for c, r, ref, shift in found:
+        ranks.setdefault(c, {}).setdefault((ref, shift), []).append(r)
+    warnings += [
+        f"communicator {comm_ids[c]}: "
+        + ", ".join(f"the calls of rank(s) {ranks_text(off)} do not line up with rank {ref}'s" if shift is None else
+                    f"the capture of rank(s) {ranks_text(off)} is {abs(shift)} call(s) "
+                    f"{'behind' if shift > 0 else 'ahead of'} rank {ref}'s" for (ref, shift), off in by_shift.items())
+        + f"; {'re-aligned' if c in shifted else 'left as matched'} on the clocks fitted from the other communicators"
+        for c, by_shift in ranks.items()
+    ]
+    return {str(comm_ids[c]) for c in shifted}
 
 
 def _shift_ordinals_on_clocks(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rankscope.analysis.matching import UNMATCHED, match
+from rankscope.analysis.matching import UNMATCHED, FittedEnds, match
 
 
 def _rows(spec: list[tuple]) -> pd.DataFrame:
@@ -358,3 +358,27 @@ def test_ranks_listing_different_members_are_warned_and_their_union_used() -> No
     m = match(rows, comms, {0, 1, 2})
     assert any("communicator c: ranks disagree on its members; using their union [0, 1, 2]" in w for w in m.warnings)
     assert m.members["c"] == (0, 1, 2) and m.instances == 1
+
+
+def test_a_shift_the_gaps_cannot_tell_is_found_on_ends_on_fitted_clocks() -> None:
+    """Gaps all alike (a call per step) leave rank 2, a call behind on another host, shifted;
+    its ends on clocks fitted from other calls (``FittedEnds``: here its host's clock 5 ms
+    ahead, taken off) set beside rank 0's tell the shift; communicators not named are left."""
+    ends = [1_000, 2_000, 3_000, 4_000]
+    rows = _rows(
+        [(r, c, k, "ordinal", "allreduce", 64, None, e - 100) for r, c in ((0, "c"), (1, "d"))
+         for k, e in enumerate(ends)]
+        + [(r, c, k, "ordinal", "allreduce", 64, None, e + 5_000_000 - 100) for r, c in ((2, "c"), (3, "d"))
+           for k, e in enumerate(ends[1:])]
+    )
+    comms = _comms({"c": [0, 2], "d": [1, 3]}, [0, 1, 2, 3])
+    fitted = FittedEnds(frozenset({"c"}), np.where(rows["host"] == "h1", rows["end_ns"] - 5_000_000, rows["end_ns"]))
+    m = match(rows, comms, {0, 1, 2, 3}, fitted)
+    assert [w for w in m.warnings if "fitted" in w] == [
+        "communicator c: the capture of rank(s) 2 is 1 call(s) behind rank 0's; re-aligned on the clocks fitted "
+        "from the other communicators"]
+    assert m.realigned == {"c"} and m.uneven == {"c", "d"}
+    ev = pd.DataFrame(m.events)
+    ev = ev[ev["instance"] != UNMATCHED]
+    apart = ev.groupby(["comm_id", "instance"])["end_ns"].agg(lambda e: e.max() - e.min()).groupby("comm_id").unique()
+    assert apart["c"].tolist() == [5_000_000] and apart["d"].tolist() == [5_001_000]  # d: one call off, as matched
