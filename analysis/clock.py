@@ -124,6 +124,13 @@ def anchor_ends(events: Table, t0: int) -> tuple[np.ndarray, np.ndarray]:
     return table, names[used]
 
 
+def linked_hosts(events: Table) -> frozenset[frozenset[str]]:
+    """The groups of hosts that the matched N-to-N instances spanning hosts link (`fit` aligns
+    each group on its own)."""
+    values, names = anchor_ends(events, 0)  # only which host saw which anchor matters here
+    return frozenset(frozenset(names[component].tolist()) for component in _components(values))
+
+
 def fit(events: Table, hosts: list[str], hints: Mapping[str, int] | None = None) -> ClockModel:
     """Fit every host's clock from the matched collective rows (columns instance, op, host, end_ns)."""
     hints = dict(hints or {})

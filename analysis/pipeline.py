@@ -21,7 +21,7 @@ no pair keys; ranks already aligned: no re-alignment search).
 from __future__ import annotations
 
 import warnings as pywarnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 import numpy as np
@@ -77,10 +77,12 @@ def analyze(digests: pa.Table, *, clock_hints: Mapping[str, int] | None = None) 
     missing = _missing_ranks(ranks, world)
     notes += _coverage_notes(ranks, world, missing, collectives["rank"])
 
-    matched = matching.match(collectives, communicators, set(ranks))
-    events = matched.events
+    present = set(ranks)
     hosts = natural(set(host_of_rank))  # the report's host rows and warnings in that order
-    model, hb, mispaired = _aligned(events, hosts, clock_hints, matched, notes)
+    matched, model, hb, mispaired = _aligned(
+        matching.match(collectives, communicators, present), hosts, clock_hints, notes,
+        lambda fitted: matching.match(collectives, communicators, present, fitted))
+    events = matched.events
     sizes = _known_sizes(matched, missing, notes)
 
     inst = metrics.instance_frame(events)
@@ -150,13 +152,19 @@ def _coverage_notes(ranks: list[int], world: int | None, missing: list[int], col
     return notes
 
 
-def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | None, matched: matching.Matching,
-             notes: list[str]) -> tuple[clock.ClockModel, clock.HappensBefore, int]:
-    """Fit the hosts' clocks and put ``events`` on the aligned time base (start, end, sigma);
-    the model, its happens-before check (a note where it finds violations), and how many
-    instances were dropped as mispaired (`_mispaired`: the clocks are fitted again without them)."""
-    model = _on_clock(events, hosts, clock_hints)
-    hb = clock.happens_before(events)
+def _aligned(matched: matching.Matching, hosts: list[str], clock_hints: Mapping[str, int] | None, notes: list[str],
+             rematch: Callable[[matching.FittedEnds], matching.Matching],
+             ) -> tuple[matching.Matching, clock.ClockModel, clock.HappensBefore, int]:
+    """Fit the hosts' clocks and put the matched events on the aligned time base (start, end,
+    sigma); the matching (`rematch` gives it again, re-aligned on fitted clocks, where
+    happens-before puts a shift in doubt: `_realigned_on_fitted_clocks`), the model, its
+    happens-before check (a note where it finds violations), and how many instances were
+    dropped as mispaired (`_mispaired`: the clocks are fitted again without them)."""
+    model = _on_clock(matched.events, hosts, clock_hints)
+    hb = clock.happens_before(matched.events)
+    if hb.violations and (realigned := _realigned_on_fitted_clocks(matched, hb, hosts, clock_hints, rematch)):
+        matched, model, hb = realigned
+    events = matched.events
     mispaired = _mispaired(hb, events, matched.unconfirmed)
     if len(mispaired):
         instance = np.array(events["instance"], dtype=np.int64)
@@ -176,7 +184,46 @@ def _aligned(events: dict, hosts: list[str], clock_hints: Mapping[str, int] | No
         hb = clock.happens_before(events)
     if hb.violations:
         notes.append(_happens_before_note(hb, events, matched.unconfirmed))
-    return model, hb, len(mispaired)
+    return matched, model, hb, len(mispaired)
+
+
+def _realigned_on_fitted_clocks(
+    matched: matching.Matching, hb: clock.HappensBefore, hosts: list[str], clock_hints: Mapping[str, int] | None,
+    rematch: Callable[[matching.FittedEnds], matching.Matching],
+) -> tuple[matching.Matching, clock.ClockModel, clock.HappensBefore] | None:
+    """The matching, clocks and happens-before check again, where happens-before is broken on
+    ordinal-matched communicators whose members captured different numbers of calls; None
+    where the suspects among these (those no re-alignment shifted) are none, alone link some
+    hosts, shift on no member, or shifted leave as many violations.
+
+    A capture window that starts a whole step later on one node shifts such a communicator
+    by one call, and where every gap between its calls is alike (one all-reduce per step, all
+    of one size) the gaps cannot tell (`matching._shift_ordinals_across_hosts`); fitted with
+    the rightly paired calls, the clocks go wild (drifts of thousands of ppm) and hide every
+    cross-host figure (alignment-and-metrics.md §5: one off-by-one corrupts a fit), or follow
+    the wrongly paired ones where those are most, and the right ones break happens-before. So
+    every suspect is left out, violating or not, and the clocks fitted from the rest (calls
+    every member captured alike, or re-aligned on their gaps) put each suspect's ends on one
+    time base, where they must coincide call by call as on one host."""
+    events = matched.events
+    comm, comm_ids = codes(events["comm_id"])
+    instance = np.asarray(events["instance"], np.int64)
+    violated = set(comm_ids[np.unique(comm[in_sorted(instance, hb.violating)])].tolist())
+    suspects = matched.uneven - matched.realigned
+    if not violated & matched.uneven or not suspects:
+        return None
+    rest = dict(events, instance=np.where(member_of(comm_ids, suspects)[comm], matching.UNMATCHED, instance))
+    if clock.linked_hosts(rest) != clock.linked_hosts(events):
+        return None
+    fitted = clock.fit(rest, hosts, clock_hints)
+    again = rematch(matching.FittedEnds(suspects, fitted.align(events["host"], events["end_ns"])))
+    if again.realigned == matched.realigned:
+        return None
+    model = _on_clock(again.events, hosts, clock_hints)  # its own events: ``matched``'s stay as they were
+    checked = clock.happens_before(again.events)
+    if checked.violations >= hb.violations:  # no better: the shift the clocks told is in doubt too
+        return None
+    return again, model, checked
 
 
 def _known_sizes(matched: matching.Matching, missing: list[int], notes: list[str]) -> dict[str, int]:

@@ -1,0 +1,75 @@
+"""Jobs whose nodes' capture windows start a whole step apart: communicators of one call per
+step, all alike, matched by call order one call off, and what the analysis makes of them."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from rankscope.analysis import simulate
+from rankscope.analysis.pipeline import analyze
+from rankscope.analysis.report import Report
+from rankscope.analysis.sources import load_digests
+from rankscope.errors import RankscopeWarning
+
+FITTED = "on the clocks fitted from the other communicators"
+
+
+def _cut(folder: Path, ranks: dict[int, int]) -> None:
+    """Delete from each rank's export (rank -> steps) everything before its step's NVTX range:
+    a capture window that started that many steps late."""
+    for rank, steps in ranks.items():
+        with sqlite3.connect(folder / f"sim_rank{rank:05d}.sqlite") as db:
+            (start,) = db.execute(
+                "SELECT e.start FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId "
+                "WHERE coalesce(e.text, s.value) = ?", (f"step {steps}",)).fetchone()
+            for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
+                db.execute(f"DELETE FROM {table} WHERE start < ?", (start,))
+
+
+def _cut_job(tmp_path: Path, spec: simulate.JobSpec, ranks: dict[int, int]) -> tuple[Report, dict]:
+    """The report of the simulated job with ``ranks`` cut (`_cut`), and its truth."""
+    simulate.simulate(spec, tmp_path)
+    _cut(tmp_path, ranks)
+    with pytest.warns(RankscopeWarning):
+        report = analyze(load_digests([tmp_path]))
+    return report, simulate.truth(spec)
+
+
+def _clock_errors(report: Report, truth: dict) -> tuple[float, float]:
+    """The largest gauge-free error of the hosts' fitted offsets (ns) and drifts (ppm)."""
+    nodes = {n["host"]: n for n in truth["nodes"]}
+    fitted = [(h.offset_ns, h.drift_ppm, nodes[h.host]["offset_ns"], nodes[h.host]["drift_ppm"])
+              for h in report.alignment.hosts]
+    mean = [sum(column) / len(fitted) for column in zip(*fitted)]
+    return (max(abs(f[0] - mean[0] - (f[2] - mean[2])) for f in fitted),
+            max(abs(f[1] - mean[1] - (f[3] - mean[3])) for f in fitted))
+
+
+@pytest.mark.parametrize(("seed", "cut", "realigned"), [
+    (0, {r: 1 for r in range(4)}, 2),  # two of the four DP groups re-aligned on their gaps: the fit goes wild
+    (0, {r: 2 for r in range(4, 8)}, 3),  # node 1 two steps late
+    (2, {r: 1 for r in range(4)}, 3),  # one re-aligned on its gaps: the fit follows the three shifted
+])
+def test_dp_groups_a_late_capture_shifted_are_realigned_on_the_clocks_fitted_from_the_others(
+        tmp_path: Path, seed: int, cut: dict[int, int], realigned: int) -> None:
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10, seed=seed,
+                            stragglers=(simulate.Straggler(5, "compute", 2 * simulate.MS),))
+    report, truth = _cut_job(tmp_path, spec, cut)
+    assert len([w for w in report.warnings if FITTED in w and "re-aligned" in w]) == realigned
+    assert report.alignment.happens_before_violations == 0
+    offset, drift = _clock_errors(report, truth)
+    assert offset < 10_000 and drift < 10  # was ms and thousands of ppm
+    assert report.stragglers == [5] and set(report.late_ranks) == {4, 5, 6, 7}  # node 1 waits for rank 5
+
+
+def test_suspects_that_alone_link_the_hosts_are_left_as_matched(tmp_path: Path) -> None:
+    """Ranks 0 and 1 cut one and two steps: neither DP group re-aligned on its gaps, so no
+    calls are left to fit the clocks from; the violations stay, reported."""
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=10, seed=0,
+                            stragglers=(simulate.Straggler(3, "compute", 2 * simulate.MS),))
+    report, _ = _cut_job(tmp_path, spec, {0: 1, 1: 2})
+    assert not [w for w in report.warnings if FITTED in w]
+    assert report.alignment.happens_before_violations > 0
