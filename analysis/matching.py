@@ -351,21 +351,41 @@ def _shift_ordinals_on_fitted_clocks(
     """Re-align ordinals (``key_seq``, in place) of the ``use_ordinal`` rows' members on their
     ends on clocks fitted from other communicators' calls (``end``): on those, as on one
     host's, a call's ends coincide on every member (`_shift_ordinals_on_clocks`, all rows
-    on one clock). One warning per communicator."""
+    on one clock). One warning per communicator.
+
+    A shift is kept only where it pairs the member's last call with its reference's: a
+    window cut at its start, as the reference's holds the member's. One that leaves calls of
+    the reference unpaired at both edges is undone: the clocks are fitted from communicators
+    re-aligned on their gaps, whose shift may itself be a few calls short of one larger than
+    `_shift_misses` tries (a node cut 9 steps, paired 8 off: every communicator then agrees on
+    clocks 8 steps off, and happens-before no longer says so)."""
     found = _shift_ordinals_on_clocks(key_seq, use_ordinal, together, comm, np.zeros_like(comm), rank, end)
-    shifted = {c for c, _, _, shift in found if shift is not None}
-    ranks: dict[int, dict[tuple[int, int | None], list[int]]] = {}  # comm -> (reference, shift) -> ranks
+    ranks: dict[int, dict[tuple[int, int | None, bool], list[int]]] = {}  # comm -> (reference, shift, kept) -> ranks
     for c, r, ref, shift in found:
-        ranks.setdefault(c, {}).setdefault((ref, shift), []).append(r)
+        kept = shift is not None and _ends_with_reference(key_seq, use_ordinal, comm, rank, c, r, ref)
+        if shift is not None and not kept:
+            key_seq[use_ordinal & (comm == c) & (rank == r)] -= shift
+        ranks.setdefault(c, {}).setdefault((ref, shift, kept), []).append(r)
+    shifted = {c for c, by_shift in ranks.items() if any(kept for _, _, kept in by_shift)}
     warnings += [
         f"communicator {comm_ids[c]}: "
         + ", ".join(f"the calls of rank(s) {ranks_text(off)} do not line up with rank {ref}'s" if shift is None else
                     f"the capture of rank(s) {ranks_text(off)} is {abs(shift)} call(s) "
-                    f"{'behind' if shift > 0 else 'ahead of'} rank {ref}'s" for (ref, shift), off in by_shift.items())
+                    f"{'behind' if shift > 0 else 'ahead of'} rank {ref}'s"
+                    + ("" if kept else ", which leaves its calls unpaired at both edges of the capture")
+                    for (ref, shift, kept), off in by_shift.items())
         + f"; {'re-aligned' if c in shifted else 'left as matched'} on the clocks fitted from the other communicators"
         for c, by_shift in ranks.items()
     ]
     return {str(comm_ids[c]) for c in shifted}
+
+
+def _ends_with_reference(key_seq: np.ndarray, use_ordinal: np.ndarray, comm: np.ndarray, rank: np.ndarray,
+                         c: int, member: int, reference: int) -> bool:
+    """Whether the ``member``'s last call on communicator code ``c`` is its ``reference``'s
+    last (ordinals ``key_seq`` of the ``use_ordinal`` rows)."""
+    on = use_ordinal & (comm == c)
+    return int(key_seq[on & (rank == member)].max()) == int(key_seq[on & (rank == reference)].max())
 
 
 def _shift_ordinals_on_clocks(
