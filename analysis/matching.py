@@ -46,11 +46,15 @@ class Matching:
 
 @dataclass(frozen=True)
 class FittedEnds:
-    """Each collective row's end on clocks fitted without the calls of ``comm_ids``: where the
-    gaps between ends could not tell a shift, those ends can (`match`)."""
+    """Each collective row's end on clocks fitted without the calls of ``comm_ids``, or told
+    by the coordinator: where the gaps between ends could not tell a shift, those ends can
+    (`match`), for members whose calls are more than 4 ``error_ns`` apart (`_best_shift`
+    takes a shift whose ends miss by under a quarter of the spacing)."""
 
     comm_ids: frozenset[str]
     end: np.ndarray  # aligned ns, one per row of the collectives `match` is given
+    source: str = "the clocks fitted from the other communicators"  # what put the ends on one clock, for warnings
+    error_ns: float = 0.0  # how far those clocks may be off one another
 
 
 def communicator_members(
@@ -199,7 +203,7 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
         | _shift_ordinals_across_hosts(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings))
     if fitted is not None:
         suspect = use_ordinal & member_of(comm_ids, fitted.comm_ids)[comm]
-        realigned |= _shift_ordinals_on_fitted_clocks(key_seq, suspect, together, comm, comm_ids, rank, fitted.end,
+        realigned |= _shift_ordinals_on_fitted_clocks(key_seq, suspect, together, comm, comm_ids, rank, fitted,
                                                       warnings)
 
     keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
@@ -345,13 +349,13 @@ def _shift_ordinals_on_fitted_clocks(
     comm: np.ndarray,
     comm_ids: np.ndarray,
     rank: np.ndarray,
-    end: np.ndarray,
+    fitted: FittedEnds,
     warnings: list[str],
 ) -> set[str]:
     """Re-align ordinals (``key_seq``, in place) of the ``use_ordinal`` rows' members on their
-    ends on clocks fitted from other communicators' calls (``end``): on those, as on one
-    host's, a call's ends coincide on every member (`_shift_ordinals_on_clocks`, all rows
-    on one clock). One warning per communicator.
+    ends on clocks fitted from other communicators' calls, or told by the coordinator
+    (``fitted``): on those, as on one host's, a call's ends coincide on every member
+    (`_shift_ordinals_on_clocks`, all rows on one clock). One warning per communicator.
 
     A shift is kept only where it pairs the member's last call with its reference's: a
     window cut at its start, as the reference's holds the member's. One that leaves calls of
@@ -359,12 +363,15 @@ def _shift_ordinals_on_fitted_clocks(
     re-aligned on their gaps, whose shift may itself be a few calls short of one larger than
     `_shift_misses` tries (a node cut 9 steps, paired 8 off: every communicator then agrees on
     clocks 8 steps off, and happens-before no longer says so)."""
-    found = _shift_ordinals_on_clocks(key_seq, use_ordinal, together, comm, np.zeros_like(comm), rank, end)
+    before = key_seq.copy()
+    found = _shift_ordinals_on_clocks(key_seq, use_ordinal, together, comm, np.zeros_like(comm), rank, fitted.end,
+                                      fitted.error_ns)
     ranks: dict[int, dict[tuple[int, int | None, bool], list[int]]] = {}  # comm -> (reference, shift, kept) -> ranks
     for c, r, ref, shift in found:
         kept = shift is not None and _ends_with_reference(key_seq, use_ordinal, comm, rank, c, r, ref)
         if shift is not None and not kept:
-            key_seq[use_ordinal & (comm == c) & (rank == r)] -= shift
+            undone = use_ordinal & (comm == c) & (rank == r)
+            key_seq[undone] = before[undone]
         ranks.setdefault(c, {}).setdefault((ref, shift, kept), []).append(r)
     shifted = {c for c, by_shift in ranks.items() if any(kept for _, _, kept in by_shift)}
     warnings += [
@@ -374,7 +381,7 @@ def _shift_ordinals_on_fitted_clocks(
                     f"{'behind' if shift > 0 else 'ahead of'} rank {ref}'s"
                     + ("" if kept else ", which leaves its calls unpaired at both edges of the capture")
                     for (ref, shift, kept), off in by_shift.items())
-        + f"; {'re-aligned' if c in shifted else 'left as matched'} on the clocks fitted from the other communicators"
+        + f"; {'re-aligned' if c in shifted else 'left as matched'} on {fitted.source}"
         for c, by_shift in ranks.items()
     ]
     return {str(comm_ids[c]) for c in shifted}
@@ -396,6 +403,7 @@ def _shift_ordinals_on_clocks(
     clock: np.ndarray,
     rank: np.ndarray,
     end: np.ndarray,
+    error: float = 0.0,
 ) -> list[tuple[int, int, int, int | None]]:
     """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a
     few calls off; (communicator code, rank, its reference rank, shift or None where no shift
@@ -406,7 +414,9 @@ def _shift_ordinals_on_clocks(
     they do not, try shifts of a few calls and keep one that makes ends coincide. Only calls
     whose ends coincide (``together``: N-to-N ops) are compared: a broadcast's root ends once
     it has sent, a reduce's root once all came in. The ordinals are 0, 1, ... in each rank's
-    calls on a communicator (a rank has one clock).
+    calls on a communicator (a rank has one clock). Where the clocks may be ``error`` off one
+    another, a rank whose reference's calls are not 4x that apart is left: a shift is taken
+    where ends miss by under a quarter of the spacing, which such an error could fake.
     """
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
@@ -439,13 +449,18 @@ def _shift_ordinals_on_clocks(
     spacing[of_reference.keys[0]] = of_reference.median(gaps.astype(np.float64))
     spacing = spacing[ref_of]
     found = []
-    for i in np.flatnonzero(miss > spacing / 4).tolist():  # off its reference: rare, one by one
+    for i in np.flatnonzero((miss > spacing / 4) & (spacing > 4 * error)).tolist():  # off: rare, one by one
         mine_rows = rows[(c == rc[i]) & (r == rr[i])]
         mine = mine_rows[np.argsort(key_seq[mine_rows], kind="stable")]
         ref = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
         shift = _best_shift(end[mine], ends[ref], spacing[i], together[mine], joint[ref])
+        # ends are compared call by call, so ``shift`` is from the reference's first key;
+        # an earlier re-alignment (on the gaps) may have shifted this member's keys already
+        shifted = int(key_seq[mine[0]]) - int(k[per_rank.order[ref.start]])
+        if shift == shifted:
+            continue
         if shift is not None:
-            key_seq[mine_rows] += shift
+            key_seq[mine_rows] += shift - shifted
         found.append((int(rc[i]), int(rr[i]), int(rr[ref_of[i]]), shift))
     return found
 
@@ -559,9 +574,12 @@ def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_e
 def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together: np.ndarray,
                 ref_together: np.ndarray) -> int | None:
     """The shift s (mine[k] ~ ref[k + s]) whose ends coincide, if one clearly does, comparing
-    only ends of calls that end together on every member."""
+    only ends of calls that end together on every member; up to as many calls as the
+    reference has more than this member, where that is more than `_shift_misses` tries (a
+    capture cut many steps: on one clock, ends tell any shift)."""
     need = max(1, min(int(mine_together.sum()), int(ref_together.sum())) // 2)  # half of the shorter
-    misses = _shift_misses(mine[mine_together], np.flatnonzero(mine_together), ref, ref_together, need)
+    misses = _shift_misses(mine[mine_together], np.flatnonzero(mine_together), ref, ref_together, need,
+                           max(8, len(ref) - len(mine)))
     best = min(misses, key=misses.get, default=None)
     return best if best is not None and misses[best] < spacing / 4 else None
 
