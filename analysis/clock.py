@@ -72,6 +72,7 @@ class ClockModel:
     method: str
     anchors: int
     warnings: list[str] = field(default_factory=list)
+    off_hints: list[str] = field(default_factory=list)  # fitted hosts whose offset is far from the coordinator's
 
     def align(self, hosts: ArrayLike, times: np.ndarray) -> np.ndarray:
         """Local int64 ns on each row's host -> aligned int64 ns (vectorised)."""
@@ -149,7 +150,9 @@ def fit(events: Table, hosts: list[str], hints: Mapping[str, int] | None = None)
         prior = np.array([hints.get(h, 0.0) for h in names], dtype=np.float64)
         model.hosts.update(_fit_component(names, values[component], prior, target))
         if hinted:
-            model.warnings += _hint_disagreements(model, names, hints)
+            far = [h for h in names if abs(model.hosts[h].offset_ns - hints[h]) > HINT_TOLERANCE_NS]
+            model.off_hints += far
+            model.warnings += _hint_disagreements(model, far, hints)
     if len(components) > 1:
         model.warnings.append(
             "hosts fall into groups that share no collective; each group is aligned on its own and "
@@ -168,15 +171,14 @@ def fit(events: Table, hosts: list[str], hints: Mapping[str, int] | None = None)
     return model
 
 
-def _hint_disagreements(model: ClockModel, names: list[str], hints: Mapping[str, int]) -> list[str]:
-    """A fit far from the coordinator's ping-based offsets means mismatched collectives
-    (e.g. ordinals shifted by a capture window), not a bad clock."""
+def _hint_disagreements(model: ClockModel, far: list[str], hints: Mapping[str, int]) -> list[str]:
+    """A fit far from the coordinator's ping-based offsets (hosts ``far``) means mismatched
+    collectives (e.g. ordinals shifted by a capture window), not a bad clock."""
     return [
         f"host {h}: collective-fitted clock offset differs from the coordinator's by "
         f"{abs(model.hosts[h].offset_ns - hints[h]) / 1e6:.1f} ms; cross-host collectives may be matched "
         "one call off (capture windows starting mid-sequence)"
-        for h in names
-        if abs(model.hosts[h].offset_ns - hints[h]) > HINT_TOLERANCE_NS
+        for h in far
     ]
 
 
