@@ -157,12 +157,15 @@ def _aligned(matched: matching.Matching, hosts: list[str], clock_hints: Mapping[
              ) -> tuple[matching.Matching, clock.ClockModel, clock.HappensBefore, int]:
     """Fit the hosts' clocks and put the matched events on the aligned time base (start, end,
     sigma); the matching (`rematch` gives it again, re-aligned on fitted clocks, where
-    happens-before puts a shift in doubt: `_realigned_on_fitted_clocks`), the model, its
-    happens-before check (a note where it finds violations), and how many instances were
-    dropped as mispaired (`_mispaired`: the clocks are fitted again without them)."""
+    happens-before puts a shift in doubt: `_realigned_on_fitted_clocks`, or on the
+    coordinator's, where the fit disagrees with them: `_realigned_on_hint_clocks`), the
+    model, its happens-before check (a note where it finds violations), and how many
+    instances were dropped as mispaired (`_mispaired`: the clocks are fitted again without them)."""
     model = _on_clock(matched.events, hosts, clock_hints)
     hb = clock.happens_before(matched.events)
     if hb.violations and (realigned := _realigned_on_fitted_clocks(matched, hb, hosts, clock_hints, rematch)):
+        matched, model, hb = realigned
+    if model.off_hints and (realigned := _realigned_on_hint_clocks(matched, hb, hosts, clock_hints, rematch)):
         matched, model, hb = realigned
     events = matched.events
     mispaired = _mispaired(hb, events, matched.unconfirmed)
@@ -222,6 +225,40 @@ def _realigned_on_fitted_clocks(
     model = _on_clock(again.events, hosts, clock_hints)  # its own events: ``matched``'s stay as they were
     checked = clock.happens_before(again.events)
     if checked.violations >= hb.violations:  # no better: the shift the clocks told is in doubt too
+        return None
+    return again, model, checked
+
+
+def _realigned_on_hint_clocks(
+    matched: matching.Matching, hb: clock.HappensBefore, hosts: list[str], clock_hints: Mapping[str, int],
+    rematch: Callable[[matching.FittedEnds], matching.Matching],
+) -> tuple[matching.Matching, clock.ClockModel, clock.HappensBefore] | None:
+    """The matching, clocks and happens-before check again, with the ordinal-matched
+    communicators whose members captured different numbers of calls re-aligned on the
+    coordinator's clock offsets (``clock_hints``); None where some host has none, no pairing
+    changes, or the clocks fitted after it still disagree with the hints or break
+    happens-before more.
+
+    Where a node's capture starts whole steps late and every communicator spanning hosts is
+    shifted alike, happens-before holds and the fit is one step period off the truth:
+    nothing in the end times tells it from a clock offset, but the ping-based hints do
+    (`clock._hint_disagreements`). Those re-aligned on their gaps are re-aligned too, as a
+    gap shift can be wrong the same way. The hints carry no drift and are about
+    `clock.HINT_UNCERTAINTY_NS` off, so only members whose calls are more than 4x that
+    apart are shifted (`matching.FittedEnds.error_ns`): a one-step cut needs steps over 4 ms
+    and a drift times capture length well under a quarter step."""
+    events = matched.events
+    host, names = codes(events["host"])
+    if not matched.uneven or not set(names.tolist()) <= clock_hints.keys():
+        return None
+    hinted = np.asarray(events["end_ns"], np.int64) - np.array([clock_hints[h] for h in names], np.int64)[host]
+    again = rematch(matching.FittedEnds(matched.uneven, hinted, "the coordinator's clock offsets",
+                                        clock.HINT_UNCERTAINTY_NS))
+    if np.array_equal(again.events["instance"], events["instance"]):
+        return None
+    model = _on_clock(again.events, hosts, clock_hints)  # its own events: ``matched``'s stay as they were
+    checked = clock.happens_before(again.events)
+    if model.off_hints or checked.violations > hb.violations:
         return None
     return again, model, checked
 

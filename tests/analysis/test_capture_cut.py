@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.analysis import simulate
+from rankscope.analysis import pipeline, simulate
 from rankscope.analysis.pipeline import analyze
 from rankscope.analysis.report import Report
 from rankscope.analysis.sources import load_digests
@@ -86,3 +86,65 @@ def test_a_cut_past_the_shifts_tried_is_not_made_to_agree_on_clocks_whole_steps_
     offset, _ = _clock_errors(report, truth)
     assert report.alignment.happens_before_violations > 0 or offset < 10_000
     assert not [w for w in report.warnings if FITTED in w and "re-aligned" in w]
+
+
+HINTED = "re-aligned on the coordinator's clock offsets"
+
+
+def _hinted_job(tmp_path: Path, spec: simulate.JobSpec, ranks: dict[int, int], noise_ns: tuple[int, ...],
+                ) -> tuple[Report, dict]:
+    """The report of the simulated job with ``ranks`` cut (`_cut`), analysed with clock hints
+    off each node's true offset by ``noise_ns``, and its truth."""
+    simulate.simulate(spec, tmp_path)
+    _cut(tmp_path, ranks)
+    truth = simulate.truth(spec)
+    hints = {n["host"]: n["offset_ns"] + noise for n, noise in zip(truth["nodes"], noise_ns)}
+    with pytest.warns(RankscopeWarning):
+        report = analyze(load_digests([tmp_path]), clock_hints=hints)
+    return report, truth
+
+
+@pytest.mark.parametrize(("tp", "gpus", "seed", "cut", "steps", "realigned"), [
+    (4, 4, 1, {r: 1 for r in range(4)}, 10, 4),  # every DP group one call off: no violation, the fit 6.6 ms off
+    (2, 2, 0, {0: 1, 1: 1}, 10, 2),  # TP=2: only the DP groups link the hosts
+    (4, 4, 0, {r: 3 for r in range(4)}, 20, 4),  # three steps: the fit 19.7 ms off
+    (4, 4, 0, {r: 9 for r in range(4)}, 20, 4),  # nine steps, one taken on the gaps 8 off: the fit 59 ms off
+])
+def test_communicators_all_shifted_alike_are_realigned_on_the_coordinators_clock_offsets(
+        tmp_path: Path, tp: int, gpus: int, seed: int, cut: dict[int, int], steps: int, realigned: int) -> None:
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=gpus, tp=tp, steps=steps, seed=seed,
+                            stragglers=(simulate.Straggler(gpus + 1, "compute", 2 * simulate.MS),))
+    report, truth = _hinted_job(tmp_path, spec, cut, (500_000, -500_000))
+    assert len([w for w in report.warnings if HINTED in w]) == realigned
+    assert not [w for w in report.warnings if "differs from the coordinator's" in w]
+    assert report.alignment.happens_before_violations == 0
+    offset, _ = _clock_errors(report, truth)
+    assert offset < 10_000  # was one step period or more
+    assert report.stragglers == [gpus + 1]
+
+
+def test_hints_that_agree_with_the_fit_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cut the gaps and the fitted clocks re-align: the fit agrees with the hints, and the
+    matching is not done again on them."""
+    monkeypatch.setattr(pipeline, "_realigned_on_hint_clocks", lambda *args: pytest.fail("re-aligned on the hints"))
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=4, tp=2, steps=10, seed=0,
+                            stragglers=(simulate.Straggler(5, "compute", 2 * simulate.MS),))
+    report, truth = _hinted_job(tmp_path, spec, {r: 1 for r in range(4)}, (500_000, -500_000))
+    assert not [w for w in report.warnings if "coordinator" in w]
+    assert _clock_errors(report, truth)[0] < 10_000
+
+
+def test_hints_too_coarse_for_the_call_spacing_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hints 5.2 ms apart from the truth on a 6.6 ms step, far past their ~1 ms: on them no
+    shift makes ends miss by under a quarter step, so the re-alignment tried is declined and
+    the matching stays as it was, the disagreement warned."""
+    tried = []
+    realign = pipeline._realigned_on_hint_clocks
+    monkeypatch.setattr(pipeline, "_realigned_on_hint_clocks", lambda *args: tried.append(realign(*args)))
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10, seed=1,
+                            stragglers=(simulate.Straggler(5, "compute", 2 * simulate.MS),))
+    report, truth = _hinted_job(tmp_path, spec, {r: 1 for r in range(4)}, (2_600_000, -2_600_000))
+    assert not [w for w in report.warnings if HINTED in w]
+    assert [w for w in report.warnings if "differs from the coordinator's" in w]
+    assert _clock_errors(report, truth)[0] > 5_000_000  # one step off, as without hints
+    assert tried == [None]
