@@ -188,6 +188,8 @@ class ArtifactStore:
         self.partial = self.root / "partial"
         output.make_folder(self.objects)  # one line naming what is in the way, not a traceback
         output.make_folder(self.partial)
+        # An upload's header written as the coordinator was killed: the data dir is this one's alone now.
+        atomic.remove_left_behind(self.partial)
         self.max_bytes = max_bytes
         self._partials: dict[str, _Partial] = {}
         self._guard = threading.Lock()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,20 @@ def replacing(path: Path, *, keep_suffix: bool = False, durable: bool = False) -
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+# `replacing`'s temporary names: .NAME.PID.THREAD.tmp, or .STEM.PID.THREAD.tmp.SUFFIX.
+_TEMPORARY = re.compile(r"\..+\.\d+\.\d+\.tmp(\.[^.]+)?")
+
+
+def remove_left_behind(folder: Path) -> list[Path]:
+    """Remove the temporary files of writers killed mid-write (`replacing` removes its own
+    otherwise) from ``folder``, which only this process writes now; the ones removed."""
+    left = [path for path in Path(folder).iterdir() if _TEMPORARY.fullmatch(path.name) and path.is_file()]
+    for path in left:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return left
 
 
 def write_text(path: Path, text: str, *, durable: bool = False) -> None:

@@ -71,3 +71,17 @@ def test_durable_writes_sync_the_file_and_its_folder(tmp_path: Path, monkeypatch
     assert len(synced) == 2 and synced[0].endswith(".tmp") and synced[1] == str(tmp_path)
     atomic.write_text(tmp_path / "spool.json", "{}")
     assert len(synced) == 2
+
+
+def test_temporary_files_of_writers_killed_mid_write_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    names = []
+    for path, keep_suffix in ((tmp_path / "state.json", False), (tmp_path / "report.png", True)):
+        with atomic.replacing(path, keep_suffix=keep_suffix) as tmp:
+            tmp.write_text("x")
+            names.append(tmp.name)  # as a writer killed before the rename leaves it
+    others = ["state.json", "report.png", ".hidden", "state.json.tmp", ".x.12.tmp", "a.1.2.tmp"]
+    for name in names + others:
+        (tmp_path / name).write_text("x")
+    removed = atomic.remove_left_behind(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(others)

@@ -200,3 +200,17 @@ def test_a_full_disk_is_a_storage_error_and_the_store_writes_again_once_there_is
     store._db.execute("PRAGMA max_page_count = 1000000")  # room again
     store.save_agent(big)
     assert store.agents() == [big]
+
+
+def test_an_upload_header_left_half_written_by_a_killed_coordinator_is_removed_on_restart(tmp_path: Path) -> None:
+    # SIGKILL between writing an upload's header to its temporary file and the rename left the
+    # temporary file in partial/ for good (seen once in tests/integration/test_sweep.py).
+    data = b"y" * 30
+    with art.ArtifactStore(tmp_path, max_bytes=100).writer(_header(data)) as writer:
+        writer.write(0, data[:10])
+    partial = tmp_path / "partial"
+    kept = sorted(p.name for p in partial.iterdir())
+    (partial / ".u1.json.4242.139912345.tmp").write_text('{"upload_id": "u1", "si')
+    restarted = art.ArtifactStore(tmp_path, max_bytes=100)
+    assert sorted(p.name for p in partial.iterdir()) == kept
+    assert restarted.committed("u1")[1] == 10
