@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankscope.analysis.groups import ArrayLike, Coded, Groups, Table, codes, in_sorted, member_of, pack
+from rankscope.analysis.groups import ArrayLike, Coded, Groups, Table, codes, in_sorted, locate, member_of, pack
 from rankscope.analysis.ops import N_TO_N_OPS
 from rankscope.analysis.report import fmt_ns, ranks_text, some_of
 
@@ -178,11 +178,9 @@ def _listed_sizes(lines: _Lines, comm: np.ndarray, comm_ids: np.ndarray, communi
     if "size" not in communicators or not len(communicators["rank"]):
         return np.full(len(lines.size), np.nan)
     listed, listed_ids = codes(communicators["comm_id"])
-    at = np.searchsorted(comm_ids, listed_ids)
-    ours = (at < len(comm_ids)) & (comm_ids[np.minimum(at, len(comm_ids) - 1)] == listed_ids)
     listed_rank = np.asarray(communicators["rank"], np.int64)
     keys = pack(np.concatenate([listed_rank, lines.rank.repeat(lines.size)]),
-                np.concatenate([np.where(ours, at, -1)[listed], comm[lines.rows]]))
+                np.concatenate([locate(comm_ids, listed_ids)[listed], comm[lines.rows]]))
     table, query = keys[: len(listed)], keys[len(listed):]
     order = np.argsort(table, kind="stable")
     hit = order[np.minimum(np.searchsorted(table[order], query), len(order) - 1)]
@@ -277,9 +275,8 @@ def _host_offsets(host: np.ndarray, label: np.ndarray, a: np.ndarray, b: np.ndar
     if (np.abs(oriented[spanning] - pairs.broadcast(consensus)) > TOGETHER_NS).any():
         return None
     keys = pack(np.concatenate([pairs.keys[0], low]), np.concatenate([pairs.keys[1], high]))
-    table, query = keys[: pairs.count], keys[pairs.count:]
-    at = np.minimum(np.searchsorted(table, query), pairs.count - 1)
-    found = (table[at] == query) & (low != high)
+    at = locate(keys[: pairs.count], keys[pairs.count:])
+    found = (at >= 0) & (low != high)
     offset[found] = (sign * consensus[at])[found]
     return offset
 
