@@ -171,10 +171,8 @@ def _aligned(matched: matching.Matching, hosts: list[str], clock_hints: Mapping[
     mispaired = _mispaired(hb, events, matched.unconfirmed)
     if len(mispaired):
         instance = np.array(events["instance"], dtype=np.int64)
-        comm, comm_ids = codes(events["comm_id"])
-        dropped = in_sorted(instance, mispaired)
-        comms = sorted(set(comm_ids[np.unique(comm[dropped])].tolist()))
-        instance[dropped] = matching.UNMATCHED
+        comms = sorted(_communicators_of(events, mispaired))
+        instance[in_sorted(instance, mispaired)] = matching.UNMATCHED
         events["instance"] = instance
         notes.append(f"{len(mispaired)} N-to-N instance(s) on communicators whose members were inferred "
                      f"({some_of(comms)}) broke happens-before by far more than the clocks' uncertainty: calls of "
@@ -211,9 +209,8 @@ def _realigned_on_fitted_clocks(
     events = matched.events
     comm, comm_ids = codes(events["comm_id"])
     instance = np.asarray(events["instance"], np.int64)
-    violated = set(comm_ids[np.unique(comm[in_sorted(instance, hb.violating)])].tolist())
     suspects = matched.uneven - matched.realigned
-    if not violated & matched.uneven or not suspects:
+    if not _communicators_of(events, hb.violating) & matched.uneven or not suspects:
         return None
     rest = dict(events, instance=np.where(member_of(comm_ids, suspects)[comm], matching.UNMATCHED, instance))
     if clock.linked_hosts(rest) != clock.linked_hosts(events):
@@ -310,6 +307,12 @@ def _mispaired(hb: clock.HappensBefore, events: dict, unconfirmed: frozenset[str
     return by_start.keys[0][late > np.maximum(metrics.SIGMAS * pair, MISPAIRED_FLOOR_NS)]
 
 
+def _communicators_of(events: dict, instances: np.ndarray) -> set[str]:
+    """The comm_ids of the rows of ``instances`` (ascending)."""
+    comm, comm_ids = codes(events["comm_id"])
+    return set(comm_ids[np.unique(comm[in_sorted(np.asarray(events["instance"]), instances)])].tolist())
+
+
 def _happens_before_note(hb: clock.HappensBefore, events: dict, unconfirmed: frozenset[str]) -> str:
     """What the violations say: on communicators whose members were inferred and no size
     confirms (`matching.Matching.unconfirmed`), that calls of different groups were likely
@@ -318,9 +321,7 @@ def _happens_before_note(hb: clock.HappensBefore, events: dict, unconfirmed: fro
     the clock uncertainty is unreliable."""
     said = (f"{hb.violations} of {hb.checked} N-to-N instances violate happens-before after alignment "
             f"({100 * hb.rate:.1f}%)")
-    comm, comm_ids = codes(events["comm_id"])
-    violating = np.unique(comm[np.isin(np.asarray(events["instance"]), hb.violating)])
-    inferred = sorted(set(comm_ids[violating].tolist()) & unconfirmed)
+    inferred = sorted(_communicators_of(events, hb.violating) & unconfirmed)
     if not inferred:
         return f"{said}: lateness near the clock uncertainty is unreliable"
     return (f"{said}, on communicators whose members were inferred ({some_of(inferred)}): calls of different "
