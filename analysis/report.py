@@ -367,8 +367,9 @@ def _communicator_table(report: Report) -> list[str]:
     pairs = [(c, o) for c in report.communicators for o in c.ops]
     slow = {(c.comm_id, c.op) for c in report.slow_communicators}
     listed = _most(pairs, lambda pair: ((pair[0].comm_id, pair[1].op) not in slow, -(pair[1].skew_mean_ns or 0.0)))
+    label = _comm_labels(report)
     rows = [
-        [_short(c.comm_id), c.kind, ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
+        [label[c.comm_id], c.kind, ranks_text(c.ranks), o.op, str(o.instances), fmt_ns(o.duration_mean_ns),
          fmt_ns(o.transfer_mean_ns), fmt_gbps(o.busbw_gbps), fmt_ns(o.skew_mean_ns), _num(o.imbalance_cv),
          _num(o.network_cv)]
         for c, o in listed
@@ -384,7 +385,8 @@ def _communicator_table(report: Report) -> list[str]:
 
 def _slow_link_lines(report: Report) -> list[str]:
     kind = {c.comm_id: f" {c.kind}" for c in report.communicators}
-    return [f"  {_short(c.comm_id)}{kind.get(c.comm_id, '')} (ranks {ranks_text(c.ranks)}) {c.op}: "
+    label = _comm_labels(report)
+    return [f"  {label[c.comm_id]}{kind.get(c.comm_id, '')} (ranks {ranks_text(c.ranks)}) {c.op}: "
             f"{fmt_gbps(c.busbw_gbps)}, like ones {fmt_gbps(c.peers_busbw_gbps)} (median of {c.peers})"
             for c in report.slow_communicators]
 
@@ -393,8 +395,9 @@ def _tp_table(report: Report) -> list[str]:
     if not report.tp_overhead:
         return []
     groups = _most(report.tp_overhead, lambda t: (-(t.exposed_frac or 0.0),))
+    label = _comm_labels(report)
     rows = [
-        [_short(t.comm_id), ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
+        [label[t.comm_id], ranks_text(t.ranks), t.time_base, fmt_ns(t.step_time_ns), fmt_ns(t.exposed_ns),
          _pct(t.exposed_frac), _pct(t.exposed_wait_frac), _pct(t.exposed_transfer_frac)]
         for t in groups
     ]
@@ -421,7 +424,21 @@ def kernel_labels(names: Sequence[str]) -> list[str]:
     It repeats what the template arguments already say, and runs to thousands of characters
     (fbgemm's kernels take 30 tensor accessors), a screenful a row; the JSON keeps it. Names
     that would then read alike (overloads) are shown whole."""
-    short = [_without_parameters(name) for name in names]
+    return _distinct(names, _without_parameters)
+
+
+def _comm_labels(report: Report) -> dict[str, str]:
+    """The report's communicator names as its tables show them: cut in the middle to a
+    column's width, keeping both ends (``inferred:<op>:<ranks>`` names differ in either);
+    names that would then read alike are shown whole."""
+    names = sorted({c.comm_id for c in report.communicators} | {t.comm_id for t in report.tp_overhead}
+                   | {c.comm_id for c in report.slow_communicators})
+    return dict(zip(names, _distinct(names, _short)))
+
+
+def _distinct(names: Sequence[str], shorten: Callable[[str], str]) -> list[str]:
+    """Each name shortened, but where two would read alike: then whole."""
+    short = [shorten(name) for name in names]
     seen = Counter(short)
     return [label if seen[label] == 1 else name for label, name in zip(short, names)]
 
@@ -446,7 +463,8 @@ def _without_parameters(name: str) -> str:
 
 
 def _short(text: str, width: int = 28) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+    head = (width - 1) // 2
+    return text if len(text) <= width else text[:head] + "…" + text[head + 1 - width :]
 
 
 def some_of(names: Sequence[str], shown: int = 3) -> str:

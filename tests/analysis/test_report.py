@@ -173,3 +173,22 @@ def test_the_table_says_where_nccl_time_is_not_split_into_wait_and_transfer(repo
     note = next(line for line in lines if "matched to no instance" in line)
     assert "rank 1: 2.50 ms" in note and "rank 0" not in note
     assert lines.index(note) < next(i for i, line in enumerate(lines) if line.startswith("COMMUNICATORS"))
+
+
+def test_the_tables_tell_long_communicator_names_apart(report: Report) -> None:
+    """Names cut at the column's width read alike where they differ past it (two inferred
+    groups of one prefix showed as ``inferred:allgather+reducesc…``): cut in the middle,
+    both ends stay; names still alike then are shown whole."""
+    from dataclasses import replace
+
+    names = ["inferred:allgather+reducescatter:0-3", "inferred:allgather+reducescatter+allreduce:0-3",
+             "pg:" + "a" * 20 + "1" + "b" * 20, "pg:" + "a" * 20 + "2" + "b" * 20]
+    assert len(report.communicators) >= len(names)
+    renamed = {c.comm_id: name for c, name in zip(report.communicators, names)}
+    table = replace(
+        report,
+        communicators=[replace(c, comm_id=renamed.get(c.comm_id, c.comm_id)) for c in report.communicators],
+        tp_overhead=[replace(t, comm_id=renamed.get(t.comm_id, t.comm_id)) for t in report.tp_overhead],
+    ).render_table()
+    assert "inferred:allg…ucescatter:0-3" in table and "inferred:allg…+allreduce:0-3" in table
+    assert names[2] in table and names[3] in table  # alike when cut: whole
