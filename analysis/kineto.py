@@ -37,8 +37,8 @@ import pyarrow as pa
 
 from rankscope.analysis import digest, groups, intervals, ops
 from rankscope.analysis.kineto_events import (
-    C10D, GLOO, HOOK_KEY, I64_MAX, I64_MIN, LAUNCH_CATS, NCCL, RPC, Args, Events, Trace, canonical, equal_any,
-    instants, as_int64, load,
+    C10D, DEVICE_CATS, GLOO, HOOK_KEY, I64_MAX, I64_MIN, LAUNCH_CATS, NCCL, RPC, Args, Events, Trace, canonical,
+    equal_any, instants, as_int64, load, without_repeats,
 )
 from rankscope.errors import ExportError, quoted
 
@@ -47,7 +47,6 @@ _log = logging.getLogger(__name__)
 SOURCE_FORMAT = "kineto-json"
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _RANKS = pa.list_(pa.int32())
 _NEVER = np.iinfo(np.int64).max
 # Ops whose input and output differ in size. A digest's bytes are the per-rank size NCCL's
@@ -79,8 +78,8 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     from the file name.
     """
     path = Path(path)
-    trace = load(path)
     notes: list[str] = []
+    trace = without_repeats(load(path), notes)
     if trace.untimed:  # a damaged trace: its steps, kernels or calls go missing
         notes.append(f"{trace.untimed} complete (ph X) event(s) without a ts: left out")
     if trace.undated:
@@ -90,7 +89,7 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     meta = _meta(path, trace, rank_from, notes)
     events = trace.events
     steps = _steps(events)
-    if events.of_cat(*_GPU_CATS).any():
+    if events.of_cat(*DEVICE_CATS).any():
         busy = _device_busy(events)
         collectives = _nccl_collectives(trace, notes)
     else:
@@ -158,7 +157,7 @@ def _meta(path: Path, trace: Trace, rank_from: str | None, notes: list[str]) -> 
     # GPU busy is a share of the device's active span, first to last kernel or copy, as the
     # nsys reader and HTA take it: CPU-only stretches of the trace (before the first launch,
     # a last step's host work) are no device time. A CPU-only trace's window is all of it.
-    device = events.of_cat(*_GPU_CATS)
+    device = events.of_cat(*DEVICE_CATS)
     spanned = device if device.any() else slice(None)
     ts, end = events.ts[spanned], events.ts[spanned] + events.dur[spanned]
     return {
@@ -237,7 +236,7 @@ class _Busy:
 
 
 def _device_busy(events: Events) -> _Busy:
-    gpu = np.flatnonzero(events.of_cat(*_GPU_CATS))
+    gpu = np.flatnonzero(events.of_cat(*DEVICE_CATS))
     start = events.ts[gpu]
     end = start + events.dur[gpu]
     kernel = events.of_cat("kernel")[gpu]

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
@@ -97,6 +97,13 @@ class Events:
     def prefixed(self, prefix: str | tuple[str, ...]) -> np.ndarray:
         """Mask of the events whose name starts with the prefix (or any of them)."""
         return self.named(self.names.where(lambda name: name.startswith(prefix)))
+
+    def take(self, rows: np.ndarray) -> Events:
+        """The events at ``rows``, their distinct values as they were."""
+        return replace(self, **{key: getattr(self, key)[rows] for key in _COLUMNS})
+
+
+_COLUMNS = ("cat", "name", "pid", "thread", "ts", "dur", "corr", "ext")
 
 
 @dataclass
@@ -176,6 +183,7 @@ _TRIES = 16  # cuts tried for a window before the text is split by decoding inst
 # Events whose ids are read: kernels and their launches, and the host collective calls.
 # Kernel launches: runtime API (cudaLaunchKernel) or driver API (cuLaunchKernelEx, NCCL >= 2.19).
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _LINKED_CATS = ("kernel", *LAUNCH_CATS)
 
 
@@ -223,6 +231,48 @@ def load(path: Path) -> Trace:
         return [kept[row] if row >= 0 else _NO_ARGS for row in rows]
 
     return Trace(top, events, args, columns.untimed, columns.undated)
+
+
+def without_repeats(trace: Trace, notes: list[str]) -> Trace:
+    """The trace with each event that appears twice (every column alike) counted once,
+    and a note, where among them are events that cannot repeat: device activity (one
+    stream runs one thing at a time), launches and collective calls (their ids are
+    unique). A trace joined with a copy of itself had every kernel and call counted
+    twice. Host ops alone may repeat: a nested op of its parent's name and times."""
+    events = trace.events
+    once = events.of_cat(*DEVICE_CATS, *LAUNCH_CATS) | events.named(events.names.where(_is_identity))
+    if not _repeats(events, np.flatnonzero(once)).any():
+        return trace
+    rows = np.arange(len(events.ts))
+    repeat = _repeats(events, rows)
+    kernels = int((repeat & events.of_cat("kernel")).sum())
+    notes.append(f"{int(repeat.sum())} event(s) appear twice, every field alike ({kernels} kernel(s) among them): "
+                 "each counted once (was the trace joined with a copy of itself?)")
+    kept = rows[~repeat]
+
+    def args(at: list[int]) -> list[Args]:
+        at = np.asarray(at, np.int64)
+        return trace.args(np.where(at >= 0, kept[at], -1).tolist())
+
+    return replace(trace, events=events.take(kept), args=args)
+
+
+def _repeats(events: Events, rows: np.ndarray) -> np.ndarray:
+    """Mask over all events of the second and later copies, among ``rows``, of an event."""
+    columns = [getattr(events, key)[rows] for key in _COLUMNS]
+    order = np.lexsort(columns[::-1])
+    alike = np.ones(max(len(rows) - 1, 0), bool)
+    for column in columns:
+        ordered = column[order]
+        alike &= ordered[1:] == ordered[:-1]
+    repeat = np.zeros(len(events.ts), bool)
+    repeat[rows[order[1:][alike]]] = True
+    return repeat
+
+
+def _is_identity(name: str) -> bool:
+    """A name whose events carry a collective's identity in their args."""
+    return name.startswith((C10D, NCCL, GLOO)) or name == RPC
 
 
 def _windows(text: _Text, columns: _Columns) -> _Document | None:
@@ -442,7 +492,7 @@ class _Columns:
         names = list(self.distinct["name"])[len(self.identity_name):]
         if not names:
             return
-        by_name = [name.startswith((C10D, NCCL, GLOO)) or name == RPC for name in names]
+        by_name = list(map(_is_identity, names))
         self.identity_name = np.concatenate([self.identity_name, np.array(by_name, bool)])
         self.comm_name = np.concatenate([self.comm_name, ops.is_comm_kernel(names)])
 

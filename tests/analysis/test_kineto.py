@@ -583,6 +583,46 @@ def test_a_coalesced_all_gather_counts_every_tensor_it_sends(tmp_path):
     assert (coll.loc[0, "op"], coll.loc[0, "bytes"]) == ("allgather", 8192 * 4)
 
 
+def _doubled(source: Path, path: Path) -> tuple[Path, int]:
+    """The trace with every event twice, as when a trace is joined with a copy of itself;
+    and how many complete events it had."""
+    with (gzip.open(source, "rt") if source.suffix == ".gz" else open(source)) as file:
+        data = json.load(file, parse_float=str)
+    data["traceEvents"] = data["traceEvents"] * 2
+    return _write(path, data), sum(e.get("ph") == "X" and "ts" in e for e in data["traceEvents"]) // 2
+
+
+def _counted_once(source: Path, doubled: Path, complete: int) -> None:
+    expected, got = read_kineto(source), read_kineto(doubled)
+    for column in ("collectives", "kernels", "steps", "communicators", "gpu_busy_ns", "window_start_ns"):
+        assert got.column(column).to_pylist() == expected.column(column).to_pylist(), column
+    (note,) = [n for n in got.column("warnings")[0].as_py() if "appear twice" in n]
+    assert note.startswith(f"{complete} event(s) appear twice")
+    assert "appear twice" not in " ".join(expected.column("warnings")[0].as_py())
+
+
+@pytest.mark.parametrize("name", [f"{GLOO}/rank0.json", f"{HTA}/nccl_parser_config/nccl_data.json.gz"])
+def test_a_real_trace_joined_with_a_copy_of_itself_counts_each_event_once_and_says_so(samples, tmp_path, name):
+    """Every kernel and call twice had doubled NCCL time, calls and busy time, unsaid: each
+    event now counts once, with a note. (A CPU-only gloo trace; one of NCCL kernels.)"""
+    _counted_once(samples / name, *_doubled(samples / name, tmp_path / "doubled.json"))
+
+
+def test_a_simulated_trace_joined_with_a_copy_of_itself_counts_each_event_once(tmp_path):
+    from rankscope.analysis.simulate import JobSpec, simulate
+
+    (source, *_) = simulate(JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3), tmp_path / "sim", fmt="kineto")
+    _counted_once(source, *_doubled(source, tmp_path / "doubled.json"))
+
+
+def test_host_ops_alike_in_name_and_times_are_no_repeat_to_mend(tmp_path):
+    """An op nested in its parent of one name and the same µs times (real traces hold a few:
+    aten::to in aten::to) is two ops; no note, both kept."""
+    events = [*_gloo_events("100.0", "101.0"), _event("aten::to", "300.0", "2.0"), _event("aten::to", "300.0", "2.0")]
+    row = _row(read_kineto(_write(tmp_path / "t.json", _trace(events))))
+    assert not [n for n in row["warnings"] if "appear twice" in n]
+
+
 def test_traces_without_collectives_name_their_files(tmp_path):
     from rankscope.analysis.pipeline import analyze
     from rankscope.analysis.sources import load_digests
