@@ -109,34 +109,8 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
     comm, comm_ids = codes(collectives["comm_id"])
     lines = _lines(collectives, untraced, comm)
     size = _listed_sizes(lines, comm, comm_ids, communicators)
-    label = np.full(len(lines.size), -1)  # each line's communicator: the first line of its clique
-    splits: list[tuple[np.ndarray, _Split]] = []  # per class: its lines, and how they split
-    unjudged = _Split(None, "too few of their calls, or calls of ops whose members need not end together, to judge")
-    for kind in np.unique(lines.kind).tolist():  # one per set of op groups: a few
-        members = np.flatnonzero(lines.kind == kind)
-        judged = members[lines.judged[members]]
-        if _cut_short(lines, members):
-            split = _Split(None, "some of its lines are too short to judge, within a capture window's edges of lines "
-                                 "judged: told apart without them, their communicators would lack those ranks")
-        else:
-            split = _split(lines, judged, size[judged]) if np.unique(lines.rank[judged]).size > 1 else unjudged
-        if split.label is not None:
-            label[judged] = np.where(split.label >= 0, judged[split.label.clip(0)], -1)
-        splits.append((members, split))
-    crossing = _crossing(lines, label)  # across classes: TP groups taken for one cross the DP groups of FSDP too
-    told: list[_Split] = []
-    left: list[tuple[np.ndarray, _Split]] = []  # lines left grouped by op, and why
-    for members, split in splits:
-        if crossing[members].any():
-            label[members] = -1
-            split = _Split(None, "some groups of its lines that end together share some ranks, not all, with another "
-                                 "group found (groups in lock step taken for one?)", apart_ns=split.apart_ns)
-        if split.label is not None:
-            told.append(split)
-            members = members[label[members] < 0]
-            split = _Split(None, "some end together with no other lines to be told apart from (several groups in lock "
-                                 "step?)") if lines.judged[members].any() else unjudged
-        left.append((members, split))
+    label, splits = _split_classes(lines, size)
+    told, left = _told_apart(lines, label, splits)
     pooled = _pooled(lines, comm)
     warnings = [said for members, split in left if (said := _declined(lines, members, pooled, comm_ids, comm, split))]
     if not told:
@@ -150,6 +124,52 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
     renamed = _renamed(collectives, lines, names)
     listed = _listed(communicators, renamed, lines, names, size, comm_ids[np.unique(comm[untraced])])
     return Inferred(renamed, listed, frozenset(inferred), warnings)
+
+
+_UNJUDGED = "too few of their calls, or calls of ops whose members need not end together, to judge"
+
+
+def _split_classes(lines: _Lines, size: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, _Split]]]:
+    """Each line's communicator (the first line of its clique; -1: none found), and per class
+    of lines (one per set of op groups: a few) its lines and how they split."""
+    label = np.full(len(lines.size), -1)
+    splits: list[tuple[np.ndarray, _Split]] = []
+    for kind in np.unique(lines.kind).tolist():
+        members = np.flatnonzero(lines.kind == kind)
+        judged = members[lines.judged[members]]
+        if _cut_short(lines, members):
+            split = _Split(None, "some of its lines are too short to judge, within a capture window's edges of lines "
+                                 "judged: told apart without them, their communicators would lack those ranks")
+        elif np.unique(lines.rank[judged]).size > 1:
+            split = _split(lines, judged, size[judged])
+        else:
+            split = _Split(None, _UNJUDGED)
+        if split.label is not None:
+            label[judged] = np.where(split.label >= 0, judged[split.label.clip(0)], -1)
+        splits.append((members, split))
+    return label, splits
+
+
+def _told_apart(lines: _Lines, label: np.ndarray, splits: list[tuple[np.ndarray, _Split]],
+                ) -> tuple[list[_Split], list[tuple[np.ndarray, _Split]]]:
+    """The splits kept, and the lines left grouped by op with why (``label`` of lines whose
+    class is declined reset to -1). A class is declined whole where its groups cross
+    another's: TP groups taken for one cross the DP groups of FSDP too."""
+    crossing = _crossing(lines, label)
+    told: list[_Split] = []
+    left: list[tuple[np.ndarray, _Split]] = []
+    for members, split in splits:
+        if crossing[members].any():
+            label[members] = -1
+            split = _Split(None, "some groups of its lines that end together share some ranks, not all, with another "
+                                 "group found (groups in lock step taken for one?)", apart_ns=split.apart_ns)
+        if split.label is not None:
+            told.append(split)
+            members = members[label[members] < 0]
+            split = _Split(None, "some end together with no other lines to be told apart from (several groups in lock "
+                                 "step?)") if lines.judged[members].any() else _Split(None, _UNJUDGED)
+        left.append((members, split))
+    return told, left
 
 
 def _lines(collectives: Table, untraced: np.ndarray, comm: np.ndarray) -> _Lines:
