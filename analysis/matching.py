@@ -374,17 +374,19 @@ def _shift_ordinals_on_fitted_clocks(
             key_seq[undone] = before[undone]
         ranks.setdefault(c, {}).setdefault((ref, shift, kept), []).append(r)
     shifted = {c for c, by_shift in ranks.items() if any(kept for _, _, kept in by_shift)}
-    warnings += [
-        f"communicator {comm_ids[c]}: "
-        + ", ".join(f"the calls of rank(s) {ranks_text(off)} do not line up with rank {ref}'s" if shift is None else
-                    f"the capture of rank(s) {ranks_text(off)} is {abs(shift)} call(s) "
-                    f"{'behind' if shift > 0 else 'ahead of'} rank {ref}'s"
-                    + ("" if kept else ", which leaves its calls unpaired at both edges of the capture")
-                    for (ref, shift, kept), off in by_shift.items())
-        + f"; {'re-aligned' if c in shifted else 'left as matched'} on {fitted.source}"
-        for c, by_shift in ranks.items()
-    ]
+    warnings += [f"communicator {comm_ids[c]}: {', '.join(map(_found_shift, by_shift.items()))}; "
+                 f"{'re-aligned' if c in shifted else 'left as matched'} on {fitted.source}"
+                 for c, by_shift in ranks.items()]
     return {str(comm_ids[c]) for c in shifted}
+
+
+def _found_shift(found: tuple[tuple[int, int | None, bool], list[int]]) -> str:
+    """What a re-alignment on clocks found for some members: ((reference, shift, kept), ranks)."""
+    (reference, shift, kept), ranks = found
+    if shift is None:
+        return f"the calls of rank(s) {ranks_text(ranks)} do not line up with rank {reference}'s"
+    return (f"the capture of rank(s) {ranks_text(ranks)} is {abs(shift)} call(s) {'behind' if shift > 0 else 'ahead of'} "
+            f"rank {reference}'s" + ("" if kept else ", which leaves its calls unpaired at both edges of the capture"))
 
 
 def _ends_with_reference(key_seq: np.ndarray, use_ordinal: np.ndarray, comm: np.ndarray, rank: np.ndarray,
