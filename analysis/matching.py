@@ -511,7 +511,8 @@ def _shift_ordinals_across_hosts(
     # Gaps between a rank's successive calls that end together on every member (`together`),
     # passing over the rest: a broadcast's or a reduce's root ends apart from the others. A
     # communicator of no two such calls on any rank has every gap compared: a root that stays
-    # the root ends apart by much the same each time, so its gaps still agree.
+    # the root ends apart by much the same each time, so its gaps still agree (roots that take
+    # turns make them disagree at every shift: `_best_gap_shift` then asks for a clear best).
     joint = together[rows][per_rank.order]
     paired = np.zeros(len(comm_ids), bool)
     paired[rc[np.bincount(group[joint], minlength=per_rank.count) >= 2]] = True
@@ -539,11 +540,15 @@ def _shift_ordinals_across_hosts(
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
     shifted = set()
+    unsure: dict[tuple[int, int], list[int]] = {}  # (communicator, reference) -> ranks no shift clearly fits
     for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
         mine = (group[at] == i)
         theirs = slice(per_rank.starts[j], per_rank.starts[j] + per_rank.size[j])
-        shift = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs])
+        shift = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
+                                rooted=not paired[rc[i]])
+        if shift is None:
+            unsure.setdefault((int(rc[i]), int(rr[j])), []).append(int(rr[i]))
         if not shift:
             continue
         key_seq[rows[per_rank.order[lo : lo + n]]] += shift
@@ -552,6 +557,11 @@ def _shift_ordinals_across_hosts(
             f"communicator {comm_ids[rc[i]]}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
             f"{'behind' if shift > 0 else 'ahead of'} rank {rr[j]}'s; re-aligned on the gaps between end times"
         )
+    warnings += [
+        f"communicator {comm_ids[c]}: the gaps between end times of rank(s) {ranks_text(off)} fit no one shift of "
+        f"their calls against rank {ref}'s clearly better than the others (roots taking turns?); left as matched"
+        for (c, ref), off in unsure.items()
+    ]
     return shifted
 
 
@@ -564,13 +574,22 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray) -> int:
+                    ref_joint: np.ndarray, rooted: bool = False) -> int | None:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
-    s further on (both ends of calls that end together) than unshifted; 0 where none is."""
+    s further on (both ends of calls that end together) than unshifted; 0 where none is.
+
+    Gaps between ``rooted`` calls (a broadcast's root ends apart from its receivers) agree
+    only while each member keeps its role: where roots take turns they miss by the roles'
+    lag at the right shift as at the wrong ones, and some wrong one comes out closest by
+    chance. Of those, s must also be clearly closer than every other shift; None where it
+    is not."""
     misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(1, len(gaps) // 2), before=first)
     best = min(misses, key=misses.get, default=0)
-    return best if 0 in misses and 4 * misses[best] < misses[0] else 0
+    if 0 not in misses or 4 * misses[best] >= misses[0]:
+        return 0
+    runner_up = min(miss for shift, miss in misses.items() if shift != best)
+    return best if not rooted or 4 * misses[best] < runner_up else None
 
 
 def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together: np.ndarray,
