@@ -539,17 +539,23 @@ def _shift_ordinals_across_hosts(
     suspect = checked.keys[0][miss > spacing[ref_of[checked.keys[0]]] / 200]
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
+    found = {}  # member -> (the shift its gaps fit, whether clearly)
+    for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
+        mine = (group[at] == i)
+        theirs = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
+        found[i] = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
+                                   rooted=not paired[rc[i]])
+    # One that fits a shift but not clearly takes it where a member on its host (its clock, and
+    # mostly its capture window) clearly fits the same: its own gaps point there too.
+    clear = {(rc[i], host_of[i], shift) for i, (shift, sure) in found.items() if sure}
     shifted = set()
     unsure: dict[tuple[int, int], list[int]] = {}  # (communicator, reference) -> ranks no shift clearly fits
-    for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
-        lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
-        mine = (group[at] == i)
-        theirs = slice(per_rank.starts[j], per_rank.starts[j] + per_rank.size[j])
-        shift = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
-                                rooted=not paired[rc[i]])
-        if shift is None:
-            unsure.setdefault((int(rc[i]), int(rr[j])), []).append(int(rr[i]))
+    for i, (shift, sure) in found.items():
         if not shift:
+            continue
+        lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
+        if not sure and (rc[i], host_of[i], shift) not in clear:
+            unsure.setdefault((int(rc[i]), int(rr[j])), []).append(int(rr[i]))
             continue
         key_seq[rows[per_rank.order[lo : lo + n]]] += shift
         shifted.add(str(comm_ids[rc[i]]))
@@ -574,22 +580,20 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray, rooted: bool = False) -> int | None:
+                    ref_joint: np.ndarray, rooted: bool = False) -> tuple[int, bool]:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
     s further on (both ends of calls that end together) than unshifted; 0 where none is.
-
-    Gaps between ``rooted`` calls (a broadcast's root ends apart from its receivers) agree
-    only while each member keeps its role: where roots take turns they miss by the roles'
-    lag at the right shift as at the wrong ones, and some wrong one comes out closest by
-    chance. Of those, s must also be clearly closer than every other shift; None where it
-    is not."""
+    And whether s is sure: for gaps between ``rooted`` calls, whether it is clearly closer
+    than every other shift too. Those (a broadcast's root ends apart from its receivers)
+    agree only while each member keeps its role: where roots take turns they miss by the
+    roles' lag at the right shift as at the wrong ones, and one comes out closest by chance."""
     misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(1, len(gaps) // 2), before=first)
     best = min(misses, key=misses.get, default=0)
     if 0 not in misses or 4 * misses[best] >= misses[0]:
-        return 0
+        return 0, True
     runner_up = min(miss for shift, miss in misses.items() if shift != best)
-    return best if not rooted or 4 * misses[best] < runner_up else None
+    return best, not rooted or 4 * misses[best] < runner_up
 
 
 def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together: np.ndarray,
