@@ -8,11 +8,12 @@ paired as one collective. What tells them apart (nccl-in-traces.md §6.5: stream
 - a *line*, one rank's calls on one stream, is one communicator's calls in call order: PyTorch
   gives each process group its own NCCL stream per device, so a communicator has one line per
   member, and a rank's lines are different communicators';
-- lines of one communicator make the same calls (as many, give or take a window's edges), and
-  their k-th calls end together (alignment-and-metrics.md §2): on one host (one clock) at the
-  same time; across hosts their end difference is the clocks' offset, which changes by ppm
-  from one call to the next, while that of different communicators' lines moves with the
-  jitter of the work each does between its calls.
+- lines of one communicator make the same calls (as many, give or take a window's edges: where
+  nodes' windows start or stop apart, one edge may cut many calls, and one line's k-th call is
+  another's k+d-th), and those calls end together (alignment-and-metrics.md §2): on one host
+  (one clock) at the same time; across hosts their end difference is the clocks' offset,
+  which changes by ppm from one call to the next, while that of different communicators'
+  lines moves with the jitter of the work each does between its calls.
 
 Lines of one *class* (the same op groups) are compared pairwise by how far apart their calls
 end (`_mismatch`), and split into communicators only where that is unambiguous (`_partition`):
@@ -50,6 +51,9 @@ STEP = 1.1
 MAX_THRESHOLDS = 64
 SAMPLES = 32  # calls compared per pair of lines, spread over the shorter
 MAX_EDGE_CALLS = 2  # calls a capture window's edges may cut off one member and not another
+# Nodes' windows start (or stop) apart: one edge may cut off up to this share of a member's
+# calls and not another's (a millisecond is many calls where TP makes hundreds a step).
+MAX_CUT_SHARE = 1 / 3
 MIN_CALLS = 6  # fewer, and the quartiles of a mismatch say little
 MAX_PAIRS = 2_000_000  # pairs of lines compared in one class (~2,000 lines of equal counts: ~10 s)
 _CHUNK = 2048  # pairs compared at once (SAMPLES x shifts values each)
@@ -377,12 +381,14 @@ def _following(ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _pairs(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """The pairs of lines of two ranks whose calls number alike (within MAX_EDGE_CALLS), as
-    (first, second) line indices; None past MAX_PAIRS."""
+    """The pairs of lines of two ranks whose calls number alike (within MAX_EDGE_CALLS, or the
+    shorter short of the longer by MAX_CUT_SHARE at most), as (first, second) line indices,
+    the first no longer; None past MAX_PAIRS."""
     by_calls = members[np.argsort(lines.size[members], kind="stable")]
     calls = lines.size[by_calls]
-    # Sorted by calls, a line's partners are the next lines up to MAX_EDGE_CALLS calls more.
-    ends = np.searchsorted(calls, calls + MAX_EDGE_CALLS, side="right")
+    # Sorted by calls, a line's partners are the next lines up to that many calls more.
+    most = np.maximum(calls + MAX_EDGE_CALLS, np.floor(calls / (1 - MAX_CUT_SHARE)))
+    ends = np.searchsorted(calls, most, side="right")
     if int((ends - np.arange(len(calls)) - 1).sum()) > MAX_PAIRS:
         return None
     first, second = _following(ends)
@@ -397,11 +403,13 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.
     call's share; a quartile, not a median, so that groups apart every other call show it),
     and the end difference itself (`_middle_mean`; the second's end less the first's: on two
     hosts, their clocks' offset too). At the shift of the second line's calls (a window's
-    edges cut them differently) that changes the least, on one host that also ends the
-    closest, where it compares at least half the samples; NaN where none does."""
+    edges cut them differently; `_shifts`) that changes the least, on one host that also
+    ends the closest, where it compares at least half the samples; NaN where none does."""
     change_out, level_out = np.empty(len(first)), np.empty(len(first))
-    shifts = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
     ends = lines.ends
+    # Offset by line, the ends ascend throughout (a stream runs its calls in turn): one search
+    # finds a call on any line by its end (to ~100 ns past 1e18: calls are us apart).
+    keyed = ends + (ends.max() + 1.0) * np.arange(len(lines.size)).repeat(lines.size)
     for lo in range(0, len(first), _CHUNK):
         a, b = first[lo : lo + _CHUNK], second[lo : lo + _CHUNK]
         calls_b = lines.size[b][:, None, None]
@@ -410,7 +418,8 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.
         spread = np.linspace(0.0, 1.0, min(SAMPLES, int(compared.max())))
         k = (spread * (compared - 1)[:, None]).round().astype(np.int64)  # (pair, sample)
         mine = lines.starts[a][:, None] + k
-        at = k[:, :, None] + shifts  # (pair, sample, shift): the second line's call compared
+        shifts = _shifts(lines, keyed, a, b, k[:, len(spread) // 2])
+        at = k[:, :, None] + shifts[:, None, :]  # (pair, sample, shift): the second line's call compared
         inside = (at >= 0) & (at + 1 < calls_b)
         theirs = lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)
         before = ends[theirs] - ends[mine][:, :, None]
@@ -426,6 +435,31 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.
         change_out[lo : lo + _CHUNK] = np.where(seen, np.take_along_axis(change, best[:, None], 1)[:, 0], np.nan)
         level_out[lo : lo + _CHUNK] = _middle_mean(at_best)
     return change_out, level_out
+
+
+def _shifts(lines: _Lines, keyed: np.ndarray, a: np.ndarray, b: np.ndarray, middle: np.ndarray) -> np.ndarray:
+    """Per pair of lines (``a``-``b``, the first no longer), the shifts of the second's calls
+    tried: within MAX_EDGE_CALLS of none (the windows' starts cut them alike) and of their
+    calls' difference (the ends did); on one host (one clock), of the shift that puts the
+    second's call ending nearest the first's ``middle`` call beside it, whatever cut them."""
+    edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
+    centres = np.stack([np.zeros(len(a), np.int64), lines.size[b] - lines.size[a]], axis=1)
+    same = np.flatnonzero(lines.host[a] == lines.host[b])
+    if len(same):
+        a_, b_ = a[same], b[same]
+        nearest = _nearest(lines, keyed, b_, lines.ends[lines.starts[a_] + middle[same]])
+        centres[same] = (nearest - lines.starts[b_] - middle[same])[:, None]
+    if (centres[:, 0] == centres[:, 1]).all():  # as many calls each: half the work
+        centres = centres[:, :1]
+    return (centres[:, :, None] + edge).reshape(len(a), -1)
+
+
+def _nearest(lines: _Lines, keyed: np.ndarray, line: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per line, the position of its call that ends nearest ``end`` (ns from the earliest);
+    ``keyed``: the ends offset by line, ascending throughout."""
+    value = end + keyed[lines.starts[line]] - lines.ends[lines.starts[line]]
+    after = np.clip(np.searchsorted(keyed, value), lines.starts[line] + 1, lines.starts[line] + lines.size[line] - 1)
+    return after - (value - keyed[after - 1] < keyed[after] - value)
 
 
 def _upper_quartile(values: np.ndarray) -> np.ndarray:
