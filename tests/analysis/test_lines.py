@@ -202,3 +202,82 @@ def test_a_line_cut_too_short_to_judge_keeps_its_peers_from_being_told_apart_wit
     (said,) = [w for w in without.warnings if NOT_TOLD in w]
     assert "too short to judge, within a capture window's edges of lines judged" in said
     assert not [w for w in without.warnings if TOLD in w]
+
+
+def _started_late(paths: list[Path], late_ns: int, early_ns: int = 0) -> None:
+    """Delete from the exports (one node's) what started within ``late_ns`` of their earliest
+    kernel, or ``early_ns`` of their last: a capture window that started that much after the
+    others, and stopped that much before."""
+    spans = []
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            spans.append(db.execute("SELECT min(start), max(start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone())
+    first, last = min(s[0] for s in spans), max(s[1] for s in spans)
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
+                db.execute(f"DELETE FROM {table} WHERE start < ? OR start > ?", (first + late_ns, last - early_ns))
+
+
+def _late_reports(tmp: Path, spec: sim.JobSpec, late_ns: dict[int, int]) -> tuple[Report, Report]:
+    """`_reports` of the job with each node's window started ``late_ns`` (node -> ns) late."""
+    paths = sorted(sim.simulate(spec, tmp))
+    for node, late in late_ns.items():
+        _started_late(paths[node * spec.gpus_per_node : (node + 1) * spec.gpus_per_node], late)
+    with_ids = _quietly(paths)
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    return with_ids, _quietly(paths)
+
+
+@pytest.mark.parametrize(("layout", "late_ns"), [
+    (dict(tp_collectives=2), {1: 19 * sim.MS}),  # node 1 two steps late: its TP lines 4 calls short
+    (dict(tp_collectives=16), {1: 30 * sim.MS}),  # 16 a step, node 1 half a step late: 9 calls short
+], ids=["two-steps", "many-tp-calls"])
+def test_tp_groups_whose_nodes_windows_started_apart_are_told_apart(tmp_path: Path, layout: dict,
+                                                                    late_ns: dict[int, int]) -> None:
+    """Two nodes of TP=4, their capture windows started apart: each TP line of one node is
+    short of the other's by more calls than a window's edges cut (MAX_EDGE_CALLS), so the
+    TP groups, compared only with lines of as many calls, had none to be told apart from.
+    All their calls stayed grouped by op, one communicator of ranks 0-7 matched by call order:
+    the hosts' clocks 1 ms off (6 ms and rank 5 not flagged, at 16 a step), the lateness
+    marked unreliable. Lines short of others by up to a third of their calls are compared
+    too, over the calls both hold, and the job's six communicators are told apart as with ids."""
+    spec = sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10, stragglers=[STRAGGLER], **layout)
+    with_ids, without = _late_reports(tmp_path, spec, late_ns)
+    assert _groups(without) == _groups(with_ids) == {
+        frozenset(range(4)), frozenset(range(4, 8)), *(frozenset({r, r + 4}) for r in range(4))}
+    assert [w for w in without.warnings if TOLD in w] and not [w for w in without.warnings if NOT_TOLD in w]
+    assert without.alignment.happens_before_violations == 0
+    assert without.stragglers == with_ids.stragglers == [5]
+
+
+def test_dp_groups_are_not_split_where_one_nodes_window_started_late(tmp_path: Path) -> None:
+    """Three nodes of TP=2, FSDP, node 2's window two and a half steps late: its DP lines short
+    of the others' by five calls. Compared only with lines of as many calls, DP group 0 was
+    told apart as two communicators, ranks 0-6/2 and 8,10: a confident wrong answer, without
+    a warning. Compared over the calls both hold, each DP group is one."""
+    spec = sim.JobSpec(nodes=3, gpus_per_node=4, tp=2, steps=12, dp_sharded=True, seed=69, jitter_ns=3_000)
+    with_ids, without = _late_reports(tmp_path, spec, {2: 31 * sim.MS})
+    dp = {frozenset(range(0, 12, 2)), frozenset(range(1, 12, 2))}
+    assert dp <= _groups(with_ids)
+    assert {frozenset(c.ranks) for c in without.communicators if c.comm_id.startswith("inferred:allgather")} == dp
+
+
+def test_lines_of_one_host_cut_apart_are_compared_on_its_clock(tmp_path: Path) -> None:
+    """One node of 8 GPUs, TP=4: ranks 0-3's windows (processes) stopped two steps early,
+    ranks 4-7's started two steps late, so their TP lines hold as many calls, each one's k-th
+    call the other's k+4-th: cut at both edges, neither window edge says by how much. On one
+    clock the call of the other line ending nearest does, and the TP groups are told apart."""
+    spec = sim.JobSpec(nodes=1, gpus_per_node=8, tp=4, steps=10, stragglers=[STRAGGLER])
+    paths = sorted(sim.simulate(spec, tmp_path))
+    with_ids = _quietly(paths)
+    _started_late(paths[:4], 0, 19 * sim.MS)
+    _started_late(paths[4:], 19 * sim.MS)
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    without = _quietly(paths)
+    assert _groups(without) == _groups(with_ids)
+    assert [w for w in without.warnings if TOLD in w] and not [w for w in without.warnings if NOT_TOLD in w]
