@@ -600,17 +600,22 @@ def _captured_env(capture: list[tuple]) -> dict[str, str]:
     return env
 
 
+# A schema version's major and minor: a few digits each (int() refuses past 4,300, in a ValueError).
+_VERSION = re.compile(r"(\d{1,9})\.(\d{1,9})(?!\d)")
+
+
 def _check_schema(export: File) -> None:
     version = export.meta.get("EXPORT_SCHEMA_VERSION", "")
-    match = re.match(r"^(\d+)\.(\d+)", version)
+    match = _VERSION.match(version)
     if not match:
-        export.warn("export schema version unknown (no EXPORT_SCHEMA_VERSION); reading columns by name")
+        said = f"EXPORT_SCHEMA_VERSION {quoted(version)} is no version" if version else "no EXPORT_SCHEMA_VERSION"
+        export.warn(f"export schema version unknown ({said}); reading columns by name")
         return
     major_minor = (int(match.group(1)), int(match.group(2)))
     if major_minor[0] != SUPPORTED_SCHEMAS[0][0]:
-        raise ExportError(f"unsupported nsys export schema {version} (supported: 3.13 to 3.28)", path=export.path)
+        raise ExportError(f"unsupported nsys export schema {quoted(version)} (supported: 3.13 to 3.28)", path=export.path)
     if not SUPPORTED_SCHEMAS[0] <= major_minor <= SUPPORTED_SCHEMAS[1]:
-        export.warn(f"export schema {version} is outside the tested 3.13 to 3.28; reading columns by name")
+        export.warn(f"export schema {quoted(version)} is outside the tested 3.13 to 3.28; reading columns by name")
 
 
 def _time_offset(export: File, utc_epoch: int, first_kernel: int) -> int:

@@ -197,6 +197,30 @@ def test_metadata_and_payload_schemas_of_the_wrong_type_are_read_as_absent(job, 
     assert any(note in n for n in notes), notes
 
 
+@pytest.mark.parametrize("version, note", [
+    ("3." + "9" * 5000, f"export schema version unknown (EXPORT_SCHEMA_VERSION '3.{'9' * 62}'... is no version)"),
+    ("9" * 5000 + ".1", f"export schema version unknown (EXPORT_SCHEMA_VERSION '{'9' * 64}'... is no version)"),
+    ("3.99." + "x" * 5000, f"export schema '3.99.{'x' * 59}'... is outside the tested 3.13 to 3.28"),
+])
+def test_a_schema_version_of_thousands_of_digits_is_read_as_unknown_with_a_warning(job, tmp_path: Path, version: str,
+                                                                                   note: str) -> None:
+    # Found by fuzzing: int() refuses past 4,300 digits, a ValueError traceback naming no file.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite",
+                   f"UPDATE META_DATA_EXPORT SET value = '{version}' WHERE name = 'EXPORT_SCHEMA_VERSION'")
+    (notes,) = nsys.read_nsys(copy).column("warnings").to_pylist()
+    assert any(n.startswith(note) for n in notes), notes
+
+
+def test_a_schema_version_of_another_major_is_refused_in_a_line_of_bounded_length(job, tmp_path: Path) -> None:
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite",
+                   f"UPDATE META_DATA_EXPORT SET value = '4.0.{'x' * 5000}' WHERE name = 'EXPORT_SCHEMA_VERSION'")
+    with pytest.raises(ExportError) as err:
+        nsys.read_nsys(copy)
+    assert str(err.value) == f"{copy}: unsupported nsys export schema '4.0.{'x' * 60}'... (supported: 3.13 to 3.28)"
+
+
 @pytest.mark.parametrize("shift, shown", [
     ("--5", "'--5'"), ("\u00b2", "'\u00b2'"), ("1e3", "'1e3'"), (" 7", "' 7'"), ("1.5", "'1.5'"), ("abc", "'abc'"),
     pytest.param("1" * 5000, f"'{'1' * 64}'...", id="5000-digits"),
