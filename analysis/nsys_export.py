@@ -546,9 +546,12 @@ def _parse(path: Path, rows: dict[str, Any]) -> File:
     _check_schema(export)
     if not len(export.kernels):
         raise ExportError("export has no CUDA kernels", path=path)
-    devices = export.kernels[:, 3]
-    if devices.min() < 0 or devices.max() >= MAX_DEVICE:
-        raise ExportError(f"{KERNEL_TABLE}.deviceId outside 0..{MAX_DEVICE - 1}", path=path)
+    # A unit is keyed by (file, pid) * MAX_DEVICE + device: a device beyond keyed another file's
+    # or process's GPU (a copy on deviceId 2**40 + 1 counted as busy time of the next export's cuda:1).
+    for part, tables in (("kernels", KERNEL_TABLE), ("copies", "/".join(COPY_TABLES))):
+        devices = getattr(export, part)[:, 3]
+        if devices.size and (devices.min() < 0 or devices.max() >= MAX_DEVICE):
+            raise ExportError(f"{tables}.deviceId outside 0..{MAX_DEVICE - 1}", path=path)
     session = rows.get("session") or [(None,)]
     if not isinstance(session[0][0], int):  # NULL, or text/real in a damaged export: int() would raise
         raise ExportError("export has no session start time (utcEpochNs is missing or not an integer)", path=path)

@@ -406,6 +406,27 @@ def test_a_kernel_days_from_the_session_start_is_an_error_naming_the_export(job,
     assert str(err.value).startswith(f"{far}: ")
 
 
+@pytest.mark.parametrize("beyond", [2**40, -(2**16)])
+def test_a_copy_on_a_device_beyond_any_gpu_is_an_error_not_busy_time_of_another_export(job, tmp_path: Path,
+                                                                                        beyond: int) -> None:
+    # Found by fuzzing: a rank is keyed (export, pid) * 2**16 + device, so a MEMCPY row's
+    # deviceId 2**40 + d keyed the next export's rank of that pid on cuda:d, whose window and
+    # GPU busy time took the copy in silently (as -2**16 + d the export's own previous pid's).
+    _, paths = job
+    with contextlib.closing(sqlite3.connect(paths[1])) as db:
+        other_pid, other_device = db.execute("SELECT globalPid, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1").fetchone()
+    copy = tmp_path / "copies.sqlite"
+    copy.write_bytes(paths[0].read_bytes())
+    with sqlite3.connect(copy) as db:
+        db.execute('CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INTEGER, "end" INTEGER, deviceId INTEGER, globalPid INTEGER)')
+        db.execute('INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY SELECT start - 100000000, "end", ?, ? '
+                   "FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1", (beyond + other_device, other_pid))
+    with pytest.raises(ExportError) as err:
+        nsys.read_many([copy, paths[1]])
+    assert str(err.value) == (f"{copy}: CUPTI_ACTIVITY_KIND_MEMCPY/CUPTI_ACTIVITY_KIND_MEMSET.deviceId outside "
+                              f"0..{nsys_export.MAX_DEVICE - 1}")
+
+
 def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
     # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
     _, paths = job
