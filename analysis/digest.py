@@ -33,6 +33,11 @@ DIGEST_VERSION = "rankscope.digest/1"
 # One capture's times lie within this of each other (a capture lasts minutes to hours):
 # farther off, a time is a damaged one.
 MAX_CAPTURE_NS = 7 * 24 * 3600 * 10**9
+# A step number (ProfilerStep#N, NVTX "step N") has at most this many digits: the analysis
+# takes steps as float64 (NaN where none), exact below 2**53 (~9.0e15); a name with more is
+# no step (as int64, past 19 digits, it was an OverflowError traceback).
+STEP_DIGITS = 15
+MAX_STEP = 10**STEP_DIGITS - 1
 
 # One collective instance as seen by one rank.
 COLLECTIVE = pa.struct(
@@ -265,7 +270,11 @@ def _check_values(table: pa.Table, path: str | Path) -> None:
                            "within 7 days of its window"))
         for name in counts:
             values = pc.fill_null(flat.field(name), 0).to_numpy()
-            checks.append((f"{part[:-1]} {name}", values, parent, values >= 0, "0 or more"))
+            if name == "step":
+                checks.append((f"{part[:-1]} {name}", values, parent, (values >= 0) & (values <= MAX_STEP),
+                               f"0 to {MAX_STEP:,}"))
+            else:
+                checks.append((f"{part[:-1]} {name}", values, parent, values >= 0, "0 or more"))
     for what, values, rank_of, ok, expected in checks:
         bad = np.flatnonzero(~ok)
         if bad.size:

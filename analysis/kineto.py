@@ -46,7 +46,7 @@ _log = logging.getLogger(__name__)
 
 SOURCE_FORMAT = "kineto-json"
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP = re.compile(rf"^ProfilerStep#(\d{{1,{digest.STEP_DIGITS}}})$")
 _RANKS = pa.list_(pa.int32())
 _NEVER = np.iinfo(np.int64).max
 # Ops whose input and output differ in size. A digest's bytes are the per-rank size NCCL's

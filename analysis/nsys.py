@@ -72,7 +72,7 @@ _ENTRY_TYPES = {
 _ENUM_TYPE = (4, True)
 _FIELD_INDEX = {name: i for i, name in enumerate(PAYLOAD_FIELDS)}
 _INTEGER = re.compile(r"-?\d+")
-_STEP = re.compile(r"^(?:ProfilerStep#|step[ _#:]?)(\d+)$", re.I)
+_STEP = re.compile(rf"^(?:ProfilerStep#|step[ _#:]?)(\d{{1,{digest.STEP_DIGITS}}})$", re.I)
 # Ops are coded while the batch is built (an index into this table; -1: none).
 _OPS = (*sorted(ops.CANONICAL_OPS), ops.UNKNOWN)
 _OP_CODE = {op: code for code, op in enumerate(_OPS)}

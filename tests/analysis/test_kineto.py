@@ -365,6 +365,19 @@ def test_gpu_busy_window_is_the_devices_active_span_as_nsys_and_hta_take_it(tmp_
     assert row["gpu_busy_ns"] == 250_000  # 50 us idle between the gemm and the copy
 
 
+@pytest.mark.parametrize("digits", [16, 20, 5000])
+def test_a_step_numbered_past_what_the_analysis_counts_is_no_step(tmp_path, digits):
+    # Found by fuzzing: ProfilerStep# and 20 digits ended in an OverflowError traceback (5,000:
+    # int()'s ValueError), naming no file; steps are float64 in the analysis, exact to 2**53.
+    events = [
+        _event("ProfilerStep#1", "0.000", "3000.000", cat="user_annotation", tid=1),
+        _event("ProfilerStep#" + "9" * digits, "3000.000", "3000.000", cat="user_annotation", tid=1),
+        *_gloo_events("950.000", "1000.000"),
+    ]
+    row = _row(read_kineto(_write(tmp_path / "rank3.json", _trace(events))))
+    assert [step["step"] for step in row["steps"]] == [1]
+
+
 def test_an_event_with_a_negative_duration_is_an_instant_and_named(tmp_path):
     # Taken as it was, a kernel of -300 us ended before it began: the window left out its
     # start, its backwards interval went into the busy union, and nothing said so.

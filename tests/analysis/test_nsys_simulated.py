@@ -427,6 +427,18 @@ def test_a_copy_on_a_device_beyond_any_gpu_is_an_error_not_busy_time_of_another_
                               f"0..{nsys_export.MAX_DEVICE - 1}")
 
 
+@pytest.mark.parametrize("digits", [16, 20, 5000])
+def test_a_step_numbered_past_what_the_analysis_counts_is_no_step(job, tmp_path: Path, digits: int) -> None:
+    # Found by fuzzing: "step" and 20 digits ended in an OverflowError traceback (5,000: int()'s
+    # ValueError), naming no file; steps are float64 in the analysis, exact to 2**53.
+    _, paths = job
+    (steps,) = nsys.read_nsys(paths[0]).column("steps").to_pylist()
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", f"UPDATE NVTX_EVENTS SET text = 'step {'9' * digits}' "
+                   f"WHERE text = 'step {steps[-1]['step']}'")
+    (edited,) = nsys.read_nsys(copy).column("steps").to_pylist()
+    assert edited == steps[:-1]
+
+
 def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
     # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
     _, paths = job

@@ -478,6 +478,10 @@ def test_a_digest_of_no_rows_is_refused_by_name(tmp_path: Path) -> None:
     ("collectives", "compute_overlap_ns", -5, "collective compute_overlap_ns is -5 (0 or more"),
     ("kernels", "count", -1, "kernel count is -1 (0 or more"),
     ("steps", "end_ns", 2**62, "step end_ns is 4,611,686,018,427,387,904 (within 7 days of its window"),
+    # Found by fuzzing: the analysis takes steps as float64; 2**63 - 1 cast back to int64 was a
+    # numpy "invalid value encountered in cast" on the warning line, and the step INT64_MIN.
+    ("collectives", "step", 2**63 - 1, "collective step is 9,223,372,036,854,775,807 (0 to 999,999,999,999,999"),
+    ("steps", "step", 10**15, "step step is 1,000,000,000,000,000 (0 to 999,999,999,999,999"),
 ])
 def test_a_digest_holding_values_no_reader_writes_is_refused_by_name(tmp_path: Path, part, field, value, said) -> None:
     # Found by fuzzing: each went into the report unsaid (negative NCCL and wait times,
