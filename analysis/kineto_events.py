@@ -178,7 +178,7 @@ _ONE_WINDOW = 4 << 20
 # Events decoded at a time where the text is split by decoding (see _split).
 _CHUNK = 4096
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_SPACE = (b" ", b"\n", b"\r", b"\t")
+_SPACES = re.compile(rb"[ \n\r\t]*")
 _TRIES = 16  # cuts tried for a window before the text is split by decoding instead
 # Events whose ids are read: kernels and their launches, and the host collective calls.
 # Kernel launches: runtime API (cudaLaunchKernel) or driver API (cuLaunchKernelEx, NCCL >= 2.19).
@@ -373,9 +373,10 @@ def _last_window(data, view: memoryview, start: int, opening: int | None, column
 
 
 def _skip_space(data, at: int) -> int:
-    while data[at : at + 1] in _SPACE:
-        at += 1
-    return at
+    """The first position from ``at`` that is not JSON whitespace (a regular expression's
+    scan: a loop in Python took ~180 ns a byte, 33 s for the 300 MB of spaces of a 300 KB
+    gzipped trace, where a whole trace reads at ~10 ns a byte)."""
+    return _SPACES.match(data, at).end()
 
 
 def _split(text: _Text, columns: _Columns) -> _Document | None:
