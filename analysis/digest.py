@@ -423,8 +423,8 @@ def _digest_of_name(file: str, other: str) -> bool:
 
 
 def check_consistent(digests: pa.Table) -> None:
-    """Refuse inputs that cannot belong to one job: one rank twice, a rank outside the world
-    its own trace gives, two job ids or two world sizes."""
+    """Refuse inputs that cannot belong to one job: one rank twice, a negative rank or one
+    outside the world its own trace gives, two job ids or two world sizes."""
     ranks = digests.column("rank").to_numpy()
     files = digests.column("source_file").to_pylist()
     worlds = digests.column("world_size").to_pylist()
@@ -447,6 +447,8 @@ def check_consistent(digests: pa.Table) -> None:
             raise ConsistencyError(f"rank {rank} is also claimed by {first}{hint}", path=file)
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
+        if rank < 0:  # where no world size is given too: a negative rank was analysed as one
+            raise ConsistencyError(f"rank {rank} is no rank (ranks count from 0)", path=file)
         seen[rank] = file, capture, numbered
     _check_windows_meet(digests, files)
 

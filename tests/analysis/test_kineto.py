@@ -665,6 +665,22 @@ def test_a_rank_outside_its_own_world_is_refused(tmp_path):
         digest.check_consistent(read_kineto(path))
 
 
+@pytest.mark.parametrize("rank", [-1, -(2**31)])
+def test_a_negative_rank_is_refused_where_the_trace_gives_no_world_size_too(tmp_path, rank):
+    # Found by fuzzing: distributedInfo {"rank": -1} without a world_size was analysed as
+    # rank -1, unsaid (with a world size it was refused as outside it).
+    from rankscope.analysis.sources import load_digests
+    from rankscope.errors import ConsistencyError
+
+    data = _trace(_gloo_events("1000.000", "1010.000"))
+    data["distributedInfo"] = {"backend": "gloo", "rank": rank}
+    path = _write(tmp_path / "r0.json", data)
+    with pytest.raises(ConsistencyError, match=f"^{path}: rank {rank} is no rank \\(ranks count from 0\\)$"):
+        digest.check_consistent(read_kineto(path))
+    with pytest.raises(ConsistencyError, match=f"^{path}: rank {rank} is no rank"):
+        load_digests([path])
+
+
 def test_two_jobs_are_named_as_such_before_their_ranks_0_as_one_rank_claimed_twice(tmp_path):
     import pyarrow as pa
 
