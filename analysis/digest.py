@@ -237,7 +237,7 @@ def _check_collectives(table: pa.Table, path: str | Path) -> None:
 
 
 # A window's start, at the latest: room for its capture's times after it in int64.
-_LATEST_START_NS = 2**63 - 1 - 4 * MAX_CAPTURE_NS
+LATEST_START_NS = 2**63 - 1 - 4 * MAX_CAPTURE_NS
 
 
 def _check_values(table: pa.Table, path: str | Path) -> None:
@@ -249,7 +249,7 @@ def _check_values(table: pa.Table, path: str | Path) -> None:
     ranks = table.column("rank").to_numpy()
     rows = np.arange(table.num_rows)
     window = end - start  # where both are checked first: no wrap round
-    checks = [("window_start_ns", start, rows, (start >= 0) & (start <= _LATEST_START_NS), "UTC epoch ns from 1970"),
+    checks = [("window_start_ns", start, rows, (start >= 0) & (start <= LATEST_START_NS), "UTC epoch ns from 1970"),
               ("window_end_ns", end, rows, (end >= start) & (window <= MAX_CAPTURE_NS), "at most 7 days after its start")]
     for name in ("gpu_busy_ns", "compute_only_ns", "comm_only_ns", "overlap_ns"):
         values = table.column(name).to_numpy()

@@ -131,6 +131,11 @@ def _check_times(path: Path, events: Events) -> None:
     if (spread := int(events.ts.max()) - int(events.ts.min())) > digest.MAX_CAPTURE_NS:
         raise ExportError(f"its events lie {spread / days:,.0f} days apart (their ts), where a capture lasts minutes "
                           "to hours: a damaged ts", path=path)
+    # As the nsys reader refuses a session start before 1970: a digest of such times was
+    # written, then refused by `analyze` as damaged, and the trace itself analysed unsaid.
+    if not 0 <= (first := int(events.ts.min())) <= digest.LATEST_START_NS:
+        raise ExportError(f"its events start at {first:,} ns from 1970 (baseTimeNanoseconds + ts), outside the UTC "
+                          "epoch ns a capture can have (1970 to 2262): a damaged baseTimeNanoseconds or ts", path=path)
 
 
 # ---------------------------------------------------------------- identity

@@ -379,6 +379,17 @@ def test_a_step_numbered_past_what_the_analysis_counts_is_no_step(tmp_path, digi
     assert [step["step"] for step in row["steps"]] == [1]
 
 
+@pytest.mark.parametrize("base", [-(10**18), 2**63 - 10**15])
+def test_events_before_1970_or_at_the_end_of_int64_are_refused_as_the_digest_would_be(tmp_path, base):
+    # Found by fuzzing: `rankscope digest` wrote such a trace's digest, which `analyze` then
+    # refused as damaged (its window_start_ns), and `analyze` of the trace went on unsaid.
+    path = _write(tmp_path / "rank3.json", _trace(_gloo_events("200.000", "201.000"), baseTimeNanoseconds=base))
+    with pytest.raises(ExportError, match=r"its events start at -?[\d,]+ ns from 1970 \(baseTimeNanoseconds \+ ts\), "
+                                          "outside the UTC epoch ns a capture can have") as err:
+        read_kineto(path)
+    assert str(err.value).startswith(f"{path}: ")
+
+
 def test_an_event_with_a_negative_duration_is_an_instant_and_named(tmp_path):
     # Taken as it was, a kernel of -300 us ended before it began: the window left out its
     # start, its backwards interval went into the busy union, and nothing said so.
