@@ -570,9 +570,10 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
     """Refuse a session start before 1970, and times that leave int64 once moved to UTC
     epoch ns: numpy's addition wraps them round silently, to a window thousands of years
     before 1970 (a utcEpochNs or a timestamp near 2**63 in a damaged export). So epoch ns
-    are 0 (1970) to 2**63 - 1 (2262). And kernels, copies and launches more than
-    `MAX_CAPTURE_NS` from the session start: a kernel ending near 2**63 in a normalized
-    export gave a lateness of 7.5e9 s. Only each column's least and greatest."""
+    are 0 (1970) to 2**63 - 1 (2262). And kernels, copies, launches and NVTX ranges more
+    than `MAX_CAPTURE_NS` from the session start: a kernel ending near 2**63 in a normalized
+    export gave a lateness of 7.5e9 s, an NCCL range starting at 0 a host call time in 1970
+    (a digest then refused as damaged). Only each column's least and greatest."""
     if utc_epoch < 0:  # an integer column: it cannot pass 2**63 - 1
         raise ExportError(f"TARGET_INFO_SESSION_START_TIME.utcEpochNs {utc_epoch:,} puts the session start before 1970 "
                           "(UTC epoch ns are 0 to 2**63 - 1)", path=export.path)
@@ -584,9 +585,13 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
         if not I64_MIN <= first <= last <= I64_MAX:
             raise ExportError(f"times in its {part} leave int64 once moved to UTC epoch ns (offset {export.offset:,}): "
                               "a timestamp or utcEpochNs near 2**63", path=export.path)
-        # NVTX's are not bounded: a range without an end or a start reads 0 (`_nvtx_sql`).
+        if part == "nvtx":  # a range without an end reads 0 (`_nvtx_sql`): its end is none to bound
+            starts, ends = times[:, 0], times[:, 1]
+            ends = ends[ends != 0]
+            first = int(min(starts.min(), ends.min(initial=I64_MAX))) + export.offset
+            last = int(max(starts.max(), ends.max(initial=I64_MIN))) + export.offset
         far = max(utc_epoch - first, last - utc_epoch)
-        if part != "nvtx" and far > MAX_CAPTURE_NS:
+        if far > MAX_CAPTURE_NS:
             raise ExportError(f"times in its {part} lie {far / 86400e9:,.0f} days from the session start (utcEpochNs), "
                               "where a capture lasts minutes to hours: a damaged timestamp or utcEpochNs", path=export.path)
 

@@ -439,6 +439,20 @@ def test_a_step_numbered_past_what_the_analysis_counts_is_no_step(job, tmp_path:
     assert edited == steps[:-1]
 
 
+@pytest.mark.parametrize("edit", ["start = start - 8 * 86400 * 1000000000", '"end" = "end" + 8 * 86400 * 1000000000'])
+def test_an_nccl_range_days_from_the_session_start_is_an_error_naming_the_export(job, tmp_path: Path, edit: str) -> None:
+    # Found by fuzzing: NVTX times were not bounded, so a damaged NCCL range's start became
+    # its kernel's host call time days away (in 1970, for a normalized export's NULL start):
+    # `analyze` went on, and `digest` wrote a digest that `analyze` refused as damaged.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", f"UPDATE NVTX_EVENTS SET {edit} WHERE rowid = "
+                   "(SELECT n.rowid FROM NVTX_EVENTS AS n JOIN StringIds AS s ON s.id = n.textId "
+                   "WHERE s.value = 'ncclAllReduce' LIMIT 1)")
+    with pytest.raises(ExportError, match=r"times in its nvtx lie 8 days from the session start \(utcEpochNs\)") as err:
+        nsys.read_nsys(copy)
+    assert str(err.value).startswith(f"{copy}: ")
+
+
 def test_a_string_that_is_not_utf8_is_an_error_naming_the_export(job, tmp_path: Path) -> None:
     # The sqlite3 module raises this one itself: an OperationalError without a SQLite code.
     _, paths = job
