@@ -219,7 +219,7 @@ def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, note
     except re.error as exc:
         raise ExportError(f"bad rank_from pattern {pattern!r} ({exc})", path=path) from None
     text = (found.group(1) if found.groups() else found.group(0)) if found else ""
-    if text.isdigit():
+    if text.isdecimal():  # not isdigit: '²' is a digit, which int() refuses (a ValueError traceback)
         if rank_from is None:
             notes.append(f"{what}: rank {text} taken from the file name")
         return int(text), "filename"

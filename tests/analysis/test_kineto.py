@@ -111,6 +111,16 @@ def test_missing_rank_is_a_clear_error_naming_the_file_then_file_name_fallback(s
                                   "no rank number in the file name")  # as nsys exports say
 
 
+def test_a_file_name_rank_of_a_digit_that_is_no_number_is_no_rank(tmp_path):
+    # Found by fuzzing: str.isdigit() passes '²', which int() refused in a ValueError traceback.
+    data = _trace(_gloo_events("200.000", "201.000"))
+    del data["distributedInfo"]
+    path = _write(tmp_path / "rank²_a.json", data)
+    with pytest.raises(ExportError, match=f"^{path}: --rank-from filename:rank\\(.\\): no rank number in the file name$"):
+        read_kineto(path, rank_from="filename:rank(.)")
+    assert _row(read_kineto(_write(tmp_path / "rank٣_a.json", data)))["rank"] == 3  # a decimal digit, as int() reads it
+
+
 def test_a_rank_that_is_no_whole_number_is_named_as_such_not_as_missing(tmp_path):
     events = _gloo_events("100.0", "101.0")
     for rank in (1.0, "3"):
