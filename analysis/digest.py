@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from rankscope import output
 from rankscope.analysis.groups import Coded
-from rankscope.errors import ConsistencyError, ExportError
+from rankscope.errors import ConsistencyError, ExportError, quoted
 
 if TYPE_CHECKING:  # DataFrames are for a person's look (tests, notebooks); the analysis needs no pandas
     import pandas as pd
@@ -202,9 +202,10 @@ def read(path: str | Path) -> pa.Table:
     if version != DIGEST_VERSION:
         family = DIGEST_VERSION.rpartition("/")[0] + "/"
         if version.startswith(family):  # ours, of another version: say so, not "not a digest"
-            raise ExportError(f"a digest of another rankscope version ({version!r}; this one reads {DIGEST_VERSION!r}): "
+            raise ExportError(f"a digest of another rankscope version ({quoted(version)}; this one reads {DIGEST_VERSION!r}): "
                               "build it again with this one's `rankscope digest`", path=path)
-        raise ExportError(f"not a rankscope digest (schema {version or 'missing'!r}, expected {DIGEST_VERSION!r})", path=path)
+        raise ExportError(f"not a rankscope digest (schema {quoted(version) if version else 'missing'}, expected "
+                          f"{DIGEST_VERSION!r})", path=path)
     try:
         table = table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)
     except (KeyError, ValueError, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:

@@ -127,11 +127,21 @@ def parse_labels(text: str) -> dict[str, str]:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+# A message's characters shown at most: the file and the problem come first; past this a
+# library's text quoted in it runs on (pyarrow's for a Parquet file of a repeated column
+# prints the file's whole schema, 1.4 KB).
+LONGEST_MESSAGE = 600
+
+
 def _one_line(text: object) -> str:
     """``text`` as one line: runs of whitespace (newlines too) as one space, other control
-    characters escaped. A library's message quoted in an error (pyarrow's thrift errors end
-    in a newline) or a name with a newline in it would otherwise split the line."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", " ".join(str(text).split()))
+    characters escaped, cut at LONGEST_MESSAGE characters. A library's message quoted in an
+    error (pyarrow's thrift errors end in a newline) or a name with a newline in it would
+    otherwise split the line."""
+    line = " ".join(str(text).split())
+    if len(line) > LONGEST_MESSAGE:
+        line = f"{line[:LONGEST_MESSAGE]}... ({len(line) - LONGEST_MESSAGE:,} more characters)"
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:

@@ -262,3 +262,21 @@ def test_no_command_lists_the_commands(argv: list[str], capsys) -> None:
     out, err = capsys.readouterr()
     assert not out
     assert all(f"    {name} " in err for name in ("analyze", "capture", "agent", "demo"))
+
+
+def test_an_error_quoting_a_library_s_long_text_is_cut_to_a_line_a_terminal_shows(tmp_path, capsys) -> None:
+    """Found by fuzzing: pyarrow's message for a Parquet file of a repeated column quotes the
+    file's whole schema (1.4 KB for a digest). The file and the problem come first; the rest
+    is cut, and said to be."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d0.parquet"
+    columns = {f"column_{i}_of_a_long_schema": pa.array([i]) for i in range(100)}
+    pq.write_table(pa.Table.from_arrays([pa.array([0]), *columns.values()], names=["rank", *columns]).append_column(
+        "rank", pa.array([1])), path)
+    assert cli.main(["analyze", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"rankscope: error: {path}: not a readable Parquet digest (")
+    cut = re.fullmatch(r"(.*)\.\.\. \(([\d,]+) more characters\)", line)
+    assert cut and len(cut[1]) == len("rankscope: error: ") + cli.LONGEST_MESSAGE and int(cut[2].replace(",", "")) > 2000

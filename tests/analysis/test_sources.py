@@ -500,3 +500,11 @@ def test_a_digest_holding_values_no_reader_writes_is_refused_by_name(tmp_path: P
     with pytest.raises(ExportError, match=rf"a damaged digest: rank \d+'s {re.escape(said)}") as err:
         sources.load_digests([tmp_path / "edited.parquet"])
     assert str(err.value).startswith(f"{tmp_path / 'edited.parquet'}: ")
+
+
+def test_a_digest_marker_of_a_megabyte_is_quoted_in_part(dsl: Path, tmp_path: Path) -> None:
+    # Found by fuzzing: the whole marker was quoted, a message of a megabyte.
+    edited = _digest_edited(dsl, tmp_path / "edited.parquet", marker=b"x" * 1_000_000)
+    with pytest.raises(ExportError, match=r"not a rankscope digest \(schema 'x{64}'\.\.\., expected") as err:
+        digest.read(edited)
+    assert len(str(err.value)) < 200 + len(str(edited))
