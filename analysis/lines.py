@@ -13,7 +13,10 @@ paired as one collective. What tells them apart (nccl-in-traces.md §6.5: stream
   another's k+d-th), and those calls end together (alignment-and-metrics.md §2): on one host
   (one clock) at the same time; across hosts their end difference is the clocks' offset,
   which changes by ppm from one call to the next, while that of different communicators'
-  lines moves with the jitter of the work each does between its calls.
+  lines moves with the jitter of the work each does between its calls. Where nodes' windows
+  moved (started and stopped late alike), one line's k-th call is another's k+d-th, d
+  neither none nor their calls' difference, and across hosts no clock tells d: the lines'
+  gaps (one end to the next, free of the clock) do, where one d clearly fits best.
 
 Lines of one *class* (the same op groups) are compared pairwise by how far apart their calls
 end (`_mismatch`), and split into communicators only where that is unambiguous (`_partition`):
@@ -57,6 +60,8 @@ MAX_CUT_SHARE = 1 / 3
 MIN_CALLS = 6  # fewer, and the quartiles of a mismatch say little
 MAX_PAIRS = 2_000_000  # pairs of lines compared in one class (~2,000 lines of equal counts: ~10 s)
 _CHUNK = 2048  # pairs compared at once (SAMPLES x shifts values each)
+RUN_GAPS = 6  # gaps (end to next end) of a line around its middle call that fix a shift across hosts
+CANDIDATES = 8  # shifts whose middle gap fits best, whose runs of gaps are compared
 _BITS = 63  # op groups a class can name (the bits of an int64)
 
 
@@ -403,46 +408,79 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.
     call's share; a quartile, not a median, so that groups apart every other call show it),
     and the end difference itself (`_middle_mean`; the second's end less the first's: on two
     hosts, their clocks' offset too). At the shift of the second line's calls (a window's
-    edges cut them differently; `_shifts`) that changes the least, on one host that also
-    ends the closest, where it compares at least half the samples; NaN where none does."""
+    edges cut them differently; `_shifts`, and across hosts `_gap_shift` too) that changes
+    the least, on one host that also ends the closest, where it compares at least half the
+    samples; NaN where none does."""
     change_out, level_out = np.empty(len(first)), np.empty(len(first))
     ends = lines.ends
     # Offset by line, the ends ascend throughout (a stream runs its calls in turn): one search
     # finds a call on any line by its end (to ~100 ns past 1e18: calls are us apart).
     keyed = ends + (ends.max() + 1.0) * np.arange(len(lines.size)).repeat(lines.size)
+    gaps = _gaps(lines)
+    edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
     for lo in range(0, len(first), _CHUNK):
         a, b = first[lo : lo + _CHUNK], second[lo : lo + _CHUNK]
-        calls_b = lines.size[b][:, None, None]
         compared = np.minimum(lines.size[a], lines.size[b]) - 1  # calls with a next one
         # Pairs come by their calls: a chunk's lines are alike, and short ones need fewer samples.
         spread = np.linspace(0.0, 1.0, min(SAMPLES, int(compared.max())))
         k = (spread * (compared - 1)[:, None]).round().astype(np.int64)  # (pair, sample)
-        mine = lines.starts[a][:, None] + k
-        shifts = _shifts(lines, keyed, a, b, k[:, len(spread) // 2])
-        at = k[:, :, None] + shifts[:, None, :]  # (pair, sample, shift): the second line's call compared
-        inside = (at >= 0) & (at + 1 < calls_b)
-        theirs = lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)
-        before = ends[theirs] - ends[mine][:, :, None]
-        after = ends[theirs + 1] - ends[mine + 1][:, :, None]
-        change = _upper_quartile(np.where(inside, np.abs(after - before), np.nan)) / np.sqrt(2)  # (pair, shift)
-        score = change.copy()
-        same = lines.host[a] == lines.host[b]  # a few: where the level picks the shift too
-        score[same] = np.fmax(change[same], np.abs(_middle_mean(np.where(inside[same], before[same], np.nan))))
-        score[np.count_nonzero(inside, axis=1) < len(spread) // 2] = np.inf
-        best = score.argmin(axis=1)
-        at_best = np.take_along_axis(np.where(inside, before, np.nan), best[:, None, None], 2)[:, :, 0]
-        seen = np.isfinite(np.take_along_axis(score, best[:, None], 1)[:, 0])
-        change_out[lo : lo + _CHUNK] = np.where(seen, np.take_along_axis(change, best[:, None], 1)[:, 0], np.nan)
-        level_out[lo : lo + _CHUNK] = _middle_mean(at_best)
+        middle = k[:, len(spread) // 2]
+        centres = _shifts(lines, keyed, a, b, middle)
+        # The last chunk's arrays are let go once this one's are made (`_fit`): freed at once,
+        # malloc would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
+        (score, change, level), held = _fit(lines, a, b, k, (centres[:, :, None] + edge).reshape(len(a), -1))
+        # Across hosts, where the lines' own gaps put the second's calls elsewhere (nodes'
+        # windows moved: started and stopped late alike), there too; taken where it fits
+        # GAP times better (above NOISE_FLOOR_NS): more shifts tried, two communicators'
+        # lines fit better by chance (steps alike), less than one's fit.
+        found = np.full(len(a), _NONE)
+        apart = np.flatnonzero(lines.host[a] != lines.host[b])
+        if len(apart):
+            found[apart] = _gap_shift(lines, gaps, a[apart], b[apart], middle[apart])
+        extra = np.flatnonzero(found != _NONE)
+        extra = extra[(np.abs(found[extra, None] - centres[extra]) > MAX_EDGE_CALLS).all(axis=1)]
+        if len(extra):
+            more, _ = _fit(lines, a[extra], b[extra], k[extra], found[extra, None] + edge)
+            better = GAP * (more[0] + NOISE_FLOOR_NS) <= score[extra] + NOISE_FLOOR_NS
+            for out, values in zip((score, change, level), more):
+                out[extra[better]] = values[better]
+        seen = np.isfinite(score)
+        change_out[lo : lo + _CHUNK] = np.where(seen, change, np.nan)
+        level_out[lo : lo + _CHUNK] = level
     return change_out, level_out
 
 
+def _fit(lines: _Lines, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.ndarray,
+         ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, ...]]:
+    """Per pair of lines (``a``-``b``; ``k``: the first's calls sampled), at the best of the
+    ``shifts`` of the second's calls: its score (inf: compared at under half the samples),
+    the change of the end difference (`_mismatch`) and the end difference; and the large
+    arrays it made, for the caller to let go of when it likes."""
+    ends = lines.ends
+    calls_b = lines.size[b][:, None, None]
+    mine = lines.starts[a][:, None] + k
+    at = k[:, :, None] + shifts[:, None, :]  # (pair, sample, shift): the second line's call compared
+    inside = (at >= 0) & (at + 1 < calls_b)
+    theirs = lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)
+    before = ends[theirs] - ends[mine][:, :, None]
+    after = ends[theirs + 1] - ends[mine + 1][:, :, None]
+    change = _upper_quartile(np.where(inside, np.abs(after - before), np.nan)) / np.sqrt(2)  # (pair, shift)
+    score = change.copy()
+    same = lines.host[a] == lines.host[b]  # a few: where the level picks the shift too
+    score[same] = np.fmax(change[same], np.abs(_middle_mean(np.where(inside[same], before[same], np.nan))))
+    score[np.count_nonzero(inside, axis=1) < k.shape[1] // 2] = np.inf
+    best = score.argmin(axis=1)
+    at_best = np.take_along_axis(np.where(inside, before, np.nan), best[:, None, None], 2)[:, :, 0]
+    return ((np.take_along_axis(score, best[:, None], 1)[:, 0], np.take_along_axis(change, best[:, None], 1)[:, 0],
+             _middle_mean(at_best)), (at, inside, theirs, before, after))
+
+
 def _shifts(lines: _Lines, keyed: np.ndarray, a: np.ndarray, b: np.ndarray, middle: np.ndarray) -> np.ndarray:
-    """Per pair of lines (``a``-``b``, the first no longer), the shifts of the second's calls
-    tried: within MAX_EDGE_CALLS of none (the windows' starts cut them alike) and of their
-    calls' difference (the ends did); on one host (one clock), of the shift that puts the
-    second's call ending nearest the first's ``middle`` call beside it, whatever cut them."""
-    edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
+    """Per pair of lines (``a``-``b``, the first no longer), the centres of the shifts of the
+    second's calls tried (each give or take MAX_EDGE_CALLS): none (the windows' starts cut
+    them alike) and their calls' difference (the ends did); on one host (one clock), the
+    shift that puts the second's call ending nearest the first's ``middle`` call beside it,
+    whatever cut them."""
     centres = np.stack([np.zeros(len(a), np.int64), lines.size[b] - lines.size[a]], axis=1)
     same = np.flatnonzero(lines.host[a] == lines.host[b])
     if len(same):
@@ -451,7 +489,84 @@ def _shifts(lines: _Lines, keyed: np.ndarray, a: np.ndarray, b: np.ndarray, midd
         centres[same] = (nearest - lines.starts[b_] - middle[same])[:, None]
     if (centres[:, 0] == centres[:, 1]).all():  # as many calls each: half the work
         centres = centres[:, :1]
-    return (centres[:, :, None] + edge).reshape(len(a), -1)
+    return centres
+
+
+_NONE = np.iinfo(np.int64).min  # no shift found
+
+
+def _gap_shift(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, middle: np.ndarray) -> np.ndarray:
+    """Per pair of lines (``a``-``b``, the first no longer), the shift of the second's calls
+    that its gaps (from one call's end to the next: on one line, free of the clock) fit the
+    first's around its ``middle`` call, RUN_GAPS of them, the worst within TOGETHER_NS; where
+    that fit is clearly the best, GAP times closer (above NOISE_FLOOR_NS) than any other shift
+    within MAX_CUT_SHARE of the second's calls (and MAX_EDGE_CALLS): else _NONE. Two lines of
+    one communicator end together, so their gaps agree; another's gaps move with the jitter of
+    the work between its calls, and a job without jitter, whose steps look alike, has none
+    clear. Tried: the 2 x CANDIDATES gaps of the second nearest the first's middle one (by
+    value: one search), the rest no nearer."""
+    half = RUN_GAPS // 2
+    out = np.full(len(a), _NONE)
+    size_a, size_b, start_b = lines.size[a], lines.size[b], lines.starts[b]
+    fits = (middle >= half) & (middle + half < size_a)
+    if not fits.any():
+        return out
+    mine = lines.starts[a] + middle
+    value = gaps.gap[mine] + gaps.keyed[start_b] - gaps.gap[gaps.order[start_b]]  # on the second's keys
+    at = np.searchsorted(gaps.keyed, value)[:, None] + np.arange(-CANDIDATES - 1, CANDIDATES + 1)
+    inside = (at >= start_b[:, None]) & (at < (start_b + size_b)[:, None])
+    distance = np.where(inside, np.abs(gaps.keyed[np.clip(at, 0, len(gaps.keyed) - 1)] - value[:, None]), np.inf)
+    rest = np.minimum(distance[:, 0], distance[:, -1])  # none past the candidates fits better
+    call = gaps.order[np.clip(at[:, 1:-1], 0, len(gaps.keyed) - 1)] - start_b[:, None]  # (pair, candidate)
+    shift = call - middle[:, None]
+    reach = np.floor(size_b * MAX_CUT_SHARE).astype(np.int64) + MAX_EDGE_CALLS
+    valid = (inside[:, 1:-1] & fits[:, None] & (np.abs(shift) <= reach[:, None]) & (call >= half)
+             & (call + half < size_b[:, None]))
+    # A run fits no better than its middle gap (a bound): the runs of the candidates that may
+    # fit within TOGETHER_NS are compared, then those of the rest that may fit within GAP times
+    # the best (above NOISE_FLOOR_NS), on which its being clear turns.
+    worst = np.where(valid, distance[:, 1:-1], np.inf)  # (pair, candidate)
+    run = np.arange(-half, half)
+    compared = np.zeros(worst.shape, bool)
+    for bound in (np.full(len(a), TOGETHER_NS), None):
+        if bound is None:  # once the best within TOGETHER_NS is known
+            bound = np.where(worst.min(axis=1) <= TOGETHER_NS,
+                             GAP * (worst.min(axis=1) + NOISE_FLOOR_NS) - NOISE_FLOOR_NS, -np.inf)
+        pair, near = np.nonzero((worst <= bound[:, None]) & ~compared)
+        compared[pair, near] = True
+        worst[pair, near] = np.max(np.abs(gaps.gap[(start_b[pair] + call[pair, near])[:, None] + run]
+                                          - gaps.gap[mine[pair][:, None] + run]), axis=1)
+    pick = worst.argmin(axis=1)[:, None]
+    best = np.take_along_axis(worst, pick, 1)[:, 0]
+    np.put_along_axis(worst, pick, np.inf, 1)
+    runner = np.minimum(worst.min(axis=1), rest)
+    clear = (best <= TOGETHER_NS) & (runner + NOISE_FLOOR_NS >= GAP * (best + NOISE_FLOOR_NS))
+    out[clear] = np.take_along_axis(shift, pick, 1)[:, 0][clear]
+    return out
+
+
+@dataclass(frozen=True)
+class _Gaps:
+    """Per position of the lines' calls, the ``gap`` to its line's next call's end (its last:
+    the line's largest, to rank last); and the positions by line, then gap (``order``), with
+    their gaps offset by line (``keyed``, ascending throughout: one search finds a gap on any
+    line)."""
+
+    gap: np.ndarray
+    order: np.ndarray
+    keyed: np.ndarray
+
+
+def _gaps(lines: _Lines) -> _Gaps:
+    """The lines' gaps (`_Gaps`)."""
+    line_of = np.arange(len(lines.size)).repeat(lines.size)
+    gap = np.append(np.diff(lines.ends), 0.0)
+    last = lines.starts + lines.size - 1
+    gap[last] = 0.0  # past its line: to the next line's first call
+    gap[last] = np.maximum.reduceat(gap, lines.starts)
+    offset = (gap.max() + 1.0) * line_of
+    order = np.lexsort((gap, line_of))
+    return _Gaps(gap=gap, order=order, keyed=(gap + offset)[order])
 
 
 def _nearest(lines: _Lines, keyed: np.ndarray, line: np.ndarray, end: np.ndarray) -> np.ndarray:
