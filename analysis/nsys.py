@@ -550,12 +550,37 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
         out["op"] = np.where(unlinked, hint[out["name"]], out["op"])
     out["cpu_call_ns"] = np.where(out["cpu_call_ns_na"], launch_ns, out["cpu_call_ns"])
     out["cpu_call_ns_na"] &= ~linked
+    _on_their_streams(files, out)
     comm_ids, out["comm_id"], out["comm_size"], out["comm_size_na"] = _comm_ids(files, out, nccl)
     out["stream_na"] = ~out["comm_na"]  # a named communicator needs no stream to tell it apart
     order = np.lexsort((out["start"], out["unit"]))
     out = {key: out[key][order] for key in _COLLECTIVE_COLUMNS}
     out["seq"] = Groups(out["unit"], out["comm_id"]).cumcount()
     return out, comm_ids
+
+
+def _on_their_streams(files: list[File], out: Columns) -> None:
+    """Kernels that name no communicator, on a stream whose other kernels all name one: that
+    one's (``out`` in place). A capture window that starts mid-run holds kernels whose API
+    range was pushed before it, so carries no payload; and PyTorch gives each process group
+    an NCCL stream of its own (lines.py). They were grouped apart by op, as `inferred:<op>`
+    calls of a few edge ranks, and each such communicator's calls counted one short."""
+    untraced = out["comm_na"] & (out["stream"] >= 0)
+    traced = ~out["comm_na"] & (out["stream"] >= 0)
+    if not untraced.any() or not traced.any():
+        return
+    lines = Groups(out["process"][traced], out["stream"][traced])
+    comm = out["comm"][traced]
+    one = lines.min(comm) == lines.max(comm)
+    at = _first_match(tuple(lines.keys), (out["process"][untraced], out["stream"][untraced]))
+    taken = np.zeros_like(untraced)
+    taken[untraced] = (at >= 0) & _take(one, at, False)
+    if taken.any():
+        out["comm"][taken] = lines.min(comm)[at[taken[untraced]]]
+        out["comm_na"] = out["comm_na"] & ~taken
+        _warn_per_file(files, out["file"], taken, "{} of {} NCCL kernels that name no communicator are taken as "
+                       "the one every other NCCL kernel on their stream names (a group's calls run on a stream of "
+                       "its own; a window that starts mid-run cuts a kernel's API range, and its payload, off)")
 
 
 def _warn_kernelless_calls(files: list[File], nccl: Columns, served: np.ndarray) -> None:

@@ -3,6 +3,7 @@ step, all alike, matched by call order one call off, and what the analysis makes
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -148,3 +149,36 @@ def test_hints_too_coarse_for_the_call_spacing_change_nothing(tmp_path: Path, mo
     assert [w for w in report.warnings if "differs from the coordinator's" in w]
     assert _clock_errors(report, truth)[0] > 5_000_000  # one step off, as without hints
     assert tried == [None]
+
+
+def _moved(paths: list[Path], late_ns: int) -> None:
+    """Capture windows of one length, the last node's (its last 4 exports) ``late_ns`` later
+    than the others', on each node's clock: each export less its rows outside its window (a
+    kernel whose API range began before the window keeps no range, so no payload)."""
+    for group, (late, early) in ((paths[-4:], (late_ns, 0)), (paths[:-4], (0, late_ns))):
+        spans = []
+        for path in group:
+            with contextlib.closing(sqlite3.connect(path)) as db:
+                spans.append(db.execute("SELECT min(start), max(start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone())
+        window = (min(s[0] for s in spans) + late, max(s[1] for s in spans) - early)
+        for path in group:
+            with contextlib.closing(sqlite3.connect(path)) as db, db:
+                for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
+                    db.execute(f"DELETE FROM {table} WHERE start < ? OR start > ?", window)
+
+
+def test_kernels_whose_api_range_the_window_cut_off_are_their_streams_communicators(tmp_path: Path) -> None:
+    """The last node's window 10 ms later: its first NCCL kernels' API ranges began before
+    it, so they named no communicator and were grouped by op into communicators of their
+    own ({11}, {9,10,11}), and their groups counted a call short: 52 happens-before
+    violations and clocks 5 ms off. A stream is one group's (PyTorch's NCCL streams), so
+    they are that group's calls."""
+    spec = simulate.JobSpec(nodes=3, gpus_per_node=4, tp=2, steps=14, dp_sharded=True, seed=2, jitter_ns=3000)
+    _moved(sorted(simulate.simulate(spec, tmp_path)), 10 * simulate.MS)
+    with pytest.warns(RankscopeWarning):
+        report = analyze(load_digests([tmp_path]))
+    truth = simulate.truth(spec)
+    assert sorted(c.ranks for c in report.communicators) == sorted(c["ranks"] for c in truth["communicators"])
+    assert report.alignment.happens_before_violations == 0
+    assert _clock_errors(report, truth)[0] < 10_000
+    assert [w for w in report.warnings if "taken as the one every other NCCL kernel on their stream names" in w]
