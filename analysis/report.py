@@ -467,9 +467,16 @@ def _short(text: str, width: int = 28) -> str:
     return text if len(text) <= width else text[:head] + "…" + text[head + 1 - width :]
 
 
+# A name's characters a message shows at most: an inferred communicator's name lists its
+# members where they are no range (`lines._members`), ~500 characters for 128 of them.
+NAME_IN_MESSAGE = 64
+
+
 def some_of(names: Sequence[str], shown: int = 3) -> str:
-    """The first few of many names, for a one-line warning: 'a, b, c ...'."""
-    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")
+    """The first few of many names, for a one-line warning: 'a, b, c ...'; each cut in the
+    middle to NAME_IN_MESSAGE characters, keeping both ends (`_short`), so that what the
+    warning says after them still fits the line the CLI shows (cli.LONGEST_MESSAGE)."""
+    return ", ".join(_short(name, NAME_IN_MESSAGE) for name in names[:shown]) + (" ..." if len(names) > shown else "")
 
 
 def ranks_text(ranks: Sequence[int]) -> str:

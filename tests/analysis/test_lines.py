@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rankscope import cli
 from rankscope.analysis import digest, matching
 from rankscope.analysis import simulate as sim
 from rankscope.analysis.pipeline import analyze
@@ -326,3 +327,21 @@ def test_dp_groups_are_not_split_where_one_nodes_window_moved(tmp_path: Path, se
     _, without = _moved(tmp_path, spec, {2: 45 * sim.MS})
     dp = {frozenset(range(0, 12, 2)), frozenset(range(1, 12, 2))}
     assert _told_apart(without, "inferred:allgather") <= dp
+
+
+def test_warnings_naming_communicators_of_many_listed_members_keep_their_point(tmp_path: Path) -> None:
+    """256 ranks of TP=2, FSDP, rank 5's export missing: its DP group's inferred name lists
+    127 members (~500 characters), and the warnings naming it ran past the 600 characters
+    the CLI shows, which cut off what they said of it ("their members are inferred ...")."""
+    spec = sim.JobSpec(nodes=32, gpus_per_node=8, tp=2, steps=8, dp_sharded=True, seed=0)
+    paths = sorted(sim.simulate(spec, tmp_path))
+    paths.pop(5).unlink()
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    report = _quietly(paths)
+    assert any(len(c.comm_id) > 400 for c in report.communicators)  # named in full in the report
+    (told,) = [w for w in report.warnings if TOLD in w]
+    (unsized,) = [w for w in report.warnings if w.startswith("no bus bandwidth")]
+    assert cli._one_line(told).endswith("or more apart (median)")
+    assert cli._one_line(unsized).endswith("which lacks ranks of the job")
