@@ -560,19 +560,21 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
 
 
 def _on_their_streams(files: list[File], out: Columns) -> None:
-    """Kernels that name no communicator, on a stream whose other kernels all name one: that
-    one's (``out`` in place). A capture window that starts mid-run holds kernels whose API
-    range was pushed before it, so carries no payload; and PyTorch gives each process group
-    an NCCL stream of its own (lines.py). They were grouped apart by op, as `inferred:<op>`
-    calls of a few edge ranks, and each such communicator's calls counted one short."""
+    """Kernels that name no communicator, on a stream (of their device) whose other kernels
+    all name one: that one's (``out`` in place). A capture window that starts mid-run holds
+    kernels whose API range was pushed before it, so carries no payload; and PyTorch gives
+    each process group an NCCL stream of its own (lines.py). They were grouped apart by op,
+    as `inferred:<op>` calls of a few edge ranks, and each such communicator's calls counted
+    one short."""
     untraced = out["comm_na"] & (out["stream"] >= 0)
     traced = ~out["comm_na"] & (out["stream"] >= 0)
     if not untraced.any() or not traced.any():
         return
-    lines = Groups(out["process"][traced], out["stream"][traced])
+    # A rank's device's streams: CUDA numbers streams per device context, not per process.
+    lines = Groups(out["unit"][traced], out["stream"][traced])
     comm = out["comm"][traced]
     one = lines.min(comm) == lines.max(comm)
-    at = _first_match(tuple(lines.keys), (out["process"][untraced], out["stream"][untraced]))
+    at = _first_match(tuple(lines.keys), (out["unit"][untraced], out["stream"][untraced]))
     taken = np.zeros_like(untraced)
     taken[untraced] = (at >= 0) & _take(one, at, False)
     if taken.any():
