@@ -24,6 +24,11 @@ from rankscope.analysis.report import ranks_text, some_of
 
 UNMATCHED = -1
 _RANK_SPAN = 1 << 32  # (communicator, rank) pairs as one int64 key
+_NEAR_SHIFTS = 8  # shifts of a member's calls tried either way, where the counts do not say more
+MIN_MOVED_GAPS = 6  # gaps a shift past those must compare at least (and a third of a member's)
+MAX_MOVED_SHIFT = 512  # calls, the most a moved window's gaps are searched either way (cost: shifts x gaps)
+_CELLS = 1 << 20  # (shift, call) pairs compared at once
+GAP_FLOOR_RATIO = 4  # a member's gaps this much further from its reference's than the closest member's: a look
 
 
 @dataclass
@@ -535,8 +540,11 @@ def _shift_ordinals_across_hosts(
     spacing = np.full(per_rank.count, np.inf)
     spacing[of_reference.keys[0]] = of_reference.median(gap[own].astype(np.float64))
     # Aligned, a member's gaps are its reference's to µs (ends skew a little per instance);
-    # shifted, by the calls' own variation: beyond 1/200 of a gap is worth a look.
-    suspect = checked.keys[0][miss > spacing[ref_of[checked.keys[0]]] / 200]
+    # shifted, by the calls' own variation: beyond 1/200 of a gap is worth a look, and so is
+    # beyond GAP_FLOOR_RATIO times the closest members' of any communicator (a window moved
+    # whole steps pairs calls of one kind, alike but for the work's jitter: µs, not a share).
+    floor = np.quantile(miss, 0.1, method="lower")  # one member's, the lowest where they are few
+    suspect = checked.keys[0][(miss > spacing[ref_of[checked.keys[0]]] / 200) | (miss > GAP_FLOOR_RATIO * floor)]
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
     found = {}  # member -> (the shift its gaps fit, whether clearly)
@@ -555,6 +563,8 @@ def _shift_ordinals_across_hosts(
             continue
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
         if not sure and (rc[i], host_of[i], shift) not in clear:
+            if sure is None:  # only somewhat closer than unshifted, and no member on its host clearly fits it
+                continue
             unsure.setdefault((int(rc[i]), int(rr[j])), []).append(int(rr[i]))
             continue
         key_seq[rows[per_rank.order[lo : lo + n]]] += shift
@@ -580,18 +590,31 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray, rooted: bool = False) -> tuple[int, bool]:
+                    ref_joint: np.ndarray, rooted: bool = False) -> tuple[int, bool | None]:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
     s further on (both ends of calls that end together) than unshifted; 0 where none is.
     And whether s is sure: for gaps between ``rooted`` calls, whether it is clearly closer
     than every other shift too. Those (a broadcast's root ends apart from its receivers)
     agree only while each member keeps its role: where roots take turns they miss by the
-    roles' lag at the right shift as at the wrong ones, and one comes out closest by chance."""
+    roles' lag at the right shift as at the wrong ones, and one comes out closest by chance.
+    A shift only 2x closer than unshifted is None, not sure: taken where a member on this
+    one's host (its window) clearly fits it (`_shift_ordinals_across_hosts`), else not."""
     misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(1, len(gaps) // 2), before=first)
+    # A window moved (started and stopped late alike) pairs calls any number off, the counts
+    # alike: shifts further on too, each comparing fewer gaps, taken only clearly best.
+    farther = _shift_misses(gaps, last, ref_ends, ref_joint, max(MIN_MOVED_GAPS, len(gaps) // 3),
+                            min(len(ref_ends), MAX_MOVED_SHIFT), before=first, nearest=_NEAR_SHIFTS + 1)
     best = min(misses, key=misses.get, default=0)
-    if 0 not in misses or 4 * misses[best] >= misses[0]:
+    if 0 not in misses:
         return 0, True
+    far = min(farther, key=farther.get, default=None)
+    if far is not None and farther[far] < misses[best]:
+        others = [miss for shift, miss in (*misses.items(), *farther.items()) if shift != far]
+        if 4 * farther[far] < min(others, default=np.inf):
+            return far, True
+    if 4 * misses[best] >= misses[0]:
+        return (best, None) if best and 2 * misses[best] < misses[0] else (0, True)
     runner_up = min(miss for shift, miss in misses.items() if shift != best)
     return best, not rooted or 4 * misses[best] < runner_up
 
@@ -610,20 +633,31 @@ def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together
 
 
 def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, ref_kept: np.ndarray, need: int,
-                  widest: int = 8, before: np.ndarray | None = None) -> dict[int, float]:
-    """Per shift s within ``widest``, the median of |mine[k] - ref[at[k] + s]| (given
-    ``before``, ``mine`` are gaps: |mine[k] - (ref[at[k] + s] - ref[before[k] + s])|) over
-    the k whose reference values exist and are kept, for the shifts that compare ``need``
-    of them or more."""
-    misses = {}
-    for shift in range(-widest, widest + 1):
-        points = [at + shift] if before is None else [at + shift, before + shift]
+                  widest: int = _NEAR_SHIFTS, before: np.ndarray | None = None, nearest: int = 0) -> dict[int, float]:
+    """Per shift s within ``widest`` (and ``nearest`` or more), the median of
+    |mine[k] - ref[at[k] + s]| (given ``before``, ``mine`` are gaps: |mine[k] - (ref[at[k] + s]
+    - ref[before[k] + s])|) over the k whose reference values exist and are kept, for the
+    shifts that compare ``need`` of them or more."""
+    every = np.arange(-widest, widest + 1)
+    every = every[np.abs(every) >= nearest]
+    misses: dict[int, float] = {}
+    if not len(ref):
+        return misses
+    # (shift, k) a chunk of shifts at once: a search many calls wide is a few passes, not one per shift
+    for lo in range(0, len(every), max(1, _CELLS // max(1, len(at)))):
+        shifts = every[lo : lo + max(1, _CELLS // max(1, len(at)))]
+        points = [at + shifts[:, None]] + ([] if before is None else [before + shifts[:, None]])
         inside = np.logical_and.reduce([(p >= 0) & (p < len(ref)) for p in points])
+        points = [np.clip(p, 0, len(ref) - 1) for p in points]
         for p in points:
-            inside[inside] &= ref_kept[p[inside]]
-        if inside.sum() >= need:
-            value = ref[points[0][inside]] - (ref[points[1][inside]] if before is not None else 0)
-            misses[shift] = float(np.median(np.abs(mine[inside] - value)))
+            inside &= ref_kept[p]
+        counted = np.count_nonzero(inside, axis=1) >= need
+        if not counted.any():
+            continue
+        inside, points = inside[counted], [p[counted] for p in points]
+        value = ref[points[0]] - (ref[points[1]] if before is not None else 0)
+        off = np.where(inside, np.abs(mine - value), np.nan)
+        misses.update(zip(shifts[counted].tolist(), np.nanmedian(off, axis=1).tolist()))
     return misses
 
 

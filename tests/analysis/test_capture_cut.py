@@ -9,13 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from rankscope.analysis import pipeline, simulate
+from rankscope.analysis import matching, pipeline, simulate
 from rankscope.analysis.pipeline import analyze
 from rankscope.analysis.report import Report
 from rankscope.analysis.sources import load_digests
 from rankscope.errors import RankscopeWarning
 
 FITTED = "on the clocks fitted from the other communicators"
+
+
+@pytest.fixture
+def gaps_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gaps across hosts looked at only beyond 1/200 of a gap, and shifted within the 8
+    calls tried: where the work's jitter is a share of the gaps as in most real jobs, not
+    the simulator's µs, they cannot tell a step's calls apart, and the later re-alignments
+    (on fitted clocks, on the coordinator's) must. With the simulator's µs they can:
+    `test_start_cuts_the_gaps_tell_apart_are_realigned_on_them`."""
+    monkeypatch.setattr(matching, "GAP_FLOOR_RATIO", float("inf"))
+    monkeypatch.setattr(matching, "MIN_MOVED_GAPS", 1 << 30)
 
 
 def _cut(folder: Path, ranks: dict[int, int]) -> None:
@@ -55,7 +66,7 @@ def _clock_errors(report: Report, truth: dict) -> tuple[float, float]:
     (2, {r: 1 for r in range(4)}, 3),  # one re-aligned on its gaps: the fit follows the three shifted
 ])
 def test_dp_groups_a_late_capture_shifted_are_realigned_on_the_clocks_fitted_from_the_others(
-        tmp_path: Path, seed: int, cut: dict[int, int], realigned: int) -> None:
+        tmp_path: Path, gaps_alike: None, seed: int, cut: dict[int, int], realigned: int) -> None:
     spec = simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10, seed=seed,
                             stragglers=(simulate.Straggler(5, "compute", 2 * simulate.MS),))
     report, truth = _cut_job(tmp_path, spec, cut)
@@ -66,7 +77,7 @@ def test_dp_groups_a_late_capture_shifted_are_realigned_on_the_clocks_fitted_fro
     assert report.stragglers == [5] and set(report.late_ranks) == {4, 5, 6, 7}  # node 1 waits for rank 5
 
 
-def test_suspects_that_alone_link_the_hosts_are_left_as_matched(tmp_path: Path) -> None:
+def test_suspects_that_alone_link_the_hosts_are_left_as_matched(tmp_path: Path, gaps_alike: None) -> None:
     """Ranks 0 and 1 cut one and two steps: neither DP group re-aligned on its gaps, so no
     calls are left to fit the clocks from; the violations stay, reported."""
     spec = simulate.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=10, seed=0,
@@ -76,7 +87,7 @@ def test_suspects_that_alone_link_the_hosts_are_left_as_matched(tmp_path: Path) 
     assert report.alignment.happens_before_violations > 0
 
 
-def test_a_cut_past_the_shifts_tried_is_not_made_to_agree_on_clocks_whole_steps_off(tmp_path: Path) -> None:
+def test_a_cut_past_the_shifts_tried_is_not_made_to_agree_on_clocks_whole_steps_off(tmp_path: Path, gaps_alike: None) -> None:
     """Node 0 cut 9 of 20 steps, one more than the shifts tried: one DP group is re-aligned on
     its gaps 1 call (8 off), and the others, shifted 1 on clocks fitted from it, agreed with it
     on clocks 52 ms (8 steps) off with no happens-before violation left. A shift that leaves
@@ -112,7 +123,7 @@ def _hinted_job(tmp_path: Path, spec: simulate.JobSpec, ranks: dict[int, int], n
     (4, 4, 0, {r: 9 for r in range(4)}, 20, 4),  # nine steps, one taken on the gaps 8 off: the fit 59 ms off
 ])
 def test_communicators_all_shifted_alike_are_realigned_on_the_coordinators_clock_offsets(
-        tmp_path: Path, tp: int, gpus: int, seed: int, cut: dict[int, int], steps: int, realigned: int) -> None:
+        tmp_path: Path, gaps_alike: None, tp: int, gpus: int, seed: int, cut: dict[int, int], steps: int, realigned: int) -> None:
     spec = simulate.JobSpec(nodes=2, gpus_per_node=gpus, tp=tp, steps=steps, seed=seed,
                             stragglers=(simulate.Straggler(gpus + 1, "compute", 2 * simulate.MS),))
     report, truth = _hinted_job(tmp_path, spec, cut, (500_000, -500_000))
@@ -124,7 +135,7 @@ def test_communicators_all_shifted_alike_are_realigned_on_the_coordinators_clock
     assert report.stragglers == [gpus + 1]
 
 
-def test_hints_that_agree_with_the_fit_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hints_that_agree_with_the_fit_change_nothing(tmp_path: Path, gaps_alike: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cut the gaps and the fitted clocks re-align: the fit agrees with the hints, and the
     matching is not done again on them."""
     monkeypatch.setattr(pipeline, "_realigned_on_hint_clocks", lambda *args: pytest.fail("re-aligned on the hints"))
@@ -135,7 +146,7 @@ def test_hints_that_agree_with_the_fit_change_nothing(tmp_path: Path, monkeypatc
     assert _clock_errors(report, truth)[0] < 10_000
 
 
-def test_hints_too_coarse_for_the_call_spacing_change_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hints_too_coarse_for_the_call_spacing_change_nothing(tmp_path: Path, gaps_alike: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hints 5.2 ms apart from the truth on a 6.6 ms step, far past their ~1 ms: on them no
     shift makes ends miss by under a quarter step, so the re-alignment tried is declined and
     the matching stays as it was, the disagreement warned."""
@@ -182,3 +193,39 @@ def test_kernels_whose_api_range_the_window_cut_off_are_their_streams_communicat
     assert report.alignment.happens_before_violations == 0
     assert _clock_errors(report, truth)[0] < 10_000
     assert [w for w in report.warnings if "taken as the one every other NCCL kernel on their stream names" in w]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_a_window_moved_past_the_shifts_tried_is_realigned_on_the_gaps_of_its_calls(tmp_path: Path, seed: int) -> None:
+    """The last node's window 45 ms (~7 steps, 14 DP calls) later: the members' counts alike,
+    their calls paired 14 off, past the 8 shifts tried, and the DP groups' gaps, one step's
+    work each, alike but for the jitter, within 1/200 of a gap: seed 0's clocks 20 ms off
+    with no happens-before violation, seeds 1 and 3 9 and 27 ms off with 35 and 39. Gaps
+    4x further off than the closest members' are looked at, and a shift further on taken
+    where it clearly fits best."""
+    spec = simulate.JobSpec(nodes=3, gpus_per_node=4, tp=2, steps=14, dp_sharded=True, seed=seed, jitter_ns=3000)
+    _moved(sorted(simulate.simulate(spec, tmp_path)), 45 * simulate.MS)
+    with pytest.warns(RankscopeWarning):
+        report = analyze(load_digests([tmp_path]))
+    assert report.alignment.happens_before_violations == 0
+    assert _clock_errors(report, simulate.truth(spec))[0] < 10_000
+    assert [w for w in report.warnings if "re-aligned on the gaps between end times" in w]
+
+
+@pytest.mark.parametrize(("tp", "gpus", "seed", "cut", "steps"), [
+    (4, 4, 0, {r: 1 for r in range(4)}, 10),  # two of the four DP groups re-aligned on their gaps before too
+    (2, 2, 0, {0: 1, 1: 2}, 10),  # was left as matched, the violations reported
+    (4, 4, 0, {r: 9 for r in range(4)}, 20),  # past the 8 shifts tried: was left as matched
+    (4, 4, 1, {r: 1 for r in range(4)}, 10),  # every DP group one call off: was 6.6 ms off on no violation
+])
+def test_start_cuts_the_gaps_tell_apart_are_realigned_on_them(
+        tmp_path: Path, tp: int, gpus: int, seed: int, cut: dict[int, int], steps: int) -> None:
+    """Start cuts of the tests above, their DP groups' gaps a step apart but for the
+    simulator's µs of jitter, 10x their members' µs when aligned: re-aligned on them."""
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=gpus, tp=tp, steps=steps, seed=seed,
+                            stragglers=(simulate.Straggler(gpus + 1, "compute", 2 * simulate.MS),))
+    report, truth = _cut_job(tmp_path, spec, cut)
+    assert [w for w in report.warnings if "re-aligned on the gaps between end times" in w]
+    assert report.alignment.happens_before_violations == 0
+    assert _clock_errors(report, truth)[0] < 10_000
+    assert report.stragglers == [gpus + 1]
