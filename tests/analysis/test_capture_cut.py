@@ -20,11 +20,12 @@ FITTED = "on the clocks fitted from the other communicators"
 
 @pytest.fixture
 def gaps_alike(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gaps across hosts looked at only beyond 1/200 of a gap, and shifted within the 8
-    calls tried: where the work's jitter is a share of the gaps as in most real jobs, not
-    the simulator's µs, they cannot tell a step's calls apart, and the later re-alignments
-    (on fitted clocks, on the coordinator's) must. With the simulator's µs they can:
-    `test_start_cuts_the_gaps_tell_apart_are_realigned_on_them`."""
+    """The gap stage across hosts as it was before moved windows: a member looked at only
+    beyond 1/200 of a gap, and shifted within the 8 calls tried. The later re-alignments (on
+    fitted clocks, on the coordinator's) are for cuts the gaps cannot tell: where the gaps of
+    one step's calls are alike to within the ends' skew. The simulator's µs of jitter now let
+    the gaps tell these scenarios (`test_start_cuts_the_gaps_tell_apart_are_realigned_on_them`),
+    so the tests of the later stages run with the new rules off, on the same scenarios."""
     monkeypatch.setattr(matching, "GAP_FLOOR_RATIO", float("inf"))
     monkeypatch.setattr(matching, "MIN_MOVED_GAPS", 1 << 30)
 
@@ -87,7 +88,8 @@ def test_suspects_that_alone_link_the_hosts_are_left_as_matched(tmp_path: Path, 
     assert report.alignment.happens_before_violations > 0
 
 
-def test_a_cut_past_the_shifts_tried_is_not_made_to_agree_on_clocks_whole_steps_off(tmp_path: Path, gaps_alike: None) -> None:
+def test_a_cut_past_the_shifts_tried_is_not_made_to_agree_on_clocks_whole_steps_off(
+        tmp_path: Path, gaps_alike: None) -> None:
     """Node 0 cut 9 of 20 steps, one more than the shifts tried: one DP group is re-aligned on
     its gaps 1 call (8 off), and the others, shifted 1 on clocks fitted from it, agreed with it
     on clocks 52 ms (8 steps) off with no happens-before violation left. A shift that leaves
@@ -123,7 +125,8 @@ def _hinted_job(tmp_path: Path, spec: simulate.JobSpec, ranks: dict[int, int], n
     (4, 4, 0, {r: 9 for r in range(4)}, 20, 4),  # nine steps, one taken on the gaps 8 off: the fit 59 ms off
 ])
 def test_communicators_all_shifted_alike_are_realigned_on_the_coordinators_clock_offsets(
-        tmp_path: Path, gaps_alike: None, tp: int, gpus: int, seed: int, cut: dict[int, int], steps: int, realigned: int) -> None:
+        tmp_path: Path, gaps_alike: None, tp: int, gpus: int, seed: int, cut: dict[int, int], steps: int,
+        realigned: int) -> None:
     spec = simulate.JobSpec(nodes=2, gpus_per_node=gpus, tp=tp, steps=steps, seed=seed,
                             stragglers=(simulate.Straggler(gpus + 1, "compute", 2 * simulate.MS),))
     report, truth = _hinted_job(tmp_path, spec, cut, (500_000, -500_000))
@@ -135,7 +138,8 @@ def test_communicators_all_shifted_alike_are_realigned_on_the_coordinators_clock
     assert report.stragglers == [gpus + 1]
 
 
-def test_hints_that_agree_with_the_fit_change_nothing(tmp_path: Path, gaps_alike: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hints_that_agree_with_the_fit_change_nothing(tmp_path: Path, gaps_alike: None,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A cut the gaps and the fitted clocks re-align: the fit agrees with the hints, and the
     matching is not done again on them."""
     monkeypatch.setattr(pipeline, "_realigned_on_hint_clocks", lambda *args: pytest.fail("re-aligned on the hints"))
@@ -146,7 +150,8 @@ def test_hints_that_agree_with_the_fit_change_nothing(tmp_path: Path, gaps_alike
     assert _clock_errors(report, truth)[0] < 10_000
 
 
-def test_hints_too_coarse_for_the_call_spacing_change_nothing(tmp_path: Path, gaps_alike: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hints_too_coarse_for_the_call_spacing_change_nothing(tmp_path: Path, gaps_alike: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Hints 5.2 ms apart from the truth on a 6.6 ms step, far past their ~1 ms: on them no
     shift makes ends miss by under a quarter step, so the re-alignment tried is declined and
     the matching stays as it was, the disagreement warned."""
