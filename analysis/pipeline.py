@@ -219,8 +219,7 @@ def _realigned_on_fitted_clocks(
     again = rematch(matching.FittedEnds(suspects, fitted.align(events["host"], events["end_ns"])))
     if again.realigned == matched.realigned:
         return None
-    model = _on_clock(again.events, hosts, clock_hints)  # its own events: ``matched``'s stay as they were
-    checked = clock.happens_before(again.events)
+    model, checked = _checked(again, hosts, clock_hints)
     if checked.violations >= hb.violations:  # no better: the shift the clocks told is in doubt too
         return None
     return again, model, checked
@@ -253,11 +252,18 @@ def _realigned_on_hint_clocks(
                                         clock.HINT_UNCERTAINTY_NS))
     if np.array_equal(again.events["instance"], events["instance"]):
         return None
-    model = _on_clock(again.events, hosts, clock_hints)  # its own events: ``matched``'s stay as they were
-    checked = clock.happens_before(again.events)
+    model, checked = _checked(again, hosts, clock_hints)
     if model.off_hints or checked.violations > hb.violations:
         return None
     return again, model, checked
+
+
+def _checked(again: matching.Matching, hosts: list[str], clock_hints: Mapping[str, int] | None,
+             ) -> tuple[clock.ClockModel, clock.HappensBefore]:
+    """A re-alignment's clocks and happens-before check, on its own events (the matching it
+    was tried against keeps its own): what the re-alignment is kept or dropped on."""
+    model = _on_clock(again.events, hosts, clock_hints)
+    return model, clock.happens_before(again.events)
 
 
 def _known_sizes(matched: matching.Matching, missing: list[int], notes: list[str]) -> dict[str, int]:
