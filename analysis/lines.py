@@ -92,6 +92,16 @@ class _Lines:
     judged: np.ndarray
     ends: np.ndarray
 
+    @property
+    def line_of(self) -> np.ndarray:
+        """Per position in ``rows``, its line."""
+        return np.arange(len(self.size)).repeat(self.size)
+
+    def keyed(self, values: np.ndarray) -> np.ndarray:
+        """Per-position ``values`` offset by line, so that values ascending within each line
+        ascend throughout: one search finds a value on any line."""
+        return values + (values.max() + 1.0) * self.line_of
+
 
 @dataclass(frozen=True)
 class _Split:
@@ -415,7 +425,7 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.
     ends = lines.ends
     # Offset by line, the ends ascend throughout (a stream runs its calls in turn): one search
     # finds a call on any line by its end (to ~100 ns past 1e18: calls are us apart).
-    keyed = ends + (ends.max() + 1.0) * np.arange(len(lines.size)).repeat(lines.size)
+    keyed = lines.keyed(ends)
     gaps = _gaps(lines)
     edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
     for lo in range(0, len(first), _CHUNK):
@@ -559,14 +569,12 @@ class _Gaps:
 
 def _gaps(lines: _Lines) -> _Gaps:
     """The lines' gaps (`_Gaps`)."""
-    line_of = np.arange(len(lines.size)).repeat(lines.size)
     gap = np.append(np.diff(lines.ends), 0.0)
     last = lines.starts + lines.size - 1
     gap[last] = 0.0  # past its line: to the next line's first call
     gap[last] = np.maximum.reduceat(gap, lines.starts)
-    offset = (gap.max() + 1.0) * line_of
-    order = np.lexsort((gap, line_of))
-    return _Gaps(gap=gap, order=order, keyed=(gap + offset)[order])
+    order = np.lexsort((gap, lines.line_of))
+    return _Gaps(gap=gap, order=order, keyed=lines.keyed(gap)[order])
 
 
 def _nearest(lines: _Lines, keyed: np.ndarray, line: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -601,7 +609,7 @@ def _middle_mean(values: np.ndarray) -> np.ndarray:
 def _pooled(lines: _Lines, comm: np.ndarray) -> np.ndarray:
     """Per line, whether its rank has another line in one of its op groups: calls of several
     communicators grouped as one, unless told apart."""
-    line_of = np.arange(len(lines.size)).repeat(lines.size)
+    line_of = lines.line_of
     distinct = Groups(lines.rank[line_of], comm[lines.rows], lines.stream[line_of])
     streams = Groups(*distinct.keys[:2], ordered=True)  # per (rank, op group): its streams
     out = np.zeros(len(lines.size), bool)
@@ -617,7 +625,7 @@ def _declined(lines: _Lines, members: np.ndarray, pooled: np.ndarray, comm_ids: 
     ranks = np.unique(lines.rank[members]).size
     if ranks < 2 or not (pooled[members].any() or split.apart_ns > TOGETHER_NS):
         return None
-    line_of = np.arange(len(pooled)).repeat(lines.size)
+    line_of = lines.line_of
     groups = comm_ids[np.unique(comm[lines.rows[in_sorted(line_of, members)]])].tolist()
     several = np.unique(lines.rank[members[pooled[members]]]).tolist()
     where = f"; rank{'s' if len(several) > 1 else ''} {ranks_text(several)} on several" if several else ""
@@ -633,7 +641,7 @@ def _names(lines: _Lines, label: np.ndarray, collectives: Table) -> np.ndarray:
     names = np.full(len(label), "", dtype=object)
     inferred = np.flatnonzero(label >= 0)
     op, op_ids = codes(collectives["op"])
-    line_of = np.arange(len(label)).repeat(lines.size)
+    line_of = lines.line_of
     used = Groups(label[line_of], op[lines.rows])  # (communicator, op) pairs: few
     ops: dict[int, list[str]] = {}
     for root, code in zip(used.keys[0].tolist(), used.keys[1].tolist()):
@@ -662,7 +670,7 @@ def _members(ranks: list[int]) -> str:
 def _renamed(collectives: Table, lines: _Lines, names: np.ndarray) -> dict[str, ArrayLike]:
     """The collectives with the inferred lines' calls under their communicator's name,
     numbered in call order on the line."""
-    line_of = np.arange(len(names)).repeat(lines.size)
+    line_of = lines.line_of
     moved = names[line_of] != ""
     rows = lines.rows[moved]
     out = dict(collectives)
