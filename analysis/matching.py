@@ -14,6 +14,7 @@ communicator, send pairing with recv.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -29,6 +30,14 @@ MIN_MOVED_GAPS = 6  # gaps a shift past those must compare at least (and a third
 MAX_MOVED_SHIFT = 512  # calls, the most a moved window's gaps are searched either way (cost: shifts x gaps)
 _CELLS = 1 << 20  # (shift, call) pairs compared at once
 GAP_FLOOR_RATIO = 4  # a member's gaps this much further from its reference's than the closest member's: a look
+
+
+class _Fit(Enum):
+    """How well the shift `_best_gap_shift` found fits a member's gaps."""
+
+    CLEAR = "clear"  # taken
+    TURNS = "turns"  # clearly closer than unshifted, not than another shift (roots taking turns?): warned
+    WEAK = "weak"  # only 2x closer than unshifted: left alone
 
 
 @dataclass
@@ -547,7 +556,7 @@ def _shift_ordinals_across_hosts(
     suspect = checked.keys[0][(miss > spacing[ref_of[checked.keys[0]]] / 200) | (miss > GAP_FLOOR_RATIO * floor)]
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
-    found = {}  # member -> (the shift its gaps fit, whether clearly)
+    found = {}  # member -> (the shift its gaps fit, how well)
     for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
         mine = (group[at] == i)
         theirs = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
@@ -555,15 +564,15 @@ def _shift_ordinals_across_hosts(
                                    rooted=not paired[rc[i]])
     # One that fits a shift but not clearly takes it where a member on its host (its clock, and
     # mostly its capture window) clearly fits the same: its own gaps point there too.
-    clear = {(rc[i], host_of[i], shift) for i, (shift, sure) in found.items() if sure}
+    clear = {(rc[i], host_of[i], shift) for i, (shift, fit) in found.items() if fit is _Fit.CLEAR}
     shifted = set()
     unsure: dict[tuple[int, int], list[int]] = {}  # (communicator, reference) -> ranks no shift clearly fits
-    for i, (shift, sure) in found.items():
+    for i, (shift, fit) in found.items():
         if not shift:
             continue
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
-        if not sure and (rc[i], host_of[i], shift) not in clear:
-            if sure is None:  # only somewhat closer than unshifted, and no member on its host clearly fits it
+        if fit is not _Fit.CLEAR and (rc[i], host_of[i], shift) not in clear:
+            if fit is _Fit.WEAK:  # and no member on its host clearly fits it
                 continue
             unsure.setdefault((int(rc[i]), int(rr[j])), []).append(int(rr[i]))
             continue
@@ -590,16 +599,16 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray, rooted: bool = False) -> tuple[int, bool | None]:
+                    ref_joint: np.ndarray, rooted: bool = False) -> tuple[int, _Fit]:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
     s further on (both ends of calls that end together) than unshifted; 0 where none is.
-    And whether s is sure: for gaps between ``rooted`` calls, whether it is clearly closer
-    than every other shift too. Those (a broadcast's root ends apart from its receivers)
-    agree only while each member keeps its role: where roots take turns they miss by the
-    roles' lag at the right shift as at the wrong ones, and one comes out closest by chance.
-    A shift only 2x closer than unshifted is None, not sure: taken where a member on this
-    one's host (its window) clearly fits it (`_shift_ordinals_across_hosts`), else not."""
+    And how well it fits: for gaps between ``rooted`` calls, CLEAR only where it is clearly
+    closer than every other shift too, else TURNS. Those (a broadcast's root ends apart from
+    its receivers) agree only while each member keeps its role: where roots take turns they
+    miss by the roles' lag at the right shift as at the wrong ones, and one comes out closest
+    by chance. A shift only 2x closer than unshifted is WEAK. TURNS and WEAK are taken where
+    a member on this one's host (its window) clearly fits the same (`_shift_ordinals_across_hosts`)."""
     misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(1, len(gaps) // 2), before=first)
     # A window moved (started and stopped late alike) pairs calls any number off, the counts
     # alike: shifts further on too, each comparing fewer gaps, taken only clearly best.
@@ -607,16 +616,16 @@ def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_e
                             min(len(ref_ends), MAX_MOVED_SHIFT), before=first, nearest=_NEAR_SHIFTS + 1)
     best = min(misses, key=misses.get, default=0)
     if 0 not in misses:
-        return 0, True
+        return 0, _Fit.CLEAR
     far = min(farther, key=farther.get, default=None)
     if far is not None and farther[far] < misses[best]:
         others = [miss for shift, miss in (*misses.items(), *farther.items()) if shift != far]
         if 4 * farther[far] < min(others, default=np.inf):
-            return far, True
+            return far, _Fit.CLEAR
     if 4 * misses[best] >= misses[0]:
-        return (best, None) if best and 2 * misses[best] < misses[0] else (0, True)
+        return (best, _Fit.WEAK) if best and 2 * misses[best] < misses[0] else (0, _Fit.CLEAR)
     runner_up = min(miss for shift, miss in misses.items() if shift != best)
-    return best, not rooted or 4 * misses[best] < runner_up
+    return best, _Fit.CLEAR if not rooted or 4 * misses[best] < runner_up else _Fit.TURNS
 
 
 def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together: np.ndarray,
