@@ -691,17 +691,21 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
 
 
 def _on_their_devices(served: Columns, nccl: Columns, device: np.ndarray) -> Columns:
-    """``served`` less the calls on a communicator of another GPU than their kernel's (its
+    """``served`` less the calls on a communicator of other GPUs than their kernel's (its
     ``device``, indexed by kernel): one thread may drive several GPUs' communicators in one
-    group (ncclCommInitAll), and each GPU's kernel serves its own communicators' calls. A
-    communicator's GPU is the one its process's CommInitRank or CommSplit payload names;
-    calls on communicators of no traced GPU stay with every kernel of their group."""
+    group, and each GPU's kernel serves its own communicators' calls. A communicator's GPUs
+    are those its process's CommInitRank or CommSplit payloads name: one process may be
+    several members of one communicator (ncclCommInitAll gives every GPU one unique id, so
+    one communicator id), and then its calls are each of those GPUs' kernels'. Calls on
+    communicators of no traced GPU stay with every kernel of their group."""
     creates = nccl["creates"] & ~nccl["cuda_device_na"] & ~nccl["comm_na"]
     if not creates.any():
         return served
     row = served["row"]
-    at = _first_match((nccl["process"][creates], nccl["comm"][creates]), (nccl["process"][row], nccl["comm"][row]))
-    elsewhere = (at >= 0) & ~nccl["comm_na"][row] & (_take(nccl["cuda_device"][creates], at, -1) != device[served["kernel"]])
+    process, comm = (nccl["process"][creates], nccl["comm"][creates]), (nccl["process"][row], nccl["comm"][row])
+    created = _first_match(process, comm) >= 0
+    here = _first_match((*process, nccl["cuda_device"][creates]), (*comm, device[served["kernel"]])) >= 0
+    elsewhere = created & ~nccl["comm_na"][row] & ~here
     return {key: values[~elsewhere] for key, values in served.items()}
 
 

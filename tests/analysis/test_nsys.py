@@ -341,6 +341,33 @@ def test_a_group_over_two_gpus_gives_each_gpus_kernel_its_own_communicators_call
     assert mate["bytes"].tolist() == [2048] and mate["op"].tolist() == ["send"] and mate["comm_id"].tolist() == [f"{COMM:016x}"]
 
 
+def test_a_communicator_a_process_set_up_on_two_gpus_gives_each_gpus_kernel_its_calls(torchrun: Path, tmp_path: Path) -> None:
+    # ncclCommInitAll gives each GPU of a process one unique id, so one communicator id
+    # (commHash): pid 144 is ranks 1 (GPU 0) and 2 (GPU 1) of COMM, pid 145 rank 0. The GPU 1
+    # kernel was given none of its group's calls (the first CommInitRank's GPU took them all),
+    # and was left as an 'inferred:sendrecv' communicator of its own.
+    path = tmp_path / "init_all.sqlite"
+    _with_payloads(torchrun, path)
+    with sqlite3.connect(path) as db:
+        inits = dict(db.execute("SELECT (globalTid >> 24) & 16777215, rowid FROM NVTX_EVENTS WHERE textId = (SELECT id "
+                                "FROM StringIds WHERE value = 'ncclCommInitRank')"))
+        for pid, rank, device in ((144, 1, 0), (145, 0, 1)):
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = ? WHERE rowid = ?",
+                       (_blob(16777218, struct.pack("<Qiii", COMM, 3, rank, device) + b"\0" * 4), inits[pid]))
+        db.execute("INSERT INTO NVTX_EVENTS (start, \"end\", eventType, globalTid, textId, domainId, binaryData) "
+                   "SELECT start + 100, \"end\" + 100, eventType, globalTid, textId, domainId, ? FROM NVTX_EVENTS "
+                   "WHERE rowid = ?", (_blob(16777218, struct.pack("<Qiii", COMM, 3, 2, 1) + b"\0" * 4), inits[144]))
+    _second_kernel_in_group(path, 144, 1)
+    table = nsys.read_nsys(path)
+    assert sorted(zip(table.column("pid").to_pylist(), table.column("gpu").to_pylist(), table.column("rank").to_pylist())) \
+        == [(144, "pid:144/cuda:0", 1), (144, "pid:144/cuda:1", 2), (145, "pid:145/cuda:1", 0)]
+    coll = _collectives(table)
+    gpu1 = coll[coll["rank"] == 2]
+    assert gpu1["op"].tolist() == ["sendrecv"] and gpu1["comm_id"].tolist() == [f"{COMM:016x}"]
+    assert gpu1["bytes"].isna().all()  # the group's calls are both GPUs': which ran which, the export does not say
+    assert set(coll["comm_id"]) == {f"{COMM:016x}"}
+
+
 @pytest.mark.parametrize("payloads", [False, True])
 def test_a_launcher_environment_names_neither_world_nor_rank_of_the_ranks_it_launched(torchrun: Path, tmp_path: Path, payloads: bool) -> None:
     # `srun -n1 nsys profile torchrun --nproc_per_node=2`: the captured environment is
