@@ -320,34 +320,57 @@ def read_spec(path: Path | str) -> JobSpec:
 # --------------------------------------------------------------------------- public entry
 
 
-_EXPORT_NAME = re.compile(r".+_rank\d{5}\.(sqlite|json)")  # what export_name gives, for any job
+_EXPORT_NAME = re.compile(r".+_(rank|node)\d{5}\.(sqlite|json)")  # what export_name gives, for any job
 
 
 def export_name(spec: JobSpec, rank: int, fmt: str) -> str:
+    """The file holding ``rank``: its own, or its node's (``spec.node_process``)."""
     suffix = {"nsys": "sqlite", "kineto": "json"}[fmt]
+    if spec.node_process:
+        return f"{spec.job_id}_node{rank // spec.gpus_per_node:05d}.{suffix}"
     return f"{spec.job_id}_rank{rank:05d}.{suffix}"
+
+
+def _files(spec: JobSpec, nodes: Sequence[int], fmt: str) -> dict[str, list[int]]:
+    """Each export of these nodes, by name, with the ranks it holds (in rank order)."""
+    files: dict[str, list[int]] = {}
+    for node in sorted(set(nodes)):
+        for rank in range(node * spec.gpus_per_node, (node + 1) * spec.gpus_per_node):
+            files.setdefault(export_name(spec, rank, fmt), []).append(rank)
+    return files
 
 
 def simulate(spec: JobSpec, outdir: Path | str, *, nodes: Sequence[int] | None = None,
              fmt: str = "nsys", progress: bool = False) -> list[Path]:
-    """Write one export per rank of the chosen nodes (all by default); returns their paths.
-    With ``progress``, a counter of the exports written is drawn on stderr where it is a terminal."""
-    if fmt not in FORMATS:
-        raise ConfigError(f"simulate: format {fmt!r} is not one of {', '.join(FORMATS)}")
+    """Write one export per rank of the chosen nodes (all by default), or per node where one
+    process drives its GPUs (``spec.node_process``); returns their paths. With ``progress``,
+    a counter of the exports written is drawn on stderr where it is a terminal."""
+    _check_format(spec, fmt)
     chosen = range(spec.nodes) if nodes is None else list(nodes)
     for node in chosen:
         if not 0 <= node < spec.nodes:
             raise ConfigError(f"simulate: node {node} outside 0..{spec.nodes - 1}")
     outdir = output.make_folder(Path(outdir))
     view = _RankView.prepare(spec)
-    write = write_nsys if fmt == "nsys" else write_kineto
-    ranks = [node * spec.gpus_per_node + local for node in sorted(set(chosen)) for local in range(spec.gpus_per_node)]
+    files = _files(spec, chosen, fmt)
     paths = []
-    for rank in counted(ranks, len(ranks), f"writing {fmt} exports") if progress else ranks:
-        path = outdir / export_name(spec, rank, fmt)
-        write(view.rank(rank), path)
+    for name in counted(files, len(files), f"writing {fmt} exports") if progress else files:
+        path = outdir / name
+        ranks = [view.rank(rank) for rank in files[name]]
+        if fmt == "nsys":
+            write_nsys(ranks, path)
+        else:
+            write_kineto(ranks[0], path)  # one per rank
         paths.append(path)
     return paths
+
+
+def _check_format(spec: JobSpec, fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ConfigError(f"simulate: format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if spec.node_process and fmt != "nsys":
+        raise ConfigError("simulate: a PyTorch profiler trace is one process per GPU: one process per node is "
+                          "written as nsys exports only")
 
 
 @dataclass
@@ -448,6 +471,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fsdp", action="store_true",
                    help="shard DP as FSDP/ZeRO-3: an AllGather and a ReduceScatter of each rank's shard per step, "
                         "not one AllReduce")
+    p.add_argument("--one-process-per-node", action="store_true",
+                   help="one process drives every GPU of its node, a thread each (JAX; one Slurm task per node): "
+                        "an nsys export per node")
     p.add_argument("--slow-link", type=int, action="append", default=[], metavar="RANK",
                    help=f"this rank's network link runs at {SLOW_LINK_SHARE:g} of the bandwidth; repeatable")
     p.add_argument("--seed", type=int, default=0, help="the random draws' seed: a seed writes the same job (default: 0)")
@@ -467,9 +493,7 @@ def _check_outdir(spec: JobSpec, outdir: Path, nodes: Sequence[int] | None, fmt:
     if not outdir.is_dir():
         return
     every = nodes is None or _same_job(spec, outdir / "truth.json")
-    chosen = range(spec.nodes) if every else nodes
-    written = {export_name(spec, node * spec.gpus_per_node + local, fmt)
-               for node in chosen for local in range(spec.gpus_per_node)}
+    written = _files(spec, range(spec.nodes) if every else nodes, fmt)
     try:
         names = [p.name for p in outdir.iterdir()]
     except OSError as exc:
@@ -494,9 +518,10 @@ def _run_cli(args: argparse.Namespace) -> int:
         stragglers=tuple(args.straggler), max_offset_ns=int(round(args.max_offset_ms * MS)),
         max_drift_ppm=args.max_drift_ppm, jitter_ns=int(round(args.jitter_us * US)),
         tp_collectives=args.tp_collectives, barrier=args.barrier, dp_sharded=args.fsdp,
-        slow_links=tuple(args.slow_link), seed=args.seed,
+        slow_links=tuple(args.slow_link), node_process=args.one_process_per_node, seed=args.seed,
         job_id=args.job_id,
     )
+    _check_format(spec, args.format)  # before the folder: what is asked cannot be written anywhere
     _check_outdir(spec, args.outdir, args.only_nodes, args.format)
     truth_file = args.outdir / "truth.json"
     try:

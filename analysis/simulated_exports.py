@@ -6,7 +6,8 @@ Each writer takes one rank's `RankTimes` (its events on its node's clock) and a 
   3.25.0 (reference/nsys-export.md; ``NSYS_DDL`` says where each table is from):
   session-relative timestamps, ``utcEpochNs`` = the node clock at session start, NCCL
   2.27 NVTX ranges with their payloads as exported with ``--include-blobs=true``
-  (reference/nccl-in-traces.md §1).
+  (reference/nccl-in-traces.md §1). Of one rank's process, or of one process driving
+  every GPU of its node (JAX; one task per node), a thread per GPU.
 - ``write_kineto``: a Kineto (PyTorch profiler) JSON trace, times in µs relative to
   ``baseTimeNanoseconds``, each NCCL call as torch records it (reference/nccl-in-traces.md §4).
 
@@ -22,7 +23,7 @@ import hashlib
 import json
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -453,28 +454,40 @@ def _iso(utc_ns: int) -> str:
 
 @dataclass(frozen=True)
 class _Process:
-    """The rank's process and main thread as nsys serializes them (nsys-export.md §4)."""
+    """The process and the thread driving one rank's GPU, as nsys serializes them
+    (nsys-export.md §4): its main thread, or the process's ``thread``-th after it."""
 
     pid: int
     gpid: int
     gtid: int
 
     @classmethod
-    def of(cls, spec: JobSpec, rank: int) -> _Process:
+    def of(cls, spec: JobSpec, rank: int, thread: int = 0) -> _Process:
         pid = _pid(spec, rank)
         gpid = global_pid(pid)
-        return cls(pid, gpid, gpid | pid)
+        return cls(pid, gpid, gpid | (pid + thread))
 
 
-def write_nsys(rt: RankTimes, path: Path) -> None:
+def write_nsys(ranks: Sequence[RankTimes], path: Path) -> None:
+    """One process's export: of one rank, or of several ranks of a node (one process
+    driving their GPUs, a thread each), on one session start, the earliest of theirs."""
+    base = min(rt.session_local for rt in ranks)
+    ranks = [replace(rt, session_local=base) for rt in ranks]
     strings = _Strings()
-    proc = _Process.of(rt.spec, rt.rank)
-    launches = _launches(rt)
+    procs = [_Process.of(rt.spec, ranks[0].rank, rt.local - ranks[0].local) for rt in ranks]
+    kernels, launched, nvtx = [], [], []
+    first_id = 1  # CUDA correlation ids are the process's
+    for rt, proc in zip(ranks, procs):
+        launches = _launches(rt)
+        kernels += _kernel_rows(rt, launches, strings, proc, first_id)
+        launched += _runtime_rows(launches, strings, proc, first_id)
+        nvtx += _nvtx_rows(rt, strings, proc, domain=proc is procs[0])
+        first_id += len(launches.kind)
     tables = {
-        "CUPTI_ACTIVITY_KIND_KERNEL": _kernel_rows(rt, launches, strings, proc),
-        "CUPTI_ACTIVITY_KIND_RUNTIME": _runtime_rows(launches, strings, proc),
-        "NVTX_EVENTS": _nvtx_rows(rt, strings, proc),
-        **_target_rows(rt, strings, proc, path),
+        "CUPTI_ACTIVITY_KIND_KERNEL": (_KERNEL_COLUMNS, kernels),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": (_RUNTIME_COLUMNS, launched),
+        "NVTX_EVENTS": (_NVTX_COLUMNS, nvtx),
+        **_target_rows(ranks, strings, procs, path),
     }
     tables = {"StringIds": ([], strings.rows()), **tables}  # complete only now
     with output.replacing(path) as tmp:
@@ -559,35 +572,36 @@ def _kernel_types(rt: RankTimes, strings: _Strings) -> list[tuple]:
     return types
 
 
-def _kernel_rows(rt: RankTimes, launches: _Launches, strings: _Strings,
-                 proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
+def _kernel_rows(rt: RankTimes, launches: _Launches, strings: _Strings, proc: _Process, first_id: int) -> list[tuple]:
     n = len(launches.kind)
     attrs = np.array(_kernel_types(rt, strings), dtype=np.int64)[launches.kind].T.tolist()
     stream, dem, short, man, gx, gy, gz, bx, by, bz, regs, static, dynamic = attrs
     const = [[value] * n for value in (rt.local, 1, 0)]  # deviceId, contextId, greenContextId
-    ids = np.arange(1, n + 1).tolist()
-    rows = list(zip(
+    ids = np.arange(first_id, first_id + n).tolist()
+    return list(zip(
         launches.start.tolist(), launches.end.tolist(), *const, stream, ids, [proc.gpid] * n, dem, short, man,
         [1] * n, [0] * n, regs, gx, gy, gz, bx, by, bz, static, dynamic, [0] * n, [0] * n,
-        (np.arange(n) + 1000).tolist(), dynamic, [1] * n, ["[]"] * n,
+        (np.arange(first_id, first_id + n) + 1000).tolist(), dynamic, [1] * n, ["[]"] * n,
     ))
-    return _KERNEL_COLUMNS, rows
 
 
-def _runtime_rows(launches: _Launches, strings: _Strings, proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
+_RUNTIME_COLUMNS = ("start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue")
+
+
+def _runtime_rows(launches: _Launches, strings: _Strings, proc: _Process, first_id: int) -> list[tuple]:
     n = len(launches.kind)
     # NCCL 2.27 launches with the driver API (eventClass 1), PyTorch ops with the runtime (0).
     name = np.where(launches.nccl, strings("cuLaunchKernelEx"), strings("cudaLaunchKernel_v7000"))
-    columns = ("start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue")
-    rows = list(zip(launches.api_start.tolist(), launches.api_end.tolist(), launches.nccl.astype(int).tolist(),
-                    [proc.gtid] * n, range(1, n + 1), name.tolist(), [0] * n))
-    return columns, rows
+    return list(zip(launches.api_start.tolist(), launches.api_end.tolist(), launches.nccl.astype(int).tolist(),
+                    [proc.gtid] * n, range(first_id, first_id + n), name.tolist(), [0] * n))
 
 
 _NVTX_COLUMNS = ("start", "end", "eventType", "text", "globalTid", "textId", "domainId", "binaryData")
 
 
-def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process) -> tuple[tuple[str, ...], list[tuple]]:
+def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process, domain: bool) -> list[tuple]:
+    """The rank's NCCL ranges and steps on its thread; with ``domain``, the process's NCCL
+    domain too (once per process)."""
     spec, base = rt.spec, rt.session_local
     S, P = rt.arrival.shape
     me = np.array([rt.rank])
@@ -601,7 +615,7 @@ def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process) -> tuple[tuple[
 
     # The NCCL domain is created just before the first communicator.
     rows: list[tuple] = [(int(rt.comm_init[0, 0]) - base - 5 * MS, None, NVTX_DOMAIN_CREATE, "NCCL", proc.gtid,
-                          None, NCCL_DOMAIN_ID, None)]
+                          None, NCCL_DOMAIN_ID, None)] if domain else []
     init = np.zeros(len(rt.comm_kinds), dtype=_INIT_PAYLOAD)
     for c, kind in enumerate(rt.comm_kinds):
         group = int(group_of(spec, kind, me)[0])
@@ -620,12 +634,13 @@ def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process) -> tuple[tuple[
         blobs[:, p] = _blobs(api.schema, call)
     rows += ranges(rt.api_start, rt.api_end, None, names.ravel().tolist(), NCCL_DOMAIN_ID, blobs.ravel().tolist())
     rows += ranges(rt.step_start, rt.step_end, [f"step {s}" for s in range(S)], None, 0, None)
-    return _NVTX_COLUMNS, rows
+    return rows
 
 
-def _target_rows(rt: RankTimes, strings: _Strings, proc: _Process,
+def _target_rows(ranks: Sequence[RankTimes], strings: _Strings, procs: Sequence[_Process],
                  path: Path) -> dict[str, tuple[tuple[str, ...], list[tuple]]]:
     """Payload schemas, target, process and capture metadata (full rows, no column list)."""
+    rt, proc = ranks[0], procs[0]
     spec = rt.spec
     host = host_name(spec, rt.node)
     utc = rt.session_utc_ns
@@ -639,7 +654,7 @@ def _target_rows(rt: RankTimes, strings: _Strings, proc: _Process,
              65535, 65535, 9, 0, 9, 0) for g in range(spec.gpus_per_node)]
     # The process sees every GPU of its node (torchrun, no CUDA_VISIBLE_DEVICES) and uses its local rank's.
     cuda_devices = [(g, g, proc.pid, gpu_uuid(spec, rt.node, g), 132) for g in range(spec.gpus_per_node)]
-    session_end = int(rt.end.max()) + 50 * MS
+    session_end = max(int(each.end.max()) for each in ranks) + 50 * MS
     return {name: ((), rows) for name, rows in {
         "NVTX_PAYLOAD_SCHEMAS": schemas,
         "NVTX_PAYLOAD_SCHEMA_ENTRIES": entries,
@@ -650,23 +665,27 @@ def _target_rows(rt: RankTimes, strings: _Strings, proc: _Process,
         "TARGET_INFO_GPU": gpus,
         "TARGET_INFO_CUDA_DEVICE": cuda_devices,
         "PROCESSES": [(proc.gpid, proc.pid, "python3")],
-        "ThreadNames": [(strings("python3"), 20, proc.gtid),
-                        (strings("pt_nccl_watchdg"), 20, proc.gpid | (proc.pid + 57))],
+        "ThreadNames": [(strings("python3"), 20, each.gtid) for each in procs]
+        + [(strings("pt_nccl_watchdg"), 20, proc.gpid | (proc.pid + 57))],
         "ENUM_NSYS_EVENT_TYPE": _EVENT_TYPES,
         "ENUM_NSYS_EVENT_CLASS": _EVENT_CLASSES,
-        "META_DATA_CAPTURE": _meta_capture(rt, session_end - rt.session_local),
+        "META_DATA_CAPTURE": _meta_capture(rt, session_end - rt.session_local, len(ranks) > 1),
         "META_DATA_EXPORT": _meta_export(rt, path, utc),
     }.items()}
 
 
-def _meta_capture(rt: RankTimes, duration_ns: int) -> list[tuple[str, str]]:
+def _meta_capture(rt: RankTimes, duration_ns: int, node_process: bool) -> list[tuple[str, str]]:
     spec = rt.spec
-    env = {
-        "RANK": rt.rank, "LOCAL_RANK": rt.local, "WORLD_SIZE": spec.world_size,
-        "LOCAL_WORLD_SIZE": spec.gpus_per_node, "GROUP_RANK": rt.node, "MASTER_ADDR": host_name(spec, 0),
-        "MASTER_PORT": 29500, "SLURM_JOB_ID": spec.job_id, "SLURM_PROCID": rt.rank, "SLURM_LOCALID": rt.local,
-        "SLURM_NODEID": rt.node, "SLURM_NTASKS": spec.world_size, "NCCL_DEBUG": "WARN",
-    }
+    if node_process:  # one Slurm task per node, no torchrun
+        env = {"SLURM_JOB_ID": spec.job_id, "SLURM_PROCID": rt.node, "SLURM_LOCALID": 0, "SLURM_NODEID": rt.node,
+               "SLURM_NTASKS": spec.nodes, "NCCL_DEBUG": "WARN"}
+    else:
+        env = {
+            "RANK": rt.rank, "LOCAL_RANK": rt.local, "WORLD_SIZE": spec.world_size,
+            "LOCAL_WORLD_SIZE": spec.gpus_per_node, "GROUP_RANK": rt.node, "MASTER_ADDR": host_name(spec, 0),
+            "MASTER_PORT": 29500, "SLURM_JOB_ID": spec.job_id, "SLURM_PROCID": rt.rank, "SLURM_LOCALID": rt.local,
+            "SLURM_NODEID": rt.node, "SLURM_NTASKS": spec.world_size, "NCCL_DEBUG": "WARN",
+        }
     session_uuid = hashlib.blake2b(f"{spec.job_id}/{spec.seed}/{rt.rank}".encode(), digest_size=16).hexdigest()
     rows = [("DEVICE_ID", "Local (CLI)"), ("CAPTURE_EVENT_TYPE", "NvtxEvents"), ("CAPTURE_EVENT_TYPE", "Cuda"),
             ("DEVICE_DISPLAY_NAME", host_name(spec, rt.node)), ("PROCESS_0:COMMAND", "python3"),

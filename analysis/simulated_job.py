@@ -79,6 +79,9 @@ class JobSpec:
     dp_sharded: bool = False
     barrier: bool = False  # a small world AllReduce closing each step
     slow_links: tuple[int, ...] = ()  # ranks whose network link runs at simulate.SLOW_LINK_SHARE of the inter-node bandwidth
+    # One process drives every GPU of its node, a thread each (JAX; one Slurm task per node):
+    # an export per node, its ranks told apart by device and NCCL's CommInitRank payloads.
+    node_process: bool = False
     seed: int = 0
     job_id: str = "sim"
     start_utc_ns: int = 1_780_000_000_000_000_000  # true UTC of t0 (first step)

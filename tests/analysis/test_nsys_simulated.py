@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import subprocess
 import sys
@@ -117,6 +118,32 @@ def test_rank_from_world_communicator_payload_when_environment_was_discarded(tmp
     assert table.column("rank").to_pylist() == [3]
     assert table.column("rank_source").to_pylist() == ["nccl:CommInitRank"]
     assert table.column("world_size").to_pylist() == [4]
+
+
+def test_one_process_driving_its_nodes_gpus_is_read_as_their_ranks_and_analysed_alike(tmp_path: Path) -> None:
+    # JAX, or one Slurm task per node: an export per node, a thread per GPU, and each
+    # communicator of one id on every GPU (NCCL's commHash). Each GPU's kernels were given
+    # their group's calls only on the GPU of the process's first CommInitRank.
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=6, barrier=True, seed=3,
+                            stragglers=(simulated_job.Straggler(5, "compute", 2 * simulated_job.MS),))
+    per_gpu = simulate.simulate(spec, tmp_path / "gpu")
+    per_node = simulate.simulate(dataclasses.replace(spec, node_process=True), tmp_path / "node")
+    assert len(per_node) == 2
+    table = nsys.read_many(per_node)
+    assert table.column("rank").to_pylist() == list(range(8))
+    assert set(table.column("rank_source").to_pylist()) == {"nccl:CommInitRank"}
+    assert table.column("gpu").to_pylist() == nsys.read_many(per_gpu).column("gpu").to_pylist()
+    by_node, by_gpu = (analyze(load_digests(paths)).to_dict() for paths in (per_node, per_gpu))
+    assert by_node["stragglers"] == by_gpu["stragglers"] == [5]
+    # per step: two TP groups of two calls, four DP pairs, one world barrier
+    assert by_node["alignment"]["matched_collectives"] == by_gpu["alignment"]["matched_collectives"] == 6 * (2 * 2 + 4 + 1)
+    for mine, theirs in zip(by_node["ranks"], by_gpu["ranks"], strict=True):
+        assert mine["clock_offset_ns"] == pytest.approx(theirs["clock_offset_ns"])
+        assert mine["late_mean_ns"] == pytest.approx(theirs["late_mean_ns"])
+    assert by_node["warnings"] == []
 
 
 def test_equal_sized_tp_and_dp_communicators_do_not_name_the_rank(job, tmp_path: Path) -> None:

@@ -396,6 +396,22 @@ def test_cli_refuses_to_leave_another_jobs_ranks_beside_its_own(tmp_path, capsys
     assert sorted((tmp_path / "job").iterdir()) == before
 
 
+def test_cli_writes_an_export_per_node_where_one_process_drives_its_gpus(tmp_path, capsys):
+    out = tmp_path / "job"
+    args = ["simulate", str(out), "--nodes", "2", "--gpus-per-node", "2", "--tp", "2", "--steps", "2"]
+    assert main([*args, "--one-process-per-node"]) == 0
+    assert sorted(p.name for p in out.glob("*.sqlite")) == ["sim_node00000.sqlite", "sim_node00001.sqlite"]
+    with sqlite3.connect(out / "sim_node00001.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM PROCESSES").fetchone() == (1,)
+        assert db.execute("SELECT DISTINCT deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY 1").fetchall() == [(0,), (1,)]
+    capsys.readouterr()
+    assert main([*args, "--seed", "1"]) == 2  # a job of rank files would leave the node files beside it
+    assert "holds 2 simulated export(s) this job would not replace (sim_node00000.sqlite" in capsys.readouterr().err
+    assert main([*args, "--one-process-per-node", "--format", "kineto"]) == 2
+    assert capsys.readouterr().err == ("rankscope: error: simulate: a PyTorch profiler trace is one process per GPU: "
+                                       "one process per node is written as nsys exports only\n")
+
+
 def test_cli_rejects_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["simulate", str(tmp_path), "--straggler", "x:slow"])
