@@ -394,7 +394,7 @@ def captures(digests: pa.Table) -> list[tuple]:
 
 # What a user can do where a report holds several ranks and nothing names them.
 SEVERAL_RANKS_HINT = ("give each rank its own report (rankscope rank), or export with --include-blobs=true "
-                      "so NCCL's CommInitRank names the ranks")
+                      "so NCCL's CommInitRank names the ranks (where one communicator holds every rank)")
 
 
 # How a digest's rows name their file when read: the digest, and the export it was built from.

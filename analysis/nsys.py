@@ -991,7 +991,8 @@ def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.n
 
     A communicator's rank is the global rank only in a communicator of the whole job:
     one of ``world_size`` ranks when that is known, else the unit's one strictly widest
-    communicator (TP and DP groups of equal size tie, and then nothing is taken).
+    communicator (TP and DP groups of equal size tie, and then nothing is taken) among
+    those that could be the whole job's (`_whole_job_candidates`).
     Worked out in Python: a few inits per process (one per communicator), not events.
     """
     def value(column: str, i: int) -> int | None:
@@ -1004,10 +1005,14 @@ def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.n
     n = units["file"].size
     out: Columns = {"comm_rank": np.zeros(n, np.int64), "nranks": np.zeros(n, np.int64),
                     "comm_rank_na": np.ones(n, bool), "nranks_na": np.ones(n, bool)}
+    unit_inits = [[(nranks, rank, comm) for cuda, nranks, rank, comm in inits.get(int(process), ())
+                   if nranks is not None and cuda in (None, int(device))]
+                  for process, device in zip(units["process"].tolist(), units["device"].tolist())]
+    bounds = np.searchsorted(units["file"], np.arange(len(env) + 1)).tolist()
+    allowed = [_whole_job_candidates(unit_inits[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
     for unit in np.flatnonzero(wanted).tolist():
-        device, world = int(units["device"][unit]), env[int(units["file"][unit])][0]
-        sized = [(nranks, rank) for cuda, nranks, rank, _ in inits.get(int(units["process"][unit]), ())
-                 if nranks is not None and cuda in (None, device)]
+        world = env[int(units["file"][unit])][0]
+        sized = [(nranks, rank) for nranks, rank, comm in unit_inits[unit] if comm in allowed[int(units["file"][unit])]]
         if world:
             chosen = [pair for pair in sized if pair[0] == world[1]][:1]
         else:
@@ -1017,6 +1022,23 @@ def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.n
             out["nranks"][unit], out["comm_rank"][unit] = chosen[0]
             out["nranks_na"][unit] = out["comm_rank_na"][unit] = False
     return out
+
+
+def _whole_job_candidates(units: list[list[tuple[int, int, int]]]) -> set[int]:
+    """The communicators, of one file's units' (nranks, rank, communicator) inits, that
+    could be the whole job's: those every unit is a member of, and where some unit's
+    communicator has members beyond the file (the job reaches past it), with members
+    beyond it too. One process driving a node's GPUs (one file per node) has all of a TP
+    group's members: the widest of its communicators, yet not the job's."""
+    members: dict[int, int] = {}  # communicator -> units of the file in it
+    sizes: dict[int, int] = {}
+    for inits in units:
+        for comm, nranks in {comm: nranks for nranks, _, comm in inits}.items():
+            members[comm] = members.get(comm, 0) + 1
+            sizes[comm] = nranks
+    every = {comm for comm, count in members.items() if count == len(units)}
+    beyond = {comm for comm, count in members.items() if sizes[comm] > count}
+    return every & beyond if beyond else every
 
 
 def _gpu_id(export: File, pid: int, device: int) -> str:

@@ -17,7 +17,7 @@ import pytest
 
 from rankscope.analysis import digest, kineto, nsys, nsys_export
 from rankscope.analysis import simulate, simulated_job
-from rankscope.errors import ExportError
+from rankscope.errors import ConsistencyError, ExportError
 
 SPEC = dict(nodes=2, gpus_per_node=2, tp=2, steps=3, seed=5, job_id="simjob")
 
@@ -144,6 +144,18 @@ def test_one_process_driving_its_nodes_gpus_is_read_as_their_ranks_and_analysed_
         assert mine["clock_offset_ns"] == pytest.approx(theirs["clock_offset_ns"])
         assert mine["late_mean_ns"] == pytest.approx(theirs["late_mean_ns"])
     assert by_node["warnings"] == []
+
+
+def test_the_communicators_of_one_process_of_a_node_name_no_rank_where_none_holds_every_rank(tmp_path: Path) -> None:
+    # Without a world communicator the widest (TP, all four in the process) was taken for the
+    # job's: both nodes' processes named their GPUs ranks 0-3, refused as each other's ranks.
+    from rankscope.analysis.sources import load_digests
+
+    paths = simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=2, node_process=True), tmp_path)
+    assert set(nsys.read_many(paths).column("rank_source").to_pylist()) == {"order:pid"}
+    with pytest.raises(ConsistencyError, match=r"each report numbered its processes 0, 1, ... by pid: .* \(where one "
+                                               r"communicator holds every rank\)"):
+        load_digests(paths)
 
 
 def test_equal_sized_tp_and_dp_communicators_do_not_name_the_rank(job, tmp_path: Path) -> None:
