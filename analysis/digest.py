@@ -206,17 +206,42 @@ def read(path: str | Path) -> pa.Table:
                               "build it again with this one's `rankscope digest`", path=path)
         raise ExportError(f"not a rankscope digest (schema {quoted(version) if version else 'missing'}, expected "
                           f"{DIGEST_VERSION!r})", path=path)
-    try:
-        table = table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)
-    except (KeyError, ValueError, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-        # ValueError: ArrowInvalid, and a null where the schema has none ("Casting field
-        # 'rank' with null values to non-nullable"); the other two: a type that does not cast.
-        raise ExportError(f"digest does not match {DIGEST_VERSION}: {exc}", path=path) from None
+    table = _in_schema(table, path)
     if not table.num_rows:  # `digest` writes none such: else "no ranks to analyse" named no file
         raise ExportError("digest holds no ranks (0 rows)", path=path)
     _check_collectives(table, path)
     _check_values(table, path)
     return table
+
+
+# Fields a digest of this version may lack, read as null: added after such digests were stored.
+_ADDED_LATER = {("collectives", "stream")}
+
+
+def _in_schema(table: pa.Table, path: str | Path) -> pa.Table:
+    """The digest's columns cast to the schema, or an error saying where they do not match.
+    A list part's field that the file lacks is refused before the cast, which (pyarrow >= 19)
+    fills a nullable one with nulls, unsaid, and names a non-nullable one by its struct's whole type."""
+    lacking = [f"{part}.{name}" for part, struct_type in _LIST_PARTS.items() if part in table.schema.names
+               for name in _lacking(table.schema.field(part).type, struct_type) if (part, name) not in _ADDED_LATER]
+    if lacking:
+        raise ExportError(f"digest does not match {DIGEST_VERSION}: it lacks the field{'s' * (len(lacking) > 1)} "
+                          f"{', '.join(lacking)}", path=path)
+    try:
+        return table.select(DIGEST_SCHEMA.names).cast(DIGEST_SCHEMA)
+    except (KeyError, ValueError, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        # ValueError: ArrowInvalid, and a null where the schema has none ("Casting field
+        # 'rank' with null values to non-nullable"); the other two: a type that does not cast.
+        raise ExportError(f"digest does not match {DIGEST_VERSION}: {exc}", path=path) from None
+
+
+def _lacking(type_: pa.DataType, struct_type: pa.StructType) -> list[str]:
+    """The fields of ``struct_type`` a list of structs of ``type_`` lacks (none where it is
+    no list of structs: the cast names that)."""
+    if not (pa.types.is_list(type_) and pa.types.is_struct(type_.value_type)):
+        return []
+    present = {field.name for field in type_.value_type}
+    return [field.name for field in struct_type if field.name not in present]
 
 
 def _check_collectives(table: pa.Table, path: str | Path) -> None:

@@ -144,6 +144,30 @@ def test_a_digest_with_a_garbled_footer_is_one_line_exit_2(command: str, exports
     assert not out.exists()
 
 
+def test_a_digest_lacking_a_field_of_its_schema_is_one_line_exit_2(exports: list[Path], tmp_path: Path) -> None:
+    # Rewritten without a collective's bytes, it was analysed with them all null, unsaid.
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    good = tmp_path / "good.parquet"
+    assert rankscope("digest", exports[0], "-o", good).returncode == 0
+    table = pq.read_table(good)
+    column = table.column("collectives").combine_chunks()
+    flat = pc.list_flatten(column)
+    kept = [f for f in flat.type if f.name != "bytes"]
+    edited = pa.ListArray.from_arrays(column.offsets, pa.StructArray.from_arrays([flat.field(f.name) for f in kept], fields=kept))
+    damaged = tmp_path / "damaged.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("collectives"), "collectives", edited), damaged)
+    out = tmp_path / "report.json"
+    result = rankscope("analyze", damaged, "-o", out)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert lines == [f"rankscope: error: {damaged}: digest does not match rankscope.digest/1: it lacks the field "
+                     "collectives.bytes"]
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory) -> Path:
     from rankscope.analysis import simulate

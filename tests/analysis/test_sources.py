@@ -187,16 +187,14 @@ def test_folder_walk_takes_digests_but_not_other_parquet(dsl: Path, tmp_path: Pa
         sources.load_digests([tables / "CUPTI_ACTIVITY_KIND_KERNEL.parquet"])
 
 
-def _digest_edited(dsl: Path, path: Path, rank: pa.Array | None = None, marker: bytes | None = None,
-                   collectives: pa.Array | None = None) -> Path:
-    """A digest of the DSL sample's rank 0 with its rank or collectives column or schema
-    marker replaced, written as Parquet (not by `digest.write`, which would cast it back)."""
+def _digest_edited(dsl: Path, path: Path, marker: bytes | None = None, **columns: pa.Array) -> Path:
+    """A digest of the DSL sample's rank 0 with columns or its schema marker replaced,
+    written as Parquet (not by `digest.write`, which would cast it back)."""
     import pyarrow.parquet as pq
 
-    table = nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]).cast(digest.DIGEST_SCHEMA)
-    for name, column in (("rank", rank), ("collectives", collectives)):
-        if column is not None:
-            table = table.set_column(table.schema.get_field_index(name), pa.field(name, column.type), column)
+    table = _dsl_digest(dsl)
+    for name, column in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), pa.field(name, column.type), column)
     pq.write_table(table.replace_schema_metadata({b"rankscope.schema": marker or digest.DIGEST_VERSION.encode()}), path)
     return path
 
@@ -253,15 +251,41 @@ def test_a_digest_of_another_rankscope_version_says_so(dsl: Path, tmp_path: Path
     assert str(edited) in str(err.value)
 
 
+def _dsl_digest(dsl: Path) -> pa.Table:
+    return nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]).cast(digest.DIGEST_SCHEMA)
+
+
+def _without(table: pa.Table, part: str, *names: str) -> pa.Array:
+    """A list part's column with these fields of its structs dropped."""
+    column = table.column(part).combine_chunks()
+    flat = pc.list_flatten(column)
+    kept = [f for f in flat.type if f.name not in names]
+    return pa.ListArray.from_arrays(column.offsets, pa.StructArray.from_arrays([flat.field(f.name) for f in kept], fields=kept))
+
+
 def test_a_digest_written_before_collectives_kept_their_stream_reads_with_none(dsl: Path, tmp_path: Path) -> None:
     # Digests stored by earlier agents lack the last collective field: read with it null, not refused.
-    column = nsys.read_nsys(sorted(dsl.glob("*.sqlite"))[0]).cast(digest.DIGEST_SCHEMA).column("collectives").combine_chunks()
-    flat = pc.list_flatten(column)
+    table = _dsl_digest(dsl)
+    flat = pc.list_flatten(table.column("collectives").combine_chunks())
     assert flat.field("stream").null_count == 0  # no payloads in the sample: its calls keep their stream
-    kept = [f for f in flat.type if f.name != "stream"]
-    older = pa.ListArray.from_arrays(column.offsets, pa.StructArray.from_arrays([flat.field(f.name) for f in kept], fields=kept))
-    read = digest.read(_digest_edited(dsl, tmp_path / "older.parquet", collectives=older))
+    read = digest.read(_digest_edited(dsl, tmp_path / "older.parquet", collectives=_without(table, "collectives", "stream")))
     assert pc.list_flatten(read.column("collectives").combine_chunks()).field("stream").null_count == len(flat)
+
+
+@pytest.mark.parametrize("part, names", [
+    ("collectives", ("bytes",)),  # nullable: the cast filled it with nulls, unsaid
+    ("communicators", ("ranks", "size")),
+    ("kernels", ("total_ns",)),  # not nullable: the cast named it inside the struct's whole type
+    ("steps", ("step",)),  # no rows: nothing failed, nulls or not
+])
+def test_a_digest_lacking_fields_of_its_schema_is_an_error_naming_them(dsl: Path, tmp_path: Path, part: str,
+                                                                      names: tuple[str, ...]) -> None:
+    edited = _digest_edited(dsl, tmp_path / "edited.parquet", **{part: _without(_dsl_digest(dsl), part, *names)})
+    lacking = ", ".join(f"{part}.{name}" for name in names)
+    with pytest.raises(ExportError) as err:
+        digest.read(edited)
+    assert str(err.value) == (f"{edited}: digest does not match rankscope.digest/1: it lacks the "
+                              f"field{'s' * (len(names) > 1)} {lacking}")
 
 
 def test_kineto_traces_go_to_the_kineto_reader(samples: Path) -> None:
