@@ -66,7 +66,6 @@ _PUSH_POP_RANGE, _START_END_RANGE, _DOMAIN_CREATE = 59, 60, 75
 NCCL_DOMAIN, NCCL_RANGE, NCCL_NAMED, OTHER_RANGE = 0, 1, 2, 3
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _SQLITE_HEADER = 100  # bytes
-_PID = "(globalPid >> 24) & 16777215"
 MAX_DEVICE = 2**16  # CUDA ordinals; packed below the pid in a unit key
 # Rows of the big tables fetched at a time and turned into int64 arrays at once: a fetch
 # makes a Python tuple per row (~220 bytes for a kernel's six ints, 4.5x its array row),
@@ -157,9 +156,9 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
     if names and "globalPid" in columns[KERNEL_TABLE]:
         key, named = _kernel_names_sql(names)
         # Integers only per row (names resolved once per distinct id): the bulk of an export.
-        stream = "COALESCE(streamId, -1)" if "streamId" in columns[KERNEL_TABLE] else "-1"
-        sql["kernels"] = (f'SELECT start, "end", {_PID}, deviceId, COALESCE(correlationId, -1), {key}, {stream} '
-                          f"FROM {KERNEL_TABLE}")
+        stream = _integer("streamId", null="-1") if "streamId" in columns[KERNEL_TABLE] else "-1"
+        sql["kernels"] = (f"SELECT {_TIMES_PID_DEVICE}, {_integer('correlationId', null='-1')}, "
+                          f"{_integer(key)}, {stream} FROM {KERNEL_TABLE}")
         sql["kernel_names"] = named
         if {"start", "globalTid", "correlationId"} <= columns.get(RUNTIME_TABLE, frozenset()):
             # Launches of the kernels whose key's own string is no other kernel's than NCCL's
@@ -168,11 +167,12 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
             nccl = " OR ".join(f"lower(value) GLOB '{pattern}'" for pattern in ops.COMM_KERNEL_GLOBS)
             others = f"SELECT id FROM StringIds WHERE id IN (SELECT DISTINCT {key} FROM {KERNEL_TABLE}) AND NOT ({nccl})"
             sql["launches"] = (
-                f"SELECT correlationId, (globalTid >> 24) & 16777215, globalTid, start FROM {RUNTIME_TABLE} "
+                f"SELECT correlationId, {_integer('globalTid', _pid('globalTid'))}, {_integer('globalTid')}, "
+                f"{_integer('start')} FROM {RUNTIME_TABLE} "
                 f"WHERE correlationId IN (SELECT correlationId FROM {KERNEL_TABLE} WHERE {key} NOT IN ({others}))"
             )
     copies = [
-        f'SELECT start, "end", {_PID}, deviceId FROM {table}'
+        f"SELECT {_TIMES_PID_DEVICE} FROM {table}"
         for table in COPY_TABLES
         if {"start", "end", "deviceId", "globalPid"} <= columns.get(table, frozenset())
     ]
@@ -183,7 +183,7 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
         sql["nvtx"] = _nvtx_sql(nvtx)
     if {"globalTid", "rank"} <= columns.get("MPI_RANKS", frozenset()):
         # `nsys profile -t mpi`: each process's MPI rank (nsys-export.md §3), per thread.
-        sql["mpi_ranks"] = ("SELECT DISTINCT (globalTid >> 24) & 16777215, rank FROM MPI_RANKS "
+        sql["mpi_ranks"] = (f"SELECT DISTINCT {_pid('globalTid')}, rank FROM MPI_RANKS "
                             "WHERE typeof(globalTid) = 'integer' AND typeof(rank) = 'integer' ORDER BY 1, 2")
     entries = columns.get("NVTX_PAYLOAD_SCHEMA_ENTRIES", frozenset())
     if {"schemaId", "name", "type"} <= entries:
@@ -223,6 +223,27 @@ def _kernel_names_sql(names: tuple[str, ...]) -> tuple[str, str]:
     return key, named
 
 
+def _pid(global_id: str) -> str:
+    """The process id in a globalPid or globalTid (nsys-export.md §4)."""
+    return f"({global_id} >> 24) & 16777215"
+
+
+def _integer(column: str, value: str | None = None, null: str | None = None) -> str:
+    """``value`` (the column's own by default) where the column holds an integer, ``null``
+    where it holds NULL, else NULL: a REAL in an integer column (a damaged or edited
+    export: nsys writes integers) was truncated unsaid, by the readers' int64 arrays and by
+    SQLite's bit operators alike; as NULL, both readers refuse it (`_fetch_checked`). Only an
+    integer is its own ``>> 0`` (a REAL's is truncated, a text's 0): two opcodes, where
+    typeof() is a function call (the kernels' statement took 1.28x its time so, 1.2x thus)."""
+    where_null = f" WHEN {column} IS NULL THEN {null}" if null is not None else ""
+    return f"CASE WHEN {column} >> 0 = {column} THEN {value or column}{where_null} END"
+
+
+# A kernel's or copy's start, end, process id and device.
+_TIMES_PID_DEVICE = ", ".join((_integer("start"), _integer('"end"'), _integer("globalPid", _pid("globalPid")),
+                               _integer("deviceId")))
+
+
 def _coalesce(*expressions: str) -> str:
     return expressions[0] if len(expressions) == 1 else f"COALESCE({', '.join(expressions)})"
 
@@ -251,7 +272,8 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
     saying which."""
     text, join, read = _nvtx_name_sql(columns)
     name = f'name AS "{read}"'  # what a "Could not decode to UTF-8" names (`_as_text`)
-    pid = "(n.globalTid >> 24) & 16777215"
+    pid = _pid("n.globalTid")
+    ids, end = f"{_integer('n.globalTid', pid)} AS pid, {_integer('n.globalTid')} AS tid", 'n."end"'
     # A group bracket left without an end still counts toward its thread's group depth (else
     # every later call on the thread looked grouped); its own kernels are unlinked (end 0).
     ended = f"""(n."end" IS NOT NULL OR {text} IN ('ncclGroupStart', 'ncclGroupEnd'))"""
@@ -260,7 +282,7 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
     if "domainId" not in columns:
         return (
             f'SELECT pid, tid, start, "end", 0, {OTHER_RANGE}, {name}, NULL FROM ('
-            f'SELECT {pid} AS pid, n.globalTid AS tid, n.start AS start, n."end" AS "end", {text} AS name '
+            f'SELECT {ids}, {_integer("n.start")} AS start, {_integer(end)} AS "end", {text} AS name '
             f"FROM NVTX_EVENTS AS n {join} WHERE {ranges}) WHERE {step}"
         )
     blob = "CAST(n.binaryData AS BLOB)" if "binaryData" in columns else "NULL"
@@ -271,7 +293,7 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
         SELECT pid, tid, start, "end",
                CASE WHEN kind IN ({NCCL_RANGE}, {NCCL_NAMED}) THEN COALESCE(length(blob), 0) ELSE 0 END, kind, {name},
                CASE WHEN kind IN ({NCCL_RANGE}, {NCCL_NAMED}) THEN COALESCE(blob, X'') ELSE X'' END
-        FROM (SELECT {pid} AS pid, n.globalTid AS tid, COALESCE(n.start, 0) AS start, COALESCE(n."end", 0) AS "end",
+        FROM (SELECT {ids}, {_integer('n.start', null='0')} AS start, {_integer(end, null='0')} AS "end",
                      {text} AS name, {blob} AS blob,
                      CASE WHEN n.eventType = {_DOMAIN_CREATE} THEN {NCCL_DOMAIN}
                           WHEN n.domainId = 0 THEN {OTHER_RANGE}
@@ -490,8 +512,9 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
 
 
 def _fetch_checked(path: Path, cursor: sqlite3.Cursor, table: str) -> Any:
-    """`_fetch`, with a NULL or text where the statement reads integers (the schema lets
-    globalPid and globalTid be NULL), or a REAL past int64, refused as an error naming the export."""
+    """`_fetch`, with a NULL where the statement reads integers (the schema lets globalPid
+    and globalTid be NULL; a REAL or text reads as NULL, `_integer`) refused as an error
+    naming the export."""
     try:
         return _fetch(cursor, table)
     except (TypeError, ValueError, OverflowError):

@@ -98,23 +98,55 @@ def test_the_real_exports_read_to_the_same_rows_through_either_reader(samples: P
         _assert_same_rows(_read_by_arrow(path), nsys_export._read_rows(path))
 
 
-@pytest.mark.parametrize("edit, read_as", [
-    # In the driver's first batch a text or a real among integers turns the column to text
-    # or double; past it, the driver fails. Both are read again, and refused, by sqlite3.
-    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = 1", "string"),
-    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 1e300 WHERE rowid = 1", "double"),
-    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = (SELECT max(rowid) FROM "
-     "CUPTI_ACTIVITY_KIND_KERNEL)", "Type mismatch"),
+_LAST_KERNEL = "(SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+_NCCL_LAUNCH = ("(SELECT max(r.rowid) FROM CUPTI_ACTIVITY_KIND_RUNTIME AS r JOIN CUPTI_ACTIVITY_KIND_KERNEL AS k "
+                "ON k.correlationId = r.correlationId JOIN StringIds AS s ON s.id = k.demangledName "
+                "WHERE s.value LIKE 'nccl%')")
+
+
+@pytest.mark.parametrize("edit, statement", [
+    # A text or a real in the driver's first batch turned the column to text or double; past it,
+    # the driver failed. A real with a fraction was truncated by the sqlite3 reader, and one in a
+    # globalPid or globalTid by SQLite's >>: each is refused by both readers, naming the statement.
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = 1", "kernels"),
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 1e300 WHERE rowid = 1", "kernels"),
+    ("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start + 0.5 WHERE rowid = 1", "kernels"),
+    (f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = {_LAST_KERNEL}", "kernels"),
+    (f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = "end" + 0.5 WHERE rowid = {_LAST_KERNEL}', "kernels"),
+    (f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET globalPid = globalPid + 0.5 WHERE rowid = {_LAST_KERNEL}", "kernels"),
+    (f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET correlationId = 1234.5 WHERE rowid = {_LAST_KERNEL}", "kernels"),
+    (f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET deviceId = 0.5 WHERE rowid = {_LAST_KERNEL}", "kernels"),
+    (f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET streamId = streamId + 0.5 WHERE rowid = {_LAST_KERNEL}", "kernels"),
+    (f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = globalTid + 0.5 WHERE rowid = {_NCCL_LAUNCH}", "launches"),
+    (f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = start + 0.5 WHERE rowid = {_NCCL_LAUNCH}", "launches"),
+    ("UPDATE NVTX_EVENTS SET start = start + 0.5 WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS)", "nvtx"),
+    ("UPDATE NVTX_EVENTS SET globalTid = globalTid + 0.5 WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS)", "nvtx"),
 ])
-def test_integers_the_driver_reads_otherwise_are_read_again_by_sqlite3_and_refused(
-        export: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: str, read_as: str) -> None:
-    copy = _big(export, tmp_path / "edited.sqlite", edit)
-    with caplog.at_level(logging.DEBUG, logger=nsys_export.__name__):
-        with pytest.raises(ExportError, match="its kernels rows hold a NULL or a non-integer") as err:
-            nsys.read_nsys(copy)
-    assert str(copy) in str(err.value)
-    (again,) = [r.getMessage() for r in caplog.records if "read again with sqlite3" in r.getMessage()]
-    assert read_as in again
+def test_a_non_integer_where_integers_are_read_is_refused_by_either_reader(
+        export: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: str, statement: str) -> None:
+    small = _copy(export, tmp_path / "small.sqlite", edit)
+    big = _big(export, tmp_path / "big.sqlite", edit)
+    for path, arrow in ((small, False), (small, True), (big, None)):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger=nsys_export.__name__):
+            with pytest.raises(ExportError) as err:
+                nsys_export.read_file(path, arrow=arrow)
+        assert str(err.value) == (f"{path}: its {statement} rows hold a NULL or a non-integer where integers are read "
+                                  "(times, process and thread ids)")
+        if arrow is not False:  # the driver gave it NULL: read again, and refused, by sqlite3
+            (again,) = [r.getMessage() for r in caplog.records if "read again with sqlite3" in r.getMessage()]
+            assert f"{statement} holds a NULL" in again
+
+
+@pytest.mark.parametrize("column", ["start", "globalPid", "deviceId"])
+def test_a_real_in_a_copy_is_refused_by_either_reader(samples: Path, tmp_path: Path, column: str) -> None:
+    # The simulated exports hold no copies: a real one's, its value given a fraction.
+    export = sorted((samples / "nsys" / "dsl_2node_2rank_allreduce").glob("*.sqlite"))[0]
+    copy = _copy(export, tmp_path / "edited.sqlite",
+                 f"UPDATE CUPTI_ACTIVITY_KIND_MEMCPY SET {column} = 1234.5 WHERE rowid = 1")
+    for arrow in (False, True):
+        with pytest.raises(ExportError, match="its copies rows hold a NULL or a non-integer"):
+            nsys_export.read_file(copy, arrow=arrow)
 
 
 def test_text_the_driver_would_take_as_integers_is_read_as_sqlite3_reads_it(export: Path, tmp_path: Path) -> None:
