@@ -140,7 +140,8 @@ def queries(columns: Mapping[str, frozenset[str]]) -> dict[str, str]:
             "WHERE name IN ('PROCESS_0:ENVIRONMENT_VARIABLE', 'DEVICE_DISPLAY_NAME') ORDER BY rowid"
         )
     if "utcEpochNs" in columns.get("TARGET_INFO_SESSION_START_TIME", ()):
-        sql["session"] = "SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME"
+        # DISTINCT: nsys writes one row, and a row repeated is still one session (`_session_start`).
+        sql["session"] = "SELECT DISTINCT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME"
     if {"name", "value"} <= columns.get("TARGET_INFO_SYSTEM_ENV", frozenset()):
         sql["hostname"] = (f"SELECT {_as_text('value', 'TARGET_INFO_SYSTEM_ENV.value')} FROM TARGET_INFO_SYSTEM_ENV "
                            "WHERE name = 'Hostname'")
@@ -575,14 +576,27 @@ def _parse(path: Path, rows: dict[str, Any]) -> File:
         devices = getattr(export, part)[:, 3]
         if devices.size and (devices.min() < 0 or devices.max() >= MAX_DEVICE):
             raise ExportError(f"{tables}.deviceId outside 0..{MAX_DEVICE - 1}", path=path)
-    session = rows.get("session") or [(None,)]
-    if not isinstance(session[0][0], int):  # NULL, or text/real in a damaged export: int() would raise
-        raise ExportError("export has no session start time (utcEpochNs is missing or not an integer)", path=path)
-    utc_epoch = int(session[0][0])
+    utc_epoch = _session_start(path, rows.get("session") or [(None,)])
     export.offset = _time_offset(export, utc_epoch, int(export.kernels[:, 0].min()))
     _check_epoch_times(export, utc_epoch)
     export.host = _host(export, capture, rows.get("hostname", []))
     return export
+
+
+def _session_start(path: Path, starts: list[tuple]) -> int:
+    """The session's start, utcEpochNs, from its distinct values. nsys writes one row per
+    export (one capture session): two starts are two sessions' rows merged into one
+    export, whose times are each relative to one of them, unsaid which."""
+    if len(starts) > 1:
+        # a text or blob (a damaged export) quoted in part: it may run to megabytes
+        shown = " and ".join(str(value) if isinstance(value, int) else quoted(str(value)) for value, in starts[:2])
+        raise ExportError(f"TARGET_INFO_SESSION_START_TIME holds {len(starts)} different session start times "
+                          f"(utcEpochNs {shown}{', ...' if len(starts) > 2 else ''}): rows of several sessions merged, "
+                          "whose times cannot be placed", path=path)
+    (start,), = starts
+    if not isinstance(start, int):  # NULL, or text/real in a damaged export: int() would raise
+        raise ExportError("export has no session start time (utcEpochNs is missing or not an integer)", path=path)
+    return start
 
 
 # The time columns of each part as fetched (`nsys._columns` moves them to epoch ns).

@@ -531,6 +531,31 @@ def test_a_session_start_before_1970_or_not_an_integer_is_an_error_naming_the_ex
     assert str(err.value).startswith(f"{copy}: {problem}") and "\n" not in str(err.value)
 
 
+_SECOND_SESSION = ("INSERT INTO TARGET_INFO_SESSION_START_TIME (utcEpochNs, utcTime, localTime) "
+                   "SELECT utcEpochNs + {shift}, utcTime, localTime FROM TARGET_INFO_SESSION_START_TIME")
+
+
+def test_two_session_start_times_are_an_error_naming_the_export(job, tmp_path: Path) -> None:
+    # nsys writes one row: the second of two sessions merged into one export was ignored,
+    # and times relative to it placed on the first's clock, unsaid.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", _SECOND_SESSION.format(shift=3600 * 10**9))
+    db = sqlite3.connect(paths[0])
+    (utc,), = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchall()
+    db.close()
+    with pytest.raises(ExportError) as err:
+        nsys.read_nsys(copy)
+    assert str(err.value) == (f"{copy}: TARGET_INFO_SESSION_START_TIME holds 2 different session start times "
+                              f"(utcEpochNs {utc} and {utc + 3600 * 10**9}): rows of several sessions merged, whose "
+                              "times cannot be placed")
+
+
+def test_a_session_start_time_repeated_is_read_as_one(job, tmp_path: Path) -> None:
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", _SECOND_SESSION.format(shift=0))
+    assert nsys.read_nsys(copy).drop_columns("source_file").equals(nsys.read_nsys(paths[0]).drop_columns("source_file"))
+
+
 def test_a_step_holds_the_times_from_its_start_up_to_its_end_not_its_end_as_the_kineto_reader_takes_it() -> None:
     # A call at a step's very end, with a gap after it, fell in the step read from nsys and
     # in none read from Kineto: the same job's collectives got different steps by source.
