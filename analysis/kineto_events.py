@@ -234,20 +234,21 @@ def load(path: Path) -> Trace:
 
 
 def without_repeats(trace: Trace, notes: list[str]) -> Trace:
-    """The trace with each event that appears twice (every column alike) counted once,
-    and a note, where among them are events that cannot repeat: device activity (one
+    """The trace with each event that appears more than once (every column alike) counted
+    once, and a note, where among them are events that cannot repeat: device activity (one
     stream runs one thing at a time), launches and collective calls (their ids are
-    unique). A trace joined with a copy of itself had every kernel and call counted
-    twice. Host ops alone may repeat: a nested op of its parent's name and times."""
+    unique). A trace joined with copies of itself had every kernel and call counted as
+    many times. Host ops alone may repeat: a nested op of its parent's name and times."""
     events = trace.events
     once = events.of_cat(*DEVICE_CATS, *LAUNCH_CATS) | events.named(events.names.where(_is_identity))
-    if not _repeats(events, np.flatnonzero(once)).any():
+    if not _repeats(events, np.flatnonzero(once))[0].any():
         return trace
     rows = np.arange(len(events.ts))
-    repeat = _repeats(events, rows)
-    kernels = int((repeat & events.of_cat("kernel")).sum())
-    notes.append(f"{int(repeat.sum())} event(s) appear twice, every field alike ({kernels} kernel(s) among them): "
-                 "each counted once (was the trace joined with a copy of itself?)")
+    repeat, firsts, copies = _repeats(events, rows)
+    kernels = int(events.of_cat("kernel")[firsts].sum())
+    joined = "a copy" if copies.max() == 2 else "copies"
+    notes.append(f"{len(firsts)} event(s) appear {_times(copies)}, every field alike ({kernels} kernel(s) among "
+                 f"them): each counted once (was the trace joined with {joined} of itself?)")
     kept = rows[~repeat]
 
     def args(at: list[int]) -> list[Args]:
@@ -257,8 +258,17 @@ def without_repeats(trace: Trace, notes: list[str]) -> Trace:
     return replace(trace, events=events.take(kept), args=args)
 
 
-def _repeats(events: Events, rows: np.ndarray) -> np.ndarray:
-    """Mask over all events of the second and later copies, among ``rows``, of an event."""
+def _times(copies: np.ndarray) -> str:
+    """How many times events appear, given each one's count (2 or more)."""
+    least, most = int(copies.min()), int(copies.max())
+    if least == most:
+        return "twice" if most == 2 else f"{most} times"
+    return f"{least} to {most} times"
+
+
+def _repeats(events: Events, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Among ``rows``: a mask over all events of the second and later copies of an event,
+    and the first copy of each event that repeats, with how many copies it has."""
     columns = [getattr(events, key)[rows] for key in _COLUMNS]
     order = np.lexsort(columns[::-1])
     alike = np.ones(max(len(rows) - 1, 0), bool)
@@ -267,7 +277,11 @@ def _repeats(events: Events, rows: np.ndarray) -> np.ndarray:
         alike &= ordered[1:] == ordered[:-1]
     repeat = np.zeros(len(events.ts), bool)
     repeat[rows[order[1:][alike]]] = True
-    return repeat
+    # each run of alike events in sorted order is one event's copies
+    starts = np.flatnonzero(np.concatenate(([True], ~alike)))
+    copies = np.diff(np.append(starts, len(rows)))
+    repeated = copies > 1
+    return repeat, rows[order[starts[repeated]]], copies[repeated]
 
 
 def _is_identity(name: str) -> bool:

@@ -617,22 +617,25 @@ def test_a_coalesced_all_gather_counts_every_tensor_it_sends(tmp_path):
     assert (coll.loc[0, "op"], coll.loc[0, "bytes"]) == ("allgather", 8192 * 4)
 
 
-def _doubled(source: Path, path: Path) -> tuple[Path, int]:
-    """The trace with every event twice, as when a trace is joined with a copy of itself;
-    and how many complete events it had."""
+def _doubled(source: Path, path: Path, times: int = 2) -> tuple[Path, int]:
+    """The trace with every event ``times`` times over, as when a trace is joined with copies
+    of itself; and how many complete events it had."""
     with (gzip.open(source, "rt") if source.suffix == ".gz" else open(source)) as file:
         data = json.load(file, parse_float=str)
-    data["traceEvents"] = data["traceEvents"] * 2
-    return _write(path, data), sum(e.get("ph") == "X" and "ts" in e for e in data["traceEvents"]) // 2
+    data["traceEvents"] = data["traceEvents"] * times
+    return _write(path, data), sum(e.get("ph") == "X" and "ts" in e for e in data["traceEvents"]) // times
 
 
-def _counted_once(source: Path, doubled: Path, complete: int) -> None:
+def _counted_once(source: Path, doubled: Path, complete: int, said: str = "twice") -> str:
+    """Asserts the joined trace reads as its source, with a note saying how often its
+    events appear; returns the note."""
     expected, got = read_kineto(source), read_kineto(doubled)
     for column in ("collectives", "kernels", "steps", "communicators", "gpu_busy_ns", "window_start_ns"):
         assert got.column(column).to_pylist() == expected.column(column).to_pylist(), column
-    (note,) = [n for n in got.column("warnings")[0].as_py() if "appear twice" in n]
-    assert note.startswith(f"{complete} event(s) appear twice")
-    assert "appear twice" not in " ".join(expected.column("warnings")[0].as_py())
+    (note,) = [n for n in got.column("warnings")[0].as_py() if "every field alike" in n]
+    assert note.startswith(f"{complete} event(s) appear {said}, every field alike")
+    assert "every field alike" not in " ".join(expected.column("warnings")[0].as_py())
+    return note
 
 
 @pytest.mark.parametrize("name", [f"{GLOO}/rank0.json", f"{HTA}/nccl_parser_config/nccl_data.json.gz"])
@@ -649,12 +652,35 @@ def test_a_simulated_trace_joined_with_a_copy_of_itself_counts_each_event_once(t
     _counted_once(source, *_doubled(source, tmp_path / "doubled.json"))
 
 
+@pytest.mark.parametrize("times", [3, 5])
+def test_a_trace_joined_with_more_copies_of_itself_says_how_many_times_its_events_appear(tmp_path, times):
+    # Three copies were said to be "2N event(s) appear twice".
+    from rankscope.analysis.simulate import JobSpec, simulate
+
+    (source, *_) = simulate(JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3), tmp_path / "sim", fmt="kineto")
+    joined, complete = _doubled(source, tmp_path / "joined.json", times)
+    note = _counted_once(source, joined, complete, f"{times} times")
+    kernels = sum(e.get("cat") == "kernel" and e.get("ph") == "X" for e in json.loads(source.read_text())["traceEvents"])
+    assert kernels and note.endswith(f"every field alike ({kernels} kernel(s) among them): each counted once (was the "
+                                     "trace joined with copies of itself?)")
+
+
+def test_events_repeated_unevenly_say_the_least_and_most_times(samples, tmp_path):
+    source = samples / GLOO / "rank0.json"
+    data = json.loads(source.read_text(), parse_float=str)
+    events = data["traceEvents"]
+    complete = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    data["traceEvents"] = events * 2 + complete[:1]  # one event three times, the others twice
+    note = _counted_once(source, _write(tmp_path / "joined.json", data), len(complete), "2 to 3 times")
+    assert note.endswith("(was the trace joined with copies of itself?)")
+
+
 def test_host_ops_alike_in_name_and_times_are_no_repeat_to_mend(tmp_path):
     """An op nested in its parent of one name and the same µs times (real traces hold a few:
     aten::to in aten::to) is two ops; no note, both kept."""
     events = [*_gloo_events("100.0", "101.0"), _event("aten::to", "300.0", "2.0"), _event("aten::to", "300.0", "2.0")]
     row = _row(read_kineto(_write(tmp_path / "t.json", _trace(events))))
-    assert not [n for n in row["warnings"] if "appear twice" in n]
+    assert not [n for n in row["warnings"] if "every field alike" in n]
 
 
 def test_traces_without_collectives_name_their_files(tmp_path):
