@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from rankscope.analysis import lines
 from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, N_TO_N_OPS, P2P_OPS, RECV, SEND
 from rankscope.analysis.report import ranks_text, some_of
+from rankscope.analysis.robust import nanmedian
 
 UNMATCHED = -1
 _RANK_SPAN = 1 << 32  # (communicator, rank) pairs as one int64 key
@@ -650,24 +652,50 @@ def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, ref_kept: n
     every = np.arange(-widest, widest + 1)
     every = every[np.abs(every) >= nearest]
     misses: dict[int, float] = {}
-    if not len(ref):
+    if not len(ref) or not len(every) or not len(at):
         return misses
-    # (shift, k) a chunk of shifts at once: a search many calls wide is a few passes, not one per shift
-    for lo in range(0, len(every), max(1, _CELLS // max(1, len(at)))):
-        shifts = every[lo : lo + max(1, _CELLS // max(1, len(at)))]
-        points = [at + shifts[:, None]] + ([] if before is None else [before + shifts[:, None]])
-        inside = np.logical_and.reduce([(p >= 0) & (p < len(ref)) for p in points])
-        points = [np.clip(p, 0, len(ref) - 1) for p in points]
-        for p in points:
-            inside &= ref_kept[p]
-        counted = np.count_nonzero(inside, axis=1) >= need
+    value, kept, base = _shifted_tables(at, ref, ref_kept, before, int(every[0]), int(every[-1]))
+    # k's values at successive shifts lie side by side in the tables: (k, shift) is one
+    # window per k, copied whole, a chunk of shifts at once (a search many calls wide is a
+    # few passes, not one per shift).
+    step = max(1, _CELLS // len(at))
+    for lo in range(0, len(every), step):
+        shifts = every[lo : lo + step]
+        width = int(shifts[-1] - shifts[0]) + 1
+        rows = base + int(shifts[0] - every[0])
+        columns = shifts - shifts[0]
+        inside = sliding_window_view(kept, width)[rows][:, columns]  # (k, shift)
+        counted = np.count_nonzero(inside, axis=0) >= need
         if not counted.any():
             continue
-        inside, points = inside[counted], [p[counted] for p in points]
-        value = ref[points[0]] - (ref[points[1]] if before is not None else 0)
-        off = np.where(inside, np.abs(mine - value), np.nan)
-        misses.update(zip(shifts[counted].tolist(), np.nanmedian(off, axis=1).tolist()))
+        values = sliding_window_view(value, width)[rows][:, columns[counted]]
+        off = np.where(inside[:, counted], np.abs(mine[:, None] - values), np.nan)
+        misses.update(zip(shifts[counted].tolist(), nanmedian(off, axis=0).tolist()))
     return misses
+
+
+def _shifted_tables(at: np.ndarray, ref: np.ndarray, ref_kept: np.ndarray, before: np.ndarray | None, first: int,
+                    last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For `_shift_misses`: the reference's values (``ref[x]``; given ``before``, the gap
+    ``ref[x] - ref[x - d]`` for each distinct d = at - before) and whether they count (each end
+    in the reference and kept), as flat tables, one row per d, padded so that every shift
+    ``first`` to ``last`` stays within its row; and per k, where its value at shift ``first`` is."""
+    span = at if before is None else np.concatenate([at, before])
+    low = max(0, -int(span.min()) - first)
+    width = max(len(ref) + low, int(at.max()) + low + last + 1)
+    padded = np.zeros(width, ref.dtype)
+    padded[low : low + len(ref)] = ref
+    held = np.zeros(width, bool)
+    held[low : low + len(ref)] = ref_kept
+    if before is None:
+        return padded, held, at + low + first
+    lags, lag = np.unique(at - before, return_inverse=True)
+    value = np.zeros((len(lags), width), ref.dtype)
+    kept = np.zeros((len(lags), width), bool)
+    for row, d in enumerate(lags.tolist()):  # a few: the calls between a member's gaps
+        value[row, d:] = padded[d:] - padded[: width - d]
+        kept[row, d:] = held[d:] & held[: width - d]
+    return value.ravel(), kept.ravel(), lag.reshape(-1) * width + at + low + first
 
 
 def _check_instances(
