@@ -23,17 +23,22 @@ a pair sees one speed; `rounds` is the lowest and highest pair, the noise to rea
 Memory: one fresh process per mode runs it once; peak RSS is shown, and its growth over
 the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
+--no-payloads: the exports as a plain `nsys export` leaves them (no NCCL payloads, so no
+communicator ids: binaryData NULL, as tests/analysis/test_lines.py strips them): the
+communicators are then told apart by their lines and end times (`lines.infer`).
 
-    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20 200] [--repeat 5]
+    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20 200] [--repeat 5] [--no-payloads]
     .venv/bin/python bench/analyze_scale.py --child time FOLDER [--repeat 5]   # one written set: JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -123,7 +128,15 @@ def run_child(mode: str, folder: Path, repeat: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _run(size: int, steps: int, repeat: int) -> None:
+def _without_payloads(paths: list[Path]) -> None:
+    """The exports as `nsys export` leaves them without --include-blobs=true."""
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
+
+
+def _run(size: int, steps: int, repeat: int, payloads: bool = True) -> None:
     """One simulated job written, timed and measured: one printed row."""
     from rankscope.analysis import simulate as sim
 
@@ -131,7 +144,9 @@ def _run(size: int, steps: int, repeat: int) -> None:
                        stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),), seed=1)
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
         folder = Path(tmp)
-        sim.simulate(spec, folder)
+        paths = sim.simulate(spec, folder)
+        if not payloads:
+            _without_payloads(paths)
         kib = sum(p.stat().st_size for p in folder.glob("*.sqlite")) / 2**10 / spec.world_size
         load_before = os.getloadavg()[0]
         timed = run_child("time", folder, repeat)
@@ -151,18 +166,20 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 512])
     parser.add_argument("--steps", type=int, nargs="+", default=[20, 200], help="steps per job: each size is run at each")
     parser.add_argument("--repeat", type=int, default=5, help="timing rounds (best kept; paired: median of the rounds)")
+    parser.add_argument("--no-payloads", action="store_true", help="exports without NCCL payloads (communicator ids)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child, args.repeat)))
         return 0
-    print(f"{os.cpu_count()} CPUs; best of {args.repeat} alternating rounds; load = 1-min load average before/after")
+    print(f"{os.cpu_count()} CPUs; best of {args.repeat} alternating rounds; load = 1-min load average before/after"
+          + ("; exports without NCCL payloads" if args.no_payloads else ""))
     print(f"{'ranks':>5} {'steps':>5} {'KiB/export':>10} {'analysis s':>10} {'load s':>7} {'analyze s':>9} {'floor s':>8} "
           f"{'ratio':>6} {'paired':>6} {'rounds':>9} {'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} "
           f"{'floor +MB':>9} {'load avg':>10}")
     for steps in args.steps:
         for size in args.sizes:
-            _run(size, steps, args.repeat)
+            _run(size, steps, args.repeat, not args.no_payloads)
     return 0
 
 
