@@ -559,8 +559,12 @@ def _shift_ordinals_across_hosts(
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
     found = {}  # member -> (the shift its gaps fit, how well)
-    for i in suspect.tolist():  # gaps unlike the reference's: rare, one by one
-        mine = (group[at] == i)
+    # A member's gaps are a run of them (``at`` ascends, in group order): its bounds, not a
+    # pass over every gap per suspect.
+    owner = group[at]
+    low, high = np.searchsorted(owner, suspect), np.searchsorted(owner, suspect, side="right")
+    for i, lo, hi in zip(suspect.tolist(), low.tolist(), high.tolist()):  # gaps unlike the reference's: one by one
+        mine = slice(lo, hi)
         theirs = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
         found[i] = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
                                    rooted=not paired[rc[i]])
@@ -649,28 +653,27 @@ def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, ref_kept: n
     |mine[k] - ref[at[k] + s]| (given ``before``, ``mine`` are gaps: |mine[k] - (ref[at[k] + s]
     - ref[before[k] + s])|) over the k whose reference values exist and are kept, for the
     shifts that compare ``need`` of them or more."""
-    every = np.arange(-widest, widest + 1)
-    every = every[np.abs(every) >= nearest]
     misses: dict[int, float] = {}
-    if not len(ref) or not len(every) or not len(at):
+    nearest = max(nearest, 0)
+    if not len(ref) or not len(at) or nearest > widest:
         return misses
-    value, kept, base = _shifted_tables(at, ref, ref_kept, before, int(every[0]), int(every[-1]))
-    # k's values at successive shifts lie side by side in the tables: (k, shift) is one
-    # window per k, copied whole, a chunk of shifts at once (a search many calls wide is a
-    # few passes, not one per shift).
+    value, kept, base = _shifted_tables(at, ref, ref_kept, before, -widest, widest)
+    # k's values at successive shifts lie side by side in the tables: a chunk of shifts
+    # (a run of them: a search many calls wide is a few passes, not one per shift) is one
+    # window per k, copied whole, as (shift, k).
     step = max(1, _CELLS // len(at))
-    for lo in range(0, len(every), step):
-        shifts = every[lo : lo + step]
-        width = int(shifts[-1] - shifts[0]) + 1
-        rows = base + int(shifts[0] - every[0])
-        columns = shifts - shifts[0]
-        inside = sliding_window_view(kept, width)[rows][:, columns]  # (k, shift)
-        counted = np.count_nonzero(inside, axis=0) >= need
-        if not counted.any():
-            continue
-        values = sliding_window_view(value, width)[rows][:, columns[counted]]
-        off = np.where(inside[:, counted], np.abs(mine[:, None] - values), np.nan)
-        misses.update(zip(shifts[counted].tolist(), nanmedian(off, axis=0).tolist()))
+    runs = [(-widest, -nearest), (nearest, widest)] if nearest else [(-widest, widest)]
+    for first, last in runs:
+        for lo in range(first, last + 1, step):
+            shifts = np.arange(lo, min(lo + step, last + 1))
+            rows = base + lo + widest
+            inside = sliding_window_view(kept, len(shifts))[rows].T
+            counted = np.count_nonzero(inside, axis=1) >= need
+            if not counted.any():
+                continue
+            values = sliding_window_view(value, len(shifts))[rows].T[counted]
+            off = np.where(inside[counted], np.abs(mine - values), np.nan)
+            misses.update(zip(shifts[counted].tolist(), nanmedian(off, axis=1).tolist()))
     return misses
 
 
