@@ -44,6 +44,9 @@ MIN_GAPS_FOR_NOISE_BAR = 8
 # A gap above most ranks' values that sets the ranks above it apart: this many times the
 # spread (range) of the values below it, and Z_MIN robust sigmas of them.
 JUMP_OVER_SPREAD = 2.0
+# Ranks a jump must leave below it (and half of all): 2, so that one slow rank of each TP pair
+# of a 4-rank TP 2 x DP 2 job is named; the jump's bars (over their MAD and range) hold them.
+MIN_BELOW_JUMP = 2
 
 
 @dataclass(frozen=True)
@@ -260,7 +263,7 @@ def outliers(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tuple[
 def _above_a_jump(ranks: np.ndarray, delay: np.ndarray, min_effect: float) -> list[int]:
     """Ranks above a jump in own delay, where up to half the ranks are slow (one of each TP
     pair) and the median and MAD take them in, so that nothing stands out. The jump must
-    leave at least half the ranks (and 3) below it, be wider than ``min_effect`` and
+    leave at least half the ranks (and ``MIN_BELOW_JUMP``) below it, be wider than ``min_effect`` and
     ``Z_MIN`` robust sigmas of the ranks below, ``JUMP_OVER_SPREAD`` times their range, and
     a ``JUMP_OVER_SPREAD``-th of the range of the ranks above it: those are one slow lot, not
     a rank a few µs past its peers below a straggler ms past them (12.5 µs under 1 ms: both
@@ -268,7 +271,7 @@ def _above_a_jump(ranks: np.ndarray, delay: np.ndarray, min_effect: float) -> li
     known = ~np.isnan(delay)
     order = np.flatnonzero(known)[np.argsort(delay[known], kind="stable")]
     values = delay[order]
-    low = max(3, (len(values) + 1) // 2)
+    low = max(MIN_BELOW_JUMP, (len(values) + 1) // 2)
     gaps = values[low:] - values[low - 1 : -1]
     for at in (low + np.flatnonzero(gaps > min_effect)).tolist():  # the lowest such jump first
         gap, below = values[at] - values[at - 1], values[:at]

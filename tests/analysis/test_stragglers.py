@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -279,3 +281,18 @@ def test_a_balanced_short_capture_names_none_though_its_gaps_say_little_of_their
     assert sim.truth(spec)["stragglers"] == [] and analyze(digests).stragglers == []
     monkeypatch.setattr(stragglers, "MIN_GAPS_FOR_NOISE_BAR", 0)  # the noise bar at any count
     assert analyze(digests).stragglers == [4]
+
+
+def test_two_stragglers_of_a_real_four_rank_tp_dp_job_are_named() -> None:
+    """Real torch 2.13 gloo traces, TP 2 x DP 2, ranks 1 and 3 sleeping 20 and 45 ms before
+    every TP all_reduce (data/gloo_tp2dp2_two_late/README.md). One of each TP pair slow is half
+    the ranks: the median and MAD take them in, and the jump above the other two (own delays
+    ~0.1 ms, theirs ~10 and ~22 ms) was refused for leaving fewer than 3 ranks below it, so
+    the report named no straggler and said it had judged."""
+    from rankscope.analysis.sources import load_digests
+
+    report = analyze(load_digests([Path(__file__).with_name("data") / "gloo_tp2dp2_two_late"]))
+    assert report.stragglers == [1, 3] and report.stragglers_not_judged is None
+    by_rank = {r.rank: r for r in report.ranks}
+    assert by_rank[3].late_p50_ns == pytest.approx(45e6, rel=0.25)
+    assert set(report.late_ranks) >= {1, 3}
