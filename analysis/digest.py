@@ -428,14 +428,19 @@ DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
 
 def _twice_hint(capture: tuple, other: tuple, by_pid: bool, files: tuple[str, str]) -> str:
     """What two captures of one rank most likely are: one file twice, a digest of an
-    earlier export of the other's name, two runs, two reports that each numbered their
-    processes from 0 (``by_pid``), or two processes of one run that took one rank number."""
+    earlier export of the other's name, two windows of one process, two runs, two reports
+    that each numbered their processes from 0 (``by_pid``), or two processes of one run that
+    took one rank number."""
     if capture == other:
         return " (the same capture: one file given twice?)"
     if _digest_of_name(*files) or _digest_of_name(*reversed(files)):
         return " (the digest is of an earlier export of that name: rebuild it with `rankscope digest`, or remove it)"
     (start, end), (other_start, other_end) = capture[-2:], other[-2:]
     if start > other_end or other_start > end:
+        if capture[1:3] == other[1:3] and capture[2] is not None:
+            # One process, windows apart: a profiler schedule's cycles (repeat > 1), a file each.
+            return (" (another capture window of the same process, as a profiler schedule writes one a cycle: "
+                    "analyse one window's files at a time)")
         return " (another capture window: analyse one run at a time)"
     if by_pid:
         return f" (each report numbered its processes 0, 1, ... by pid: {SEVERAL_RANKS_HINT})"

@@ -419,6 +419,18 @@ def test_one_rank_claimed_twice_says_what_the_two_likely_are(dsl: Path, samples:
         sources.load_digests([samples / "nsys" / "nsysai_2gpu_sendrecv"])  # before and after a fix
 
 
+def test_a_profiler_schedules_cycles_are_told_to_be_analysed_one_window_at_a_time() -> None:
+    """Real torch 2.13 traces of a profiler with schedule(repeat=2): each rank's process wrote
+    one file a cycle (data/gloo_schedule_repeat2/README.md). Refused, as one rank claimed
+    twice, with "analyse one run at a time": they are one run. One window's files are a job."""
+    folder = Path(__file__).with_name("data") / "gloo_schedule_repeat2"
+    with pytest.raises(ConsistencyError, match=r"\(another capture window of the same process, as a profiler "
+                                               r"schedule writes one a cycle: analyse one window's files at a time\)$"):
+        sources.load_digests([folder])
+    first = [sorted(folder.glob(f"rank{rank}.*.gz"))[0] for rank in (0, 1)]
+    assert sources.load_digests(first).column("rank").to_pylist() == [0, 1]
+
+
 @pytest.mark.parametrize("name", ["rank2.json", "rank2.json.gz", "rank2.sqlite", "rank2.parquet"])
 def test_an_empty_file_is_refused_by_name_not_skipped_or_misread(name: str, tmp_path: Path) -> None:
     """An empty trace in a folder walk is a capture cut short, not JSON to skip; named, it
