@@ -50,9 +50,10 @@ _STEP = re.compile(rf"^ProfilerStep#(\d{{1,{digest.STEP_DIGITS}}})$")
 _RANKS = pa.list_(pa.int32())
 _NEVER = np.iinfo(np.int64).max
 # Ops whose input and output differ in size. A digest's bytes are the per-rank size NCCL's
-# API takes, as nsys's payload gives it: the smaller buffer (AllGather's sendcount,
-# ReduceScatter's recvcount; nccl-in-traces.md), whichever a source shows.
-_SPLIT_OPS = (ops.ALLGATHER, ops.REDUCESCATTER)
+# API takes, as nsys's payload gives it: the smaller buffer (AllGather's and Gather's
+# sendcount, ReduceScatter's and Scatter's recvcount; nccl-in-traces.md), whichever a source
+# shows. (A Scatter's root's input is every member's chunk; the others have no input.)
+_SPLIT_OPS = (ops.ALLGATHER, ops.REDUCESCATTER, ops.GATHER, ops.SCATTER)
 
 # Bytes per element for record_param_comms `dtype` (torch ScalarType names) and `Input type`
 # (C++ type names, as torch 2.13 spells them: 'c10::BFloat16', 'long int', 'short unsigned
@@ -332,11 +333,12 @@ def _take(table: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarra
 
 
 def _recorded_bytes(row: list, op: str, field: dict[str, int]) -> int | None:
-    """A Flight Recorder entry's size: its input's, or for AllGather and ReduceScatter the
-    smaller of its input and output where the hook recorded both."""
+    """A Flight Recorder entry's size: its input's, or for the `_SPLIT_OPS` the smaller of
+    its input and output that the hook recorded (a Gather's output or a Scatter's input
+    only on the root)."""
     sizes = [as_int64(row[field[column]]) for column in ("bytes", "out_bytes") if column in field]
-    if op in _SPLIT_OPS and all(sizes):
-        return min(sizes)
+    if op in _SPLIT_OPS and any(sizes):
+        return min(s for s in sizes if s)
     return sizes[0] if sizes else None
 
 
@@ -1235,13 +1237,13 @@ def _total_bytes(args: list[Args]) -> np.ndarray:
 
 
 def _counted(op: np.ndarray, sizes: np.ndarray, sources: tuple[list[Args], ...], recorded: np.ndarray) -> np.ndarray:
-    """``sizes``, but for AllGather and ReduceScatter the smaller of input and output:
+    """``sizes``, but for the `_SPLIT_OPS` the smaller of input and output:
     record_param_comms' In and Out msg nelems where a source has both (totals, so coalesced
     calls count every tensor), else the smallest buffer any source shows: a c10d call's
     tensors (output and input), a ``nccl:`` annotation's (its input: n x recvcount for
     ReduceScatter), the Flight Recorder's (``recorded``, already the smaller). One pass
     over those calls only, not over events."""
-    split = np.flatnonzero((op == _SPLIT_OPS[0]) | (op == _SPLIT_OPS[1]))
+    split = np.flatnonzero(equal_any(op, list(_SPLIT_OPS)))
     if not len(split):
         return sizes
     sizes = sizes.copy()

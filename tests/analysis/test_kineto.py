@@ -1072,6 +1072,32 @@ def test_the_flight_recorder_names_a_gloo_reduce_scatter_by_its_worker_op(tmp_pa
     assert coll["seq"].tolist() == [1, 2, 3] and set(coll["seq_source"]) == {"trace"}
 
 
+def test_a_gloo_scatters_bytes_are_each_members_chunk_on_the_root_and_off_it(tmp_path):
+    """torch 2.13 gloo, through the hook's Flight Recorder: a scatter of 4096-float chunks to
+    3 ranks records on its root an input of all 3 chunks (49152 bytes) and an output of one,
+    elsewhere no input. Its bytes were the root's input and None elsewhere (a real job:
+    scatter 49152 beside gather 16384 for the same chunks); the per-rank size, as for
+    ReduceScatter, is the chunk (NCCL's recvcount), and a Gather's its sendcount."""
+    base = 1_700_000_000_000_000_000
+    chunk, three = [[4096]], [[4096], [4096], [4096]]
+    calls = [("c10d::scatter_", "gloo:scatter", three, 49152, 16384),  # the root
+             ("c10d::scatter_", "gloo:scatter", None, None, 16384),
+             ("c10d::gather_", "gloo:gather", chunk, 16384, 49152),  # the root
+             ("c10d::gather_", "gloo:gather", chunk, 16384, None)]
+    events, rows = [], []
+    for i, (call, work, dims, size, out) in enumerate(calls):
+        t = 1000 * i
+        args = {"Input Dims": dims, "Input type": ["float"] * len(dims)} if dims else {}
+        events += [_event(call, f"{t}.000", "20.000", tid=1),
+                   _event(work, f"{t + 30}.000", "400.000", cat="user_annotation", tid=2, args=args)]
+        rows.append(["0", i + 1, work, base + t * 1000 + 5_000, False, size, out])
+    top = {"baseTimeNanoseconds": base, "rankscope": {"rank": 1, "flight_recorder": {
+        "columns": ["pg_name", "seq", "profiling_name", "time_created_ns", "is_p2p", "bytes", "out_bytes"], "rows": rows}}}
+    coll = _collectives(read_kineto(_write(tmp_path / "rank1.json", _trace(events, **top))))
+    assert coll["op"].tolist() == ["scatter", "scatter", "gather", "gather"]
+    assert coll["bytes"].tolist() == [16384] * 4
+
+
 def test_a_record_param_comms_naming_no_collective_takes_the_op_of_its_nccl_annotation(tmp_path):
     """Older traces (HTA's trace_diff): an all_to_all is a bare record_param_comms, no
     Collective name, around nccl:all_to_all and the launch; its SendRecv kernel was dropped."""
