@@ -37,6 +37,9 @@ MAX_CAPTURE_NS = 7 * 24 * 3600 * 10**9
 # takes steps as float64 (NaN where none), exact below 2**53 (~9.0e15); a name with more is
 # no step (as int64, past 19 digits, it was an OverflowError traceback).
 STEP_DIGITS = 15
+# The comm_id prefix of a communicator a reader could not name (its trace names no process
+# group for the calls, and lists several): calls of several groups may share it.
+UNRESOLVED_PG = "unresolved-pg:"
 MAX_STEP = 10**STEP_DIGITS - 1
 
 # One collective instance as seen by one rank.

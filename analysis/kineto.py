@@ -1081,7 +1081,7 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
         else:
             # Sends and recvs share one key: a send must be able to meet its recv.
             key = np.where(p2p, "p2p", frame[fallback])
-            pg[missing] = [f"unresolved-pg:{k}" + ("" if fallback == "op" or is_p2p else f":{o}")
+            pg[missing] = [f"{digest.UNRESOLVED_PG}{k}" + ("" if fallback == "op" or is_p2p else f":{o}")
                            for k, o, is_p2p in zip(key[missing], op[missing], p2p[missing])]
             if "peer" in frame:  # a rank within a group not known: its global rank is not known either
                 frame["peer"] = np.where(missing, None, frame["peer"])
@@ -1089,6 +1089,9 @@ def _identify(frame: dict[str, np.ndarray], top: dict, notes: list[str], fallbac
                 f"{int(missing.sum())} collective(s) carry no process group and the trace lists "
                 f"{len(configs) or 'no'} group(s): grouped by {'op' if fallback == 'op' else fallback + ' and op'}, "
                 "ordered within the group"
+                # gloo's calls name no group: where ranks use several, calls of different groups pair up
+                + ("; where the ranks call several groups, calls of different groups are paired (the rankscope "
+                   "torch hook's Flight Recorder names each call's group)" if fallback == "op" else "")
             )
     frame["comm_id"] = np.where(p2p, pg + "/p2p", pg)
     comm = groups.factorize(frame["comm_id"])[0]  # hashed, not sorted

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rankscope.analysis import clock, links, matching, metrics, stragglers
+from rankscope.analysis import clock, digest, links, matching, metrics, stragglers
 from rankscope.analysis.digest import columns
 from rankscope.analysis.groups import ArrayLike, Coded, Groups, Table, codes, in_sorted, member_of
 from rankscope.analysis.report import (
@@ -176,7 +176,7 @@ def _aligned(matched: matching.Matching, hosts: list[str], clock_hints: Mapping[
         events["instance"] = instance
         notes.append(f"{len(mispaired)} N-to-N instance(s) on communicators whose members were inferred "
                      f"({some_of(comms)}) broke happens-before by far more than the clocks' uncertainty: calls of "
-                     "different collectives paired by op and call order (a capture that lost calls of one rank); "
+                     f"different collectives paired by op and call order ({_mispaired_cause(comms)}); "
                      "dropped, and the clocks fitted without them"
                      + ("; the calls of those communicators were re-aligned on their end times first, a shift these "
                         "pairs put in doubt too" if matched.realigned & set(comms) else ""))
@@ -186,6 +186,15 @@ def _aligned(matched: matching.Matching, hosts: list[str], clock_hints: Mapping[
     if hb.violations:
         notes.append(_happens_before_note(hb, events, matched.unconfirmed))
     return matched, model, hb, len(mispaired)
+
+
+def _mispaired_cause(comms: list[str]) -> str:
+    """Why calls of different collectives met: a capture lost calls of one rank, or, on a
+    communicator no trace named, the calls of several process groups were pooled."""
+    lost = "a capture that lost calls of one rank"
+    if any(c.startswith(digest.UNRESOLVED_PG) for c in comms):
+        return f"calls of several process groups their traces do not name, pooled as one, or {lost}"
+    return lost
 
 
 def _realigned_on_fitted_clocks(

@@ -1024,7 +1024,8 @@ def test_gloo_collectives_of_several_groups_without_their_names_are_grouped_by_o
     assert set(_collectives(table)["comm_id"]) == {"unresolved-pg:allreduce"}
     notes = [note for note in _row(table)["warnings"] if "carry no process group" in note]
     assert notes == ["1 collective(s) carry no process group and the trace lists 2 group(s): "
-                     "grouped by op, ordered within the group"]
+                     "grouped by op, ordered within the group; where the ranks call several groups, calls of "
+                     "different groups are paired (the rankscope torch hook's Flight Recorder names each call's group)"]
 
 
 # `Input type` as torch 2.13's profiler writes it for these dtypes (recorded on this CPU build)

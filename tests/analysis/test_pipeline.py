@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -345,5 +346,27 @@ def test_ordinal_pairs_that_break_happens_before_by_far_more_than_the_clocks_are
     assert rank0.late_max_ns == 0 and rank0.blame_ns == 0
     note = next(w for w in report.warnings if "broke happens-before" in w)
     assert "dropped" in note
+    # Their communicator is named by no trace: groups pooled, or calls lost (these were).
+    assert ("(calls of several process groups their traces do not name, pooled as one, or a capture that lost calls "
+            "of one rank)") in note
     # Their communicator's calls had been shifted on the gaps between end times: that is in doubt too.
     assert "were re-aligned" in note and any("re-aligned on the gaps" in w for w in report.warnings)
+
+
+def test_pooled_gloo_groups_that_break_happens_before_are_said_to_be_pooled_groups() -> None:
+    """Real torch 2.13 gloo traces, TP 2 x DP 2, from a plain profiler: no call names its
+    group (data/gloo_tp2dp2_plain/README.md), so all four groups' all_reduces pool into one
+    communicator and pair across groups by order; 13 pairs broke happens-before. The note
+    blamed a capture that lost calls of one rank, which none had; it names the pooling, and
+    the trace's own note what names the groups."""
+    import warnings
+
+    from rankscope.analysis.sources import load_digests
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(load_digests([Path(__file__).with_name("data") / "gloo_tp2dp2_plain"]))
+    assert [c.comm_id for c in report.communicators] == ["unresolved-pg:allreduce"]
+    note = next(w for w in report.warnings if "broke happens-before" in w)
+    assert "(calls of several process groups their traces do not name, pooled as one, or " in note
+    assert any("the rankscope torch hook's Flight Recorder names each call's group" in w for w in report.warnings)
