@@ -206,7 +206,10 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
     numbered = per_rank.all(~isin(events["seq_source"], ["trace"])[collective])[per_rank.id]
     within = np.where(numbered, seq[collective], start[collective])
     calls = Groups(rank[collective], comm[collective], within=within)  # per (rank, communicator)
-    ordinal[collective] = calls.cumcount()
+    # Numbered calls keep the gaps the ingest left (a call it numbered but could not time,
+    # as gloo's calls in doubt: every later one would move up a place on that rank only).
+    first = calls.min(seq[collective])[calls.id]
+    ordinal[collective] = np.where(numbered, seq[collective] - first, calls.cumcount())
     key_seq = np.where(use_ordinal, ordinal, seq)
     counted = ordinal_comm[calls.keys[1]]
     uneven = _uneven_counts(calls.keys[1][counted], calls.size[counted], comm_ids)

@@ -34,6 +34,21 @@ def test_trace_seq_matches_regardless_of_order_and_time() -> None:
     assert set(ev.loc[ev["seq"] == 7, "instance"]) != set(ev.loc[ev["seq"] == 8, "instance"])
 
 
+def test_a_gap_in_a_ranks_ordinals_is_a_call_it_numbered_and_left_out() -> None:
+    """The Kineto ingest numbers every gloo call, and leaves out those whose worker op it
+    could not tell (async calls taken up together): rank 1's 2nd call is such. Re-counted
+    without the gap, its 3rd call met rank 0's 2nd, and every later one the one before."""
+    rows = _rows(
+        [(0, "c", 1, "ordinal", "allreduce", 64, None, 100), (0, "c", 2, "ordinal", "allreduce", 64, None, 200),
+         (0, "c", 3, "ordinal", "allreduce", 64, None, 300), (1, "c", 1, "ordinal", "allreduce", 64, None, 110),
+         (1, "c", 3, "ordinal", "allreduce", 64, None, 310)]
+    )
+    m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
+    assert (m.instances, m.dropped_incomplete) == (2, 1)
+    ev = pd.DataFrame(m.events)
+    assert ev.groupby("instance")["start_ns"].apply(sorted).tolist()[-2:] == [[100, 110], [300, 310]]
+
+
 def test_ordinal_mismatch_on_op_or_size_is_dropped_with_a_warning() -> None:
     rows = _rows(
         [(0, "c", 0, "ordinal", "allreduce", 64, None, 100), (1, "c", 0, "ordinal", "allreduce", 64, None, 110),
@@ -48,10 +63,10 @@ def test_ordinal_mismatch_on_op_or_size_is_dropped_with_a_warning() -> None:
 
 
 def test_ordinal_is_recomputed_from_start_order_per_rank() -> None:
-    # seq given as 5,9 on rank 1 (gaps) still pairs the k-th call with the k-th call
+    # seq given as 5,6 on rank 1 (numbered from elsewhere) still pairs the k-th call with the k-th call
     rows = _rows(
         [(0, "c", 0, "ordinal", "allreduce", 1, None, 100), (0, "c", 1, "ordinal", "broadcast", 1, None, 200),
-         (1, "c", 9, "ordinal", "broadcast", 1, None, 210), (1, "c", 5, "ordinal", "allreduce", 1, None, 110)]
+         (1, "c", 6, "ordinal", "broadcast", 1, None, 210), (1, "c", 5, "ordinal", "allreduce", 1, None, 110)]
     )
     m = match(rows, _comms({"c": [0, 1]}, [0, 1]), {0, 1})
     assert m.instances == 2 and m.dropped_inconsistent == 0
