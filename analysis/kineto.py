@@ -638,8 +638,10 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
     calls["worker_ops"] = _worker_ops(events, work, calls, call_pg, configs)
     counted_work, counted = _countable(events, work, calls, bool(configs), notes)
     work, calls, call_pg = work[counted_work], _take(calls, counted), call_pg[counted]
-    work_bytes = _total_bytes(trace.args(work.tolist()))
-    paired, call = _pair_in_order(events, work, work_bytes, calls, call_pg, notes)
+    work_args = trace.args(work.tolist())
+    work_bytes = _total_bytes(work_args)
+    work_size, call_size = _pairing_sizes(trace, work_args, work_bytes, calls)
+    paired, call = _pair_in_order(events, work, work_size, calls, call_size, call_pg, notes)
     kept = (call < 0) | ~groups.take_or(calls["dropped"], call, False)
     paired, call, end = _whole_calls(events, work, paired[kept], call[kept], calls["worker_ops"], notes)
     rows = work[paired]
@@ -707,9 +709,9 @@ def _peers(events: Events, rows: np.ndarray, args: list[Args]) -> np.ndarray:
     return peer
 
 
-def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, calls: dict[str, np.ndarray],
-                   call_pg: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Pair each gloo worker op (rows; ``work_bytes``: the tensors each lists) with its
+def _pair_in_order(events: Events, work: np.ndarray, work_size: np.ndarray, calls: dict[str, np.ndarray],
+                   call_size: np.ndarray, call_pg: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Pair each gloo worker op (rows; ``work_size``, ``call_size``: `_pairing_sizes`) with its
     enqueue: per line, the k-th call with the k-th worker op that started after the line's
     first call (FIFO, as gloo's queue). A line is an op (a call gloo runs as another op,
     `_GLOO_RUNS_AS`, in that op's line) and, where calls of several process groups
@@ -723,7 +725,7 @@ def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, cal
     work_line, call_line = _op_lines(events, work, calls)
     split = _thread_groups(events, work, work_line, calls, call_line, call_pg, notes)
     key = groups.pack(np.concatenate([work_line, call_line]), np.concatenate([split.work_group, split.call_group]) + 1)
-    sizes = _by_size(work_line, work_bytes, call_line, calls["fr_input_bytes"], calls["ts"])
+    sizes = _by_size(work_line, work_size, call_line, call_size, calls["ts"])
     sized_key = groups.pack(key, np.concatenate([sizes.work, sizes.call]) + 1)
     sure_work, sure_call = np.flatnonzero(~split.doubtful_work), np.flatnonzero(~split.doubtful_call)
     call_ts, until, count = calls["ts"][sure_call], sizes.until[sure_call], calls["worker_ops"][sure_call]
@@ -750,6 +752,32 @@ def _pair_in_order(events: Events, work: np.ndarray, work_bytes: np.ndarray, cal
     return np.concatenate([sure_work[candidates], lone]), np.concatenate([sure_call[call], np.full(len(lone), -1)])
 
 
+def _pairing_sizes(trace: Trace, work_args: list[Args], work_bytes: np.ndarray,
+                   calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The sizes that tell a line's worker ops and calls apart (`_by_size`): bytes, the calls'
+    from their Flight Recorder entries, where any has one; else element counts, where the
+    profiler recorded shapes: a c10d call lists its tensors as a TensorList with no dtype
+    (torch 2.13), its worker op each tensor. (Plain traces of three async all_reduces of
+    three sizes a step: 8 to 10 worker ops a rank were left in doubt, paired by op alone.)"""
+    if _present(calls["fr_input_bytes"]).any():
+        return work_bytes, calls["fr_input_bytes"]
+    call_args = trace.args(calls["row"].tolist())
+    return _ints([_elements(a, listed=False) for a in work_args]), _ints([_elements(a, listed=True) for a in call_args])
+
+
+def _elements(args: Args, *, listed: bool) -> int | None:
+    """Elements of the tensors in `Input Dims`: of every input (``listed`` False: a gloo worker
+    op's), or of the first input's list (a c10d call's TensorList); None where none shows."""
+    dims = msgspec.json.decode(args.dims) if args.dims else None
+    if not isinstance(dims, list) or not dims:
+        return None
+    shapes = dims[0] if listed else dims
+    if not isinstance(shapes, list):
+        return None
+    sizes = [math.prod(s) for s in shapes if isinstance(s, list) and s and all(type(d) is int for d in s)]
+    return sum(sizes) or None
+
+
 def _pairs(events: Events, work: np.ndarray, sure_work: np.ndarray, work_key: np.ndarray, call_ts: np.ndarray,
            call_key: np.ndarray, count: np.ndarray, until: np.ndarray | int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -774,14 +802,14 @@ class _Sizes:
     until: np.ndarray
 
 
-def _by_size(work_line: np.ndarray, work_bytes: np.ndarray, call_line: np.ndarray, call_bytes: np.ndarray,
+def _by_size(work_line: np.ndarray, work_sizes: np.ndarray, call_line: np.ndarray, call_sizes: np.ndarray,
              call_ts: np.ndarray) -> _Sizes:
-    """Sizes tell a line's calls apart where each of its worker ops shows one (record_shapes)
-    and its worker ops and calls (their Flight Recorder entries' inputs) show the same set
-    of sizes: the two measures agree (torch 2.13 gloo, every op), and a line where they do
-    not keeps its pairing by op. A call of unknown size (no entry: the window's end) could
-    be of any: from it on its line pairs by op."""
-    work_size, call_size = (np.where(_present(b), b, -1).astype(np.int64) for b in (work_bytes, call_bytes))
+    """Sizes (`_pairing_sizes`) tell a line's calls apart where each of its worker ops shows
+    one (record_shapes) and its worker ops and calls show the same set of sizes: the two
+    measures agree (torch 2.13 gloo, every op), and a line where they do not keeps its
+    pairing by op. A call of unknown size (no entry: the window's end) could be of any: from
+    it on its line pairs by op."""
+    work_size, call_size = (np.where(_present(b), b, -1).astype(np.int64) for b in (work_sizes, call_sizes))
     lines, line_of = np.unique(call_line, return_inverse=True)
     work_at = groups.locate(lines, work_line)  # -1: a line without calls
     known = call_size >= 0
