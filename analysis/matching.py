@@ -207,9 +207,12 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
     within = np.where(numbered, seq[collective], start[collective])
     calls = Groups(rank[collective], comm[collective], within=within)  # per (rank, communicator)
     # Numbered calls keep the gaps the ingest left (a call it numbered but could not time,
-    # as gloo's calls in doubt: every later one would move up a place on that rank only).
-    first = calls.min(seq[collective])[calls.id]
-    ordinal[collective] = np.where(numbered, seq[collective] - first, calls.cumcount())
+    # as gloo's calls in doubt: every later one would move up a place on that rank only), less
+    # the sends and receives numbered among them: matched apart, and a pipeline's middle
+    # stage makes more of them than its neighbours.
+    counted_seq = (seq - _p2p_before(rank, comm, seq, is_p2p))[collective]
+    first = calls.min(counted_seq)[calls.id]
+    ordinal[collective] = np.where(numbered, counted_seq - first, calls.cumcount())
     key_seq = np.where(use_ordinal, ordinal, seq)
     counted = ordinal_comm[calls.keys[1]]
     uneven = _uneven_counts(calls.keys[1][counted], calls.size[counted], comm_ids)
@@ -306,6 +309,17 @@ def _p2p_peers(
     if unknown.any():
         warnings.append(f"{int(unknown.sum())} point-to-point call(s) without a known peer were not matched")
     return np.where(np.isnan(peer), -1, peer).astype(np.int64)
+
+
+def _p2p_before(rank: np.ndarray, comm: np.ndarray, seq: np.ndarray, is_p2p: np.ndarray) -> np.ndarray:
+    """Per call, how many point-to-point calls its rank numbered before it on its communicator."""
+    calls = Groups(rank, comm, within=seq)
+    p2p = is_p2p[calls.order].astype(np.int64)
+    before = np.cumsum(p2p) - p2p
+    before -= np.repeat(before[calls.starts], calls.size)
+    out = np.empty(calls.rows, np.int64)
+    out[calls.order] = before
+    return out
 
 
 def _uneven_counts(comm: np.ndarray, calls: np.ndarray, comm_ids: np.ndarray) -> dict[str, tuple[int, int]]:

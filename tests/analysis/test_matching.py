@@ -49,6 +49,25 @@ def test_a_gap_in_a_ranks_ordinals_is_a_call_it_numbered_and_left_out() -> None:
     assert ev.groupby("instance")["start_ns"].apply(sorted).tolist()[-2:] == [[100, 110], [300, 310]]
 
 
+def test_point_to_point_calls_numbered_among_a_ranks_collectives_leave_no_gap_in_their_order() -> None:
+    """nsys numbers every call of a rank on a communicator, sends and receives too, and a
+    pipeline's middle stage (rank 1) both receives and sends where its neighbours do one:
+    kept as gaps, its second all-reduce met the others' third, none."""
+    rows = _rows(
+        [(0, "c", 0, "ordinal", "allreduce", 64, None, 100), (0, "c", 1, "ordinal", "send", 64, 1, 150),
+         (0, "c", 2, "ordinal", "allreduce", 64, None, 300),
+         (1, "c", 0, "ordinal", "allreduce", 64, None, 110), (1, "c", 1, "ordinal", "recv", 64, 0, 160),
+         (1, "c", 2, "ordinal", "send", 64, 2, 200), (1, "c", 3, "ordinal", "allreduce", 64, None, 310),
+         (2, "c", 0, "ordinal", "allreduce", 64, None, 120), (2, "c", 1, "ordinal", "recv", 64, 1, 210),
+         (2, "c", 2, "ordinal", "allreduce", 64, None, 320)]
+    )
+    m = match(rows, _comms({"c": [0, 1, 2]}, [0, 1, 2]), {0, 1, 2})
+    ev = pd.DataFrame(m.events)
+    collective = ev[ev["op"] == "allreduce"]
+    assert (m.dropped_incomplete, m.dropped_inconsistent) == (0, 0)
+    assert collective.groupby("instance")["start_ns"].apply(sorted).tolist() == [[100, 110, 120], [300, 310, 320]]
+
+
 def test_ordinal_mismatch_on_op_or_size_is_dropped_with_a_warning() -> None:
     rows = _rows(
         [(0, "c", 0, "ordinal", "allreduce", 64, None, 100), (1, "c", 0, "ordinal", "allreduce", 64, None, 110),
