@@ -674,48 +674,56 @@ def _shift_misses(mine: np.ndarray, at: np.ndarray, ref: np.ndarray, ref_kept: n
     nearest = max(nearest, 0)
     if not len(ref) or not len(at) or nearest > widest:
         return misses
-    value, kept, base = _shifted_tables(at, ref, ref_kept, before, -widest, widest)
+    tables = _shifted_tables(at, ref, ref_kept, before, -widest, widest)
     # k's values at successive shifts lie side by side in the tables: a chunk of shifts
     # (a run of them: a search many calls wide is a few passes, not one per shift) is one
-    # window per k, copied whole, as (shift, k).
+    # window per k (and table), copied whole, as (shift, k).
     step = max(1, _CELLS // len(at))
     runs = [(-widest, -nearest), (nearest, widest)] if nearest else [(-widest, widest)]
     for first, last in runs:
         for lo in range(first, last + 1, step):
             shifts = np.arange(lo, min(lo + step, last + 1))
-            rows = base + lo + widest
-            inside = sliding_window_view(kept, len(shifts))[rows].T
+            rows = [base + lo + widest for _, _, base in tables]
+            inside = sliding_window_view(tables[0][1], len(shifts))[rows[0]].T
+            for (_, kept, _), at_rows in zip(tables[1:], rows[1:]):  # a gap's earlier end too
+                inside = inside & sliding_window_view(kept, len(shifts))[at_rows].T
             counted = np.count_nonzero(inside, axis=1) >= need
             if not counted.any():
                 continue
-            values = sliding_window_view(value, len(shifts))[rows].T[counted]
+            values = sum(sliding_window_view(value, len(shifts))[at_rows].T[counted]
+                         for (value, _, _), at_rows in zip(tables, rows))
             off = np.where(inside[counted], np.abs(mine - values), np.nan)
             misses.update(zip(shifts[counted].tolist(), nanmedian(off, axis=1).tolist()))
     return misses
 
 
 def _shifted_tables(at: np.ndarray, ref: np.ndarray, ref_kept: np.ndarray, before: np.ndarray | None, first: int,
-                    last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For `_shift_misses`: the reference's values (``ref[x]``; given ``before``, the gap
-    ``ref[x] - ref[x - d]`` for each distinct d = at - before) and whether they count (each end
-    in the reference and kept), as flat tables, one row per d, padded so that every shift
-    ``first`` to ``last`` stays within its row; and per k, where its value at shift ``first`` is."""
+                    last: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """For `_shift_misses`: tables of the reference's values and whether they count, padded
+    so that every shift ``first`` to ``last`` stays within a row, and per k where its value
+    at shift ``first`` is: a k's value is the sum of its tables'. Without ``before``, one
+    table: ``ref[x]``, kept where ``ref_kept``. With it, the gap ``ref[x] - ref[x - d]`` (each
+    end in the reference and kept) for each distinct d = at - before, a row each, where
+    those rows fit `_CELLS`; else (lags many, calls many: the rows grew as their product, a
+    GiB at 200k calls) ``ref[x]`` at ``at`` and ``-ref[x]`` at ``before``."""
     span = at if before is None else np.concatenate([at, before])
     low = max(0, -int(span.min()) - first)
-    width = max(len(ref) + low, int(at.max()) + low + last + 1)
+    width = max(len(ref) + low, int(span.max()) + low + last + 1)
     padded = np.zeros(width, ref.dtype)
     padded[low : low + len(ref)] = ref
     held = np.zeros(width, bool)
     held[low : low + len(ref)] = ref_kept
     if before is None:
-        return padded, held, at + low + first
+        return [(padded, held, at + low + first)]
     lags, lag = np.unique(at - before, return_inverse=True)
+    if len(lags) * width > _CELLS or lags[0] < 0:
+        return [(padded, held, at + low + first), (-padded, held, before + low + first)]
     value = np.zeros((len(lags), width), ref.dtype)
     kept = np.zeros((len(lags), width), bool)
     for row, d in enumerate(lags.tolist()):  # a few: the calls between a member's gaps
         value[row, d:] = padded[d:] - padded[: width - d]
         kept[row, d:] = held[d:] & held[: width - d]
-    return value.ravel(), kept.ravel(), lag.reshape(-1) * width + at + low + first
+    return [(value.ravel(), kept.ravel(), lag.reshape(-1) * width + at + low + first)]
 
 
 def _check_instances(

@@ -471,3 +471,59 @@ def test_a_shift_the_gaps_cannot_tell_is_found_on_ends_on_fitted_clocks() -> Non
     ev = ev[ev["instance"] != UNMATCHED]
     apart = ev.groupby(["comm_id", "instance"])["end_ns"].agg(lambda e: e.max() - e.min()).groupby("comm_id").unique()
     assert apart["c"].tolist() == [5_000_000] and apart["d"].tolist() == [5_001_000]  # d: one call off, as matched
+
+
+def _misses_by_definition(mine, at, ref, kept, need, widest, before, nearest):
+    """`_shift_misses` as its docstring says, one shift at a time."""
+    out = {}
+    for s in range(-widest, widest + 1):
+        if abs(s) < nearest:
+            continue
+        ends = [at + s] + ([] if before is None else [before + s])
+        inside = np.logical_and.reduce([(e >= 0) & (e < len(ref)) for e in ends])
+        inside &= np.logical_and.reduce([kept[np.clip(e, 0, len(ref) - 1)] for e in ends])
+        if inside.sum() < need:
+            continue
+        value = ref[ends[0][inside]] - (ref[ends[1][inside]] if before is not None else 0)
+        out[s] = float(np.median(np.abs(mine[inside] - value)))
+    return out
+
+
+def test_shift_misses_of_gaps_over_many_lags_are_their_definitions_in_bounded_memory() -> None:
+    # A table of the reference's gaps per distinct lag grew as lags x calls: 346 lags over
+    # 60k calls took 180 MiB (200k calls, 630 lags: 1.1 GiB) where a chunk of shifts needs a
+    # few MiB. Lags this many are rare (a root's calls between every two joint ones).
+    import tracemalloc
+
+    from rankscope.analysis.matching import _shift_misses
+
+    rng = np.random.default_rng(7)
+    lags = rng.permutation(np.arange(1, 347))
+    keys = np.concatenate([[0], np.cumsum(lags)])
+    ref = np.cumsum(rng.integers(900, 1100, int(keys[-1]) + 40))
+    kept = rng.random(len(ref)) < 0.95
+    at, before = keys[1:] + 2, keys[:-1] + 2
+    gaps = ref[at] - ref[before] + rng.integers(-5, 5, len(at))
+    tracemalloc.start()
+    try:
+        misses = _shift_misses(gaps, at, ref, kept, 100, 40, before=before, nearest=3)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert misses == _misses_by_definition(gaps, at, ref, kept, 100, 40, before, 3)
+    assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB"
+
+
+def test_shift_misses_are_their_definitions_on_random_inputs() -> None:
+    from rankscope.analysis.matching import _shift_misses
+
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        ref = rng.integers(-10**6, 10**6, int(rng.integers(1, 40)))
+        kept = rng.random(len(ref)) < 0.8
+        at = np.sort(rng.integers(-5, len(ref) + 10, int(rng.integers(1, 30))))
+        before = at - rng.integers(-3, 6, len(at)) if rng.random() < 0.5 else None  # a lag may be < 0
+        mine = rng.integers(-10**6, 10**6, len(at))
+        need, widest, nearest = int(rng.integers(1, 4)), int(rng.integers(0, 50)), int(rng.integers(0, 12))
+        assert _shift_misses(mine, at, ref, kept, need, widest, before=before, nearest=nearest) \
+            == _misses_by_definition(mine, at, ref, kept, need, widest, before, nearest)
