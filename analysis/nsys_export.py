@@ -588,8 +588,9 @@ def _session_start(path: Path, starts: list[tuple]) -> int:
     export (one capture session): two starts are two sessions' rows merged into one
     export, whose times are each relative to one of them, unsaid which."""
     if len(starts) > 1:
-        # a text or blob (a damaged export) quoted in part: it may run to megabytes
-        shown = " and ".join(str(value) if isinstance(value, int) else quoted(str(value)) for value, in starts[:2])
+        # a text or blob (a damaged export) quoted in part: it may run to megabytes; NULL as SQL says it
+        shown = " and ".join(str(value) if isinstance(value, int) else "NULL" if value is None else quoted(str(value))
+                             for value, in starts[:2])
         raise ExportError(f"TARGET_INFO_SESSION_START_TIME holds {len(starts)} different session start times "
                           f"(utcEpochNs {shown}{', ...' if len(starts) > 2 else ''}): rows of several sessions merged, "
                           "whose times cannot be placed", path=path)

@@ -550,6 +550,19 @@ def test_two_session_start_times_are_an_error_naming_the_export(job, tmp_path: P
                               "times cannot be placed")
 
 
+def test_a_null_session_start_beside_one_is_named_null_not_the_text_none(job, tmp_path: Path) -> None:
+    # Python's None was quoted as the text 'None', a value the export does not hold.
+    _, paths = job
+    copy = _edited(paths[0], tmp_path / "edited.sqlite", _SECOND_SESSION.replace("utcEpochNs + {shift}", "NULL"))
+    db = sqlite3.connect(paths[0])
+    (utc,), = db.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchall()
+    db.close()
+    for arrow in (False, True):
+        with pytest.raises(ExportError) as err:
+            nsys_export.read_file(copy, arrow=arrow)
+        assert f"(utcEpochNs {utc} and NULL)" in str(err.value)
+
+
 def test_a_session_start_time_repeated_is_read_as_one(job, tmp_path: Path) -> None:
     _, paths = job
     copy = _edited(paths[0], tmp_path / "edited.sqlite", _SECOND_SESSION.format(shift=0))
