@@ -446,7 +446,7 @@ def _twice_hint(capture: tuple, other: tuple, by_pid: bool, files: tuple[str, st
                     "analyse one window's files at a time)")
         return " (another capture window: analyse one run at a time)"
     if by_pid:
-        return f" (each report numbered its processes 0, 1, ... by pid: {SEVERAL_RANKS_HINT})"
+        return f" (each report numbered its (process, GPU) pairs 0, 1, ... by pid: {SEVERAL_RANKS_HINT})"
     return " (at the same time: two processes of one job took one rank; check RANK or use --rank-from)"
 
 

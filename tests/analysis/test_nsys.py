@@ -441,7 +441,7 @@ def test_reports_of_two_nodes_each_numbered_by_pid_are_refused_with_what_would_n
             db.execute("UPDATE TARGET_INFO_SYSTEM_ENV SET value = ? WHERE name = 'Hostname'", (node,))
     # The hint was "check RANK or use --rank-from", a flag such a report refuses.
     with pytest.raises(ConsistencyError, match=r"rank 0 is also claimed by .*node0.sqlite \(each report numbered its "
-                                               r"processes 0, 1, ... by pid: give each rank its own report"):
+                                               r"\(process, GPU\) pairs 0, 1, ... by pid: give each rank its own report"):
         load_digests([tmp_path])
 
 

@@ -153,7 +153,7 @@ def test_the_communicators_of_one_process_of_a_node_name_no_rank_where_none_hold
 
     paths = simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=2, node_process=True), tmp_path)
     assert set(nsys.read_many(paths).column("rank_source").to_pylist()) == {"order:pid"}
-    with pytest.raises(ConsistencyError, match=r"each report numbered its processes 0, 1, ... by pid: .* \(where one "
+    with pytest.raises(ConsistencyError, match=r"each report numbered its \(process, GPU\) pairs 0, 1, ... by pid: .* \(where one "
                                                r"communicator holds every rank\)"):
         load_digests(paths)
 
