@@ -992,7 +992,11 @@ def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.n
     A communicator's rank is the global rank only in a communicator of the whole job:
     one of ``world_size`` ranks when that is known, else the unit's one strictly widest
     communicator (TP and DP groups of equal size tie, and then nothing is taken) among
-    those that could be the whole job's (`_whole_job_candidates`).
+    those that could be the whole job's (`_whole_job_candidates`). In a file of several
+    units, ties that give every unit the same rank are taken: a one-rank export's TP and
+    DP pairs both put rank 3 at position 1, but two groups that each hold all of a file's
+    GPUs, at the same positions, are one group's layout (a pure-DP job's DP group and its
+    world, one node's TP group and its world).
     Worked out in Python: a few inits per process (one per communicator), not events.
     """
     def value(column: str, i: int) -> int | None:
@@ -1011,13 +1015,17 @@ def _payload_ranks(units: Columns, nccl: Columns, env: list[tuple], wanted: np.n
     bounds = np.searchsorted(units["file"], np.arange(len(env) + 1)).tolist()
     allowed = [_whole_job_candidates(unit_inits[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
     for unit in np.flatnonzero(wanted).tolist():
-        world = env[int(units["file"][unit])][0]
-        sized = [(nranks, rank) for nranks, rank, comm in unit_inits[unit] if comm in allowed[int(units["file"][unit])]]
+        file = int(units["file"][unit])
+        world = env[file][0]
+        sized = [(nranks, rank) for nranks, rank, comm in unit_inits[unit] if comm in allowed[file]]
         if world:
             chosen = [pair for pair in sized if pair[0] == world[1]][:1]
         else:
             widest = max((nranks for nranks, _ in sized), default=None)
             chosen = [pair for pair in sized if pair[0] == widest]
+            if bounds[file + 1] - bounds[file] > 1:
+                # ties holding all of the file's units, agreeing on this one (see above)
+                chosen = list(dict.fromkeys(chosen))
         if len(chosen) == 1:
             out["nranks"][unit], out["comm_rank"][unit] = chosen[0]
             out["nranks_na"][unit] = out["comm_rank_na"][unit] = False

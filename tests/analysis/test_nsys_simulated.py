@@ -146,6 +146,31 @@ def test_one_process_driving_its_nodes_gpus_is_read_as_their_ranks_and_analysed_
     assert by_node["warnings"] == []
 
 
+@pytest.mark.parametrize("layout", [
+    dict(nodes=2, gpus_per_node=2, tp=1),  # pure DP: its DP group and the barrier's both hold every rank
+    dict(nodes=1, gpus_per_node=4, tp=4),  # one node: its TP group and the barrier's both hold every rank
+])
+def test_two_communicators_of_every_rank_that_agree_name_the_ranks_of_one_process_of_a_node(
+        tmp_path: Path, layout: dict) -> None:
+    # Tied for the widest, they were taken as TP and DP groups of equal size (which give one
+    # rank's export the same position by chance) and named no rank: the pure-DP job's node
+    # processes were refused as each other's ranks 0-1, and the one-node job had no world size.
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(**layout, steps=3, barrier=True, seed=3)
+    per_gpu = simulate.simulate(spec, tmp_path / "gpu")
+    per_node = simulate.simulate(dataclasses.replace(spec, node_process=True), tmp_path / "node")
+    table = nsys.read_many(per_node)
+    assert table.column("rank").to_pylist() == list(range(4))
+    assert set(table.column("rank_source").to_pylist()) == {"nccl:CommInitRank"}
+    assert table.column("world_size").to_pylist() == [4] * 4
+    by_node, by_gpu = (analyze(load_digests(paths)).to_dict() for paths in (per_node, per_gpu))
+    assert by_node["world_size"] == by_gpu["world_size"] == 4
+    assert by_node["warnings"] == by_gpu["warnings"]
+    assert [r["late_mean_ns"] for r in by_node["ranks"]] == pytest.approx([r["late_mean_ns"] for r in by_gpu["ranks"]])
+
+
 def test_the_communicators_of_one_process_of_a_node_name_no_rank_where_none_holds_every_rank(tmp_path: Path) -> None:
     # Without a world communicator the widest (TP, all four in the process) was taken for the
     # job's: both nodes' processes named their GPUs ranks 0-3, refused as each other's ranks.
