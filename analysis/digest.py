@@ -423,6 +423,7 @@ def captures(digests: pa.Table) -> list[tuple]:
 # What a user can do where a report holds several ranks and nothing names them.
 SEVERAL_RANKS_HINT = ("give each rank its own report (rankscope rank), or export with --include-blobs=true "
                       "so NCCL's CommInitRank names the ranks (where one communicator holds every rank)")
+_BY_PID = f" (each report numbered its (process, GPU) pairs 0, 1, ... by pid: {SEVERAL_RANKS_HINT})"
 
 
 # How a digest's rows name their file when read: the digest, and the export it was built from.
@@ -438,6 +439,9 @@ def _twice_hint(capture: tuple, other: tuple, by_pid: bool, files: tuple[str, st
         return " (the same capture: one file given twice?)"
     if _digest_of_name(*files) or _digest_of_name(*reversed(files)):
         return " (the digest is of an earlier export of that name: rebuild it with `rankscope digest`, or remove it)"
+    if by_pid and capture[1] != other[1]:
+        # Certain, where a window apart is a guess: two hosts' windows are on two clocks.
+        return _BY_PID
     (start, end), (other_start, other_end) = capture[-2:], other[-2:]
     if start > other_end or other_start > end:
         if capture[1:3] == other[1:3] and capture[2] is not None:
@@ -446,7 +450,7 @@ def _twice_hint(capture: tuple, other: tuple, by_pid: bool, files: tuple[str, st
                     "analyse one window's files at a time)")
         return " (another capture window: analyse one run at a time)"
     if by_pid:
-        return f" (each report numbered its (process, GPU) pairs 0, 1, ... by pid: {SEVERAL_RANKS_HINT})"
+        return _BY_PID
     return " (at the same time: two processes of one job took one rank; check RANK or use --rank-from)"
 
 

@@ -183,6 +183,18 @@ def test_the_communicators_of_one_process_of_a_node_name_no_rank_where_none_hold
         load_digests(paths)
 
 
+def test_node_processes_numbered_by_pid_are_told_so_where_their_clocks_keep_their_windows_apart(tmp_path: Path) -> None:
+    # Two hosts' clocks 200 ms apart put their 3-step windows apart: the refusal blamed another
+    # run ("another capture window") where each node's report had numbered its GPUs 0-3.
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=3, node_process=True,
+                            clock_offsets_ns=(0, 200 * simulated_job.MS))
+    paths = simulate.simulate(spec, tmp_path)
+    with pytest.raises(ConsistencyError, match=r"each report numbered its \(process, GPU\) pairs 0, 1, ... by pid"):
+        load_digests(paths)
+
+
 def test_equal_sized_tp_and_dp_communicators_do_not_name_the_rank(job, tmp_path: Path) -> None:
     # Rank 3 is position 1 of both its TP and DP pairs: neither position is its global rank.
     _, paths = job
