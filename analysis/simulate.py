@@ -26,7 +26,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,7 @@ _NCCL_API = (12 * US, 20 * US)
 _LAUNCH_LATENCY = 2.5 * US
 _KERNEL_GAP = 1.0 * US
 _SYNC_LATENCY = 8 * US
+_GROUP_LAUNCH = 6 * US  # one GPU's kernel launch in an NCCL group, after the one before
 _STEP_GAP = (2 * US, 10 * US)
 _SESSION_LEAD = (200 * MS, 230 * MS)  # nsys session start before t0
 _KERNEL_SHARE = np.array([0.35, 0.30, 0.25, 0.10])
@@ -115,6 +116,11 @@ class Timeline:
     arrival: np.ndarray  # (W, S, P) NCCL kernel start
     end: np.ndarray  # (W, S, P) NCCL kernel end
     comm_init: np.ndarray  # (W, C, 2) ncclCommInitRank range per communicator kind
+
+
+def _node_max(spec: JobSpec) -> Callable[[np.ndarray], np.ndarray]:
+    """Per rank, the latest of its node's ranks' times (ranks are numbered node by node)."""
+    return lambda times: times.reshape(spec.nodes, spec.gpus_per_node).max(axis=1).repeat(spec.gpus_per_node)
 
 
 def _kernel_shares(k: int) -> np.ndarray:
@@ -190,12 +196,17 @@ def timeline(spec: JobSpec) -> Timeline:
     step_start = np.empty((W, S))
     step_end = np.empty((W, S))
 
+    # One host thread per node (spec.one_thread) gets to a point once every GPU's work
+    # before it is launched; its NCCL launches follow one another, in GPU order.
+    thread = _node_max(spec) if spec.one_thread else (lambda times: times)
+    in_turn = (ranks % spec.gpus_per_node) * _GROUP_LAUNCH if spec.one_thread else 0.0
     host = np.zeros(W)
     device = np.zeros(W)
     for s in range(S):
         step_start[:, s] = host
         for p, ph in enumerate(phases):
             base = spec.compute_ns * _kernel_shares(max(ph.kernels, 1))
+            host = thread(host)
             for k in range(ph.kernels):
                 ls = host
                 le = ls + d["launch_api"][:, s, p, k]
@@ -213,7 +224,8 @@ def timeline(spec: JobSpec) -> Timeline:
                 # A late launch: the host waited for the device, then stalled.
                 late = launch_extra[:, s] > 0
                 call = np.where(late, np.maximum(call, device) + launch_extra[:, s], call)
-            cs = call + 3 * US
+            call = thread(call)
+            cs = call + 3 * US + in_turn
             ce = cs + 5 * US
             ae = np.maximum(ce + 2 * US, call + d["nccl_api"][:, s, p])
             arrival = np.maximum(device + _KERNEL_GAP, ce + _LAUNCH_LATENCY)
@@ -226,8 +238,8 @@ def timeline(spec: JobSpec) -> Timeline:
             t["arr"][:, s, p], t["end"][:, s, p] = arrival, end
             host, device = ae + 2 * US, end
         # The step ends with a host sync on the device (loss.item(), optimizer step).
-        step_end[:, s] = np.maximum(host, device + _SYNC_LATENCY)
-        host = step_end[:, s] + d["step_gap"][:, s]
+        step_end[:, s] = thread(np.maximum(host, device + _SYNC_LATENCY))
+        host = thread(step_end[:, s] + d["step_gap"][:, s])
 
     session = -d["session_lead"][:, 0]
     kinds = comm_kinds(spec)
@@ -474,6 +486,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--one-process-per-node", action="store_true",
                    help="one process drives every GPU of its node, a thread each (JAX; one Slurm task per node): "
                         "an nsys export per node")
+    p.add_argument("--one-thread", action="store_true",
+                   help="with --one-process-per-node: one thread drives the node's GPUs, each collective an NCCL "
+                        "group over them (nccl-tests -g N)")
     p.add_argument("--slow-link", type=int, action="append", default=[], metavar="RANK",
                    help=f"this rank's network link runs at {SLOW_LINK_SHARE:g} of the bandwidth; repeatable")
     p.add_argument("--seed", type=int, default=0, help="the random draws' seed: a seed writes the same job (default: 0)")
@@ -518,7 +533,8 @@ def _run_cli(args: argparse.Namespace) -> int:
         stragglers=tuple(args.straggler), max_offset_ns=int(round(args.max_offset_ms * MS)),
         max_drift_ppm=args.max_drift_ppm, jitter_ns=int(round(args.jitter_us * US)),
         tp_collectives=args.tp_collectives, barrier=args.barrier, dp_sharded=args.fsdp,
-        slow_links=tuple(args.slow_link), node_process=args.one_process_per_node, seed=args.seed,
+        slow_links=tuple(args.slow_link), node_process=args.one_process_per_node,
+        one_thread=args.one_thread, seed=args.seed,
         job_id=args.job_id,
     )
     _check_format(spec, args.format)  # before the folder: what is asked cannot be written anywhere

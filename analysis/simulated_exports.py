@@ -7,7 +7,7 @@ Each writer takes one rank's `RankTimes` (its events on its node's clock) and a 
   session-relative timestamps, ``utcEpochNs`` = the node clock at session start, NCCL
   2.27 NVTX ranges with their payloads as exported with ``--include-blobs=true``
   (reference/nccl-in-traces.md §1). Of one rank's process, or of one process driving
-  every GPU of its node (JAX; one task per node), a thread per GPU.
+  every GPU of its node (JAX; one task per node), a thread per GPU or one for all.
 - ``write_kineto``: a Kineto (PyTorch profiler) JSON trace, times in µs relative to
   ``baseTimeNanoseconds``, each NCCL call as torch records it (reference/nccl-in-traces.md §4).
 
@@ -474,14 +474,16 @@ def write_nsys(ranks: Sequence[RankTimes], path: Path) -> None:
     base = min(rt.session_local for rt in ranks)
     ranks = [replace(rt, session_local=base) for rt in ranks]
     strings = _Strings()
-    procs = [_Process.of(rt.spec, ranks[0].rank, rt.local - ranks[0].local) for rt in ranks]
-    kernels, launched, nvtx = [], [], []
+    one_thread = ranks[0].spec.one_thread
+    procs = [_Process.of(rt.spec, ranks[0].rank, 0 if one_thread else rt.local - ranks[0].local) for rt in ranks]
+    calls, nvtx = _grouped(ranks, strings, procs[0]) if one_thread else ([(rt.api_start, rt.api_end) for rt in ranks], [])
+    kernels, launched = [], []
     first_id = 1  # CUDA correlation ids are the process's
-    for rt, proc in zip(ranks, procs):
+    for i, (rt, proc, at) in enumerate(zip(ranks, procs, calls)):
         launches = _launches(rt)
         kernels += _kernel_rows(rt, launches, strings, proc, first_id)
         launched += _runtime_rows(launches, strings, proc, first_id)
-        nvtx += _nvtx_rows(rt, strings, proc, domain=proc is procs[0])
+        nvtx += _nvtx_rows(rt, strings, proc, at, first=i == 0, steps=i == 0 or not one_thread)
         first_id += len(launches.kind)
     tables = {
         "CUPTI_ACTIVITY_KIND_KERNEL": (_KERNEL_COLUMNS, kernels),
@@ -599,23 +601,28 @@ def _runtime_rows(launches: _Launches, strings: _Strings, proc: _Process, first_
 _NVTX_COLUMNS = ("start", "end", "eventType", "text", "globalTid", "textId", "domainId", "binaryData")
 
 
-def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process, domain: bool) -> list[tuple]:
-    """The rank's NCCL ranges and steps on its thread; with ``domain``, the process's NCCL
-    domain too (once per process)."""
+def _ranges(proc: _Process, base: int, start: np.ndarray, end: np.ndarray, text, text_id, domain, blobs) -> list[tuple]:
+    """NVTX push/pop ranges on ``proc``'s thread, times relative to ``base``; ``text``,
+    ``text_id`` and ``blobs``: one for all, or a list of one each."""
+    n = start.size
+    texts = text if isinstance(text, list) else [text] * n
+    text_ids = text_id if isinstance(text_id, list) else [text_id] * n
+    return list(zip((start - base).ravel().tolist(), (end - base).ravel().tolist(), [NVTX_PUSHPOP] * n, texts,
+                    [proc.gtid] * n, text_ids, [domain] * n, blobs if blobs is not None else [None] * n))
+
+
+def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process, calls: tuple[np.ndarray, np.ndarray], first: bool,
+               steps: bool) -> list[tuple]:
+    """The rank's NCCL ranges on its thread, its calls' at ``calls`` (start, end; (S, P));
+    with ``steps``, its steps; for the process's ``first`` rank, the NCCL domain too."""
     spec, base = rt.spec, rt.session_local
     S, P = rt.arrival.shape
     me = np.array([rt.rank])
-
-    def ranges(start: np.ndarray, end: np.ndarray, text, text_id, domain, blobs) -> list[tuple]:
-        n = start.size
-        texts = text if isinstance(text, list) else [text] * n
-        text_ids = text_id if isinstance(text_id, list) else [text_id] * n
-        return list(zip((start - base).ravel().tolist(), (end - base).ravel().tolist(), [NVTX_PUSHPOP] * n, texts,
-                        [proc.gtid] * n, text_ids, [domain] * n, blobs if blobs is not None else [None] * n))
+    ranges = functools.partial(_ranges, proc, base)
 
     # The NCCL domain is created just before the first communicator.
     rows: list[tuple] = [(int(rt.comm_init[0, 0]) - base - 5 * MS, None, NVTX_DOMAIN_CREATE, "NCCL", proc.gtid,
-                          None, NCCL_DOMAIN_ID, None)] if domain else []
+                          None, NCCL_DOMAIN_ID, None)] if first else []
     init = np.zeros(len(rt.comm_kinds), dtype=_INIT_PAYLOAD)
     for c, kind in enumerate(rt.comm_kinds):
         group = int(group_of(spec, kind, me)[0])
@@ -632,9 +639,28 @@ def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process, domain: bool) -
         call["size"] = ph.nbytes
         names[:, p] = strings(api.nvtx)
         blobs[:, p] = _blobs(api.schema, call)
-    rows += ranges(rt.api_start, rt.api_end, None, names.ravel().tolist(), NCCL_DOMAIN_ID, blobs.ravel().tolist())
-    rows += ranges(rt.step_start, rt.step_end, [f"step {s}" for s in range(S)], None, 0, None)
+    rows += ranges(*calls, None, names.ravel().tolist(), NCCL_DOMAIN_ID, blobs.ravel().tolist())
+    if steps:
+        rows += ranges(rt.step_start, rt.step_end, [f"step {s}" for s in range(S)], None, 0, None)
     return rows
+
+
+_GROUP_SPACING_NS = 300  # between the ranges of one thread's group, each 100 ns shorter
+
+
+def _grouped(ranks: Sequence[RankTimes], strings: _Strings, proc: _Process) -> tuple[list[tuple], list[tuple]]:
+    """Where one thread drives every GPU (nccl-tests -g N), each collective is an NCCL group
+    on it: ncclGroupStart, one call per GPU in GPU order, and ncclGroupEnd, inside which
+    each GPU's kernel is launched (nccl-in-traces.md §1). Per rank, where its calls' ranges
+    lie (start, end; (S, P)); and the groups' bracket ranges."""
+    gap, count = _GROUP_SPACING_NS, len(ranks)
+    launch_start = np.min([rt.cu_start for rt in ranks], axis=0) - gap
+    launch_end = np.max([rt.cu_end for rt in ranks], axis=0) + gap
+    calls = [(launch_start - (count - d) * gap, launch_start - (count - d) * gap + gap - 100) for d in range(count)]
+    opened = launch_start - (count + 1) * gap
+    ranges = functools.partial(_ranges, proc, ranks[0].session_local)
+    return calls, (ranges(opened, opened + gap - 100, None, strings("ncclGroupStart"), NCCL_DOMAIN_ID, None)
+                   + ranges(launch_start, launch_end, None, strings("ncclGroupEnd"), NCCL_DOMAIN_ID, None))
 
 
 def _target_rows(ranks: Sequence[RankTimes], strings: _Strings, procs: Sequence[_Process],

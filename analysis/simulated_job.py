@@ -82,6 +82,9 @@ class JobSpec:
     # One process drives every GPU of its node, a thread each (JAX; one Slurm task per node):
     # an export per node, its ranks told apart by device and NCCL's CommInitRank payloads.
     node_process: bool = False
+    # With node_process: one host thread drives every GPU (nccl-tests -g N), each collective an
+    # NCCL group over them; the node's GPUs are launched to together, as that thread gets there.
+    one_thread: bool = False
     seed: int = 0
     job_id: str = "sim"
     start_utc_ns: int = 1_780_000_000_000_000_000  # true UTC of t0 (first step)
@@ -147,6 +150,8 @@ def _validate(spec: JobSpec) -> None:
         if s.rank in seen:
             raise bad(f"straggler rank {s.rank} given twice")
         seen.add(s.rank)
+    if spec.one_thread and not spec.node_process:
+        raise bad("one_thread drives a node's GPUs from one thread of one process: it needs node_process")
     for rank in spec.slow_links:
         if not 0 <= rank < spec.world_size:
             raise bad(f"slow link rank {rank} outside 0..{spec.world_size - 1}")

@@ -407,6 +407,15 @@ def test_cli_writes_an_export_per_node_where_one_process_drives_its_gpus(tmp_pat
     capsys.readouterr()
     assert main([*args, "--seed", "1"]) == 2  # a job of rank files would leave the node files beside it
     assert "holds 2 simulated export(s) this job would not replace (sim_node00000.sqlite" in capsys.readouterr().err
+    assert main([*args, "--one-thread"]) == 2
+    assert "one_thread drives a node's GPUs from one thread of one process: it needs node_process" \
+        in capsys.readouterr().err
+    assert main([*args, "--one-process-per-node", "--one-thread", "--seed", "2"]) == 0
+    with sqlite3.connect(out / "sim_node00001.sqlite") as db:
+        assert db.execute("SELECT COUNT(DISTINCT globalTid) FROM NVTX_EVENTS WHERE domainId != 0").fetchone() == (1,)
+        assert db.execute("SELECT COUNT(*) FROM NVTX_EVENTS JOIN StringIds ON textId = id WHERE value = 'ncclGroupEnd'"
+                          ).fetchone() == (2 * 3,)  # two steps of two TP and a DP all-reduce
+    capsys.readouterr()
     assert main([*args, "--one-process-per-node", "--format", "kineto"]) == 2
     assert capsys.readouterr().err == ("rankscope: error: simulate: a PyTorch profiler trace is one process per GPU: "
                                        "one process per node is written as nsys exports only\n")
