@@ -532,7 +532,7 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
     launch_ns = _take(launches["launch_ns"], launch, 0)
     served = _served(nccl, np.flatnonzero(linked), _take(launches["thread"], launch, -1)[linked], launch_ns[linked])
     _warn_kernelless_calls(files, nccl, served["row"])
-    out.update(_summarise_calls(_on_their_devices(served, nccl, out["device"]), nccl, rows.size))
+    out.update(_summarise_calls(_on_their_devices(served, nccl, out["device"]), nccl, out["device"]))
     if out["comms_mixed"].any():
         _warn_per_file(files, out["file"], out["comms_mixed"], "{} of {} NCCL kernels were launched by an ncclGroup "
                        "spanning several communicators: each is given the first call's communicator and no bytes "
@@ -709,14 +709,17 @@ def _on_their_devices(served: Columns, nccl: Columns, device: np.ndarray) -> Col
     return {key: values[~elsewhere] for key, values in served.items()}
 
 
-def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
-    """Per kernel: op (send+recv -> sendrecv), communicator, bytes, peer, first call time;
-    each with a ``_na`` mask. Ops are codes (`_OPS`); kernels serving no call get -1.
+def _summarise_calls(served: Columns, nccl: Columns, device: np.ndarray) -> Columns:
+    """Per kernel (``device``: each one's GPU): op (send+recv -> sendrecv), communicator,
+    bytes, peer, first call time; each with a ``_na`` mask. Ops are codes (`_OPS`); kernels
+    serving no call get -1.
 
     Bytes are a kernel's only where the trace ties its calls to it alone: a call that
     several kernels serve (a group split over kernels), or a kernel serving calls on several
     communicators (which NCCL gives a kernel each), leave its bytes unknown (``shared``,
-    ``comms_mixed``) rather than counted once per kernel."""
+    ``comms_mixed``) rather than counted once per kernel; but for a group of one call per
+    GPU (`_one_call_per_gpu`)."""
+    n = device.size
     out: Columns = {"op": np.full(n, -1, np.int64), "comms_mixed": np.zeros(n, bool), "shared": np.zeros(n, bool)}
     for column in ("comm", "bytes", "peer", "nranks", "cpu_call_ns"):
         out[column], out[f"{column}_na"] = np.zeros(n, np.int64), np.ones(n, bool)
@@ -733,7 +736,9 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
     out["bytes_na"][at] = ~np.maximum.reduceat(known, first)
     servers = np.bincount(row, minlength=nccl["bytes"].size)  # kernels serving each call
-    out["shared"][at] = np.maximum.reduceat(servers[row] > 1, first)
+    per_gpu = _one_call_per_gpu(served, nccl, device, servers)[order][first]
+    out["shared"][at] = np.maximum.reduceat(servers[row] > 1, first) & ~per_gpu
+    out["bytes"][at] = np.where(per_gpu, nccl["bytes"][lead], out["bytes"][at])
     known = ~nccl["peer_na"][row]
     low, high = _known_range(nccl["peer"][row], known, first)
     single = np.minimum.reduceat(known, first) & (low == high)
@@ -749,6 +754,23 @@ def _summarise_calls(served: Columns, nccl: Columns, n: int) -> Columns:
     out["cpu_call_ns"][at] = served["start"][order][first]  # sorted: the first call
     out["cpu_call_ns_na"][at] = False
     return out
+
+
+def _one_call_per_gpu(served: Columns, nccl: Columns, device: np.ndarray, servers: np.ndarray) -> np.ndarray:
+    """Per served (kernel, call): whether the kernel's group is one call per GPU, each GPU's
+    kernel serving them all: one thread driving several GPUs (nccl-tests -g N, ncclCommInitAll)
+    makes one call per GPU on one communicator, each GPU's kernel runs its own, and which is
+    whose the export does not say; but where the calls are alike (op, communicator, bytes)
+    every kernel's is that size. A group split over kernels of one GPU is not such."""
+    kernel, row = served["kernel"], served["row"]
+    pairs = np.unique(np.stack([row, device[kernel]]), axis=1)
+    on_gpus = np.bincount(pairs[0], minlength=servers.size) == servers  # each server on a GPU of its own
+    calls = Groups(kernel)
+    alike = ~nccl["bytes_na"][row] & ~nccl["comm_na"][row]
+    for column in ("op", "comm", "bytes"):
+        alike &= ~calls.varies(nccl[column][row])[calls.id]
+    per_kernel = calls.all(on_gpus[row] & alike & (servers[row] == calls.size[calls.id]))
+    return per_kernel[calls.id]
 
 
 def _known_range(values: np.ndarray, known: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

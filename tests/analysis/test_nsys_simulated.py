@@ -146,6 +146,29 @@ def test_one_process_driving_its_nodes_gpus_is_read_as_their_ranks_and_analysed_
     assert by_node["warnings"] == []
 
 
+def test_one_thread_driving_its_nodes_gpus_in_nccl_groups_gives_each_gpus_kernel_its_calls_bytes(tmp_path: Path) -> None:
+    # nccl-tests -g N: one thread makes each collective an NCCL group of one call per GPU, all
+    # on one communicator id, and launches every GPU's kernel in ncclGroupEnd. Each kernel
+    # serves the group's calls; which is whose the export does not say, and their bytes (alike)
+    # were left unknown (no busbw) with a warning.
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=6, barrier=True, seed=3, node_process=True,
+                            one_thread=True, stragglers=(simulated_job.Straggler(5, "compute", 2 * simulated_job.MS),))
+    paths = simulate.simulate(spec, tmp_path)
+    table = nsys.read_many(paths)
+    assert table.column("rank").to_pylist() == list(range(8))
+    assert table.column("warnings").to_pylist() == [[]] * 8
+    coll = _long(table, "collectives")
+    assert coll.groupby("op")["bytes"].unique().map(sorted).to_dict() == {"allreduce": [4, spec.tp_bytes, spec.dp_bytes]}
+    report = analyze(load_digests(paths)).to_dict()
+    assert report["stragglers"] == [5] and report["warnings"] == []
+    assert report["alignment"]["matched_collectives"] == 6 * (2 * 2 + 4 + 1)
+    assert report["alignment"]["happens_before_violations"] == 0
+    assert all(c["ops"][0]["busbw_gbps"] for c in report["communicators"])
+
+
 @pytest.mark.parametrize("layout", [
     dict(nodes=2, gpus_per_node=2, tp=1),  # pure DP: its DP group and the barrier's both hold every rank
     dict(nodes=1, gpus_per_node=4, tp=4),  # one node: its TP group and the barrier's both hold every rank
