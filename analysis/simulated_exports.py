@@ -483,7 +483,7 @@ def write_nsys(ranks: Sequence[RankTimes], path: Path) -> None:
         launches = _launches(rt)
         kernels += _kernel_rows(rt, launches, strings, proc, first_id)
         launched += _runtime_rows(launches, strings, proc, first_id)
-        nvtx += _nvtx_rows(rt, strings, proc, at, first=i == 0, steps=i == 0 or not one_thread)
+        nvtx += _nvtx_rows(rt, strings, proc, at, first=i == 0)
         first_id += len(launches.kind)
     tables = {
         "CUPTI_ACTIVITY_KIND_KERNEL": (_KERNEL_COLUMNS, kernels),
@@ -611,10 +611,11 @@ def _ranges(proc: _Process, base: int, start: np.ndarray, end: np.ndarray, text,
                     [proc.gtid] * n, text_ids, [domain] * n, blobs if blobs is not None else [None] * n))
 
 
-def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process, calls: tuple[np.ndarray, np.ndarray], first: bool,
-               steps: bool) -> list[tuple]:
-    """The rank's NCCL ranges on its thread, its calls' at ``calls`` (start, end; (S, P));
-    with ``steps``, its steps; for the process's ``first`` rank, the NCCL domain too."""
+def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process, calls: tuple[np.ndarray, np.ndarray],
+               first: bool) -> list[tuple]:
+    """The rank's NCCL ranges on its thread, its calls' at ``calls`` (start, end; (S, P)); for
+    the process's ``first`` rank, the NCCL domain and the steps too (a process marks its
+    steps once, as JAX's and PyTorch's step annotations do)."""
     spec, base = rt.spec, rt.session_local
     S, P = rt.arrival.shape
     me = np.array([rt.rank])
@@ -640,7 +641,7 @@ def _nvtx_rows(rt: RankTimes, strings: _Strings, proc: _Process, calls: tuple[np
         names[:, p] = strings(api.nvtx)
         blobs[:, p] = _blobs(api.schema, call)
     rows += ranges(*calls, None, names.ravel().tolist(), NCCL_DOMAIN_ID, blobs.ravel().tolist())
-    if steps:
+    if first:
         rows += ranges(rt.step_start, rt.step_end, [f"step {s}" for s in range(S)], None, 0, None)
     return rows
 
