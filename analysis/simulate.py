@@ -278,6 +278,20 @@ def _late_stats(values: np.ndarray) -> dict[str, int]:
     }
 
 
+def _late_ranks(spec: JobSpec) -> list[int]:
+    """The ranks the stragglers make late. With one thread per node (spec.one_thread) a
+    launch straggler stalls the thread that launches every GPU of its node, all alike: late
+    against the other nodes' ranks, and against none where its node is the whole job."""
+    g = spec.gpus_per_node
+    late: set[int] = set()
+    for s in spec.stragglers:
+        if not (spec.one_thread and s.kind == "launch"):
+            late.add(s.rank)
+        elif spec.nodes > 1:
+            late.update(range(s.rank - s.rank % g, s.rank - s.rank % g + g))
+    return sorted(late)
+
+
 def truth(spec: JobSpec) -> dict[str, Any]:
     """What an analysis of the simulated exports should recover."""
     tl = timeline(spec)
@@ -306,7 +320,7 @@ def truth(spec: JobSpec) -> dict[str, Any]:
         "clock_model": "local_utc = true_utc + offset_ns + drift_ppm*1e-6*(true_utc - t0_utc_ns)",
         "nodes": [{"node": n, "host": host_name(spec, n), "offset_ns": int(offsets[n]),
                    "drift_ppm": float(drifts[n])} for n in range(spec.nodes)],
-        "stragglers": sorted(s.rank for s in spec.stragglers),
+        "stragglers": _late_ranks(spec),
         "slow_links": sorted(spec.slow_links),
         "collectives_per_step": [{"comm": ph.comm, "op": ph.op, "bytes": ph.nbytes} for ph in tl.phases],
         "communicators": communicators,

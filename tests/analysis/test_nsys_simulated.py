@@ -169,6 +169,18 @@ def test_one_thread_driving_its_nodes_gpus_in_nccl_groups_gives_each_gpus_kernel
     assert all(c["ops"][0]["busbw_gbps"] for c in report["communicators"])
 
 
+def test_one_threads_launch_straggler_is_found_as_its_whole_node_as_the_truth_says(tmp_path: Path) -> None:
+    # The one thread's stall before rank 5's collective launches all of node 1's GPUs late
+    # (three nodes: of two, half the job would be late, and no rank a straggler).
+    from rankscope.analysis.pipeline import analyze
+    from rankscope.analysis.sources import load_digests
+
+    spec = simulate.JobSpec(nodes=3, gpus_per_node=4, tp=4, steps=6, barrier=True, seed=3, node_process=True,
+                            one_thread=True, stragglers=(simulated_job.Straggler(5, "launch", 2 * simulated_job.MS),))
+    report = analyze(load_digests(simulate.simulate(spec, tmp_path))).to_dict()
+    assert report["stragglers"] == simulate.truth(spec)["stragglers"] == [4, 5, 6, 7]
+
+
 @pytest.mark.parametrize("layout", [
     dict(nodes=2, gpus_per_node=2, tp=1),  # pure DP: its DP group and the barrier's both hold every rank
     dict(nodes=1, gpus_per_node=4, tp=4),  # one node: its TP group and the barrier's both hold every rank

@@ -254,6 +254,21 @@ def test_truth_straggler_is_late_by_its_extra(kind):
         assert _rank(truth, other)["late_max_ns"] < 150_000
 
 
+def test_one_threads_launch_straggler_makes_its_whole_node_late_and_the_truth_names_them_all():
+    # One thread launches every GPU of the node: its stall before rank 5's collective holds
+    # back its node's GPUs alike (late in DP; in TP, all four together, none), and nothing
+    # in the exports says which one it was for. A compute straggler stays its own GPU's.
+    launch = sm.truth(_spec(node_process=True, one_thread=True, stragglers=(sm.Straggler(5, "launch", EXTRA),)))
+    assert launch["stragglers"] == [4, 5, 6, 7]
+    for rank in (4, 5, 6, 7):
+        assert abs(_rank(launch, rank)["by_comm"]["dp"]["late_max_ns"] - EXTRA) < 200_000
+    compute = sm.truth(_spec(node_process=True, one_thread=True, stragglers=(sm.Straggler(5, "compute", EXTRA),)))
+    assert compute["stragglers"] == [5]
+    # On one node the stall holds back the whole job: no rank is late against another.
+    alone = sm.truth(_spec(nodes=1, node_process=True, one_thread=True, stragglers=(sm.Straggler(1, "launch", EXTRA),)))
+    assert alone["stragglers"] == [] and max(r["late_max_ns"] for r in alone["ranks"]) < 150_000
+
+
 def test_straggler_kinds_differ_on_the_device(tmp_path):
     def gap_and_busy(spec: sm.JobSpec, rank: int) -> tuple[int, int]:
         path = sm.simulate(spec, tmp_path / spec.stragglers[0].kind, nodes=[rank // 4])[rank % 4]
