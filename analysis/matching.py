@@ -572,19 +572,23 @@ def _shift_ordinals_across_hosts(
     # beyond GAP_FLOOR_RATIO times the closest members' of any communicator (a window moved
     # whole steps pairs calls of one kind, alike but for the work's jitter: µs, not a share).
     floor = np.quantile(miss, 0.1, method="lower")  # one member's, the lowest where they are few
-    suspect = checked.keys[0][(miss > spacing[ref_of[checked.keys[0]]] / 200) | (miss > GAP_FLOOR_RATIO * floor)]
+    by_share = miss > spacing[ref_of[checked.keys[0]]] / 200
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
-    suspect = suspect[host_of[suspect] != host_of[ref_of[suspect]]]
+    member = checked.keys[0]
+    looked = (by_share | (miss > GAP_FLOOR_RATIO * floor)) & (host_of[member] != host_of[ref_of[member]])
+    suspect = member[looked]
+    # Off by µs only (steps alike but for jitter): one gap fits some shift as closely by chance.
+    least_gaps = np.where(by_share[looked], 1, 2)
     found = {}  # member -> (the shift its gaps fit, how well)
     # A member's gaps are a run of them (``at`` ascends, in group order): its bounds, not a
     # pass over every gap per suspect.
     owner = group[at]
     low, high = np.searchsorted(owner, suspect), np.searchsorted(owner, suspect, side="right")
-    for i, lo, hi in zip(suspect.tolist(), low.tolist(), high.tolist()):  # gaps unlike the reference's: one by one
+    for i, lo, hi, least in zip(suspect.tolist(), low.tolist(), high.tolist(), least_gaps.tolist()):  # one by one
         mine = slice(lo, hi)
         theirs = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
         found[i] = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
-                                   rooted=not paired[rc[i]])
+                                   rooted=not paired[rc[i]], least=least)
     # One that fits a shift but not clearly takes it where a member on its host (its clock, and
     # mostly its capture window) clearly fits the same: its own gaps point there too.
     clear = {(rc[i], host_of[i], shift) for i, (shift, fit) in found.items() if fit is _Fit.CLEAR}
@@ -622,7 +626,7 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray, rooted: bool = False) -> tuple[int, _Fit]:
+                    ref_joint: np.ndarray, rooted: bool = False, least: int = 1) -> tuple[int, _Fit]:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
     s further on (both ends of calls that end together) than unshifted; 0 where none is.
@@ -631,8 +635,9 @@ def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_e
     its receivers) agree only while each member keeps its role: where roots take turns they
     miss by the roles' lag at the right shift as at the wrong ones, and one comes out closest
     by chance. A shift only 2x closer than unshifted is WEAK. TURNS and WEAK are taken where
-    a member on this one's host (its window) clearly fits the same (`_shift_ordinals_across_hosts`)."""
-    misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(1, len(gaps) // 2), before=first)
+    a member on this one's host (its window) clearly fits the same (`_shift_ordinals_across_hosts`).
+    A near shift compares half the gaps, and ``least`` of them at the fewest."""
+    misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(least, len(gaps) // 2), before=first)
     # A window moved (started and stopped late alike) pairs calls any number off, the counts
     # alike: shifts further on too, each comparing fewer gaps, taken only clearly best.
     farther = _shift_misses(gaps, last, ref_ends, ref_joint, max(MIN_MOVED_GAPS, len(gaps) // 3),
