@@ -157,7 +157,7 @@ def _validate(spec: JobSpec) -> None:
             raise bad(f"slow link rank {rank} outside 0..{spec.world_size - 1}")
     phases = phases_of(spec)
     if not phases:
-        raise bad("a single-rank job has no collectives to simulate")
+        raise bad("no collectives to simulate: one rank, or TP only with tp_collectives=0 and no barrier")
     kernels = spec.world_size * spec.steps * sum(phase.kernels + 1 for phase in phases)
     if kernels > MAX_KERNELS:
         raise bad(f"{spec.world_size} ranks x {spec.steps} steps is {kernels:,} kernels, more than {MAX_KERNELS:,}")

@@ -436,6 +436,14 @@ def test_cli_writes_an_export_per_node_where_one_process_drives_its_gpus(tmp_pat
                                        "one process per node is written as nsys exports only\n")
 
 
+@pytest.mark.parametrize("layout", [dict(nodes=1, gpus_per_node=1, tp=1), dict(nodes=1, gpus_per_node=3, tp=3, tp_collectives=0)])
+def test_a_job_of_no_collectives_is_refused_saying_which_layouts_make_none(layout):
+    # Three ranks of TP without a TP call were refused as "a single-rank job".
+    with pytest.raises(ConfigError, match=r"no collectives to simulate: one rank, or TP only with tp_collectives=0 "
+                                          r"and no barrier"):
+        sm.JobSpec(**layout)
+
+
 def test_cli_rejects_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["simulate", str(tmp_path), "--straggler", "x:slow"])
