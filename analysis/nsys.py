@@ -761,7 +761,9 @@ def _one_call_per_gpu(served: Columns, nccl: Columns, device: np.ndarray, server
     kernel serving them all: one thread driving several GPUs (nccl-tests -g N, ncclCommInitAll)
     makes one call per GPU on one communicator, each GPU's kernel runs its own, and which is
     whose the export does not say; but where the calls are alike (op, communicator, bytes)
-    every kernel's is that size. A group split over kernels of one GPU is not such."""
+    every kernel's is that size. A group split over kernels of one GPU is not such. One call
+    per GPU: as many as the group's kernels, or as the GPUs the process set the communicator
+    up on (a window's edge may have cut off one GPU's kernel)."""
     kernel, row = served["kernel"], served["row"]
     pairs = np.unique(np.stack([row, device[kernel]]), axis=1)
     on_gpus = np.bincount(pairs[0], minlength=servers.size) == servers  # each server on a GPU of its own
@@ -769,8 +771,22 @@ def _one_call_per_gpu(served: Columns, nccl: Columns, device: np.ndarray, server
     alike = ~nccl["bytes_na"][row] & ~nccl["comm_na"][row]
     for column in ("op", "comm", "bytes"):
         alike &= ~calls.varies(nccl[column][row])[calls.id]
-    per_kernel = calls.all(on_gpus[row] & alike & (servers[row] == calls.size[calls.id]))
+    count = calls.size[calls.id]
+    one_each = (servers[row] == count) | (_gpus_set_up(nccl, row) == count)
+    per_kernel = calls.all(on_gpus[row] & alike & one_each)
     return per_kernel[calls.id]
+
+
+def _gpus_set_up(nccl: Columns, row: np.ndarray) -> np.ndarray:
+    """Per call (``row``), how many GPUs its process set its communicator up on, as the
+    CommInitRank or CommSplit payloads say (0 where none does)."""
+    creates = nccl["creates"] & ~nccl["cuda_device_na"] & ~nccl["comm_na"]
+    if not creates.any():
+        return np.zeros(row.size, np.int64)
+    on = np.unique(np.stack([nccl["process"][creates], nccl["comm"][creates], nccl["cuda_device"][creates]]), axis=1)
+    communicators, gpus = np.unique(on[:2], axis=1, return_counts=True)
+    at = _first_match((communicators[0], communicators[1]), (nccl["process"][row], nccl["comm"][row]))
+    return np.where(at >= 0, gpus[np.maximum(at, 0)], 0)
 
 
 def _known_range(values: np.ndarray, known: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -181,6 +181,22 @@ def test_one_threads_launch_straggler_is_found_as_its_whole_node_as_the_truth_sa
     assert report["stragglers"] == simulate.truth(spec)["stragglers"] == [4, 5, 6, 7]
 
 
+def test_a_group_of_one_call_per_gpu_missing_a_kernel_at_the_window_edge_gives_the_others_their_bytes(
+        tmp_path: Path) -> None:
+    # One thread driving four GPUs; GPU 3's first NCCL kernel cut off by the window: the group
+    # still holds four calls (one a GPU the process set the communicator up on), served by three
+    # kernels, whose bytes were left unknown for want of a fourth.
+    spec = simulate.JobSpec(nodes=1, gpus_per_node=4, tp=4, steps=3, node_process=True, one_thread=True, seed=2)
+    path = simulate.simulate(spec, tmp_path)[0]
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = (SELECT k.rowid FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                   "AS k JOIN StringIds AS s ON k.shortName = s.id WHERE k.deviceId = 3 AND s.value LIKE 'nccl%' "
+                   "ORDER BY k.start LIMIT 1)")
+    coll = _long(nsys.read_many([path]), "collectives")
+    assert coll.groupby("rank").size().tolist() == [6, 6, 6, 5]
+    assert coll["bytes"].tolist() == [spec.tp_bytes] * 23
+
+
 @pytest.mark.parametrize("layout", [
     dict(nodes=2, gpus_per_node=2, tp=1),  # pure DP: its DP group and the barrier's both hold every rank
     dict(nodes=1, gpus_per_node=4, tp=4),  # one node: its TP group and the barrier's both hold every rank
