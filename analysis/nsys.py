@@ -532,7 +532,8 @@ def _collectives(files: list[File], kernels: Columns, is_comm: np.ndarray, unit:
     launch_ns = _take(launches["launch_ns"], launch, 0)
     served = _served(nccl, np.flatnonzero(linked), _take(launches["thread"], launch, -1)[linked], launch_ns[linked])
     _warn_kernelless_calls(files, nccl, served["row"])
-    out.update(_summarise_calls(_on_their_devices(served, nccl, out["device"]), nccl, out["device"]))
+    set_up = _set_up_on(nccl)
+    out.update(_summarise_calls(_on_their_devices(served, nccl, out["device"], set_up), nccl, out["device"], set_up))
     if out["comms_mixed"].any():
         _warn_per_file(files, out["file"], out["comms_mixed"], "{} of {} NCCL kernels were launched by an ncclGroup "
                        "spanning several communicators: each is given the first call's communicator and no bytes "
@@ -690,29 +691,43 @@ def _served(nccl: Columns, kernel: np.ndarray, thread: np.ndarray, launch_ns: np
             "op": calls["op"][served], "row": calls["row"][served]}
 
 
-def _on_their_devices(served: Columns, nccl: Columns, device: np.ndarray) -> Columns:
+# (process, communicator, GPU) triples, as three columns
+_SetUp = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _set_up_on(nccl: Columns) -> _SetUp:
+    """The distinct (process, communicator, GPU) of the processes' CommInitRank and CommSplit
+    payloads: the GPUs each process set each communicator up on."""
+    creates = nccl["creates"] & ~nccl["cuda_device_na"] & ~nccl["comm_na"]
+    on = np.unique(np.stack([nccl["process"][creates], nccl["comm"][creates], nccl["cuda_device"][creates]]), axis=1)
+    return on[0], on[1], on[2]
+
+
+def _on_their_devices(served: Columns, nccl: Columns, device: np.ndarray,
+                      set_up: _SetUp) -> Columns:
     """``served`` less the calls on a communicator of other GPUs than their kernel's (its
     ``device``, indexed by kernel): one thread may drive several GPUs' communicators in one
     group, and each GPU's kernel serves its own communicators' calls. A communicator's GPUs
     are those its process's CommInitRank or CommSplit payloads name: one process may be
     several members of one communicator (ncclCommInitAll gives every GPU one unique id, so
     one communicator id), and then its calls are each of those GPUs' kernels'. Calls on
-    communicators of no traced GPU stay with every kernel of their group."""
-    creates = nccl["creates"] & ~nccl["cuda_device_na"] & ~nccl["comm_na"]
-    if not creates.any():
+    communicators of no traced GPU stay with every kernel of their group. ``set_up``:
+    `_set_up_on`."""
+    if not set_up[0].size:
         return served
     row = served["row"]
-    process, comm = (nccl["process"][creates], nccl["comm"][creates]), (nccl["process"][row], nccl["comm"][row])
-    created = _first_match(process, comm) >= 0
-    here = _first_match((*process, nccl["cuda_device"][creates]), (*comm, device[served["kernel"]])) >= 0
+    comm = (nccl["process"][row], nccl["comm"][row])
+    created = _first_match(set_up[:2], comm) >= 0
+    here = _first_match(set_up, (*comm, device[served["kernel"]])) >= 0
     elsewhere = created & ~nccl["comm_na"][row] & ~here
     return {key: values[~elsewhere] for key, values in served.items()}
 
 
-def _summarise_calls(served: Columns, nccl: Columns, device: np.ndarray) -> Columns:
-    """Per kernel (``device``: each one's GPU): op (send+recv -> sendrecv), communicator,
-    bytes, peer, first call time; each with a ``_na`` mask. Ops are codes (`_OPS`); kernels
-    serving no call get -1.
+def _summarise_calls(served: Columns, nccl: Columns, device: np.ndarray,
+                     set_up: _SetUp) -> Columns:
+    """Per kernel (``device``: each one's GPU; ``set_up``: `_set_up_on`): op (send+recv ->
+    sendrecv), communicator, bytes, peer, first call time; each with a ``_na`` mask. Ops are
+    codes (`_OPS`); kernels serving no call get -1.
 
     Bytes are a kernel's only where the trace ties its calls to it alone: a call that
     several kernels serve (a group split over kernels), or a kernel serving calls on several
@@ -736,7 +751,7 @@ def _summarise_calls(served: Columns, nccl: Columns, device: np.ndarray) -> Colu
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
     out["bytes_na"][at] = ~np.maximum.reduceat(known, first)
     servers = np.bincount(row, minlength=nccl["bytes"].size)  # kernels serving each call
-    per_gpu = _one_call_per_gpu(served, nccl, device, servers)[order][first]
+    per_gpu = _one_call_per_gpu(served, nccl, device, servers, set_up)[order][first]
     out["shared"][at] = np.maximum.reduceat(servers[row] > 1, first) & ~per_gpu
     out["bytes"][at] = np.where(per_gpu, nccl["bytes"][lead], out["bytes"][at])
     known = ~nccl["peer_na"][row]
@@ -756,7 +771,8 @@ def _summarise_calls(served: Columns, nccl: Columns, device: np.ndarray) -> Colu
     return out
 
 
-def _one_call_per_gpu(served: Columns, nccl: Columns, device: np.ndarray, servers: np.ndarray) -> np.ndarray:
+def _one_call_per_gpu(served: Columns, nccl: Columns, device: np.ndarray, servers: np.ndarray,
+                      set_up: _SetUp) -> np.ndarray:
     """Per served (kernel, call): whether the kernel's group is one call per GPU, each GPU's
     kernel serving them all: one thread driving several GPUs (nccl-tests -g N, ncclCommInitAll)
     makes one call per GPU on one communicator, each GPU's kernel runs its own, and which is
@@ -772,19 +788,17 @@ def _one_call_per_gpu(served: Columns, nccl: Columns, device: np.ndarray, server
     for column in ("op", "comm", "bytes"):
         alike &= ~calls.varies(nccl[column][row])[calls.id]
     count = calls.size[calls.id]
-    one_each = (servers[row] == count) | (_gpus_set_up(nccl, row) == count)
+    one_each = (servers[row] == count) | (_gpus_set_up(nccl, row, set_up) == count)
     per_kernel = calls.all(on_gpus[row] & alike & one_each)
     return per_kernel[calls.id]
 
 
-def _gpus_set_up(nccl: Columns, row: np.ndarray) -> np.ndarray:
-    """Per call (``row``), how many GPUs its process set its communicator up on, as the
-    CommInitRank or CommSplit payloads say (0 where none does)."""
-    creates = nccl["creates"] & ~nccl["cuda_device_na"] & ~nccl["comm_na"]
-    if not creates.any():
+def _gpus_set_up(nccl: Columns, row: np.ndarray, set_up: _SetUp) -> np.ndarray:
+    """Per call (``row``), how many GPUs its process set its communicator up on (`_set_up_on`;
+    0 where no payload says)."""
+    if not set_up[0].size:
         return np.zeros(row.size, np.int64)
-    on = np.unique(np.stack([nccl["process"][creates], nccl["comm"][creates], nccl["cuda_device"][creates]]), axis=1)
-    communicators, gpus = np.unique(on[:2], axis=1, return_counts=True)
+    communicators, gpus = np.unique(np.stack(set_up[:2]), axis=1, return_counts=True)
     at = _first_match((communicators[0], communicators[1]), (nccl["process"][row], nccl["comm"][row]))
     return np.where(at >= 0, gpus[np.maximum(at, 0)], 0)
 
