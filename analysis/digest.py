@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +37,10 @@ MAX_CAPTURE_NS = 7 * 24 * 3600 * 10**9
 # takes steps as float64 (NaN where none), exact below 2**53 (~9.0e15); a name with more is
 # no step (as int64, past 19 digits, it was an OverflowError traceback).
 STEP_DIGITS = 15
+MAX_STEP = 10**STEP_DIGITS - 1
 # The comm_id prefix of a communicator a reader could not name (its trace names no process
 # group for the calls, and lists several): calls of several groups may share it.
 UNRESOLVED_PG = "unresolved-pg:"
-MAX_STEP = 10**STEP_DIGITS - 1
 
 # One collective instance as seen by one rank.
 COLLECTIVE = pa.struct(
@@ -413,11 +413,12 @@ def _to_pandas(array: pa.Array | pa.ChunkedArray, pd: ModuleType) -> np.ndarray 
 # What makes two rows one capture of one rank, to the nanosecond: a digest and the export it
 # was built from, or a copy of a file. The window is last: (start, end).
 CAPTURE_KEY = ("rank", "host", "pid", "gpu", "gpu_busy_ns", "window_start_ns", "window_end_ns")
+Capture = NamedTuple("Capture", [(name, Any) for name in CAPTURE_KEY])
 
 
-def captures(digests: pa.Table) -> list[tuple]:
+def captures(digests: pa.Table) -> list[Capture]:
     """Each row's `CAPTURE_KEY` values."""
-    return list(zip(*(digests.column(name).to_pylist() for name in CAPTURE_KEY)))
+    return [Capture(*row) for row in zip(*(digests.column(name).to_pylist() for name in CAPTURE_KEY))]
 
 
 # What a user can do where a report holds several ranks and nothing names them.
@@ -430,7 +431,7 @@ _BY_PID = f" (each report numbered its (process, GPU) pairs 0, 1, ... by pid: {S
 DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
 
 
-def _twice_hint(capture: tuple, other: tuple, by_pid: bool, files: tuple[str, str]) -> str:
+def _twice_hint(capture: Capture, other: Capture, by_pid: bool, files: tuple[str, str]) -> str:
     """What two captures of one rank most likely are: one file twice, a digest of an
     earlier export of the other's name, two windows of one process, two runs, two reports
     that each numbered their processes from 0 (``by_pid``), or two processes of one run that
@@ -439,12 +440,11 @@ def _twice_hint(capture: tuple, other: tuple, by_pid: bool, files: tuple[str, st
         return " (the same capture: one file given twice?)"
     if _digest_of_name(*files) or _digest_of_name(*reversed(files)):
         return " (the digest is of an earlier export of that name: rebuild it with `rankscope digest`, or remove it)"
-    if by_pid and capture[1] != other[1]:
+    if by_pid and capture.host != other.host:
         # Certain, where a window apart is a guess: two hosts' windows are on two clocks.
         return _BY_PID
-    (start, end), (other_start, other_end) = capture[-2:], other[-2:]
-    if start > other_end or other_start > end:
-        if capture[1:3] == other[1:3] and capture[2] is not None:
+    if capture.window_start_ns > other.window_end_ns or other.window_start_ns > capture.window_end_ns:
+        if (capture.host, capture.pid) == (other.host, other.pid) and capture.pid is not None:
             # One process, windows apart: a profiler schedule's cycles (repeat > 1), a file each.
             return (" (another capture window of the same process, as a profiler schedule writes one a cycle: "
                     "analyse one window's files at a time)")

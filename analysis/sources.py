@@ -94,7 +94,7 @@ def _without_digests_of_exports(digests: pa.Table) -> pa.Table:
         export = made and exports.get((capture, Path(made["export"]).name))
         keep.append(not export)
         if export:
-            skipped.setdefault(made["digest"], []).append((capture[0], export))
+            skipped.setdefault(made["digest"], []).append((capture.rank, export))
     if skipped:
         warnings.warn(_digests_of_exports(skipped), RankscopeWarning, stacklevel=3)
     return digests.filter(pa.array(keep))
