@@ -29,6 +29,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import msgspec
@@ -768,14 +769,24 @@ def _pairing_sizes(trace: Trace, work_args: list[Args], work_bytes: np.ndarray,
 def _elements(args: Args, *, listed: bool) -> int | None:
     """Elements of the tensors in `Input Dims`: of every input (``listed`` False: a gloo worker
     op's), or of the first input's list (a c10d call's TensorList); None where none shows."""
-    dims = msgspec.json.decode(args.dims) if args.dims else None
-    if not isinstance(dims, list) or not dims:
-        return None
-    shapes = dims[0] if listed else dims
+    dims = _input_dims(args)
+    shapes = (dims[0] if dims else None) if listed else dims
     if not isinstance(shapes, list):
         return None
-    sizes = [math.prod(s) for s in shapes if isinstance(s, list) and s and all(type(d) is int for d in s)]
-    return sum(sizes) or None
+    return sum(count for shape in shapes if (count := _elements_of(shape))) or None
+
+
+def _input_dims(args: Args) -> list | None:
+    """`Input Dims`, decoded: a shape (list of ints) per input, a list of them for a TensorList."""
+    dims = msgspec.json.decode(args.dims) if args.dims else None
+    return dims if isinstance(dims, list) else None
+
+
+def _elements_of(shape: Any) -> int | None:
+    """A shape's element count, where it is a (non-empty) list of ints."""
+    if isinstance(shape, list) and shape and all(type(d) is int for d in shape):
+        return math.prod(shape)  # exact; np.prod costs ~4 us a call
+    return None
 
 
 def _pairs(events: Events, work: np.ndarray, sure_work: np.ndarray, work_key: np.ndarray, call_ts: np.ndarray,
@@ -1316,13 +1327,13 @@ def _nelems_bytes(args: Args) -> int | None:
 
 def _tensor_bytes(args: Args) -> Iterator[int]:
     """Bytes of each tensor in `Input Dims` x `Input type`, in order (a TensorList: its first tensor)."""
-    dims = msgspec.json.decode(args.dims) if args.dims else None
+    dims = _input_dims(args)
     types = msgspec.json.decode(args.types) if args.types else None
-    if not isinstance(dims, list) or not isinstance(types, list):
+    if dims is None or not isinstance(types, list):
         return
     for shape, kind in zip(dims, types):
         while isinstance(shape, list) and shape and isinstance(shape[0], list):
             shape = shape[0]
-        size = _element_size(kind)
-        if isinstance(shape, list) and shape and size:
-            yield math.prod(shape) * size  # exact; np.prod costs ~4 us a call
+        size, count = _element_size(kind), _elements_of(shape)
+        if size and count is not None:
+            yield count * size
