@@ -288,7 +288,8 @@ def _late_ranks(spec: JobSpec) -> list[int]:
         if not (spec.one_thread and s.kind == "launch"):
             late.add(s.rank)
         elif spec.nodes > 1:
-            late.update(range(s.rank - s.rank % g, s.rank - s.rank % g + g))
+            node_start = s.rank // g * g
+            late.update(range(node_start, node_start + g))
     return sorted(late)
 
 

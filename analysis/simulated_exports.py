@@ -692,7 +692,7 @@ def _target_rows(ranks: Sequence[RankTimes], strings: _Strings, procs: Sequence[
         "TARGET_INFO_GPU": gpus,
         "TARGET_INFO_CUDA_DEVICE": cuda_devices,
         "PROCESSES": [(proc.gpid, proc.pid, "python3")],
-        "ThreadNames": [(strings("python3"), 20, each.gtid) for each in procs]
+        "ThreadNames": [(strings("python3"), 20, gtid) for gtid in dict.fromkeys(each.gtid for each in procs)]
         + [(strings("pt_nccl_watchdg"), 20, proc.gpid | (proc.pid + len(procs) + 56))],  # after the GPUs' threads
         "ENUM_NSYS_EVENT_TYPE": _EVENT_TYPES,
         "ENUM_NSYS_EVENT_CLASS": _EVENT_CLASSES,
