@@ -17,6 +17,7 @@ streams, and how each NCCL call is named and recorded (``_APIS``) are the same i
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -506,6 +507,15 @@ def write_nsys(ranks: Sequence[RankTimes], path: Path) -> None:
             con.execute("COMMIT")
         finally:
             con.close()
+
+
+def without_payloads(paths: Sequence[Path]) -> None:
+    """The exports as a plain `nsys export` leaves them: --include-blobs defaults to false,
+    so no NCCL payloads (no communicator ids, sizes or ranks) (nccl-in-traces.md §1.1)."""
+    for path in paths:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
 
 
 @functools.lru_cache(maxsize=1)

@@ -34,11 +34,9 @@ communicators are then told apart by their lines and end times (`lines.infer`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import resource
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -128,17 +126,10 @@ def run_child(mode: str, folder: Path, repeat: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _without_payloads(paths: list[Path]) -> None:
-    """The exports as `nsys export` leaves them without --include-blobs=true."""
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
-            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
-
-
 def _run(size: int, steps: int, repeat: int, payloads: bool = True) -> None:
     """One simulated job written, timed and measured: one printed row."""
     from rankscope.analysis import simulate as sim
+    from rankscope.analysis.simulated_exports import without_payloads
 
     spec = sim.JobSpec(nodes=max(1, size // 8), gpus_per_node=min(8, size), tp=min(8, size), steps=steps,
                        stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),), seed=1)
@@ -146,7 +137,7 @@ def _run(size: int, steps: int, repeat: int, payloads: bool = True) -> None:
         folder = Path(tmp)
         paths = sim.simulate(spec, folder)
         if not payloads:
-            _without_payloads(paths)
+            without_payloads(paths)
         kib = sum(p.stat().st_size for p in folder.glob("*.sqlite")) / 2**10 / spec.world_size
         load_before = os.getloadavg()[0]
         timed = run_child("time", folder, repeat)

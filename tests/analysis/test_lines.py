@@ -16,6 +16,7 @@ import pytest
 from rankscope import cli
 from rankscope.analysis import digest, matching
 from rankscope.analysis import simulate as sim
+from rankscope.analysis.simulated_exports import without_payloads
 from rankscope.analysis.pipeline import analyze
 from rankscope.analysis.report import Report
 from rankscope.analysis.sources import load_digests
@@ -29,10 +30,7 @@ def _reports(tmp: Path, spec: sim.JobSpec) -> tuple[Report, Report]:
     """The job analysed with its NCCL payloads, then without (as a plain `nsys export` leaves it)."""
     paths = sim.simulate(spec, tmp)
     with_ids = _quietly(paths)
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
-            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
+    without_payloads(paths)
     return with_ids, _quietly(paths)
 
 
@@ -148,9 +146,7 @@ def test_communicators_told_apart_stay_unconfirmed(tmp_path: Path) -> None:
     """Inferred from end times, their members are not confirmed by any trace: happens-before
     violations on them are taken as mispairings and dropped (pipeline._mispaired)."""
     paths = sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=10), tmp_path)
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    without_payloads(paths)
     digests = load_digests(paths)
     matched = matching.match(digest.columns(digests, "collectives"),
                              digest.columns(digests, "communicators", keep=("rank",)), {0, 1, 2, 3})
@@ -192,9 +188,7 @@ def test_a_line_cut_too_short_to_judge_keeps_its_peers_from_being_told_apart_wit
     member, and the hosts left without a collective in common. A line too short to judge that
     a window's edges may have cut from a judged one's length keeps its class grouped by op."""
     paths = sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=3, stragglers=[STRAGGLER]), tmp_path)
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    without_payloads(paths)
     with contextlib.closing(sqlite3.connect(paths[0])) as db, db:
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE streamId = 23 AND start = "
                    "(SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE streamId = 23)")
@@ -226,9 +220,7 @@ def _late_reports(tmp: Path, spec: sim.JobSpec, late_ns: dict[int, int]) -> tupl
     for node, late in late_ns.items():
         _started_late(paths[node * spec.gpus_per_node : (node + 1) * spec.gpus_per_node], late)
     with_ids = _quietly(paths)
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    without_payloads(paths)
     return with_ids, _quietly(paths)
 
 
@@ -276,9 +268,7 @@ def test_lines_of_one_host_cut_apart_are_compared_on_its_clock(tmp_path: Path) -
     with_ids = _quietly(paths)
     _started_late(paths[:4], 0, 19 * sim.MS)
     _started_late(paths[4:], 19 * sim.MS)
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    without_payloads(paths)
     without = _quietly(paths)
     assert _groups(without) == _groups(with_ids)
     assert [w for w in without.warnings if TOLD in w] and not [w for w in without.warnings if NOT_TOLD in w]
@@ -293,9 +283,7 @@ def _moved(tmp: Path, spec: sim.JobSpec, late_ns: dict[int, int]) -> tuple[Repor
         late = late_ns.get(node, 0)
         _started_late(paths[node * spec.gpus_per_node : (node + 1) * spec.gpus_per_node], late, latest - late)
     with_ids = _quietly(paths)
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    without_payloads(paths)
     return with_ids, _quietly(paths)
 
 
@@ -336,9 +324,7 @@ def test_warnings_naming_communicators_of_many_listed_members_keep_their_point(t
     spec = sim.JobSpec(nodes=32, gpus_per_node=8, tp=2, steps=8, dp_sharded=True, seed=0)
     paths = sorted(sim.simulate(spec, tmp_path))
     paths.pop(5).unlink()
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
+    without_payloads(paths)
     report = _quietly(paths)
     assert any(len(c.comm_id) > 400 for c in report.communicators)  # named in full in the report
     (told,) = [w for w in report.warnings if TOLD in w]

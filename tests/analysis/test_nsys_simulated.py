@@ -17,6 +17,7 @@ import pytest
 
 from rankscope.analysis import digest, kineto, nsys, nsys_export
 from rankscope.analysis import simulate, simulated_job
+from rankscope.analysis.simulated_exports import without_payloads
 from rankscope.errors import ConsistencyError, ExportError
 
 SPEC = dict(nodes=2, gpus_per_node=2, tp=2, steps=3, seed=5, job_id="simjob")
@@ -687,14 +688,6 @@ def test_a_kernel_that_ends_before_it_starts_counts_no_time_and_is_warned(job, t
                          "they start (a damaged export): each counts no GPU time")
 
 
-def _without_payloads(paths: list[Path]) -> None:
-    """As a plain `nsys export` leaves them: --include-blobs defaults to false."""
-    for path in paths:
-        with contextlib.closing(sqlite3.connect(path)) as db, db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
-            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
-
-
 def test_kernels_without_communicator_ids_keep_their_stream(tmp_path: Path) -> None:
     """A TP=2 x DP=2 job exported without NCCL payloads: each rank runs its TP and its DP
     all-reduces on two NCCL streams (as PyTorch gives each process group one), which then
@@ -706,7 +699,7 @@ def test_kernels_without_communicator_ids_keep_their_stream(tmp_path: Path) -> N
     paths = simulate.simulate(spec, tmp_path / "tpdp")
     with_ids = _long(nsys.read_many(paths), "collectives")
     assert with_ids["stream"].isna().all() and not with_ids["comm_id"].str.startswith("inferred:").any()
-    _without_payloads(paths)
+    without_payloads(paths)
     table = nsys.read_many(paths)
     without = _long(table, "collectives")
     assert without["comm_id"].eq("inferred:allreduce").all()

@@ -274,20 +274,15 @@ def test_happens_before_broken_on_communicators_of_inferred_members_says_groups_
     uncertainty. Found by a helper's review. The digests now keep each such call's stream, by
     which the analysis tells the groups apart (lines.py) and happens-before holds; digests
     without streams (an earlier rankscope's) are paired as before, and the note says why."""
-    import sqlite3
-
     from rankscope.analysis.simulate import JobSpec, Straggler, simulate
+    from rankscope.analysis.simulated_exports import without_payloads
     from rankscope.analysis.sources import load_digests
 
     spec = JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=10, stragglers=[Straggler(rank=1, kind="compute", extra_ns=2_000_000)])
     paths = simulate(spec, tmp_path)
     with_ids = analyze(load_digests(paths))
     assert not any("happens-before" in w for w in with_ids.warnings)
-    for path in paths:
-        with sqlite3.connect(path) as db:
-            db.execute("UPDATE NVTX_EVENTS SET binaryData = NULL")
-            db.execute("UPDATE META_DATA_EXPORT SET value = 'false' WHERE name = 'EXPORT_PARAM_INCLUDE_BLOBS'")
-        db.close()
+    without_payloads(paths)
     digests = load_digests(paths)
     with pytest.warns(RankscopeWarning):
         told = analyze(digests)
