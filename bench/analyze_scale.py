@@ -1,7 +1,8 @@
 """How analysis time and memory grow with ranks (issue 2, "must show" 4). Not a test.
 
-For each size and step count a simulated job (8 GPUs per node, TP=8) is written as nsys
-exports; then, on the same files:
+For each size, step count and density (--kernels: compute kernels launched before each
+collective) a simulated job (8 GPUs per node, TP=8) is written as nsys exports; then, on
+the same files:
   floor     sqlite3 alone running the very statements the ingest runs on each file
             (`nsys_export.export_schema`: same tables, columns, joins and filters) on a
             connection opened as the ingest opens it (`nsys_export.connect`), every row
@@ -11,8 +12,8 @@ exports; then, on the same files:
             threads read with ADBC's SQLite driver straight into Arrow (it runs without
             the GIL); the calling thread too for exports of `nsys_export.ARROW_FROM_BYTES`
             (256 KiB) or more, smaller ones with sqlite3 as the floor reads them:
-            at 20 steps an export is ~140 KiB, at 200 steps ~400 KiB (the real exports in
-            ../shared/samples/nsys are 1.1 to 2.7 MB).
+            at 20 steps and 4 kernels per collective an export is ~140 KiB, at 60 ~530 KiB
+            (the real exports in ../shared/samples/nsys are 1.1 to 2.7 MB).
 Time: one fresh process times floor and analysis alternately, --repeat rounds, and keeps
 each one's best (other users of shared cores only ever add time; the load average is
 printed); load and analyze are each their own best too, so load/floor compares like
@@ -23,11 +24,17 @@ a pair sees one speed; `rounds` is the lowest and highest pair, the noise to rea
 Memory: one fresh process per mode runs it once; peak RSS is shown, and its growth over
 the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
+Density: the analysis has a cost the floor has not that hardly grows with rows (at 8
+ranks ~8 ms, building the digests and analysing them: thousands of numpy calls on a few
+hundred rows each), so its share grows as exports shrink. The simulator's default job launches 4 compute kernels per collective,
+denser in collectives than any real trace in ../shared/samples: the nsys torchrun export
+mfu_2gpu_before.sqlite has 60 (3,944 compute and 66 NCCL kernels), the Kineto traces of
+kineto/hta 8.6 (df_index_resolver) to 128 (nccl_parser_config). Both 4 and 60 are run.
 --no-payloads: the exports as a plain `nsys export` leaves them (no NCCL payloads, so no
 communicator ids: binaryData NULL, as tests/analysis/test_lines.py strips them): the
 communicators are then told apart by their lines and end times (`lines.infer`).
 
-    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20 200] [--repeat 5] [--no-payloads]
+    .venv/bin/python bench/analyze_scale.py [--sizes 8 64 256 512] [--steps 20] [--kernels 4 60] [--repeat 5] [--no-payloads]
     .venv/bin/python bench/analyze_scale.py --child time FOLDER [--repeat 5]   # one written set: JSON
 """
 
@@ -126,13 +133,14 @@ def run_child(mode: str, folder: Path, repeat: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _run(size: int, steps: int, repeat: int, payloads: bool = True) -> None:
+def _run(size: int, steps: int, kernels: int, repeat: int, payloads: bool = True) -> None:
     """One simulated job written, timed and measured: one printed row."""
     from rankscope.analysis import simulate as sim
     from rankscope.analysis.simulated_exports import without_payloads
 
     spec = sim.JobSpec(nodes=max(1, size // 8), gpus_per_node=min(8, size), tp=min(8, size), steps=steps,
-                       stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),), seed=1)
+                       kernels_per_phase=kernels, stragglers=(sim.Straggler(min(3, size - 1), "compute", 2 * sim.MS),),
+                       seed=1)
     with tempfile.TemporaryDirectory(prefix="rankscope-bench-") as tmp:
         folder = Path(tmp)
         paths = sim.simulate(spec, folder)
@@ -145,7 +153,7 @@ def _run(size: int, steps: int, repeat: int, payloads: bool = True) -> None:
         load_after = os.getloadavg()[0]
     an, fl = timed["analysis"], timed["floor"]
     grown = an_mem["peak_mb"] - an_mem["baseline_mb"]
-    print(f"{spec.world_size:>5} {steps:>5} {kib:>10.0f} {an['seconds']:>10.3f} {an['load_s']:>7.3f} {an['analyze_s']:>9.3f} "
+    print(f"{spec.world_size:>5} {steps:>5} {kernels:>7} {kib:>10.0f} {an['seconds']:>10.3f} {an['load_s']:>7.3f} {an['analyze_s']:>9.3f} "
           f"{fl['seconds']:>8.3f} {an['seconds'] / fl['seconds']:>6.2f} {an['paired']:>6.2f} "
           f"{'%.2f-%.2f' % tuple(an['paired_range']):>9} {an['load_s'] / fl['seconds']:>10.2f} "
           f"{an_mem['peak_mb']:>8.0f} {grown:>6.0f} {grown / spec.world_size:>8.2f} "
@@ -155,7 +163,10 @@ def _run(size: int, steps: int, repeat: int, payloads: bool = True) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 512])
-    parser.add_argument("--steps", type=int, nargs="+", default=[20, 200], help="steps per job: each size is run at each")
+    parser.add_argument("--steps", type=int, nargs="+", default=[20], help="steps per job: each size is run at each")
+    parser.add_argument("--kernels", type=int, nargs="+", default=[4, 60],
+                        help="compute kernels before each collective: each size is run at each (4: the simulator's "
+                             "default; 60: the real nsys torchrun sample's)")
     parser.add_argument("--repeat", type=int, default=5, help="timing rounds (best kept; paired: median of the rounds)")
     parser.add_argument("--no-payloads", action="store_true", help="exports without NCCL payloads (communicator ids)")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
@@ -165,12 +176,13 @@ def main() -> int:
         return 0
     print(f"{os.cpu_count()} CPUs; best of {args.repeat} alternating rounds; load = 1-min load average before/after"
           + ("; exports without NCCL payloads" if args.no_payloads else ""))
-    print(f"{'ranks':>5} {'steps':>5} {'KiB/export':>10} {'analysis s':>10} {'load s':>7} {'analyze s':>9} {'floor s':>8} "
+    print(f"{'ranks':>5} {'steps':>5} {'k/coll':>7} {'KiB/export':>10} {'analysis s':>10} {'load s':>7} {'analyze s':>9} {'floor s':>8} "
           f"{'ratio':>6} {'paired':>6} {'rounds':>9} {'load/floor':>10} {'peak MB':>8} {'+MB':>6} {'+MB/rank':>8} "
           f"{'floor +MB':>9} {'load avg':>10}")
-    for steps in args.steps:
-        for size in args.sizes:
-            _run(size, steps, args.repeat, not args.no_payloads)
+    for kernels in args.kernels:
+        for steps in args.steps:
+            for size in args.sizes:
+                _run(size, steps, kernels, args.repeat, not args.no_payloads)
     return 0
 
 
