@@ -33,6 +33,7 @@ need not end together), and lines too short to judge, are left as they are too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,10 +246,11 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     pairs = _pairs(lines, members)
     if pairs is None:
         return _Split(None, f"its {len(members)} lines are too many to compare pairwise")
-    change, level = _mismatch(lines, *pairs)
-    seen = ~np.isnan(change)
-    a, b = np.searchsorted(members, pairs[0][seen]), np.searchsorted(members, pairs[1][seen])
-    change, level = change[seen], level[seen]
+    fits = _mismatch(lines, *pairs)
+    seen = np.flatnonzero(~np.isnan(fits.change))
+    first, second = pairs[0][seen], pairs[1][seen]
+    a, b = np.searchsorted(members, first), np.searchsorted(members, second)
+    change, level = fits.change[seen], fits.level[seen]
     if not len(change):
         return _Split(None, "no two of its lines make comparable calls")
     host = lines.host[members]
@@ -259,19 +261,30 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     offset = _host_offsets(host, split.label, a, b, level)
     known = ~np.isnan(offset) if offset is not None else np.zeros(len(a), bool)
     if known.any():
-        split = _partition(a, b, np.where(known, np.fmax(change, np.abs(level - offset)), mismatch), size)
+        # Where the end difference was not taken (it changes by more than TOGETHER_NS), the
+        # change is a lower bound of the mismatch: `_partition` has it made exact where it weighs.
+        def exact(pair: np.ndarray) -> np.ndarray:
+            level[pair] = _levels(lines, first[pair], second[pair], fits.samples[seen][pair], fits.shift[seen][pair])
+            return np.fmax(change[pair], np.abs(level[pair] - offset[pair]))
+
+        split = _partition(a, b, np.where(known, np.fmax(change, np.abs(level - offset)), mismatch), size,
+                           known & np.isnan(level), exact)
     if split.label is not None and (offset is None or _host_offsets(host, split.label, a, b, level) is None):
         return _Split(None, "the clock offsets between hosts that the groups of its lines imply disagree",
                       apart_ns=float(mismatch.max()))
     return split
 
 
-def _partition(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, size: np.ndarray) -> _Split:
+def _partition(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, size: np.ndarray,
+               loose: np.ndarray | None = None, exact: Callable[[np.ndarray], np.ndarray] | None = None) -> _Split:
     """Lines (``size``: each one's listed communicator size) as cliques of lines that end
     together (pairs ``a``-``b`` and their ``mismatch``), where that is unambiguous: two
     communicators' lines end far apart (`_apart`) and the cliques match the sizes. A clique
     with no line outside it to compare with may be several groups in lock step: its lines
-    get -1 (left as they are), as do all where none has."""
+    get -1 (left as they are), as do all where none has. ``loose``: mismatches known only
+    as a lower bound past TOGETHER_NS (no clique holds them), which ``exact`` gives where
+    `_apart` needs them; the largest, quoted as a decline's ``apart_ns``, is then only
+    known to be past TOGETHER_NS, all `_declined` asks of it."""
     largest = float(mismatch.max())
     label = _cliques(a, b, mismatch, len(size))
     if label is None:
@@ -282,7 +295,7 @@ def _partition(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, size: np.ndar
     if not compared.any():
         return _Split(None, "no group of its lines that end together has other lines to be told apart from",
                       apart_ns=largest)
-    apart = float(_apart(label, a[~within], b[~within], mismatch[~within]))
+    apart = float(_apart(label, a, b, mismatch, np.flatnonzero(~within), loose, exact))
     typical = float(np.median(mismatch[within]))
     if apart + NOISE_FLOOR_NS < GAP * (typical + NOISE_FLOOR_NS):
         return _Split(None, f"the groups of its lines that end together end only {fmt_ns(apart)} apart (median), "
@@ -362,10 +375,28 @@ def _compared(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return seen[label]
 
 
-def _apart(label: np.ndarray, a: np.ndarray, b: np.ndarray, mismatch: np.ndarray) -> np.floating:
+def _apart(label: np.ndarray, a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, between: np.ndarray,
+           loose: np.ndarray | None = None, exact: Callable[[np.ndarray], np.ndarray] | None = None) -> np.floating:
     """The least, over pairs of cliques compared, of the median mismatch of their lines
-    (``a``-``b``, in different cliques)."""
-    return Groups(np.minimum(label[a], label[b]), np.maximum(label[a], label[b])).median(mismatch).min()
+    (``a``-``b`` at ``between``: in different cliques). Mismatches ``loose`` (lower bounds)
+    are made ``exact`` (in place) only for the pairs of cliques whose median could be the
+    least: a median of lower bounds is one of the median; the least bound first."""
+    pairs = Groups(np.minimum(label[a[between]], label[b[between]]), np.maximum(label[a[between]], label[b[between]]))
+    if loose is None or not loose[between].any():
+        return pairs.median(mismatch[between]).min()
+    loose = loose[between]
+    while True:
+        median = pairs.median(mismatch[between])
+        bounded = np.bincount(pairs.id, weights=loose, minlength=pairs.count) > 0
+        least = median[~bounded].min(initial=np.inf)
+        todo = bounded & (median < least)
+        if not todo.any():
+            return np.float64(least)
+        if least == np.inf:  # none exact yet: the least bound's first, to bound the others by
+            todo = np.arange(pairs.count) == np.flatnonzero(todo)[median[todo].argmin()]
+        pair = np.flatnonzero(todo[pairs.id] & loose)
+        mismatch[between[pair]] = exact(between[pair])
+        loose[pair] = False
 
 
 def _crossing(lines: _Lines, label: np.ndarray) -> np.ndarray:
@@ -412,7 +443,19 @@ def _pairs(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] 
     return first[apart], second[apart]
 
 
-def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class _Fits:
+    """Per pair of lines, `_mismatch`'s ``change`` and ``level`` (NaN: not compared; a
+    level also where not taken, `_mismatch`), and what `_levels` takes it by: the
+    ``shift`` of the second's calls that fit best and the ``samples`` of the first's."""
+
+    change: np.ndarray
+    level: np.ndarray
+    shift: np.ndarray
+    samples: np.ndarray
+
+
+def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> _Fits:
     """Per pair of lines, how far apart their k-th calls end, over SAMPLES calls: the upper
     quartile of the change of the end difference from one call to the next (over sqrt 2: one
     call's share; a quartile, not a median, so that groups apart every other call show it),
@@ -420,8 +463,12 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.
     hosts, their clocks' offset too). At the shift of the second line's calls (a window's
     edges cut them differently; `_shifts`, and across hosts `_gap_shift` too) that changes
     the least, on one host that also ends the closest, where it compares at least half the
-    samples; NaN where none does."""
-    change_out, level_out = np.empty(len(first)), np.empty(len(first))
+    samples; NaN where none does. Across hosts the end difference is taken only where the
+    change is within TOGETHER_NS (else NaN, for `_levels` to take where needed): it weighs
+    there only where their hosts' clocks' offset is known (`_split`), for lines that may end
+    together or pairs of groups that may end the least apart, a few."""
+    change_out, level_out = np.full(len(first), np.nan), np.full(len(first), np.nan)
+    shift_out, samples_out = np.zeros(len(first), np.int64), np.zeros(len(first), np.int64)
     ends = lines.ends
     # Offset by line, the ends ascend throughout (a stream runs its calls in turn): one search
     # finds a call on any line by its end (to ~100 ns past 1e18: calls are us apart).
@@ -430,34 +477,98 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> tuple[np.
     edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
     for lo in range(0, len(first), _CHUNK):
         a, b = first[lo : lo + _CHUNK], second[lo : lo + _CHUNK]
-        compared = np.minimum(lines.size[a], lines.size[b]) - 1  # calls with a next one
         # Pairs come by their calls: a chunk's lines are alike, and short ones need fewer samples.
-        spread = np.linspace(0.0, 1.0, min(SAMPLES, int(compared.max())))
-        k = (spread * (compared - 1)[:, None]).round().astype(np.int64)  # (pair, sample)
-        middle = k[:, len(spread) // 2]
+        k = _samples(lines, a, b, min(SAMPLES, int(np.minimum(lines.size[a], lines.size[b]).max()) - 1))
+        middle = k[:, k.shape[1] // 2]
         centres = _shifts(lines, keyed, a, b, middle)
-        # The last chunk's arrays are let go once this one's are made (`_fit`): freed at once,
-        # malloc would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
-        (score, change, level), held = _fit(lines, a, b, k, (centres[:, :, None] + edge).reshape(len(a), -1))
-        # Across hosts, where the lines' own gaps put the second's calls elsewhere (nodes'
-        # windows moved: started and stopped late alike), there too; taken where it fits
-        # GAP times better (above NOISE_FLOOR_NS): more shifts tried, two communicators'
-        # lines fit better by chance (steps alike), less than one's fit.
-        found = np.full(len(a), _NONE)
-        apart = np.flatnonzero(lines.host[a] != lines.host[b])
+        shifts = (centres[:, :, None] + edge).reshape(len(a), -1)
+        score, change = np.empty(len(a)), np.empty(len(a))
+        level, shift = np.full(len(a), np.nan), np.zeros(len(a), np.int64)
+        # The last chunk's arrays are let go once this one's are made: freed at once, malloc
+        # would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
+        near, apart = np.flatnonzero(lines.host[a] == lines.host[b]), np.flatnonzero(lines.host[a] != lines.host[b])
+        made: tuple[np.ndarray, ...] = ()
+        if len(near):  # on one host the end difference picks the shift too: taken for every shift
+            (score[near], change[near], level[near]), made = _fit(lines, a[near], b[near], k[near], shifts[near])
         if len(apart):
-            found[apart] = _gap_shift(lines, gaps, a[apart], b[apart], middle[apart])
-        extra = np.flatnonzero(found != _NONE)
-        extra = extra[(np.abs(found[extra, None] - centres[extra]) > MAX_EDGE_CALLS).all(axis=1)]
-        if len(extra):
-            more, _ = _fit(lines, a[extra], b[extra], k[extra], found[extra, None] + edge)
-            better = GAP * (more[0] + NOISE_FLOOR_NS) <= score[extra] + NOISE_FLOOR_NS
-            for out, values in zip((score, change, level), more):
-                out[extra[better]] = values[better]
+            fits, more = _changes(lines, gaps, a[apart], b[apart], k[apart], shifts[apart])
+            made += more
+            score[apart], change[apart], shift[apart] = _moved(lines, gaps, a[apart], b[apart], k[apart], middle[apart],
+                                                               centres[apart], fits)
+            taken = apart[np.isfinite(score[apart]) & (change[apart] <= TOGETHER_NS)]
+            level[taken] = _levels(lines, a[taken], b[taken], np.full(len(taken), k.shape[1]), shift[taken])
+        held = made
         seen = np.isfinite(score)
         change_out[lo : lo + _CHUNK] = np.where(seen, change, np.nan)
         level_out[lo : lo + _CHUNK] = level
-    return change_out, level_out
+        shift_out[lo : lo + _CHUNK] = shift
+        samples_out[lo : lo + _CHUNK] = k.shape[1]
+    return _Fits(change_out, level_out, shift_out, samples_out)
+
+
+def _samples(lines: _Lines, a: np.ndarray, b: np.ndarray, count: int) -> np.ndarray:
+    """Per pair of lines (``a``-``b``), the ``count`` calls of the first compared, spread
+    over the calls both have with a next one: (pair, sample)."""
+    compared = np.minimum(lines.size[a], lines.size[b]) - 1  # calls with a next one
+    return (np.linspace(0.0, 1.0, count) * (compared - 1)[:, None]).round().astype(np.int64)
+
+
+def _moved(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.ndarray, middle: np.ndarray,
+           centres: np.ndarray, fits: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """Across hosts (``a``-``b``), where the lines' own gaps put the second's calls elsewhere
+    (nodes' windows moved: started and stopped late alike), ``fits`` (`_changes`: score,
+    change, shift) taken there, in place, where that fits GAP times better (above
+    NOISE_FLOOR_NS): more shifts tried, two communicators' lines fit better by chance (steps
+    alike), less than one's fit."""
+    found = _gap_shift(lines, gaps, a, b, middle)
+    extra = np.flatnonzero(found != _NONE)
+    extra = extra[(np.abs(found[extra, None] - centres[extra]) > MAX_EDGE_CALLS).all(axis=1)]
+    if not len(extra):
+        return fits
+    edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
+    more, _ = _changes(lines, gaps, a[extra], b[extra], k[extra], found[extra, None] + edge)
+    better = GAP * (more[0] + NOISE_FLOOR_NS) <= fits[0][extra] + NOISE_FLOOR_NS
+    for out, values in zip(fits, more):
+        out[extra[better]] = values[better]
+    return fits
+
+
+def _changes(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.ndarray,
+             ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, ...]]:
+    """`_fit` for pairs of lines on two hosts (``a``-``b``), less the end difference: per pair
+    its score (the change; inf: compared at under half the samples), its change and the
+    shift it is best at. The change of the end difference from one call to the next is the
+    difference of the lines' gaps, the same number (ends are whole ns, exact in float64),
+    taken without the ends' (the bulk of `_fit`'s work, which few pairs need: `_mismatch`);
+    and the large arrays it made, for the caller to let go of when it likes."""
+    calls_b = lines.size[b][:, None, None]
+    at = shifts[:, :, None] + k[:, None, :]  # (pair, shift, sample): a shift's samples side by side, to sort
+    inside = (at >= 0) & (at + 1 < calls_b)
+    theirs = gaps.gap[lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)]
+    differ = np.where(inside, np.abs(theirs - gaps.gap[lines.starts[a][:, None] + k][:, None, :]), np.nan)
+    ranked = np.sort(differ, axis=2)  # NaN last
+    seen = np.count_nonzero(inside, axis=2)
+    change = np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0)[:, :, None], 2)[:, :, 0] / np.sqrt(2)
+    score = np.where(seen < k.shape[1] // 2, np.inf, change)
+    best = score.argmin(axis=1)[:, None]
+    return ((np.take_along_axis(score, best, 1)[:, 0], np.take_along_axis(change, best, 1)[:, 0],
+             np.take_along_axis(shifts, best, 1)[:, 0]), (at, inside, theirs, differ, ranked))
+
+
+def _levels(lines: _Lines, a: np.ndarray, b: np.ndarray, samples: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Per pair of lines (``a``-``b``, compared at ``samples`` calls of the first), the end
+    difference (`_middle_mean`) at ``shift`` of the second's calls, as `_fit` takes it."""
+    out = np.empty(len(a))
+    for count in np.unique(samples).tolist():  # as many as chunks of pairs compared: a few
+        pair = np.flatnonzero(samples == count)
+        k = _samples(lines, a[pair], b[pair], count)
+        calls_b = lines.size[b[pair]][:, None]
+        at = k + shift[pair][:, None]
+        inside = (at >= 0) & (at + 1 < calls_b)
+        theirs = lines.starts[b[pair]][:, None] + np.clip(at, 0, calls_b - 2)
+        before = lines.ends[theirs] - lines.ends[lines.starts[a[pair]][:, None] + k]
+        out[pair] = _middle_mean(np.where(inside, before, np.nan))
+    return out
 
 
 def _fit(lines: _Lines, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.ndarray,
