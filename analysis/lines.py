@@ -29,6 +29,12 @@ no other line was compared with may be several groups in lock step: it stays as 
 left it, grouped by op, as does a class that is not split, with a warning where that may
 pool several communicators. Lines holding other ops (p2p, broadcast, reduce: their members
 need not end together), and lines too short to judge, are left as they are too.
+
+Every pair is compared (the least median between cliques needs them all), but across hosts
+by the change of its end difference alone, from the lines' gaps (`_changes`): the end
+difference itself, the costlier part, weighs only where the hosts' clock offset is known,
+for lines that may end together and the pairs of cliques that may end the least apart
+(`_apart`), and is taken there only (`_levels`).
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ class _Split:
     """A class's lines as communicators (``label``: per line, the position of the first line
     of its clique; -1: left as it is), or why not (``reason``); with the largest mismatch
     within a clique and the least median mismatch between two (for a decline: the largest
-    mismatch seen)."""
+    mismatch seen, or a lower bound of it past TOGETHER_NS: `_partition`)."""
 
     label: np.ndarray | None
     reason: str = ""
@@ -246,11 +252,10 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     pairs = _pairs(lines, members)
     if pairs is None:
         return _Split(None, f"its {len(members)} lines are too many to compare pairwise")
-    fits = _mismatch(lines, *pairs)
-    seen = np.flatnonzero(~np.isnan(fits.change))
-    first, second = pairs[0][seen], pairs[1][seen]
-    a, b = np.searchsorted(members, first), np.searchsorted(members, second)
-    change, level = fits.change[seen], fits.level[seen]
+    change, level, shift, samples = _mismatch(lines, *pairs)
+    seen = ~np.isnan(change)
+    a, b = np.searchsorted(members, pairs[0][seen]), np.searchsorted(members, pairs[1][seen])
+    change, level, shift, samples = change[seen], level[seen], shift[seen], samples[seen]
     if not len(change):
         return _Split(None, "no two of its lines make comparable calls")
     host = lines.host[members]
@@ -264,7 +269,7 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
         # Where the end difference was not taken (it changes by more than TOGETHER_NS), the
         # change is a lower bound of the mismatch: `_partition` has it made exact where it weighs.
         def exact(pair: np.ndarray) -> np.ndarray:
-            level[pair] = _levels(lines, first[pair], second[pair], fits.samples[seen][pair], fits.shift[seen][pair])
+            level[pair] = _levels(lines, members[a[pair]], members[b[pair]], samples[pair], shift[pair])
             return np.fmax(change[pair], np.abs(level[pair] - offset[pair]))
 
         split = _partition(a, b, np.where(known, np.fmax(change, np.abs(level - offset)), mismatch), size,
@@ -387,7 +392,7 @@ def _apart(label: np.ndarray, a: np.ndarray, b: np.ndarray, mismatch: np.ndarray
     loose = loose[between]
     while True:
         median = pairs.median(mismatch[between])
-        bounded = np.bincount(pairs.id, weights=loose, minlength=pairs.count) > 0
+        bounded = np.bincount(pairs.id[loose], minlength=pairs.count) > 0
         least = median[~bounded].min(initial=np.inf)
         todo = bounded & (median < least)
         if not todo.any():
@@ -443,19 +448,8 @@ def _pairs(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] 
     return first[apart], second[apart]
 
 
-@dataclass(frozen=True)
-class _Fits:
-    """Per pair of lines, `_mismatch`'s ``change`` and ``level`` (NaN: not compared; a
-    level also where not taken, `_mismatch`), and what `_levels` takes it by: the
-    ``shift`` of the second's calls that fit best and the ``samples`` of the first's."""
-
-    change: np.ndarray
-    level: np.ndarray
-    shift: np.ndarray
-    samples: np.ndarray
-
-
-def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> _Fits:
+def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per pair of lines, how far apart their k-th calls end, over SAMPLES calls: the upper
     quartile of the change of the end difference from one call to the next (over sqrt 2: one
     call's share; a quartile, not a median, so that groups apart every other call show it),
@@ -466,9 +460,11 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> _Fits:
     samples; NaN where none does. Across hosts the end difference is taken only where the
     change is within TOGETHER_NS (else NaN, for `_levels` to take where needed): it weighs
     there only where their hosts' clocks' offset is known (`_split`), for lines that may end
-    together or pairs of groups that may end the least apart, a few."""
+    together or pairs of groups that may end the least apart, a few. With them, what
+    `_levels` takes it by: the shift of the second's calls that fits best, and how many
+    calls of the first were sampled."""
     change_out, level_out = np.full(len(first), np.nan), np.full(len(first), np.nan)
-    shift_out, samples_out = np.zeros(len(first), np.int64), np.zeros(len(first), np.int64)
+    shift_out, samples_out = np.zeros(len(first), np.int32), np.zeros(len(first), np.int8)  # small: one per pair
     ends = lines.ends
     # Offset by line, the ends ascend throughout (a stream runs its calls in turn): one search
     # finds a call on any line by its end (to ~100 ns past 1e18: calls are us apart).
@@ -503,7 +499,7 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray) -> _Fits:
         level_out[lo : lo + _CHUNK] = level
         shift_out[lo : lo + _CHUNK] = shift
         samples_out[lo : lo + _CHUNK] = k.shape[1]
-    return _Fits(change_out, level_out, shift_out, samples_out)
+    return change_out, level_out, shift_out, samples_out
 
 
 def _samples(lines: _Lines, a: np.ndarray, b: np.ndarray, count: int) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rankscope import cli
-from rankscope.analysis import digest, matching
+from rankscope.analysis import digest, lines, matching
 from rankscope.analysis import simulate as sim
 from rankscope.analysis.simulated_exports import without_payloads
 from rankscope.analysis.pipeline import analyze
@@ -331,3 +331,31 @@ def test_warnings_naming_communicators_of_many_listed_members_keep_their_point(t
     (unsized,) = [w for w in report.warnings if w.startswith("no bus bandwidth")]
     assert cli._one_line(told).endswith("or more apart (median)")
     assert cli._one_line(unsized).endswith("which lacks ranks of the job")
+
+
+def test_the_least_median_between_groups_takes_exact_mismatches_only_where_it_may_be_the_least() -> None:
+    """Three cliques of two lines; the mismatches between cliques 0-2 and 2-4 known only as
+    lower bounds (their end differences not taken: `_mismatch`). The least median is the
+    exact one, 20 us (2-4, bounded by 15 us), as with every mismatch exact, not the bound;
+    0-2 (bounded by 35 us, past 0-4's 30 us) is never made exact. With none exact, the least
+    bound's pair of cliques is made exact first, then those whose bound is under its median."""
+    label = np.array([0, 0, 2, 2, 4, 4])
+    a = np.array([0, 2, 4, 0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3])
+    b = np.array([1, 3, 5, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5])
+    exact = np.array([1e3] * 3 + [40e3] * 4 + [30e3] * 4 + [20e3] * 4)
+    bound = np.array([1e3] * 3 + [35e3] * 4 + [30e3] * 4 + [15e3] * 4)
+    between = np.arange(3, 15)
+    asked: list[int] = []
+
+    def made_exact(pair: np.ndarray) -> np.ndarray:
+        asked.extend(pair.tolist())
+        return exact[pair]
+
+    assert lines._apart(label, a, b, exact.copy(), between) == 20e3
+    loose = np.isin(np.arange(15), [3, 4, 5, 6, 11, 12, 13, 14])
+    assert lines._apart(label, a, b, bound.copy(), between, loose, made_exact) == 20e3
+    assert sorted(asked) == [11, 12, 13, 14]
+    asked.clear()
+    bound[7:11] = 18e3
+    assert lines._apart(label, a, b, bound.copy(), between, np.arange(15) >= 3, made_exact) == 20e3
+    assert sorted(asked) == [7, 8, 9, 10, 11, 12, 13, 14]
