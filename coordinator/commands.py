@@ -308,7 +308,9 @@ def run_capture(args: argparse.Namespace) -> int:
             raise TransportError(f"{exc}; stopped waiting for sweep {sweep.sweep_id}, which may still finish once "
                                  f"the coordinator is back ({_command_line(args, 'report', sweep.sweep_id)} "
                                  "prints its report)") from None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, RuntimeError) as exc:
+            if not signals.interrupted(exc):
+                raise
             # Only the command stops: the nodes capture on (DCGM paused), and the coordinator analyses.
             print(_interrupted(args, sweep), file=sys.stderr)
             return EXIT_INTERRUPTED

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rankscope import __version__
+from rankscope import __version__, signals
 from rankscope.errors import RankscopeError
 
 # Each module exposes register(subparsers) for the commands it is listed with; the parser
@@ -226,7 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RankscopeError as exc:
         print(f"rankscope: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RuntimeError) as exc:
+        if not signals.interrupted(exc):
+            raise
         print("rankscope: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as a program SIGPIPE ends
