@@ -471,6 +471,9 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
     keyed = lines.keyed(ends)
     gaps = _gaps(lines)
     edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
+    # The last chunk's large arrays, let go once this one's are made: freed at once, malloc
+    # would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
+    held: list[np.ndarray] = []
     for lo in range(0, len(first), _CHUNK):
         a, b = first[lo : lo + _CHUNK], second[lo : lo + _CHUNK]
         # Pairs come by their calls: a chunk's lines are alike, and short ones need fewer samples.
@@ -480,8 +483,6 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
         shifts = (centres[:, :, None] + edge).reshape(len(a), -1)
         score, change = np.empty(len(a)), np.empty(len(a))
         level, shift = np.full(len(a), np.nan), np.zeros(len(a), np.int64)
-        # The last chunk's arrays are let go once this one's are made: freed at once, malloc
-        # would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
         near, apart = np.flatnonzero(lines.host[a] == lines.host[b]), np.flatnonzero(lines.host[a] != lines.host[b])
         made: tuple[np.ndarray, ...] = ()
         if len(near):  # on one host the end difference picks the shift too: taken for every shift
@@ -493,7 +494,7 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
                                                                centres[apart], fits)
             taken = apart[np.isfinite(score[apart]) & (change[apart] <= TOGETHER_NS)]
             level[taken] = _levels(lines, a[taken], b[taken], np.full(len(taken), k.shape[1]), shift[taken])
-        held = made
+        held[:] = made
         seen = np.isfinite(score)
         change_out[lo : lo + _CHUNK] = np.where(seen, change, np.nan)
         level_out[lo : lo + _CHUNK] = level
