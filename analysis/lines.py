@@ -543,13 +543,11 @@ def _changes(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.nda
     inside = (at >= 0) & (at + 1 < calls_b)
     theirs = gaps.gap[lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)]
     differ = np.where(inside, np.abs(theirs - gaps.gap[lines.starts[a][:, None] + k][:, None, :]), np.nan)
-    ranked = np.sort(differ, axis=2)  # NaN last
-    seen = np.count_nonzero(inside, axis=2)
-    change = np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0)[:, :, None], 2)[:, :, 0] / np.sqrt(2)
-    score = np.where(seen < k.shape[1] // 2, np.inf, change)
+    change = _upper_quartile(differ, axis=2) / np.sqrt(2)  # (pair, shift)
+    score = np.where(np.count_nonzero(inside, axis=2) < k.shape[1] // 2, np.inf, change)
     best = score.argmin(axis=1)[:, None]
     return ((np.take_along_axis(score, best, 1)[:, 0], np.take_along_axis(change, best, 1)[:, 0],
-             np.take_along_axis(shifts, best, 1)[:, 0]), (at, inside, theirs, differ, ranked))
+             np.take_along_axis(shifts, best, 1)[:, 0]), (at, inside, theirs, differ))
 
 
 def _levels(lines: _Lines, a: np.ndarray, b: np.ndarray, samples: np.ndarray, shift: np.ndarray) -> np.ndarray:
@@ -570,10 +568,11 @@ def _levels(lines: _Lines, a: np.ndarray, b: np.ndarray, samples: np.ndarray, sh
 
 def _fit(lines: _Lines, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.ndarray,
          ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, ...]]:
-    """Per pair of lines (``a``-``b``; ``k``: the first's calls sampled), at the best of the
-    ``shifts`` of the second's calls: its score (inf: compared at under half the samples),
-    the change of the end difference (`_mismatch`) and the end difference; and the large
-    arrays it made, for the caller to let go of when it likes."""
+    """Per pair of lines on one host (``a``-``b``; ``k``: the first's calls sampled), at the
+    best of the ``shifts`` of the second's calls, where the end difference picks the shift
+    too: its score (the greater of the change and the end difference; inf: compared at
+    under half the samples), the change of the end difference (`_mismatch`) and the end
+    difference; and the large arrays it made, for the caller to let go of when it likes."""
     ends = lines.ends
     calls_b = lines.size[b][:, None, None]
     mine = lines.starts[a][:, None] + k
@@ -582,10 +581,8 @@ def _fit(lines: _Lines, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.
     theirs = lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)
     before = ends[theirs] - ends[mine][:, :, None]
     after = ends[theirs + 1] - ends[mine + 1][:, :, None]
-    change = _upper_quartile(np.where(inside, np.abs(after - before), np.nan)) / np.sqrt(2)  # (pair, shift)
-    score = change.copy()
-    same = lines.host[a] == lines.host[b]  # a few: where the level picks the shift too
-    score[same] = np.fmax(change[same], np.abs(_middle_mean(np.where(inside[same], before[same], np.nan))))
+    change = _upper_quartile(np.where(inside, np.abs(after - before), np.nan), axis=1) / np.sqrt(2)  # (pair, shift)
+    score = np.fmax(change, np.abs(_middle_mean(np.where(inside, before, np.nan))))
     score[np.count_nonzero(inside, axis=1) < k.shape[1] // 2] = np.inf
     best = score.argmin(axis=1)
     at_best = np.take_along_axis(np.where(inside, before, np.nan), best[:, None, None], 2)[:, :, 0]
@@ -693,11 +690,11 @@ def _nearest(lines: _Lines, keyed: np.ndarray, line: np.ndarray, end: np.ndarray
     return after - (value - keyed[after - 1] < keyed[after] - value)
 
 
-def _upper_quartile(values: np.ndarray) -> np.ndarray:
-    """The upper quartile of the observed values along axis 1 (NaN: not observed)."""
-    ranked = np.sort(values, axis=1)  # NaN last
-    seen = np.count_nonzero(~np.isnan(ranked), axis=1, keepdims=True)
-    return np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0), 1)[:, 0]
+def _upper_quartile(values: np.ndarray, axis: int) -> np.ndarray:
+    """The upper quartile of the observed values along ``axis`` (NaN: not observed)."""
+    ranked = np.sort(values, axis=axis)  # NaN last
+    seen = np.count_nonzero(~np.isnan(ranked), axis=axis, keepdims=True)
+    return np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0), axis).squeeze(axis)
 
 
 def _middle_mean(values: np.ndarray) -> np.ndarray:
