@@ -70,6 +70,8 @@ _CHUNK = 2048  # pairs compared at once (SAMPLES x shifts values each)
 RUN_GAPS = 6  # gaps (end to next end) of a line around its middle call that fix a shift across hosts
 CANDIDATES = 8  # shifts whose middle gap fits best, whose runs of gaps are compared
 _BITS = 63  # op groups a class can name (the bits of an int64)
+_EDGE = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)  # shifts tried about each centre
+_WINDOW = len(_EDGE)
 
 
 @dataclass(frozen=True)
@@ -470,7 +472,6 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
     # finds a call on any line by its end (to ~100 ns past 1e18: calls are us apart).
     keyed = lines.keyed(ends)
     gaps = _gaps(lines)
-    edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
     # The last chunk's large arrays, let go once this one's are made: freed at once, malloc
     # would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
     held: list[np.ndarray] = []
@@ -480,7 +481,7 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
         k = _samples(lines, a, b, min(SAMPLES, int(np.minimum(lines.size[a], lines.size[b]).max()) - 1))
         middle = k[:, k.shape[1] // 2]
         centres = _shifts(lines, keyed, a, b, middle)
-        shifts = (centres[:, :, None] + edge).reshape(len(a), -1)
+        shifts = (centres[:, :, None] + _EDGE).reshape(len(a), -1)
         score, change = np.empty(len(a)), np.empty(len(a))
         level, shift = np.full(len(a), np.nan), np.zeros(len(a), np.int64)
         near, apart = np.flatnonzero(lines.host[a] == lines.host[b]), np.flatnonzero(lines.host[a] != lines.host[b])
@@ -488,7 +489,7 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
         if len(near):  # on one host the end difference picks the shift too: taken for every shift
             (score[near], change[near], level[near]), made = _fit(lines, a[near], b[near], k[near], shifts[near])
         if len(apart):
-            fits, more = _changes(lines, gaps, a[apart], b[apart], k[apart], shifts[apart])
+            fits, more = _changes(lines, gaps, a[apart], b[apart], k[apart], centres[apart])
             made += more
             score[apart], change[apart], shift[apart] = _moved(lines, gaps, a[apart], b[apart], k[apart], middle[apart],
                                                                centres[apart], fits)
@@ -522,32 +523,36 @@ def _moved(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.ndarr
     extra = extra[(np.abs(found[extra, None] - centres[extra]) > MAX_EDGE_CALLS).all(axis=1)]
     if not len(extra):
         return fits
-    edge = np.arange(-MAX_EDGE_CALLS, MAX_EDGE_CALLS + 1)
-    more, _ = _changes(lines, gaps, a[extra], b[extra], k[extra], found[extra, None] + edge)
+    more, _ = _changes(lines, gaps, a[extra], b[extra], k[extra], found[extra, None])
     better = GAP * (more[0] + NOISE_FLOOR_NS) <= fits[0][extra] + NOISE_FLOOR_NS
     for out, values in zip(fits, more):
         out[extra[better]] = values[better]
     return fits
 
 
-def _changes(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.ndarray,
+def _changes(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.ndarray, centres: np.ndarray,
              ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, ...]]:
-    """`_fit` for pairs of lines on two hosts (``a``-``b``), less the end difference: per pair
-    its score (the change; inf: compared at under half the samples), its change and the
-    shift it is best at. The change of the end difference from one call to the next is the
-    difference of the lines' gaps, the same number (ends are whole ns, exact in float64),
-    taken without the ends' (the bulk of `_fit`'s work, which few pairs need: `_mismatch`);
-    and the large arrays it made, for the caller to let go of when it likes."""
-    calls_b = lines.size[b][:, None, None]
-    at = shifts[:, :, None] + k[:, None, :]  # (pair, shift, sample): a shift's samples side by side, to sort
-    inside = (at >= 0) & (at + 1 < calls_b)
-    theirs = gaps.gap[lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)]
-    differ = np.where(inside, np.abs(theirs - gaps.gap[lines.starts[a][:, None] + k][:, None, :]), np.nan)
-    change = _upper_quartile(differ, axis=2) / np.sqrt(2)  # (pair, shift)
-    score = np.where(np.count_nonzero(inside, axis=2) < k.shape[1] // 2, np.inf, change)
+    """`_fit` for pairs of lines on two hosts (``a``-``b``), less the end difference, at the
+    shifts ``centres`` give or take MAX_EDGE_CALLS: per pair its score (the change; inf:
+    compared at under half the samples), its change and the shift it is best at. The change
+    of the end difference from one call to the next is the difference of the lines' gaps,
+    the same number (ends are whole ns, exact in float64), taken without the ends' (the
+    bulk of `_fit`'s work, which few pairs need: `_mismatch`); and the large arrays it
+    made, for the caller to let go of when it likes."""
+    # A sample's gaps of the second line at a centre's shifts lie side by side (`_Gaps.padded`,
+    # NaN past its calls): one window each, where the window lies wholly past them, all NaN.
+    first = np.clip(centres[:, :, None] + k[:, None, :] - MAX_EDGE_CALLS, -_WINDOW, (lines.size[b] - 1)[:, None, None])
+    theirs = gaps.windows[gaps.base[b][:, None, None] + first]  # (pair, centre, sample, edge)
+    differ = np.abs(theirs - gaps.gap[lines.starts[a][:, None] + k][:, None, :, None])
+    # (pair, shift, sample): a shift's samples side by side, to sort
+    differ = np.ascontiguousarray(differ.transpose(0, 1, 3, 2)).reshape(len(a), -1, k.shape[1])
+    change, seen = _upper_quartile(differ, axis=2)
+    change /= np.sqrt(2)
+    score = np.where(seen < k.shape[1] // 2, np.inf, change)
+    shifts = (centres[:, :, None] + _EDGE).reshape(len(a), -1)
     best = score.argmin(axis=1)[:, None]
     return ((np.take_along_axis(score, best, 1)[:, 0], np.take_along_axis(change, best, 1)[:, 0],
-             np.take_along_axis(shifts, best, 1)[:, 0]), (at, inside, theirs, differ))
+             np.take_along_axis(shifts, best, 1)[:, 0]), (theirs, differ))
 
 
 def _levels(lines: _Lines, a: np.ndarray, b: np.ndarray, samples: np.ndarray, shift: np.ndarray) -> np.ndarray:
@@ -581,9 +586,10 @@ def _fit(lines: _Lines, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.
     theirs = lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)
     before = ends[theirs] - ends[mine][:, :, None]
     after = ends[theirs + 1] - ends[mine + 1][:, :, None]
-    change = _upper_quartile(np.where(inside, np.abs(after - before), np.nan), axis=1) / np.sqrt(2)  # (pair, shift)
+    change, seen = _upper_quartile(np.where(inside, np.abs(after - before), np.nan), axis=1)  # (pair, shift)
+    change /= np.sqrt(2)
     score = np.fmax(change, np.abs(_middle_mean(np.where(inside, before, np.nan))))
-    score[np.count_nonzero(inside, axis=1) < k.shape[1] // 2] = np.inf
+    score[seen < k.shape[1] // 2] = np.inf
     best = score.argmin(axis=1)
     at_best = np.take_along_axis(np.where(inside, before, np.nan), best[:, None, None], 2)[:, :, 0]
     return ((np.take_along_axis(score, best[:, None], 1)[:, 0], np.take_along_axis(change, best[:, None], 1)[:, 0],
@@ -665,11 +671,20 @@ class _Gaps:
     """Per position of the lines' calls, the ``gap`` to its line's next call's end (its last:
     the line's largest, to rank last); and the positions by line, then gap (``order``), with
     their gaps offset by line (``keyed``, ascending throughout: one search finds a gap on any
-    line)."""
+    line). And the gaps of the calls with a next one line by line, each line's between
+    _WINDOW NaN either side (``padded``, where ``base`` is each line's first call), as
+    ``windows`` of _WINDOW gaps from each position: a window from any call up to _WINDOW
+    before a line or past its last gap holds that line's gaps and NaN alone."""
 
     gap: np.ndarray
     order: np.ndarray
     keyed: np.ndarray
+    padded: np.ndarray
+    base: np.ndarray
+
+    @property
+    def windows(self) -> np.ndarray:
+        return np.lib.stride_tricks.sliding_window_view(self.padded, _WINDOW)
 
 
 def _gaps(lines: _Lines) -> _Gaps:
@@ -679,7 +694,12 @@ def _gaps(lines: _Lines) -> _Gaps:
     gap[last] = 0.0  # past its line: to the next line's first call
     gap[last] = np.maximum.reduceat(gap, lines.starts)
     order = np.lexsort((gap, lines.line_of))
-    return _Gaps(gap=gap, order=order, keyed=lines.keyed(gap)[order])
+    width = lines.size - 1 + 2 * _WINDOW  # a line's gaps and its NaN
+    base = np.cumsum(width) - width + _WINDOW
+    padded = np.full(int(width.sum()), np.nan)
+    with_next = np.flatnonzero(np.arange(len(gap)) != last.repeat(lines.size))
+    padded[(base - lines.starts).repeat(lines.size)[with_next] + with_next] = gap[with_next]
+    return _Gaps(gap=gap, order=order, keyed=lines.keyed(gap)[order], padded=padded, base=base)
 
 
 def _nearest(lines: _Lines, keyed: np.ndarray, line: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -690,11 +710,19 @@ def _nearest(lines: _Lines, keyed: np.ndarray, line: np.ndarray, end: np.ndarray
     return after - (value - keyed[after - 1] < keyed[after] - value)
 
 
-def _upper_quartile(values: np.ndarray, axis: int) -> np.ndarray:
-    """The upper quartile of the observed values along ``axis`` (NaN: not observed)."""
+def _upper_quartile(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """The upper quartile of the observed values along ``axis`` (NaN: not observed), and how
+    many were observed."""
     ranked = np.sort(values, axis=axis)  # NaN last
-    seen = np.count_nonzero(~np.isnan(ranked), axis=axis, keepdims=True)
-    return np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0), axis).squeeze(axis)
+    seen = _observed(ranked, axis)
+    return np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0), axis).squeeze(axis), seen.squeeze(axis)
+
+
+def _observed(ranked: np.ndarray, axis: int) -> np.ndarray:
+    """How many values along ``axis`` are observed, of values sorted along it (NaN last): those
+    before the first NaN (a search for it costs a quarter of counting them); kept as an axis."""
+    missing = np.isnan(ranked)
+    return np.where(np.take(missing, [-1], axis=axis), missing.argmax(axis=axis, keepdims=True), ranked.shape[axis])
 
 
 def _middle_mean(values: np.ndarray) -> np.ndarray:
@@ -703,7 +731,7 @@ def _middle_mean(values: np.ndarray) -> np.ndarray:
     difference that drifts with the clocks (ppm across the window) does not: it is one
     call's, the middle one's."""
     ranked = np.sort(values, axis=1)  # NaN last
-    seen = np.count_nonzero(~np.isnan(ranked), axis=1, keepdims=True)
+    seen = _observed(ranked, 1)
     sums = np.cumsum(np.where(np.isnan(ranked), 0.0, ranked), axis=1)
     sums = np.concatenate([np.zeros_like(sums[:, :1]), sums], axis=1)
     low, high = seen // 4, seen - seen // 4
