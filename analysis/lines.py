@@ -65,7 +65,9 @@ MAX_EDGE_CALLS = 2  # calls a capture window's edges may cut off one member and 
 # calls and not another's (a millisecond is many calls where TP makes hundreds a step).
 MAX_CUT_SHARE = 1 / 3
 MIN_CALLS = 6  # fewer, and the quartiles of a mismatch say little
-MAX_PAIRS = 2_000_000  # pairs of lines compared in one class (~2,000 lines of equal counts: ~10 s)
+# Pairs of lines compared in one class: time and memory grow with them (~4 us and ~150 B a
+# pair): 2,048 ranks' TP and DP lines, 4.2 million pairs, take ~17 s and ~620 MB.
+MAX_PAIRS = 5_000_000
 _CHUNK = 2048  # pairs compared at once (SAMPLES x shifts values each)
 RUN_GAPS = 6  # gaps (end to next end) of a line around its middle call that fix a shift across hosts
 CANDIDATES = 8  # shifts whose middle gap fits best, whose runs of gaps are compared

@@ -130,6 +130,24 @@ def test_lines_their_end_times_do_not_tell_apart_stay_grouped_by_op_and_said_so(
     assert not [w for w in without.warnings if TOLD in w]
 
 
+def test_a_class_of_more_pairs_of_lines_than_compared_stays_grouped_by_op_and_said_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_PAIRS (time and memory grow with the pairs) the lines are not compared: the
+    calls stay grouped by op, and the warning says why. Its 16 lines, 8 DP ones of 10 calls and
+    8 TP ones of 20, make 56 pairs of lines of two ranks with calls alike: 55 are not enough."""
+    paths = sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10), tmp_path)
+    without_payloads(paths)
+    monkeypatch.setattr(lines, "MAX_PAIRS", 55)
+    without = _quietly(paths)
+    assert [c.comm_id for c in without.communicators] == ["inferred:allreduce"]
+    (said,) = [w for w in without.warnings if NOT_TOLD in w]
+    assert "on 16 streams of 8 ranks; ranks 0-7 on several, not told apart: its 16 lines are too many to compare " \
+           "pairwise;" in said
+    monkeypatch.setattr(lines, "MAX_PAIRS", 56)
+    without = _quietly(paths)
+    assert len(without.communicators) == 6 and not [w for w in without.warnings if NOT_TOLD in w]
+
+
 def test_lines_too_short_to_judge_stay_grouped_and_are_said_to_pool(tmp_path: Path) -> None:
     """Three steps: each TP line has six calls, enough to tell the TP groups apart; each DP line
     three, too few to judge. The DP calls stay grouped by op, one communicator of all eight
