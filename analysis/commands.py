@@ -42,12 +42,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     analyze_parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="exports, digests, or folders of them")
     analyze_parser.add_argument("--format", choices=("table", "json"),
                                 help="report format (default: json where -o names a .json file, else table)")
-    analyze_parser.add_argument("-o", "--output", type=Path, help="write the report here instead of stdout")
+    analyze_parser.add_argument("-o", "--output", type=_report_path,
+                                help="write the report here instead of stdout ('-': stdout; ./- names a file '-')")
     analyze_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
     analyze_parser.add_argument("--engine", choices=("local", "ray"), default="local", help="where per-file reads run (default: local)")
     analyze_parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to join with --engine ray (default: start a local one)")
     analyze_parser.add_argument("--plot", type=Path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     analyze_parser.set_defaults(func=run_analyze)
+
+
+def _report_path(value: str) -> Path | None:
+    """-o's value: '-' is standard output, as tools that take a file take it."""
+    return None if value == "-" else Path(value)
 
 
 def run_digest(args: argparse.Namespace) -> int:

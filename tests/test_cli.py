@@ -193,6 +193,19 @@ def test_a_report_to_dev_stdout_goes_into_the_stream_not_over_the_file_behind_it
     assert log.stat().st_ino == inode
 
 
+def test_a_report_to_dash_is_printed_and_one_to_dot_slash_dash_is_a_file(tmp_path, monkeypatch, capsys) -> None:
+    """`-o -` is standard output, as most tools take it (it wrote a file named '-'); `-o ./-`
+    still names that file."""
+    from rankscope.analysis import simulate
+
+    simulate.simulate(simulate.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=2), tmp_path / "job")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["analyze", "job", "--format", "json", "-o", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["ranks"] and not (tmp_path / "-").exists()
+    assert cli.main(["analyze", "job", "--format", "json", "-o", "./-"]) == 0
+    assert capsys.readouterr().out == "" and json.loads((tmp_path / "-").read_text())["ranks"]
+
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
