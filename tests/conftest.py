@@ -17,6 +17,16 @@ SAMPLES = ROOT.parent / "shared" / "samples"
 NOBODY = 65534
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT as a terminal gives it. A suite started in the background by a shell without job
+    control (`make test &` in a script; some CI runners) inherits it ignored, as POSIX shells
+    leave their asynchronous commands, and so would every command it starts (an ignored
+    signal stays ignored across fork and exec): the tests of what a Ctrl-C does saw nothing
+    happen. Handled here, it is at its default again in what the suite starts."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(scope="session")
 def samples() -> Path:
     """../shared/samples, or a skip saying where it was looked for."""
