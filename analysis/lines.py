@@ -30,17 +30,22 @@ left it, grouped by op, as does a class that is not split, with a warning where 
 pool several communicators. Lines holding other ops (p2p, broadcast, reduce: their members
 need not end together), and lines too short to judge, are left as they are too.
 
-Every pair is compared (the least median between cliques needs them all), but across hosts
-by the change of its end difference alone, from the lines' gaps (`_changes`): the end
-difference itself, the costlier part, weighs only where the hosts' clock offset is known,
-for lines that may end together and the pairs of cliques that may end the least apart
-(`_apart`), and is taken there only (`_levels`).
+Not every pair is compared (their cost grows with the square of the lines: 2,048 ranks make
+4 million pairs): each of a few *leaders* with every line, and the lines within a leader's
+reach (TOGETHER_NS) with each other (`_compare`): a communicator's lines in full, two
+communicators' as a leader of one with the other's lines, whose median stands for the
+median of all their lines' pairs (`_apart`). Across hosts a pair is compared by the change
+of its end difference alone, from the lines' gaps (`_changes`): the end difference itself,
+the costlier part, weighs only where the hosts' clock offset is known, for lines that may
+end together and the pairs of cliques that may end the least apart (`_apart`), and is
+taken there only (`_levels`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -66,7 +71,8 @@ MAX_EDGE_CALLS = 2  # calls a capture window's edges may cut off one member and 
 MAX_CUT_SHARE = 1 / 3
 MIN_CALLS = 6  # fewer, and the quartiles of a mismatch say little
 # Pairs of lines compared in one class: time and memory grow with them (~4 us and ~150 B a
-# pair): 2,048 ranks' TP and DP lines, 4.2 million pairs, take ~17 s and ~620 MB.
+# pair): 2,048 ranks' TP and DP lines (264 communicators) compare 0.77 million of their 4.2
+# million pairs (`_compare`), in ~3.7 s.
 MAX_PAIRS = 5_000_000
 _CHUNK = 2048  # pairs compared at once (SAMPLES x shifts values each)
 RUN_GAPS = 6  # gaps (end to next end) of a line around its middle call that fix a shift across hosts
@@ -112,6 +118,17 @@ class _Lines:
         """Per-position ``values`` offset by line, so that values ascending within each line
         ascend throughout: one search finds a value on any line."""
         return values + (values.max() + 1.0) * self.line_of
+
+    @cached_property
+    def keyed_ends(self) -> np.ndarray:
+        """``ends`` keyed (a stream runs its calls in turn: they ascend on a line), for every
+        `_mismatch` of the lines: a leader's comparisons come a few at a time (`_compare`)."""
+        return self.keyed(self.ends)
+
+    @cached_property
+    def gaps(self) -> _Gaps:
+        """The lines' gaps (`_gaps`), for every `_mismatch` of the lines, as ``keyed_ends``."""
+        return _gaps(self)
 
 
 @dataclass(frozen=True)
@@ -253,17 +270,15 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     by where their ends fall on those hosts' clocks too (`_host_offsets`): groups in lock
     step whose calls end a constant time apart on two hosts (a straggler every step) end
     together call by call, not at the offset between those hosts' clocks."""
-    pairs = _pairs(lines, members)
-    if pairs is None:
-        return _Split(None, f"its {len(members)} lines are too many to compare pairwise")
-    change, level, shift, samples = _mismatch(lines, *pairs)
-    seen = ~np.isnan(change)
-    a, b = np.searchsorted(members, pairs[0][seen]), np.searchsorted(members, pairs[1][seen])
-    change, level, shift, samples = change[seen], level[seen], shift[seen], samples[seen]
+    compared = _compare(lines, members)
+    if compared is None:
+        return _Split(None, f"its {len(members)} lines make too many pairs to compare")
+    seen = ~np.isnan(compared[2])
+    a, b, change, level, shift, samples = (values[seen] for values in compared)
     if not len(change):
         return _Split(None, "no two of its lines make comparable calls")
     host = lines.host[members]
-    mismatch = np.where(host[a] == host[b], np.fmax(change, np.abs(level)), change)
+    mismatch = _unaligned(host[a], host[b], change, level)
     split = _partition(a, b, mismatch, size)
     if split.label is None:
         return split
@@ -387,9 +402,10 @@ def _compared(label: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _apart(label: np.ndarray, a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, between: np.ndarray,
            loose: np.ndarray | None = None, exact: Callable[[np.ndarray], np.ndarray] | None = None) -> np.floating:
     """The least, over pairs of cliques compared, of the median mismatch of their lines
-    (``a``-``b`` at ``between``: in different cliques). Mismatches ``loose`` (lower bounds)
-    are made ``exact`` (in place) only for the pairs of cliques whose median could be the
-    least: a median of lower bounds is one of the median; the least bound first."""
+    compared (``a``-``b`` at ``between``: in different cliques; `_compare`: a leader of one
+    with the lines of the other, mostly). Mismatches ``loose`` (lower bounds) are made
+    ``exact`` (in place) only for the pairs of cliques whose median could be the least: a
+    median of lower bounds is one of the median; the least bound first."""
     pairs = Groups(np.minimum(label[a[between]], label[b[between]]), np.maximum(label[a[between]], label[b[between]]))
     if loose is None or not loose[between].any():
         return pairs.median(mismatch[between]).min()
@@ -435,20 +451,104 @@ def _following(ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return first, first + 1 + np.arange(int(partners.sum())) - (np.cumsum(partners) - partners).repeat(partners)
 
 
-def _pairs(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """The pairs of lines of two ranks whose calls number alike (within MAX_EDGE_CALLS, or the
-    shorter short of the longer by MAX_CUT_SHARE at most), as (first, second) line indices,
-    the first no longer; None past MAX_PAIRS."""
-    by_calls = members[np.argsort(lines.size[members], kind="stable")]
-    calls = lines.size[by_calls]
-    # Sorted by calls, a line's partners are the next lines up to that many calls more.
-    most = np.maximum(calls + MAX_EDGE_CALLS, np.floor(calls / (1 - MAX_CUT_SHARE)))
-    ends = np.searchsorted(calls, most, side="right")
-    if int((ends - np.arange(len(calls)) - 1).sum()) > MAX_PAIRS:
+def _compare(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """Pairs of the class's lines (``members``, ascending) compared, as positions in
+    ``members`` (first, second), each with what `_mismatch` gives of it; None past MAX_PAIRS.
+    Not every pair (~4 us each, as many as the lines' square): each *leader*'s with every
+    line it pairs with (`_partners`), and every pair within a leader's *reach*, the lines it
+    ends within TOGETHER_NS of (`_unaligned`, as `_split` first judges them), which
+    `_partition` needs whole (`_cliques`, `typical`, `_host_offsets`); reaches overlap where
+    a line ends that near two leaders. Leaders: in turn, the lines of the first rank with a
+    line in no reach yet (a rank's lines are never in one reach: one `_mismatch` for them).
+    A communicator that holds a leader lies in its reach, whole; it holds none only where
+    each of its lines lies in the reach of another's leader. Where every one holds one, the
+    pairs that end within the threshold at which all pairs make cliques (none across
+    communicators, there) are all compared, and `_cliques` finds those cliques; two cliques'
+    lines are compared as a leader of one with the lines of the other (and lines in both a
+    leader's reach), whose median `_apart` takes for all of theirs."""
+    rank, size = lines.rank[members], lines.size[members]
+    reached, leader = np.zeros(len(members), bool), np.zeros(len(members), bool)
+    reaches: list[np.ndarray] = []
+    found: list[tuple[np.ndarray, ...]] = []
+    count = 0
+    while not reached.all():
+        now = np.flatnonzero(~reached & (rank == rank[np.argmin(reached)]))
+        first, second = _partners(rank, size, now, leader)
+        count += len(first)
+        if count > MAX_PAIRS:
+            return None
+        change, level, *rest = _mismatch(lines, members[first], members[second])
+        found.append((first, second, change, level, *rest))
+        near = _unaligned(lines.host[members[first]], lines.host[members[second]], change, level) <= TOGETHER_NS
+        led = np.isin(first, now)  # else the second leads: one of each pair does
+        mine, other = np.where(led, first, second)[near], np.where(led, second, first)[near]
+        leader[now] = reached[now] = True
+        reached[other] = True
+        reaches += [np.union1d(other[mine == line], line) for line in now.tolist()]  # ascending: `_pairs` orients by it
+    first, second = _within(rank, size, reaches, leader)
+    if count + len(first) > MAX_PAIRS:
         return None
-    first, second = _following(ends)
+    found.append((first, second, *_mismatch(lines, members[first], members[second])))
+    return tuple(np.concatenate(values) for values in zip(*found))
+
+
+def _within(rank: np.ndarray, size: np.ndarray, reaches: list[np.ndarray], leader: np.ndarray,
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs within the leaders' ``reaches`` (positions of a class's lines, of ``rank``
+    and ``size`` calls) that `_pairs` makes, less those of a ``leader`` (compared already),
+    each once, in call order (`_in_call_order`)."""
+    pairs = [_pairs(rank[reach], size[reach]) for reach in reaches]
+    first = np.concatenate([reach[p[0]] for reach, p in zip(reaches, pairs)])
+    second = np.concatenate([reach[p[1]] for reach, p in zip(reaches, pairs)])
+    keep = ~leader[first] & ~leader[second]
+    key = np.unique(first[keep] * len(rank) + second[keep])
+    return _in_call_order(size, key // len(rank), key % len(rank))
+
+
+def _partners(rank: np.ndarray, size: np.ndarray, leaders: np.ndarray, skip: np.ndarray,
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Per line of ``leaders`` (positions of a class's lines, of ``rank`` and ``size`` calls),
+    its pairs with every line not to ``skip`` that `_pairs` makes, oriented as it orients
+    them, in call order (`_in_call_order`)."""
+    lead, other = leaders.repeat(len(rank)), np.tile(np.arange(len(rank)), len(leaders))
+    keep = (rank[lead] != rank[other]) & ~skip[other]
+    lead, other = lead[keep], other[keep]
+    swap = (size[other] < size[lead]) | ((size[other] == size[lead]) & (other < lead))
+    first, second = np.where(swap, other, lead), np.where(swap, lead, other)
+    alike = size[second] <= _most_calls(size[first])
+    return _in_call_order(size, first[alike], second[alike])
+
+
+def _in_call_order(size: np.ndarray, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of lines (positions, of ``size`` calls) in the order `_pairs` makes them: by the
+    first's calls, then the second's; `_mismatch` samples a chunk's pairs alike."""
+    order = np.lexsort((second, size[second], first, size[first]))
+    return first[order], second[order]
+
+
+def _unaligned(host_a: np.ndarray, host_b: np.ndarray, change: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """Per pair of lines (on hosts ``host_a`` and ``host_b``), its mismatch before the hosts'
+    clocks are aligned: on one host the greater of the change of the end difference and the
+    end difference; across hosts the change alone (their clocks' offset is in the other)."""
+    return np.where(host_a == host_b, np.fmax(change, np.abs(level)), change)
+
+
+def _most_calls(calls: np.ndarray) -> np.ndarray:
+    """The most calls a line's peer may have, of a line of ``calls``: MAX_EDGE_CALLS more,
+    or as many as make it short of the peer by MAX_CUT_SHARE."""
+    return np.maximum(calls + MAX_EDGE_CALLS, np.floor(calls / (1 - MAX_CUT_SHARE)))
+
+
+def _pairs(rank: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs of lines (of ``rank`` and ``size`` calls) of two ranks whose calls number
+    alike (within MAX_EDGE_CALLS, or the shorter short of the longer by MAX_CUT_SHARE at
+    most), as (first, second) positions, the first no longer (on ties, the earlier)."""
+    by_calls = np.argsort(size, kind="stable")
+    calls = size[by_calls]
+    # Sorted by calls, a line's partners are the next lines up to that many calls more.
+    first, second = _following(np.searchsorted(calls, _most_calls(calls), side="right"))
     first, second = by_calls[first], by_calls[second]
-    apart = lines.rank[first] != lines.rank[second]
+    apart = rank[first] != rank[second]
     return first[apart], second[apart]
 
 
@@ -469,11 +569,9 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
     calls of the first were sampled."""
     change_out, level_out = np.full(len(first), np.nan), np.full(len(first), np.nan)
     shift_out, samples_out = np.zeros(len(first), np.int32), np.zeros(len(first), np.int8)  # small: one per pair
-    ends = lines.ends
-    # Offset by line, the ends ascend throughout (a stream runs its calls in turn): one search
-    # finds a call on any line by its end (to ~100 ns past 1e18: calls are us apart).
-    keyed = lines.keyed(ends)
-    gaps = _gaps(lines)
+    # Offset by line, the ends ascend throughout: one search finds a call on any line by its
+    # end (to ~100 ns past 1e18: calls are us apart).
+    keyed, gaps = lines.keyed_ends, lines.gaps
     # The last chunk's large arrays, let go once this one's are made: freed at once, malloc
     # would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
     held: list[np.ndarray] = []
