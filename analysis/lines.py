@@ -521,7 +521,8 @@ def _partners(rank: np.ndarray, size: np.ndarray, leaders: np.ndarray, skip: np.
 
 def _in_call_order(size: np.ndarray, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pairs of lines (positions, of ``size`` calls) in the order `_pairs` makes them: by the
-    first's calls, then the second's; `_mismatch` samples a chunk's pairs alike."""
+    first's calls, then the second's; `_mismatch` takes runs of pairs sampled alike at once
+    (`_chunks`)."""
     order = np.lexsort((second, size[second], first, size[first]))
     return first[order], second[order]
 
@@ -575,10 +576,10 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
     # The last chunk's large arrays, let go once this one's are made: freed at once, malloc
     # would hand the heap's top back and page the next chunk's in anew (~1.5x slower).
     held: list[np.ndarray] = []
-    for lo in range(0, len(first), _CHUNK):
-        a, b = first[lo : lo + _CHUNK], second[lo : lo + _CHUNK]
-        # Pairs come by their calls: a chunk's lines are alike, and short ones need fewer samples.
-        k = _samples(lines, a, b, min(SAMPLES, int(np.minimum(lines.size[a], lines.size[b]).max()) - 1))
+    count = np.minimum(np.minimum(lines.size[first], lines.size[second]) - 1, SAMPLES)
+    for lo, hi in _chunks(count):
+        a, b = first[lo:hi], second[lo:hi]
+        k = _samples(lines, a, b, int(count[lo]))
         middle = k[:, k.shape[1] // 2]
         centres = _shifts(lines, keyed, a, b, middle)
         shifts = (centres[:, :, None] + _EDGE).reshape(len(a), -1)
@@ -597,11 +598,21 @@ def _mismatch(lines: _Lines, first: np.ndarray, second: np.ndarray,
             level[taken] = _levels(lines, a[taken], b[taken], np.full(len(taken), k.shape[1]), shift[taken])
         held[:] = made
         seen = np.isfinite(score)
-        change_out[lo : lo + _CHUNK] = np.where(seen, change, np.nan)
-        level_out[lo : lo + _CHUNK] = level
-        shift_out[lo : lo + _CHUNK] = shift
-        samples_out[lo : lo + _CHUNK] = k.shape[1]
+        change_out[lo:hi] = np.where(seen, change, np.nan)
+        level_out[lo:hi] = level
+        shift_out[lo:hi] = shift
+        samples_out[lo:hi] = k.shape[1]
     return change_out, level_out, shift_out, samples_out
+
+
+def _chunks(count: np.ndarray) -> list[tuple[int, int]]:
+    """Bounds of the chunks of pairs compared at once: runs of pairs sampled at as many calls
+    (``count``: SAMPLES, or a short line's calls with a next one), _CHUNK at most. A pair's
+    mismatch is then its own, whatever pairs are compared beside it (`_compare` compares
+    them a few at a time). Pairs come by their calls: runs are long."""
+    edges = np.flatnonzero(np.diff(count)) + 1
+    runs = zip([0, *edges.tolist()], [*edges.tolist(), len(count)])
+    return [(lo, min(lo + _CHUNK, end)) for start, end in runs for lo in range(start, end, _CHUNK)]
 
 
 def _samples(lines: _Lines, a: np.ndarray, b: np.ndarray, count: int) -> np.ndarray:

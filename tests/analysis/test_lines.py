@@ -15,6 +15,7 @@ import pytest
 
 from rankscope import cli
 from rankscope.analysis import digest, lines, matching
+from rankscope.analysis.groups import codes
 from rankscope.analysis import simulate as sim
 from rankscope.analysis.simulated_exports import without_payloads
 from rankscope.analysis.pipeline import analyze
@@ -148,6 +149,30 @@ def test_a_class_of_more_pairs_of_lines_than_compared_stays_grouped_by_op_and_sa
     monkeypatch.setattr(lines, "MAX_PAIRS", 41)
     without = _quietly(paths)
     assert len(without.communicators) == 6 and not [w for w in without.warnings if NOT_TOLD in w]
+
+
+def test_a_pairs_mismatch_is_its_own_whatever_pairs_are_compared_beside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_compare` compares a leader's pairs a few at a time, so that a pair's mismatch must not
+    turn on the pairs compared beside it. Two nodes of TP=4, 10 steps: DP lines of 10 calls,
+    TP ones of 20. A chunk's pairs were all sampled at its longest shorter line's calls less
+    one: a pair of DP lines beside pairs of TP lines at 19 of its 9 calls, repeats and all."""
+    paths = sim.simulate(sim.JobSpec(nodes=2, gpus_per_node=4, tp=4, steps=10), tmp_path)
+    without_payloads(paths)
+    given: list[dict] = []
+    infer = lines.infer
+    monkeypatch.setattr(lines, "infer", lambda collectives, communicators: given.append(collectives) or infer(
+        collectives, communicators))
+    _quietly(paths)
+    (collectives,) = given
+    untraced = np.flatnonzero(~np.isnan(np.asarray(collectives["stream"], np.float64)))
+    on = lines._lines(collectives, untraced, codes(collectives["comm_id"])[0])
+    first, second = lines._pairs(on.rank, on.size)
+    dp = on.size[first] == 10
+    assert dp.sum() == 28 and (~dp).sum() == 28
+    alone, beside = lines._mismatch(on, first[dp], second[dp]), lines._mismatch(on, first, second)
+    for value, among in zip(alone, beside):
+        np.testing.assert_array_equal(value, among[dp])
 
 
 def test_lines_too_short_to_judge_stay_grouped_and_are_said_to_pool(tmp_path: Path) -> None:
