@@ -74,6 +74,11 @@ MIN_CALLS = 6  # fewer, and the quartiles of a mismatch say little
 # pair): 2,048 ranks' TP and DP lines (264 communicators) compare 0.77 million of their 4.2
 # million pairs (`_compare`), in ~3.7 s.
 MAX_PAIRS = 5_000_000
+# A line that ends within this of a leader needs no leader of its own (`_compare`): a
+# communicator none of whose lines leads may lack pairs, and then makes no clique. Lines of
+# two communicators seldom end so near (the simulator's 4,096 ranks' TP lines: 5.7 us at
+# the least), a leader's own communicator's mostly do.
+SETTLED_NS = TOGETHER_NS / 2
 _CHUNK = 2048  # pairs compared at once (SAMPLES x shifts values each)
 RUN_GAPS = 6  # gaps (end to next end) of a line around its middle call that fix a shift across hosts
 CANDIDATES = 8  # shifts whose middle gap fits best, whose runs of gaps are compared
@@ -459,32 +464,34 @@ def _compare(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, ...] | Non
     ends within TOGETHER_NS of (`_unaligned`, as `_split` first judges them), which
     `_partition` needs whole (`_cliques`, `typical`, `_host_offsets`); reaches overlap where
     a line ends that near two leaders. Leaders: in turn, the lines of the first rank with a
-    line in no reach yet (a rank's lines are never in one reach: one `_mismatch` for them).
-    A communicator that holds a leader lies in its reach, whole; it holds none only where
-    each of its lines lies in the reach of another's leader. Where every one holds one, the
+    line not settled yet, within SETTLED_NS of a leader (a rank's lines are never in one
+    reach: one `_mismatch` for them). A communicator that holds a leader lies in its reach,
+    whole; it holds none only where each of its lines ends within SETTLED_NS of another
+    communicator's leader (a spurious clique or none, then). Where every one holds one, the
     pairs that end within the threshold at which all pairs make cliques (none across
     communicators, there) are all compared, and `_cliques` finds those cliques; two cliques'
     lines are compared as a leader of one with the lines of the other (and lines in both a
     leader's reach), whose median `_apart` takes for all of theirs."""
     rank, size = lines.rank[members], lines.size[members]
-    reached, leader = np.zeros(len(members), bool), np.zeros(len(members), bool)
+    settled, leader = np.zeros(len(members), bool), np.zeros(len(members), bool)
     reaches: list[np.ndarray] = []
     found: list[tuple[np.ndarray, ...]] = []
     count = 0
-    while not reached.all():
-        now = np.flatnonzero(~reached & (rank == rank[np.argmin(reached)]))
+    while not settled.all():
+        now = np.flatnonzero(~settled & (rank == rank[np.argmin(settled)]))
         first, second = _partners(rank, size, now, leader)
         count += len(first)
         if count > MAX_PAIRS:
             return None
         change, level, *rest = _mismatch(lines, members[first], members[second])
         found.append((first, second, change, level, *rest))
-        near = _unaligned(lines.host[members[first]], lines.host[members[second]], change, level) <= TOGETHER_NS
+        mismatch = _unaligned(lines.host[members[first]], lines.host[members[second]], change, level)
         led = np.isin(first, now)  # else the second leads: one of each pair does
-        mine, other = np.where(led, first, second)[near], np.where(led, second, first)[near]
-        leader[now] = reached[now] = True
-        reached[other] = True
-        reaches += [np.union1d(other[mine == line], line) for line in now.tolist()]  # ascending: `_pairs` orients by it
+        mine, other = np.where(led, first, second), np.where(led, second, first)
+        leader[now] = settled[now] = True
+        settled[other[mismatch <= SETTLED_NS]] = True
+        near = mismatch <= TOGETHER_NS  # ascending, as `_pairs` orients by it:
+        reaches += [np.union1d(other[near & (mine == line)], line) for line in now.tolist()]
     first, second = _within(rank, size, reaches, leader)
     if count + len(first) > MAX_PAIRS:
         return None

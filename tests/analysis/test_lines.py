@@ -175,6 +175,28 @@ def test_a_pairs_mismatch_is_its_own_whatever_pairs_are_compared_beside_it(
         np.testing.assert_array_equal(value, among[dp])
 
 
+def test_a_communicator_whose_lines_each_end_near_another_ones_leader_holds_a_leader_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six lines of six ranks on six hosts, three communicators (0-1, 2-3, 4-5) whose lines
+    end 1 us apart. Line 4 ends 8 us from leader 0, line 5 from leader 2: within TOGETHER_NS,
+    past SETTLED_NS. Taken as settled by those reaches, lines 4 and 5 led none, and their
+    pair, within no reach, was never compared: their communicator made no clique."""
+    mismatch = np.full((6, 6), 50e3)
+    for a, b, value in [(0, 1, 1e3), (2, 3, 1e3), (4, 5, 1e3), (0, 4, 8e3), (2, 5, 8e3)]:
+        mismatch[a, b] = mismatch[b, a] = value
+
+    def measured(_: object, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, ...]:
+        return mismatch[first, second], np.full(len(first), np.nan), np.zeros(len(first)), np.full(len(first), 9)
+
+    monkeypatch.setattr(lines, "_mismatch", measured)
+    six = np.arange(6)
+    on = lines._Lines(rows=np.arange(60), starts=six * 10, size=np.full(6, 10), rank=six, host=six, stream=six,
+                      kind=np.ones(6, np.int64), judged=np.ones(6, bool), ends=np.arange(60.0))
+    first, second, *_ = lines._compare(on, six)
+    assert (4, 5) in set(zip(first.tolist(), second.tolist()))
+    assert lines._cliques(first, second, mismatch[first, second], 6).tolist() == [0, 0, 2, 2, 4, 4]
+
+
 def test_lines_too_short_to_judge_stay_grouped_and_are_said_to_pool(tmp_path: Path) -> None:
     """Three steps: each TP line has six calls, enough to tell the TP groups apart; each DP line
     three, too few to judge. The DP calls stay grouped by op, one communicator of all eight
