@@ -490,7 +490,9 @@ def _compare(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, ...] | Non
         mine, other = np.where(led, first, second), np.where(led, second, first)
         leader[now] = settled[now] = True
         settled[other[mismatch <= SETTLED_NS]] = True
-        near = mismatch <= TOGETHER_NS  # ascending, as `_pairs` orients by it:
+        # A leader's reach: itself and the lines within TOGETHER_NS of it, ascending (np.union1d),
+        # so that `_pairs` orients its ties as it orients the class's.
+        near = mismatch <= TOGETHER_NS
         reaches += [np.union1d(other[near & (mine == line)], line) for line in now.tolist()]
     first, second = _within(rank, size, reaches, leader)
     if count + len(first) > MAX_PAIRS:
