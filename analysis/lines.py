@@ -72,7 +72,7 @@ MAX_CUT_SHARE = 1 / 3
 MIN_CALLS = 6  # fewer, and the quartiles of a mismatch say little
 # Pairs of lines compared in one class: time and memory grow with them (~4 us and ~150 B a
 # pair): 2,048 ranks' TP and DP lines (264 communicators) compare 0.77 million of their 4.2
-# million pairs (`_compare`), in ~3.7 s.
+# million pairs (`_compare`), in 4-5 s; 4,096 ranks' 3 million, in ~20 s and ~600 MB.
 MAX_PAIRS = 5_000_000
 # A line that ends within this of a leader needs no leader of its own (`_compare`): a
 # communicator none of whose lines leads may lack pairs, and then makes no clique. Lines of
