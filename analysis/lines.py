@@ -457,21 +457,25 @@ def _following(ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _compare(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, ...] | None:
-    """Pairs of the class's lines (``members``, ascending) compared, as positions in
-    ``members`` (first, second), each with what `_mismatch` gives of it; None past MAX_PAIRS.
-    Not every pair (~4 us each, as many as the lines' square): each *leader*'s with every
-    line it pairs with (`_partners`), and every pair within a leader's *reach*, the lines it
-    ends within TOGETHER_NS of (`_unaligned`, as `_split` first judges them), which
-    `_partition` needs whole (`_cliques`, `typical`, `_host_offsets`); reaches overlap where
-    a line ends that near two leaders. Leaders: in turn, the lines of the first rank with a
-    line not settled yet, within SETTLED_NS of a leader (a rank's lines are never in one
-    reach: one `_mismatch` for them). A communicator that holds a leader lies in its reach,
-    whole; it holds none only where each of its lines ends within SETTLED_NS of another
-    communicator's leader (a spurious clique or none, then). Where every one holds one, the
-    pairs that end within the threshold at which all pairs make cliques (none across
-    communicators, there) are all compared, and `_cliques` finds those cliques; two cliques'
-    lines are compared as a leader of one with the lines of the other (and lines in both a
-    leader's reach), whose median `_apart` takes for all of theirs."""
+    """The pairs of the class's lines (``members``, ascending) that are compared, as positions
+    in ``members`` (first, second), each with what `_mismatch` gives of it; None past MAX_PAIRS.
+
+    A pair costs ~4 us, and pairs are as many as the lines' square, so not all are compared:
+    - *leaders*, taken in turn: the lines of the first rank that has a line not yet settled
+      (within SETTLED_NS of a leader). A rank's lines never pair with each other, so they
+      lead in one round, one `_mismatch`. Each is compared with every line it pairs with
+      (`_partners`);
+    - a leader's *reach*: the lines it ends within TOGETHER_NS of (as `_split` first judges
+      them: `_unaligned`). Every pair within a reach is compared (`_within`); reaches overlap
+      where a line ends that near two leaders.
+    A communicator that holds a leader lies whole in its reach, and `_partition` needs its
+    pairs whole (`_cliques`, `typical`, `_host_offsets`). Where every communicator holds one,
+    every pair that ends within the threshold at which all pairs make cliques is compared,
+    and `_cliques` finds those cliques. A communicator holds none only where each of its
+    lines ends within SETTLED_NS of another's leader; it then makes a spurious clique or none,
+    for GAP, the sizes and `_crossing` to refuse. Two cliques are compared as a leader of one
+    with the other's lines (and lines in both reaches), whose median `_apart` takes for that
+    of all their pairs."""
     rank, size = lines.rank[members], lines.size[members]
     settled, leader = np.zeros(len(members), bool), np.zeros(len(members), bool)
     reaches: list[np.ndarray] = []
