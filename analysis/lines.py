@@ -278,8 +278,9 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     compared = _compare(lines, members)
     if compared is None:
         return _Split(None, f"its {len(members)} lines make too many pairs to compare")
-    seen = ~np.isnan(compared[2])
-    a, b, change, level, shift, samples = (values[seen] for values in compared)
+    a, b, change, level, shift, samples = compared
+    seen = ~np.isnan(change)
+    a, b, change, level, shift, samples = a[seen], b[seen], change[seen], level[seen], shift[seen], samples[seen]
     if not len(change):
         return _Split(None, "no two of its lines make comparable calls")
     host = lines.host[members]
