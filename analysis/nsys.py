@@ -301,9 +301,15 @@ def _kernel_names(files: list[File], kernels: Columns) -> tuple[np.ndarray, np.n
     ids resolved through its own StringIds rows."""
     file = np.array([i for i, export in enumerate(files) for _ in export.kernel_names], np.int64)
     ids = np.array([key for export in files for key, _ in export.kernel_names], np.int64)
-    labels = [value or "<unnamed>" for export in files for _, value in export.kernel_names]
-    codes, names = factorize([*labels, "<unnamed>"])
+    values = [value for export in files for _, value in export.kernel_names]
+    codes, names = factorize([*(value or "<unnamed>" for value in values), "<unnamed>"])
     at = _first_match((file, ids), (kernels["file"], kernels["name"]))  # -1: the last label
+    # An export whose StringIds lacks its kernels' names (emptied, cut) had its NCCL kernels
+    # read as no NCCL's: a digest without collectives, unsaid.
+    unnamed = np.array([not value for value in values] + [True])[at]
+    if unnamed.any():
+        _warn_per_file(files, kernels["file"], unnamed, "{} of {} kernels have no name (StringIds lacks their name "
+                       "ids, or holds them empty): NCCL's among them are not seen as NCCL's")
     return np.array(names, dtype=object), codes[at]
 
 

@@ -164,6 +164,22 @@ def test_a_kernel_name_id_that_dangles_falls_back_on_the_kernels_other_names(tor
     assert nccl[1]["name"].str.startswith("ncclDevKernel_SendRecv").all()
 
 
+@pytest.mark.parametrize("edit", ["DELETE FROM StringIds", "UPDATE StringIds SET value = ''"])
+def test_kernels_whose_names_stringids_lacks_are_said_to_be_unnamed(torchrun: Path, tmp_path: Path, edit: str) -> None:
+    # found by fuzzing: an emptied StringIds read as 4,010 kernels named '<unnamed>', none
+    # NCCL's, so a digest without collectives, and nothing said.
+    copy = tmp_path / "unnamed.sqlite"
+    shutil.copy(torchrun, copy)
+    with sqlite3.connect(copy) as db:
+        db.execute(edit)
+    table = nsys.read_nsys(copy)
+    assert [len(c) for c in table.column("collectives").to_pylist()] == [0, 0]
+    notes = table.column("warnings").to_pylist()
+    assert [[n for n in rank if "have no name" in n] for rank in notes] == [
+        ["4010 of 4010 kernels have no name (StringIds lacks their name ids, or holds them empty): NCCL's among them "
+         "are not seen as NCCL's"]] * 2
+
+
 @pytest.mark.parametrize("edit", ["dangle", "drop"])
 def test_nccl_kernels_known_only_by_their_mangled_name_are_nccls(torchrun: Path, tmp_path: Path, edit: str) -> None:
     # With no demangled or short name (dangling ids, or an export without those columns) a
