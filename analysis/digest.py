@@ -272,8 +272,10 @@ LATEST_START_NS = 2**63 - 1 - 4 * MAX_CAPTURE_NS
 def _check_values(table: pa.Table, path: str | Path) -> None:
     """Refuse values no reader writes (a damaged or edited digest), which went into the
     report unsaid: a collective at INT64_MIN gave negative NCCL times, a busy time of -1 ns
-    a GPU -1.8e-6 % busy, a kernel count of -1 the top kernels. Times lie within
-    `MAX_CAPTURE_NS` of their rank's window; lengths, counts, sizes and steps are not negative."""
+    a GPU -1.8e-6 % busy, a kernel count of -1 the top kernels, a kernel total of 2**62 ns
+    146 years of it. Times lie within `MAX_CAPTURE_NS` of their rank's window; lengths,
+    counts, sizes and steps are not negative; a span of time (busy, compute before or
+    overlapping a collective, a kernel's mean) fits its window or collective."""
     start, end = table.column("window_start_ns").to_numpy(), table.column("window_end_ns").to_numpy()
     ranks = table.column("rank").to_numpy()
     rows = np.arange(table.num_rows)
@@ -300,10 +302,18 @@ def _check_values(table: pa.Table, path: str | Path) -> None:
         for name in counts:
             values = pc.fill_null(flat.field(name), 0).to_numpy()
             if name == "step":
-                checks.append((f"{part[:-1]} {name}", values, parent, (values >= 0) & (values <= MAX_STEP),
-                               f"0 to {MAX_STEP:,}"))
+                ok, expected = values <= MAX_STEP, f"0 to {MAX_STEP:,}"
+            elif name in ("compute_before_ns", "idle_before_ns"):
+                ok, expected = values <= window[parent], "0 to its window's length"
+            elif name == "compute_overlap_ns":
+                length = flat.field("end_ns").to_numpy() - flat.field("start_ns").to_numpy()
+                ok, expected = values <= length, "0 to its collective's length"
+            elif name == "total_ns":  # each call lies in the window: count * window at most (floored, not to overflow)
+                count = flat.field("count").to_numpy()
+                ok, expected = values // np.maximum(count, 1) <= window[parent], "0 to its count times its window's length"
             else:
-                checks.append((f"{part[:-1]} {name}", values, parent, values >= 0, "0 or more"))
+                ok, expected = True, "0 or more"
+            checks.append((f"{part[:-1]} {name}", values, parent, (values >= 0) & ok, expected))
     for what, values, rank_of, ok, expected in checks:
         bad = np.flatnonzero(~ok)
         if bad.size:

@@ -511,8 +511,14 @@ def test_a_digest_of_no_rows_is_refused_by_name(tmp_path: Path) -> None:
     (None, "window_start_ns", -(2**63), "window_start_ns is -9,223,372,036,854,775,808 (UTC epoch ns from 1970"),
     (None, "gpu_busy_ns", -1, "gpu_busy_ns is -1 (0 to its window's length"),
     ("collectives", "start_ns", -(2**63), "collective start_ns is -9,223,372,036,854,775,808 (within 7 days of its window"),
-    ("collectives", "compute_overlap_ns", -5, "collective compute_overlap_ns is -5 (0 or more"),
+    ("collectives", "compute_overlap_ns", -5, "collective compute_overlap_ns is -5 (0 to its collective's length"),
     ("kernels", "count", -1, "kernel count is -1 (0 or more"),
+    # Found by fuzzing: top kernels of 4,611,686,018 s, and a TP overhead taken down by an
+    # overlap longer than its collective, unsaid.
+    ("kernels", "total_ns", 2**62, "kernel total_ns is 4,611,686,018,427,387,904 (0 to its count times its window's length"),
+    ("collectives", "compute_overlap_ns", 10**15, "collective compute_overlap_ns is 1,000,000,000,000,000 (0 to its "
+     "collective's length"),
+    ("collectives", "idle_before_ns", 10**15, "collective idle_before_ns is 1,000,000,000,000,000 (0 to its window's length"),
     ("steps", "end_ns", 2**62, "step end_ns is 4,611,686,018,427,387,904 (within 7 days of its window"),
     # Found by fuzzing: the analysis takes steps as float64; 2**63 - 1 cast back to int64 was a
     # numpy "invalid value encountered in cast" on the warning line, and the step INT64_MIN.
