@@ -48,6 +48,8 @@ COPY_TABLES = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 # name is one for every instantiation of a template (elementwise_kernel<..., AddFunctor>
 # and <..., MulFunctor>, GEMMs of other tiles) and summed them as one kernel.
 _KERNEL_NAMES = ("demangledName", "shortName", "mangledName")
+# The kernel columns the statements read besides a name (streamId is read where it is there).
+_KERNEL_COLUMNS = ("start", "end", "globalPid", "deviceId", "correlationId")
 _TABLES = (
     "META_DATA_EXPORT", "META_DATA_CAPTURE", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV",
     "TARGET_INFO_CUDA_DEVICE", "TARGET_INFO_GPU", KERNEL_TABLE, RUNTIME_TABLE, *COPY_TABLES,
@@ -506,8 +508,13 @@ def _check_tables(path: Path, columns: Mapping[str, frozenset[str]]) -> None:
         raise ExportError("TARGET_INFO_SESSION_START_TIME has no utcEpochNs column", path=path)
     if KERNEL_TABLE not in columns:
         raise ExportError(f"export has no CUDA kernels (no {KERNEL_TABLE} table; capture with -t cuda)", path=path)
-    if not _kernel_name_columns(columns[KERNEL_TABLE]) or "globalPid" not in columns[KERNEL_TABLE]:
-        raise ExportError(f"{KERNEL_TABLE} lacks kernel names or globalPid", path=path)
+    # Named before a statement reads them: SQLite takes a missing "end" for the text 'end',
+    # read as a kernel row holding no integer, and names other columns as its own error.
+    lacking = [name for name in _KERNEL_COLUMNS if name not in columns[KERNEL_TABLE]]
+    if not _kernel_name_columns(columns[KERNEL_TABLE]):
+        lacking.append(f"a name ({', '.join(_KERNEL_NAMES)})")
+    if lacking:
+        raise ExportError(f"{KERNEL_TABLE} lacks {', '.join(lacking)}", path=path)
     if "StringIds" not in columns:
         raise ExportError("export has no StringIds table (kernel and NVTX names are ids into it)", path=path)
 

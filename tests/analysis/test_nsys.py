@@ -506,6 +506,19 @@ def test_bad_files_raise_one_line_export_errors(tmp_path: Path, dsl: list[Path])
         nsys.read_nsys(no_names)
 
 
+@pytest.mark.parametrize("column", ["start", "end", "globalPid", "deviceId", "correlationId"])
+def test_a_kernel_table_lacking_a_column_read_is_named(dsl: list[Path], tmp_path: Path, column: str) -> None:
+    # Found by fuzzing: without "end", SQLite read the text 'end' in its place, said as kernel
+    # rows holding a NULL or a non-integer; without the others, SQLite's "no such column".
+    copy = tmp_path / "lacking.sqlite"
+    shutil.copy(dsl[0], copy)
+    with sqlite3.connect(copy) as db:
+        db.execute(f'ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME COLUMN "{column}" TO "was_{column}"')
+    with pytest.raises(ExportError) as err:
+        nsys.read_nsys(copy)
+    assert str(err.value) == f"{copy}: CUPTI_ACTIVITY_KIND_KERNEL lacks {column}"
+
+
 def test_an_export_cut_short_says_so_where_its_header_gives_its_length(tmp_path: Path) -> None:
     from rankscope.analysis import simulate
 
