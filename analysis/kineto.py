@@ -222,6 +222,9 @@ def _rank(path: Path, info: dict | None, hook: dict, rank_from: str | None, note
         raise ExportError(f"bad rank_from pattern {pattern!r} ({exc})", path=path) from None
     text = (found.group(1) if found.groups() else found.group(0)) if found else ""
     if text.isdecimal():  # not isdigit: '²' is a digit, which int() refuses (a ValueError traceback)
+        if int(text) > np.iinfo(np.int32).max:  # the digest's rank column: else "malformed trace metadata"
+            said = f"--rank-from {rank_from}: {text}" if rank_from else f"{what}: the file name's rank {text}"
+            raise ExportError(f"{said} is beyond any rank (int32)", path=path)
         if rank_from is None:
             notes.append(f"{what}: rank {text} taken from the file name")
         return int(text), "filename"

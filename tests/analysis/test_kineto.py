@@ -120,6 +120,22 @@ def test_a_file_name_rank_of_a_digit_that_is_no_number_is_no_rank(tmp_path):
     assert _row(read_kineto(_write(tmp_path / "rank٣_a.json", data)))["rank"] == 3  # a decimal digit, as int() reads it
 
 
+def test_a_file_name_rank_beyond_int32_is_said_to_be_so(tmp_path):
+    # Found by fuzzing: refused as "malformed trace metadata (Python int too large to convert
+    # to C long)", blaming the trace for its file name.
+    data = _trace(_gloo_events("200.000", "201.000"))
+    del data["distributedInfo"]
+    path = _write(tmp_path / "rank2147483648.json", data)
+    with pytest.raises(ExportError) as err:
+        read_kineto(path)
+    assert str(err.value) == f"{path}: no distributedInfo: the file name's rank 2147483648 is beyond any rank (int32)"
+    path = _write(tmp_path / "rank99999999999999999999.json", data)
+    with pytest.raises(ExportError) as err:
+        read_kineto(path, rank_from=r"filename:rank(\d+)")
+    assert str(err.value) == f"{path}: --rank-from filename:rank(\\d+): 99999999999999999999 is beyond any rank (int32)"
+    assert _row(read_kineto(_write(tmp_path / "rank2147483647.json", data)))["rank"] == 2**31 - 1
+
+
 def test_a_rank_that_is_no_whole_number_is_named_as_such_not_as_missing(tmp_path):
     events = _gloo_events("100.0", "101.0")
     for rank in (1.0, "3"):
