@@ -126,6 +126,7 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
     export beside them dropped; on a walk, JSON that is not a Kineto trace is skipped
     with a warning (a file named explicitly is always read). None found is an error."""
     files: list[tuple[Path, os.stat_result]] = []
+    not_traces: list[Path] = []
     for raw in paths:
         path = Path(raw)
         mode = stat_input(path).st_mode  # one call where is_dir() then is_file() made two
@@ -133,11 +134,18 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
             found = [(p, _not_empty(p)) for p in sorted(_files_under(path)) if _suffix(p) in _KNOWN]
             # nsys `--type parquetdir` tables may sit in the same tree: only digests count.
             found = [(p, s) for p, s in found if _suffix(p) != DIGEST_SUFFIX or digest.is_digest(p)]
-            files.extend((p, s) for p, s in found if _suffix(p) not in KINETO_SUFFIXES or _kineto_or_warn(p))
+            for p, s in found:
+                trace = _suffix(p) not in KINETO_SUFFIXES or _is_kineto(p)
+                if trace:
+                    files.append((p, s))
+                elif trace is False:
+                    not_traces.append(p)
         elif stat.S_ISREG(mode):
             files.append((path, _not_empty(path)))
         else:
             raise InputError("not a file or folder (a device, a pipe?)", path=path)
+    if not_traces:
+        warnings.warn(_not_traces(not_traces), RankscopeWarning, stacklevel=2)
     suffixes = [_suffix(p) for p, _ in files]
     if NSYS_REPORT in suffixes:
         exports = {_stem(p) for (p, _), suffix in zip(files, suffixes) if suffix == SQLITE}
@@ -211,11 +219,12 @@ def _files_under(folder: Path) -> Iterator[Path]:
                               RankscopeWarning, stacklevel=4)
 
 
-def _kineto_or_warn(path: Path) -> bool:
+def _is_kineto(path: Path) -> bool | None:
     """True for a Kineto trace (it has a "traceEvents" key, near the top as the profiler
-    writes it); other JSON found on a folder walk is skipped, with a warning unless it is
-    rankscope's own output (a report written into the folder, the simulator's truth). A
-    file that cannot be read counts as a trace, so its reader reports the problem."""
+    writes it); other JSON found on a folder walk is skipped: False, to be said
+    (`_not_traces`), None where it is rankscope's own output (a report written into the
+    folder, the simulator's truth). A file that cannot be read counts as a trace, so its
+    reader reports the problem."""
     opener = gzip.open if _suffix(path) == ".json.gz" else open
     seen, ours, keep = b"", False, max(len(_KINETO_KEY), len(_OWN_SCHEMA))
     try:
@@ -228,11 +237,16 @@ def _kineto_or_warn(path: Path) -> bool:
                 seen = seen[-keep:]
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error):  # zlib: a stream garbled mid-way
         return True
-    if ours:
-        return False  # not input, and nothing to say about it
-    warnings.warn(f"{path}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder dump); skipped",
-                  RankscopeWarning, stacklevel=3)
-    return False
+    return None if ours else False
+
+
+def _not_traces(paths: list[Path]) -> str:
+    """One warning for the JSON files a walk skipped (`_is_kineto`): a job's Flight Recorder
+    dumps, one a rank, lie beside its traces, and a line each made a line a rank."""
+    if len(paths) == 1:
+        return f"{paths[0]}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder dump); skipped"
+    return (f"{len(paths)} JSON files without traceEvents are not Kineto traces (e.g. Flight Recorder dumps): "
+            f"skipped ({paths[0]} to {paths[-1]})")
 
 
 class _Reader:
