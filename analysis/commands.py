@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import stat
 import sys
@@ -107,10 +108,13 @@ def run_analyze(args: argparse.Namespace) -> int:
     text = report.to_json() if _format(args) == "json" else report.render_table()
     if not text.endswith("\n"):
         text += "\n"
-    if args.output is None:
-        sys.stdout.write(text)
-    else:
-        output.write_text(args.output, text)
-    if args.plot is not None:
-        plot.save(report, args.plot)
+    with contextlib.ExitStack() as outputs:
+        # The report is written first and kept once the plot is too: a plot that could not
+        # be written (a full disk) left the report behind, its run failed.
+        if args.output is not None:
+            outputs.enter_context(output.replacing(args.output)).write_text(text, encoding="utf-8")
+        if args.plot is not None:
+            plot.save(report, args.plot)
+        if args.output is None:
+            sys.stdout.write(text)
     return 0

@@ -51,6 +51,18 @@ def test_analyze_plot_flag_writes_the_figure(tmp_path: Path, samples: Path) -> N
     assert "<svg" in (tmp_path / "ranks.svg").read_text()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_a_report_and_its_plot_are_written_both_or_neither(tmp_path: Path, samples: Path, capsys) -> None:
+    # Found by fuzzing: a plot that could not be written (its disk full) failed the run, exit 2,
+    # with the report written beside it.
+    dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
+    (tmp_path / "full.png").symlink_to("/dev/full")
+    assert main(["analyze", str(dsl), "-o", str(tmp_path / "r.json"), "--plot", str(tmp_path / "full.png")]) == 2
+    assert "full.png: cannot write the output (No space left on device)" in capsys.readouterr().err
+    assert main(["analyze", str(dsl), "-o", "/dev/full", "--plot", str(tmp_path / "ranks.png")]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.png"]
+
+
 def test_plot_into_a_missing_folder_fails_before_any_work(tmp_path: Path, samples: Path, capsys) -> None:
     dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
     assert main(["analyze", str(dsl), "--plot", str(tmp_path / "nope" / "ranks.png")]) == 2
