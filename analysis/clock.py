@@ -44,6 +44,9 @@ MIN_SPREAD_ANCHORS = 3
 SPARSE_UNCERTAINTY_NS = 10_000.0
 # Beyond this a ping-based hint and the collective fit cannot both be right.
 HINT_TOLERANCE_NS = 2_000_000
+# Fitted clocks this far apart are no NTP hosts' (within tens of ms, alignment-and-metrics.md
+# §1): no clock sync, or traces of two runs whose collectives were matched as one job's.
+FAR_APART_NS = 60_000_000_000
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,7 @@ def fit(events: Table, hosts: list[str], hints: Mapping[str, int] | None = None)
         target = float(np.mean([hints[h] for h in names])) if hinted else 0.0
         prior = np.array([hints.get(h, 0.0) for h in names], dtype=np.float64)
         model.hosts.update(_fit_component(names, values[component], prior, target))
+        model.warnings += _far_apart([model.hosts[h] for h in names])
         if hinted:
             far = [h for h in names if abs(model.hosts[h].offset_ns - hints[h]) > HINT_TOLERANCE_NS]
             model.off_hints += far
@@ -169,6 +173,16 @@ def fit(events: Table, hosts: list[str], hints: Mapping[str, int] | None = None)
     fitted = any(m.startswith("offset") for m in methods)
     model.method = ("collective-anchored " if fitted else "") + "/".join(sorted(methods))
     return model
+
+
+def _far_apart(clocks: list[HostClock]) -> list[str]:
+    """A warning where linked hosts' fitted clocks lie FAR_APART_NS or more apart."""
+    low, high = min(clocks, key=lambda c: c.offset_ns), max(clocks, key=lambda c: c.offset_ns)
+    apart = high.offset_ns - low.offset_ns
+    if apart < FAR_APART_NS:
+        return []
+    return [f"hosts {low.host} and {high.host}: clocks fitted {apart / 1e9:,.0f} s apart, where NTP keeps hosts within "
+            "milliseconds: unsynchronised clocks, or traces of two runs matched as one job's (analyse one run at a time)"]
 
 
 def _hint_disagreements(model: ClockModel, far: list[str], hints: Mapping[str, int]) -> list[str]:

@@ -191,3 +191,18 @@ def test_the_pair_uncertainty_matches_the_spread_of_aligned_ends_between_hosts(n
     measured = MAD_TO_SIGMA * float(np.median(np.abs(gap - np.median(gap))))
     reported = float(np.hypot(model.hosts[a].uncertainty_ns, model.hosts[b].uncertainty_ns))
     assert 0.7 * measured < reported < 1.3 * measured
+
+
+@pytest.mark.parametrize(("offset_ns", "warned"), [(59_000_000_000, False), (3_600_000_000_000, True)])
+def test_clocks_fitted_a_minute_or_more_apart_are_warned(offset_ns: int, warned: bool) -> None:
+    # Two runs' traces on two hosts matched as one job's fit as clocks an hour apart, and the
+    # report read as any other (found by fuzzing two Kineto runs).
+    job = SyntheticJob(nodes=2, gpus_per_node=2, steps=30, offsets_ns=[0, offset_ns], drift_ppm=[0.0, 0.0], seed=4)
+    model, truth, events = _fit(job)
+    assert _relative_error(model, truth, int(np.median(events["end_ns"]))).max() < 1_000
+    far = [w for w in model.warnings if "apart, where NTP" in w]
+    hosts = sorted(truth.offsets_ns)
+    expected = [f"hosts {hosts[0]} and {hosts[1]}: clocks fitted 3,600 s apart, where NTP keeps hosts within "
+                "milliseconds: unsynchronised clocks, or traces of two runs matched as one job's (analyse one run at "
+                "a time)"]
+    assert far == (expected if warned else [])
