@@ -68,11 +68,12 @@ def _check_pem(files: TlsFiles) -> None:
     """Files gRPC would take as they are and refuse at the first handshake, with C-core
     log lines and no name: a CA that holds no PEM certificate, a key not of its certificate."""
     if files.ca is not None:
+        # From the file, as OpenSSL reads a PEM bundle: the file's text as `cadata` passed an
+        # empty file (no cadata: the system's CAs) and raised TypeError on non-ASCII bytes.
         try:
-            ssl.create_default_context(cadata=Path(files.ca).read_text(errors="replace"))
-        except (ssl.SSLError, ValueError) as exc:
-            raise ConfigError(f"not a PEM CA certificate ({exc.reason or exc})" if isinstance(exc, ssl.SSLError)
-                              else "not a PEM CA certificate", path=files.ca) from None
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=files.ca)
+        except ssl.SSLError as exc:
+            raise ConfigError(f"not a PEM CA certificate ({exc.reason or exc})", path=files.ca) from None
     if files.cert is not None and files.key is not None:
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(files.cert, files.key)

@@ -136,6 +136,18 @@ def test_files_that_are_not_pem_or_not_a_pair_are_named_before_any_handshake(tmp
         wire.start(tmp_path / "data", tls_cert=tmp_path / "notes.pem", tls_key=pki / "server.key")
 
 
+@pytest.mark.parametrize("content", [b"", bytes(range(256))], ids=["empty", "binary"])
+def test_a_ca_file_empty_or_not_text_is_named_not_a_traceback_or_the_systems_cas(tmp_path, wire, pki, content) -> None:
+    # An empty one passed the check (and was then read as no CA); a binary one raised TypeError.
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"^{ca}: not a PEM CA certificate"):
+        channel("127.0.0.1:1", TlsFiles(ca=ca))
+    with pytest.raises(ConfigError, match=f"^{ca}: not a PEM CA certificate"):
+        wire.start(tmp_path / "data", tls_cert=pki / "server.pem", tls_key=pki / "server.key", tls_client_ca=ca)
+    assert not (tmp_path / "data").exists()
+
+
 def test_an_agent_dials_a_mtls_coordinator_with_its_certificate(secure, pki, tmp_path, wire) -> None:
     agent = wire.real_agent(secure.address, tmp_path, TlsFiles(cert=pki / "client.pem", key=pki / "client.key", ca=pki / "ca.pem"))
     try:
