@@ -12,13 +12,25 @@ def host_port(address: str) -> tuple[str, int] | None:
     """``HOST:PORT`` (an IPv6 host in brackets) as (host, port); None where it is not one,
     as where the port is beyond `MAX_PORT` (the socket layer would take it modulo 65536:
     :99999 listened on 34463), or where the host holds a slash or a space (a URL's
-    ``http://``, a pasted blank), which only fails later as a name no resolver knows."""
+    ``http://``, a pasted blank), which only fails later as a name no resolver knows. So
+    does an IPv6 host without its brackets (gRPC reads ``::1:7443`` as the address
+    ::1:7443, port 443, and fails to bind it after the coordinator opened its state), and
+    a name the resolver cannot encode (a label over 63 characters: Python's resolver
+    raises UnicodeError there, not socket.gaierror)."""
     host, sep, port = address.rpartition(":")
     if not (host and sep and port.isdigit()) or int(port) > MAX_PORT:
         return None
     if "/" in host or any(c.isspace() for c in host):
         return None
-    return host.removeprefix("[").removesuffix("]"), int(port)
+    bracketed = host.startswith("[") and host.endswith("]")
+    if ":" in host and not bracketed:
+        return None
+    host = host[1:-1] if bracketed else host
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        return None
+    return host, int(port)
 
 
 def dial_problem(address: str) -> str | None:

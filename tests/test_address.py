@@ -16,6 +16,9 @@ from rankscope.address import bind_problem, dial_problem, host_port
     ("notaport", None), (":7443", None), ("host:", None), ("host:x", None),
     ("host:65535", ("host", 65535)), ("host:65536", None), ("host:99999", None),  # 99999 bound 34463
     ("http://gpu-head:7443", None), (" gpu-head:7443", None),  # were dialled, as names no resolver knows
+    ("::1:7443", None), ("[::1:7443", None),  # gRPC took ::1:7443 as an IPv6 address on port 443
+    ("a" * 64 + ":7443", None), ("a..b:7443", None),  # the resolver raised UnicodeError, a traceback
+    ("a" * 63 + ".example:7443", ("a" * 63 + ".example", 7443)),
 ])
 def test_host_port(text: str, parsed) -> None:
     assert host_port(text) == parsed
@@ -52,6 +55,19 @@ def test_a_dial_port_out_of_range_is_refused(capsys) -> None:
     agent_commands.register(parser.add_subparsers())
     with pytest.raises(ConfigError, match="--coordinator '127.0.0.1:70000' must be HOST:PORT"):
         agent_commands.config_from_args(parser.parse_args(["agent", "--coordinator", "127.0.0.1:70000"]))
+
+
+def test_a_host_no_resolver_takes_is_one_line_from_the_commands(tmp_path, capsys) -> None:
+    from rankscope.cli import main
+
+    long_name = "a" * 300 + ":7443"
+    assert main(["sweeps", "--coordinator", long_name]) == 2
+    assert capsys.readouterr().err == f"rankscope: error: coordinator address {long_name!r} must be HOST:PORT, the port at most 65535\n"
+    # An IPv6 host without brackets: gRPC failed to bind it after the state was opened.
+    for listen in (long_name, "::1:7443"):
+        assert main(["coordinator", "--listen", listen, "--data-dir", str(tmp_path / "data")]) == 2
+        assert capsys.readouterr().err.startswith(f"rankscope: error: listen address {listen!r} must be HOST:PORT")
+    assert not (tmp_path / "data").exists()
 
 
 def test_a_coordinator_to_dial_is_host_port_or_a_unix_target() -> None:
