@@ -59,6 +59,16 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = NEGATIVE_VALUE  # private, the same name and use in 3.11 to 3.14
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # 3.11's argparse drops '--' given as an option's own value (`--duration=--`) and
+        # hands the option [], unchecked by its type and choices: a traceback later. Kept
+        # as the value, the option's own check refuses it.
+        if arg_strings == ["--"] and action.option_strings and action.nargs is None:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or only of ``command``'s module where one is named: the

@@ -258,6 +258,24 @@ def test_a_value_like_a_negative_number_reaches_the_options_own_check(command: l
     assert exc.value.code == 2 and f"error: argument {option}: {value!r} {problem}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command, option, problem", [
+    (["capture", "--coordinator", "127.0.0.1:1", "--all"], "--duration", "'--' is not a positive duration"),
+    (["sweeps", "--coordinator", "127.0.0.1:1"], "--limit", "'--' is not a whole number"),
+    (["nodes", "--coordinator", "127.0.0.1:1"], "--format", "invalid choice: '--'"),
+])
+def test_dash_dash_as_an_options_own_value_reaches_its_check(command: list[str], option: str, problem: str,
+                                                             capsys) -> None:
+    # found by a bad-input campaign: `--duration=--` came through as [] (a TypeError traceback)
+    with pytest.raises(SystemExit) as exc:
+        build_parser(command[0]).parse_args([*command, f"{option}=--"])
+    assert exc.value.code == 2 and f"error: argument {option}: {problem}" in capsys.readouterr().err
+
+
+def test_dash_dash_as_the_coordinator_is_no_address(capsys) -> None:
+    assert cli.main(["sweeps", "--coordinator=--"]) == 2
+    assert capsys.readouterr().err == "rankscope: error: coordinator address '--' must be HOST:PORT, the port at most 65535\n"
+
+
 def test_an_option_after_an_option_that_wants_a_value_is_still_an_option(capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser("capture").parse_args(["capture", "--coordinator", "127.0.0.1:1", "--all", "--duration", "-v"])
