@@ -17,7 +17,7 @@ from pathlib import Path
 from rankscope.coordinator.artifacts import UploadHeader, storage_full
 from rankscope.coordinator.registry import AgentRecord, UnknownAgent
 from rankscope.coordinator.sweeps import Sweep, SweepState, UnknownSweep
-from rankscope.errors import RankscopeError
+from rankscope.errors import InputError, RankscopeError
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +75,47 @@ class UnreadableSweep(RankscopeError):
     """A stored sweep whose record does not parse (changed by hand, or cut short)."""
 
 
+def _columns(db: sqlite3.Connection) -> dict[str, set[str]]:
+    """Each table of ``db`` with its columns."""
+    tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    return {name: {column for (column,) in db.execute("SELECT name FROM pragma_table_info(?)", (name,))}
+            for name in tables}
+
+
+def _not_ours(db: sqlite3.Connection) -> str | None:
+    """Why ``db`` is no coordinator state (another program's SQLite file); None where it is
+    one, or empty. Asked before anything is written: the WAL switch and the schema's tables
+    would otherwise change a file that is not ours before the first query failed on it."""
+    have = _columns(db)
+    if not have:
+        return None
+    with sqlite3.connect(":memory:") as model:
+        model.executescript(SCHEMA)
+        ours = _columns(model)
+    if not have.keys() & ours.keys():
+        return f"its tables ({', '.join(sorted(have))}) are none of a rankscope coordinator's"
+    for table, columns in ours.items():
+        if table in have and (missing := columns - have[table]):
+            return f"its table {table} has no column {', '.join(sorted(missing))}"
+    return None
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            if problem := _not_ours(self._db):
+                self._db.close()
+                raise InputError(f"not a rankscope coordinator state: {problem}; point --data-dir at another folder",
+                                 path=self.path)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise RankscopeError(f"cannot open the coordinator state ({exc})", path=self.path) from None
+        except sqlite3.DatabaseError as exc:  # a damaged file, or no SQLite file at all
+            raise InputError(f"cannot open the coordinator state ({exc})", path=self.path) from None
         self._lock = threading.Lock()
         self._unreadable: set[str] = set()  # sweeps already logged as left out
 

@@ -15,7 +15,7 @@ from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.config import CoordinatorConfig, resolve
 from rankscope.coordinator.registry import AgentRecord, clock_sample
 from rankscope.coordinator.store import Store
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, InputError
 
 T0 = 1_764_000_000_000_000_000
 
@@ -45,6 +45,38 @@ def test_store_keeps_agents_sweeps_uploads_and_reports_across_a_reopen(tmp_path:
     assert again.report_path("s1") == tmp_path / "s1.json"
     with pytest.raises(sw.UnknownSweep):
         again.sweep("s2")
+
+
+def _foreign_tables(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+
+
+def _same_names_other_columns(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE sweeps (id INTEGER)")
+
+
+@pytest.mark.parametrize("make, problem", [
+    (_foreign_tables, r"not a rankscope coordinator state: its tables \(users\) are none of a rankscope coordinator's"),
+    (_same_names_other_columns, "not a rankscope coordinator state: its table sweeps has no column created_ns, data, "
+                                "state, sweep_id"),
+    (lambda path: path.write_bytes(b"not a database" * 100), r"cannot open the coordinator state \(file is not a database\)"),
+], ids=["foreign tables", "other columns", "not sqlite"])
+def test_a_state_file_that_is_not_the_coordinators_is_refused_and_left_as_it_was(tmp_path: Path, make, problem) -> None:
+    # found by a bad-input campaign: another program's SQLite file was switched to WAL and
+    # given the coordinator's tables before the first query failed on it (exit 1)
+    path = tmp_path / "state.sqlite"
+    make(path)
+    before = path.read_bytes()
+    with pytest.raises(InputError, match=f"^{path}: {problem}") as caught:
+        Store(path)
+    assert caught.value.exit_code == 2
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["state.sqlite"]
 
 
 def test_one_unreadable_sweep_record_is_left_out_and_the_rest_still_list(tmp_path: Path, caplog) -> None:
