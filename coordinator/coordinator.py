@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from rankscope import __version__, node_name
+from rankscope import __version__, node_name, output
 from rankscope.coordinator import reports
 from rankscope.coordinator.artifacts import ArtifactStore, StorageFull, UploadHeader, UploadWriter
 from rankscope.coordinator.config import CoordinatorConfig
@@ -145,6 +145,7 @@ class Coordinator:
         try:
             self.store = Store(config.state_db)
             self.artifacts = ArtifactStore(config.artifacts_dir, max_bytes=config.max_upload_bytes)
+            output.make_folder(config.reports_dir)  # now: a file there failed only each sweep's analysis
         except BaseException:
             self._hold.release()
             raise

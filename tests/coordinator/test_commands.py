@@ -22,7 +22,7 @@ from rankscope.cli import parse_duration
 from rankscope.coordinator import commands, server
 from rankscope.coordinator.client import SweepClient
 from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_NOT_JUDGED, EXIT_PARTIAL
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, InputError
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 
@@ -387,6 +387,17 @@ def test_a_second_coordinator_on_a_data_dir_in_use_fails_before_touching_it(coor
     assert err.startswith(f"rankscope: error: {coordinator.data_dir}: in use by coordinator pid {os.getpid()} on ")
     assert err.endswith("; one coordinator per folder\n") and err.count("\n") == 1
     assert (coordinator.data_dir / "state.sqlite").read_bytes() == before
+
+
+@pytest.mark.parametrize("folder", ["artifacts", "reports"])
+def test_a_coordinator_whose_data_dir_holds_a_file_in_place_of_a_folder_it_needs_does_not_start(tmp_path, folder) -> None:
+    # found by a bad-input campaign: with a file at reports/ it served, and each sweep's analysis failed
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / folder).write_text("not a folder")
+    with pytest.raises(InputError, match=f"^{data / folder}") as caught:
+        server.create_server("127.0.0.1:0", data)[0].stop(grace=0)  # stopped where it was made
+    assert caught.value.exit_code == 2
 
 
 def test_the_server_itself_refuses_a_taken_port(coordinator, tmp_path, monkeypatch) -> None:
