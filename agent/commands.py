@@ -46,9 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    name = args.name or socket.gethostname()
+    name = socket.gethostname() if args.name is None else args.name  # `--name ""` (an unset variable) is no name
     if (wrong := node_name.problem(name)) is not None:
-        raise ConfigError(f"--name {name!r}: {wrong}" if args.name else f"host name {name!r}: {wrong}; choose one with --name")
+        raise ConfigError(f"--name {name!r}: {wrong}" if args.name is not None
+                          else f"host name {name!r}: {wrong}; choose one with --name")
     backends = tuple(filter(None, (b.strip() for b in args.backend.split(","))))
     if not backends:
         raise ConfigError("--backend names no capture backend")

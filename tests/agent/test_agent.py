@@ -602,7 +602,8 @@ def test_labels_and_backends_are_checked() -> None:
                          (["--coordinator", "h:1", "--max-backoff", "0"], "--max-backoff must be positive"),
                          (["--coordinator", "h:1", "--upload-limit", "nan"], "--upload-limit must be positive"),
                          (["--coordinator", "h:1", "--name", "a,b"], "--name 'a,b': a node name is 1 to 253 letters"),
-                         (["--coordinator", "h:1", "--name", "rack 1/gpu"], "--name 'rack 1/gpu': a node name")):
+                         (["--coordinator", "h:1", "--name", "rack 1/gpu"], "--name 'rack 1/gpu': a node name"),
+                         (["--coordinator", "h:1", "--name", ""], "--name '': a node name is 1 to 253")):
         with pytest.raises(ConfigError, match=message):
             commands.config_from_args(parser.parse_args(["agent", "--backend", "sim", *bad]))
 
