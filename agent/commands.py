@@ -79,10 +79,10 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    for folder in (config.spool, config.work_dir):
-        output.make_folder(folder)
-    agent = Agent(config)
+    agent = Agent(config)  # first: TLS files or a DCGM named that fail it leave no folder made
     try:
+        for folder in (config.spool, config.work_dir):
+            output.make_folder(folder)
         agent.hold.acquire()  # before the banner: a second agent on the folder says only why it stops
     except RankscopeError:
         agent.close()

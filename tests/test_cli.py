@@ -144,6 +144,17 @@ def test_a_daemon_given_a_folder_it_cannot_write_in_says_so_in_one_line(args: li
     assert len(lines) == 1 and lines[0].startswith(f"rankscope: error: {folder}: "), done.stderr
 
 
+def test_an_agent_given_a_ca_file_that_is_not_one_makes_no_folder(tmp_path) -> None:
+    # found by a bad-input campaign: the spool and work folders were made before the TLS files were read
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    args = [*AGENT, "--spool", str(tmp_path / "spool"), "--dcgm-state", str(tmp_path / "dcgm"), "--dcgm", "none",
+            "--tls-ca", str(tmp_path / "ca.pem")]
+    done = subprocess.run([sys.executable, "-m", "rankscope", *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"rankscope: error: {tmp_path / 'ca.pem'}: not a PEM CA certificate"), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.pem"]
+
+
 @pytest.mark.parametrize("dcgm, option", [("dcgmi", "--dcgmi"), ("bindings", "--dcgm-bindings")])
 def test_an_agent_given_a_dcgm_that_is_not_there_stops_in_one_line(dcgm: str, option: str, tmp_path) -> None:
     """Named, it is expected there: exit 2 naming it, before dialling (it only warned, then
