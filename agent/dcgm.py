@@ -84,11 +84,14 @@ class PauseNotRecorded(ToolError):
         self.undone = undone
 
 
+MODES = ("auto", "bindings", "dcgmi", "none")
+
+
 @dataclass(frozen=True)
 class DcgmConfig:
     """How to reach the node's DCGM host engine."""
 
-    mode: str = "auto"  # auto | bindings | dcgmi | none
+    mode: str = "auto"  # one of MODES
     host: str = DEFAULT_HOST  # host[:port] or unix:///path (a k8s Service name works)
     bindings_path: Path | None = None  # folder holding pydcgm.py/dcgm_agent.py
     dcgmi: str = DEFAULT_DCGMI
@@ -113,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The agent's DCGM flags; defaults come from the RANKSCOPE_DCGM* environment."""
     env = DcgmConfig.from_env()
     group = parser.add_argument_group("DCGM")
-    group.add_argument("--dcgm", choices=("auto", "bindings", "dcgmi", "none"), default=env.mode,
+    group.add_argument("--dcgm", choices=MODES, default=env.mode,
                        help="how to pause DCGM profiling (default: auto-detect)")
     group.add_argument("--dcgm-host", default=env.host,
                        help="host engine address: host[:port] or unix:///path (default: localhost)")
@@ -127,6 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> DcgmConfig:
+    if args.dcgm not in MODES:  # argparse checks the flag's choices, not a default from the environment
+        raise ConfigError(f"$RANKSCOPE_DCGM {args.dcgm!r}: not one of {', '.join(MODES)} (a mode it does not know "
+                          "would run every capture without pausing DCGM)")
     config = DcgmConfig(mode=args.dcgm, host=args.dcgm_host, bindings_path=args.dcgm_bindings,
                         dcgmi=args.dcgmi, ledger_dir=args.dcgm_state)
     _check_named(config)

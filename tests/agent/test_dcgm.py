@@ -129,6 +129,17 @@ def test_config_from_env_and_flags(monkeypatch):
     assert (config.mode, config.host) == ("none", "unix:///s")
 
 
+def test_a_dcgm_mode_from_the_environment_that_is_none_of_the_modes_is_refused(monkeypatch):
+    # found by a bad-input campaign: RANKSCOPE_DCGM=bogus ran the agent, never pausing DCGM
+    monkeypatch.setenv("RANKSCOPE_DCGM", "bogus")
+    import argparse
+    parser = argparse.ArgumentParser()
+    dcgm.add_arguments(parser)
+    with pytest.raises(ConfigError, match=r"^\$RANKSCOPE_DCGM 'bogus': not one of auto, bindings, dcgmi, none"):
+        dcgm.config_from_args(parser.parse_args([]))
+    assert dcgm.config_from_args(parser.parse_args(["--dcgm", "none"])).mode == "none"  # the flag wins
+
+
 NO_DCGMI = "^--dcgmi '/nonexistent/dcgmi': not found, or not executable$"
 NO_BINDINGS = "^--dcgm-bindings '/nonexistent/bindings': not found, or not a folder$"
 
