@@ -102,6 +102,12 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--one-shot needs exactly one of --duration SECONDS or --capture-range")
     if (args.capture_range == "nvtx") != (args.nvtx_capture is not None):
         raise InputError("--capture-range nvtx needs --nvtx-capture RANGE@DOMAIN (and only it takes one)")
+    # Else nsys is handed them as they are, and runs CMD without ever capturing, or not at all.
+    if args.nvtx_capture is not None and not all(part.strip() for part in args.nvtx_capture.split("@", 1)):
+        raise InputError(f"--nvtx-capture {args.nvtx_capture!r} is not RANGE or RANGE@DOMAIN")
+    kinds = [kind.strip() for kind in args.trace.split(",") if kind.strip()]
+    if not kinds:
+        raise InputError(f"--trace {args.trace!r} names no trace kind (default: {_NSYS_DEFAULTS['trace']})")
     launcher = starts_ranks(cmd)
     if args.backend == "torch" and launcher:
         # The hook lives in the process it starts (and not in that process's children).
@@ -125,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     nccl = args.nccl_trace
     supported = nccl != "legacy" and nsys.supports_nccl_trace(
         command="profile" if args.one_shot else "launch", nsys=exe)
-    trace = nsys.trace_flag(args.trace.split(","), nccl, nccl_supported=supported)
+    trace = nsys.trace_flag(kinds, nccl, nccl_supported=supported)
     if args.one_shot:
         return run_one_shot(info, cmd, args, exe, trace)
     session = nsys.session_name(info.job_id, info.rank, info.pid)

@@ -359,6 +359,23 @@ def test_an_option_the_chosen_mode_would_ignore_is_refused_before_cmd_starts(opt
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--one-shot", "--capture-range", "nvtx", "--nvtx-capture", "@"], "--nvtx-capture '@' is not RANGE or RANGE@DOMAIN"),
+    (["--one-shot", "--capture-range", "nvtx", "--nvtx-capture", "step@ "], "--nvtx-capture 'step@ ' is not RANGE"),
+    (["--trace", ",,"], "--trace ',,' names no trace kind (default: cuda,nvtx)"),
+])
+def test_an_nsys_option_with_nothing_in_it_is_refused_before_cmd_starts(options, message, tmp_path, capsys):
+    from rankscope.cli import main
+
+    # found by a bad-input campaign: `--trace ,,` went to nsys as --trace=,,,nvtx, and
+    # `--nvtx-capture @` profiled a run that never opened its capture (no report, exit 0)
+    marker = tmp_path / "ran"
+    assert main(["rank", "--spool", str(tmp_path / "spool"), *options, "--", "touch", str(marker)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rankscope: error: {message}") and len(err.splitlines()) == 1, err
+    assert not marker.exists() and not (tmp_path / "spool").exists()
+
+
 def test_one_shot_nvtx_capture_range_needs_its_range(nsys_env, tmp_path):
     _, env = nsys_env
     proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--capture-range", "nvtx", "--", "true", env=env)
