@@ -134,8 +134,8 @@ def _check(config: CoordinatorConfig) -> None:
         raise ConfigError("--node-certs needs --tls-client-ca: without client certificates there is no node name to check")
     if host_port(config.listen) is None:
         raise ConfigError(f"listen address {config.listen!r} must be HOST:PORT, the port 0-65535 (0 picks one)")
-    if config.max_upload_bytes <= 0:
-        raise ConfigError(f"--max-upload-bytes must be positive, got {config.max_upload_bytes}")
+    if not 0 < config.max_upload_bytes < 1 << 63:  # the wire's int64: beyond, every agent's Register failed
+        raise ConfigError(f"--max-upload-bytes must be positive and under 8388608T, got {config.max_upload_bytes}")
     if not 1 << 10 <= config.chunk_bytes <= 3 << 20:
         raise ConfigError(f"chunk_bytes {config.chunk_bytes} must be between 1 KiB and 3 MiB (gRPC's limit is 4 MiB)")
     if config.max_workers < 2:  # agent sessions take at most half, and the rest need one at least

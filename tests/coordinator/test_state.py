@@ -205,6 +205,11 @@ def test_config_from_defaults_environment_and_flags() -> None:
     # Sizes as the help gives its default (8 GiB): K, M, G and T are 1024s.
     for raw, size in (("4096", 4096), ("1G", 1 << 30), ("8GiB", 8 << 30), ("512 MB", 512 << 20), ("1.5g", 3 << 29)):
         assert resolve({"max_upload_bytes": raw}, environ={}).max_upload_bytes == size, raw
+    # found by a bad-input campaign: 99999999999T passed, then every agent's Register failed on the int64 field
+    for raw in ("0", "8388608T"):
+        with pytest.raises(ConfigError, match="^--max-upload-bytes must be positive and under 8388608T, got "):
+            resolve({"max_upload_bytes": raw}, environ={})
+    assert resolve({"max_upload_bytes": "8388607T"}, environ={}).max_upload_bytes == 8388607 << 40
     with pytest.raises(ConfigError, match="HOST:PORT"):
         resolve({"listen": "7443"}, environ={})
     for name, raw in (("NODE_TIMEOUT_S", "nan"), ("RESTART_GRACE_S", "inf"), ("GRACE_S", "-1")):
