@@ -7,14 +7,13 @@ import logging
 import os
 import signal
 import socket
-from pathlib import Path
 
 from rankscope.agent import dcgm
 from rankscope.agent.agent import BACKENDS, Agent, AgentConfig
 from rankscope.agent.spool import DEFAULT_SPOOL
 from rankscope import node_name, output, signals, tls
 from rankscope.address import dial_problem
-from rankscope.cli import parse_labels
+from rankscope.cli import parse_labels, parse_path
 from rankscope.errors import ConfigError, RankscopeError
 
 log = logging.getLogger(__name__)
@@ -29,9 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--coordinator", required=True, metavar="HOST:PORT", help="coordinator address")
     parser.add_argument("--name", default=None, help="node name in the fleet (default: the hostname)")
     parser.add_argument("--labels", type=parse_labels, default={}, metavar="K=V,...", help="labels sweeps can target")
-    parser.add_argument("--spool", type=Path, default=DEFAULT_SPOOL,
+    parser.add_argument("--spool", type=parse_path, default=DEFAULT_SPOOL,
                         help=f"folder where rank wrappers announce themselves (default: {DEFAULT_SPOOL})")
-    parser.add_argument("--work-dir", type=Path, default=None,
+    parser.add_argument("--work-dir", type=parse_path, default=None,
                         help="where captures in flight are kept (default: SPOOL/agent-NAME)")
     parser.add_argument("--backend", default="nsys", metavar="NAME[,NAME...]",
                         help=f"capture backends this node offers ({', '.join(BACKENDS)}), the first its default "

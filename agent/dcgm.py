@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 from rankscope.agent.pause_ledger import DEFAULT_FOLDER, Holder, NoLedger, PauseLedger
+from rankscope.cli import parse_path
 from rankscope.errors import ConfigError, ToolError
 
 log = logging.getLogger(__name__)
@@ -120,10 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how to pause DCGM profiling (default: auto-detect)")
     group.add_argument("--dcgm-host", default=env.host,
                        help="host engine address: host[:port] or unix:///path (default: localhost)")
-    group.add_argument("--dcgm-bindings", type=Path, default=env.bindings_path,
+    group.add_argument("--dcgm-bindings", type=parse_path, default=env.bindings_path,
                        help="folder with DCGM's Python bindings (default: the install's)")
     group.add_argument("--dcgmi", default=env.dcgmi, help="dcgmi executable (default: dcgmi on PATH)")
-    group.add_argument("--dcgm-state", type=Path, default=env.ledger_dir, metavar="DIR",
+    group.add_argument("--dcgm-state", type=parse_path, default=env.ledger_dir, metavar="DIR",
                        help="folder where the agents of this host record their DCGM pauses, so none "
                             "resumes while another captures; every agent on the host must share it "
                             f"(default: {DEFAULT_FOLDER})")

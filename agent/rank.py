@@ -27,7 +27,7 @@ from pathlib import Path
 from rankscope.agent import nsys, window
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, ranks_dir, withdraw
 from rankscope import output
-from rankscope.cli import parse_duration
+from rankscope.cli import parse_duration, parse_path
 from rankscope.errors import CommandError, InputError, RankscopeError, ToolError
 from rankscope.lock import FolderInUse, FolderLock
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, job_id, starts_ranks
@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--backend", choices=("nsys", "torch"), default="nsys",
                         help="profiler the rank runs under (default: nsys)")
-    parser.add_argument("--spool", type=Path, default=DEFAULT_SPOOL,
+    parser.add_argument("--spool", type=parse_path, default=DEFAULT_SPOOL,
                         help=f"the node agent's spool folder (default: {DEFAULT_SPOOL})")
     parser.add_argument("--nsys", default=_NSYS_DEFAULTS["nsys"], help="nsys executable (default: $RANKSCOPE_NSYS, else nsys on PATH)")
     parser.add_argument("--trace", default=_NSYS_DEFAULTS["trace"], metavar="LIST",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rankscope.analysis.report import fmt_ns, ranks_text
-from rankscope.cli import parse_duration, parse_labels
+from rankscope.cli import parse_duration, parse_labels, parse_path
 from rankscope.checksum import sha256_of
 from rankscope.coordinator.client import SweepClient, node_progress, node_state_name, state_name
 from rankscope.coordinator.config import resolve
@@ -112,7 +112,7 @@ def _add_report_options(parser: argparse.ArgumentParser, *, after_wait: bool) ->
     """--format and --plot, which `capture` takes only with --wait."""
     parser.add_argument("--format", choices=("table", "json"), default="table",
                         help=f"report format{' with --wait' if after_wait else ''} (default: table)")
-    parser.add_argument("--plot", type=Path, metavar="FILE",
+    parser.add_argument("--plot", type=parse_path, metavar="FILE",
                         help=f"{'with --wait, ' if after_wait else ''}also draw the per-rank picture (PNG/SVG/PDF; "
                              "needs matplotlib)")
 
@@ -123,15 +123,15 @@ def _add_coordinator_command(subparsers: argparse._SubParsersAction) -> None:
         description="Run the coordinator: agents dial in to it, sweeps are started through it, and it stores "
                     "their uploads and analyses them (SQLite state and artifacts in --data-dir).")
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 0.0.0.0:7443; port 0 picks one)")
-    serve.add_argument("--data-dir", type=Path, metavar="DIR", help="state and artifacts (default ./rankscope-data)")
+    serve.add_argument("--data-dir", type=parse_path, metavar="DIR", help="state and artifacts (default ./rankscope-data)")
     serve.add_argument("--max-upload-bytes", metavar="SIZE",
                        help="refuse larger uploads: bytes, or with K, M, G or T (1024s), e.g. 8G (default 8G)")
     serve.add_argument("--node-timeout", type=parse_duration, metavar="DURATION",
                        help="time beyond the capture window before a silent node is given up (default 120s)")
-    serve.add_argument("--port-file", type=Path, metavar="FILE", help="write the bound port here once serving")
-    serve.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve TLS with this certificate (and --tls-key)")
-    serve.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
-    serve.add_argument("--tls-client-ca", type=Path, metavar="PEM",
+    serve.add_argument("--port-file", type=parse_path, metavar="FILE", help="write the bound port here once serving")
+    serve.add_argument("--tls-cert", type=parse_path, metavar="PEM", help="serve TLS with this certificate (and --tls-key)")
+    serve.add_argument("--tls-key", type=parse_path, metavar="PEM", help="the certificate's private key")
+    serve.add_argument("--tls-client-ca", type=parse_path, metavar="PEM",
                        help="require client certificates signed by this CA (mTLS)")
     serve.add_argument("--node-certs", action="store_true", default=None,
                        help="each agent holds its own node's certificate: it registers only under a name the "
@@ -229,7 +229,7 @@ def _add_fetch(subparsers: argparse._SubParsersAction) -> None:
                     "that sha256 is kept, and one with other bytes is not replaced: fetch then names it and fetches nothing.")
     _add_coordinator_option(fetch)
     _add_sweep_argument(fetch)
-    fetch.add_argument("-o", "--output", type=Path, metavar="DIR", help="where to write (default: ./SWEEP)")
+    fetch.add_argument("-o", "--output", type=parse_path, metavar="DIR", help="where to write (default: ./SWEEP)")
     fetch.add_argument("--kind", choices=tuple(_KINDS), help="only raw exports or only digests (default: both)")
     fetch.set_defaults(func=run_fetch)
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rankscope import __version__, signals
@@ -102,6 +103,14 @@ def parse_duration(text: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration like 20s, 500ms, 2m")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_path(text: str) -> Path:
+    """A file or folder option's value. An empty one (``--data-dir "$DIR"`` with DIR unset) is a
+    usage error: as Path('') it was the current folder, and a coordinator kept its state there."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?)")
+    return Path(text)
 
 
 def parse_count(low: int, high: int, why: str = "") -> Callable[[str], int]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 
 from rankscope.address import host_port
+from rankscope.cli import parse_path
 from rankscope.errors import ConfigError
 
 PROBE_TIMEOUT_S = 2.0
@@ -113,11 +114,11 @@ def channel(address: str, files: TlsFiles | None, options: Sequence[tuple[str, o
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     """--tls-ca/--tls-cert/--tls-key/--tls-server-name, each defaulting to its $RANKSCOPE_TLS_* variable."""
     group = parser.add_argument_group("TLS (default: plaintext; each also from $RANKSCOPE_TLS_CA/_CERT/_KEY/_SERVER_NAME)")
-    group.add_argument("--tls-ca", type=Path, default=_env_path("RANKSCOPE_TLS_CA"), metavar="PEM",
+    group.add_argument("--tls-ca", type=parse_path, default=_env_path("RANKSCOPE_TLS_CA"), metavar="PEM",
                        help="CA that signed the coordinator's certificate")
-    group.add_argument("--tls-cert", type=Path, default=_env_path("RANKSCOPE_TLS_CERT"), metavar="PEM",
+    group.add_argument("--tls-cert", type=parse_path, default=_env_path("RANKSCOPE_TLS_CERT"), metavar="PEM",
                        help="this client's certificate, where the coordinator requires one")
-    group.add_argument("--tls-key", type=Path, default=_env_path("RANKSCOPE_TLS_KEY"), metavar="PEM",
+    group.add_argument("--tls-key", type=parse_path, default=_env_path("RANKSCOPE_TLS_KEY"), metavar="PEM",
                        help="this client's private key")
     group.add_argument("--tls-server-name", default=os.environ.get("RANKSCOPE_TLS_SERVER_NAME") or None, metavar="NAME",
                        help="the name the coordinator's certificate carries, where HOST is another (a port "

@@ -287,6 +287,19 @@ def test_dash_dash_as_the_coordinator_is_no_address(capsys) -> None:
     assert capsys.readouterr().err == "rankscope: error: coordinator address '--' must be HOST:PORT, the port at most 65535\n"
 
 
+@pytest.mark.parametrize("command, option", [
+    (["coordinator"], "--data-dir"), (["coordinator"], "--port-file"), (["coordinator"], "--tls-cert"),
+    (["fetch", "--coordinator", "127.0.0.1:1", "S"], "--output"), (["report", "--coordinator", "127.0.0.1:1", "S"], "--plot"),
+    (["sweeps", "--coordinator", "127.0.0.1:1"], "--tls-ca"), (["agent", "--coordinator", "127.0.0.1:1"], "--spool"),
+    (["agent", "--coordinator", "127.0.0.1:1"], "--dcgm-state"), (["rank", "--", "true"], "--spool"),
+])
+def test_an_empty_path_is_a_usage_error_not_the_current_folder(command: list[str], option: str, capsys) -> None:
+    # found by a bad-input campaign: `coordinator --data-dir ''` kept its state in the current folder
+    with pytest.raises(SystemExit) as exc:
+        build_parser(command[0]).parse_args([command[0], f"{option}=", *command[1:]])
+    assert exc.value.code == 2 and f"{option}: an empty path (an unset variable?)" in capsys.readouterr().err
+
+
 def test_an_option_after_an_option_that_wants_a_value_is_still_an_option(capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser("capture").parse_args(["capture", "--coordinator", "127.0.0.1:1", "--all", "--duration", "-v"])
