@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rankscope import output
 from rankscope.analysis import digest, engine, sources
+from rankscope.cli import parse_path
 from rankscope.errors import InputError, RankscopeWarning
 
 RANK_FROM_HELP = (
@@ -30,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "digest", help="build the per-rank digest (Parquet) of one export",
         description="Read one nsys SQLite export (or Kineto trace) and write its per-rank digest rows as Parquet.",
     )
-    digest_parser.add_argument("export", type=Path, help="nsys .sqlite export, .nsys-rep report or Kineto .json[.gz]")
-    digest_parser.add_argument("-o", "--output", type=Path, required=True, help="digest Parquet file to write (FILE.parquet)")
+    digest_parser.add_argument("export", type=parse_path, help="nsys .sqlite export, .nsys-rep report or Kineto .json[.gz]")
+    digest_parser.add_argument("-o", "--output", type=parse_path, required=True, help="digest Parquet file to write (FILE.parquet)")
     digest_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
     digest_parser.set_defaults(func=run_digest)
 
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Analyse exports and digests of one job (files or folders): align rank clocks on "
         "collectives, measure lateness, NCCL time, GPU busy, and name the stragglers.",
     )
-    analyze_parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="exports, digests, or folders of them")
+    analyze_parser.add_argument("paths", nargs="+", type=parse_path, metavar="PATH", help="exports, digests, or folders of them")
     analyze_parser.add_argument("--format", choices=("table", "json"),
                                 help="report format (default: json where -o names a .json file, else table)")
     analyze_parser.add_argument("-o", "--output", type=_report_path,
@@ -48,13 +49,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     analyze_parser.add_argument("--rank-from", metavar="SPEC", help=RANK_FROM_HELP)
     analyze_parser.add_argument("--engine", choices=("local", "ray"), default="local", help="where per-file reads run (default: local)")
     analyze_parser.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to join with --engine ray (default: start a local one)")
-    analyze_parser.add_argument("--plot", type=Path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
+    analyze_parser.add_argument("--plot", type=parse_path, metavar="FILE", help="also draw the per-rank picture (PNG/SVG/PDF; needs matplotlib)")
     analyze_parser.set_defaults(func=run_analyze)
 
 
 def _report_path(value: str) -> Path | None:
     """-o's value: '-' is standard output, as tools that take a file take it."""
-    return None if value == "-" else Path(value)
+    return None if value == "-" else parse_path(value)
 
 
 def run_digest(args: argparse.Namespace) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from rankscope import output
-from rankscope.cli import parse_count
+from rankscope.cli import parse_count, parse_path
 from rankscope.analysis import ops
 from rankscope.analysis.simulated_exports import RankTimes, write_kineto, write_nsys
 from rankscope.analysis.simulated_job import (
@@ -481,7 +481,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write nsys-schema SQLite (or Kineto JSON) exports, one per rank, of a simulated "
                     "TP/DP training job with injected stragglers and skewed node clocks, and the ground "
                     "truth (truth.json) beside them.")
-    p.add_argument("outdir", type=Path, metavar="OUTDIR", help="folder for the exports and truth.json")
+    p.add_argument("outdir", type=parse_path, metavar="OUTDIR", help="folder for the exports and truth.json")
     p.add_argument("--nodes", type=parse_count(1, MAX_RANKS), default=8, help="nodes, each its own clock (default: %(default)s)")
     p.add_argument("--gpus-per-node", type=parse_count(1, MAX_RANKS), default=8, help="ranks per node (default: %(default)s)")
     p.add_argument("--tp", type=int, default=8,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from rankscope import output
-from rankscope.cli import parse_count, parse_duration
+from rankscope.cli import parse_count, parse_duration, parse_path
 from rankscope.errors import InputError, RankscopeError, ToolError
 
 DEFAULT_RANKS_PER_NODE = 4
@@ -44,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="run the whole product locally: coordinator, two agents, a real PyTorch job",
         description=__doc__.splitlines()[0],
     )
-    parser.add_argument("--workdir", type=Path, default=None, help="keep everything here (default: a temp folder)")
+    parser.add_argument("--workdir", type=parse_path, default=None, help="keep everything here (default: a temp folder)")
     parser.add_argument("--ranks-per-node", type=_ranks_per_node(), default=DEFAULT_RANKS_PER_NODE,
                         help=f"ranks on each of the two nodes (default {DEFAULT_RANKS_PER_NODE}; at least "
                              f"{MIN_RANKS_PER_NODE}, as naming a straggler needs 3+ ranks; at most this "

@@ -292,12 +292,24 @@ def test_dash_dash_as_the_coordinator_is_no_address(capsys) -> None:
     (["fetch", "--coordinator", "127.0.0.1:1", "S"], "--output"), (["report", "--coordinator", "127.0.0.1:1", "S"], "--plot"),
     (["sweeps", "--coordinator", "127.0.0.1:1"], "--tls-ca"), (["agent", "--coordinator", "127.0.0.1:1"], "--spool"),
     (["agent", "--coordinator", "127.0.0.1:1"], "--dcgm-state"), (["rank", "--", "true"], "--spool"),
+    (["analyze", "x"], "--output"), (["analyze", "x"], "--plot"), (["digest", "x"], "--output"), (["demo"], "--workdir"),
 ])
 def test_an_empty_path_is_a_usage_error_not_the_current_folder(command: list[str], option: str, capsys) -> None:
     # found by a bad-input campaign: `coordinator --data-dir ''` kept its state in the current folder
     with pytest.raises(SystemExit) as exc:
         build_parser(command[0]).parse_args([command[0], f"{option}=", *command[1:]])
     assert exc.value.code == 2 and f"{option}: an empty path (an unset variable?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, argument", [
+    (["analyze", ""], "PATH"), (["analyze", "x", ""], "PATH"), (["digest", "", "-o", "d.parquet"], "export"),
+    (["simulate", ""], "OUTDIR"),
+])
+def test_an_empty_path_argument_is_a_usage_error_not_the_current_folder(args: list[str], argument: str, capsys) -> None:
+    # `simulate "$OUT"` with OUT unset wrote 64 exports into the current folder; `analyze ""` read it
+    with pytest.raises(SystemExit) as exc:
+        build_parser(args[0]).parse_args(args)
+    assert exc.value.code == 2 and f"argument {argument}: an empty path (an unset variable?)" in capsys.readouterr().err
 
 
 def test_an_option_after_an_option_that_wants_a_value_is_still_an_option(capsys) -> None:
