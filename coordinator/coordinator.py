@@ -39,7 +39,7 @@ from rankscope.coordinator.registry import (
 )
 from rankscope.coordinator.store import Store, UnreadableSweep
 from rankscope.coordinator import sweeps as sw
-from rankscope.errors import InputError, RankscopeError, TransportError, quoted
+from rankscope.errors import InputError, RankscopeError, TransportError, UploadRejected, quoted
 from rankscope.lock import FolderLock
 from rankscope.states import AGENT_DONE
 
@@ -87,6 +87,10 @@ class NotAuthenticated(RankscopeError):
 
 class NotPermitted(RankscopeError):
     """An agent acting for a node other than its own."""
+
+
+class NotForSweep(UploadRejected):
+    """An upload for a sweep that has ended, or by a node the sweep does not capture."""
 
 
 class UnknownArtifact(InputError):
@@ -385,6 +389,8 @@ class Coordinator:
         if agent.node != header.node:
             raise NotPermitted(f"upload {header.upload_id}: agent of node {agent.node!r} cannot upload for {header.node!r}")
         self._owned(header.upload_id, agent)  # else a differing header's refusal would describe the other's
+        with self._lock:
+            self._check_uploader(header)
         try:
             with self.artifacts.writer(header) as writer:
                 yield writer
@@ -396,6 +402,16 @@ class Coordinator:
                 self.artifacts.drop_partials(header.sweep_id)
         if writer.result is not None:
             self.store.record_upload(header, self.clock())
+
+    def _check_uploader(self, header: UploadHeader) -> None:
+        """Refuse an upload its sweep will never use: one for a sweep that has ended (its
+        listing is then whole) or by a node it does not capture (stored, it would be listed
+        as the sweep's). Called with the lock held."""
+        sweep = self._active.get(header.sweep_id)
+        if sweep is not None and header.node not in sweep.nodes:
+            raise NotForSweep(f"upload {header.upload_id}: node {header.node!r} is not in sweep {header.sweep_id}")
+        if self._ended(header.sweep_id):
+            raise NotForSweep(f"upload {header.upload_id}: sweep {header.sweep_id} has ended and takes no more uploads")
 
     def stored_artifacts(self, sweep_id: str, kinds: Collection[str] = ()) -> list[UploadHeader]:
         """A sweep's stored artifacts of ``kinds`` (every kind where empty), by node and name:

@@ -233,6 +233,42 @@ def test_an_upload_still_streaming_when_its_sweep_ends_is_removed_when_the_strea
     away.close()
 
 
+def test_an_upload_by_a_node_not_in_the_sweep_or_after_it_ended_is_refused_and_not_listed(coordinator, wire,
+                                                                                            digests) -> None:
+    """Seen with a hostile client: both were stored and listed as the ended sweep's artifacts,
+    though its listing is said to be whole once it has ended."""
+    agents = [wire.FakeAgent(coordinator, name) for name in digests]
+    outsider = wire.FakeAgent(coordinator, "outsider")
+    data = os.urandom(5000)
+
+    def upload(agent, sweep_id: str, upload_id: str) -> grpc.RpcError:
+        head = wire.header(data, node=agent.node, token=agent.token, name="late.nsys-rep", upload_id=upload_id)
+        head.sweep_id, head.kind = sweep_id, pb.ARTIFACT_KIND_RAW
+        with pytest.raises(grpc.RpcError) as caught:
+            coordinator.agents.Upload(wire.chunks(head, data), timeout=10)
+        return caught.value
+
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(nodes=list(digests), duration_s=1.0, backend="sim").sweep_id
+        error = upload(outsider, sweep_id, "outsider-1")
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"node 'outsider' is not in sweep {sweep_id}" in error.details()
+        for agent in agents:
+            assert started_capture(agent).sweep_id == sweep_id
+            agent.finish(sweep_id, digests[agent.node])
+        assert final(client, sweep_id).state == pb.SWEEP_STATE_ANALYSED
+        error = upload(agents[0], sweep_id, "late-1")
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"sweep {sweep_id} has ended and takes no more uploads" in error.details()
+        listed = client.stub.ListArtifacts(pb.ListArtifactsRequest(sweep_id=sweep_id), timeout=10).artifacts
+    assert sorted(a.node for a in listed) == sorted(digests) and {a.artifact.kind for a in listed} == {
+        pb.ARTIFACT_KIND_DIGEST}
+    assert not coordinator.query("late-1", agents[0].token).known
+    assert list((coordinator.data_dir / "artifacts" / "partial").iterdir()) == []
+    for agent in (*agents, outsider):
+        agent.close()
+
+
 def test_uploads_of_a_sweep_that_ended_as_the_coordinator_was_killed_are_removed_on_restart(tmp_path, wire) -> None:
     """Killed between storing its sweep as final and removing the sweep's unfinished uploads:
     nothing would ever remove them after that, as no sweep that ended is resumed."""
