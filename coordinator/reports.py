@@ -20,7 +20,7 @@ from rankscope import atomic
 from rankscope.analysis import digest
 from rankscope.coordinator.artifacts import storage_errors
 from rankscope.coordinator.sweeps import AnalysisDone, RankOn, SlowLink, Sweep
-from rankscope.errors import InputError
+from rankscope.errors import ExportError, InputError
 from rankscope.node_name import items
 
 Analyze = Callable[..., Any]  # (digests: pa.Table, *, clock_hints) -> Report
@@ -36,11 +36,24 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str]], clock_hints: Map
           analyze: Analyze | None = None) -> AnalysisDone:
     """Analyse the digests (each with the node that uploaded it), write the report atomically
     to ``out``; the sweep's event, with the stragglers (by the node they ran on) and the slow
-    links the report flags."""
-    tables: list[pa.Table] = [digest.read(path) for path, _ in digests_of]
+    links the report flags. A node whose digest cannot be read is left out, failed (in
+    ``sweep``, the caller's copy, and in the event) and named as missing; where none can be
+    read, the analysis fails."""
+    read: list[tuple[pa.Table, str]] = []
+    unreadable: dict[str, str] = {}
+    for path, node in digests_of:
+        try:
+            read.append((digest.read(path), node))
+        except ExportError as exc:  # that node's alone: the others are analysed, it is named as failed
+            unreadable.setdefault(node, f"its digest could not be read: {exc.args[0]}")
+    if unreadable and len(unreadable) == len({node for _, node in digests_of}):
+        raise InputError("; ".join(f"node {n}: {why}" for n, why in unreadable.items()))
+    sweep.fail_unreadable(unreadable.items(), at_ns)  # as the report below says it
+    read = [(table, node) for table, node in read if node not in unreadable]
+    tables = [table for table, _ in read]
     # The agent's node name, not the trace's host name: in a pod the trace names the pod,
     # which a scheduled sweep next week will not find; the node it can.
-    node_of = {rank: node for (_, node), table in zip(digests_of, tables) for rank in table.column("rank").to_pylist()}
+    node_of = {rank: node for table, node in read for rank in table.column("rank").to_pylist()}
     digests = digest.concat(tables)
     digest.check_consistent(digests)
     with warnings.catch_warnings():
@@ -56,6 +69,7 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str]], clock_hints: Map
         slow_links=tuple(SlowLink(c.comm_id, c.op, tuple(c.ranks), c.busbw_gbps, c.peers_busbw_gbps)
                          for c in report.slow_communicators),
         stragglers_not_judged=report.stragglers_not_judged or "",
+        unreadable=tuple(unreadable.items()),
     )
 
 

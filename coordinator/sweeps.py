@@ -205,6 +205,7 @@ class AnalysisDone:
     stragglers: tuple[RankOn, ...] = ()
     slow_links: tuple[SlowLink, ...] = ()
     stragglers_not_judged: str = ""  # the report's reason, where no straggler is named and it could not tell
+    unreadable: tuple[tuple[str, str], ...] = ()  # (node, why): its digest could not be read; left out, failed
 
 
 @dataclass(frozen=True)
@@ -431,9 +432,17 @@ class Sweep:
     def digests(self) -> tuple[ArtifactInfo, ...]:
         return tuple(a for rec in self.nodes.values() if rec.finished for a in rec.digests)
 
+    def fail_unreadable(self, unreadable: Iterable[tuple[str, str]], at_ns: int) -> None:
+        """Nodes whose digest the analysis could not read: failed with why, named as missing."""
+        for name, why in unreadable:
+            record = self.nodes[name]
+            record.state, record.reason, record.detail, record.updated_ns = NodeState.FAILED, why, "", at_ns
+            self.missing = natural({*self.missing, name})
+
     def _analysed(self, event: AnalysisDone) -> list[Instruction]:
         if self.state is not SweepState.ANALYSING:
             return []
+        self.fail_unreadable(event.unreadable, event.at_ns)
         for name, record in self.nodes.items():
             if name not in self.missing:
                 # The detail was the agent's for its last state ("dcgm paused", the pause's outcome,

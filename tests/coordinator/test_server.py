@@ -484,6 +484,37 @@ def test_an_unreadable_digest_fails_the_sweep_with_the_reason(coordinator, wire)
     agent.close()
 
 
+def test_nodes_whose_digest_cannot_be_read_fail_with_why_and_the_others_are_analysed(coordinator, wire, digests,
+                                                                                      tmp_path) -> None:
+    """Seen with a hostile client: one node's bytes that were no digest failed the whole
+    sweep, the good nodes unanalysed, the error naming a store path, not the node."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "table.parquet")
+    payloads = {**digests, "junk": b"not parquet at all", "table": (tmp_path / "table.parquet").read_bytes()}
+    agents = [wire.FakeAgent(coordinator, name) for name in payloads]
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(nodes=list(payloads), duration_s=1.0, backend="sim").sweep_id
+        for agent in agents:
+            assert started_capture(agent).sweep_id == sweep_id
+            agent.finish(sweep_id, payloads[agent.node])
+        done = final(client, sweep_id)
+        report = json.loads(client.report(sweep_id).report_json)
+    assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == ["junk", "table"]
+    nodes = {n.node: n for n in done.nodes}
+    assert {name: nodes[name].state for name in digests} == {name: pb.NODE_STATE_ANALYSED for name in digests}
+    assert nodes["junk"].state == nodes["table"].state == pb.NODE_STATE_FAILED
+    assert nodes["junk"].reason.startswith("its digest could not be read: not a readable Parquet digest")
+    assert nodes["table"].reason.startswith("its digest could not be read: not a rankscope digest")
+    assert [s.rank for s in done.stragglers] == [STRAGGLER]
+    assert report["sweep"]["missing"] == ["junk", "table"] and report["sweep"]["nodes"]["junk"]["state"] == "failed"
+    assert any(w.startswith("node table is missing from this report: its digest could not be read")
+               for w in report["warnings"])
+    for agent in agents:
+        agent.close()
+
+
 def test_a_second_agent_under_one_node_name_takes_over_and_the_first_is_told(coordinator, wire, digests) -> None:
     node = next(iter(digests))
     first = wire.FakeAgent(coordinator, node)
