@@ -16,7 +16,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -70,6 +70,29 @@ MAX_REASON_CHARS = 1000
 # (nsys: gpu_metrics; sim: a dozen sim.* keys).
 MAX_OPTIONS = 64
 MAX_OPTION_CHARS = 4096
+
+
+# What an agent says of its node (registration, the ranks of its heartbeats) goes out in every
+# ListNodes reply: bounded per node likewise, or a few 4 MiB registrations would make that
+# reply too large to send, for every user. Far above a real node's (a few dozen labels, 8 GPUs).
+MAX_NODE_ITEMS = 1024  # labels, GPUs, ranks, backends: each
+MAX_NODE_WORD_CHARS = 512  # each string in them, the host name and versions too (a Kubernetes label key: 317)
+
+
+def _check_node_facts(node: str, *, hostname: str = "", labels: Mapping[str, str] | None = None,
+                      gpus: Sequence[dict] = (), ranks: Sequence[dict] = (),
+                      versions: Mapping[str, str] | None = None, backends: Sequence[str] = ()) -> None:
+    """Refuse what an agent says of its node past the bounds above."""
+    labels, versions = labels or {}, versions or {}
+    for what, items in (("labels", labels), ("GPUs", gpus), ("ranks", ranks), ("backends", backends)):
+        if len(items) > MAX_NODE_ITEMS:
+            raise InputError(f"node {node}: {len(items)} {what}, over the limit of {MAX_NODE_ITEMS}")
+    words = [hostname, *labels, *labels.values(), *versions.values(), *backends,
+             *(value for record in (*gpus, *ranks) for value in record.values() if isinstance(value, str))]
+    longest = max(words, key=len)
+    if len(longest) > MAX_NODE_WORD_CHARS:
+        raise InputError(f"node {node}: {quoted(longest)} is {len(longest)} characters, over the limit of "
+                         f"{MAX_NODE_WORD_CHARS} for what an agent says of its node")
 
 
 def _check_options(options: Mapping[str, str]) -> None:
@@ -212,6 +235,8 @@ class Coordinator:
             raise InputError("registration without a node name or hostname")
         if (wrong := node_name.problem(node)) is not None:
             raise InputError(f"node name {node!r}: {wrong}")
+        _check_node_facts(node, hostname=hostname, labels=labels, gpus=gpus, ranks=ranks, versions=versions,
+                          backends=backends)
         previous = self.store.agent_by_node(node)
         now = self.clock()
         agent = AgentRecord(
@@ -311,6 +336,7 @@ class Coordinator:
 
     def ranks_announced(self, connection: Connection, ranks: list[dict]) -> None:
         """The ranks an agent's heartbeat says its node's spool holds now: kept where they changed."""
+        _check_node_facts(connection.node, ranks=ranks)
         if ranks != connection.agent.ranks:
             connection.agent = self._seen(replace(connection.agent, ranks=ranks))
 

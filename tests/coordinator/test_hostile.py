@@ -340,3 +340,35 @@ def test_capture_options_past_what_a_node_can_take_are_refused(coordinator, wire
     assert caught.value.details().startswith(said)
     assert not coordinator.sweeps.ListSweeps(pb.ListSweepsRequest(), timeout=10).sweeps
     agent.close()
+
+
+@pytest.mark.parametrize("request_fields, said", [
+    ({"hostname": "h" * 3_000_000}, "'hhhh"),
+    ({"labels": {f"k{i}": "v" for i in range(2000)}}, "2000 labels, over the limit of 1024"),
+    ({"labels": {"pool": "v" * 600}}, "is 600 characters, over the limit of 512"),
+    ({"ranks": [pb.LocalRank(rank=i) for i in range(20_000)]}, "20000 ranks, over the limit of 1024"),
+    ({"gpus": [pb.Gpu(uuid="u" * 1000)]}, "is 1000 characters"),
+    ({"versions": pb.Versions(rankscope="9" * 100_000)}, "is 100000 characters"),
+    ({"backends": ["b" * 1000] * 3}, "is 1000 characters"),
+])
+def test_what_an_agent_says_of_its_node_past_the_bounds_is_refused(coordinator, request_fields, said: str) -> None:
+    """Seen with a hostile client: such registrations were stored whole, and two of them made
+    ListNodes' reply (8 MB) too large for a client at gRPC's default 4 MiB; a 100 kB version
+    string went whole into the log and the reply's warnings."""
+    with pytest.raises(grpc.RpcError) as caught:
+        coordinator.agents.Register(pb.RegisterRequest(node="node-b", **request_fields), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("node node-b: ") and said in caught.value.details()
+    assert len(caught.value.details()) < 300
+    assert [n.node for n in coordinator.sweeps.ListNodes(pb.ListNodesRequest(), timeout=10).nodes] == []
+
+
+def test_a_heartbeat_announcing_ranks_past_the_bound_is_not_stored(coordinator, wire, caplog) -> None:
+    agent = wire.FakeAgent(coordinator, "node-b")
+    agent.events.put(pb.AgentEvent(heartbeat=pb.Heartbeat(ranks=pb.LocalRanks(
+        ranks=[pb.LocalRank(rank=i) for i in range(2000)]))))
+    agent.reader.join(timeout=10)  # the session is ended, with a line in the log
+    nodes = coordinator.sweeps.ListNodes(pb.ListNodesRequest(), timeout=10).nodes
+    assert [(n.node, len(n.ranks)) for n in nodes] == [("node-b", 0)]
+    assert "node node-b: 2000 ranks, over the limit of 1024" in caplog.text
+    agent.close()
