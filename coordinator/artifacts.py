@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 KINDS = ("digest", "raw")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# `rankscope fetch` writes an artifact as DIR/<node>/<name> by way of ".<name>.part": within a
+# file name's 255 bytes (a longer one was stored, then failed every fetch of its sweep). An
+# agent's names are a node's name bounded to 200 characters and a suffix.
+MAX_NAME = 240
 _HASH_BLOCK = 8 << 20
 FULL_LOG_S = 60.0  # a full disk is logged at most this often, per message
 _full_logged: dict[str, float] = {}
@@ -133,12 +137,12 @@ class UploadResult:
 
 def check_header(header: UploadHeader, max_bytes: int) -> None:
     """Refuse a header before any byte of its upload is accepted."""
-    for label, value in (("upload id", header.upload_id), ("artifact name", header.name)):
+    for label, value, limit in (("upload id", header.upload_id, chunks.MAX_UPLOAD_ID),
+                                ("artifact name", header.name, MAX_NAME)):
         if not _SAFE_NAME.fullmatch(value) or ".." in value:
             raise BadUpload(f"{label} {quoted(value)} is not a plain file name (letters, digits, '._+-'; no '/' or '..')")
-    if len(header.upload_id) > chunks.MAX_UPLOAD_ID:
-        raise BadUpload(f"upload id {quoted(header.upload_id)} is {len(header.upload_id)} characters, "
-                        f"over the limit of {chunks.MAX_UPLOAD_ID}")
+        if len(value) > limit:
+            raise BadUpload(f"{label} {quoted(value)} is {len(value)} characters, over the limit of {limit}")
     if not _SHA256.fullmatch(header.sha256):
         raise BadUpload(f"upload {header.upload_id}: sha256 {header.sha256!r} is not 64 lower-case hex digits")
     if header.kind not in KINDS:

@@ -83,6 +83,15 @@ def test_an_upload_id_too_long_for_a_file_name_is_refused_and_unknown(coordinato
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
+def test_an_artifact_name_too_long_for_a_fetched_file_is_refused(coordinator, wire, token) -> None:
+    """Seen with a hostile client: a 300-character name was stored, then `rankscope fetch` of
+    its sweep failed on it ("File name too long")."""
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, name="r" * 300), DATA))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "artifact name 'rrr" in error.details() and "is 300 characters, over the limit of 240" in error.details()
+    assert wire.stored_files(coordinator.data_dir) == [] and not coordinator.query("u1", token).known
+
+
 def test_upload_over_the_size_limit(coordinator, wire, token) -> None:
     big = os.urandom((1 << 20) + 1)  # the fixture's limit is 1 MiB
     error = refused(coordinator, wire.chunks(wire.header(big, node="node-a", token=token), big))
