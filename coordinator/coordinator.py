@@ -93,6 +93,9 @@ def _check_node_facts(node: str, *, hostname: str = "", labels: Mapping[str, str
     if len(longest) > MAX_NODE_WORD_CHARS:
         raise InputError(f"node {node}: {quoted(longest)} is {len(longest)} characters, over the limit of "
                          f"{MAX_NODE_WORD_CHARS} for what an agent says of its node")
+    # `rankscope nodes` prints them: an escape sequence would act on the user's terminal.
+    if (unprintable := next((word for word in words if not word.isprintable()), None)) is not None:
+        raise InputError(f"node {node}: {quoted(unprintable)} holds a control character")
 
 
 def _check_options(options: Mapping[str, str]) -> None:

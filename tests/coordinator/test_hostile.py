@@ -359,11 +359,14 @@ def test_capture_options_past_what_a_node_can_take_are_refused(coordinator, wire
     ({"gpus": [pb.Gpu(uuid="u" * 1000)]}, "is 1000 characters"),
     ({"versions": pb.Versions(rankscope="9" * 100_000)}, "is 100000 characters"),
     ({"backends": ["b" * 1000] * 3}, "is 1000 characters"),
+    ({"labels": {"pool": "a\x1b[2J"}}, "'a\\x1b[2J' holds a control character"),
+    ({"hostname": "h\nFAKE LINE"}, "holds a control character"),
 ])
 def test_what_an_agent_says_of_its_node_past_the_bounds_is_refused(coordinator, request_fields, said: str) -> None:
     """Seen with a hostile client: such registrations were stored whole, and two of them made
     ListNodes' reply (8 MB) too large for a client at gRPC's default 4 MiB; a 100 kB version
-    string went whole into the log and the reply's warnings."""
+    string went whole into the log and the reply's warnings; a label's escape sequence went
+    to the terminal of whoever ran `rankscope nodes`."""
     with pytest.raises(grpc.RpcError) as caught:
         coordinator.agents.Register(pb.RegisterRequest(node="node-b", **request_fields), timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
