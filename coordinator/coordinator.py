@@ -116,7 +116,7 @@ class NotPermitted(RankscopeError):
 
 
 class NotForSweep(UploadRejected):
-    """An upload for a sweep that has ended, or by a node the sweep does not capture."""
+    """An upload for a sweep that has ended or is unknown, or by a node the sweep does not capture."""
 
 
 class UnknownArtifact(InputError):
@@ -433,14 +433,18 @@ class Coordinator:
             self.store.record_upload(header, self.clock())
 
     def _check_uploader(self, header: UploadHeader) -> None:
-        """Refuse an upload its sweep will never use: one for a sweep that has ended (its
-        listing is then whole) or by a node it does not capture (stored, it would be listed
-        as the sweep's). Called with the lock held."""
+        """Refuse an upload no sweep will use: one for a sweep that has ended (its listing is
+        then whole) or was never started here (no sweep would list or remove it: the disk
+        fills), or by a node its sweep does not capture (stored, it would be listed as the
+        sweep's). Every sweep that takes uploads is active (`start` resumes them before
+        the server serves). Called with the lock held."""
         sweep = self._active.get(header.sweep_id)
-        if sweep is not None and header.node not in sweep.nodes:
-            raise NotForSweep(f"upload {header.upload_id}: node {header.node!r} is not in sweep {header.sweep_id}")
-        if self._ended(header.sweep_id):
+        if sweep is None and self._ended(header.sweep_id):
             raise NotForSweep(f"upload {header.upload_id}: sweep {header.sweep_id} has ended and takes no more uploads")
+        if sweep is None:
+            raise NotForSweep(f"upload {header.upload_id}: this coordinator has no sweep {quoted(header.sweep_id)}")
+        if header.node not in sweep.nodes:
+            raise NotForSweep(f"upload {header.upload_id}: node {header.node!r} is not in sweep {header.sweep_id}")
 
     def stored_artifacts(self, sweep_id: str, kinds: Collection[str] = ()) -> list[UploadHeader]:
         """A sweep's stored artifacts of ``kinds`` (every kind where empty), by node and name:

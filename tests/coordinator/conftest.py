@@ -81,10 +81,18 @@ def coordinator(tmp_path: Path) -> Iterator[Running]:
     stop(running)
 
 
-def header(data: bytes, *, node: str, token: str, name: str = "rank0.digest.parquet", upload_id: str = "u1",
-           sha256: str | None = None, size: int | None = None) -> pb.UploadHeader:
+def sweep_on(running: Running, *nodes: str) -> str:
+    """A running sweep naming ``nodes`` (registered; named, a node whose agent is away is
+    waited for), for uploads to go into: the coordinator refuses those of a sweep it never started."""
+    reply = running.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=nodes), duration_s=60,
+                                                           backend="sim"), timeout=10)
+    return reply.sweep_id
+
+
+def header(data: bytes, *, node: str, token: str, sweep_id: str, name: str = "rank0.digest.parquet",
+           upload_id: str = "u1", sha256: str | None = None, size: int | None = None) -> pb.UploadHeader:
     return pb.UploadHeader(
-        upload_id=upload_id, sweep_id="s1", node=node, name=name,
+        upload_id=upload_id, sweep_id=sweep_id, node=node, name=name,
         size=len(data) if size is None else size,
         sha256=hashlib.sha256(data).hexdigest() if sha256 is None else sha256,
         kind=pb.ARTIFACT_KIND_DIGEST, session_token=token,
@@ -152,8 +160,8 @@ class FakeAgent:
         self.events.put(pb.AgentEvent(status=pb.NodeStatus(sweep_id=sweep_id, state=state, **fields)))
 
     def upload(self, sweep_id: str, name: str, data: bytes) -> pb.ArtifactRef:
-        head = header(data, node=self.node, token=self.token, name=name, upload_id=f"{sweep_id}.{self.node}.{name}")
-        head.sweep_id = sweep_id
+        head = header(data, node=self.node, token=self.token, sweep_id=sweep_id, name=name,
+                      upload_id=f"{sweep_id}.{self.node}.{name}")
         reply = self.running.agents.Upload(chunks(head, data), timeout=20)
         assert reply.complete
         return pb.ArtifactRef(name=name, sha256=reply.sha256, size=len(data), kind=pb.ARTIFACT_KIND_DIGEST,
@@ -182,8 +190,8 @@ def wire():
     """The helpers above, for test modules (importlib mode cannot import conftest)."""
     import types
 
-    return types.SimpleNamespace(header=header, chunks=chunks, start=start, stop=stop, stored_files=stored_files,
-                                 recorded_uploads=recorded_uploads,
+    return types.SimpleNamespace(header=header, sweep_on=sweep_on, chunks=chunks, start=start, stop=stop,
+                                 stored_files=stored_files, recorded_uploads=recorded_uploads,
                                  FakeAgent=FakeAgent, real_agent=real_agent)
 
 

@@ -57,8 +57,9 @@ def end(running, sweep_id: str) -> None:
 
 def upload(wire, running, agent, sweep_id: str, name: str, data: bytes, kind: int = pb.ARTIFACT_KIND_RAW) -> str:
     """``data`` stored as the node's artifact ``name`` in the sweep; its sha256."""
-    head = wire.header(data, node=agent.node, token=agent.token, name=name, upload_id=f"{sweep_id}.{name}")
-    head.sweep_id, head.kind = sweep_id, kind
+    head = wire.header(data, node=agent.node, token=agent.token, sweep_id=sweep_id, name=name,
+                       upload_id=f"{sweep_id}.{name}")
+    head.kind = kind
     reply = running.agents.Upload(wire.chunks(head, data), timeout=20)
     assert reply.complete
     return reply.sha256

@@ -9,6 +9,7 @@ import time
 import grpc
 import pytest
 
+from rankscope.errors import quoted
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 DATA = os.urandom(300_000)
@@ -25,8 +26,14 @@ def token(coordinator) -> str:
     return coordinator.register("node-a").session_token
 
 
-def test_first_chunk_at_a_wrong_offset(coordinator, wire, token) -> None:
-    head = wire.header(DATA, node="node-a", token=token)
+@pytest.fixture
+def sweep_id(coordinator, wire, token) -> str:
+    """A running sweep of node-a's: the coordinator refuses uploads into one it never started."""
+    return wire.sweep_on(coordinator, "node-a")
+
+
+def test_first_chunk_at_a_wrong_offset(coordinator, wire, token, sweep_id) -> None:
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id)
     error = refused(coordinator, [pb.UploadChunk(header=head, offset=4096, data=DATA[4096:8192])])
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "offset 4096, committed offset is 0" in error.details()
@@ -35,8 +42,8 @@ def test_first_chunk_at_a_wrong_offset(coordinator, wire, token) -> None:
     assert not coordinator.query("u1", token).known
 
 
-def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, wire, token) -> None:
-    head = wire.header(DATA, node="node-a", token=token)
+def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, wire, token, sweep_id) -> None:
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id)
     messages = list(wire.chunks(head, DATA, size=1000))
     del messages[3]  # the chunk at offset 2000 never arrives
     error = refused(coordinator, messages)
@@ -47,9 +54,10 @@ def test_a_skipped_chunk_leaves_the_committed_offset_where_it_was(coordinator, w
     assert [p.name for p in wire.stored_files(coordinator.data_dir)] == ["u1.json", "u1.part"]
 
 
-def test_checksum_mismatch(coordinator, wire, token) -> None:
+def test_checksum_mismatch(coordinator, wire, token, sweep_id) -> None:
     wrong = hashlib.sha256(b"something else").hexdigest()
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, sha256=wrong), DATA))
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, sha256=wrong)
+    error = refused(coordinator, wire.chunks(head, DATA))
     assert error.code() == grpc.StatusCode.DATA_LOSS
     assert f"declared {wrong}" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
@@ -58,24 +66,27 @@ def test_checksum_mismatch(coordinator, wire, token) -> None:
 
 
 @pytest.mark.parametrize("name", ["../escape.parquet", "a/b.parquet", "..", "/etc/passwd", "x..y", ""])
-def test_unsafe_artifact_name(coordinator, wire, token, name: str) -> None:
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, name=name), DATA))
+def test_unsafe_artifact_name(coordinator, wire, token, sweep_id, name: str) -> None:
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, name=name)
+    error = refused(coordinator, wire.chunks(head, DATA))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not a plain file name" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
-def test_unsafe_upload_id(coordinator, wire, token) -> None:
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id="../u"), DATA))
+def test_unsafe_upload_id(coordinator, wire, token, sweep_id) -> None:
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, upload_id="../u")
+    error = refused(coordinator, wire.chunks(head, DATA))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
-def test_an_upload_id_too_long_for_a_file_name_is_refused_and_unknown(coordinator, wire, token) -> None:
+def test_an_upload_id_too_long_for_a_file_name_is_refused_and_unknown(coordinator, wire, token, sweep_id) -> None:
     long_id = "u" * 300  # its part file's name would be over the file system's 255 bytes
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id=long_id), DATA))
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, upload_id=long_id)
+    error = refused(coordinator, wire.chunks(head, DATA))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "is 300 characters, over the limit of 200" in error.details()
     assert not coordinator.query(long_id, token).known
@@ -83,26 +94,28 @@ def test_an_upload_id_too_long_for_a_file_name_is_refused_and_unknown(coordinato
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
-def test_an_artifact_name_too_long_for_a_fetched_file_is_refused(coordinator, wire, token) -> None:
+def test_an_artifact_name_too_long_for_a_fetched_file_is_refused(coordinator, wire, token, sweep_id) -> None:
     """Seen with a hostile client: a 300-character name was stored, then `rankscope fetch` of
     its sweep failed on it ("File name too long")."""
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, name="r" * 300), DATA))
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, name="r" * 300)
+    error = refused(coordinator, wire.chunks(head, DATA))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "artifact name 'rrr" in error.details() and "is 300 characters, over the limit of 240" in error.details()
     assert wire.stored_files(coordinator.data_dir) == [] and not coordinator.query("u1", token).known
 
 
-def test_upload_over_the_size_limit(coordinator, wire, token) -> None:
+def test_upload_over_the_size_limit(coordinator, wire, token, sweep_id) -> None:
     big = os.urandom((1 << 20) + 1)  # the fixture's limit is 1 MiB
-    error = refused(coordinator, wire.chunks(wire.header(big, node="node-a", token=token), big))
+    error = refused(coordinator, wire.chunks(wire.header(big, node="node-a", token=token, sweep_id=sweep_id), big))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "over the limit of 1048576 bytes" in error.details()
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
-def test_more_bytes_than_declared(coordinator, wire, token) -> None:
-    head = wire.header(DATA, node="node-a", token=token, size=1000, sha256=hashlib.sha256(DATA[:1000]).hexdigest())
+def test_more_bytes_than_declared(coordinator, wire, token, sweep_id) -> None:
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, size=1000,
+                       sha256=hashlib.sha256(DATA[:1000]).hexdigest())
     error = refused(coordinator, [pb.UploadChunk(header=head, offset=0), pb.UploadChunk(offset=0, data=DATA[:4096])])
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "past the declared size 1000" in error.details()
@@ -110,24 +123,37 @@ def test_more_bytes_than_declared(coordinator, wire, token) -> None:
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
-def test_upload_without_a_valid_token_or_for_another_node(coordinator, wire, token) -> None:
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token="forged"), DATA))
+def test_upload_without_a_valid_token_or_for_another_node(coordinator, wire, token, sweep_id) -> None:
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token="forged", sweep_id=sweep_id), DATA))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
     coordinator.register("node-b")
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-b", token=token), DATA))
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-b", token=token, sweep_id=sweep_id), DATA))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert wire.stored_files(coordinator.data_dir) == []
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
-def test_an_upload_under_another_nodes_upload_id_is_refused_naming_nothing_of_it(coordinator, wire, token) -> None:
-    partial = wire.header(DATA[:200_000], node="node-a", token=token, name="secret.parquet")
+def test_an_upload_under_another_nodes_upload_id_is_refused_naming_nothing_of_it(coordinator, wire, token,
+                                                                              sweep_id) -> None:
+    partial = wire.header(DATA[:200_000], node="node-a", token=token, sweep_id=sweep_id, name="secret.parquet")
     assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA[:200_000]))[:3]), timeout=10).complete
     other = coordinator.register("node-b").session_token
-    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-b", token=other), DATA))
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-b", token=other, sweep_id=sweep_id), DATA))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
     assert error.details() == "upload u1: not an upload of node 'node-b'"
     assert coordinator.query("u1", token).committed_offset == 2 * (64 << 10)  # node-a's upload is untouched
+
+
+@pytest.mark.parametrize("unknown", ["20261207-140000-beef", "", "x" * 300])
+def test_an_upload_into_a_sweep_the_coordinator_never_started_is_refused(coordinator, wire, token, unknown) -> None:
+    """Seen with a bare-stubs client: a registered agent's upload under a made-up sweep id was
+    stored and recorded; no sweep lists it or removes it, so uploads so could fill the disk."""
+    error = refused(coordinator, wire.chunks(wire.header(DATA, node="node-a", token=token, sweep_id=unknown), DATA))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # final for the agent's uploader
+    assert error.details() == f"upload u1: this coordinator has no sweep {quoted(unknown)}"
+    assert wire.stored_files(coordinator.data_dir) == []
+    assert wire.recorded_uploads(coordinator.data_dir) == []
+    assert not coordinator.query("u1", token).known
 
 
 def test_first_message_without_a_header(coordinator, wire) -> None:
@@ -137,9 +163,10 @@ def test_first_message_without_a_header(coordinator, wire) -> None:
     assert wire.recorded_uploads(coordinator.data_dir) == []
 
 
-def test_a_header_after_the_first_message_is_refused_not_passed_over(coordinator, wire, token) -> None:
+def test_a_header_after_the_first_message_is_refused_not_passed_over(coordinator, wire, token, sweep_id) -> None:
     # Its bytes were written into the first message's upload, whatever upload it named.
-    first, second = (wire.header(DATA, node="node-a", token=token, upload_id=u) for u in ("u1", "u2"))
+    first, second = (wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, upload_id=u)
+                     for u in ("u1", "u2"))
     error = refused(coordinator, [pb.UploadChunk(header=first, offset=0, data=DATA[:64 << 10]),
                                   pb.UploadChunk(header=second, offset=64 << 10, data=DATA[64 << 10:128 << 10])])
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -156,8 +183,8 @@ def query_refused(coordinator, upload_id: str, token: str) -> grpc.RpcError:
     return caught.value
 
 
-def test_a_query_without_a_valid_token_is_refused(coordinator, wire, token) -> None:
-    partial = wire.header(DATA, node="node-a", token=token)
+def test_a_query_without_a_valid_token_is_refused(coordinator, wire, token, sweep_id) -> None:
+    partial = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id)
     assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA))[:3]), timeout=10).complete
     for upload_id in ("u1", "never"):  # alike whether the upload exists or not
         for forged in ("", "forged"):
@@ -166,10 +193,10 @@ def test_a_query_without_a_valid_token_is_refused(coordinator, wire, token) -> N
             assert error.details() == f"upload {upload_id}: unknown session token: register first"
 
 
-def test_a_query_for_another_nodes_upload_is_refused_naming_nothing_of_it(coordinator, wire, token) -> None:
-    done = wire.header(DATA, node="node-a", token=token)
+def test_a_query_for_another_nodes_upload_is_refused_naming_nothing_of_it(coordinator, wire, token, sweep_id) -> None:
+    done = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id)
     assert coordinator.agents.Upload(wire.chunks(done, DATA), timeout=10).complete
-    partial = wire.header(DATA[:200_000], node="node-a", token=token, upload_id="u2")
+    partial = wire.header(DATA[:200_000], node="node-a", token=token, sweep_id=sweep_id, upload_id="u2")
     assert not coordinator.agents.Upload(iter(list(wire.chunks(partial, DATA[:200_000]))[:3]), timeout=10).complete
     other = coordinator.register("node-b").session_token
     for head in (done, partial):
@@ -184,9 +211,9 @@ def test_a_query_for_another_nodes_upload_is_refused_naming_nothing_of_it(coordi
 
 # Enum values this coordinator has no name for (proto3 enums are open: any int32 parses).
 
-def test_an_upload_of_an_unknown_kind_is_refused_with_the_kinds_known(coordinator, wire, token) -> None:
+def test_an_upload_of_an_unknown_kind_is_refused_with_the_kinds_known(coordinator, wire, token, sweep_id) -> None:
     for kind in (99, -1):
-        head = wire.header(DATA, node="node-a", token=token)
+        head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id)
         head.kind = kind
         error = refused(coordinator, wire.chunks(head, DATA))
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -174,8 +174,7 @@ def _one_node_uploading_raw(client, wire, digests, talking, away):
     sweep = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3.0)
     talking.finish(started_capture(talking).sweep_id, digests[talking.node])
     started_capture(away)
-    head = wire.header(data, node=away.node, token=away.token, upload_id="raw-1")
-    head.sweep_id = sweep.sweep_id
+    head = wire.header(data, node=away.node, token=away.token, sweep_id=sweep.sweep_id, upload_id="raw-1")
     return sweep, head, data
 
 
@@ -242,8 +241,9 @@ def test_an_upload_by_a_node_not_in_the_sweep_or_after_it_ended_is_refused_and_n
     data = os.urandom(5000)
 
     def upload(agent, sweep_id: str, upload_id: str) -> grpc.RpcError:
-        head = wire.header(data, node=agent.node, token=agent.token, name="late.nsys-rep", upload_id=upload_id)
-        head.sweep_id, head.kind = sweep_id, pb.ARTIFACT_KIND_RAW
+        head = wire.header(data, node=agent.node, token=agent.token, sweep_id=sweep_id, name="late.nsys-rep",
+                           upload_id=upload_id)
+        head.kind = pb.ARTIFACT_KIND_RAW
         with pytest.raises(grpc.RpcError) as caught:
             coordinator.agents.Upload(wire.chunks(head, data), timeout=10)
         return caught.value
@@ -884,8 +884,8 @@ def test_a_stop_with_streams_left_open_waits_out_its_grace_and_no_handler_outliv
         quiet.wait()
 
     data = os.urandom(200_000)
-    upload = running.agents.Upload.future(held(*wire.chunks(wire.header(data, node="node-a", token=token),
-                                                            data[:100_000])))
+    head = wire.header(data, node="node-a", token=token, sweep_id=wire.sweep_on(running, "node-a"))
+    upload = running.agents.Upload.future(held(*wire.chunks(head, data[:100_000])))
     session = running.agents.Session(held())
     while not running.query("u1", token).committed_offset:  # the upload is under way
         time.sleep(0.01)

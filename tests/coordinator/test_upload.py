@@ -32,7 +32,8 @@ def broken_after(messages: Iterator[pb.UploadChunk], count: int, running, token:
 
 def test_upload_resumes_from_the_committed_offset_and_is_stored_once(coordinator, wire) -> None:
     token = coordinator.register("node-a").session_token
-    head = wire.header(DATA, node="node-a", token=token)
+    sweep_id = wire.sweep_on(coordinator, "node-a")
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id)
     with pytest.raises(grpc.RpcError):
         coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator, token), timeout=10)  # header + 3 chunks
 
@@ -47,7 +48,8 @@ def test_upload_resumes_from_the_committed_offset_and_is_stored_once(coordinator
     assert [p.name for p in objects] == [reply.sha256]
     assert objects[0].read_bytes() == DATA
 
-    again = coordinator.agents.Upload(wire.chunks(wire.header(DATA, node="node-a", token=token, upload_id="u2"), DATA), timeout=10)
+    second = wire.header(DATA, node="node-a", token=token, sweep_id=sweep_id, upload_id="u2")
+    again = coordinator.agents.Upload(wire.chunks(second, DATA), timeout=10)
     assert again.complete and again.deduplicated
     assert wire.stored_files(coordinator.data_dir) == objects
     done = coordinator.query("u1", token)
@@ -57,7 +59,7 @@ def test_upload_resumes_from_the_committed_offset_and_is_stored_once(coordinator
 def test_upload_resumes_after_a_coordinator_restart(tmp_path, wire) -> None:
     running = wire.start(tmp_path / "data")
     token = running.register("node-a").session_token
-    head = wire.header(DATA, node="node-a", token=token)
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=wire.sweep_on(running, "node-a"))
     with pytest.raises(grpc.RpcError):
         running.agents.Upload(broken_after(wire.chunks(head, DATA), 6, running, token), timeout=10)
     wire.stop(running)
@@ -88,7 +90,7 @@ def test_an_upload_resumed_past_several_writes_is_stored_whole(tmp_path, wire, m
     running = wire.start(tmp_path / "data")
     try:
         token = running.register("node-a").session_token
-        head = wire.header(DATA, node="node-a", token=token)
+        head = wire.header(DATA, node="node-a", token=token, sweep_id=wire.sweep_on(running, "node-a"))
         with pytest.raises(grpc.RpcError):
             running.agents.Upload(broken_after(wire.chunks(head, DATA), 4, running, token), timeout=10)
         status = running.query("u1", token)
@@ -103,7 +105,7 @@ def test_an_upload_resumed_past_several_writes_is_stored_whole(tmp_path, wire, m
 def test_a_full_disk_refuses_the_upload_as_resource_exhausted_and_a_retry_resumes(coordinator, wire, monkeypatch,
                                                                                   caplog) -> None:
     token = coordinator.register("node-a").session_token
-    head = wire.header(DATA, node="node-a", token=token)
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=wire.sweep_on(coordinator, "node-a"))
     written = art.PartFile.write
     room = {"bytes": 200_000}
 
@@ -135,8 +137,9 @@ def test_another_storage_error_fails_the_upload_with_its_reason_and_no_traceback
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(art.PartFile, "write", broken)
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=wire.sweep_on(coordinator, "node-a"))
     with pytest.raises(grpc.RpcError) as caught:
-        coordinator.agents.Upload(wire.chunks(wire.header(DATA, node="node-a", token=token), DATA), timeout=10)
+        coordinator.agents.Upload(wire.chunks(head, DATA), timeout=10)
     assert caught.value.code() == grpc.StatusCode.INTERNAL
     assert caught.value.details() == "cannot store the upload (Input/output error)"
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
@@ -158,7 +161,7 @@ def test_a_retry_after_a_full_disk_stored_nothing_still_completes(coordinator, w
     next one must not count those bytes as stored (it was refused as a checksum mismatch, and
     the whole upload discarded)."""
     token = coordinator.register("node-a").session_token
-    head = wire.header(DATA, node="node-a", token=token)
+    head = wire.header(DATA, node="node-a", token=token, sweep_id=wire.sweep_on(coordinator, "node-a"))
     with pytest.raises(grpc.RpcError):
         coordinator.agents.Upload(broken_after(wire.chunks(head, DATA), 4, coordinator, token), timeout=10)
     committed = coordinator.query("u1", token).committed_offset
