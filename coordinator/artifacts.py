@@ -188,8 +188,7 @@ class _Partial:
 class ArtifactStore:
     def __init__(self, root: Path, *, max_bytes: int) -> None:
         self.root = Path(root)
-        self.objects = self.root / "objects"
-        self.partial = self.root / "partial"
+        self.objects, self.partial = self.folders(self.root)
         output.make_folder(self.objects)  # one line naming what is in the way, not a traceback
         output.make_folder(self.partial)
         # An upload's header written as the coordinator was killed: the data dir is this one's alone now.
@@ -197,6 +196,11 @@ class ArtifactStore:
         self.max_bytes = max_bytes
         self._partials: dict[str, _Partial] = {}
         self._guard = threading.Lock()
+
+    @staticmethod
+    def folders(root: Path) -> tuple[Path, Path]:
+        """The folders a store under ``root`` writes in: its objects, its partial uploads."""
+        return root / "objects", root / "partial"
 
     # queries ---------------------------------------------------------------------
 

@@ -173,6 +173,9 @@ class Coordinator:
         self.analyze = analyze
         self._hold = FolderLock(config.data_dir, "coordinator").acquire()
         try:
+            # Each folder checked before the state file is made: a file in the way left an empty one.
+            for folder in (*ArtifactStore.folders(config.artifacts_dir), config.reports_dir):
+                output.check_folder(folder)
             self.store = Store(config.state_db)
             self.artifacts = ArtifactStore(config.artifacts_dir, max_bytes=config.max_upload_bytes)
             output.make_folder(config.reports_dir)  # now: a file there failed only each sweep's analysis

@@ -126,9 +126,7 @@ def create_shared(path: Path) -> None:
 def make_folder(path: Path, *, shared: bool = False) -> Path:
     """``path`` as a folder to write in, created with its parents where missing; ``shared``:
     created as `create_shared` does."""
-    check_reachable(path)
-    if path.exists() and not path.is_dir():
-        raise InputError("not a folder", path=path)
+    check_folder(path)
     try:
         if shared:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +140,18 @@ def make_folder(path: Path, *, shared: bool = False) -> Path:
     if reason := _unwritable(path):
         raise InputError(f"cannot write in the folder ({reason})", path=path)
     return path
+
+
+def check_folder(path: Path) -> None:
+    """The InputError `make_folder` raises where something not a folder is in the place of
+    ``path`` or of a folder above it, raised before anything is made: a layout of several
+    folders is checked whole before any is made."""
+    check_reachable(path)
+    if path.exists() and not path.is_dir():
+        raise InputError("not a folder", path=path)
+    above = next((above for above in path.parents if above.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputError(f"cannot create the folder ({above} is not a folder)", path=path)
 
 
 def check_reachable(path: Path) -> None:

@@ -23,6 +23,7 @@ from rankscope.coordinator import commands, server
 from rankscope.coordinator.client import SweepClient
 from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_NOT_JUDGED, EXIT_PARTIAL
 from rankscope.errors import ConfigError, InputError
+from rankscope.lock import LOCK_NAME
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 
@@ -389,15 +390,18 @@ def test_a_second_coordinator_on_a_data_dir_in_use_fails_before_touching_it(coor
     assert (coordinator.data_dir / "state.sqlite").read_bytes() == before
 
 
-@pytest.mark.parametrize("folder", ["artifacts", "reports"])
+@pytest.mark.parametrize("folder", ["artifacts", "reports", "artifacts/partial"])
 def test_a_coordinator_whose_data_dir_holds_a_file_in_place_of_a_folder_it_needs_does_not_start(tmp_path, folder) -> None:
-    # found by a bad-input campaign: with a file at reports/ it served, and each sweep's analysis failed
+    # found by a bad-input campaign: with a file at reports/ it served, and each sweep's analysis failed;
+    # with one at artifacts/ it made an empty state.sqlite (and artifacts/objects before partial/) first
     data = tmp_path / "data"
-    data.mkdir()
+    (data / folder).parent.mkdir(parents=True)
     (data / folder).write_text("not a folder")
+    before = sorted(data.rglob("*"))
     with pytest.raises(InputError, match=f"^{data / folder}") as caught:
         server.create_server("127.0.0.1:0", data)[0].stop(grace=0)  # stopped where it was made
     assert caught.value.exit_code == 2
+    assert sorted(p for p in data.rglob("*") if p.name != LOCK_NAME) == before  # nothing made but its lock
 
 
 def test_the_server_itself_refuses_a_taken_port(coordinator, tmp_path, monkeypatch) -> None:
