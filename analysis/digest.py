@@ -199,7 +199,10 @@ def read(path: str | Path) -> pa.Table:
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise ExportError(f"not a readable Parquet digest ({exc})", path=path) from None
+        # pyarrow's text quotes the path, which the error names already: where it is a
+        # coordinator's store object, its user would be told a path of no use to them.
+        why = str(exc).replace(f" '{path}'", "")
+        raise ExportError(f"not a readable Parquet digest ({why})", path=path) from None
     # Any bytes, as Parquet metadata is: a marker that is not UTF-8 is named, not decoded in a traceback.
     version = (table.schema.metadata or {}).get(b"rankscope.schema", b"").decode(errors="backslashreplace")
     if version != DIGEST_VERSION:

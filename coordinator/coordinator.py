@@ -673,7 +673,7 @@ class Coordinator:
             for artifact in digests:
                 if not self.artifacts.has(artifact.sha256):
                     raise RankscopeError(f"digest {artifact.name} ({artifact.sha256[:12]}) is not in the artifact store")
-                paths.append((self.artifacts.path_of(artifact.sha256), node_of[artifact.sha256]))
+                paths.append((self.artifacts.path_of(artifact.sha256), node_of[artifact.sha256], artifact.name))
             event: sw.Event = reports.build(sweep, paths, self.clock_hints(), out, self.clock(), self.analyze)
             self.store.save_report(sweep.sweep_id, out, self.clock())
         except RankscopeError as exc:

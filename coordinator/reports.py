@@ -32,21 +32,21 @@ def default_analyze() -> Analyze:
     return analyze
 
 
-def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str]], clock_hints: Mapping[str, int], out: Path, at_ns: int,
-          analyze: Analyze | None = None) -> AnalysisDone:
-    """Analyse the digests (each with the node that uploaded it), write the report atomically
-    to ``out``; the sweep's event, with the stragglers (by the node they ran on) and the slow
-    links the report flags. A node whose digest cannot be read is left out, failed (in
-    ``sweep``, the caller's copy, and in the event) and named as missing; where none can be
-    read, the analysis fails."""
+def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints: Mapping[str, int], out: Path,
+          at_ns: int, analyze: Analyze | None = None) -> AnalysisDone:
+    """Analyse the digests (each with the node that uploaded it and its artifact name), write
+    the report atomically to ``out``; the sweep's event, with the stragglers (by the node they
+    ran on) and the slow links the report flags. A node whose digest cannot be read is left
+    out, failed (in ``sweep``, the caller's copy, and in the event) and named as missing; where
+    none can be read, the analysis fails."""
     read: list[tuple[pa.Table, str]] = []
     unreadable: dict[str, str] = {}
-    for path, node in digests_of:
+    for path, node, name in digests_of:
         try:
             read.append((digest.read(path), node))
         except ExportError as exc:  # that node's alone: the others are analysed, it is named as failed
-            unreadable.setdefault(node, f"its digest could not be read: {exc.args[0]}")
-    if unreadable and len(unreadable) == len({node for _, node in digests_of}):
+            unreadable.setdefault(node, f"its digest {name} could not be read: {exc.args[0]}")
+    if unreadable and len(unreadable) == len({node for _, node, _ in digests_of}):
         raise InputError("; ".join(f"node {n}: {why}" for n, why in unreadable.items()))
     sweep.fail_unreadable(unreadable.items(), at_ns)  # as the report below says it
     read = [(table, node) for table, node in read if node not in unreadable]

@@ -42,7 +42,8 @@ def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_p
     job, paths = slow_link_job
     hosts = [sm.host_name(job, n) for n in range(job.nodes)]
     sweep, _ = sw.Sweep.start(SPEC, hosts, 0, sweep_id="s1")
-    done = reports.build(sweep, list(zip(paths, hosts)), {}, tmp_path / "s1.json", 7 * S)
+    done = reports.build(sweep, [(path, host, path.name) for path, host in zip(paths, hosts)], {}, tmp_path / "s1.json",
+                         7 * S)
     (slow,) = [c for c in sm.truth(job)["communicators"] if c["kind"] == "dp" and 19 in c["ranks"]]
     assert [(link.comm_id, link.op, link.ranks) for link in done.slow_links] == [
         (slow["comm_id"], "allreduce", tuple(slow["ranks"]))]
@@ -82,7 +83,8 @@ def test_a_sweep_whose_report_could_not_judge_is_listed_so_not_as_none(tmp_path,
     table, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, stragglers={1: 300_000}, seed=4))
     digest.write(table, tmp_path / "node-a.parquet")
     sweep, _ = sw.Sweep.start(SPEC, ["node-a"], 0, sweep_id="s1")
-    done = reports.build(sweep, [(tmp_path / "node-a.parquet", "node-a")], {}, tmp_path / "s1.json", 7 * S)
+    done = reports.build(sweep, [(tmp_path / "node-a.parquet", "node-a", "node-a.parquet")], {}, tmp_path / "s1.json",
+                         7 * S)
     assert done.stragglers == () and done.stragglers_not_judged == "needs 3+ ranks with consecutive collectives"
     sweep.state = sw.SweepState.ANALYSING
     sweep.handle(done)
@@ -121,7 +123,7 @@ def test_stragglers_are_named_by_the_node_that_uploaded_them(tmp_path) -> None:
     paths = []
     for pod, node in (("trainer-0", "gpu-node-a"), ("trainer-1", "gpu-node-b")):
         host = table.column("host").unique()[len(paths)].as_py()
-        paths.append((tmp_path / f"{pod}.parquet", node))
+        paths.append((tmp_path / f"{pod}.parquet", node, f"{pod}.parquet"))
         digest.write(table.filter(pc.equal(table.column("host"), host)), paths[-1][0])
     sweep, _ = sw.Sweep.start(SPEC, ["gpu-node-a", "gpu-node-b"], 0, sweep_id="s1")
     done = reports.build(sweep, paths, {}, tmp_path / "s1.json", 7 * S)
