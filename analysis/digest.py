@@ -444,6 +444,17 @@ _BY_PID = f" (each report numbered its (process, GPU) pairs 0, 1, ... by pid: {S
 DIGEST_OF = re.compile(r"(?P<digest>.*) \(digest of (?P<export>.*)\)")
 
 
+def digest_of(digest: str, export: str) -> str:
+    """What messages call a row of ``digest`` (a file given, a node's upload) built from ``export``."""
+    return f"{digest} (digest of {export})"  # read back by DIGEST_OF
+
+
+def named(table: pa.Table, sources: list[str]) -> pa.Table:
+    """``table`` with its rows' source_file (what messages name) replaced."""
+    at = table.schema.get_field_index("source_file")
+    return table.set_column(at, table.schema.field(at), pa.array(sources, pa.string()))
+
+
 def _twice_hint(capture: Capture, other: Capture, by_pid: bool, files: tuple[str, str]) -> str:
     """What two captures of one rank most likely are: one file twice, a digest of an
     earlier export of the other's name, two windows of one process, two runs, two reports

@@ -42,7 +42,7 @@ _OWN_SCHEMA = b'"schema": "rankscope.'
 # Read at a time while looking for the key: it is near the top, and a gzipped trace is
 # decompressed only as far as it is read (1 MiB of it: ~1.5 ms per trace; 64 KiB: ~0.15).
 _SNIFF_BYTES = 1 << 16
-# A digest's rows name the digest given beside the export it was built from (`_digest_name`).
+# A digest's rows name the digest given beside the export it was built from (`digest.digest_of`).
 
 
 def load_digests(
@@ -70,7 +70,7 @@ def load_digests(
         results = counted(results, len(chunks), f"reading exports ({size} per batch)")
     digests = digest.concat(results)
     if given:
-        digests = _named(digests, [given.get(name, name) for name in digests.column("source_file").to_pylist()])
+        digests = digest.named(digests, [given.get(name, name) for name in digests.column("source_file").to_pylist()])
     digests = _without_digests_of_exports(digests)
     digest.check_consistent(digests)
     return digests
@@ -299,7 +299,7 @@ def read_one(path: Path, *, rank_from: str | None = None) -> pa.Table:
         table = digest.read(path)
         # Messages name the file given, beside the export it was made from (which may be
         # in the same input: then both claim its ranks).
-        return _named(table, [_digest_name(path, source) for source in table.column("source_file").to_pylist()])
+        return digest.named(table, [digest.digest_of(str(path), source) for source in table.column("source_file").to_pylist()])
     raise ExportError(
         "unknown input type (expected an nsys .sqlite export or .nsys-rep report, Kineto .json/.json.gz, or a digest .parquet)",
         path=path,
@@ -324,17 +324,7 @@ def _read_report(path: Path, rank_from: str | None) -> pa.Table:
         except ToolError as exc:
             raise ToolError(f"{exc}; try: {suggestion}", path=path) from None
         table = nsys.read_nsys(output, rank_from=rank_from)
-    return _named(table, [str(path)] * table.num_rows)  # the temporary export is gone: the report the user gave
-
-
-def _digest_name(digest_path: Path, source: str) -> str:
-    return f"{digest_path} (digest of {source})"  # read back by digest.DIGEST_OF
-
-
-def _named(table: pa.Table, sources: list[str]) -> pa.Table:
-    """``table`` with its rows' source_file (what messages name) replaced."""
-    at = table.schema.get_field_index("source_file")
-    return table.set_column(at, table.schema.field(at), pa.array(sources, pa.string()))
+    return digest.named(table, [str(path)] * table.num_rows)  # the temporary export is gone: the report the user gave
 
 
 def _suffix(path: Path) -> str:

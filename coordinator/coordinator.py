@@ -665,15 +665,14 @@ class Coordinator:
             if dropped := self.artifacts.drop_partials(sweep.sweep_id):
                 log.info("sweep %s: removed %d upload(s) it ended before", sweep.sweep_id, len(dropped))
 
-    def _run_analysis(self, sweep: sw.Sweep, digests: tuple[sw.ArtifactInfo, ...]) -> None:
+    def _run_analysis(self, sweep: sw.Sweep, digests: tuple[tuple[str, sw.ArtifactInfo], ...]) -> None:
         out = self.config.reports_dir / f"{sweep.sweep_id}.json"
         try:
-            node_of = {a.sha256: name for name, rec in sweep.nodes.items() for a in rec.digests}
             paths = []
-            for artifact in digests:
+            for node, artifact in digests:
                 if not self.artifacts.has(artifact.sha256):
                     raise RankscopeError(f"digest {artifact.name} ({artifact.sha256[:12]}) is not in the artifact store")
-                paths.append((self.artifacts.path_of(artifact.sha256), node_of[artifact.sha256], artifact.name))
+                paths.append((self.artifacts.path_of(artifact.sha256), node, artifact.name))
             event: sw.Event = reports.build(sweep, paths, self.clock_hints(), out, self.clock(), self.analyze)
             self.store.save_report(sweep.sweep_id, out, self.clock())
         except RankscopeError as exc:

@@ -38,14 +38,20 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints
     the report atomically to ``out``; the sweep's event, with the stragglers (by the node they
     ran on) and the slow links the report flags. A node whose digest cannot be read is left
     out, failed (in ``sweep``, the caller's copy, and in the event) and named as missing; where
-    none can be read, the analysis fails."""
+    none can be read, the analysis fails. Digests that disagree (two jobs, a rank claimed
+    twice) fail it too, naming the nodes that sent them: which one is wrong cannot be told."""
     read: list[tuple[pa.Table, str]] = []
     unreadable: dict[str, str] = {}
     for path, node, name in digests_of:
         try:
-            read.append((digest.read(path), node))
+            table = digest.read(path)
         except ExportError as exc:  # that node's alone: the others are analysed, it is named as failed
             unreadable.setdefault(node, f"its digest {name} could not be read: {exc.args[0]}")
+            continue
+        # Messages name the node each row came from, beside the trace: the trace's own names
+        # (its file on the node, its host or pod) are not the sweep's.
+        exports = table.column("source_file").to_pylist()
+        read.append((digest.named(table, [digest.digest_of(f"node {node}", export) for export in exports]), node))
     if unreadable and len(unreadable) == len({node for _, node, _ in digests_of}):
         raise InputError("; ".join(f"node {n}: {why}" for n, why in unreadable.items()))
     sweep.fail_unreadable(unreadable.items(), at_ns)  # as the report below says it

@@ -249,7 +249,7 @@ class CancelNode:
 
 @dataclass(frozen=True)
 class Analyse:
-    digests: tuple[ArtifactInfo, ...]
+    digests: tuple[tuple[str, ArtifactInfo], ...]  # (node, digest): two nodes may send one file
 
 
 @dataclass(frozen=True)
@@ -429,8 +429,9 @@ class Sweep:
         self.state = SweepState.ANALYSING
         return [Changed(), Analyse(self.digests())]
 
-    def digests(self) -> tuple[ArtifactInfo, ...]:
-        return tuple(a for rec in self.nodes.values() if rec.finished for a in rec.digests)
+    def digests(self) -> tuple[tuple[str, ArtifactInfo], ...]:
+        """Each finished node's digests, with the node."""
+        return tuple((name, a) for name, rec in self.nodes.items() if rec.finished for a in rec.digests)
 
     def fail_unreadable(self, unreadable: Iterable[tuple[str, str]], at_ns: int) -> None:
         """Nodes whose digest the analysis could not read: failed with why, named as missing."""

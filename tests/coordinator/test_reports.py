@@ -15,6 +15,7 @@ from rankscope.cli import main
 from rankscope.coordinator import commands, reports
 from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.server import sweep_message
+from rankscope.errors import ConsistencyError
 
 S = 1_000_000_000
 SPEC = sw.SweepSpec(backend="nsys", duration_s=5.0, timeout_s=30.0)
@@ -112,6 +113,29 @@ def test_findings_that_come_back_across_sweeps_are_summed_up() -> None:
     ]
     assert commands.repeat_findings(sweeps) == "node node-b in 3 of 3 sweeps, link of ranks 3,11 in 2 of 3 sweeps"
     assert commands.repeat_findings(sweeps[2:]) == ""
+
+
+@pytest.mark.parametrize("second, said", [
+    ("another", "job 'another' differs from job 'synthetic' of node gpu-a (digest of synthetic/rank0)"),
+    ("synthetic", "rank 0 is also claimed by node gpu-a (digest of synthetic/rank0) (the same capture: "
+                  "one file given twice?)"),
+], ids=["two jobs", "a rank twice"])
+def test_digests_that_disagree_fail_the_analysis_naming_the_nodes_that_sent_them(tmp_path, second: str,
+                                                                                  said: str) -> None:
+    """It named the traces' files ('synthetic/rank0' twice, or a path on each node), not the
+    sweep's nodes: which two nodes disagree could not be told."""
+    from rankscope.analysis.testing import SyntheticJob, synthetic_job
+
+    uploads = []
+    for node, job_id in (("gpu-a", "synthetic"), ("gpu-b", second)):
+        table, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, job_id=job_id))
+        digest.write(table, tmp_path / f"{node}.parquet")
+        uploads.append((tmp_path / f"{node}.parquet", node, f"{node}.digest.parquet"))
+    sweep, _ = sw.Sweep.start(SPEC, ["gpu-a", "gpu-b"], 0, sweep_id="s1")
+    with pytest.raises(ConsistencyError) as caught:
+        reports.build(sweep, uploads, {}, tmp_path / "s1.json", 7 * S)
+    assert str(caught.value) == f"node gpu-b (digest of synthetic/rank0): {said}"
+    assert not (tmp_path / "s1.json").exists()
 
 
 def test_stragglers_are_named_by_the_node_that_uploaded_them(tmp_path) -> None:

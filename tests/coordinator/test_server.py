@@ -519,6 +519,24 @@ def test_nodes_whose_digest_cannot_be_read_fail_with_why_and_the_others_are_anal
         agent.close()
 
 
+def test_one_digest_sent_by_two_nodes_fails_the_sweep_naming_both(coordinator, wire, digests) -> None:
+    """One file (one sha256) from two nodes, as two agents reading one spool send: the error
+    named the trace's file twice, and, the store keeping the file once, one node for both."""
+    payload = next(iter(digests.values()))
+    agents = [wire.FakeAgent(coordinator, name) for name in ("gpu-a", "gpu-b")]
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(nodes=["gpu-a", "gpu-b"], duration_s=1.0, backend="sim").sweep_id
+        for agent in agents:
+            assert started_capture(agent).sweep_id == sweep_id
+            agent.finish(sweep_id, payload)
+        done = final(client, sweep_id)
+    assert done.state == pb.SWEEP_STATE_FAILED
+    assert done.error.startswith("analysis failed: node gpu-b (digest of synthetic/rank0): rank 0 is also claimed "
+                                 "by node gpu-a (digest of synthetic/rank0)"), done.error
+    for agent in agents:
+        agent.close()
+
+
 def test_a_second_agent_under_one_node_name_takes_over_and_the_first_is_told(coordinator, wire, digests) -> None:
     node = next(iter(digests))
     first = wire.FakeAgent(coordinator, node)

@@ -40,7 +40,7 @@ def test_every_node_finished_is_analysed() -> None:
     assert analyses(finish(sweep, "a")) == []
     assert sweep.state is sw.SweepState.RUNNING and sweep.nodes["a"].finished
     out = finish(sweep, "b")
-    assert analyses(out) == [sw.Analyse((DIGEST, DIGEST))]
+    assert analyses(out) == [sw.Analyse((("a", DIGEST), ("b", DIGEST)))]
     assert sweep.state is sw.SweepState.ANALYSING
     sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 2 * S, (sw.RankOn(3, "b"),), (LINK,)))
     assert sweep.state is sw.SweepState.ANALYSED and sweep.missing == []
@@ -89,7 +89,7 @@ def test_a_silent_node_times_out_and_the_sweep_is_partial_with_it_named() -> Non
     assert sweep.handle(sw.Tick(T0 + 29 * S)) == []
     out = sweep.handle(sw.Tick(T0 + 30 * S))
     assert sw.CancelNode("b", "no answer within 30s (last state: capturing)") in out
-    assert analyses(out) == [sw.Analyse((DIGEST,))]
+    assert analyses(out) == [sw.Analyse((("a", DIGEST),))]
     assert sweep.nodes["b"].state is sw.NodeState.TIMED_OUT
     assert sweep.missing == ["b"]
     sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 31 * S))
@@ -160,7 +160,7 @@ def test_a_failed_node_is_missing_with_its_reason() -> None:
     sweep = started("a", "b")
     finish(sweep, "a")
     out = sweep.handle(sw.NodeReported("b", sw.NodeState.FAILED, T0 + S, reason="nsys exited 1"))
-    assert analyses(out) == [sw.Analyse((DIGEST,))]
+    assert analyses(out) == [sw.Analyse((("a", DIGEST),))]
     assert sweep.missing == ["b"] and sweep.nodes["b"].reason == "nsys exited 1"
 
 
@@ -169,7 +169,7 @@ def test_a_node_with_no_digest_is_missing() -> None:
     finish(sweep, "a")
     raw = sw.ArtifactInfo("rank2.nsys-rep", "b" * 64, 10, "raw")
     out = finish(sweep, "b", artifacts=(raw,))
-    assert analyses(out) == [sw.Analyse((DIGEST,))] and sweep.missing == ["b"]
+    assert analyses(out) == [sw.Analyse((("a", DIGEST),))] and sweep.missing == ["b"]
 
 
 def test_no_node_finishing_fails_the_sweep_without_analysis() -> None:
@@ -211,7 +211,7 @@ def test_restart_gives_agents_grace_and_redoes_a_lost_analysis() -> None:
     finish(sweep, "a")
     finish(sweep, "b")
     assert sweep.state is sw.SweepState.ANALYSING
-    assert analyses(sweep.handle(sw.Restarted(T0 + 50 * S, 20 * S))) == [sw.Analyse((DIGEST, DIGEST))]
+    assert analyses(sweep.handle(sw.Restarted(T0 + 50 * S, 20 * S))) == [sw.Analyse((("a", DIGEST), ("b", DIGEST)))]
 
 
 def test_round_trips_through_json_mid_sweep() -> None:
@@ -259,7 +259,7 @@ def test_a_node_whose_digest_is_stored_but_raw_exports_run_late_is_analysed_at_t
     out = sweep.handle(sw.Tick(T0 + 30 * S))
     reason = "raw exports not all uploaded within 30s: the report stands on its digest"
     assert sw.CancelNode("b", reason) in out
-    assert analyses(out) == [sw.Analyse((DIGEST, other))]
+    assert analyses(out) == [sw.Analyse((("a", DIGEST), ("b", other)))]
     assert sweep.missing == [] and reason in sweep.nodes["b"].notes
     # a restarted coordinator holds the same
     assert sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict()))).nodes["b"].finished
@@ -271,7 +271,7 @@ def test_a_cancelled_sweep_stops_its_open_nodes_and_analyses_what_finished() -> 
     sweep.handle(sw.NodeReported("b", sw.NodeState.CAPTURING, T0 + S))
     out = sweep.handle(sw.Cancelled("cancelled by the user", T0 + 2 * S))
     assert sw.CancelNode("b", "cancelled by the user") in out
-    assert analyses(out) == [sw.Analyse((DIGEST,))]
+    assert analyses(out) == [sw.Analyse((("a", DIGEST),))]
     assert sweep.nodes["b"].state is sw.NodeState.CANCELLED and sweep.missing == ["b"]
     assert sweep.handle(sw.Cancelled("again", T0 + 3 * S)) == []  # analysing: nothing left to stop
 
@@ -290,6 +290,6 @@ def test_a_cancelled_sweep_keeps_the_digests_stored_while_raw_exports_upload() -
         sweep.handle(sw.NodeReported("a", state, T0 + S, dcgm="resumed"))
     sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADING, T0 + S, artifacts=(DIGEST,)))
     out = sweep.handle(sw.Cancelled("cancelled by the user", T0 + 2 * S))
-    assert analyses(out) == [sw.Analyse((DIGEST,))] and sw.CancelNode("a", "cancelled by the user") in out
+    assert analyses(out) == [sw.Analyse((("a", DIGEST),))] and sw.CancelNode("a", "cancelled by the user") in out
     assert sweep.nodes["a"].notes == ["raw exports not all uploaded (cancelled by the user): the report stands on its digest"]
     assert sweep.nodes["a"].digest_only
