@@ -87,7 +87,7 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     if trace.undated:
         notes.append(f"{trace.undated} complete (ph X) event(s) without a dur: taken as instants (dur 0)")
     instants(trace.events, notes)
-    _check_times(path, trace.events)
+    _check_times(path, trace.events, based="baseTimeNanoseconds" in trace.top)
     meta = _meta(path, trace, rank_from, notes)
     events = trace.events
     steps = _steps(events)
@@ -120,10 +120,18 @@ def read_kineto(path: str | Path, *, rank_from: str | None = None) -> pa.Table:
     return row
 
 
-def _check_times(path: Path, events: Events) -> None:
+# Absolute ts are of captures since Kineto (2020); relative ones count from the profiler's
+# start or the host's boot (~5.1e12 µs, 59 days, after the torch 2.13 samples' base): a
+# time without a base before 2000 is relative.
+_EARLIEST_ABSOLUTE_NS = 946_684_800 * 10**9
+
+
+def _check_times(path: Path, events: Events, *, based: bool) -> None:
     """Refuse an event lasting longer than a capture can, or events lying farther apart
     (`digest.MAX_CAPTURE_NS`): a damaged dur or ts. One such kernel made its rank's top
-    kernel 104 days long, or stretched its window so that its GPU read 5e-9 % busy."""
+    kernel 104 days long, or stretched its window so that its GPU read 5e-9 % busy. And
+    refuse ts relative to a start the trace does not give (``based``: it has a
+    ``baseTimeNanoseconds``)."""
     if not len(events.ts):
         return
     days = 86400e9
@@ -133,9 +141,16 @@ def _check_times(path: Path, events: Events) -> None:
     if (spread := int(events.ts.max()) - int(events.ts.min())) > digest.MAX_CAPTURE_NS:
         raise ExportError(f"its events lie {spread / days:,.0f} days apart (their ts), where a capture lasts minutes "
                           "to hours: a damaged ts", path=path)
+    first = int(events.ts.min())
+    # Without a base, ts are absolute epoch µs (every such sample: 2022-2024); relative ones
+    # (a base stripped) read as 1970, and beside a rank of the same host as "another run".
+    if not based and first < _EARLIEST_ABSOLUTE_NS:
+        raise ExportError(f"its events start at ts {first / 1e3:,.3f} µs, with no baseTimeNanoseconds: times "
+                          "relative to a start the trace does not give, not Unix-epoch µs (its base stripped?)",
+                          path=path)
     # As the nsys reader refuses a session start before 1970: a digest of such times was
     # written, then refused by `analyze` as damaged, and the trace itself analysed unsaid.
-    if not 0 <= (first := int(events.ts.min())) <= digest.LATEST_START_NS:
+    if not 0 <= first <= digest.LATEST_START_NS:
         raise ExportError(f"its events start at {first:,} ns from 1970 (baseTimeNanoseconds + ts), outside the UTC "
                           "epoch ns a capture can have (1970 to 2262): a damaged baseTimeNanoseconds or ts", path=path)
 

@@ -214,8 +214,9 @@ def test_reduce_scatter_and_all_gather_count_the_shard_as_nccl_does(samples):
 
 
 def _trace(events, **top) -> dict:
-    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 3, "world_size": 4}, **top,
-            "traceEvents": events}
+    # A base of 0 keeps the ts given as the times read (without a base, ts are epoch µs).
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 3, "world_size": 4},
+            "baseTimeNanoseconds": 0, **top, "traceEvents": events}
 
 
 def _event(name, ts, dur, *, cat="cpu_op", tid=1, args=None) -> dict:
@@ -249,7 +250,9 @@ def _write(path: Path, data: dict, *, compact=False, gz=False) -> Path:
 def test_absolute_microseconds_keep_nanoseconds(tmp_path):
     """1712195495520871.123 µs has 19 significant digits: float64 would lose the ns."""
     events = _gloo_events("1712195495520871.123", "1712195495520880.0005", "1712195495520800.0")
-    path = _write(tmp_path / "abs.json", _trace(events))
+    data = _trace(events)
+    del data["baseTimeNanoseconds"]
+    path = _write(tmp_path / "abs.json", data)
     coll = _collectives(read_kineto(path))
     assert coll.loc[0, "cpu_call_ns"] == 1712195495520871123
     assert coll.loc[0, "start_ns"] == 1712195495520880001  # 0.5 ns rounds half up
@@ -263,6 +266,17 @@ def test_relative_microseconds_with_base_and_gzip(tmp_path):
     coll = _collectives(read_kineto(_write(tmp_path / "rel.json.gz", data, gz=True)))
     assert coll.loc[0, "cpu_call_ns"] == base + 5089065858023077
     assert coll.loc[0, "start_ns"] == base + 5089065858128380
+
+
+def test_relative_microseconds_without_a_base_are_an_error_naming_the_trace_not_another_run(tmp_path):
+    # Read as epoch µs, a trace whose base was stripped lay in 1970; beside a rank of its host
+    # it was refused as "another run", and alone it was analysed unsaid.
+    data = _trace(_gloo_events("950.000", "960.000", "0.250"))
+    del data["baseTimeNanoseconds"]
+    path = _write(tmp_path / "rank3.json", data)
+    with pytest.raises(ExportError, match=f"^{path}: its events start at ts 0.250 µs, with no baseTimeNanoseconds: "
+                                          "times relative to a start the trace does not give, not Unix-epoch µs"):
+        read_kineto(path)
 
 
 def test_timestamp_text_converts_exactly_like_decimal():
