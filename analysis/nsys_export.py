@@ -291,12 +291,14 @@ def _nvtx_sql(columns: frozenset[str]) -> str:
     blob = "CAST(n.binaryData AS BLOB)" if "binaryData" in columns else "NULL"
     nccl = f"n.eventType = {_DOMAIN_CREATE} AND {text} = 'NCCL'"
     # Blobs are never NULL (empty instead): the Arrow reader types a column by its first rows.
+    # An end is NULL where a range was left open (read 0: unlinked); a start never is (NOT NULL
+    # in nsys's schema): a NULL one, read as 0, began a step at the session start or in 1970.
     return f"""
         WITH nccl AS (SELECT DISTINCT {pid} AS pid, n.domainId AS domain FROM NVTX_EVENTS AS n {join} WHERE {nccl})
         SELECT pid, tid, start, "end",
                CASE WHEN kind IN ({NCCL_RANGE}, {NCCL_NAMED}) THEN COALESCE(length(blob), 0) ELSE 0 END, kind, {name},
                CASE WHEN kind IN ({NCCL_RANGE}, {NCCL_NAMED}) THEN COALESCE(blob, X'') ELSE X'' END
-        FROM (SELECT {ids}, {_integer('n.start', null='0')} AS start, {_integer(end, null='0')} AS "end",
+        FROM (SELECT {ids}, {_integer('n.start')} AS start, {_integer(end, null='0')} AS "end",
                      {text} AS name, {blob} AS blob,
                      CASE WHEN n.eventType = {_DOMAIN_CREATE} THEN {NCCL_DOMAIN}
                           WHEN n.domainId = 0 THEN {OTHER_RANGE}

@@ -104,6 +104,16 @@ _NCCL_LAUNCH = ("(SELECT max(r.rowid) FROM CUPTI_ACTIVITY_KIND_RUNTIME AS r JOIN
                 "WHERE s.value LIKE 'nccl%')")
 
 
+# nsys declares NVTX_EVENTS.start NOT NULL; an export made or edited by another tool may not.
+_NULL_STEP_START = (
+    "PRAGMA writable_schema = ON",
+    "UPDATE sqlite_master SET sql = replace(sql, 'start                       INTEGER   NOT NULL', "
+    "'start                       INTEGER') WHERE name = 'NVTX_EVENTS'",
+    "PRAGMA writable_schema = RESET",
+    "UPDATE NVTX_EVENTS SET start = NULL WHERE rowid = (SELECT min(rowid) FROM NVTX_EVENTS WHERE text LIKE 'step%')",
+)
+
+
 @pytest.mark.parametrize("edit, statement", [
     # A text or a real in the driver's first batch turned the column to text or double; past it,
     # the driver failed. A real with a fraction was truncated by the sqlite3 reader, and one in a
@@ -121,11 +131,14 @@ _NCCL_LAUNCH = ("(SELECT max(r.rowid) FROM CUPTI_ACTIVITY_KIND_RUNTIME AS r JOIN
     (f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = start + 0.5 WHERE rowid = {_NCCL_LAUNCH}", "launches"),
     ("UPDATE NVTX_EVENTS SET start = start + 0.5 WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS)", "nvtx"),
     ("UPDATE NVTX_EVENTS SET globalTid = globalTid + 0.5 WHERE rowid = (SELECT max(rowid) FROM NVTX_EVENTS)", "nvtx"),
+    # A NULL start read as 0: the step's range began at the session start (or in 1970), unsaid.
+    (_NULL_STEP_START, "nvtx"),
 ])
 def test_a_non_integer_where_integers_are_read_is_refused_by_either_reader(
-        export: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: str, statement: str) -> None:
-    small = _copy(export, tmp_path / "small.sqlite", edit)
-    big = _big(export, tmp_path / "big.sqlite", edit)
+        export: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, edit: str | tuple, statement: str) -> None:
+    edits = (edit,) if isinstance(edit, str) else edit
+    small = _copy(export, tmp_path / "small.sqlite", *edits)
+    big = _big(export, tmp_path / "big.sqlite", *edits)
     for path, arrow in ((small, False), (small, True), (big, None)):
         caplog.clear()
         with caplog.at_level(logging.DEBUG, logger=nsys_export.__name__):
