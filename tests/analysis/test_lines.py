@@ -151,6 +151,41 @@ def test_a_class_of_more_pairs_of_lines_than_compared_stays_grouped_by_op_and_sa
     assert len(without.communicators) == 6 and not [w for w in without.warnings if NOT_TOLD in w]
 
 
+def test_pairs_sure_to_pass_max_pairs_decline_the_class_before_they_are_compared_or_made(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight lines of eight ranks on eight hosts: ranks 0-5's end together, 6's and 7's apart
+    from every other. Leaders 0, 6 and 7 compare 7, 6 and 5 pairs; the 10 of lines 1-5 are
+    compared within leader 0's reach: 28 in all. Once the first leader's reach holds lines
+    1-5, 17 pairs at least are sure: past 16 the class was declined only after leader 6's
+    pairs were compared too, and past 27 after the pairs within the reaches were made
+    (8,192 simulated ranks: 15 s; a reach of 4,096 lines: 8.4 million pairs, 850 MB)."""
+    mismatch = np.full((8, 8), 50e3)
+    mismatch[:6, :6] = 1e3
+    calls: list[int] = []
+
+    def measured(_: object, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, ...]:
+        calls.append(len(first))
+        return mismatch[first, second], np.full(len(first), np.nan), np.zeros(len(first)), np.full(len(first), 9)
+
+    within = lines._within
+
+    def made(*args: object) -> tuple[np.ndarray, np.ndarray]:
+        calls.append(-1)
+        return within(*args)
+
+    monkeypatch.setattr(lines, "_mismatch", measured)
+    monkeypatch.setattr(lines, "_within", made)
+    eight = np.arange(8)
+    on = lines._Lines(rows=np.arange(80), starts=eight * 10, size=np.full(8, 10), rank=eight, host=eight, stream=eight,
+                      kind=np.ones(8, np.int64), judged=np.ones(8, bool), ends=np.arange(80.0))
+    for most, compared in [(16, [7]), (27, [7, 6, 5]), (28, [7, 6, 5, -1, 10])]:
+        monkeypatch.setattr(lines, "MAX_PAIRS", most)
+        calls.clear()
+        found = lines._compare(on, eight)
+        assert calls == compared
+        assert (found is None) == (most < 28)
+
+
 def test_a_pairs_mismatch_is_its_own_whatever_pairs_are_compared_beside_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`_compare` compares a leader's pairs a few at a time, so that a pair's mismatch must not
