@@ -1,11 +1,12 @@
 """Writing a user's output file: whole or not at all, and a clear error where it cannot be.
 
 A report, plot, digest or simulated export replaces its destination whole
-(`rankscope.atomic`), the file a link leads to where it is one; a stream (/dev/null, a
-pipe) is written into, and so, once the writer is done, is a file named through one of
-the process's open descriptors (/dev/stdout, /dev/fd/3). Where the folder cannot take it
-(no permission, read-only, full, not a real folder), the OSError becomes one
-:class:`InputError` naming the destination, and nothing is left behind."""
+(`rankscope.atomic`), the file a link leads to where it is one (a dangling link is
+refused, as cp refuses it); a stream (/dev/null, a pipe) is written into, and so, once
+the writer is done, is a file named through one of the process's open descriptors
+(/dev/stdout, /dev/fd/3). Where the folder cannot take it (no permission, read-only,
+full, not a real folder), the OSError becomes one :class:`InputError` naming the
+destination, and nothing is left behind."""
 
 from __future__ import annotations
 
@@ -56,13 +57,18 @@ def check_writable(path: Path) -> None:
 
 def _target(path: Path) -> Path | None:
     """The file that takes ``path``'s new content whole: ``path``, or the file a link there
-    leads to (the link stays a link). None where ``path`` is no file but a stream (/dev/null,
-    a terminal, a pipe) or a file named through a descriptor (`_descriptor`): written into,
-    as a shell's ``>`` does; a rename over it would put a file in its place, as root even
-    in /dev."""
+    leads to (the link stays a link; one that leads to no file is refused). None where
+    ``path`` is no file but a stream (/dev/null, a terminal, a pipe) or a file named through
+    a descriptor (`_descriptor`): written into, as a shell's ``>`` does; a rename over it
+    would put a file in its place, as root even in /dev."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
+        if os.path.islink(path):
+            # A rename put a file in the link's place; written through, a file would appear
+            # where the user never named one (a link planted in a shared folder leads anywhere).
+            raise InputError(f"a dangling link (to {os.path.realpath(path)}): not written through, as cp does not "
+                             "(remove the link, or name its file)", path=path) from None
         return path  # none there yet (a folder on the way that refuses a look: check_reachable)
     if not stat.S_ISREG(mode) or _descriptor(path) is not None:
         return None

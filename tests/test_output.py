@@ -84,6 +84,20 @@ def test_a_link_stays_a_link_to_the_file_replaced_whole(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["latest.json", "report.json", "runs"]
 
 
+@pytest.mark.parametrize("target", ["runs/report.json", "{tmp}/missing/report.json"])
+def test_a_dangling_link_is_refused_not_replaced_by_a_file_nor_written_through(tmp_path: Path, target: str) -> None:
+    # found by fuzzing the outputs: `analyze -o latest.json`, latest.json a link to a report
+    # not yet written, replaced the link with a file
+    link = tmp_path / "latest.json"
+    link.symlink_to(target.format(tmp=tmp_path))
+    said = f"^{link}: a dangling link \\(to {tmp_path}/(runs|missing)/report.json\\): not written through, as cp does not"
+    with pytest.raises(InputError, match=said):
+        output.check_writable(link)
+    with pytest.raises(InputError, match=said):
+        output.write_text(link, "new")
+    assert link.is_symlink() and [p.name for p in tmp_path.iterdir()] == ["latest.json"]
+
+
 @pytest.mark.parametrize("name", ["/dev/fd/{fd}", "/proc/self/fd/{fd}", "{tmp}/link"])
 def test_a_file_named_through_an_open_descriptor_is_written_into_at_its_offset(tmp_path: Path, name: str) -> None:
     # found by review: `-o /dev/stdout >> log` renamed a new file over log, whose lines were

@@ -63,6 +63,19 @@ def test_a_report_and_its_plot_are_written_both_or_neither(tmp_path: Path, sampl
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.png"]
 
 
+@pytest.mark.parametrize("dangling", ["-o", "--plot"])
+def test_a_report_or_plot_named_by_a_dangling_link_is_refused_before_any_work(tmp_path: Path, samples: Path, capsys,
+                                                                               dangling: str) -> None:
+    # Found by fuzzing the outputs: the link was replaced by a file.
+    dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
+    link = tmp_path / "latest.png"
+    link.symlink_to("runs/ranks.png")
+    other = {"-o": ["--plot", str(tmp_path / "ranks.png")], "--plot": ["-o", str(tmp_path / "r.txt")]}[dangling]
+    assert main(["analyze", str(dsl), dangling, str(link), *other]) == 2
+    assert f"{link}: a dangling link (to {tmp_path}/runs/ranks.png)" in capsys.readouterr().err
+    assert link.is_symlink() and [p.name for p in tmp_path.iterdir()] == ["latest.png"]
+
+
 def test_plot_into_a_missing_folder_fails_before_any_work(tmp_path: Path, samples: Path, capsys) -> None:
     dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
     assert main(["analyze", str(dsl), "--plot", str(tmp_path / "nope" / "ranks.png")]) == 2
