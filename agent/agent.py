@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,6 +115,20 @@ def load_backend(name: str) -> type[CaptureBackend]:
         if isinstance(value, type) and issubclass(value, CaptureBackend) and getattr(value, "name", None) == name:
             return value
     raise ConfigError(f"{module_name} defines no capture backend named {name!r}")
+
+
+def backend_options(backends: Iterable[str]) -> list[pb.BackendOptions]:
+    """The capture options each of ``backends`` reads, for the coordinator to refuse a sweep's
+    others before it starts. One that cannot load here says nothing: its captures fail on the
+    node, saying why."""
+    said = []
+    for name in backends:
+        try:
+            options = load_backend(name).options
+        except ConfigError:
+            continue
+        said.append(pb.BackendOptions(backend=name, options=sorted(options)))
+    return said
 
 
 def node_gpus() -> list[pb.Gpu]:
@@ -297,7 +311,8 @@ class Agent:
         return pb.RegisterRequest(
             node=self.config.name, hostname=socket.gethostname(), labels=dict(self.config.labels),
             gpus=node_gpus(), ranks=self.announced(), versions=pb.Versions(rankscope=__version__),
-            backends=list(self.config.backends), agent_time_ns=time.time_ns(),
+            backends=list(self.config.backends), backend_options=backend_options(self.config.backends),
+            agent_time_ns=time.time_ns(),
         )
 
     def on_connect(self, registration: Registration) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from rankscope import capture_options
 from rankscope.agent import window
 from rankscope.agent.spool import RankInfo
 from rankscope.errors import ToolError
@@ -56,8 +57,7 @@ class CaptureBackend(ABC):
         self.notes.append(message)
 
     def unknown_options(self, names: Iterable[str]) -> list[str]:
-        prefixes = tuple(option[:-1] for option in self.options if option.endswith("*"))
-        return sorted(name for name in set(names) - self.options if not name.startswith(prefixes))
+        return capture_options.unread(names, self.options)
 
     def own_ranks(self, request: CaptureRequest) -> list[RankInfo]:
         """The request's ranks that run under this backend (``rankscope rank --backend NAME``);

@@ -32,6 +32,7 @@ from rankscope.coordinator.registry import (
     Registry,
     SessionLimit,
     UnknownAgent,
+    check_options_read,
     clock_sample,
     default_backend,
     has_labels,
@@ -75,19 +76,22 @@ MAX_OPTION_CHARS = 4096
 # What an agent says of its node (registration, the ranks of its heartbeats) goes out in every
 # ListNodes reply: bounded per node likewise, or a few 4 MiB registrations would make that
 # reply too large to send, for every user. Far above a real node's (a few dozen labels, 8 GPUs).
-MAX_NODE_ITEMS = 1024  # labels, GPUs, ranks, backends: each
+MAX_NODE_ITEMS = 1024  # labels, GPUs, ranks, backends, capture options: each
 MAX_NODE_WORD_CHARS = 512  # each string in them, the host name and versions too (a Kubernetes label key: 317)
 
 
 def _check_node_facts(node: str, *, hostname: str = "", labels: Mapping[str, str] | None = None,
                       gpus: Sequence[dict] = (), ranks: Sequence[dict] = (),
-                      versions: Mapping[str, str] | None = None, backends: Sequence[str] = ()) -> None:
+                      versions: Mapping[str, str] | None = None, backends: Sequence[str] = (),
+                      capture_options: Mapping[str, Sequence[str]] | None = None) -> None:
     """Refuse what an agent says of its node past the bounds above."""
-    labels, versions = labels or {}, versions or {}
-    for what, items in (("labels", labels), ("GPUs", gpus), ("ranks", ranks), ("backends", backends)):
+    labels, versions, capture_options = labels or {}, versions or {}, capture_options or {}
+    options = [option for read in capture_options.values() for option in read]
+    for what, items in (("labels", labels), ("GPUs", gpus), ("ranks", ranks), ("backends", backends),
+                        ("backends with capture options", capture_options), ("capture options", options)):
         if len(items) > MAX_NODE_ITEMS:
             raise InputError(f"node {node}: {len(items)} {what}, over the limit of {MAX_NODE_ITEMS}")
-    words = [hostname, *labels, *labels.values(), *versions.values(), *backends,
+    words = [hostname, *labels, *labels.values(), *versions.values(), *backends, *capture_options, *options,
              *(value for record in (*gpus, *ranks) for value in record.values() if isinstance(value, str))]
     longest = max(words, key=len)
     if len(longest) > MAX_NODE_WORD_CHARS:
@@ -235,14 +239,17 @@ class Coordinator:
     # agents -------------------------------------------------------------------------
 
     def register(self, node: str, hostname: str, labels: Mapping[str, str], *, gpus: list[dict],
-                 ranks: list[dict], versions: Mapping[str, str], backends: list[str]) -> tuple[AgentRecord, list[str]]:
-        """Record the node; the same node keeps its id and token across agent restarts."""
+                 ranks: list[dict], versions: Mapping[str, str], backends: list[str],
+                 capture_options: Mapping[str, list[str]] | None = None) -> tuple[AgentRecord, list[str]]:
+        """Record the node; the same node keeps its id and token across agent restarts.
+        ``capture_options``: what each backend reads, by backend, where the agent says."""
         if not node:
             raise InputError("registration without a node name or hostname")
         if (wrong := node_name.problem(node)) is not None:
             raise InputError(f"node name {node!r}: {wrong}")
+        capture_options = capture_options or {}
         _check_node_facts(node, hostname=hostname, labels=labels, gpus=gpus, ranks=ranks, versions=versions,
-                          backends=backends)
+                          backends=backends, capture_options=capture_options)
         previous = self.store.agent_by_node(node)
         now = self.clock()
         agent = AgentRecord(
@@ -257,6 +264,7 @@ class Coordinator:
             ranks=ranks,
             versions=dict(versions),
             backends=list(backends),
+            capture_options={backend: list(options) for backend, options in capture_options.items()},
             last_seen_ns=now,
             clock_offset_ns=previous.clock_offset_ns if previous else None,
             rtt_ns=previous.rtt_ns if previous else None,
@@ -522,6 +530,7 @@ class Coordinator:
                 raise InputError("; ".join(
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
+            check_options_read((a for a in agents if a.node in judged), spec.backend, spec.options)
             busy = self._busy()
             away = [name for name in nodes if name not in connected]
             # Chosen by label or all, a node whose agent is away fails at once, named: a health

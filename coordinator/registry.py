@@ -13,10 +13,11 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from rankscope.errors import ConfigError, InputError, RankscopeError
+from rankscope import capture_options
+from rankscope.errors import ConfigError, InputError, RankscopeError, quoted
 from rankscope.node_name import items, natural
 
 CLOCK_SAMPLES = 16
@@ -49,6 +50,9 @@ class AgentRecord:
     ranks: list[dict] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
     backends: list[str] = field(default_factory=list)
+    # Backend -> the capture options it reads, as the agent said; a backend left out (an agent
+    # older than this, a record saved before it): not said, the agent judges on its own.
+    capture_options: dict[str, list[str]] = field(default_factory=dict)
     last_seen_ns: int = 0
     clock_offset_ns: int | None = None  # agent clock minus coordinator clock
     rtt_ns: int | None = None  # round trip of the sample the offset comes from
@@ -208,6 +212,23 @@ def _some(nodes: list[str], shown: int = 5) -> str:
     """"a, b, c and 7 more": the first names of a list, briefly at fleet scale."""
     more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
     return ", ".join(nodes[:shown]) + more
+
+
+def check_options_read(agents: Iterable[AgentRecord], backend: str, options: Collection[str]) -> None:
+    """Refuse a sweep's ``options`` that a node's ``backend`` does not read, as its agent said:
+    named before the sweep starts, not as each node's capture fails. A node whose agent said
+    nothing of ``backend`` is not judged here (its agent refuses them itself)."""
+    refused: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for agent in agents:
+        reads = agent.capture_options.get(backend)
+        if reads is not None:
+            for option in capture_options.unread(options, reads):
+                refused.setdefault((option, tuple(sorted(reads))), []).append(agent.node)
+    if refused:
+        raise InputError("; ".join(
+            f"unknown capture option {quoted(option)} for the {backend} backend on {_some(natural(nodes))} "
+            f"(it reads: {', '.join(reads) or 'none'})" for (option, reads), nodes in sorted(refused.items())
+        ))
 
 
 def default_backend(agents: Iterable[AgentRecord]) -> str:

@@ -272,6 +272,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             ranks=[scalars(r) for r in request.ranks],
             versions=scalars(request.versions),
             backends=list(request.backends),
+            capture_options={said.backend: list(said.options) for said in request.backend_options},
         )
         return pb.RegisterReply(
             agent_id=agent.agent_id,

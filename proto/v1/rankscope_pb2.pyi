@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 57785df1b57a792da6f55faaed27051fd8fbd3188c2a4278382bb9c3b204117a
+# from rankscope.proto, sha256 39a9c4e72fd6bf7a2cf06411fe144545dd4c4309e83bf3f242fb5dc2195f6366
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -123,7 +123,7 @@ class Versions(_message.Message):
     def __init__(self, rankscope: _Optional[str] = ..., nsys: _Optional[str] = ..., driver: _Optional[str] = ..., dcgm: _Optional[str] = ..., nccl: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node", "hostname", "labels", "gpus", "ranks", "versions", "backends", "agent_time_ns")
+    __slots__ = ("node", "hostname", "labels", "gpus", "ranks", "versions", "backends", "agent_time_ns", "backend_options")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class RegisterRequest(_message.Message):
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     BACKENDS_FIELD_NUMBER: _ClassVar[int]
     AGENT_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     node: str
     hostname: str
     labels: _containers.ScalarMap[str, str]
@@ -147,7 +148,16 @@ class RegisterRequest(_message.Message):
     versions: Versions
     backends: _containers.RepeatedScalarFieldContainer[str]
     agent_time_ns: int
-    def __init__(self, node: _Optional[str] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ranks: _Optional[_Iterable[_Union[LocalRank, _Mapping]]] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., backends: _Optional[_Iterable[str]] = ..., agent_time_ns: _Optional[int] = ...) -> None: ...
+    backend_options: _containers.RepeatedCompositeFieldContainer[BackendOptions]
+    def __init__(self, node: _Optional[str] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ranks: _Optional[_Iterable[_Union[LocalRank, _Mapping]]] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., backends: _Optional[_Iterable[str]] = ..., agent_time_ns: _Optional[int] = ..., backend_options: _Optional[_Iterable[_Union[BackendOptions, _Mapping]]] = ...) -> None: ...
+
+class BackendOptions(_message.Message):
+    __slots__ = ("backend", "options")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    options: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, backend: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("agent_id", "session_token", "coordinator_time_ns", "heartbeat_interval_ms", "max_upload_bytes", "chunk_bytes", "warnings")

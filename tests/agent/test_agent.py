@@ -513,6 +513,23 @@ def test_a_capture_option_the_backend_does_not_read_fails_the_node_before_dcgm(c
         assert servicer.statuses("s7", pb.NODE_STATE_DCGM_RESUMED)[-1].state == pb.NODE_STATE_DCGM_RESUMED
 
 
+def test_registration_says_what_capture_options_each_backend_reads(coordinator, tmp_path: Path, monkeypatch) -> None:
+    """From it the coordinator refuses a sweep asking for another before it starts (one capture
+    failing on it on every node was the only refusal)."""
+    servicer, address = coordinator
+    with running_agent(address, tmp_path, Log(), monkeypatch) as (agent, _):
+        assert agent.registered.wait(WAIT_S)
+        assert list(servicer.registered[0].backend_options) == [pb.BackendOptions(backend="fake",
+                                                                                   options=["gpu_metrics"])]
+
+
+def test_a_backend_that_cannot_load_says_nothing_of_its_options(monkeypatch) -> None:
+    """Its captures fail on the node, saying why; the coordinator does not judge its options."""
+    monkeypatch.setitem(agent_mod.BACKENDS, "torch", "rankscope.agent.not_installed_here")
+    assert agent_mod.backend_options(["sim", "torch", "nsys"]) == [
+        pb.BackendOptions(backend="sim", options=["sim.*"]), pb.BackendOptions(backend="nsys", options=["gpu_metrics"])]
+
+
 def test_pings_are_answered_with_the_agent_clock(coordinator, tmp_path: Path, monkeypatch) -> None:
     servicer, address = coordinator
     with running_agent(address, tmp_path, Log(), monkeypatch):

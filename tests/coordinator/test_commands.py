@@ -283,6 +283,18 @@ def test_capture_refusal_is_one_line(coordinator, capsys) -> None:
     assert err == [f"rankscope: error: coordinator at {coordinator.address}: no agent registered as ghost (known: none)"]
 
 
+def test_a_capture_option_no_node_reads_is_refused_in_one_line(coordinator, capsys) -> None:
+    coordinator.agents.Register(pb.RegisterRequest(node="node-a", backends=["sim"], backend_options=[
+        pb.BackendOptions(backend="sim", options=["sim.*"])]), timeout=10)
+    assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-a", "--backend", "sim",
+                 "--option", "zz=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rankscope: error: coordinator at {coordinator.address}: unknown capture option 'zz' for the sim "
+                   "backend on node-a (it reads: sim.*)"]
+    with SweepClient(coordinator.address) as client:
+        assert client.sweeps() == []
+
+
 def test_unreachable_coordinator_is_one_line(capsys) -> None:
     assert main(["sweeps", "--coordinator", "127.0.0.1:1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

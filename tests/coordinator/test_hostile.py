@@ -388,6 +388,13 @@ def test_capture_options_past_what_a_node_can_take_are_refused(coordinator, wire
     ({"backends": ["b" * 1000] * 3}, "is 1000 characters"),
     ({"labels": {"pool": "a\x1b[2J"}}, "'a\\x1b[2J' holds a control character"),
     ({"hostname": "h\nFAKE LINE"}, "holds a control character"),
+    ({"backend_options": [pb.BackendOptions(backend="sim", options=[f"o{i}" for i in range(2000)])]},
+     "2000 capture options, over the limit of 1024"),
+    ({"backend_options": [pb.BackendOptions(backend=f"b{i}") for i in range(2000)]},
+     "2000 backends with capture options, over the limit of 1024"),
+    ({"backend_options": [pb.BackendOptions(backend="sim", options=["o" * 1000])]}, "is 1000 characters"),
+    ({"backend_options": [pb.BackendOptions(backend="sim\x1b[2J")]}, "holds a control character"),
+    ({"backend_options": [pb.BackendOptions(backend="sim", options=["sim.\x1b[2J"])]}, "holds a control character"),
 ])
 def test_what_an_agent_says_of_its_node_past_the_bounds_is_refused(coordinator, request_fields, said: str) -> None:
     """Seen with a hostile client: such registrations were stored whole, and two of them made

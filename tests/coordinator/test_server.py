@@ -424,6 +424,28 @@ def test_nodes_refused_for_their_backends_are_named_in_the_fleets_numbering(coor
             client.start(nodes=["g10", "g2"], duration_s=1.0, backend="torch")
 
 
+def test_a_capture_option_a_nodes_backend_does_not_read_is_refused_before_the_sweep_starts(coordinator) -> None:
+    """`--option zz=1` started the sweep, and only each agent then refused it: an agent says at
+    registration what its backends read, and the sweep is refused naming the nodes, as the
+    agents would; an agent that said nothing (older) is left to refuse it itself."""
+    said = [pb.BackendOptions(backend="sim", options=["sim.*"]), pb.BackendOptions(backend="nsys", options=["gpu_metrics"])]
+    for node in ("g10", "g2"):
+        coordinator.agents.Register(pb.RegisterRequest(node=node, backends=["sim", "nsys"], backend_options=said),
+                                    timeout=10)
+    coordinator.agents.Register(pb.RegisterRequest(node="old", backends=["sim"]), timeout=10)
+    with SweepClient(coordinator.address) as client:
+        with pytest.raises(InputError, match=r": unknown capture option 'zz' for the sim backend on g2, g10 "
+                                             r"\(it reads: sim\.\*\)$"):
+            client.start(nodes=["g10", "g2", "old"], duration_s=1.0, backend="sim", options={"zz": "1", "sim.nodes": "2"})
+        with pytest.raises(InputError, match=r": unknown capture option 'sim.nodes' for the nsys backend on g2 "
+                                             r"\(it reads: gpu_metrics\)$"):
+            client.start(nodes=["g2"], duration_s=1.0, backend="nsys", options={"sim.nodes": "2"})
+        assert client.sweeps() == []
+        assert client.start(nodes=["old"], duration_s=1.0, backend="sim", options={"zz": "1"}).nodes
+        assert client.start(nodes=["g10", "g2"], duration_s=1.0, backend="sim", options={"sim.nodes": "2"}).nodes
+        assert len(client.sweeps()) == 2
+
+
 def test_a_node_is_in_one_capture_at_a_time(coordinator, wire) -> None:
     """Its ranks' nsys sessions (or profilers) take one capture at a time: an overlapping
     sweep, e.g. a scheduled health sweep over a node someone is investigating, skips it."""
