@@ -89,33 +89,13 @@ def communicator_members(
     are not in the input.
     """
     warnings: list[str] = []
-    (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
-    # usually every communicator is both listed and used: no union to build
-    comm_ids = used_ids if np.array_equal(listed_ids, used_ids) else np.union1d(listed_ids, used_ids)
-    comm = np.concatenate([np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]])
-    rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
-    low = int(rank.min()) if len(rank) else 0  # int32 ranks from their lowest: one int64 key per pair
-    comm_of, rank_of = np.divmod(np.unique(comm * _RANK_SPAN + (rank - low)), _RANK_SPAN)  # distinct, ascending
-    rank_of += low
-    bounds = np.append(run_starts(comm_of).nonzero()[0], len(comm_of))
-    reported = {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
-    declared: dict[str, set[frozenset[int]]] = {}
-    names: dict[str, str] = {}
-    sizes: dict[str, set[int]] = {}
-    listed_sizes = communicators["size"].tolist() if "size" in communicators else [None] * len(listed)
-    for comm_id, ranks, name, size in zip(*(communicators[c].tolist() for c in ("comm_id", "ranks", "name")), listed_sizes):
-        if ranks is not None and len(ranks):
-            declared.setdefault(comm_id, set()).add(frozenset(np.asarray(ranks, dtype=np.int64).tolist()))
-        if isinstance(name, str) and comm_id not in names:
-            names[comm_id] = name
-        if size is not None and size == size:  # NaN: not known
-            sizes.setdefault(comm_id, set()).add(int(size))
+    declared, names, sizes = _listed(communicators)
     members: dict[str, tuple[int, ...]] = {}
     counts: dict[str, int] = {}
     inferred: list[str] = []  # unlisted, and of unknown size
     checked: dict[str, tuple[int, list[int]]] = {}
     absent: list[str] = []
-    for comm_id, seen in reported.items():
+    for comm_id, seen in _reporting_ranks(communicators, collectives).items():
         lists = declared.get(comm_id)
         if not lists:
             members[comm_id] = tuple(sorted(seen))
@@ -126,16 +106,61 @@ def communicator_members(
             elif comm_id not in explained:
                 inferred.append(comm_id)
             continue
-        full = frozenset().union(*lists)
-        if len(lists) > 1:
-            warnings.append(f"communicator {comm_id}: ranks disagree on its members; using their union {sorted(full)}")
-        strangers = seen - full
-        if strangers:
-            warnings.append(f"communicator {comm_id}: ranks {sorted(strangers)} use it but are not listed as members")
-        members[comm_id] = tuple(sorted((full & present) | strangers))
-        counts[comm_id] = len(full | strangers)
+        members[comm_id], counts[comm_id], full = _listed_members(comm_id, seen, lists, present, warnings)
         if full - present:
             absent.append(f"{comm_id}: {len(full & present)} of {len(full)}")
+    warnings += _membership_warnings(present, inferred, checked, absent)
+    return members, counts, {c: names.get(c) for c in members}, _unconfirmed(inferred, checked) | explained, warnings
+
+
+def _reporting_ranks(communicators: Table, collectives: Table) -> dict[str, frozenset[int]]:
+    """The ranks that report each communicator or call collectives on it."""
+    (listed, listed_ids), (used, used_ids) = codes(communicators["comm_id"]), codes(collectives["comm_id"])
+    # usually every communicator is both listed and used: no union to build
+    comm_ids = used_ids if np.array_equal(listed_ids, used_ids) else np.union1d(listed_ids, used_ids)
+    comm = np.concatenate([np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]])
+    rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
+    low = int(rank.min()) if len(rank) else 0  # int32 ranks from their lowest: one int64 key per pair
+    comm_of, rank_of = np.divmod(np.unique(comm * _RANK_SPAN + (rank - low)), _RANK_SPAN)  # distinct, ascending
+    rank_of += low
+    bounds = np.append(run_starts(comm_of).nonzero()[0], len(comm_of))
+    return {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}
+
+
+def _listed(communicators: Table) -> tuple[dict[str, set[frozenset[int]]], dict[str, str], dict[str, set[int]]]:
+    """Per communicator, the member lists, the first name and the sizes the traces give."""
+    declared: dict[str, set[frozenset[int]]] = {}
+    names: dict[str, str] = {}
+    sizes: dict[str, set[int]] = {}
+    listed_sizes = communicators["size"].tolist() if "size" in communicators else [None] * len(communicators["comm_id"])
+    for comm_id, ranks, name, size in zip(*(communicators[c].tolist() for c in ("comm_id", "ranks", "name")), listed_sizes):
+        if ranks is not None and len(ranks):
+            declared.setdefault(comm_id, set()).add(frozenset(np.asarray(ranks, dtype=np.int64).tolist()))
+        if isinstance(name, str) and comm_id not in names:
+            names[comm_id] = name
+        if size is not None and size == size:  # NaN: not known
+            sizes.setdefault(comm_id, set()).add(int(size))
+    return declared, names, sizes
+
+
+def _listed_members(comm_id: str, seen: frozenset[int], lists: set[frozenset[int]], present: set[int],
+                    warnings: list[str]) -> tuple[tuple[int, ...], int, frozenset[int]]:
+    """A listed communicator's members among the ranks ``present``, its member count and every
+    member listed (``seen``: the ranks using it; ``lists``: the member lists the traces give)."""
+    full = frozenset().union(*lists)
+    if len(lists) > 1:
+        warnings.append(f"communicator {comm_id}: ranks disagree on its members; using their union {sorted(full)}")
+    strangers = seen - full
+    if strangers:
+        warnings.append(f"communicator {comm_id}: ranks {sorted(strangers)} use it but are not listed as members")
+    return tuple(sorted((full & present) | strangers)), len(full | strangers), full
+
+
+def _membership_warnings(present: set[int], inferred: list[str], checked: dict[str, tuple[int, list[int]]],
+                         absent: list[str]) -> list[str]:
+    """The warnings on members inferred (``inferred``, ``checked``: as `_unconfirmed` takes them)
+    where several ranks are ``present``, and on listed members not in the input (``absent``)."""
+    warnings: list[str] = []
     if len(present) > 1:
         if inferred:
             warnings.append(f"{len(inferred)} communicator(s) without member lists ({some_of(inferred)}): "
@@ -144,7 +169,7 @@ def communicator_members(
     if absent:
         warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({some_of(absent)}): "
                         "matched among the members present")
-    return members, counts, {c: names.get(c) for c in members}, _unconfirmed(inferred, checked) | explained, warnings
+    return warnings
 
 
 def _unconfirmed(inferred: list[str], checked: dict[str, tuple[int, list[int]]]) -> frozenset[str]:
@@ -189,21 +214,52 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
     rank = np.asarray(events["rank"], np.int64)
     start = np.asarray(events["start_ns"], np.int64)
     op, ops = codes(events["op"])
-    size = np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm]
     is_p2p = member_of(ops, P2P_OPS)[op]
 
     # A communicator is matched by trace seq only if every one of its rows carries one.
+    untraced = ~isin(events["seq_source"], ["trace"])
     ordinal_comm = np.zeros(len(comm_ids), dtype=bool)
-    ordinal_comm[comm[~isin(events["seq_source"], ["trace"])]] = True
+    ordinal_comm[comm[untraced]] = True
     use_ordinal = ordinal_comm[comm] & ~is_p2p
     seq = np.asarray(events["seq"], np.int64)
+    ordinal, calls = _ordinals(untraced, comm, rank, seq, start, is_p2p)
+    key_seq = np.where(use_ordinal, ordinal, seq)
+    counted = ordinal_comm[calls.keys[1]]
+    uneven = _uneven_counts(calls.keys[1][counted], calls.size[counted], comm_ids)
+    warnings += _ordinal_count_warnings(uneven)
+    realigned = _realign_ordinals(key_seq, use_ordinal, events, comm, comm_ids, rank, op, ops, fitted, warnings)
+    keyed, pair_keys = _p2p_keys(key_seq, events, comm, comm_ids, rank, start, op, ops, is_p2p, members, sizes,
+                                 warnings)
+    expected = np.where(is_p2p, 2, np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm])
+    events["instance"], instances, incomplete, bad = _instances(
+        keyed, pair_keys, comm, comm_ids, rank, op, ops, events["bytes"], key_seq, expected, warnings)
+    return Matching(
+        events=events,
+        members=members,
+        sizes=sizes,
+        names=names,
+        unconfirmed=unconfirmed,
+        realigned=frozenset(realigned),
+        uneven=frozenset(uneven),
+        method=_method(comm, comm_ids, ordinal_comm, is_p2p),
+        instances=instances,
+        dropped_incomplete=incomplete,
+        dropped_inconsistent=bad,
+        warnings=warnings,
+    )
+
+
+def _ordinals(untraced: np.ndarray, comm: np.ndarray, rank: np.ndarray, seq: np.ndarray, start: np.ndarray,
+              is_p2p: np.ndarray) -> tuple[np.ndarray, Groups]:
+    """Each collective row's ordinal on its communicator (0 on p2p rows), and the collective
+    rows grouped per (rank, communicator) (``untraced``: rows whose seq the ingest numbered)."""
     collective = ~is_p2p
     ordinal = np.zeros_like(seq)
     # The k-th call: in the order the ingest numbered a rank's calls on the communicator, where
     # it numbered them all ("ordinal": Kineto counts host calls, as the program made them; gloo's
     # worker threads may start two calls made together, async, in either order), else by arrival.
     per_rank = Groups(rank[collective], comm[collective])
-    numbered = per_rank.all(~isin(events["seq_source"], ["trace"])[collective])[per_rank.id]
+    numbered = per_rank.all(untraced[collective])[per_rank.id]
     within = np.where(numbered, seq[collective], start[collective])
     calls = Groups(rank[collective], comm[collective], within=within)  # per (rank, communicator)
     # Numbered calls keep the gaps the ingest left (a call it numbered but could not time,
@@ -213,10 +269,15 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
     counted_seq = (seq - _p2p_before(rank, comm, seq, is_p2p))[collective]
     first = calls.min(counted_seq)[calls.id]
     ordinal[collective] = np.where(numbered, counted_seq - first, calls.cumcount())
-    key_seq = np.where(use_ordinal, ordinal, seq)
-    counted = ordinal_comm[calls.keys[1]]
-    uneven = _uneven_counts(calls.keys[1][counted], calls.size[counted], comm_ids)
-    warnings += _ordinal_count_warnings(uneven)
+    return ordinal, calls
+
+
+def _realign_ordinals(key_seq: np.ndarray, use_ordinal: np.ndarray, events: Table, comm: np.ndarray,
+                      comm_ids: np.ndarray, rank: np.ndarray, op: np.ndarray, ops: np.ndarray,
+                      fitted: FittedEnds | None, warnings: list[str]) -> set[str]:
+    """Re-align ordinals (``key_seq``, in place) of members whose capture started or stopped a
+    few calls off: on shared clocks, on the gaps across hosts, then on ``fitted`` ends; the
+    comm_ids re-aligned."""
     host, _ = codes(events["host"])
     end = np.asarray(events["end_ns"], np.int64)
     together = member_of(ops, N_TO_N_OPS)[op]  # calls whose ends coincide on every member
@@ -227,55 +288,61 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
         suspect = use_ordinal & member_of(comm_ids, fitted.comm_ids)[comm]
         realigned |= _shift_ordinals_on_fitted_clocks(key_seq, suspect, together, comm, comm_ids, rank, fitted,
                                                       warnings)
+    return realigned
 
-    keyed, pair_keys = ~is_p2p, ()  # no p2p call (the usual case): every row, keyed without a pair
-    if is_p2p.any():  # p2p calls: the k-th call between the pair (lo, hi) on the communicator
-        peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, sizes, is_p2p, warnings)
-        # A send and a recv are one transfer from its source to its destination: the k-th send
-        # from a to b meets b's k-th recv from a, whatever else the two exchange the other way
-        # (isend then irecv on both ranks; a pipeline's activations forward, its gradients back).
-        # A fused SendRecv says no direction: the k-th between the two.
-        sends, recvs = is_p2p & member_of(ops, [SEND])[op], is_p2p & member_of(ops, [RECV])[op]
-        lo = np.where(sends, rank, np.where(recvs, peer, np.where(is_p2p, np.minimum(rank, peer), -1)))
-        hi = np.where(sends, peer, np.where(recvs, rank, np.where(is_p2p, np.maximum(rank, peer), -1)))
-        p2p_rows = is_p2p & (peer >= 0)
-        if p2p_rows.any():
-            key_seq[p2p_rows] = Groups(
-                rank[p2p_rows], comm[p2p_rows], lo[p2p_rows], hi[p2p_rows], within=start[p2p_rows]
-            ).cumcount()
-        keyed = ~is_p2p | p2p_rows
-        pair_keys = (lo[keyed], hi[keyed])
+
+def _p2p_keys(key_seq: np.ndarray, events: Table, comm: np.ndarray, comm_ids: np.ndarray, rank: np.ndarray,
+              start: np.ndarray, op: np.ndarray, ops: np.ndarray, is_p2p: np.ndarray,
+              members: dict[str, tuple[int, ...]], sizes: dict[str, int],
+              warnings: list[str]) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The rows keyed into instances and the keys of their pairs (lo, hi) where there are p2p
+    calls; each p2p row of a known peer numbered (``key_seq``, in place) as the k-th call
+    between the pair (lo, hi) on the communicator."""
+    if not is_p2p.any():  # no p2p call (the usual case): every row, keyed without a pair
+        return ~is_p2p, ()
+    peer = _p2p_peers(events["peer"], comm, comm_ids, rank, members, sizes, is_p2p, warnings)
+    # A send and a recv are one transfer from its source to its destination: the k-th send
+    # from a to b meets b's k-th recv from a, whatever else the two exchange the other way
+    # (isend then irecv on both ranks; a pipeline's activations forward, its gradients back).
+    # A fused SendRecv says no direction: the k-th between the two.
+    sends, recvs = is_p2p & member_of(ops, [SEND])[op], is_p2p & member_of(ops, [RECV])[op]
+    lo = np.where(sends, rank, np.where(recvs, peer, np.where(is_p2p, np.minimum(rank, peer), -1)))
+    hi = np.where(sends, peer, np.where(recvs, rank, np.where(is_p2p, np.maximum(rank, peer), -1)))
+    p2p_rows = is_p2p & (peer >= 0)
+    if p2p_rows.any():
+        key_seq[p2p_rows] = Groups(
+            rank[p2p_rows], comm[p2p_rows], lo[p2p_rows], hi[p2p_rows], within=start[p2p_rows]
+        ).cumcount()
+    keyed = ~is_p2p | p2p_rows
+    return keyed, (lo[keyed], hi[keyed])
+
+
+def _instances(keyed: np.ndarray, pair_keys: tuple[np.ndarray, ...], comm: np.ndarray, comm_ids: np.ndarray,
+               rank: np.ndarray, op: np.ndarray, ops: np.ndarray, size_bytes: ArrayLike, key_seq: np.ndarray,
+               expected: np.ndarray, warnings: list[str]) -> tuple[np.ndarray, int, int, int]:
+    """Each row's instance, numbered 0, 1, ... over the instances `_check_instances` keeps
+    (``UNMATCHED`` where dropped or not ``keyed``), and how many were kept, dropped incomplete
+    and dropped inconsistent."""
     group = np.full(len(rank), UNMATCHED, dtype=np.int64)
     group[keyed] = Groups(comm[keyed], *pair_keys, key_seq[keyed]).first_seen()
-
-    expected = np.where(is_p2p, 2, size)
     ok, incomplete, bad = _check_instances(
-        group, keyed, comm, comm_ids, rank, op, ops, events["bytes"], key_seq, expected, warnings
+        group, keyed, comm, comm_ids, rank, op, ops, size_bytes, key_seq, expected, warnings
     )
     # Renumber densely (in first-seen order) so instance ids index arrays directly.
     dense = np.full(int(group.max()) + 2 if len(group) else 1, UNMATCHED, dtype=np.int64)
     dense[ok] = np.arange(len(ok))
-    events["instance"] = dense[group]
-    traced = (np.bincount(comm[collective], minlength=len(comm_ids)) > 0) & ~ordinal_comm
+    return dense[group], int(len(ok)), incomplete, bad
+
+
+def _method(comm: np.ndarray, comm_ids: np.ndarray, ordinal_comm: np.ndarray, is_p2p: np.ndarray) -> str:
+    """How instances were told apart (`Matching.method`): by trace seq, ordinal or both."""
+    traced = (np.bincount(comm[~is_p2p], minlength=len(comm_ids)) > 0) & ~ordinal_comm
     method = " + ".join(
         m for m, used in (("trace seq", bool(traced.any())), ("ordinal", bool(ordinal_comm.any()))) if used
     ) or "ordinal"
     if is_p2p.any():
         method += " (p2p: per-pair ordinal)"
-    return Matching(
-        events=events,
-        members=members,
-        sizes=sizes,
-        names=names,
-        unconfirmed=unconfirmed,
-        realigned=frozenset(realigned),
-        uneven=frozenset(uneven),
-        method=method,
-        instances=int(len(ok)),
-        dropped_incomplete=incomplete,
-        dropped_inconsistent=bad,
-        warnings=warnings,
-    )
+    return method
 
 
 def _p2p_peers(
@@ -368,10 +435,8 @@ def _shift_ordinals_on_shared_clocks(
             warnings.append(f"communicator {comm_id}: rank {r}'s calls do not line up with its host's other members")
             continue
         shifted.add(str(comm_id))
-        warnings.append(
-            f"communicator {comm_id}: rank {r}'s capture is {abs(shift)} call(s) "
-            f"{'behind' if shift > 0 else 'ahead of'} its host's other members; re-aligned on shared-clock end times"
-        )
+        warnings.append(f"communicator {comm_id}: rank {r}'s capture is {_calls_off(shift)} its host's other members; "
+                        "re-aligned on shared-clock end times")
     return shifted
 
 
@@ -418,8 +483,13 @@ def _found_shift(found: tuple[tuple[int, int | None, bool], list[int]]) -> str:
     (reference, shift, kept), ranks = found
     if shift is None:
         return f"the calls of rank(s) {ranks_text(ranks)} do not line up with rank {reference}'s"
-    return (f"the capture of rank(s) {ranks_text(ranks)} is {abs(shift)} call(s) {'behind' if shift > 0 else 'ahead of'} "
-            f"rank {reference}'s" + ("" if kept else ", which leaves its calls unpaired at both edges of the capture"))
+    return (f"the capture of rank(s) {ranks_text(ranks)} is {_calls_off(shift)} rank {reference}'s"
+            + ("" if kept else ", which leaves its calls unpaired at both edges of the capture"))
+
+
+def _calls_off(shift: int) -> str:
+    """How far a capture is off another, shifted by ``shift`` calls to pair with it."""
+    return f"{abs(shift)} call(s) {'behind' if shift > 0 else 'ahead of'}"
 
 
 def _ends_with_reference(key_seq: np.ndarray, use_ordinal: np.ndarray, comm: np.ndarray, rank: np.ndarray,
@@ -456,38 +526,21 @@ def _shift_ordinals_on_clocks(
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
         return []
-    c, h, r, k, e = comm[rows], clock[rows], rank[rows], key_seq[rows], end[rows]
-    per_rank = Groups(c, h, r, within=k)  # each rank's calls in ordinal order
-    rc, rh, rr = per_rank.keys
-    ref_of = _references(per_rank.size, rr, rc, rh)  # each rank's reference (a group of per_rank)
-    is_ref = ref_of == np.arange(per_rank.count)
+    per_rank, ref_of = _ordinal_calls(rows, key_seq, comm, rank, clock)  # each rank's calls, and its reference
+    rc, rr = per_rank.keys[0], per_rank.keys[-1]
     # Rows by rank, then ordinal: the k-th call of a rank and of its reference (which has
     # at least as many calls) are each group's k-th rows.
-    ends, joint = e[per_rank.order], together[rows][per_rank.order]
-    group = np.arange(per_rank.count).repeat(per_rank.size)
-    position = np.arange(per_rank.rows) - per_rank.starts[group]
-    at_ref = per_rank.starts[ref_of][group] + position
-    off = np.abs(ends - ends[at_ref])
-    compared = joint & joint[at_ref]  # both ends of an op that ends together
-    step = (position[1:] > 0) & is_ref[group[1:]]
-    gaps = np.diff(ends)[step]  # between consecutive ends of each reference
-    # The usual case: every end within a quarter of the closest spacing of any reference,
-    # so no rank's median miss exceeds a quarter of its reference's median spacing.
-    if not len(gaps) or not compared.any() or 4 * int(off[compared].max()) <= int(gaps.min()):
+    ends, joint = end[rows][per_rank.order], together[rows][per_rank.order]
+    misses = _misses_on_clock(per_rank, ref_of, ends, joint)
+    if misses is None:
         return []
-    checked = Groups(group[compared], ordered=True)
-    miss = np.zeros(per_rank.count)
-    miss[checked.keys[0]] = checked.median(off[compared].astype(np.float64))
-    # Each reference's median spacing of consecutive ends (inf below two calls).
-    of_reference = Groups(group[1:][step], ordered=True)
-    spacing = np.full(per_rank.count, np.inf)
-    spacing[of_reference.keys[0]] = of_reference.median(gaps.astype(np.float64))
-    spacing = spacing[ref_of]
+    miss, spacing = misses
+    c, r, k = comm[rows], rank[rows], key_seq[rows]
     found = []
     for i in np.flatnonzero((miss > spacing / 4) & (spacing > 4 * error)).tolist():  # off: rare, one by one
         mine_rows = rows[(c == rc[i]) & (r == rr[i])]
         mine = mine_rows[np.argsort(key_seq[mine_rows], kind="stable")]
-        ref = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
+        ref = _rows_of(per_rank, ref_of[i])
         shift = _best_shift(end[mine], ends[ref], spacing[i], together[mine], joint[ref])
         # ends are compared call by call, so ``shift`` is from the reference's first key;
         # an earlier re-alignment (on the gaps) may have shifted this member's keys already
@@ -498,6 +551,51 @@ def _shift_ordinals_on_clocks(
             key_seq[mine_rows] += shift - shifted
         found.append((int(rc[i]), int(rr[i]), int(rr[ref_of[i]]), shift))
     return found
+
+
+def _misses_on_clock(per_rank: Groups, ref_of: np.ndarray, ends: np.ndarray,
+                     joint: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per member (group of ``per_rank``), the median miss of its ends from its reference's,
+    call by call (only calls that end together, ``joint``), and its reference's median spacing
+    of consecutive ends; None where every end is well within that spacing (the usual case)."""
+    is_ref = ref_of == np.arange(per_rank.count)
+    group = np.arange(per_rank.count).repeat(per_rank.size)
+    position = np.arange(per_rank.rows) - per_rank.starts[group]
+    at_ref = per_rank.starts[ref_of][group] + position
+    off = np.abs(ends - ends[at_ref])
+    compared = joint & joint[at_ref]  # both ends of an op that ends together
+    step = (position[1:] > 0) & is_ref[group[1:]]
+    gaps = np.diff(ends)[step]  # between consecutive ends of each reference
+    # The usual case: every end within a quarter of the closest spacing of any reference,
+    # so no rank's median miss exceeds a quarter of its reference's median spacing.
+    if not len(gaps) or not compared.any() or 4 * int(off[compared].max()) <= int(gaps.min()):
+        return None
+    miss = _group_medians(group[compared], off[compared], per_rank.count, 0.0)
+    # Each reference's median spacing of consecutive ends (inf below two calls).
+    spacing = _group_medians(group[1:][step], gaps, per_rank.count, np.inf)
+    return miss, spacing[ref_of]
+
+
+def _ordinal_calls(rows: np.ndarray, key_seq: np.ndarray, comm: np.ndarray, rank: np.ndarray,
+                   *clock: np.ndarray) -> tuple[Groups, np.ndarray]:
+    """The ``rows``' calls grouped per member (communicator, ``clock`` where given, rank) in
+    ordinal order, and each member's reference group (`_references`)."""
+    per_rank = Groups(comm[rows], *(c[rows] for c in clock), rank[rows], within=key_seq[rows])
+    return per_rank, _references(per_rank.size, per_rank.keys[-1], *per_rank.keys[:-1])
+
+
+def _rows_of(groups: Groups, g: int) -> slice:
+    """Group ``g``'s rows, in ``groups``' order."""
+    return slice(groups.starts[g], groups.starts[g] + groups.size[g])
+
+
+def _group_medians(group: np.ndarray, values: np.ndarray, count: int, empty: float) -> np.ndarray:
+    """Per group 0 .. ``count`` - 1, the median of its ``values`` (``group``: each one's, ascending),
+    ``empty`` where it has none."""
+    of_group = Groups(group, ordered=True)
+    medians = np.full(count, empty)
+    medians[of_group.keys[0]] = of_group.median(values.astype(np.float64))
+    return medians
 
 
 def _references(size: np.ndarray, rank: np.ndarray, *scope: np.ndarray) -> np.ndarray:
@@ -536,49 +634,18 @@ def _shift_ordinals_across_hosts(
     rows = np.flatnonzero(use_ordinal)
     if not len(rows):
         return set()
-    per_rank = Groups(comm[rows], rank[rows], within=key_seq[rows])
-    rc, rr = per_rank.keys
-    ref_of = _references(per_rank.size, rr, rc)
+    per_rank, ref_of = _ordinal_calls(rows, key_seq, comm, rank)
+    rc = per_rank.keys[0]
     ends, keys = end[rows][per_rank.order], key_seq[rows][per_rank.order]
     group = np.arange(per_rank.count).repeat(per_rank.size)
-    # Gaps between a rank's successive calls that end together on every member (`together`),
-    # passing over the rest: a broadcast's or a reduce's root ends apart from the others. A
-    # communicator of no two such calls on any rank has every gap compared: a root that stays
-    # the root ends apart by much the same each time, so its gaps still agree (roots that take
-    # turns make them disagree at every shift: `_best_gap_shift` then asks for a clear best).
-    joint = together[rows][per_rank.order]
-    paired = np.zeros(len(comm_ids), bool)
-    paired[rc[np.bincount(group[joint], minlength=per_rank.count) >= 2]] = True
-    joint |= ~paired[rc[group]]
+    joint, paired = _gapped_calls(together[rows][per_rank.order], group, rc, len(comm_ids))
     at, before = _joint_gaps(joint, group)
-    ref = ref_of[group[at]]
-    ref_at, ref_before = per_rank.starts[ref] + keys[at], per_rank.starts[ref] + keys[before]
-    inside = (keys[before] >= 0) & (keys[at] < per_rank.size[ref])
-    ref_at, ref_before = np.where(inside, ref_at, 0), np.where(inside, ref_before, 0)
-    inside &= joint[ref_at] & joint[ref_before]
     gap = ends[at] - ends[before]
-    compared = inside & (ref != group[at])
-    deviation = np.abs(gap - (ends[ref_at] - ends[ref_before]))[compared]
-    if not len(deviation):
+    misses = _misses_of_gaps(per_rank, ref_of, keys, ends, joint, group, at, before, gap)
+    if misses is None:
         return set()
-    checked = Groups(group[at][compared], ordered=True)
-    miss = checked.median(deviation.astype(np.float64))
-    own = ref == group[at]
-    of_reference = Groups(group[at][own], ordered=True)
-    spacing = np.full(per_rank.count, np.inf)
-    spacing[of_reference.keys[0]] = of_reference.median(gap[own].astype(np.float64))
-    # Aligned, a member's gaps are its reference's to µs (ends skew a little per instance);
-    # shifted, by the calls' own variation: beyond 1/200 of a gap is worth a look, and so is
-    # beyond GAP_FLOOR_RATIO times the closest members' of any communicator (a window moved
-    # whole steps pairs calls of one kind, alike but for the work's jitter: µs, not a share).
-    floor = np.quantile(miss, 0.1, method="lower")  # one member's, the lowest where they are few
-    by_share = miss > spacing[ref_of[checked.keys[0]]] / 200
     host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
-    member = checked.keys[0]
-    looked = (by_share | (miss > GAP_FLOOR_RATIO * floor)) & (host_of[member] != host_of[ref_of[member]])
-    suspect = member[looked]
-    # Off by µs only (steps alike but for jitter): one gap fits some shift as closely by chance.
-    least_gaps = np.where(by_share[looked], 1, 2)
+    suspect, least_gaps = _gap_suspects(*misses, ref_of, host_of)
     found = {}  # member -> (the shift its gaps fit, how well)
     # A member's gaps are a run of them (``at`` ascends, in group order): its bounds, not a
     # pass over every gap per suspect.
@@ -586,9 +653,70 @@ def _shift_ordinals_across_hosts(
     low, high = np.searchsorted(owner, suspect), np.searchsorted(owner, suspect, side="right")
     for i, lo, hi, least in zip(suspect.tolist(), low.tolist(), high.tolist(), least_gaps.tolist()):  # one by one
         mine = slice(lo, hi)
-        theirs = slice(per_rank.starts[ref_of[i]], per_rank.starts[ref_of[i]] + per_rank.size[ref_of[i]])
+        theirs = _rows_of(per_rank, ref_of[i])
         found[i] = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
                                    rooted=not paired[rc[i]], least=least)
+    return _take_gap_shifts(found, key_seq, rows, per_rank, ref_of, host_of, comm_ids, warnings)
+
+
+def _gapped_calls(joint: np.ndarray, group: np.ndarray, comm: np.ndarray,
+                  communicators: int) -> tuple[np.ndarray, np.ndarray]:
+    """The calls whose ends the gaps are taken between (``joint``: those that end together,
+    ``group``: each call's member, ``comm``: each member's communicator), and per communicator
+    whether some member has two calls that end together."""
+    # Gaps between a rank's successive calls that end together on every member (`together`),
+    # passing over the rest: a broadcast's or a reduce's root ends apart from the others. A
+    # communicator of no two such calls on any rank has every gap compared: a root that stays
+    # the root ends apart by much the same each time, so its gaps still agree (roots that take
+    # turns make them disagree at every shift: `_best_gap_shift` then asks for a clear best).
+    paired = np.zeros(communicators, bool)
+    paired[comm[np.bincount(group[joint], minlength=len(comm)) >= 2]] = True
+    return joint | ~paired[comm[group]], paired
+
+
+def _misses_of_gaps(per_rank: Groups, ref_of: np.ndarray, keys: np.ndarray, ends: np.ndarray, joint: np.ndarray,
+                    group: np.ndarray, at: np.ndarray, before: np.ndarray,
+                    gap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The members (groups of ``per_rank``) with gaps (``gap``: from row ``before`` to row ``at``)
+    beside their reference's at the same keys, the median miss of each from those, and each
+    reference's median gap (inf without one); None where no member has such gaps."""
+    ref = ref_of[group[at]]
+    ref_at, ref_before = per_rank.starts[ref] + keys[at], per_rank.starts[ref] + keys[before]
+    inside = (keys[before] >= 0) & (keys[at] < per_rank.size[ref])
+    ref_at, ref_before = np.where(inside, ref_at, 0), np.where(inside, ref_before, 0)
+    inside &= joint[ref_at] & joint[ref_before]
+    compared = inside & (ref != group[at])
+    deviation = np.abs(gap - (ends[ref_at] - ends[ref_before]))[compared]
+    if not len(deviation):
+        return None
+    checked = Groups(group[at][compared], ordered=True)
+    own = ref == group[at]
+    spacing = _group_medians(group[at][own], gap[own], per_rank.count, np.inf)
+    return checked.keys[0], checked.median(deviation.astype(np.float64)), spacing
+
+
+def _gap_suspects(member: np.ndarray, miss: np.ndarray, spacing: np.ndarray, ref_of: np.ndarray,
+                  host_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``member``s whose gaps miss their reference's (``miss``; ``spacing``: a reference's
+    median gap) by enough to try shifts, on another host than it, and how many gaps a shift
+    of each must compare at the fewest."""
+    # Aligned, a member's gaps are its reference's to µs (ends skew a little per instance);
+    # shifted, by the calls' own variation: beyond 1/200 of a gap is worth a look, and so is
+    # beyond GAP_FLOOR_RATIO times the closest members' of any communicator (a window moved
+    # whole steps pairs calls of one kind, alike but for the work's jitter: µs, not a share).
+    floor = np.quantile(miss, 0.1, method="lower")  # one member's, the lowest where they are few
+    by_share = miss > spacing[ref_of[member]] / 200
+    looked = (by_share | (miss > GAP_FLOOR_RATIO * floor)) & (host_of[member] != host_of[ref_of[member]])
+    # Off by µs only (steps alike but for jitter): one gap fits some shift as closely by chance.
+    return member[looked], np.where(by_share[looked], 1, 2)
+
+
+def _take_gap_shifts(found: dict[int, tuple[int, _Fit]], key_seq: np.ndarray, rows: np.ndarray, per_rank: Groups,
+                     ref_of: np.ndarray, host_of: np.ndarray, comm_ids: np.ndarray, warnings: list[str]) -> set[str]:
+    """Shift the ordinals (``key_seq``, in place) of the members (groups of ``per_rank`` over
+    ``rows``) whose gaps fit a shift (``found``) where they are taken, and warn of each and
+    of those no shift clearly fits; the comm_ids shifted."""
+    rc, rr = per_rank.keys
     # One that fits a shift but not clearly takes it where a member on its host (its clock, and
     # mostly its capture window) clearly fits the same: its own gaps point there too.
     clear = {(rc[i], host_of[i], shift) for i, (shift, fit) in found.items() if fit is _Fit.CLEAR}
@@ -605,10 +733,8 @@ def _shift_ordinals_across_hosts(
             continue
         key_seq[rows[per_rank.order[lo : lo + n]]] += shift
         shifted.add(str(comm_ids[rc[i]]))
-        warnings.append(
-            f"communicator {comm_ids[rc[i]]}: rank {rr[i]}'s capture is {abs(shift)} call(s) "
-            f"{'behind' if shift > 0 else 'ahead of'} rank {rr[j]}'s; re-aligned on the gaps between end times"
-        )
+        warnings.append(f"communicator {comm_ids[rc[i]]}: rank {rr[i]}'s capture is {_calls_off(shift)} "
+                        f"rank {rr[j]}'s; re-aligned on the gaps between end times")
     warnings += [
         f"communicator {comm_ids[c]}: the gaps between end times of rank(s) {ranks_text(off)} fit no one shift of "
         f"their calls against rank {ref}'s clearly better than the others (roots taking turns?); left as matched"
@@ -750,6 +876,17 @@ def _check_instances(
     # each instance's rows by rank: a rank seen twice is two adjacent rows (what is read
     # per group below is the same on all its rows, so which row comes first is moot)
     per = Groups(instance[rows], within=rank)
+    inconsistent = _inconsistent(per, rank, op, ops, np.asarray(size_bytes, dtype=np.float64)[rows])
+    incomplete = ~inconsistent & (per.size < per.first(expected[rows]))
+    single = per.first(expected[rows]) < 2  # a communicator with one member present: nothing to compare
+    ok = per.keys[0][~inconsistent & ~incomplete & ~single]
+    warnings += _dropped_warnings(per, comm, comm_ids, key_seq[rows], inconsistent, incomplete)
+    return ok, int(incomplete.sum()), int(inconsistent.sum())
+
+
+def _inconsistent(per: Groups, rank: np.ndarray, op: np.ndarray, ops: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per instance (``per``: its rows by rank), whether it holds some rank twice, or disagrees
+    on op or size (``sizes``, per row: set NaN, in place, where they may differ)."""
     by_rank, of_group = rank[per.order], per.id[per.order]
     again = (by_rank[1:] == by_rank[:-1]) & (of_group[1:] == of_group[:-1])
     twice = np.zeros(per.count, dtype=bool)  # some rank twice in the instance
@@ -758,24 +895,28 @@ def _check_instances(
     send_recv = member_of(ops, [SEND, RECV])[op]
     kind = np.where(send_recv, -1, op)
     # AllToAll(v) legitimately moves different amounts per rank; every other op agrees on size.
-    sizes = np.asarray(size_bytes, dtype=np.float64)[rows]
     sizes[(ops == ALLTOALL)[op]] = np.nan
     n = per.size
     pair = per.first(send_recv)
-    inconsistent = (
+    return (
         twice
         | per.varies(kind)
         | per.varies(sizes)
         | (pair & (n == 2) & ~per.varies(op))  # two sends, or two recvs
     )
-    incomplete = ~inconsistent & (n < per.first(expected[rows]))
-    single = per.first(expected[rows]) < 2  # a communicator with one member present: nothing to compare
-    ok = per.keys[0][~inconsistent & ~incomplete & ~single]
+
+
+def _dropped_warnings(per: Groups, comm: np.ndarray, comm_ids: np.ndarray, keys: np.ndarray,
+                      inconsistent: np.ndarray, incomplete: np.ndarray) -> list[str]:
+    """One warning per communicator of instances dropped ``inconsistent`` (with the first one's
+    key), and one of those dropped ``incomplete`` (``per``: the instances; ``comm``, ``keys``:
+    their rows')."""
+    warnings: list[str] = []
     comm_of = per.first(comm)
     total = np.bincount(comm_of, minlength=len(comm_ids))
     if inconsistent.any():
         bad = Groups(comm_of[inconsistent])
-        first = bad.min(per.first(key_seq[rows])[inconsistent])
+        first = bad.min(per.first(keys)[inconsistent])
         warnings += [
             f"communicator {comm_ids[c]}: {count} of {total[c]} instances disagree "
             f"on op, size or participants (first at #{lowest}); dropped"
@@ -787,4 +928,4 @@ def _check_instances(
             f"communicator {comm_ids[c]}: {count} instance(s) missing a participant (capture window edges?); dropped"
             for c, count in zip(short.keys[0].tolist(), short.size.tolist())
         ]
-    return ok, int(incomplete.sum()), int(inconsistent.sum())
+    return warnings
