@@ -216,11 +216,12 @@ class Agent:
             self.hold.acquire()  # before reading what only one agent may carry on
             recording = []
             for run in CaptureRun.load_all(self):
-                self.runs[run.sweep_id] = run
-                if not run.capture.done:
-                    if run.capture.window_open and run.capture.owes_resume:  # sampling the counters
-                        recording.append(run)
-                    run.begin(restarted=True)  # a window left open is stopped first
+                with self._lock:  # listed and begun at once, as `start_capture` does
+                    self.runs[run.sweep_id] = run
+                    if not run.capture.done:
+                        if run.capture.window_open and run.capture.owes_resume:  # sampling the counters
+                            recording.append(run)
+                        run.begin(restarted=True)  # a window left open is stopped first
             # As in close(): DCGM gets the counters back once the windows the previous process
             # left recording are stopped; resumed sooner, the two fight over them (dcgm.md §7).
             # A stop meanwhile (a halt too) ends the wait: close() gives them CLOSE_WAIT_S, as its
@@ -346,7 +347,10 @@ class Agent:
             self.runs[start.sweep_id] = run
             if self.stopping:  # come as a signal stops the agent: it ends before it pauses DCGM, saying why
                 run.cancel(self._why_ended(run))
-        run.begin()
+            # Under the lock: a stop's `_end_runs` lists the runs under it, and joined one whose
+            # thread was made but not yet started ("cannot join thread before it is started"),
+            # which ended close() before it closed the DCGM pauses.
+            run.begin()
 
     def local_ns(self, start: pb.StartCapture) -> int:
         """The sweep's start (on the coordinator's clock) on this node's; 0, none, stays 0. By

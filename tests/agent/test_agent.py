@@ -767,6 +767,46 @@ def test_a_capture_asked_for_once_a_signals_stop_closed_the_session_does_not_pau
     assert "dcgm.pause" not in log.calls
 
 
+def test_a_stop_as_a_capture_begins_waits_for_it_without_a_traceback(coordinator, tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    """A stop's `_end_runs` coming between a capture's thread made and started joined a thread
+    not started: RuntimeError, and close() ended there, before it closed the DCGM pauses."""
+    servicer, address = coordinator
+    agent, thread = start_agent(address, tmp_path, Log(), monkeypatch)
+    assert agent.registered.wait(WAIT_S)
+    ended: list[BaseException | None] = []
+    real = threading.Thread
+
+    def end_runs() -> None:
+        try:
+            agent._end_runs()
+        except BaseException as exc:  # what the stop would have raised
+            ended.append(exc)
+        else:
+            ended.append(None)
+
+    class StoppedAsItStarts(real):
+        def start(self) -> None:
+            if self.name.startswith("capture-"):
+                stop = real(target=end_runs, daemon=True)
+                stop.start()
+                stop.join(0.5)  # the stop goes as far as it can before this thread starts
+            super().start()
+
+    monkeypatch.setattr(agent_mod.threading, "Thread", StoppedAsItStarts)
+    servicer.commands.put(start("h7", timeout_s=900))
+    deadline = time.monotonic() + WAIT_S
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ended == [None]
+    agent.runs["h7"].join(WAIT_S)
+    assert agent.runs["h7"].capture.state is agent_mod.NodeState.FAILED
+    assert agent.runs["h7"].capture.reason.startswith("agent stopping")
+    agent.close()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
 def test_raw_exports_not_begun_when_a_signal_stops_the_agent_are_not_hashed_nor_sent(
         coordinator, tmp_path: Path, monkeypatch) -> None:
     """Past the raw upload the stop cut, each later raw export was read whole for its sha256
