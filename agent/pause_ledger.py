@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rankscope import output
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, InputError
 from rankscope.lock import held
 
 DEFAULT_FOLDER = Path("/tmp/rankscope-dcgm")
@@ -69,6 +69,7 @@ class PauseLedger:
         try:
             if self.folder.is_symlink():
                 raise ConfigError("the DCGM pause ledger must not be a symbolic link", path=self.folder)
+            output.check_folder(self.folder)  # a file on the way: named, not mkdir's "File exists"
             self.folder.parent.mkdir(parents=True, exist_ok=True)
             output.create_shared(self.folder)  # other users' agents join; none deletes another's file
             self._mutex = os.open(self.folder / MUTEX_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
@@ -80,10 +81,10 @@ class PauseLedger:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 output.open_to_others(self._fd, 0o644)
                 self.write(False, {})
-        except OSError as exc:
+        except (OSError, InputError) as exc:
             self.close()
-            raise ConfigError(f"cannot use the DCGM pause ledger ({exc.strerror or exc}); pass --dcgm-state DIR",
-                              path=self.folder) from None
+            why = exc.args[0] if isinstance(exc, InputError) else exc.strerror or exc
+            raise ConfigError(f"cannot use the DCGM pause ledger ({why}); pass --dcgm-state DIR", path=self.folder) from None
 
     @contextmanager
     def deciding(self) -> Iterator[list[Holder]]:
