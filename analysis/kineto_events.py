@@ -562,6 +562,11 @@ def equal_any(values: np.ndarray, wanted: list) -> np.ndarray:
     return mask
 
 
+def present(values: np.ndarray) -> np.ndarray:
+    """Mask of the non-null values of an object column."""
+    return np.not_equal(values, None)
+
+
 class _Codes(dict):
     """Value -> code, first seen first. Events are looked up by C iteration; Python runs
     only for a value not seen before."""

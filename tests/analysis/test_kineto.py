@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from rankscope.analysis import digest
-from rankscope.analysis.kineto import _fifo as _real_fifo
+from rankscope.analysis.gloo_pairing import _fifo as _real_fifo
 from rankscope.analysis.kineto import read_kineto
 from rankscope.errors import ExportError
 
@@ -1484,7 +1484,7 @@ def test_gloo_thread_assignments_pair_each_groups_threads_once_not_each_assignme
     4 open threads, 4 groups each, 256 assignments to try. Each group pairs on its own, so
     one pairing per group and set of threads it is given (at most 4 x 16) does: a FIFO
     pairing of every line per assignment made a 20k-op trace take seconds."""
-    from rankscope.analysis import kineto
+    from rankscope.analysis import gloo_pairing
 
     calls, workers, t = [], [], 0
     for pg in (1, 2):  # a sure pair on each of their threads: calls far apart
@@ -1497,7 +1497,7 @@ def test_gloo_thread_assignments_pair_each_groups_threads_once_not_each_assignme
         calls.append((t + 1000 + 10 * i, str(pg), len([c for c in calls if c[1] == str(pg)]) + 1))
         workers.append((t + 1015 + 10 * i, 10 + 2 * pg + (i // 4) % 2))
     fifo_calls = []
-    monkeypatch.setattr(kineto, "_fifo", lambda *a: fifo_calls.append(1) or _real_fifo(*a))
+    monkeypatch.setattr(gloo_pairing, "_fifo", lambda *a: fifo_calls.append(1) or _real_fifo(*a))
     table = read_kineto(_write(tmp_path / "rank3.json", _groups_trace(calls, workers, range(len(workers)))))
     assert len(fifo_calls) <= 4 * 16 + 2  # the seeds' pairing by op alone, and the last one
     coll = _collectives(table)
