@@ -189,7 +189,10 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     # and the waiting the stragglers themselves cause) say nothing of how far apart noise sets
     # the ranks' gaps. Its bar is the noise of the means: with a few ranks the MAD can be
     # small by chance, and a rank's noise stood out.
-    noise = float(nanmedian(error[count > 1])) if (count > 1).any() else 0.0
+    # Of the ranks at or below the median delay: a straggler late every few steps has a mean as
+    # rough as its delays are rare, and where half the ranks straggle their errors were the median.
+    quiet = (count > 1) & (delay <= float(nanmedian(delay)))
+    noise = float(nanmedian(error[quiet])) if quiet.any() else 0.0
     # With few gaps per rank their standard errors are themselves rough, and their median can
     # come out low by chance (a balanced 5-step job named a rank): there the bar stays the
     # practical one, tied to the collectives' durations.
