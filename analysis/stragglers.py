@@ -44,6 +44,9 @@ MIN_GAPS_FOR_NOISE_BAR = 8
 # A gap above most ranks' values that sets the ranks above it apart: this many times the
 # spread (range) of the values below it, and Z_MIN robust sigmas of them.
 JUMP_OVER_SPREAD = 2.0
+# A jump this many times the bar sets the ranks above it apart however far apart they lie:
+# each is far past the noise (a bar underestimated a few times over still holds).
+CLEAR_JUMP = 3.0
 # Ranks a jump must leave below it (and half of all): 2, so that one slow rank of each TP pair
 # of a 4-rank TP 2 x DP 2 job is named; the jump's bars (over their MAD and range) hold them.
 MIN_BELOW_JUMP = 2
@@ -269,8 +272,9 @@ def _above_a_jump(ranks: np.ndarray, delay: np.ndarray, min_effect: float) -> li
     leave at least half the ranks (and ``MIN_BELOW_JUMP``) below it, be wider than ``min_effect`` and
     ``Z_MIN`` robust sigmas of the ranks below, ``JUMP_OVER_SPREAD`` times their range, and
     a ``JUMP_OVER_SPREAD``-th of the range of the ranks above it: those are one slow lot, not
-    a rank a few µs past its peers below a straggler ms past them (12.5 µs under 1 ms: both
-    were named)."""
+    a rank a few µs past its peers below a straggler ms past them (12.5 µs under 1 ms, 1.6
+    times the bar: both were named); or ``CLEAR_JUMP`` times ``min_effect``, each above it far
+    past the noise (0.35 ms under 2 ms, against a 5 µs bar: only the second was named)."""
     known = ~np.isnan(delay)
     order = np.flatnonzero(known)[np.argsort(delay[known], kind="stable")]
     values = delay[order]
@@ -279,7 +283,7 @@ def _above_a_jump(ranks: np.ndarray, delay: np.ndarray, min_effect: float) -> li
     for at in (low + np.flatnonzero(gaps > min_effect)).tolist():  # the lowest such jump first
         gap, below = values[at] - values[at - 1], values[:at]
         if (gap > Z_MIN * _scale(below) and gap > JUMP_OVER_SPREAD * (below[-1] - below[0])
-                and JUMP_OVER_SPREAD * gap > values[-1] - values[at]):
+                and (JUMP_OVER_SPREAD * gap > values[-1] - values[at] or gap > CLEAR_JUMP * min_effect)):
             return sorted(int(r) for r in np.asarray(ranks)[order[at:]])
     return []
 
