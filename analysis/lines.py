@@ -271,10 +271,11 @@ def _cut_short(lines: _Lines, members: np.ndarray) -> bool:
 def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     """The class's lines (``members``, ascending; ``size``: each one's listed communicator
     size) as communicators (`_partition`): first judged by how their ends move from call to
-    call (and on one host, where they fall); then, where communicators found span two hosts,
-    by where their ends fall on those hosts' clocks too (`_host_offsets`): groups in lock
-    step whose calls end a constant time apart on two hosts (a straggler every step) end
-    together call by call, not at the offset between those hosts' clocks."""
+    call (and on one host, where they fall); then, where communicators found (or, declined,
+    the cliques found) span two hosts, by where their ends fall on those hosts' clocks too
+    (`_host_offsets`): groups in lock step whose calls end a constant time apart on two
+    hosts (a straggler every step) end together call by call, not at the offset between
+    those hosts' clocks."""
     compared = _compare(lines, members)
     if compared is None:
         return _Split(None, f"its {len(members)} lines make too many pairs to compare")
@@ -286,9 +287,12 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     host = lines.host[members]
     mismatch = _unaligned(host[a], host[b], change, level)
     split = _partition(a, b, mismatch, size)
-    if split.label is None:
+    # Declined, its cliques may still give the hosts' offsets, on which lines that end a
+    # constant time apart call by call (a barrier's right after a DP group's) fall apart.
+    label = split.label if split.label is not None else _cliques(a, b, mismatch, len(size))
+    if label is None:
         return split
-    offset = _host_offsets(host, split.label, a, b, level)
+    offset = _host_offsets(host, label, a, b, level)
     known = ~np.isnan(offset) if offset is not None else np.zeros(len(a), bool)
     if known.any():
         # Where the end difference was not taken (it changes by more than TOGETHER_NS), the
