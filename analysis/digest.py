@@ -41,6 +41,9 @@ MAX_STEP = 10**STEP_DIGITS - 1
 # The comm_id prefix of a communicator a reader could not name (its trace names no process
 # group for the calls, and lists several): calls of several groups may share it.
 UNRESOLVED_PG = "unresolved-pg:"
+# The comm_id prefix of calls an nsys export names no communicator for (no NCCL payloads): the
+# ingest groups them by op, and `lines.infer` tells apart the groups their lines can.
+INFERRED_COMM = "inferred:"
 
 # One collective instance as seen by one rank.
 COLLECTIVE = pa.struct(

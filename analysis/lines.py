@@ -49,6 +49,7 @@ from functools import cached_property
 
 import numpy as np
 
+from rankscope.analysis.digest import INFERRED_COMM
 from rankscope.analysis.groups import ArrayLike, Coded, Groups, Table, codes, in_sorted, locate, member_of, pack
 from rankscope.analysis.ops import N_TO_N_OPS
 from rankscope.analysis.report import fmt_ns, ranks_text, some_of
@@ -944,7 +945,7 @@ def _names(lines: _Lines, label: np.ndarray, collectives: Table) -> np.ndarray:
     ranks = lines.rank[inferred][per.order]
     taken: dict[str, list[int]] = {}
     for root, lo, count in zip(per.keys[0].tolist(), per.starts.tolist(), per.size.tolist()):  # one per communicator
-        taken.setdefault(f"inferred:{'+'.join(sorted(ops[root]))}:{_members(ranks[lo : lo + count].tolist())}",
+        taken.setdefault(f"{INFERRED_COMM}{'+'.join(sorted(ops[root]))}:{_members(ranks[lo : lo + count].tolist())}",
                          []).append(root)
     for name, roots in taken.items():
         for root in roots:

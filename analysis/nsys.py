@@ -863,7 +863,7 @@ def _inferred_comm_ids(out: Columns, nccl: Columns) -> tuple[list[str], np.ndarr
     combo = _codes(out["op"], np.where(known, size, -1))
     example = np.zeros(int(combo.max(initial=-1)) + 1, np.int64)
     example[combo] = np.arange(combo.size)  # one row per distinct (op, size): format each once
-    label = [f"inferred:{_OPS[out['op'][i]]}" + (f":n{size[i]}" if known[i] else "") for i in example.tolist()]
+    label = [f"{digest.INFERRED_COMM}{_OPS[out['op'][i]]}" + (f":n{size[i]}" if known[i] else "") for i in example.tolist()]
     return label, combo, size, known
 
 

@@ -190,9 +190,10 @@ def _aligned(matched: matching.Matching, hosts: list[str], clock_hints: Mapping[
 
 def _mispaired_cause(comms: list[str]) -> str:
     """Why calls of different collectives met: a capture lost calls of one rank, or, on a
-    communicator no trace named, the calls of several process groups were pooled."""
+    communicator no trace named (a process group's, or an NCCL communicator's), the calls of
+    several groups were pooled."""
     lost = "a capture that lost calls of one rank"
-    if any(c.startswith(digest.UNRESOLVED_PG) for c in comms):
+    if any(c.startswith((digest.UNRESOLVED_PG, digest.INFERRED_COMM)) for c in comms):
         return f"calls of several process groups their traces do not name, pooled as one, or {lost}"
     return lost
 
