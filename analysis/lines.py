@@ -91,12 +91,14 @@ _WINDOW = len(_EDGE)
 @dataclass(frozen=True)
 class Inferred:
     """The tables with the inferred communicators' calls renamed (comm_id, and seq: call
-    order on the line) and listed; the names of those communicators; the warnings."""
+    order on the line) and listed; the names of those communicators; the warnings; and the
+    op groups left pooling several communicators' calls (a rank's on several streams)."""
 
     collectives: dict[str, ArrayLike]
     communicators: dict[str, ArrayLike]
     comm_ids: frozenset[str]
     warnings: list[str]
+    pooled: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -166,8 +168,10 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
     told, left = _told_apart(lines, label, splits)
     pooled = _pooled(lines, comm)
     warnings = [said for members, split in left if (said := _declined(lines, members, pooled, comm_ids, comm, split))]
+    line_of = lines.line_of
+    still = frozenset(comm_ids[np.unique(comm[lines.rows[(pooled & (label < 0))[line_of]]])].tolist())
     if not told:
-        return Inferred(dict(collectives), dict(communicators), frozenset(), warnings)
+        return Inferred(dict(collectives), dict(communicators), frozenset(), warnings, still)
     names = _names(lines, label, collectives)
     inferred = sorted(set(names[label >= 0].tolist()))
     warnings.insert(0, f"{int((label >= 0).sum())} lines (a rank's NCCL calls on one stream) without communicator ids "
@@ -176,7 +180,7 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
                        f"communicators' {fmt_ns(min(s.apart_ns for s in told))} or more apart (median)")
     renamed = _renamed(collectives, lines, names)
     listed = _listed(communicators, renamed, lines, names, size, comm_ids[np.unique(comm[untraced])])
-    return Inferred(renamed, listed, frozenset(inferred), warnings)
+    return Inferred(renamed, listed, frozenset(inferred), warnings, still)
 
 
 _UNJUDGED = "too few of their calls, or calls of ops whose members need not end together, to judge"

@@ -227,7 +227,10 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
     counted = ordinal_comm[calls.keys[1]]
     uneven = _uneven_counts(calls.keys[1][counted], calls.size[counted], comm_ids)
     warnings += _ordinal_count_warnings(uneven)
-    realigned = _realign_ordinals(key_seq, use_ordinal, events, comm, comm_ids, rank, op, ops, fitted, warnings)
+    # Calls of several communicators pooled as one end apart by nature: their ends say
+    # nothing of a shift (a slow DP group's ends fall at the others' next call's).
+    shiftable = use_ordinal & ~member_of(comm_ids, inferred.pooled)[comm]
+    realigned = _realign_ordinals(key_seq, shiftable, events, comm, comm_ids, rank, op, ops, fitted, warnings)
     keyed, pair_keys = _p2p_keys(key_seq, events, comm, comm_ids, rank, start, op, ops, is_p2p, members, sizes,
                                  warnings)
     expected = np.where(is_p2p, 2, np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm])
