@@ -168,8 +168,8 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
     told, left = _told_apart(lines, label, splits)
     pooled = _pooled(lines, comm)
     warnings = [said for members, split in left if (said := _declined(lines, members, pooled, comm_ids, comm, split))]
-    line_of = lines.line_of
-    still = frozenset(comm_ids[np.unique(comm[lines.rows[(pooled & (label < 0))[line_of]]])].tolist())
+    # Op groups whose lines of several communicators stay pooled: `matching` does not re-align them.
+    still = frozenset(comm_ids[np.unique(comm[lines.rows[(pooled & (label < 0))[lines.line_of]]])].tolist())
     if not told:
         return Inferred(dict(collectives), dict(communicators), frozenset(), warnings, still)
     names = _names(lines, label, collectives)
