@@ -18,6 +18,7 @@ from rankscope.coordinator.artifacts import UploadHeader, storage_full
 from rankscope.coordinator.registry import AgentRecord, UnknownAgent
 from rankscope.coordinator.sweeps import Sweep, SweepState, UnknownSweep
 from rankscope.errors import InputError, RankscopeError
+from rankscope.records import known_fields
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,11 @@ def _upload(row: tuple) -> UploadHeader:
     """An upload as stored (`_UPLOAD_COLUMNS`); its sha256 the one verified."""
     upload_id, sweep_id, node, name, size, sha256, kind, ranks = row
     return UploadHeader(upload_id, sweep_id, node, name, size, sha256, kind, tuple(json.loads(ranks)))
+
+
+def _agent(data: str) -> AgentRecord:
+    # As sweeps load (`Sweep.from_dict`): a record a newer rankscope stored loads without its new fields.
+    return AgentRecord(**known_fields(AgentRecord, json.loads(data)))
 
 
 class UnreadableSweep(RankscopeError):
@@ -157,17 +163,17 @@ class Store:
         )
 
     def agents(self) -> list[AgentRecord]:
-        return [AgentRecord(**json.loads(data)) for (data,) in self._read("SELECT data FROM agents ORDER BY node")]
+        return [_agent(data) for (data,) in self._read("SELECT data FROM agents ORDER BY node")]
 
     def agent_by_node(self, node: str) -> AgentRecord | None:
         rows = self._read("SELECT data FROM agents WHERE node = ?", (node,))
-        return AgentRecord(**json.loads(rows[0][0])) if rows else None
+        return _agent(rows[0][0]) if rows else None
 
     def agent_by_token(self, token: str) -> AgentRecord:
         rows = self._read("SELECT data FROM agents WHERE token = ?", (token,)) if token else []
         if not rows:
             raise UnknownAgent("unknown session token: register first")
-        return AgentRecord(**json.loads(rows[0][0]))
+        return _agent(rows[0][0])
 
     # sweeps -------------------------------------------------------------------------
 

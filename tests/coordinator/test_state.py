@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 import threading
 import types
 from pathlib import Path
@@ -48,15 +49,11 @@ def test_store_keeps_agents_sweeps_uploads_and_reports_across_a_reopen(tmp_path:
 
 
 def _foreign_tables(path: Path) -> None:
-    import sqlite3
-
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE users (name TEXT)")
 
 
 def _same_names_other_columns(path: Path) -> None:
-    import sqlite3
-
     with sqlite3.connect(path) as db:
         db.execute("CREATE TABLE sweeps (id INTEGER)")
 
@@ -112,6 +109,23 @@ def test_a_sweep_stored_by_a_newer_rankscope_loads_without_its_new_fields() -> N
     data["nodes"]["node-a"]["later"] = 3
     data["nodes"]["node-a"]["artifacts"][0]["later"] = 4
     assert sw.Sweep.from_dict(data) == sweep
+
+
+def test_an_agent_stored_by_a_newer_rankscope_loads_without_its_new_fields(tmp_path: Path) -> None:
+    """As sweeps do: a coordinator rolled back past a field its agents' records gained (capture
+    options, once) still serves those nodes, where it raised a TypeError on each lookup."""
+    store = Store(tmp_path / "state.sqlite")
+    agent = AgentRecord("agent-1", "node-a", "host-a", "tok", T0, backends=["sim"])
+    store.save_agent(agent)
+    store.close()
+    with sqlite3.connect(tmp_path / "state.sqlite") as db:
+        data = json.loads(db.execute("SELECT data FROM agents").fetchone()[0])
+        db.execute("UPDATE agents SET data = ?", (json.dumps({**data, "later": {"sim": ["sim.*"]}}),))
+    db.close()
+    again = Store(tmp_path / "state.sqlite")
+    assert again.agents() == [agent]
+    assert again.agent_by_node("node-a") == agent
+    assert again.agent_by_token("tok") == agent
 
 
 def test_a_node_re_registering_under_a_new_id_replaces_its_old_record(tmp_path: Path) -> None:
