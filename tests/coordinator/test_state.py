@@ -79,8 +79,6 @@ def test_a_state_file_that_is_not_the_coordinators_is_refused_and_left_as_it_was
 def test_one_unreadable_sweep_record_is_left_out_and_the_rest_still_list(tmp_path: Path, caplog) -> None:
     """A record changed by hand (or cut short) costs its own sweep, not every listing and
     not the coordinator's start; asked for by id, it is a one-line error."""
-    import sqlite3
-
     from rankscope.coordinator.store import UnreadableSweep
 
     store = Store(tmp_path / "state.sqlite")
