@@ -69,9 +69,7 @@ class PauseLedger:
         try:
             if self.folder.is_symlink():
                 raise ConfigError("the DCGM pause ledger must not be a symbolic link", path=self.folder)
-            output.check_folder(self.folder)  # a file on the way: named, not mkdir's "File exists"
-            self.folder.parent.mkdir(parents=True, exist_ok=True)
-            output.create_shared(self.folder)  # other users' agents join; none deletes another's file
+            output.make_folder(self.folder, shared=True)  # other users' agents join; none deletes another's file
             self._mutex = os.open(self.folder / MUTEX_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
             output.open_to_others(self._mutex, 0o444)
             with self._locked():  # a holder file is locked before anyone can see it

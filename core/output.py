@@ -153,11 +153,9 @@ def check_folder(path: Path) -> None:
     ``path`` or of a folder above it, raised before anything is made: a layout of several
     folders is checked whole before any is made."""
     check_reachable(path)
-    if path.exists() and not path.is_dir():
-        raise InputError("not a folder", path=path)
-    above = next((above for above in path.parents if above.exists()), None)
-    if above is not None and not above.is_dir():
-        raise InputError(f"cannot create the folder ({above} is not a folder)", path=path)
+    if (blocker := _in_the_way(path)) is not None:
+        raise InputError("not a folder" if blocker == path else f"cannot create the folder ({blocker} is not a folder)",
+                         path=path)
 
 
 def check_reachable(path: Path) -> None:
@@ -184,10 +182,15 @@ def _seen(path: Path) -> bool:
 def _no_folder(folder: Path) -> str:
     """Why ``folder`` is not there to write in: something not a folder in its place or in
     that of one above it (which the user has to move), else that it does not exist."""
-    for above in (folder, *folder.parents):
-        if above.exists():
-            return f"{above} is not a folder" if not above.is_dir() else f"folder {folder} does not exist"
-    return f"folder {folder} does not exist"
+    blocker = _in_the_way(folder)
+    return f"{blocker} is not a folder" if blocker is not None else f"folder {folder} does not exist"
+
+
+def _in_the_way(folder: Path) -> Path | None:
+    """What is not a folder in the place of ``folder`` or of the nearest folder above it that
+    exists; None where that is a folder."""
+    above = next((above for above in (folder, *folder.parents) if above.exists()), None)
+    return above if above is not None and not above.is_dir() else None
 
 
 def _unwritable(folder: Path) -> str | None:
