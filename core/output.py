@@ -2,9 +2,10 @@
 
 A report, plot, digest or simulated export replaces its destination whole
 (`rankscope.atomic`), the file a link leads to where it is one (a dangling link is
-refused, as cp refuses it); a stream (/dev/null, a pipe) is written into, and so, once
+refused, as cp refuses it); a stream (/dev/null, a terminal) is written into, and so, once
 the writer is done, is a file named through one of the process's open descriptors
-(/dev/stdout, /dev/fd/3). Where the folder cannot take it (no permission, read-only,
+(/dev/stdout, /dev/fd/3: a pipe the shell made). A FIFO, a socket or a block device is
+refused before any work. Where the folder cannot take it (no permission, read-only,
 full, not a real folder), the OSError becomes one :class:`InputError` naming the
 destination, and nothing is left behind."""
 
@@ -58,9 +59,10 @@ def check_writable(path: Path) -> None:
 def _target(path: Path) -> Path | None:
     """The file that takes ``path``'s new content whole: ``path``, or the file a link there
     leads to (the link stays a link; one that leads to no file is refused). None where
-    ``path`` is no file but a stream (/dev/null, a terminal, a pipe) or a file named through
-    a descriptor (`_descriptor`): written into, as a shell's ``>`` does; a rename over it
-    would put a file in its place, as root even in /dev."""
+    ``path`` is no file but a stream (/dev/null, a terminal) or a file named through a
+    descriptor (`_descriptor`): written into, as a shell's ``>`` does; a rename over it
+    would put a file in its place, as root even in /dev. A FIFO, a socket or a block
+    device is refused (`_NOT_WRITTEN_INTO`)."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -70,9 +72,25 @@ def _target(path: Path) -> Path | None:
             raise InputError(f"a dangling link (to {os.path.realpath(path)}): not written through, as cp does not "
                              "(remove the link, or name its file)", path=path) from None
         return path  # none there yet (a folder on the way that refuses a look: check_reachable)
-    if not stat.S_ISREG(mode) or _descriptor(path) is not None:
+    if _descriptor(path) is not None:
+        return None
+    if (why := _NOT_WRITTEN_INTO.get(stat.S_IFMT(mode))) is not None:
+        raise InputError(why, path=path)
+    if not stat.S_ISREG(mode):
         return None
     return path.resolve() if path.is_symlink() else path
+
+
+# Files that are neither replaced nor written into, refused before any work. A FIFO's open
+# waits for a reader, for ever where none comes; whether one waits cannot be asked without
+# opening it, and a probe's close would end that reader's input. One named through a
+# descriptor (/dev/stdout, a shell's >(...)) is written through it, which does not wait.
+_NOT_WRITTEN_INTO = {
+    stat.S_IFIFO: "a FIFO (named pipe), not a regular file: writing would wait for a reader "
+                  "(to pipe the output, name /dev/stdout)",
+    stat.S_IFSOCK: "a socket, not a regular file: it cannot be opened to write",
+    stat.S_IFBLK: "a block device, not a regular file: writing would overwrite the disk's data",
+}
 
 
 _MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup (ELOOP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -58,18 +59,37 @@ def test_a_folder_that_takes_no_files_is_found_before_any_work() -> None:
         output.make_folder(Path("/proc"))
 
 
-def test_a_stream_is_written_into_not_replaced_by_a_file(tmp_path: Path) -> None:
-    # found by review: `digest -o /dev/null`, run as root, renamed a file over /dev/null
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader first, so the writer's open does not wait
+def test_a_stream_is_written_into_not_replaced_by_a_file() -> None:
+    # found by review: `digest -o /dev/null`, run as root, renamed a file over /dev/null;
+    # a terminal is a stream too, and a test can read what went into it
+    main, terminal = os.openpty()
     try:
-        output.check_writable(fifo)
-        output.write_text(fifo, "report\n")
-        assert os.read(reader, 100) == b"report\n"
+        name = Path(os.ttyname(terminal))
+        output.check_writable(name)
+        output.write_text(name, "report\n")
+        assert os.read(main, 100).startswith(b"report") and stat.S_ISCHR(name.stat().st_mode)
     finally:
-        os.close(reader)
-    assert stat.S_ISFIFO(fifo.lstat().st_mode) and [p.name for p in tmp_path.iterdir()] == ["pipe"]
+        os.close(terminal)
+        os.close(main)
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "socket"])
+def test_a_fifo_or_socket_is_refused_before_any_work_not_waited_on(tmp_path: Path, kind: str) -> None:
+    # `analyze -o FIFO` with no reader waited for ever in the writer's open; a socket's
+    # open failed only once the work was done
+    path = tmp_path / "out"
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        listening = socket.socket(socket.AF_UNIX)
+        listening.bind(str(path))
+        listening.close()
+    said = f"^{path}: a {kind}( \\(named pipe\\))?, not a regular file: "
+    with pytest.raises(InputError, match=said):
+        output.check_writable(path)
+    with pytest.raises(InputError, match=said):
+        output.write_text(path, "report\n")
+    assert not stat.S_ISREG(path.lstat().st_mode) and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_a_link_stays_a_link_to_the_file_replaced_whole(tmp_path: Path) -> None:

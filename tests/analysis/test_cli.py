@@ -212,6 +212,21 @@ def test_an_output_that_cannot_be_written_is_one_line_exit_2(command: str, simul
     assert "Traceback" not in result.stderr and result.stdout == ""  # refused before any work
 
 
+@pytest.mark.parametrize("flag", ["-o", "--plot"])
+def test_an_output_that_is_a_fifo_is_refused_at_once_not_waited_on(flag: str, simulated: Path, tmp_path: Path) -> None:
+    # `analyze -o FIFO` waited for ever for a reader; `--plot FIFO.svg` too, and one .png failed after the work
+    if flag == "--plot":
+        pytest.importorskip("matplotlib", reason="plots need matplotlib (the [plot] extra)")
+    fifo = tmp_path / "out.svg"
+    os.mkfifo(fifo)
+    result = subprocess.run([sys.executable, "-m", "rankscope", "analyze", str(simulated), flag, str(fifo)],
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"rankscope: error: {fifo}: a FIFO (named pipe), not a regular file: writing would wait " \
+                            "for a reader (to pipe the output, name /dev/stdout)\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.svg"]
+
+
 @pytest.fixture
 def other_user(exports: list[Path]):
     """A run as nobody, in a folder of its own beside ``locked``, which nobody may look into
