@@ -12,6 +12,7 @@ destination, and nothing is left behind."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -66,12 +67,13 @@ def _target(path: Path) -> Path | None:
     try:
         mode = os.stat(path).st_mode
     except OSError:
+        check_reachable(path)  # a link in a loop, a folder that refuses a look: named as check_writable names them
         if os.path.islink(path):
             # A rename put a file in the link's place; written through, a file would appear
             # where the user never named one (a link planted in a shared folder leads anywhere).
             raise InputError(f"a dangling link (to {os.path.realpath(path)}): not written through, as cp does not "
                              "(remove the link, or name its file)", path=path) from None
-        return path  # none there yet (a folder on the way that refuses a look: check_reachable)
+        return path  # none there yet
     if _descriptor(path) is not None:
         return None
     if (why := _NOT_WRITTEN_INTO.get(stat.S_IFMT(mode))) is not None:
@@ -178,14 +180,19 @@ def check_folder(path: Path) -> None:
 
 def check_reachable(path: Path) -> None:
     """An InputError where a folder on the way to ``path`` may not be looked into (no x
-    permission): pathlib's exists() and is_dir() raise there rather than answer. The folder
-    named is the deepest one that can still be seen."""
+    permission), or where ``path`` or a folder on its way is a link that leads round in a
+    loop: pathlib's exists() and is_dir() raise there rather than answer. The folder named
+    is the deepest one that can still be seen; the loop, the name under it."""
     try:
         path.stat()
     except (FileNotFoundError, NotADirectoryError):
         return
     except OSError as exc:
         blocked = next((above for above in path.parents if _seen(above)), path.parent)
+        if exc.errno == errno.ELOOP:  # the folder could be seen: the link in it is at fault
+            looping = next(below for below in (path, *path.parents) if below.parent == blocked)
+            what = "a symlink loop" if looping == path else f"{looping} is a symlink loop"
+            raise InputError(f"{what} ({exc.strerror})", path=path) from None
         raise InputError(f"cannot look into folder {blocked} ({exc.strerror or exc})", path=path) from None
 
 

@@ -118,6 +118,25 @@ def test_a_dangling_link_is_refused_not_replaced_by_a_file_nor_written_through(t
     assert link.is_symlink() and [p.name for p in tmp_path.iterdir()] == ["latest.json"]
 
 
+@pytest.mark.parametrize("links", [{"loop": "loop"}, {"loop": "other", "other": "loop"}])
+def test_a_link_in_a_loop_is_named_as_one_not_its_folder(tmp_path: Path, links: dict[str, str]) -> None:
+    # `analyze -o loop` said "loop: cannot look into folder . (Too many levels of symbolic
+    # links)", blaming the folder; `replacing` alone called the loop a dangling link
+    for name, target in links.items():
+        (tmp_path / name).symlink_to(target)
+    loop = tmp_path / "loop"
+    with pytest.raises(InputError, match=f"^{loop}: a symlink loop \\(Too many levels of symbolic links\\)$"):
+        output.check_writable(loop)
+    with pytest.raises(InputError, match=f"^{loop}: a symlink loop "):
+        output.write_text(loop, "report\n")
+    for under in (loop / "report.json", loop / "sub" / "report.json"):
+        with pytest.raises(InputError, match=f"^{under}: {loop} is a symlink loop \\(Too many levels of symbolic links\\)$"):
+            output.check_writable(under)
+    with pytest.raises(InputError, match=f"^{loop / 'sub'}: {loop} is a symlink loop "):
+        output.make_folder(loop / "sub")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(links)
+
+
 @pytest.mark.parametrize("name", ["/dev/fd/{fd}", "/proc/self/fd/{fd}", "{tmp}/link"])
 def test_a_file_named_through_an_open_descriptor_is_written_into_at_its_offset(tmp_path: Path, name: str) -> None:
     # found by review: `-o /dev/stdout >> log` renamed a new file over log, whose lines were
