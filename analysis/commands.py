@@ -14,7 +14,7 @@ from pathlib import Path
 from rankscope import output
 from rankscope.analysis import digest, engine, sources
 from rankscope.cli import parse_path
-from rankscope.errors import InputError, RankscopeWarning
+from rankscope.errors import InputError, RankscopeWarning, shown
 
 RANK_FROM_HELP = (
     "where each export's rank comes from, overriding the captured environment: "
@@ -72,7 +72,7 @@ def run_digest(args: argparse.Namespace) -> int:
     digest.write(table, args.output)
     # `analyze` lists them in its report; here nothing else would show them.
     for note in dict.fromkeys(note for notes in table.column("warnings").to_pylist() for note in notes):
-        warnings.warn(f"{args.export}: {note}", RankscopeWarning, stacklevel=1)
+        warnings.warn(f"{shown(args.export)}: {note}", RankscopeWarning, stacklevel=1)
     return 0
 
 

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from rankscope import output
 from rankscope.analysis.groups import Coded
-from rankscope.errors import ConsistencyError, ExportError, quoted
+from rankscope.errors import ConsistencyError, ExportError, quoted, shown
 
 if TYPE_CHECKING:  # DataFrames are for a person's look (tests, notebooks); the analysis needs no pandas
     import pandas as pd
@@ -497,11 +497,11 @@ def check_consistent(digests: pa.Table) -> None:
     differing = _two_values(digests.column("job_id").to_pylist(), files)
     if differing:
         (job_a, file_a), (job_b, file_b) = differing
-        raise ConsistencyError(f"job {job_b!r} differs from job {job_a!r} of {file_a}", path=file_b)
+        raise ConsistencyError(f"job {job_b!r} differs from job {job_a!r} of {shown(file_a)}", path=file_b)
     differing = _two_values(worlds, files)
     if differing:
         (world_a, file_a), (world_b, file_b) = differing
-        raise ConsistencyError(f"its world of {world_b} ranks differs from the {world_a} of {file_a}: traces of two "
+        raise ConsistencyError(f"its world of {world_b} ranks differs from the {world_a} of {shown(file_a)}: traces of two "
                                "jobs? analyse one job at a time", path=file_b)
     by_pid = [source == "order:pid" for source in digests.column("rank_source").to_pylist()]
     seen: dict[int, tuple[str, tuple, bool]] = {}
@@ -509,7 +509,7 @@ def check_consistent(digests: pa.Table) -> None:
         if rank in seen:
             first, other, other_numbered = seen[rank]
             hint = _twice_hint(capture, other, numbered and other_numbered, (file, first))
-            raise ConsistencyError(f"rank {rank} is also claimed by {first}{hint}", path=file)
+            raise ConsistencyError(f"rank {rank} is also claimed by {shown(first)}{hint}", path=file)
         if world is not None and not 0 <= rank < world:
             raise ConsistencyError(f"rank {rank} is outside its world of {world} ranks", path=file)
         if rank < 0:  # where no world size is given too: a negative rank was analysed as one
@@ -544,5 +544,5 @@ def _check_windows_meet(digests: pa.Table, files: list[str]) -> None:
         early = earliest[host]
         if starts[late] > ends[early]:
             gap = (starts[late] - ends[early]) / 1e9
-            raise ConsistencyError(f"its capture window starts {gap:.3g} s after that of {files[early]} on the same "
+            raise ConsistencyError(f"its capture window starts {gap:.3g} s after that of {shown(files[early])} on the same "
                                    f"host ({host}) ends: another run? analyse one run at a time", path=files[late])

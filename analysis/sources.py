@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from rankscope import cpus
 from rankscope.analysis import digest, engine, nsys
-from rankscope.errors import ExportError, InputError, RankscopeWarning, ToolError
+from rankscope.errors import ExportError, InputError, RankscopeWarning, ToolError, shown
 from rankscope.progress import counted
 
 NSYS_REPORT = ".nsys-rep"
@@ -151,7 +151,7 @@ def discover(paths: Sequence[Path | str]) -> list[Path]:
         exports = {_stem(p) for (p, _), suffix in zip(files, suffixes) if suffix == SQLITE}
         files = [(p, s) for (p, s), suffix in zip(files, suffixes) if not (suffix == NSYS_REPORT and _stem(p) in exports)]
     if not files:
-        raise InputError("no exports or digests found in " + ", ".join(str(p) for p in paths))
+        raise InputError("no exports or digests found in " + ", ".join(map(shown, paths)))
     return _once(files)
 
 
@@ -203,7 +203,7 @@ def _files_under(folder: Path) -> Iterator[Path]:
     def unlisted(exc: OSError) -> None:
         if exc.filename == os.fspath(folder):
             raise InputError(f"cannot list the folder ({exc.strerror or exc})", path=folder)
-        warnings.warn(f"{exc.filename}: cannot list the folder ({exc.strerror or exc}); passed by",
+        warnings.warn(f"{shown(exc.filename)}: cannot list the folder ({exc.strerror or exc}); passed by",
                       RankscopeWarning, stacklevel=4)
 
     for root, folders, names in os.walk(folder, onerror=unlisted):
@@ -215,7 +215,7 @@ def _files_under(folder: Path) -> Iterator[Path]:
             if file.is_file():
                 yield file
             elif _suffix(file) in _KNOWN:  # named as input, yet nothing to read: its ranks go missing
-                warnings.warn(f"{file}: not a file (a broken or looping link, a pipe?); passed by",
+                warnings.warn(f"{shown(file)}: not a file (a broken or looping link, a pipe?); passed by",
                               RankscopeWarning, stacklevel=4)
 
 
@@ -244,9 +244,9 @@ def _not_traces(paths: list[Path]) -> str:
     """One warning for the JSON files a walk skipped (`_is_kineto`): a job's Flight Recorder
     dumps, one a rank, lie beside its traces, and a line each made a line a rank."""
     if len(paths) == 1:
-        return f"{paths[0]}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder dump); skipped"
+        return f"{shown(paths[0])}: JSON without traceEvents is not a Kineto trace (e.g. a Flight Recorder dump); skipped"
     return (f"{len(paths)} JSON files without traceEvents are not Kineto traces (e.g. Flight Recorder dumps): "
-            f"skipped ({paths[0]} to {paths[-1]})")
+            f"skipped ({shown(paths[0])} to {shown(paths[-1])})")
 
 
 class _Reader:

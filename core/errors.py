@@ -30,7 +30,7 @@ class RankscopeError(Exception):
 
     def __str__(self) -> str:
         message = super().__str__()
-        return f"{self.path}: {message}" if self.path else message
+        return f"{shown(self.path)}: {message}" if self.path else message
 
 
 class InputError(RankscopeError, ValueError):
@@ -82,3 +82,11 @@ def quoted(text: str, limit: int = 64) -> str:
     """A value from the user or a file, quoted for a message: its first ``limit`` characters
     where it runs long (a name of a megabyte would be the whole message)."""
     return f"{text[:limit]!r}{'...' if len(text) > limit else ''}"
+
+
+def shown(path: str | Path) -> str:
+    """A file's name for a message: as it is, or quoted with its escapes where it holds a
+    character not shown as itself (a newline ended the message's line, or, made one line,
+    showed as a space: the name of another file)."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)

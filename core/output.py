@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from rankscope import atomic
-from rankscope.errors import InputError, RankscopeError
+from rankscope.errors import InputError, RankscopeError, shown
 
 
 # Names we make from users' names (node names run to 253 characters) fit a file name
@@ -71,7 +71,7 @@ def _target(path: Path) -> Path | None:
         if os.path.islink(path):
             # A rename put a file in the link's place; written through, a file would appear
             # where the user never named one (a link planted in a shared folder leads anywhere).
-            raise InputError(f"a dangling link (to {os.path.realpath(path)}): not written through, as cp does not "
+            raise InputError(f"a dangling link (to {shown(os.path.realpath(path))}): not written through, as cp does not "
                              "(remove the link, or name its file)", path=path) from None
         return path  # none there yet
     if _descriptor(path) is not None:
@@ -174,7 +174,7 @@ def check_folder(path: Path) -> None:
     folders is checked whole before any is made."""
     check_reachable(path)
     if (blocker := _in_the_way(path)) is not None:
-        raise InputError("not a folder" if blocker == path else f"cannot create the folder ({blocker} is not a folder)",
+        raise InputError("not a folder" if blocker == path else f"cannot create the folder ({shown(blocker)} is not a folder)",
                          path=path)
 
 
@@ -191,9 +191,9 @@ def check_reachable(path: Path) -> None:
         blocked = next((above for above in path.parents if _seen(above)), path.parent)
         if exc.errno == errno.ELOOP:  # the folder could be seen: the link in it is at fault
             looping = next(below for below in (path, *path.parents) if below.parent == blocked)
-            what = "a symlink loop" if looping == path else f"{looping} is a symlink loop"
+            what = "a symlink loop" if looping == path else f"{shown(looping)} is a symlink loop"
             raise InputError(f"{what} ({exc.strerror})", path=path) from None
-        raise InputError(f"cannot look into folder {blocked} ({exc.strerror or exc})", path=path) from None
+        raise InputError(f"cannot look into folder {shown(blocked)} ({exc.strerror or exc})", path=path) from None
 
 
 def _seen(path: Path) -> bool:
@@ -208,7 +208,7 @@ def _no_folder(folder: Path) -> str:
     """Why ``folder`` is not there to write in: something not a folder in its place or in
     that of one above it (which the user has to move), else that it does not exist."""
     blocker = _in_the_way(folder)
-    return f"{blocker} is not a folder" if blocker is not None else f"folder {folder} does not exist"
+    return f"{shown(blocker)} is not a folder" if blocker is not None else f"folder {shown(folder)} does not exist"
 
 
 def _in_the_way(folder: Path) -> Path | None:

@@ -126,6 +126,36 @@ def test_bad_input_one_line_exit_2_no_output(case: str, exports: list[Path], tmp
         assert not digest_out.exists()
 
 
+def test_a_name_with_a_newline_is_shown_escaped_in_its_one_line(exports: list[Path], tmp_path: Path) -> None:
+    # `analyze $'bad\nname.json'` said "bad name.json: not a Kineto JSON trace": one line,
+    # as the CLI makes every error, but naming another file (one that may be there)
+    bad = tmp_path / "bad\nname.json"
+    bad.write_text("not json")
+    (tmp_path / "bad name.json").write_text("{}")
+    result = rankscope("analyze", bad)
+    assert result.returncode == 2 and result.stderr.startswith(f"rankscope: error: '{tmp_path}/bad\\nname.json': not a Kineto")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    out = tmp_path / "no\tsuch" / "r.\rtxt"
+    result = rankscope("analyze", exports[0], "-o", out)
+    assert (result.returncode, result.stderr) == (
+        2, f"rankscope: error: '{tmp_path}/no\\tsuch/r.\\rtxt': folder '{tmp_path}/no\\tsuch' does not exist\n")
+    result = rankscope("analyze", exports[0], bad.with_name("rank\n0.sqlite"))
+    assert (result.returncode, result.stderr) == (2, f"rankscope: error: '{tmp_path}/rank\\n0.sqlite': no such file or folder\n")
+    # the other file an inconsistency names too (the one given first, which the other claims again)
+    twin = tmp_path / "twin\n.sqlite"
+    shutil.copy(exports[0], twin)
+    result = rankscope("analyze", twin, exports[0])
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "rank 0 is also claimed by" in result.stderr and f"'{twin.parent}/twin\\n.sqlite'" in result.stderr
+    # and a warning's
+    folder = tmp_path / "job"
+    folder.mkdir()
+    shutil.copy(exports[0], folder / "rank0.sqlite")
+    (folder / "fr\n0.json").write_text("{}")
+    result = rankscope("analyze", folder)
+    assert result.returncode == 0 and f"rankscope: warning: '{folder}/fr\\n0.json': JSON without traceEvents" in result.stderr
+
+
 @pytest.mark.parametrize("command", ["analyze", "digest"])
 def test_a_digest_with_a_garbled_footer_is_one_line_exit_2(command: str, exports: list[Path], tmp_path: Path) -> None:
     # pyarrow's thrift error ends in a newline (and may quote a control byte): the error
