@@ -31,10 +31,13 @@ class CoordinatorConfig:
     # DCGM and make their ranks ready (a first torch window imports for 1 to 2.5 s), so that
     # the nodes begin (and end) their windows together; a node ready later begins when ready.
     window_lead_s: float = 3.0
-    # after a restart, agents get this long to come back; so does an agent gone mid-export
-    restart_grace_s: float = 60.0
+    restart_grace_s: float = 60.0  # after a restart, agents get this long to come back
     heartbeat_interval_s: float = 10.0
     ping_interval_s: float = 5.0
+    # An agent not heard from this long (no heartbeat, pong or status: killed, its node down or
+    # cut off) is judged lost: its node fails in the running sweeps, named, rather than hold
+    # them until their timeouts. Time enough for a killed agent's restart to come back.
+    agent_lost_s: float = 30.0
     # The sync gRPC server holds one worker thread per open stream: every connected agent's
     # session, every upload and every watching user; calls beyond it are refused at once
     # (RESOURCE_EXHAUSTED) rather than queued. Agent sessions may take half (`max_sessions`),
@@ -140,8 +143,12 @@ def _check(config: CoordinatorConfig) -> None:
         raise ConfigError(f"chunk_bytes {config.chunk_bytes} must be between 1 KiB and 3 MiB (gRPC's limit is 4 MiB)")
     if config.max_workers < 2:  # agent sessions take at most half, and the rest need one at least
         raise ConfigError(f"max_workers must be at least 2, got {config.max_workers}")
-    for name in ("node_timeout_s", "restart_grace_s", "heartbeat_interval_s", "ping_interval_s", "grace_s"):
+    for name in ("node_timeout_s", "restart_grace_s", "heartbeat_interval_s", "ping_interval_s", "agent_lost_s",
+                 "grace_s"):
         if not 0 < getattr(config, name) < math.inf:  # NaN too: float() of the environment takes "nan"
             raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(config, name)}")
+    if config.agent_lost_s < 2 * config.heartbeat_interval_s:  # one late heartbeat must not fail a node
+        raise ConfigError(f"agent_lost_s ({config.agent_lost_s:g}s) must be at least two heartbeat intervals "
+                          f"(heartbeat_interval_s: {config.heartbeat_interval_s:g}s)")
     if not 0 <= config.window_lead_s <= 60:  # the agents take a start further ahead for a clock that is off
         raise ConfigError(f"window_lead_s must be 0 to 60 seconds, got {config.window_lead_s}")

@@ -47,6 +47,9 @@ from rankscope.states import AGENT_DONE
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+# The most one tick counts towards an agent's silence: where the ticker ran late (the process
+# stalled, its clock stepped), the time it did not listen is no agent's fault.
+HEARD_TICK_NS = 10**9
 # A connected agent's record is saved at least this often (pong), so that after a crash its
 # last save says how long it has been away (`AWAY_KEEP_S`).
 SEEN_SAVE_NS = 600 * 10**9
@@ -202,6 +205,10 @@ class Coordinator:
         # (their back-off: up to 30 s), and until when a sweep waits for them (`start`).
         self._returning: set[str] = set()
         self._returning_until_ns = 0
+        # When each agent connected this run was last heard from (`heard`), on a clock of the
+        # time the ticker listened (`_listened_ns`): one silent for `agent_lost_s` is lost.
+        self._heard: dict[str, int] = {}
+        self._listened_ns = 0
 
     # lifecycle ----------------------------------------------------------------------
 
@@ -294,11 +301,18 @@ class Coordinator:
             self._log_refusal(agent.node, exc)
             raise
         with self._lock:
+            self._heard[agent.node] = self._listened_ns
             for sweep in self._active.values():
                 if agent.node in sweep.open_nodes():
                     connection.send(self._order(sweep))
         log.info("agent %s (%s) connected", agent.node, agent.agent_id)
         return connection
+
+    def heard(self, connection: Connection) -> None:
+        """Something came from the agent on its session: it is alive."""
+        with self._lock:  # not between a judgement's look and its verdict
+            if self.registry.get(connection.node) is connection:  # a session taken over says nothing of the node
+                self._heard[connection.node] = self._listened_ns
 
     def _log_refusal(self, node: str, exc: SessionLimit) -> None:
         with self._lock:
@@ -311,23 +325,41 @@ class Coordinator:
         log.warning("%s refused: %s", who, exc)
 
     def disconnect(self, connection: Connection) -> None:
-        """An agent's session ended. Where it is not back already on another, the exports
-        its node was running count on only for the restart grace (`sw.Disconnected`)."""
+        """An agent's session ended. Its silence goes on counting (`_judge_lost`): a killed
+        agent's restart is back in time, a dead one's node fails."""
         self.registry.disconnect(connection)
         log.info("agent %s disconnected", connection.node)
-        # Checked under the lock: a new session's reports take it too, so one that is back
-        # before the check is seen here, and one back after it reports after the cut.
         with self._lock:
             if self.registry.get(connection.node) is not None or self._closed:
                 # back already, on a session whose record is the newer; or a session gRPC ended
                 # only after the stop, its state closed (it was recorded until the stop)
                 return
             self._seen(connection.agent)
-            if self._stop.is_set():
-                return  # we are the ones going (a restart grants its own grace)
-            event = sw.Disconnected(connection.node, self.clock(), int(self.config.restart_grace_s * 1e9))
-            for sweep in list(self._active.values()):
+
+    def _judge_lost(self, elapsed_ns: int) -> None:
+        """Count a tick's ``elapsed_ns`` (`HEARD_TICK_NS` at most) as silence, and fail the
+        nodes of the agents silent for `agent_lost_s` in the running sweeps. Called with the
+        lock held."""
+        self._listened_ns += min(elapsed_ns, HEARD_TICK_NS)
+        lost_s = self.config.agent_lost_s
+        silent = [node for node, heard in self._heard.items() if self._listened_ns - heard >= lost_s * 1e9]
+        for node in silent:
+            del self._heard[node]  # judged once; heard again (reconnected), counted anew
+            connection = self.registry.get(node)
+            open_ = connection is not None and not connection.closed.is_set()
+            if open_:  # nothing on it: its node down or cut off, and TCP none the wiser (yet)
+                log.warning("agent %s lost: nothing on its session for %gs; closing it", node, lost_s)
+                connection.close()
+            self._feed(sw.AgentLost(node, lost_s, "its session still open" if open_ else "its session ended",
+                                    self.clock()))
+
+    def _feed(self, event: sw.Event) -> None:
+        """Hand every running sweep the event; called with the lock held."""
+        for sweep in list(self._active.values()):
+            try:
                 self._apply(sweep, sweep.handle(event))
+            except Exception:  # one sweep's bug must not stop every sweep's deadlines
+                log.exception("sweep %s: %s failed", sweep.sweep_id, type(event).__name__)
 
     def ping(self, connection: Connection) -> tuple[int, int]:
         """A new ping's id and send time, remembered for its pong."""
@@ -540,6 +572,7 @@ class Coordinator:
             sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy,
                                                  away=[name for name in away if name not in waited])
             for name in waited:  # say so rather than an unexplained wait
+                self._heard.pop(name, None)  # nor judged lost while it waits: once it connects
                 sweep.nodes[name].detail = ("agent reconnecting after the coordinator's restart" if name in returning else
                                             "agent not connected") + ": it gets the capture if it connects in time"
             self.store.save_sweep(sweep)  # a full disk refuses a new sweep rather than run it unsaved
@@ -696,14 +729,14 @@ class Coordinator:
                 self._apply(live, live.handle(event))
 
     def _tick_loop(self) -> None:
+        last = time.monotonic_ns()
         while not self._stop.wait(TICK_S):
             now = self.clock()
             with self._lock:
-                for sweep in list(self._active.values()):
-                    try:
-                        self._apply(sweep, sweep.handle(sw.Tick(now)))
-                    except Exception:  # one sweep's bug must not stop every sweep's deadlines
-                        log.exception("sweep %s: tick failed", sweep.sweep_id)
+                tick = time.monotonic_ns()
+                self._judge_lost(tick - last)
+                last = tick
+                self._feed(sw.Tick(now))
                 if self._unsaved and time.monotonic() >= self._save_retry_at:
                     self._save_retry_at = time.monotonic() + SAVE_RETRY_S
                     for sweep_id in list(self._unsaved):

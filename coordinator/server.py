@@ -322,6 +322,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
         """Agent events up the stream; the session ends when they stop."""
         try:
             for event in events:
+                self.coordinator.heard(connection)
                 kind = event.WhichOneof("event")
                 if kind == "pong":
                     self.coordinator.pong(connection, event.pong.ping_id, event.pong.agent_time_ns)
@@ -331,7 +332,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
                     self.coordinator.ranks_announced(connection, [scalars(r) for r in event.heartbeat.ranks.ranks])
                 # Heartbeats also keep the stream busy through proxies; pings measure the agent.
         except grpc.RpcError:
-            pass  # the agent went away; its sweeps wait for it until their deadline
+            pass  # the agent went away; back within `agent_lost_s`, or judged lost
         except RankscopeError as exc:
             log.warning("session of %s: %s", connection.node, exc)
         finally:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from rankscope.errors import InputError
 from rankscope.node_name import natural
 from rankscope.records import known_fields
-from rankscope.states import NodeState
+from rankscope.states import AGENT_DONE, NodeState
 
 
 class SweepState(str, enum.Enum):
@@ -164,13 +164,14 @@ class NodeReported:
 
 
 @dataclass(frozen=True)
-class Disconnected:
-    """A node's agent ended its session: an export it was running counts on for ``grace_ns``,
-    its time to come back. A dead agent's node must not hold the sweep for its whole bound."""
+class AgentLost:
+    """A node's agent has not been heard from for ``silent_s`` (killed, its node down or cut
+    off): its open node fails now, named, rather than hold the sweep until its timeout."""
 
     node: str
+    silent_s: float
+    why: str  # how it went: its session ended, or it stayed open with nothing on it
     at_ns: int
-    grace_ns: int
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ class Cancelled:
     at_ns: int
 
 
-Event = NodeReported | Disconnected | Tick | AnalysisDone | AnalysisFailed | Restarted | Cancelled
+Event = NodeReported | AgentLost | Tick | AnalysisDone | AnalysisFailed | Restarted | Cancelled
 
 
 # Instructions: what the coordinator must do next. ----------------------------------
@@ -319,8 +320,8 @@ class Sweep:
     def handle(self, event: Event) -> list[Instruction]:
         if isinstance(event, NodeReported):
             return self._reported(event)
-        if isinstance(event, Disconnected):
-            return self._disconnected(event)
+        if isinstance(event, AgentLost):
+            return self._agent_lost(event)
         if isinstance(event, Tick):
             return self._tick(event.now_ns)
         if isinstance(event, AnalysisDone):
@@ -346,7 +347,7 @@ class Sweep:
     def _reported(self, event: NodeReported) -> list[Instruction]:
         record = self._open(event.node)
         if record is None:
-            return []
+            return self._stop_ended(event)
         record.note_export(event.state, event.at_ns, event.export_timeout_s)
         if event.state is NodeState.FAILED:
             record.state, record.reason = NodeState.FAILED, event.reason or event.detail or "agent reported failure"
@@ -370,11 +371,21 @@ class Sweep:
         record.updated_ns = event.at_ns
         return [Changed(event.node), *self._maybe_analyse(event.at_ns)]
 
-    def _disconnected(self, event: Disconnected) -> list[Instruction]:
-        record = self._open(event.node)
-        if record is None:
+    def _agent_lost(self, event: AgentLost) -> list[Instruction]:
+        if self._open(event.node) is None:
             return []
-        return [Changed(event.node)] if record.cut_export(event.at_ns + event.grace_ns, "it disconnected") else []
+        why = f"agent of node {event.node} lost: not heard from for {event.silent_s:g}s, {event.why}"
+        return self._end([event.node], f"raw exports not all uploaded ({why})", NodeState.FAILED,
+                         lambda record: f"{why} (last state: {record.state.value})", event.at_ns)
+
+    def _stop_ended(self, event: NodeReported) -> list[Instruction]:
+        """An agent still at a capture that this running sweep has ended for its node (its agent
+        judged lost, then back; timed out while away) is told to stop, as a cancel it missed:
+        its ranks' recording ends and DCGM comes back now, not at its own deadline."""
+        record = self.nodes.get(event.node)
+        if record is None or record.finished or self.state is not SweepState.RUNNING or event.state in AGENT_DONE:
+            return []
+        return [CancelNode(event.node, record.reason)]
 
     def _tick(self, now_ns: int) -> list[Instruction]:
         if self.state is not SweepState.RUNNING or now_ns < self.deadline_ns:

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 39a9c4e72fd6bf7a2cf06411fe144545dd4c4309e83bf3f242fb5dc2195f6366
+# from rankscope.proto, sha256 df5d6b98e9007eb8451c7f82cadbbe9998720b775721b71cd3b3aa83dcd9f43a
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

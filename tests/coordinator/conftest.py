@@ -132,6 +132,7 @@ class FakeAgent:
         self.events.put(pb.AgentEvent(hello=pb.Hello(agent_id=self.agent_id, session_token=self.token)))
         self.call = running.agents.Session(self._drain())
         self.connected = threading.Event()  # the coordinator pings as soon as the session is live
+        self.silent = threading.Event()  # set: pings go unanswered, the stream open (its node cut off)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         assert self.connected.wait(20), f"{node}: no session"
@@ -145,6 +146,8 @@ class FakeAgent:
             for command in self.call:
                 if command.HasField("ping"):
                     self.connected.set()
+                    if self.silent.is_set():
+                        continue
                     self.events.put(pb.AgentEvent(pong=pb.Pong(
                         ping_id=command.ping.ping_id, coordinator_time_ns=command.ping.coordinator_time_ns,
                         agent_time_ns=time.time_ns() + self.skew)))

@@ -329,27 +329,38 @@ def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, di
         wire.stop(running)
 
 
-def test_a_node_whose_agent_dies_mid_export_ends_after_the_grace_not_its_exports_bound(
-        tmp_path, wire, digests) -> None:
-    """Its agent had given an hour's bound on its exports; gone, it has the restart grace to
-    come back, and the fleet's report does not wait the hour."""
-    running = wire.start(tmp_path / "data", restart_grace_s=1.0)
+def test_agents_killed_or_cut_off_mid_sweep_are_judged_lost_and_the_sweep_goes_on(tmp_path, wire, digests) -> None:
+    """A killed agent (its stream gone, mid-export with an hour's bound) and one whose node is
+    cut off (its stream open, nothing on it) held the sweep until its timeout (an hour here).
+    Silent for `agent_lost_s`, each is judged lost: its node fails, named, and the sweep ends."""
+    running = wire.start(tmp_path / "data", agent_lost_s=3.0, heartbeat_interval_s=1.0, ping_interval_s=0.2)
     try:
-        talking, dying = (wire.FakeAgent(running, name) for name in sorted(digests))
+        talking, dying, cut_off = (wire.FakeAgent(running, name) for name in (*sorted(digests), "node002"))
         with SweepClient(running.address) as client:
-            sweep_id = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=2.0).sweep_id
+            sweep_id = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3600).sweep_id
             talking.finish(started_capture(talking).sweep_id, digests[talking.node])
             started_capture(dying)
             dying.status(sweep_id, pb.NODE_STATE_EXPORTING, export_timeout_s=3600)
-            time.sleep(0.5)  # the status is in before the session ends
-            dying.close()
-            deadline = time.monotonic() + 30
+            started_capture(cut_off)
+            cut_off.status(sweep_id, pb.NODE_STATE_CAPTURING)
+            time.sleep(0.5)  # the statuses are in before the agents go
+            dying.call.cancel()  # as its process's death closes its connection, no word said
+            cut_off.silent.set()
+            deadline = time.monotonic() + 60  # generous: the sweep ends on the judgement or in an hour
             while (done := client.sweeps()[0]).state == pb.SWEEP_STATE_RUNNING:
-                assert time.monotonic() < deadline, "the sweep waited on the gone agent's export bound"
+                assert time.monotonic() < deadline, "the sweep waited on its lost agents"
                 time.sleep(0.2)
-        assert list(done.missing) == [dying.node]
-        (gone,) = [n for n in done.nodes if n.node == dying.node]
-        assert gone.state == pb.NODE_STATE_TIMED_OUT and "not back since it disconnected mid-export" in gone.reason
+            done = final(client, sweep_id)
+        assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == ["node001", "node002"]
+        reasons = {n.node: (pb.NodeState.Name(n.state), n.reason) for n in done.nodes if n.node != talking.node}
+        assert reasons == {
+            "node001": ("NODE_STATE_FAILED", "agent of node node001 lost: not heard from for 3s, its session ended "
+                                             "(last state: exporting)"),
+            "node002": ("NODE_STATE_FAILED", "agent of node node002 lost: not heard from for 3s, its session still "
+                                             "open (last state: capturing)"),
+        }
+        cut_off.reader.join(10)  # the coordinator ended the cut-off agent's stream
+        assert not cut_off.reader.is_alive()
         talking.close()
     finally:
         wire.stop(running)

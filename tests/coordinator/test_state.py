@@ -224,9 +224,14 @@ def test_config_from_defaults_environment_and_flags() -> None:
     assert resolve({"max_upload_bytes": "8388607T"}, environ={}).max_upload_bytes == 8388607 << 40
     with pytest.raises(ConfigError, match="HOST:PORT"):
         resolve({"listen": "7443"}, environ={})
-    for name, raw in (("NODE_TIMEOUT_S", "nan"), ("RESTART_GRACE_S", "inf"), ("GRACE_S", "-1")):
+    for name, raw in (("NODE_TIMEOUT_S", "nan"), ("RESTART_GRACE_S", "inf"), ("AGENT_LOST_S", "0"), ("GRACE_S", "-1")):
         with pytest.raises(ConfigError, match=f"{name.lower()} must be a positive number of seconds, got {raw}"):
             resolve(environ={f"RANKSCOPE_{name}": raw})
+    # an agent is judged lost on missed heartbeats: one late beat must not be enough
+    with pytest.raises(ConfigError, match=r"^agent_lost_s \(15s\) must be at least two heartbeat intervals "
+                                          r"\(heartbeat_interval_s: 10s\)$"):
+        resolve(environ={"RANKSCOPE_AGENT_LOST_S": "15"})
+    assert resolve(environ={"RANKSCOPE_AGENT_LOST_S": "2", "RANKSCOPE_HEARTBEAT_INTERVAL_S": "1"}).agent_lost_s == 2
     with pytest.raises(ConfigError, match="max_workers must be at least 2, got 0"):  # not a ValueError from the pool
         resolve(environ={"RANKSCOPE_MAX_WORKERS": "0"})
     # A switch from the environment, as systemd's EnvironmentFile and a pod's env give it.

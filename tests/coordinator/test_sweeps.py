@@ -121,31 +121,53 @@ def test_export_time_is_not_counted_against_the_timeout_up_to_the_agents_bound()
     assert again.nodes["a"].export_credit_ns == 60 * S
 
 
-def test_an_agent_gone_mid_export_has_the_grace_to_come_back_not_its_whole_bound() -> None:
-    """A node that dies while exporting must not hold a fleet's report for the hour its
-    agent's bound allows: export time counts on for the grace only, unless it comes back."""
-    sweep = started("a", "b")  # 30 s timeout
-    for node in ("a", "b"):
-        sweep.handle(sw.NodeReported(node, sw.NodeState.EXPORTING, T0 + 10 * S, export_timeout_s=3600))
-    for node in ("a", "b"):
-        assert sweep.handle(sw.Disconnected(node, T0 + 40 * S, 60 * S)) == [sw.Changed(node)]
-    assert sweep.handle(sw.Disconnected("a", T0 + 41 * S, 60 * S)) == []  # nothing more to cut
-    sweep.handle(sw.NodeReported("b", sw.NodeState.EXPORTING, T0 + 70 * S, export_timeout_s=3600))  # back
-    assert sweep.handle(sw.Tick(T0 + 119 * S)) == []
-    out = sweep.handle(sw.Tick(T0 + 120 * S))  # 30 s + export credited until the disconnect and the grace
-    assert sw.CancelNode("a", "no answer within 30s and 90s exporting, its agent not back since it "
-                         "disconnected mid-export (last state: exporting)") in out
-    assert sweep.nodes["b"].state is sw.NodeState.EXPORTING
-    again = sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict())))  # kept across a coordinator restart
-    assert again.nodes["b"].export_allowance_ns == 3600 * S and again.nodes["a"].export_cut == "it disconnected"
+def test_a_lost_agents_node_fails_at_once_naming_it_and_the_rest_go_on() -> None:
+    """A killed agent says nothing: its node waited out the sweep's timeout. Judged lost (by
+    the coordinator, on its silence), the node fails now with why, whatever its state (an
+    export with an hour's bound too), and the sweep ends without it."""
+    sweep = started("a", "b")
+    sweep.handle(sw.NodeReported("b", sw.NodeState.EXPORTING, T0 + 2 * S, export_timeout_s=3600))
+    finish(sweep, "a")
+    out = sweep.handle(sw.AgentLost("b", 30.0, "its session ended", T0 + 5 * S))
+    why = "agent of node b lost: not heard from for 30s, its session ended (last state: exporting)"
+    assert sw.CancelNode("b", why) in out and analyses(out) == [sw.Analyse((("a", DIGEST),))]
+    assert sweep.nodes["b"].state is sw.NodeState.FAILED and sweep.nodes["b"].reason == why
+    assert sweep.nodes["b"].updated_ns == T0 + 5 * S
+    sweep.handle(sw.AnalysisDone("/r/s1.json", T0 + 6 * S))
+    assert sweep.state is sw.SweepState.PARTIAL and sweep.missing == ["b"]
 
 
-def test_a_disconnect_outside_an_export_changes_nothing() -> None:
+def test_a_lost_agent_changes_nothing_of_nodes_ended_or_not_in_the_sweep() -> None:
+    sweep = started("a", "b")
+    sweep.handle(sw.NodeReported("a", sw.NodeState.FAILED, T0 + S, reason="nsys exited 1"))
+    assert sweep.handle(sw.AgentLost("a", 30.0, "its session ended", T0 + 2 * S)) == []
+    assert sweep.handle(sw.AgentLost("zz", 30.0, "its session ended", T0 + 2 * S)) == []
+    assert sweep.nodes["a"].reason == "nsys exited 1" and sweep.nodes["b"].state is sw.NodeState.PENDING
+
+
+def test_a_lost_agent_uploading_raw_exports_beside_its_stored_digest_ends_on_the_digest() -> None:
     sweep = started("a")
-    sweep.handle(sw.NodeReported("a", sw.NodeState.CAPTURING, T0 + S))
-    assert sweep.handle(sw.Disconnected("a", T0 + 2 * S, 60 * S)) == []
-    assert sweep.handle(sw.Disconnected("zz", T0 + 2 * S, 60 * S)) == []
-    assert sweep.handle(sw.Tick(T0 + 29 * S)) == []
+    sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADING, T0 + S, artifacts=(DIGEST,)))
+    out = sweep.handle(sw.AgentLost("a", 30.0, "its session still open", T0 + 2 * S))
+    assert analyses(out) == [sw.Analyse((("a", DIGEST),))] and sweep.nodes["a"].digest_only
+    assert sweep.nodes["a"].notes == ["raw exports not all uploaded (agent of node a lost: not heard from for 30s, "
+                                      "its session still open): the report stands on its digest"]
+
+
+def test_an_agent_back_at_a_capture_its_node_ended_for_is_told_to_stop() -> None:
+    """Judged lost, then restarted from its ledger: its capture goes on, DCGM paused, until its
+    own deadline, unless told; a report of one ended or finished counts for nothing."""
+    sweep = started("a", "b", "c")
+    sweep.handle(sw.AgentLost("a", 30.0, "its session ended", T0 + S))
+    finish(sweep, "c")
+    assert sweep.handle(sw.NodeReported("c", sw.NodeState.UPLOADING, T0 + 2 * S)) == []  # a stale re-report
+    why = sweep.nodes["a"].reason
+    assert sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADING, T0 + 2 * S)) == [sw.CancelNode("a", why)]
+    assert sweep.handle(sw.NodeReported("a", sw.NodeState.DCGM_RESUMED, T0 + 3 * S)) == []
+    assert sweep.handle(sw.NodeReported("a", sw.NodeState.FAILED, T0 + 3 * S)) == []
+    assert sweep.nodes["a"].state is sw.NodeState.FAILED and sweep.nodes["a"].reason == why
+    finish(sweep, "b")
+    assert sweep.handle(sw.NodeReported("b", sw.NodeState.UPLOADING, T0 + 4 * S)) == []  # not running now
 
 
 def test_an_export_without_a_bound_counts_against_the_timeout() -> None:

@@ -60,8 +60,10 @@ class Cluster:
         self.port = 0
         self.channel: grpc.Channel | None = None
         self.tokens: dict[str, str] = {}  # node -> its agent's session token (kept across its restarts)
+        # A killed agent restarted here is back within START_S, however busy the box: not judged lost.
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RANKSCOPE_RESTART_GRACE_S": "20",
-                    "RANKSCOPE_PING_INTERVAL_S": "1", "RANKSCOPE_HEARTBEAT_INTERVAL_S": "1"}
+                    "RANKSCOPE_PING_INTERVAL_S": "1", "RANKSCOPE_HEARTBEAT_INTERVAL_S": "1",
+                    "RANKSCOPE_AGENT_LOST_S": str(START_S)}
 
     # processes ----------------------------------------------------------------------
 
@@ -357,5 +359,26 @@ def test_an_agent_stopped_mid_capture_ends_its_node_at_once_saying_why(cluster: 
     assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
     stopped = next(n for n in sweep.nodes if n.node == "n2")
     assert stopped.state == pb.NODE_STATE_FAILED and stopped.reason == "agent stopped by SIGTERM while capturing"
+    assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+
+
+def test_an_agent_killed_mid_capture_is_judged_lost_and_the_sweep_goes_on_without_it(cluster: Cluster) -> None:
+    """SIGKILL mid-capture: the agent says nothing, and the sweep waited out its whole timeout
+    for the node. Not heard from for $RANKSCOPE_AGENT_LOST_S (15 s here, heartbeats every 1 s),
+    its agent is judged lost: its node fails, named, and the rest are analysed. The timeout is
+    far past the wait below: the sweep ends on the judgement, or not at all."""
+    cluster.coordinator(RANKSCOPE_AGENT_LOST_S="15")
+    names = ["n0", "n1", "n2"]
+    for i, name in enumerate(names):
+        cluster.agent(name, i)
+    sweep_id = cluster.start_sweep(names, duration_s=3.0, timeout_s=600, options=sim_options(3))
+    wait_for("n2 to capture", lambda: cluster.node_state(sweep_id, "n2") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    cluster.kill("n2")
+    sweep = cluster.wait_final(sweep_id, 90)
+    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
+    lost = next(n for n in sweep.nodes if n.node == "n2")
+    assert lost.state == pb.NODE_STATE_FAILED, states(sweep)
+    assert lost.reason == "agent of node n2 lost: not heard from for 15s, its session ended (last state: capturing)"
     assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
     assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
