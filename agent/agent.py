@@ -35,7 +35,7 @@ from rankscope.agent.session import CHANNEL_OPTIONS, REGISTER_TIMEOUT_S, Registr
 from rankscope.agent.spool import local_ranks
 from rankscope.agent.uploader import Artifact, Uploader
 from rankscope.analysis import digest as digest_mod
-from rankscope.errors import ConfigError, ExportError, RankscopeError, TransportError
+from rankscope.errors import ConfigError, ExportError, RankscopeError, TransportError, shown
 from rankscope.lock import FolderLock
 from rankscope.proto.v1 import rankscope_pb2 as pb
 from rankscope.states import NodeState
@@ -452,7 +452,7 @@ class CaptureRun:
             try:
                 run = cls(agent, json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("%s: unreadable capture record, ignored (%s)", path, exc)
+                log.warning("%s: unreadable capture record, ignored (%s)", shown(path), exc)
                 continue
             if run.capture.done and path.stat().st_mtime < expired:
                 shutil.rmtree(path.parent, ignore_errors=True)
@@ -824,7 +824,7 @@ class CaptureRun:
             except OSError:  # housekeeping: the capture stands as it ended, uploaded or failed
                 kept.append(entry.name)
         if kept:
-            log.warning("capture %s: not removed from %s: %s", self.sweep_id, self.folder, ", ".join(kept))
+            log.warning("capture %s: not removed from %s: %s", self.sweep_id, shown(self.folder), ", ".join(map(shown, kept)))
 
     # reporting ----------------------------------------------------------------------
 

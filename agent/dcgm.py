@@ -33,7 +33,7 @@ from types import ModuleType
 
 from rankscope.agent.pause_ledger import DEFAULT_FOLDER, Holder, NoLedger, PauseLedger
 from rankscope.cli import parse_path
-from rankscope.errors import ConfigError, ToolError
+from rankscope.errors import ConfigError, ToolError, shown
 
 log = logging.getLogger(__name__)
 
@@ -230,12 +230,12 @@ class DcgmiControl(DcgmControl):
             done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s,
                                   stdin=subprocess.DEVNULL)
         except FileNotFoundError:
-            self.error = f"{self.dcgmi} not found"
+            self.error = f"{shown(self.dcgmi)} not found"
             # Gone since discover() found it (an upgrade, a volume unmounted): a pause it made
             # stands, so a resume it cannot run stays owed, to be retried.
             return DcgmOutcome.FAILED if success is DcgmOutcome.RESUMED else DcgmOutcome.NOT_PRESENT
         except OSError as exc:  # not executable (any more), say: a failure to say, never to raise
-            self.error = f"{self.dcgmi} cannot run ({exc.strerror or exc})"
+            self.error = f"{shown(self.dcgmi)} cannot run ({exc.strerror or exc})"
             return DcgmOutcome.FAILED
         except subprocess.TimeoutExpired:  # a busy host engine may have paused all the same
             self.error = f"`{' '.join(argv)}` did not answer within {self.timeout_s:g} s"
@@ -348,8 +348,8 @@ def discover(config: DcgmConfig | None = None) -> DcgmControl:
         if path:
             return DcgmiControl(path, config.host, config.timeout_s)
         if config.mode == "dcgmi":
-            return NoDcgm(f"{config.dcgmi} not found, or not executable")
-        return NoDcgm(f"neither DCGM's Python bindings nor {config.dcgmi} found")
+            return NoDcgm(f"{shown(config.dcgmi)} not found, or not executable")
+        return NoDcgm(f"neither DCGM's Python bindings nor {shown(config.dcgmi)} found")
     return NoDcgm(f"unknown DCGM mode {config.mode!r}")
 
 
@@ -563,7 +563,7 @@ class PauseManager:
             self._stale = True
 
     def _unwritable(self, exc: OSError) -> str:
-        return f"the pause ledger {self.ledger.folder} cannot be written ({exc.strerror or exc})"
+        return f"the pause ledger {shown(self.ledger.folder)} cannot be written ({exc.strerror or exc})"
 
     def _undo(self, capture_id: str, others: list[Holder], exc: OSError) -> PauseNotRecorded:
         """Give back a pause the ledger could not record, at once: DCGM resumed unless another
@@ -618,7 +618,7 @@ class PauseManager:
                 try:
                     self._expire()
                 except OSError as exc:  # the ledger's folder went away under us: say so, keep trying
-                    log.warning("DCGM pause ledger %s: %s", self.ledger.folder, exc)
+                    log.warning("DCGM pause ledger %s: %s", shown(self.ledger.folder), exc)
                     self._wake.wait(self.retry_delay_s * 4)
                 finally:
                     # From the look's end: a resume failing slowly (each call its timeout) was

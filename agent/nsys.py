@@ -32,7 +32,7 @@ from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo
 from rankscope.agent.window import NoWindow
 from rankscope import cpus, output
-from rankscope.errors import ToolError
+from rankscope.errors import ToolError, shown
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def find_nsys(nsys: str = NSYS) -> str:
         return path
     if os.sep in nsys:
         why = "is not executable" if os.path.isfile(nsys) else "does not exist"
-        raise ToolError(f"nsys at {nsys} {why}: point RANKSCOPE_NSYS (or --nsys) at Nsight Systems' nsys")
+        raise ToolError(f"nsys at {shown(nsys)} {why}: point RANKSCOPE_NSYS (or --nsys) at Nsight Systems' nsys")
     raise ToolError(f"nsys not found ({nsys!r} is not on PATH): install Nsight Systems or set RANKSCOPE_NSYS")
 
 
@@ -198,15 +198,15 @@ def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
         cancelled: threading.Event | None = None) -> subprocess.CompletedProcess:
     """Run one nsys command; any failure is a ToolError naming the command and nsys's words.
     ``cancelled``, once set, kills the command within `CANCEL_POLL_S`, or keeps it from starting."""
-    shown = " ".join(map(str, argv))
+    command = " ".join(map(str, argv))
     if cancelled is not None and cancelled.is_set():  # queued behind a cancel: starting it only to kill it
-        raise ToolError(f"`{shown}` was not started: the capture was cancelled")
+        raise ToolError(f"`{command}` was not started: the capture was cancelled")
     try:
         # its own process group: what nsys starts (an export's importer) is killed with it
         proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except FileNotFoundError:
-        raise ToolError(f"nsys not found: `{shown}` cannot run") from None
+        raise ToolError(f"nsys not found: `{command}` cannot run") from None
     deadline = time.monotonic() + timeout_s
     with proc:
         while True:
@@ -223,10 +223,10 @@ def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
                     continue
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                raise ToolError(f"`{shown}` {why}") from None
+                raise ToolError(f"`{command}` {why}") from None
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
-        raise ToolError(f"`{shown}` failed (exit {done.returncode}): {_last_words(done)}")
+        raise ToolError(f"`{command}` failed (exit {done.returncode}): {_last_words(done)}")
     return done
 
 
@@ -532,16 +532,16 @@ class NsysBackend(CaptureBackend):
         self._wait_for_report(report, request.cancelled)
         free = shutil.disk_usage(request.workdir).free
         if free < max(MIN_FREE_BYTES, 2 * report.stat().st_size):
-            raise ToolError(f"disk full: {free >> 20} MiB free in {request.workdir}, "
-                            f"cannot export {report.name}")
+            raise ToolError(f"disk full: {free >> 20} MiB free in {shown(request.workdir)}, "
+                            f"cannot export {shown(report.name)}")
         try:
             run(export_command(report, output, nsys=exe), timeout_s=self.export_timeout_s_each,
                 cancelled=request.cancelled)
         except ToolError as exc:
             output.unlink(missing_ok=True)  # a killed export may leave half a database
-            raise ToolError(f"{report.name}: {exc}") from None
+            raise ToolError(f"{shown(report.name)}: {exc}") from None
         if not output.exists():
-            raise ToolError(f"{report.name}: nsys export reported success but wrote no {output}")
+            raise ToolError(f"{shown(report.name)}: nsys export reported success but wrote no {shown(output)}")
         if not request.keep_outputs:
             report.unlink()  # the export is what we keep; reports are large
         return output
@@ -551,10 +551,10 @@ class NsysBackend(CaptureBackend):
         deadline = time.monotonic() + self.report_wait_s
         while not report.exists():
             if time.monotonic() > deadline:
-                raise ToolError(f"{report.name}: nsys stopped the session but wrote no report "
+                raise ToolError(f"{shown(report.name)}: nsys stopped the session but wrote no report "
                                 f"within {self.report_wait_s:g} s")
             if cancelled.wait(0.1):
-                raise ToolError(f"{report.name}: no longer waited for: the capture was cancelled")
+                raise ToolError(f"{shown(report.name)}: no longer waited for: the capture was cancelled")
 
 
 def reports_dir(request: CaptureRequest) -> Path:

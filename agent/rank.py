@@ -28,7 +28,7 @@ from rankscope.agent import nsys, window
 from rankscope.agent.spool import DEFAULT_SPOOL, RankInfo, announce, new_token, ranks_dir, withdraw
 from rankscope import output
 from rankscope.cli import parse_duration, parse_path
-from rankscope.errors import CommandError, InputError, RankscopeError, ToolError
+from rankscope.errors import CommandError, InputError, RankscopeError, ToolError, shown
 from rankscope.lock import FolderInUse, FolderLock
 from rankscope.launchers import JOB_ENV, LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV, job_id, starts_ranks
 
@@ -335,10 +335,10 @@ def run_one_shot(info: RankInfo, cmd: Sequence[str], args: argparse.Namespace, e
     code = supervise(argv)
     report = Path(f"{base}{nsys.REPORT_SUFFIX}")
     if not report.exists():
-        log.warning("nsys profile wrote no report at %s", report)
+        log.warning("nsys profile wrote no report at %s", shown(report))
         return code
     try:
         nsys.run(nsys.export_command(report, Path(f"{base}.sqlite"), nsys=exe), timeout_s=nsys.EXPORT_TIMEOUT_S)
     except ToolError as exc:  # the rank's own exit code stands: its run went as it went
-        log.warning("rank %d: the report %s was not exported: %s", info.rank, report, exc)
+        log.warning("rank %d: the report %s was not exported: %s", info.rank, shown(report), exc)
     return code

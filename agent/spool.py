@@ -22,6 +22,7 @@ import secrets
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from rankscope.errors import shown
 from rankscope.lock import held
 from rankscope.records import known_fields
 
@@ -79,7 +80,7 @@ def announce(spool: Path, info: RankInfo) -> Path:
             info = RankInfo(**{**asdict(info), "locked": True})
         except OSError as exc:  # a filesystem without locks: the agent falls back on the pid
             log.warning("%s: cannot lock the announcement (%s): the agent judges this rank by its pid",
-                        path, exc.strerror or exc)
+                        shown(path), exc.strerror or exc)
         os.write(fd, json.dumps(asdict(info)).encode())
         os.replace(tmp, path)
     except BaseException:
@@ -111,7 +112,7 @@ def local_ranks(spool: Path) -> list[RankInfo]:
             # Not the agent's to end on, nor to delete: the rank may live (another rankscope's wrapper).
             if path not in _UNREADABLE:
                 _UNREADABLE.add(path)
-                log.warning("%s: unreadable rank announcement (%s): left out of captures", path, exc)
+                log.warning("%s: unreadable rank announcement (%s): left out of captures", shown(path), exc)
             continue
         info = replace(info, spool=str(spool))
         if lives(info):

@@ -47,7 +47,7 @@ from rankscope.analysis.nsys_export import (
     I64_MAX, I64_MIN, MAX_DEVICE, NCCL_DOMAIN, NCCL_NAMED, NCCL_RANGE, OTHER_RANGE, PAYLOAD_FIELDS, File,
     read_file,
 )
-from rankscope.errors import ExportError, InputError, quoted
+from rankscope.errors import ExportError, InputError, quoted, shown
 from rankscope import launchers
 from rankscope.launchers import LOCAL_RANK_ENV, RANK_ENV, WORLD_SIZE_ENV
 
@@ -1009,7 +1009,7 @@ def _identities(files: list[File], units: Columns, nccl: Columns, rank_from: str
         found = payload["comm_rank"][lo:hi] if needs[i] else None
         if rank_from is not None:
             if not single:
-                raise InputError(f"--rank-from names one rank per file, and {export.path} holds {hi - lo} "
+                raise InputError(f"--rank-from names one rank per file, and {shown(export.path)} holds {hi - lo} "
                                  f"processes/GPUs: {digest.SEVERAL_RANKS_HINT}")
             rank[lo], source[lo] = _rank_override(export, rank_from), f"override:{rank_from}"
         elif single and rank_env:

@@ -43,7 +43,7 @@ from rankscope.analysis.report import (
     ranks_text,
     some_of,
 )
-from rankscope.errors import InputError, RankscopeWarning
+from rankscope.errors import InputError, RankscopeWarning, shown
 from rankscope.node_name import natural
 
 # Far past any job run (the largest train on ~100k GPUs): a larger world size is a corrupt field.
@@ -413,7 +413,7 @@ def _rank_notes(ranks: list[int], notes: list[list[str]]) -> list[str]:
 
 
 def _file_list(files: list[str]) -> str:
-    return ", ".join(files) if len(files) <= 3 else f"{files[0]}, ..., {files[-1]}"
+    return ", ".join(map(shown, files)) if len(files) <= 3 else f"{shown(files[0])}, ..., {shown(files[-1])}"
 
 
 def _rank_list(ranks: list[int]) -> str:

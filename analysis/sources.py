@@ -111,13 +111,13 @@ def _digests_of_exports(skipped: dict[str, list[tuple[int, str]]]) -> str:
     ranks = ranks_text([rank for rank, _ in found])
     if len(skipped) > 1:
         names = sorted(skipped)
-        return (f"{len(names)} digests of exports in the input too ({names[0]} to {names[-1]}: ranks {ranks}; same "
+        return (f"{len(names)} digests of exports in the input too ({shown(names[0])} to {shown(names[-1])}: ranks {ranks}; same "
                 "host, process and window each); read the exports alone")
     (name,) = skipped
     if len(found) > 1:
-        return (f"{name}: a digest of {len(found)} exports in the input too (ranks {ranks}, {found[0][1]} to "
-                f"{found[-1][1]}; same host, process and window each); read the exports alone")
-    return (f"{name}: a digest of {found[0][1]}, which is in the input too (same rank {ranks}, host, process and "
+        return (f"{shown(name)}: a digest of {len(found)} exports in the input too (ranks {ranks}, {shown(found[0][1])} to "
+                f"{shown(found[-1][1])}; same host, process and window each); read the exports alone")
+    return (f"{shown(name)}: a digest of {shown(found[0][1])}, which is in the input too (same rank {ranks}, host, process and "
             "window); read the export alone")
 
 

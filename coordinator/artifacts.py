@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rankscope import atomic, output
-from rankscope.errors import RankscopeError, UploadRejected, quoted
+from rankscope.errors import RankscopeError, UploadRejected, quoted, shown
 from rankscope.proto.v1 import chunks
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class StorageFull(RankscopeError):
 def storage_full(reason: str, root: Path) -> StorageFull:
     """The error for a full disk under ``root``, logged for the operator as it is raised:
     once a minute at most, as every upload retry, status and save meanwhile fails alike."""
-    error = StorageFull(f"coordinator storage is full ({reason}): free space under {root}")
+    error = StorageFull(f"coordinator storage is full ({reason}): free space under {shown(root)}")
     now = time.monotonic()
     with _full_lock:
         last = _full_logged.get(str(error), -FULL_LOG_S)
@@ -110,7 +110,7 @@ def storage_errors(root: Path, what: str = "the upload") -> Iterator[None]:
         reason = exc.strerror or str(exc)
         if exc.errno in _FULL:
             raise storage_full(reason, root) from None
-        log.error("cannot store %s under %s (%s)", what, root, reason)
+        log.error("cannot store %s under %s (%s)", what, shown(root), reason)
         raise RankscopeError(f"cannot store {what} ({reason})") from None
 
 
@@ -223,7 +223,7 @@ class ArtifactStore:
                     yield data
         except OSError as exc:
             error = RankscopeError(f"stored artifact {sha256[:12]}... cannot be read ({exc.strerror or exc})")
-            log.error("%s under %s", error, self.objects)
+            log.error("%s under %s", error, shown(self.objects))
             raise error from None
 
     def committed(self, upload_id: str) -> tuple[UploadHeader, int] | None:

@@ -22,7 +22,7 @@ from rankscope.coordinator.client import SweepClient, node_progress, node_state_
 from rankscope.coordinator.config import resolve
 from rankscope.coordinator.registry import labels_text
 from rankscope import node_name, output, signals, tls
-from rankscope.errors import CallTimedOut, InputError, RankscopeError, TransportError
+from rankscope.errors import CallTimedOut, InputError, RankscopeError, TransportError, shown
 from rankscope.lock import NO_LOCKS
 from rankscope.memory import keep_chunk_memory
 from rankscope.progress import Progress
@@ -258,7 +258,7 @@ def run_coordinator(args: argparse.Namespace) -> int:
         output.write_text(args.port_file, f"{port}\n")
     security = ("mTLS, node certificates" if config.node_certs else "mTLS" if config.tls_client_ca else
                 "TLS" if config.tls_cert else "plaintext")
-    print(f"rankscope coordinator listening on {host}:{port} ({security}; data in {config.data_dir})",
+    print(f"rankscope coordinator listening on {host}:{port} ({security}; data in {shown(config.data_dir)})",
           file=sys.stderr, flush=True)
     stop.wait()
     print("rankscope coordinator stopping", file=sys.stderr, flush=True)
@@ -361,8 +361,8 @@ def _command_line(args: argparse.Namespace, command: str, *words: str) -> str:
 
 def _say_started(sweep: pb.Sweep) -> None:
     names = [n.node for n in sweep.nodes]
-    shown = ", ".join(names if len(names) <= FLEET_NODES else [*names[:3], "...", names[-1]])
-    print(f"sweep {sweep.sweep_id} started on {len(names)} node(s): {shown}", file=sys.stderr, flush=True)
+    listed = ", ".join(names if len(names) <= FLEET_NODES else [*names[:3], "...", names[-1]])
+    print(f"sweep {sweep.sweep_id} started on {len(names)} node(s): {listed}", file=sys.stderr, flush=True)
 
 
 def _follow(client: SweepClient, sweep_id: str) -> pb.Sweep:
@@ -441,7 +441,7 @@ def _print_report(reply: pb.ReportReply, args: argparse.Namespace) -> None:
                  if nodes]
         print(f"rankscope: sweep {reply.sweep_id} is partial; {'; '.join(parts)}", file=sys.stderr)
     # The coordinator's path, which on another host (a pod) is no file here.
-    print(f"report on the coordinator's host: {reply.path}", file=sys.stderr)
+    print(f"report on the coordinator's host: {shown(reply.path)}", file=sys.stderr)
     if reply.raw_exports:
         print(f"raw exports: {reply.raw_exports} on the coordinator; "
               f"{_command_line(args, 'fetch', '--kind', 'raw', reply.sweep_id)} downloads them into ./{reply.sweep_id}",
@@ -602,7 +602,7 @@ def run_fetch(args: argparse.Namespace) -> int:
                       redraw_s=0.1, text=_mib) as progress:
             resumed = sum(_fetch_one(client, listing.sweep_id, stored, path, progress) for stored, path in todo)
     kept = len(listing.artifacts) - len(todo)
-    print(f"fetched {len(todo)} file(s) ({total / (1 << 20):.1f} MiB) of sweep {listing.sweep_id} into {folder}"
+    print(f"fetched {len(todo)} file(s) ({total / (1 << 20):.1f} MiB) of sweep {listing.sweep_id} into {shown(folder)}"
           + (f"; {kept} already there" if kept else "")
           + (f"; {resumed} bytes resumed from an interrupted fetch" if resumed else ""))
     if not args.kind and not any(s.artifact.kind == pb.ARTIFACT_KIND_RAW for s in listing.artifacts):

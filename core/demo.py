@@ -31,7 +31,7 @@ from typing import NoReturn
 
 from rankscope import output
 from rankscope.cli import parse_count, parse_duration, parse_path
-from rankscope.errors import InputError, RankscopeError, ToolError
+from rankscope.errors import InputError, RankscopeError, ToolError, shown
 
 DEFAULT_RANKS_PER_NODE = 4
 MIN_RANKS_PER_NODE = 2  # 4 ranks: naming a straggler needs 3+ (analysis.stragglers.not_judged)
@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     workdir = output.make_folder(Path(args.workdir or tempfile.mkdtemp(prefix="rankscope-demo-")).resolve())
     started = time.monotonic()
     with _Processes(workdir) as procs:
-        _say(started, f"work folder {workdir}")
+        _say(started, f"work folder {shown(workdir)}")
         address = procs.coordinator()
-        _say(started, f"coordinator on {address} (SQLite state and artifacts in {workdir / 'coordinator'})")
+        _say(started, f"coordinator on {address} (SQLite state and artifacts in {shown(workdir / 'coordinator')})")
         for name in NODES:
             procs.agent(name, address)
         _say(started, f"agents {', '.join(NODES)} started (one per simulated node, --backend torch; both on "
@@ -193,7 +193,7 @@ class _Processes:
         deadline = time.monotonic() + START_S
         while not port_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise ToolError(f"the coordinator did not start: see {self.logs / 'coordinator.log'}")
+                raise ToolError(f"the coordinator did not start: see {shown(self.logs / 'coordinator.log')}")
             time.sleep(0.1)
         return f"127.0.0.1:{int(port_file.read_text())}"
 
@@ -224,9 +224,9 @@ class _Processes:
         while len(list(self.ready.glob("*"))) < world:
             dead = [i for i, p in enumerate(self.ranks) if p.poll() is not None]
             if dead:
-                raise ToolError(f"rank {dead[0]} of the demo job exited: see {self.logs / f'rank{dead[0]}.log'}")
+                raise ToolError(f"rank {dead[0]} of the demo job exited: see {shown(self.logs / f'rank{dead[0]}.log')}")
             if time.monotonic() > deadline:
-                raise ToolError(f"the demo job did not start within {START_S:g} s: see {self.logs}")
+                raise ToolError(f"the demo job did not start within {START_S:g} s: see {shown(self.logs)}")
             time.sleep(0.2)
 
     def end_job(self) -> None:

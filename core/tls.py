@@ -19,7 +19,7 @@ import grpc
 
 from rankscope.address import host_port
 from rankscope.cli import parse_path
-from rankscope.errors import ConfigError
+from rankscope.errors import ConfigError, shown
 
 PROBE_TIMEOUT_S = 2.0
 # Every channel to the coordinator pings it while idle (deployment.md §4: 60 s, 20 s to
@@ -79,7 +79,7 @@ def _check_pem(files: TlsFiles) -> None:
         try:
             ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(files.cert, files.key)
         except ssl.SSLError as exc:
-            raise ConfigError(f"not a PEM certificate with its private key {files.key} ({exc.reason or exc})",
+            raise ConfigError(f"not a PEM certificate with its private key {shown(files.key)} ({exc.reason or exc})",
                               path=files.cert) from None
 
 
@@ -222,7 +222,7 @@ def _refused_tls(host: str, port: int, files: TlsFiles) -> str | None:
         if exc.verify_code in _NAME_MISMATCH:
             return (f"its certificate is not for the name {files.server_name or host!r} ({exc.verify_message}): dial "
                     "a name it carries, or pass that name with --tls-server-name")
-        trusted = f"the CA in {files.ca}" if files.ca else "the system's CAs"
+        trusted = f"the CA in {shown(files.ca)}" if files.ca else "the system's CAs"
         return f"its certificate does not verify against {trusted} ({exc.verify_message})"
     except ssl.SSLError:
         closed = True
@@ -234,4 +234,4 @@ def _refused_tls(host: str, port: int, files: TlsFiles) -> str | None:
         return None
     if files.cert is None:
         return "it requires a client certificate: pass --tls-cert and --tls-key"
-    return f"it refused the client certificate {files.cert} (not signed by a CA it trusts?)"
+    return f"it refused the client certificate {shown(files.cert)} (not signed by a CA it trusts?)"

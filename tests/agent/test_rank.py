@@ -376,6 +376,19 @@ def test_an_nsys_option_with_nothing_in_it_is_refused_before_cmd_starts(options,
     assert not marker.exists() and not (tmp_path / "spool").exists()
 
 
+def test_an_nsys_path_with_a_newline_is_shown_quoted_in_its_one_line(tmp_path, capsys):
+    from rankscope.cli import main
+
+    # `rank --nsys $'/opt/no\nsuch/nsys'` said "nsys at /opt/no such/nsys does not exist": one
+    # line, the newline made a space, naming another path
+    missing = tmp_path / "no\nsuch" / "nsys"
+    marker = tmp_path / "ran"
+    assert main(["rank", "--spool", str(tmp_path / "spool"), "--nsys", str(missing), "--", "touch", str(marker)]) == 1
+    assert capsys.readouterr().err == (f"rankscope: error: nsys at '{tmp_path}/no\\nsuch/nsys' does not exist: point "
+                                       "RANKSCOPE_NSYS (or --nsys) at Nsight Systems' nsys\n")
+    assert not marker.exists()
+
+
 def test_one_shot_nvtx_capture_range_needs_its_range(nsys_env, tmp_path):
     _, env = nsys_env
     proc = rankscope("rank", "--spool", str(tmp_path), "--one-shot", "--capture-range", "nvtx", "--", "true", env=env)

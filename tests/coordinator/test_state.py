@@ -243,6 +243,14 @@ def test_config_from_defaults_environment_and_flags() -> None:
         resolve(environ={**tls, "RANKSCOPE_NODE_CERTS": "maybe"})
 
 
+def test_a_full_disk_under_a_data_dir_with_a_newline_names_it_quoted(tmp_path: Path, caplog) -> None:
+    # `coordinator --data-dir $'data\nold'` on a full disk said "free space under .../data",
+    # then "old" on a line of its own, in the error and in the operator's log line
+    error = art.storage_full("No space left on device", tmp_path / "data\nold")
+    assert str(error).endswith(f"free space under '{tmp_path}/data\\nold'")
+    assert caplog.messages == [str(error)]
+
+
 def test_a_full_disk_is_a_storage_error_and_the_store_writes_again_once_there_is_room(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.sqlite")
     store._db.execute(f"PRAGMA max_page_count = {store._db.execute('PRAGMA page_count').fetchone()[0]}")

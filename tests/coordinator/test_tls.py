@@ -136,6 +136,19 @@ def test_files_that_are_not_pem_or_not_a_pair_are_named_before_any_handshake(tmp
         wire.start(tmp_path / "data", tls_cert=tmp_path / "notes.pem", tls_key=pki / "server.key")
 
 
+def test_a_key_named_with_a_newline_is_shown_quoted_in_the_coordinators_one_line(tmp_path, pki, capsys) -> None:
+    from rankscope.cli import main
+
+    # `coordinator --tls-key $'other\n.key'`, the key of another certificate, named the key
+    # "other .key" (the newline made a space): another file
+    key = tmp_path / "other\n.key"
+    shutil.copy(pki / "client.key", key)
+    assert main(["coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data"),
+                 "--tls-cert", str(pki / "server.pem"), "--tls-key", str(key)]) == 2
+    assert capsys.readouterr().err == (f"rankscope: error: {pki / 'server.pem'}: not a PEM certificate with its private "
+                                       f"key '{tmp_path}/other\\n.key' (KEY_VALUES_MISMATCH)\n")
+
+
 @pytest.mark.parametrize("content", [b"", bytes(range(256))], ids=["empty", "binary"])
 def test_a_ca_file_empty_or_not_text_is_named_not_a_traceback_or_the_systems_cas(tmp_path, wire, pki, content) -> None:
     # An empty one passed the check (and was then read as no CA); a binary one raised TypeError.
