@@ -13,7 +13,7 @@ communicator, send pairing with recv.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
@@ -275,6 +275,23 @@ def _ordinals(untraced: np.ndarray, comm: np.ndarray, rank: np.ndarray, seq: np.
     return ordinal, calls
 
 
+@dataclass(frozen=True)
+class _Ordinals:
+    """The collective rows the re-alignments work on: their keys (``key_seq``, shifted in
+    place), the rows matched by ordinal that may be shifted (``use_ordinal``), the calls whose
+    ends coincide on every member (``together``), and each row's communicator (a code into
+    ``comm_ids``), host code, rank and end."""
+
+    key_seq: np.ndarray
+    use_ordinal: np.ndarray
+    together: np.ndarray
+    comm: np.ndarray
+    comm_ids: np.ndarray
+    host: np.ndarray
+    rank: np.ndarray
+    end: np.ndarray
+
+
 def _realign_ordinals(key_seq: np.ndarray, use_ordinal: np.ndarray, events: Table, comm: np.ndarray,
                       comm_ids: np.ndarray, rank: np.ndarray, op: np.ndarray, ops: np.ndarray,
                       fitted: FittedEnds | None, warnings: list[str]) -> set[str]:
@@ -282,15 +299,12 @@ def _realign_ordinals(key_seq: np.ndarray, use_ordinal: np.ndarray, events: Tabl
     few calls off: on shared clocks, on the gaps across hosts, then on ``fitted`` ends; the
     comm_ids re-aligned."""
     host, _ = codes(events["host"])
-    end = np.asarray(events["end_ns"], np.int64)
-    together = member_of(ops, N_TO_N_OPS)[op]  # calls whose ends coincide on every member
-    realigned = (
-        _shift_ordinals_on_shared_clocks(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings)
-        | _shift_ordinals_across_hosts(key_seq, use_ordinal, together, comm, comm_ids, host, rank, end, warnings))
+    calls = _Ordinals(key_seq, use_ordinal, member_of(ops, N_TO_N_OPS)[op], comm, comm_ids, host, rank,
+                      np.asarray(events["end_ns"], np.int64))
+    realigned = _shift_ordinals_on_shared_clocks(calls, warnings) | _shift_ordinals_across_hosts(calls, warnings)
     if fitted is not None:
         suspect = use_ordinal & member_of(comm_ids, fitted.comm_ids)[comm]
-        realigned |= _shift_ordinals_on_fitted_clocks(key_seq, suspect, together, comm, comm_ids, rank, fitted,
-                                                      warnings)
+        realigned |= _shift_ordinals_on_fitted_clocks(replace(calls, use_ordinal=suspect), fitted, warnings)
     return realigned
 
 
@@ -416,24 +430,14 @@ def _ordinal_count_warnings(uneven: dict[str, tuple[int, int]]) -> list[str]:
     ]
 
 
-def _shift_ordinals_on_shared_clocks(
-    key_seq: np.ndarray,
-    use_ordinal: np.ndarray,
-    together: np.ndarray,
-    comm: np.ndarray,
-    comm_ids: np.ndarray,
-    host: np.ndarray,
-    rank: np.ndarray,
-    end: np.ndarray,
-    warnings: list[str],
-) -> set[str]:
-    """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a
+def _shift_ordinals_on_shared_clocks(calls: _Ordinals, warnings: list[str]) -> set[str]:
+    """Re-align ordinals (``calls.key_seq``, in place) of ranks whose capture started or stopped a
     few calls off their host's other members (`_shift_ordinals_on_clocks`): members on one
     host share a clock. Cross-host members cannot be checked this way (their clocks differ
     by more than a call period)."""
     shifted = set()
-    for c, r, _, shift in _shift_ordinals_on_clocks(key_seq, use_ordinal, together, comm, host, rank, end):
-        comm_id = comm_ids[c]
+    for c, r, _, shift in _shift_ordinals_on_clocks(calls, calls.host, calls.end):
+        comm_id = calls.comm_ids[c]
         if shift is None:
             warnings.append(f"communicator {comm_id}: rank {r}'s calls do not line up with its host's other members")
             continue
@@ -443,17 +447,8 @@ def _shift_ordinals_on_shared_clocks(
     return shifted
 
 
-def _shift_ordinals_on_fitted_clocks(
-    key_seq: np.ndarray,
-    use_ordinal: np.ndarray,
-    together: np.ndarray,
-    comm: np.ndarray,
-    comm_ids: np.ndarray,
-    rank: np.ndarray,
-    fitted: FittedEnds,
-    warnings: list[str],
-) -> set[str]:
-    """Re-align ordinals (``key_seq``, in place) of the ``use_ordinal`` rows' members on their
+def _shift_ordinals_on_fitted_clocks(calls: _Ordinals, fitted: FittedEnds, warnings: list[str]) -> set[str]:
+    """Re-align ordinals (``calls.key_seq``, in place) of the ``use_ordinal`` rows' members on their
     ends on clocks fitted from other communicators' calls, or told by the coordinator
     (``fitted``): on those, as on one host's, a call's ends coincide on every member
     (`_shift_ordinals_on_clocks`, all rows on one clock). One warning per communicator.
@@ -464,21 +459,21 @@ def _shift_ordinals_on_fitted_clocks(
     re-aligned on their gaps, whose shift may itself be a few calls short of one larger than
     `_shift_misses` tries (a node cut 9 steps, paired 8 off: every communicator then agrees on
     clocks 8 steps off, and happens-before no longer says so)."""
+    key_seq = calls.key_seq
     before = key_seq.copy()
-    found = _shift_ordinals_on_clocks(key_seq, use_ordinal, together, comm, np.zeros_like(comm), rank, fitted.end,
-                                      fitted.error_ns)
+    found = _shift_ordinals_on_clocks(calls, np.zeros_like(calls.comm), fitted.end, fitted.error_ns)
     ranks: dict[int, dict[tuple[int, int | None, bool], list[int]]] = {}  # comm -> (reference, shift, kept) -> ranks
     for c, r, ref, shift in found:
-        kept = shift is not None and _ends_with_reference(key_seq, use_ordinal, comm, rank, c, r, ref)
+        kept = shift is not None and _ends_with_reference(calls, c, r, ref)
         if shift is not None and not kept:
-            undone = use_ordinal & (comm == c) & (rank == r)
+            undone = calls.use_ordinal & (calls.comm == c) & (calls.rank == r)
             key_seq[undone] = before[undone]
         ranks.setdefault(c, {}).setdefault((ref, shift, kept), []).append(r)
     shifted = {c for c, by_shift in ranks.items() if any(kept for _, _, kept in by_shift)}
-    warnings += [f"communicator {comm_ids[c]}: {', '.join(map(_found_shift, by_shift.items()))}; "
+    warnings += [f"communicator {calls.comm_ids[c]}: {', '.join(map(_found_shift, by_shift.items()))}; "
                  f"{'re-aligned' if c in shifted else 'left as matched'} on {fitted.source}"
                  for c, by_shift in ranks.items()]
-    return {str(comm_ids[c]) for c in shifted}
+    return {str(calls.comm_ids[c]) for c in shifted}
 
 
 def _found_shift(found: tuple[tuple[int, int | None, bool], list[int]]) -> str:
@@ -495,25 +490,17 @@ def _calls_off(shift: int) -> str:
     return f"{abs(shift)} call(s) {'behind' if shift > 0 else 'ahead of'}"
 
 
-def _ends_with_reference(key_seq: np.ndarray, use_ordinal: np.ndarray, comm: np.ndarray, rank: np.ndarray,
-                         c: int, member: int, reference: int) -> bool:
+def _ends_with_reference(calls: _Ordinals, c: int, member: int, reference: int) -> bool:
     """Whether the ``member``'s last call on communicator code ``c`` is its ``reference``'s
     last (ordinals ``key_seq`` of the ``use_ordinal`` rows)."""
-    on = use_ordinal & (comm == c)
-    return int(key_seq[on & (rank == member)].max()) == int(key_seq[on & (rank == reference)].max())
+    on = calls.use_ordinal & (calls.comm == c)
+    mine, theirs = (int(calls.key_seq[on & (calls.rank == r)].max()) for r in (member, reference))
+    return mine == theirs
 
 
-def _shift_ordinals_on_clocks(
-    key_seq: np.ndarray,
-    use_ordinal: np.ndarray,
-    together: np.ndarray,
-    comm: np.ndarray,
-    clock: np.ndarray,
-    rank: np.ndarray,
-    end: np.ndarray,
-    error: float = 0.0,
-) -> list[tuple[int, int, int, int | None]]:
-    """Re-align ordinals (``key_seq``, in place) of ranks whose capture started or stopped a
+def _shift_ordinals_on_clocks(calls: _Ordinals, clock: np.ndarray, end: np.ndarray,
+                              error: float = 0.0) -> list[tuple[int, int, int, int | None]]:
+    """Re-align ordinals (``calls.key_seq``, in place) of ranks whose capture started or stopped a
     few calls off; (communicator code, rank, its reference rank, shift or None where no shift
     makes ends coincide) per rank found off.
 
@@ -526,10 +513,11 @@ def _shift_ordinals_on_clocks(
     another, a rank whose reference's calls are not 4x that apart is left: a shift is taken
     where ends miss by under a quarter of the spacing, which such an error could fake.
     """
-    rows = np.flatnonzero(use_ordinal)
+    key_seq, together = calls.key_seq, calls.together
+    rows = np.flatnonzero(calls.use_ordinal)
     if not len(rows):
         return []
-    per_rank, ref_of = _ordinal_calls(rows, key_seq, comm, rank, clock)  # each rank's calls, and its reference
+    per_rank, ref_of = _ordinal_calls(calls, rows, clock)  # each rank's calls, and its reference
     rc, rr = per_rank.keys[0], per_rank.keys[-1]
     # Rows by rank, then ordinal: the k-th call of a rank and of its reference (which has
     # at least as many calls) are each group's k-th rows.
@@ -538,7 +526,7 @@ def _shift_ordinals_on_clocks(
     if misses is None:
         return []
     miss, spacing = misses
-    c, r, k = comm[rows], rank[rows], key_seq[rows]
+    c, r, k = calls.comm[rows], calls.rank[rows], key_seq[rows]
     found = []
     for i in np.flatnonzero((miss > spacing / 4) & (spacing > 4 * error)).tolist():  # off: rare, one by one
         mine_rows = rows[(c == rc[i]) & (r == rr[i])]
@@ -579,11 +567,10 @@ def _misses_on_clock(per_rank: Groups, ref_of: np.ndarray, ends: np.ndarray,
     return miss, spacing[ref_of]
 
 
-def _ordinal_calls(rows: np.ndarray, key_seq: np.ndarray, comm: np.ndarray, rank: np.ndarray,
-                   *clock: np.ndarray) -> tuple[Groups, np.ndarray]:
+def _ordinal_calls(calls: _Ordinals, rows: np.ndarray, *clock: np.ndarray) -> tuple[Groups, np.ndarray]:
     """The ``rows``' calls grouped per member (communicator, ``clock`` where given, rank) in
     ordinal order, and each member's reference group (`_references`)."""
-    per_rank = Groups(comm[rows], *(c[rows] for c in clock), rank[rows], within=key_seq[rows])
+    per_rank = Groups(calls.comm[rows], *(c[rows] for c in clock), calls.rank[rows], within=calls.key_seq[rows])
     return per_rank, _references(per_rank.size, per_rank.keys[-1], *per_rank.keys[:-1])
 
 
@@ -612,18 +599,8 @@ def _references(size: np.ndarray, rank: np.ndarray, *scope: np.ndarray) -> np.nd
     return ref_of
 
 
-def _shift_ordinals_across_hosts(
-    key_seq: np.ndarray,
-    use_ordinal: np.ndarray,
-    together: np.ndarray,
-    comm: np.ndarray,
-    comm_ids: np.ndarray,
-    host: np.ndarray,
-    rank: np.ndarray,
-    end: np.ndarray,
-    warnings: list[str],
-) -> set[str]:
-    """Re-align ordinals (``key_seq``, in place) of members whose calls are a few off their
+def _shift_ordinals_across_hosts(calls: _Ordinals, warnings: list[str]) -> set[str]:
+    """Re-align ordinals (``calls.key_seq``, in place) of members whose calls are a few off their
     communicator's reference member (the one with most calls), on another host than its: a
     member on the reference's host shares its clock, and its ends were compared whole
     (`_shift_ordinals_on_shared_clocks`), which the gaps, a few of them noisy, must not undo.
@@ -634,20 +611,20 @@ def _shift_ordinals_across_hosts(
     window that cut one more or one less call on one host pairs each gap with another
     call's. A shift is taken where it makes the gaps clearly closer (alignment-and-metrics.md
     §5: one off-by-one corrupts the clock fit, and the fit alone cannot tell)."""
-    rows = np.flatnonzero(use_ordinal)
+    rows = np.flatnonzero(calls.use_ordinal)
     if not len(rows):
         return set()
-    per_rank, ref_of = _ordinal_calls(rows, key_seq, comm, rank)
+    per_rank, ref_of = _ordinal_calls(calls, rows)
     rc = per_rank.keys[0]
-    ends, keys = end[rows][per_rank.order], key_seq[rows][per_rank.order]
+    ends, keys = calls.end[rows][per_rank.order], calls.key_seq[rows][per_rank.order]
     group = np.arange(per_rank.count).repeat(per_rank.size)
-    joint, paired = _gapped_calls(together[rows][per_rank.order], group, rc, len(comm_ids))
+    joint, paired = _gapped_calls(calls.together[rows][per_rank.order], group, rc, len(calls.comm_ids))
     at, before = _joint_gaps(joint, group)
     gap = ends[at] - ends[before]
     misses = _misses_of_gaps(per_rank, ref_of, keys, ends, joint, group, at, before, gap)
     if misses is None:
         return set()
-    host_of = host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
+    host_of = calls.host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect, least_gaps = _gap_suspects(*misses, ref_of, host_of)
     found = {}  # member -> (the shift its gaps fit, how well)
     # A member's gaps are a run of them (``at`` ascends, in group order): its bounds, not a
@@ -659,7 +636,7 @@ def _shift_ordinals_across_hosts(
         theirs = _rows_of(per_rank, ref_of[i])
         found[i] = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
                                    rooted=not paired[rc[i]], least=least)
-    return _take_gap_shifts(found, key_seq, rows, per_rank, ref_of, host_of, comm_ids, warnings)
+    return _take_gap_shifts(found, calls, rows, per_rank, ref_of, host_of, warnings)
 
 
 def _gapped_calls(joint: np.ndarray, group: np.ndarray, comm: np.ndarray,
@@ -714,12 +691,13 @@ def _gap_suspects(member: np.ndarray, miss: np.ndarray, spacing: np.ndarray, ref
     return member[looked], np.where(by_share[looked], 1, 2)
 
 
-def _take_gap_shifts(found: dict[int, tuple[int, _Fit]], key_seq: np.ndarray, rows: np.ndarray, per_rank: Groups,
-                     ref_of: np.ndarray, host_of: np.ndarray, comm_ids: np.ndarray, warnings: list[str]) -> set[str]:
-    """Shift the ordinals (``key_seq``, in place) of the members (groups of ``per_rank`` over
+def _take_gap_shifts(found: dict[int, tuple[int, _Fit]], calls: _Ordinals, rows: np.ndarray, per_rank: Groups,
+                     ref_of: np.ndarray, host_of: np.ndarray, warnings: list[str]) -> set[str]:
+    """Shift the ordinals (``calls.key_seq``, in place) of the members (groups of ``per_rank`` over
     ``rows``) whose gaps fit a shift (``found``) where they are taken, and warn of each and
     of those no shift clearly fits; the comm_ids shifted."""
     rc, rr = per_rank.keys
+    comm_ids = calls.comm_ids
     # One that fits a shift but not clearly takes it where a member on its host (its clock, and
     # mostly its capture window) clearly fits the same: its own gaps point there too.
     clear = {(rc[i], host_of[i], shift) for i, (shift, fit) in found.items() if fit is _Fit.CLEAR}
@@ -734,7 +712,7 @@ def _take_gap_shifts(found: dict[int, tuple[int, _Fit]], key_seq: np.ndarray, ro
                 continue
             unsure.setdefault((int(rc[i]), int(rr[j])), []).append(int(rr[i]))
             continue
-        key_seq[rows[per_rank.order[lo : lo + n]]] += shift
+        calls.key_seq[rows[per_rank.order[lo : lo + n]]] += shift
         shifted.add(str(comm_ids[rc[i]]))
         warnings.append(f"communicator {comm_ids[rc[i]]}: rank {rr[i]}'s capture is {_calls_off(shift)} "
                         f"rank {rr[j]}'s; re-aligned on the gaps between end times")
