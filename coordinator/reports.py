@@ -20,7 +20,7 @@ from rankscope import atomic
 from rankscope.analysis import digest
 from rankscope.coordinator.artifacts import storage_errors
 from rankscope.coordinator.sweeps import AnalysisDone, RankOn, SlowLink, Sweep
-from rankscope.errors import ExportError, InputError
+from rankscope.errors import ConsistencyError, ExportError, InputError
 from rankscope.node_name import items
 
 Analyze = Callable[..., Any]  # (digests: pa.Table, *, clock_hints) -> Report
@@ -36,26 +36,32 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints
           at_ns: int, analyze: Analyze | None = None) -> AnalysisDone:
     """Analyse the digests (each with the node that uploaded it and its artifact name), write
     the report atomically to ``out``; the sweep's event, with the stragglers (by the node they
-    ran on) and the slow links the report flags. A node whose digest cannot be read is left
-    out, failed (in ``sweep``, the caller's copy, and in the event) and named as missing; where
-    none can be read, the analysis fails. Digests that disagree (two jobs, a rank claimed
-    twice) fail it too, naming the nodes that sent them: which one is wrong cannot be told."""
-    read: list[tuple[pa.Table, str]] = []
-    unreadable: dict[str, str] = {}
+    ran on) and the slow links the report flags. A node whose digests are unsound on their own
+    (one cannot be read; a rank outside its world, or twice among them) is left out, failed (in
+    ``sweep``, the caller's copy, and in the event) and named as missing; where no node's are
+    sound, the analysis fails. Digests of two nodes that disagree (two jobs, a rank claimed by
+    both) fail it too, naming the nodes that sent them: which one is wrong cannot be told."""
+    own: dict[str, list[tuple[pa.Table, str]]] = {}  # node -> its digests, each with its artifact name
+    unusable: dict[str, str] = {}
     for path, node, name in digests_of:
         try:
-            table = digest.read(path)
+            own.setdefault(node, []).append((digest.read(path), name))
         except ExportError as exc:  # that node's alone: the others are analysed, it is named as failed
-            unreadable.setdefault(node, f"its digest {name} could not be read: {exc.args[0]}")
+            unusable.setdefault(node, f"its digest {name} could not be read: {exc.args[0]}")
+    for node, tables in own.items():
+        if node in unusable:
             continue
-        # Messages name the node each row came from, beside the trace: the trace's own names
-        # (its file on the node, its host or pod) are not the sweep's.
-        exports = table.column("source_file").to_pylist()
-        read.append((digest.named(table, [digest.digest_of(f"node {node}", export) for export in exports]), node))
-    if unreadable and len(unreadable) == len({node for _, node, _ in digests_of}):
-        raise InputError("; ".join(f"node {n}: {why}" for n, why in unreadable.items()))
-    sweep.fail_unreadable(unreadable.items(), at_ns)  # as the report below says it
-    read = [(table, node) for table, node in read if node not in unreadable]
+        try:
+            digest.check_consistent(digest.concat(_named(table, name) for table, name in tables))
+        except ConsistencyError as exc:  # its own digests say it is wrong: it alone fails
+            unusable[node] = f"its digest {exc}"
+    if unusable and len(unusable) == len({node for _, node, _ in digests_of}):
+        raise InputError("; ".join(f"node {n}: {why}" for n, why in unusable.items()))
+    sweep.fail_unusable(unusable.items(), at_ns)  # as the report below says it
+    # Messages name the node each row came from, beside the trace: the trace's own names
+    # (its file on the node, its host or pod) are not the sweep's.
+    read = [(_named(table, f"node {node}"), node) for node, tables in own.items() if node not in unusable
+            for table, _ in tables]
     tables = [table for table, _ in read]
     # The agent's node name, not the trace's host name: in a pod the trace names the pod,
     # which a scheduled sweep next week will not find; the node it can.
@@ -75,8 +81,13 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints
         slow_links=tuple(SlowLink(c.comm_id, c.op, tuple(c.ranks), c.busbw_gbps, c.peers_busbw_gbps)
                          for c in report.slow_communicators),
         stragglers_not_judged=report.stragglers_not_judged or "",
-        unreadable=tuple(unreadable.items()),
+        unusable=tuple(unusable.items()),
     )
+
+
+def _named(table: pa.Table, where: str) -> pa.Table:
+    """``table`` with each row named as of the export it was built from, in ``where``."""
+    return digest.named(table, [digest.digest_of(where, export) for export in table.column("source_file").to_pylist()])
 
 
 def missing_notes(sweep: Sweep) -> list[str]:

@@ -206,7 +206,7 @@ class AnalysisDone:
     stragglers: tuple[RankOn, ...] = ()
     slow_links: tuple[SlowLink, ...] = ()
     stragglers_not_judged: str = ""  # the report's reason, where no straggler is named and it could not tell
-    unreadable: tuple[tuple[str, str], ...] = ()  # (node, why): its digest could not be read; left out, failed
+    unusable: tuple[tuple[str, str], ...] = ()  # (node, why): its digests unsound on their own; left out, failed
 
 
 @dataclass(frozen=True)
@@ -444,9 +444,10 @@ class Sweep:
         """Each finished node's digests, with the node."""
         return tuple((name, a) for name, rec in self.nodes.items() if rec.finished for a in rec.digests)
 
-    def fail_unreadable(self, unreadable: Iterable[tuple[str, str]], at_ns: int) -> None:
-        """Nodes whose digest the analysis could not read: failed with why, named as missing."""
-        for name, why in unreadable:
+    def fail_unusable(self, unusable: Iterable[tuple[str, str]], at_ns: int) -> None:
+        """Nodes whose digests the analysis could not use (unreadable, or wrong on their own):
+        failed with why, named as missing."""
+        for name, why in unusable:
             record = self.nodes[name]
             record.state, record.reason, record.detail, record.updated_ns = NodeState.FAILED, why, "", at_ns
             self.missing = natural({*self.missing, name})
@@ -454,7 +455,7 @@ class Sweep:
     def _analysed(self, event: AnalysisDone) -> list[Instruction]:
         if self.state is not SweepState.ANALYSING:
             return []
-        self.fail_unreadable(event.unreadable, event.at_ns)
+        self.fail_unusable(event.unusable, event.at_ns)
         for name, record in self.nodes.items():
             if name not in self.missing:
                 # The detail was the agent's for its last state ("dcgm paused", the pause's outcome,

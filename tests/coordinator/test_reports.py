@@ -15,7 +15,7 @@ from rankscope.cli import main
 from rankscope.coordinator import commands, reports
 from rankscope.coordinator import sweeps as sw
 from rankscope.coordinator.server import sweep_message
-from rankscope.errors import ConsistencyError
+from rankscope.errors import ConsistencyError, InputError
 
 S = 1_000_000_000
 SPEC = sw.SweepSpec(backend="nsys", duration_s=5.0, timeout_s=30.0)
@@ -135,6 +135,51 @@ def test_digests_that_disagree_fail_the_analysis_naming_the_nodes_that_sent_them
     with pytest.raises(ConsistencyError) as caught:
         reports.build(sweep, uploads, {}, tmp_path / "s1.json", 7 * S)
     assert str(caught.value) == f"node gpu-b (digest of synthetic/rank0): {said}"
+    assert not (tmp_path / "s1.json").exists()
+
+
+def _node_digests(tmp_path, ranks_of: dict[str, list[int]], world: int = 4) -> list[tuple]:
+    """(path, node, artifact name) for each node's digest of ``ranks_of[node]``'s rows of one
+    synthetic job of ``world`` ranks (a rank outside it: rank 0's row renumbered)."""
+    import pyarrow as pa
+
+    from rankscope.analysis.testing import SyntheticJob, synthetic_job
+
+    table, _ = synthetic_job(SyntheticJob(nodes=world // 2, gpus_per_node=2, steps=10))
+    uploads = []
+    for node, ranks in ranks_of.items():
+        rows = table.take([rank if 0 <= rank < world else 0 for rank in ranks])
+        rows = rows.set_column(rows.schema.get_field_index("rank"), rows.schema.field("rank"), pa.array(ranks, pa.int32()))
+        digest.write(rows, tmp_path / f"{node}.parquet")
+        uploads.append((tmp_path / f"{node}.parquet", node, f"{node}.digest.parquet"))
+    return uploads
+
+
+def test_a_node_whose_own_digests_claim_a_rank_twice_fails_alone(tmp_path) -> None:
+    """Its two digests both hold rank 0: which is wrong cannot be told, but they are both
+    that node's, so it alone fails; the other node is analysed."""
+    [(path, _, _)] = _node_digests(tmp_path, {"gpu-a": [0, 1]})
+    uploads = [(path, "gpu-a", "one.digest.parquet"), (path, "gpu-a", "two.digest.parquet"),
+               *_node_digests(tmp_path, {"gpu-b": [2, 3]})]
+    sweep, _ = sw.Sweep.start(SPEC, ["gpu-a", "gpu-b"], 0, sweep_id="s1")
+    done = reports.build(sweep, uploads, {}, tmp_path / "s1.json", 7 * S)
+    assert done.unusable == (("gpu-a", "its digest two.digest.parquet (digest of synthetic/rank0): rank 0 is also "
+                                       "claimed by one.digest.parquet (digest of synthetic/rank0) (the same capture: "
+                                       "one file given twice?)"),)
+    assert sweep.missing == ["gpu-a"] and sweep.nodes["gpu-a"].reason == done.unusable[0][1]
+    facts = json.loads((tmp_path / "s1.json").read_text())["sweep"]
+    assert facts["state"] == "partial" and facts["nodes"]["gpu-b"]["ranks"] == [2, 3]
+
+
+def test_where_every_node_holds_a_rank_outside_the_world_the_analysis_fails_naming_each(tmp_path) -> None:
+    uploads = _node_digests(tmp_path, {"gpu-a": [0, 9], "gpu-b": [-1, 3]})
+    sweep, _ = sw.Sweep.start(SPEC, ["gpu-a", "gpu-b"], 0, sweep_id="s1")
+    with pytest.raises(InputError) as caught:
+        reports.build(sweep, uploads, {}, tmp_path / "s1.json", 7 * S)
+    assert str(caught.value) == (
+        "node gpu-a: its digest gpu-a.digest.parquet (digest of synthetic/rank0): rank 9 is outside its world of 4 "
+        "ranks; node gpu-b: its digest gpu-b.digest.parquet (digest of synthetic/rank0): rank -1 is outside its "
+        "world of 4 ranks")
     assert not (tmp_path / "s1.json").exists()
 
 

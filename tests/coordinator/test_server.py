@@ -552,6 +552,44 @@ def test_nodes_whose_digest_cannot_be_read_fail_with_why_and_the_others_are_anal
         agent.close()
 
 
+@pytest.mark.parametrize("rank", [9, -1], ids=["past the world", "negative"])
+def test_a_node_whose_digest_holds_a_rank_outside_the_world_fails_and_the_others_are_analysed(
+        coordinator, wire, digests, tmp_path, rank: int) -> None:
+    """Seen on loopback: one node's digest holding rank 9 of a world of 4 (a misconfigured
+    node, a damaged digest) failed the whole sweep, the sound nodes unanalysed. Its digest
+    alone says it is wrong: that node fails, naming the problem, and the rest is analysed."""
+    import pyarrow as pa
+
+    from rankscope.analysis import digest
+
+    (tmp_path / "sound.parquet").write_bytes(next(iter(digests.values())))
+    table = digest.read(tmp_path / "sound.parquet").slice(0, 1)
+    table = table.set_column(table.schema.get_field_index("rank"), table.schema.field("rank"), pa.array([rank], pa.int32()))
+    digest.write(table, tmp_path / "bad.parquet")
+    payloads = {**digests, "bad": (tmp_path / "bad.parquet").read_bytes()}
+    agents = [wire.FakeAgent(coordinator, name) for name in payloads]
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(nodes=list(payloads), duration_s=1.0, backend="sim").sweep_id
+        for agent in agents:
+            assert started_capture(agent).sweep_id == sweep_id
+            agent.finish(sweep_id, payloads[agent.node])
+        done = final(client, sweep_id)
+        report = client.report(sweep_id).report_json
+    assert done.state == pb.SWEEP_STATE_PARTIAL, done.error
+    assert list(done.missing) == ["bad"]
+    report = json.loads(report)
+    nodes = {n.node: n for n in done.nodes}
+    assert {name: nodes[name].state for name in digests} == {name: pb.NODE_STATE_ANALYSED for name in digests}
+    assert nodes["bad"].state == pb.NODE_STATE_FAILED
+    assert nodes["bad"].reason == (f"its digest bad.digest.parquet (digest of synthetic/rank0): rank {rank} is "
+                                   "outside its world of 4 ranks")
+    assert [s.rank for s in done.stragglers] == [STRAGGLER]
+    assert report["sweep"]["missing"] == ["bad"] and report["sweep"]["nodes"]["bad"]["ranks"] == []
+    assert f"node bad is missing from this report: {nodes['bad'].reason}" in report["warnings"]
+    for agent in agents:
+        agent.close()
+
+
 def test_one_digest_sent_by_two_nodes_fails_the_sweep_naming_both(coordinator, wire, digests) -> None:
     """One file (one sha256) from two nodes, as two agents reading one spool send: the error
     named the trace's file twice, and, the store keeping the file once, one node for both."""
