@@ -250,9 +250,9 @@ class ArtifactStore:
         return UploadWriter(self, partial, wait_s)
 
     def drop_partials(self, sweep_id: str) -> list[str]:
-        """Remove the uploads of a sweep that ended before they did (an agent cancelled or gone
-        mid-upload): nothing will complete them, and raw exports run to gigabytes. One a stream
-        is writing stays. Returns the upload ids removed."""
+        """Remove the unfinished uploads of a sweep that ended before they did (an agent cancelled
+        or gone mid-upload), or that was never started here: nothing will complete them, and raw
+        exports run to gigabytes. One a stream is writing stays. Returns the upload ids removed."""
         dropped = []
         for partial in self._stored_partials():
             if partial.header.sweep_id != sweep_id or not partial.lock.acquire(blocking=False):

@@ -222,10 +222,20 @@ class Coordinator:
                 log.info("resuming sweep %s (%s)", sweep.sweep_id, sweep.state.value)
                 self._active[sweep.sweep_id] = sweep
                 self._apply(sweep, sweep.handle(sw.Restarted(now, grace)))
-            # Uploads of sweeps that ended as the last run stopped (killed before their clean-up).
+            # Unfinished uploads nothing will complete or remove: of sweeps that ended as the last
+            # run stopped (killed before their clean-up), and of sweeps never started here (taken
+            # by versions that stored uploads under any sweep id). Raw exports run to gigabytes.
             for sweep_id in sorted(self.artifacts.partial_sweeps()):
                 if self._ended(sweep_id):
-                    self.artifacts.drop_partials(sweep_id)
+                    why = "which has ended"
+                elif not self._known(sweep_id):
+                    why = "which this coordinator never started"
+                else:
+                    continue
+                if dropped := self.artifacts.drop_partials(sweep_id):
+                    listed = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
+                    log.warning("removed %d unfinished upload(s) of sweep %s, %s: %s", len(dropped), quoted(sweep_id),
+                                why, listed)
         self._ticker.start()
 
     def closing(self) -> None:
@@ -518,6 +528,18 @@ class Coordinator:
             return self.store.sweep(sweep_id).final
         except (sw.UnknownSweep, UnreadableSweep):  # not known to have ended: not this clean-up's to judge
             return False
+
+    def _known(self, sweep_id: str) -> bool:
+        """Active or stored (a stored record that does not parse is known too), under the lock."""
+        if sweep_id in self._active:
+            return True
+        try:
+            self.store.sweep(sweep_id)
+        except sw.UnknownSweep:
+            return False
+        except UnreadableSweep:
+            pass
+        return True
 
     # sweeps -------------------------------------------------------------------------
 

@@ -269,33 +269,55 @@ def test_an_upload_by_a_node_not_in_the_sweep_or_after_it_ended_is_refused_and_n
         agent.close()
 
 
-def test_uploads_of_a_sweep_that_ended_as_the_coordinator_was_killed_are_removed_on_restart(tmp_path, wire) -> None:
-    """Killed between storing its sweep as final and removing the sweep's unfinished uploads:
-    nothing would ever remove them after that, as no sweep that ended is resumed."""
+def test_unfinished_uploads_no_sweep_will_complete_are_removed_on_restart(tmp_path, wire, caplog) -> None:
+    """Nothing would ever remove these after a restart: those of a sweep that ended as the
+    coordinator was killed (between storing it as final and removing them), as no sweep that
+    ended is resumed; and those under a sweep id never started here, which versions before
+    such uploads were refused took (seen: kept on every restart, filling the disk). Those of
+    a running sweep, or one whose stored record cannot be read, stay; so does every finished
+    artifact, the unknown sweep's too."""
+    import sqlite3
+
     data_dir = tmp_path / "data"
     ended, _ = sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0), ["node-a"], 1, sweep_id="s-ended")
     ended.handle(sw.Cancelled("cancelled", 2))
-    running, _ = sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0), ["node-a"], time.time_ns(), sweep_id="s-running")
     store = Store(data_dir / "state.sqlite")
     store.save_sweep(ended)
-    store.save_sweep(running)
+    for sweep_id in ("s-running", "s-cut"):
+        store.save_sweep(sw.Sweep.start(sw.SweepSpec("sim", 5.0, 30.0), ["node-a"], time.time_ns(),
+                                        sweep_id=sweep_id)[0])
     store.close()
+    db = sqlite3.connect(data_dir / "state.sqlite")
+    db.execute("UPDATE sweeps SET data = '{\"cut' WHERE sweep_id = 's-cut'")
+    db.commit()
+    db.close()
     artifacts = art.ArtifactStore(data_dir / "artifacts", max_bytes=1 << 20)
     data = os.urandom(10_000)
-    for upload_id, sweep_id in (("raw-ended", "s-ended"), ("raw-running", "s-running"), ("raw-other", "s1")):
-        head = art.UploadHeader(upload_id, sweep_id, "node-a", "raw.nsys-rep", len(data),
-                                hashlib.sha256(data).hexdigest(), "raw")
+    uploads = {"raw-ended": "s-ended", "raw-running": "s-running", "raw-cut": "s-cut", "done-old": "s1",
+               **{f"raw-old-{n}": "s1" for n in range(1, 8)}}
+    for upload_id, sweep_id in uploads.items():
+        body = data if upload_id.startswith("done") else data[::-1]  # the finished one's bytes are its own
+        head = art.UploadHeader(upload_id, sweep_id, "node-a", f"{upload_id}.nsys-rep", len(body),
+                                hashlib.sha256(body).hexdigest(), "raw")
         with artifacts.writer(head) as writer:
-            writer.write(0, data[:4000])
+            writer.write(0, body if upload_id.startswith("done") else body[:4000])
+    finished = artifacts.path_of(hashlib.sha256(data).hexdigest())
+    assert finished.is_file()
 
-    coordinator = wire.start(data_dir)
+    with caplog.at_level(logging.WARNING, logger=coordinator_mod.__name__):
+        coordinator = wire.start(data_dir)
     try:
         token = coordinator.register("node-a").session_token
-        known = {upload_id: coordinator.query(upload_id, token).known
-                 for upload_id in ("raw-ended", "raw-running", "raw-other")}
-        assert known == {"raw-ended": False, "raw-running": True, "raw-other": True}
+        known = {upload_id: coordinator.query(upload_id, token).known for upload_id in uploads if upload_id != "done-old"}
+        assert known == {"raw-ended": False, "raw-running": True, "raw-cut": True,
+                         **{f"raw-old-{n}": False for n in range(1, 8)}}
         assert sorted(p.name for p in (data_dir / "artifacts" / "partial").iterdir()) == [
-            "raw-other.json", "raw-other.part", "raw-running.json", "raw-running.part"]
+            "raw-cut.json", "raw-cut.part", "raw-running.json", "raw-running.part"]
+        assert finished.read_bytes() == data
+        removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("removed ")]
+        assert removed == ["removed 1 unfinished upload(s) of sweep 's-ended', which has ended: raw-ended",
+                           "removed 7 unfinished upload(s) of sweep 's1', which this coordinator never started: "
+                           "raw-old-1, raw-old-2, raw-old-3, raw-old-4, raw-old-5 and 2 more"]
     finally:
         wire.stop(coordinator)
 
