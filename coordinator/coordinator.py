@@ -732,12 +732,14 @@ class Coordinator:
     def _run_analysis(self, sweep: sw.Sweep, digests: tuple[tuple[str, sw.ArtifactInfo], ...]) -> None:
         out = self.config.reports_dir / f"{sweep.sweep_id}.json"
         try:
-            paths = []
+            paths, lost = [], []
             for node, artifact in digests:
-                if not self.artifacts.has(artifact.sha256):
-                    raise RankscopeError(f"digest {artifact.name} ({artifact.sha256[:12]}) is not in the artifact store")
-                paths.append((self.artifacts.path_of(artifact.sha256), node, artifact.name))
-            event: sw.Event = reports.build(sweep, paths, self.clock_hints(), out, self.clock(), self.analyze)
+                if self.artifacts.has(artifact.sha256):
+                    paths.append((self.artifacts.path_of(artifact.sha256), node, artifact.name))
+                else:  # removed since it was stored (by hand, a restored disk): that node's loss alone
+                    lost.append((node, f"its digest {artifact.name} ({artifact.sha256[:12]}) is no longer in the "
+                                       "coordinator's artifact store"))
+            event: sw.Event = reports.build(sweep, paths, self.clock_hints(), out, self.clock(), self.analyze, lost=lost)
             self.store.save_report(sweep.sweep_id, out, self.clock())
         except RankscopeError as exc:
             notes = reports.node_notes(sweep)  # often why: a rank that never recorded

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,17 @@ def default_analyze() -> Analyze:
 
 
 def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints: Mapping[str, int], out: Path,
-          at_ns: int, analyze: Analyze | None = None) -> AnalysisDone:
+          at_ns: int, analyze: Analyze | None = None, lost: Iterable[tuple[str, str]] = ()) -> AnalysisDone:
     """Analyse the digests (each with the node that uploaded it and its artifact name), write
     the report atomically to ``out``; the sweep's event, with the stragglers (by the node they
     ran on) and the slow links the report flags. A node whose digests are unsound on their own
-    (one cannot be read; a rank outside its world, or twice among them) is left out, failed (in
-    ``sweep``, the caller's copy, and in the event) and named as missing; where no node's are
-    sound, the analysis fails. Digests of two nodes that disagree (two jobs, a rank claimed by
-    both) fail it too, naming the nodes that sent them: which one is wrong cannot be told."""
+    (one cannot be read, or is gone: ``lost``, (node, why); a rank outside its world, or twice
+    among them) is left out, failed (in ``sweep``, the caller's copy, and in the event) and
+    named as missing; where no node's are sound, the analysis fails. Digests of two nodes that
+    disagree (two jobs, a rank claimed by both) fail it too, naming the nodes that sent them:
+    which one is wrong cannot be told."""
     own: dict[str, list[tuple[pa.Table, str]]] = {}  # node -> its digests, each with its artifact name
-    unusable: dict[str, str] = {}
+    unusable = dict(lost)
     for path, node, name in digests_of:
         try:
             own.setdefault(node, []).append((digest.read(path), name))
@@ -55,7 +56,7 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints
             digest.check_consistent(digest.concat(_named(table, name) for table, name in tables))
         except ConsistencyError as exc:  # its own digests say it is wrong: it alone fails
             unusable[node] = f"its digest {exc}"
-    if unusable and len(unusable) == len({node for _, node, _ in digests_of}):
+    if unusable and len(unusable) == len(own.keys() | unusable.keys()):
         raise InputError("; ".join(f"node {n}: {why}" for n, why in unusable.items()))
     sweep.fail_unusable(unusable.items(), at_ns)  # as the report below says it
     # Messages name the node each row came from, beside the trace: the trace's own names

@@ -183,6 +183,14 @@ def test_where_every_node_holds_a_rank_outside_the_world_the_analysis_fails_nami
     assert not (tmp_path / "s1.json").exists()
 
 
+def test_where_every_node_s_digest_is_lost_the_analysis_fails_naming_each(tmp_path) -> None:
+    sweep, _ = sw.Sweep.start(SPEC, ["gpu-a", "gpu-b"], 0, sweep_id="s1")
+    with pytest.raises(InputError, match=r"^node gpu-a: its digest is gone; node gpu-b: so is this one$"):
+        reports.build(sweep, [], {}, tmp_path / "s1.json", 7 * S,
+                      lost=[("gpu-a", "its digest is gone"), ("gpu-b", "so is this one")])
+    assert not (tmp_path / "s1.json").exists()
+
+
 def test_stragglers_are_named_by_the_node_that_uploaded_them(tmp_path) -> None:
     """In a pod the trace's host is the pod's name, gone by the next scheduled sweep: the
     sweep keeps the agent's node name, which `sweeps` counts across sweeps."""

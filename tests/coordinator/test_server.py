@@ -612,6 +612,36 @@ def test_a_node_whose_digest_holds_a_rank_outside_the_world_fails_and_the_others
         agent.close()
 
 
+def test_a_digest_gone_from_the_store_before_the_analysis_fails_its_node_alone(coordinator, wire, digests) -> None:
+    """Seen on loopback: one node's stored digest removed (by hand, a restored disk) between
+    its upload and the analysis failed the whole sweep, "digest ... is not in the artifact
+    store", the other nodes unanalysed: it is that node's digest alone that is lost."""
+    gone, kept = sorted(digests)
+    agents = {name: wire.FakeAgent(coordinator, name) for name in digests}
+    with SweepClient(coordinator.address) as client:
+        sweep_id = client.start(nodes=list(digests), duration_s=1.0, backend="sim").sweep_id
+        for agent in agents.values():
+            assert started_capture(agent).sweep_id == sweep_id
+        agents[gone].finish(sweep_id, digests[gone])
+        sha256 = hashlib.sha256(digests[gone]).hexdigest()
+        stored = coordinator.data_dir / "artifacts" / "objects" / sha256[:2] / sha256
+        deadline = time.monotonic() + 20
+        while coordinator.server.coordinator.sweep(sweep_id).nodes[gone].state is not sw.NodeState.DCGM_RESUMED:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        stored.unlink()
+        agents[kept].finish(sweep_id, digests[kept])
+        done = final(client, sweep_id)
+    assert done.state == pb.SWEEP_STATE_PARTIAL, done.error
+    nodes = {n.node: n for n in done.nodes}
+    assert list(done.missing) == [gone] and nodes[kept].state == pb.NODE_STATE_ANALYSED
+    assert nodes[gone].state == pb.NODE_STATE_FAILED
+    assert nodes[gone].reason == (f"its digest {gone}.digest.parquet ({sha256[:12]}) is no longer in the coordinator's "
+                                  "artifact store")
+    for agent in agents.values():
+        agent.close()
+
+
 def test_one_digest_sent_by_two_nodes_fails_the_sweep_naming_both(coordinator, wire, digests) -> None:
     """One file (one sha256) from two nodes, as two agents reading one spool send: the error
     named the trace's file twice, and, the store keeping the file once, one node for both."""
