@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -190,8 +191,8 @@ def _add_nodes(subparsers: argparse._SubParsersAction) -> None:
         "nodes", help="list the nodes whose agents the coordinator knows",
         description="List the nodes whose agents the coordinator knows, by name: connected or when last seen, "
                     "labels, GPUs, the ranks announced on the node (as of its agent's last heartbeat), capture "
-                    "backends, clock offset, and the sweep capturing there. A sweep by --labels or --all takes "
-                    "these, less those away for over a day.")
+                    "backends and the options each reads (capture --option), clock offset, and the sweep capturing "
+                    "there. A sweep by --labels or --all takes these, less those away for over a day.")
     _add_coordinator_option(nodes)
     nodes.add_argument("--labels", type=parse_selector, default={}, metavar="K=V,...",
                        help="only the nodes with all these labels")
@@ -491,8 +492,8 @@ def run_nodes(args: argparse.Namespace) -> int:
         print(f"no node has labels {labels_text(args.labels)}" if args.labels else "no agent has registered",
               file=sys.stderr)
         return 0
-    rows = [["NODE", "HOST", "STATE", "LAST SEEN (UTC)", "LABELS", "GPUS", "RANKS", "BACKENDS", "CLOCK (±)",
-             "VERSION", "SWEEP"]]
+    rows = [["NODE", "HOST", "STATE", "LAST SEEN (UTC)", "LABELS", "GPUS", "RANKS", "BACKENDS", "OPTIONS",
+             "CLOCK (±)", "VERSION", "SWEEP"]]
     for n in nodes:
         labels = labels_text(n.labels) or "-"
         ranks = ranks_text(sorted(r.rank for r in n.ranks)) if n.ranks else "-"
@@ -500,10 +501,16 @@ def run_nodes(args: argparse.Namespace) -> int:
         # A connected agent's record is saved now and then (`SEEN_SAVE_NS`): its last save is no news.
         rows.append([n.node, n.hostname or "-", "connected" if n.connected else "away",
                      "now" if n.connected else _utc(n.last_seen_ns), labels,
-                     str(len(n.gpus)), ranks, ",".join(n.backends) or "-", clock, n.versions.rankscope or "-",
-                     n.sweep_id or "-"])
+                     str(len(n.gpus)), ranks, ",".join(n.backends) or "-", _options_text(n.backend_options), clock,
+                     n.versions.rankscope or "-", n.sweep_id or "-"])
     _print_rows(rows)
     return 0
+
+
+def _options_text(said: Iterable[pb.BackendOptions]) -> str:
+    """The OPTIONS cell: backend:option,... for each backend its agent said, "-" for one
+    that reads none; "-" alone where the agent said nothing (it predates saying so)."""
+    return ";".join(f"{s.backend}:{','.join(s.options) or '-'}" for s in said) or "-"
 
 
 def _node_record(node: pb.NodeInfo) -> dict:
@@ -512,7 +519,9 @@ def _node_record(node: pb.NodeInfo) -> dict:
         "node": node.node, "hostname": node.hostname, "labels": dict(node.labels), "connected": node.connected,
         "last_seen_ns": node.last_seen_ns, "registered_ns": node.registered_ns,
         "gpus": [scalars(g) for g in node.gpus], "ranks": [scalars(r) for r in node.ranks],
-        "backends": list(node.backends), "rankscope_version": node.versions.rankscope,
+        "backends": list(node.backends),
+        "capture_options": {said.backend: list(said.options) for said in node.backend_options},
+        "rankscope_version": node.versions.rankscope,
         "clock_offset_ns": node.clock_offset_ns if node.clock_known else None,
         "clock_rtt_ns": node.clock_rtt_ns if node.clock_known else None,
         "sweep_id": node.sweep_id or None,

@@ -211,6 +211,8 @@ def _node_message(view: NodeView) -> pb.NodeInfo:
         backends=agent.backends, versions=pb.Versions(**agent.versions),
         clock_known=agent.clock_offset_ns is not None, clock_offset_ns=agent.clock_offset_ns or 0,
         clock_rtt_ns=agent.rtt_ns or 0, sweep_id=view.sweep_id,
+        backend_options=[pb.BackendOptions(backend=backend, options=options)
+                         for backend, options in agent.capture_options.items()],
     )
 
 

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 df5d6b98e9007eb8451c7f82cadbbe9998720b775721b71cd3b3aa83dcd9f43a
+# from rankscope.proto, sha256 1afa483c7eee99ba1bb8a3ad793b8412785f723001a29f30fbafa7b5c04b1cb4
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -406,7 +406,7 @@ class ListNodesRequest(_message.Message):
     def __init__(self, labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("node", "hostname", "labels", "connected", "last_seen_ns", "registered_ns", "gpus", "ranks", "backends", "versions", "clock_known", "clock_offset_ns", "clock_rtt_ns", "sweep_id")
+    __slots__ = ("node", "hostname", "labels", "connected", "last_seen_ns", "registered_ns", "gpus", "ranks", "backends", "versions", "clock_known", "clock_offset_ns", "clock_rtt_ns", "sweep_id", "backend_options")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -428,6 +428,7 @@ class NodeInfo(_message.Message):
     CLOCK_OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
     CLOCK_RTT_NS_FIELD_NUMBER: _ClassVar[int]
     SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     node: str
     hostname: str
     labels: _containers.ScalarMap[str, str]
@@ -442,7 +443,8 @@ class NodeInfo(_message.Message):
     clock_offset_ns: int
     clock_rtt_ns: int
     sweep_id: str
-    def __init__(self, node: _Optional[str] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., connected: _Optional[bool] = ..., last_seen_ns: _Optional[int] = ..., registered_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ranks: _Optional[_Iterable[_Union[LocalRank, _Mapping]]] = ..., backends: _Optional[_Iterable[str]] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., clock_known: _Optional[bool] = ..., clock_offset_ns: _Optional[int] = ..., clock_rtt_ns: _Optional[int] = ..., sweep_id: _Optional[str] = ...) -> None: ...
+    backend_options: _containers.RepeatedCompositeFieldContainer[BackendOptions]
+    def __init__(self, node: _Optional[str] = ..., hostname: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., connected: _Optional[bool] = ..., last_seen_ns: _Optional[int] = ..., registered_ns: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., ranks: _Optional[_Iterable[_Union[LocalRank, _Mapping]]] = ..., backends: _Optional[_Iterable[str]] = ..., versions: _Optional[_Union[Versions, _Mapping]] = ..., clock_known: _Optional[bool] = ..., clock_offset_ns: _Optional[int] = ..., clock_rtt_ns: _Optional[int] = ..., sweep_id: _Optional[str] = ..., backend_options: _Optional[_Iterable[_Union[BackendOptions, _Mapping]]] = ...) -> None: ...
 
 class ListNodesReply(_message.Message):
     __slots__ = ("nodes",)

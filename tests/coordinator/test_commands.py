@@ -712,8 +712,10 @@ def test_nodes_lists_the_known_agents_connected_or_away_with_their_clock_and_swe
     there was no way to see them short of starting one."""
     coordinator.agents.Register(pb.RegisterRequest(
         node="node-away", hostname="host-z", labels={"pool": "a"}, gpus=[pb.Gpu(uuid="GPU-1", name="H100", index=0)],
-        ranks=[pb.LocalRank(rank=8, local_rank=0, pid=42, backend="nsys")], backends=["nsys"],
-        versions=pb.Versions(rankscope="0.1.0")), timeout=10)
+        ranks=[pb.LocalRank(rank=8, local_rank=0, pid=42, backend="nsys")], backends=["nsys", "torch"],
+        versions=pb.Versions(rankscope="0.1.0"),
+        backend_options=[pb.BackendOptions(backend="nsys", options=["gpu_metrics"]), pb.BackendOptions(backend="torch")]),
+        timeout=10)
     busy = wire.FakeAgent(coordinator, "node-busy", clock_skew_ns=3_000_000, pool="a")
     idle = wire.FakeAgent(coordinator, "node-idle", pool="b")
     assert main(["capture", "--coordinator", coordinator.address, "--nodes", "node-busy", "--backend", "sim",
@@ -736,6 +738,8 @@ def test_nodes_lists_the_known_agents_connected_or_away_with_their_clock_and_swe
     assert by_node["node-away"][1:3] == ["host-z", "away"] and by_node["node-away"][-1] == "-"
     assert by_node["node-busy"][2:4] == ["connected", "now"] and by_node["node-busy"][-1] == sweep_id
     assert by_node["node-busy"][6] == "0-3" and by_node["node-idle"][6] == "-"  # RANKS
+    # OPTIONS, as each agent said at registration (torch reads none); the fake agents said nothing.
+    assert by_node["node-away"][-4] == "nsys:gpu_metrics;torch:-" and by_node["node-busy"][8] == "-"
     assert by_node["node-idle"][-1] == "-"
 
     assert main(["nodes", "--coordinator", coordinator.address, "--labels", "pool=a", "--format", "json"]) == 0
@@ -747,7 +751,8 @@ def test_nodes_lists_the_known_agents_connected_or_away_with_their_clock_and_swe
     assert away["gpus"] == [{"uuid": "GPU-1", "name": "H100", "index": 0}]
     assert away["ranks"] == [{"rank": 8, "local_rank": 0, "pid": 42, "gpu": "", "backend": "nsys", "world_size": 0,
                               "job_id": ""}]
-    assert away["backends"] == ["nsys"] and away["rankscope_version"] == "0.1.0"
+    assert away["backends"] == ["nsys", "torch"] and away["rankscope_version"] == "0.1.0"
+    assert away["capture_options"] == {"nsys": ["gpu_metrics"], "torch": []} and chosen["capture_options"] == {}
     assert chosen["connected"] is True and chosen["sweep_id"] == sweep_id
     # The skewed agent's clock, measured by the session's pings: 3 ms within half a loopback round trip.
     assert abs(chosen["clock_offset_ns"] - 3_000_000) <= chosen["clock_rtt_ns"] // 2 + 1_000_000
