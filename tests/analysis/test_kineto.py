@@ -1810,6 +1810,7 @@ def test_a_list_form_reduce_scatter_in_a_trace_listing_no_groups_is_said_so(tmp_
     assert "which the trace does not name (it lists no groups;" in note
 
 
+@pytest.mark.filterwarnings("default::rankscope.errors.RankscopeWarning")  # `rankscope analyze` prints them: read below
 def test_where_no_call_could_be_matched_analyze_says_why_before_its_error(tmp_path, capsys):
     """Both ranks' all_reduce and reduce_scatter ops left unmatched (groups of unknown size):
     no collective is left to align, and the error alone ("no collectives") would hide why.

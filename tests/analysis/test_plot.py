@@ -10,9 +10,16 @@ from rankscope.analysis.pipeline import analyze
 from rankscope.analysis.report import Report
 from rankscope.analysis.testing import SyntheticJob, synthetic_job
 from rankscope.cli import main
+from rankscope.errors import RankscopeWarning
 
 pytest.importorskip("matplotlib", reason="plots need the [plot] extra")
 from rankscope.analysis import plot  # noqa: E402
+
+# `rankscope analyze` run here prints its warnings on stderr, as a user sees them (raised as
+# errors, as the suite takes them elsewhere, they would end the command): the tests read them there.
+AS_THE_CLI_SHOWS = pytest.mark.filterwarnings("default::rankscope.errors.RankscopeWarning")
+INFERRED = ("rankscope: warning: 1 communicator(s) without member lists (inferred:allreduce): members inferred from "
+            "the ranks that use them")
 
 
 def test_plot_is_a_png_titled_with_the_stragglers(tmp_path: Path) -> None:
@@ -45,20 +52,24 @@ def test_a_report_with_bus_bandwidths_gets_their_panel(tmp_path: Path) -> None:
     assert _png_height(with_links) > _png_height(without)
 
 
-def test_analyze_plot_flag_writes_the_figure(tmp_path: Path, samples: Path) -> None:
+@AS_THE_CLI_SHOWS
+def test_analyze_plot_flag_writes_the_figure(tmp_path: Path, samples: Path, capsys) -> None:
     dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
     assert main(["analyze", str(dsl), "--plot", str(tmp_path / "ranks.svg"), "-o", str(tmp_path / "r.txt")]) == 0
     assert "<svg" in (tmp_path / "ranks.svg").read_text()
+    assert capsys.readouterr().err.splitlines() == [INFERRED]
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+@AS_THE_CLI_SHOWS
 def test_a_report_and_its_plot_are_written_both_or_neither(tmp_path: Path, samples: Path, capsys) -> None:
     # Found by fuzzing: a plot that could not be written (its disk full) failed the run, exit 2,
     # with the report written beside it.
     dsl = samples / "nsys" / "dsl_2node_2rank_allreduce"
     (tmp_path / "full.png").symlink_to("/dev/full")
     assert main(["analyze", str(dsl), "-o", str(tmp_path / "r.json"), "--plot", str(tmp_path / "full.png")]) == 2
-    assert "full.png: cannot write the output (No space left on device)" in capsys.readouterr().err
+    warned, failed = capsys.readouterr().err.splitlines()
+    assert warned == INFERRED and "full.png: cannot write the output (No space left on device)" in failed
     assert main(["analyze", str(dsl), "-o", "/dev/full", "--plot", str(tmp_path / "ranks.png")]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full.png"]
 
@@ -100,7 +111,8 @@ def test_nccl_time_matched_to_no_peer_is_drawn_not_left_out(tmp_path: Path, monk
     from rankscope.analysis.sources import load_digests
 
     sm.simulate(sm.JobSpec(nodes=1, gpus_per_node=2, tp=2, steps=3), tmp_path / "job")
-    report = analyze(load_digests([tmp_path / "job" / "sim_rank00000.sqlite"]))
+    with pytest.warns(RankscopeWarning, match=r"^1 of the job's 2 ranks not in the input \(1\)"):
+        report = analyze(load_digests([tmp_path / "job" / "sim_rank00000.sqlite"]))
     (rank,) = report.ranks
     assert rank.nccl_unmatched_ns == rank.nccl_kernel_ns > 0
     drawn = {}

@@ -329,7 +329,8 @@ def test_folder_walk_skips_json_that_is_not_a_kineto_trace(samples: Path, tmp_pa
     assert [str(w.message) for w in caught] == [
         f"2 JSON files without traceEvents are not Kineto traces (e.g. Flight Recorder dumps): skipped "
         f"({tmp_path / 'fr_rank0.json'} to {tmp_path / 'fr_rank1.json.gz'})"]
-    table = sources.load_digests([tmp_path])
+    with pytest.warns(RankscopeWarning, match="not Kineto traces"):
+        table = sources.load_digests([tmp_path])
     assert table.column("rank").to_pylist() == [0, 1]
     # Named explicitly, it is still read, and refused with a clear one-line error.
     with pytest.raises(ExportError, match="not a Kineto trace") as err:
