@@ -108,7 +108,8 @@ def communicator_members(
             continue
         members[comm_id], counts[comm_id], full = _listed_members(comm_id, seen, lists, present, warnings)
         if full - present:
-            absent.append(f"{comm_id}: {len(full & present)} of {len(full)}")
+            absent.append(f"{comm_id}: {_ranks_named(sorted(full - present))} missing, "
+                          f"{len(full & present)} of {len(full)} present")
     warnings += _membership_warnings(present, inferred, checked, absent)
     return members, counts, {c: names.get(c) for c in members}, _unconfirmed(inferred, checked) | explained, warnings
 
@@ -170,6 +171,10 @@ def _membership_warnings(present: set[int], inferred: list[str], checked: dict[s
         warnings.append(f"{len(absent)} communicator(s) with listed members not in the input ({some_of(absent)}): "
                         "matched among the members present")
     return warnings
+
+
+def _ranks_named(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
 
 
 def _unconfirmed(inferred: list[str], checked: dict[str, tuple[int, list[int]]]) -> frozenset[str]:

@@ -58,8 +58,9 @@ def test_ranks_missing_from_the_input_are_named_against_the_jobs_world_size() ->
     assert whole.render_table().splitlines()[0].endswith(": 8 ranks on 2 host(s)")
     with (pytest.warns(RankscopeWarning, match=r"2 of the job's 8 ranks not in the input \(5,6\)"),
           pytest.warns(RankscopeWarning, match=r"^3 communicator\(s\) with listed members not in the input "
-                                               r"\(dp1: 1 of 2, dp2: 1 of 2, tp1: 2 of 4\): matched among the "
-                                               "members present$")):
+                                               r"\(dp1: rank 5 missing, 1 of 2 present, dp2: rank 6 missing, 1 "
+                                               r"of 2 present, tp1: ranks 5,6 missing, 2 of 4 present\): matched "
+                                               "among the members present$")):
         part = analyze(digests.filter(pc.invert(pc.is_in(digests.column("rank"), value_set=pa.array([5, 6])))))
     assert (part.world_size, part.missing_ranks) == (8, [5, 6])
     assert part.render_table().splitlines()[0].endswith(": 6 of 8 ranks on 2 host(s) (missing: 5,6)")
@@ -179,7 +180,8 @@ def test_nccl_time_of_collectives_matched_to_no_instance_is_accounted_for(tmp_pa
     paths = simulate.simulate(simulate.JobSpec(nodes=2, gpus_per_node=4, tp=2, steps=5, seed=3), tmp_path, fmt="kineto")
     with (pytest.warns(RankscopeWarning, match=r"^1 of the job's 8 ranks not in the input \(3\)"),
           pytest.warns(RankscopeWarning, match=r"^2 communicator\(s\) with listed members not in the input "
-                                               r"\(1\.1: 1 of 2, 2\.1: 3 of 4\)")):
+                                               r"\(1\.1: rank 3 missing, 1 of 2 present, 2\.1: rank 3 missing, "
+                                               r"3 of 4 present\)")):
         report = analyze(load_digests([p for p in paths if not p.name.startswith("sim_rank00003")]))
     for r in report.ranks:
         assert r.nccl_kernel_ns == r.nccl_wait_ns + r.nccl_transfer_ns + r.nccl_unmatched_ns
