@@ -3,8 +3,9 @@
 Identity comes from the trace: (communicator, sequence number) where the export
 carries a sequence number, otherwise the k-th call on the communicator (ordinal),
 checked on every instance: same op, same size where known, exactly the
-communicator's members. Instances that fail a check are dropped and counted, with
-a warning naming the communicator; nothing is ever matched by position alone
+communicator's members in the input that recorded any of its calls. Instances
+that fail a check are dropped and counted, with a warning naming the
+communicator; nothing is ever matched by position alone
 (reference/alignment-and-metrics.md §1, §5; style.md §4).
 
 Point-to-point calls are matched per pair: the k-th call between two ranks on one
@@ -177,6 +178,26 @@ def _ranks_named(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {ranks_text(ranks)}"
 
 
+def _calling_members(members: dict[str, tuple[int, ...]], comm: np.ndarray, comm_ids: np.ndarray, rank: np.ndarray,
+                     warnings: list[str]) -> np.ndarray:
+    """Per communicator (``comm_ids``; ``comm``, ``rank``: each row's), how many of its members
+    in the input recorded any of its calls, the participants an N-to-N instance needs. A member
+    that recorded none of them is matched around, as one not in the input (and named in a
+    warning), not taken for a capture cut that left every instance incomplete; one that
+    recorded some of them keeps those it lacks incomplete (capture window edges)."""
+    comm_of, rank_of = Groups(comm, rank).keys  # the distinct (communicator, rank) pairs with calls
+    calling = np.bincount(comm_of, minlength=len(comm_ids))
+    silent = [
+        f"{comm_ids[c]}: {_ranks_named(sorted(set(members[comm_ids[c]]) - set(rank_of[comm_of == c].tolist())))}"
+        for c in np.flatnonzero(calling < [len(members[c]) for c in comm_ids]).tolist()
+    ]
+    if silent:
+        warnings.append(f"{len(silent)} communicator(s) with members that recorded none of their calls "
+                        f"({some_of(silent)}): matched among the members that did (profiled without "
+                        "collective tracing, or a capture that missed those calls?)")
+    return calling
+
+
 def _unconfirmed(inferred: list[str], checked: dict[str, tuple[int, list[int]]]) -> frozenset[str]:
     """The communicators whose members, inferred from the ranks using them, no size the traces
     give confirms (``checked``: comm_id -> (ranks using it, sizes given)). Their ids may pool
@@ -238,7 +259,7 @@ def match(collectives: Table, communicators: Table, present: set[int], fitted: F
     realigned = _realign_ordinals(key_seq, shiftable, events, comm, comm_ids, rank, op, ops, fitted, warnings)
     keyed, pair_keys = _p2p_keys(key_seq, events, comm, comm_ids, rank, start, op, ops, is_p2p, members, sizes,
                                  warnings)
-    expected = np.where(is_p2p, 2, np.array([len(members[c]) for c in comm_ids], dtype=np.int64)[comm])
+    expected = np.where(is_p2p, 2, _calling_members(members, comm, comm_ids, rank, warnings)[comm])
     events["instance"], instances, incomplete, bad = _instances(
         keyed, pair_keys, comm, comm_ids, rank, op, ops, events["bytes"], key_seq, expected, warnings)
     return Matching(

@@ -174,6 +174,32 @@ def test_traced_peers_are_ranks_within_their_communicator() -> None:
     assert part.sizes == {"pp": 2, "tri": 3}
 
 
+def test_a_member_that_recorded_none_of_a_communicators_calls_is_matched_around() -> None:
+    """Rank 2 is in the input and lists "c", but recorded none of its calls (profiled without
+    collective tracing, or its capture missed them): as where it is not in the input, the
+    instances are matched among the members that did, not every one dropped as cut by the
+    capture window."""
+    rows = _rows([(r, "c", k, "trace", "allreduce", 8, None, 100 * k + r) for r in (0, 1) for k in range(3)])
+    m = match(rows, _comms({"c": [0, 1, 2]}, [0, 1, 2]), {0, 1, 2})
+    assert m.instances == 3 and m.dropped_incomplete == 0
+    assert m.members == {"c": (0, 1, 2)} and m.sizes == {"c": 3}  # still a member present
+    assert m.warnings == ["1 communicator(s) with members that recorded none of their calls (c: rank 2): matched "
+                          "among the members that did (profiled without collective tracing, or a capture that "
+                          "missed those calls?)"]
+    absent = match(rows, _comms({"c": [0, 1, 2]}, [0, 1, 2]), {0, 1})
+    assert absent.instances == 3 and absent.dropped_incomplete == 0
+
+
+def test_a_member_that_recorded_some_of_a_communicators_calls_leaves_the_others_incomplete() -> None:
+    """Rank 2 recorded call 0 of "c", not calls 1 and 2: its capture stopped early (window
+    edges), so those two instances lack a participant and are dropped."""
+    rows = _rows([(r, "c", k, "trace", "allreduce", 8, None, 100 * k + r) for r in (0, 1, 2) for k in range(3)
+                  if r < 2 or k == 0])
+    m = match(rows, _comms({"c": [0, 1, 2]}, [0, 1, 2]), {0, 1, 2})
+    assert m.instances == 1 and m.dropped_incomplete == 2
+    assert m.warnings == ["communicator c: 2 instance(s) missing a participant (capture window edges?); dropped"]
+
+
 def test_two_sends_do_not_make_a_pair() -> None:
     # two transfers, 0 to 1 and 1 to 0, each without its recv
     rows = _rows([(0, "p", 0, "ordinal", "send", 8, None, 100), (1, "p", 0, "ordinal", "send", 8, None, 120)])

@@ -81,18 +81,28 @@ def test_a_world_size_no_job_has_is_taken_as_unknown() -> None:
 
 
 def test_a_rank_in_the_input_that_recorded_no_collectives_is_named() -> None:
+    import pyarrow.compute as pc
+
     digests, _ = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=4, steps=10, seed=11))
     column = digests.schema.get_field_index("collectives")
     calls = digests.column(column).to_pylist()
     calls[digests.column("rank").to_pylist().index(5)] = []  # a rank that hung before its first collective
     silent = digests.set_column(column, digests.schema.field(column), pa.array(calls, digests.schema.field(column).type))
     with (pytest.warns(RankscopeWarning, match=r"1 of the 8 ranks in the input recorded no collectives \(5\)"),
-          pytest.warns(RankscopeWarning, match=r"^communicator dp1: 10 instance\(s\) missing a participant"),
-          pytest.warns(RankscopeWarning, match=r"^communicator tp1: 40 instance\(s\) missing a participant")):
+          pytest.warns(RankscopeWarning, match=r"^2 communicator\(s\) with members that recorded none of their calls "
+                                               r"\(dp1: rank 5, tp1: rank 5\): matched among the members that did")):
         report = analyze(silent)
     assert report.missing_ranks == []  # it is present, only silent
     assert not any("not in the input" in w for w in report.warnings)
     assert report.ranks[5].late_mean_ns is None and report.ranks[5].blame_ns == 0
+    # Its communicators dp1 and tp1 are matched among the members that called them, as with rank
+    # 5 not in the input: none of their instances dropped as cut by the capture window.
+    with (pytest.warns(RankscopeWarning, match=r"^1 of the job's 8 ranks not in the input \(5\)"),
+          pytest.warns(RankscopeWarning, match=r"^2 communicator\(s\) with listed members not in the input")):
+        absent = analyze(digests.filter(pc.not_equal(digests.column("rank"), 5)))
+    assert report.alignment.dropped_incomplete == absent.alignment.dropped_incomplete == 0
+    assert report.alignment.matched_collectives == absent.alignment.matched_collectives
+    assert [r.late_mean_ns for r in report.ranks if r.rank != 5] == [r.late_mean_ns for r in absent.ranks]
 
 
 def test_clock_hints_only_change_the_gauge() -> None:
