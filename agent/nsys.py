@@ -18,6 +18,7 @@ import math
 import os
 import re
 import shutil
+import shlex
 import signal
 import subprocess
 import threading
@@ -198,7 +199,7 @@ def run(argv: Sequence[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
         cancelled: threading.Event | None = None) -> subprocess.CompletedProcess:
     """Run one nsys command; any failure is a ToolError naming the command and nsys's words.
     ``cancelled``, once set, kills the command within `CANCEL_POLL_S`, or keeps it from starting."""
-    command = " ".join(map(str, argv))
+    command = shlex.join(map(str, argv))  # quoted: a message's command runs as shown when pasted
     if cancelled is not None and cancelled.is_set():  # queued behind a cancel: starting it only to kill it
         raise ToolError(f"`{command}` was not started: the capture was cancelled")
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shlex
 import shutil
 import stat
 import tempfile
@@ -314,7 +315,7 @@ def _read_report(path: Path, rank_from: str | None) -> pa.Table:
     beside = _export_of(path)
     if beside is not None:
         return nsys.read_nsys(beside, rank_from=rank_from)
-    suggestion = " ".join(nsys_cli.export_command(path, path.with_suffix(SQLITE)))
+    suggestion = shlex.join(nsys_cli.export_command(path, path.with_suffix(SQLITE)))  # to paste: quoted
     if shutil.which(nsys_cli.NSYS) is None:
         raise ExportError(f"an nsys report without its SQLite export and no nsys here; run: {suggestion}", path=path)
     with tempfile.TemporaryDirectory(prefix="rankscope-export-") as tmp:

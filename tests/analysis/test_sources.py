@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import stat
 from pathlib import Path
@@ -12,9 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from rankscope.agent import nsys as nsys_cli
 from rankscope.analysis import digest, nsys, sources
 from rankscope.analysis import simulate as sim
-from rankscope.errors import ConsistencyError, ExportError, InputError, RankscopeWarning
+from rankscope.errors import ConsistencyError, ExportError, InputError, RankscopeWarning, ToolError
 
 DSL = "nsys/dsl_2node_2rank_allreduce"
 
@@ -73,6 +75,31 @@ def test_lone_report_without_nsys_names_the_command_to_run(dsl: Path, tmp_path: 
     assert str(report) in message
     command = f"nsys export --type=sqlite --output={tmp_path / 'rank0.sqlite'} --force-overwrite=true --include-blobs=true {report}"
     assert message.endswith(f"run: {command}")
+
+
+@pytest.mark.parametrize("nsys_here", [False, True])
+def test_the_export_command_suggested_for_a_lone_report_runs_as_pasted(dsl: Path, tmp_path: Path, monkeypatch,
+                                                                        nsys_here: bool) -> None:
+    # found by review: a path with a space or `;` was put in bare, so the pasted line ran
+    # `nsys export ... --output=/a` and then `b/rank 0.sqlite ...` as a second command
+    folder = tmp_path / "job a;b"
+    folder.mkdir()
+    report = _lone_report(dsl, folder)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if nsys_here:  # one that fails: the message says what failed, and what to try
+        fake = bin_dir / "nsys"
+        fake.write_text("#!/bin/sh\necho 'Importer error' >&2\nexit 1\n")
+        fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(ToolError if nsys_here else ExportError) as err:
+        sources.load_digests([folder])
+    message = str(err.value)
+    suggested = message.rpartition("try: " if nsys_here else "run: ")[2]
+    assert shlex.split(suggested) == nsys_cli.export_command(report, folder / "rank0.sqlite")
+    if nsys_here:
+        failed = re.search(r"`([^`]*)` failed", message)[1]
+        assert shlex.split(failed)[-1] == str(report)
 
 
 def test_lone_report_is_exported_with_nsys_when_installed(dsl: Path, tmp_path: Path, monkeypatch) -> None:

@@ -648,6 +648,9 @@ def test_the_report_hint_carries_the_coordinator_and_tls_flags_it_needs() -> Non
 
     args = argparse.Namespace(coordinator="head:7443", tls_ca=Path("/etc/ca.pem"), tls_cert=None, tls_key=None)
     assert _command_line(args, "report", "S1") == "rankscope report --coordinator head:7443 --tls-ca /etc/ca.pem S1"
+    # a path with a space or a shell character is quoted, so the line runs as pasted
+    args.tls_ca = Path("/etc/my ca;1.pem")
+    assert _command_line(args, "report", "S1") == "rankscope report --coordinator head:7443 --tls-ca '/etc/my ca;1.pem' S1"
 
 
 def test_a_coordinator_that_cannot_serve_leaves_no_data_dir_behind(tmp_path: Path, capsys) -> None:
