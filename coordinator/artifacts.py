@@ -269,10 +269,15 @@ class ArtifactStore:
         return {partial.header.sweep_id for partial in self._stored_partials()}
 
     def _stored_partials(self) -> Iterator[_Partial]:
+        """The uploads in progress on disk. One whose header cannot be read is removed, part file
+        and all: nothing says what it is, so no stream can resume it and no sweep's end removes it."""
         for meta in sorted(self.partial.glob("*.json")):
             try:
                 partial = self._lookup(meta.stem)
-            except RankscopeError:  # a corrupt header: no sweep's to judge
+            except RankscopeError as exc:
+                log.warning("removed unfinished upload %s: %s", quoted(meta.stem), exc)
+                (self.partial / f"{meta.stem}.part").unlink(missing_ok=True)
+                meta.unlink(missing_ok=True)
                 continue
             if partial is not None:
                 yield partial
@@ -286,11 +291,11 @@ class ArtifactStore:
         meta = self.partial / f"{upload_id}.json"
         try:
             data = json.loads(meta.read_text())
+            header = UploadHeader(**{**data, "ranks": tuple(data.get("ranks", ()))})
         except FileNotFoundError:
             return None
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:  # not JSON; not an object, or fields missing or unknown
             raise RankscopeError(f"corrupt upload header ({exc})", path=meta) from None
-        header = UploadHeader(**{**data, "ranks": tuple(data.get("ranks", ()))})
         # A query reads without the guard: one read back meanwhile (a stream's) is the one kept,
         # so every stream of the upload shares its lock.
         return self._partials.setdefault(upload_id, _Partial(header, self.partial / f"{upload_id}.part"))
