@@ -32,6 +32,7 @@ from typing import BinaryIO
 from rankscope import atomic, output
 from rankscope.errors import RankscopeError, UploadRejected, quoted, shown
 from rankscope.proto.v1 import chunks
+from rankscope.records import known_fields
 
 log = logging.getLogger(__name__)
 
@@ -291,10 +292,11 @@ class ArtifactStore:
         meta = self.partial / f"{upload_id}.json"
         try:
             data = json.loads(meta.read_text())
-            header = UploadHeader(**{**data, "ranks": tuple(data.get("ranks", ()))})
+            # A newer rankscope's header loads without what was added since (a rolled-back coordinator).
+            header = UploadHeader(**known_fields(UploadHeader, {**data, "ranks": tuple(data.get("ranks", ()))}))
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError) as exc:  # not JSON; not an object, or fields missing or unknown
+        except (ValueError, TypeError) as exc:  # not JSON; not an object, or fields missing
             raise RankscopeError(f"corrupt upload header ({exc})", path=meta) from None
         # A query reads without the guard: one read back meanwhile (a stream's) is the one kept,
         # so every stream of the upload shares its lock.

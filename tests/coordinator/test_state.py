@@ -278,9 +278,7 @@ def test_an_upload_header_left_half_written_by_a_killed_coordinator_is_removed_o
     assert restarted.committed("u1")[1] == 10
 
 
-@pytest.mark.parametrize("text", ['{"upload_id": "u2", "si', '{"upload_id": "u2"}', '["u2"]',
-                                  '{"upload_id": "u2", "sweep_id": "s", "node": "n", "name": "a.bin", "size": 30, '
-                                  '"sha256": "00", "kind": "raw", "from": "a later version"}'])
+@pytest.mark.parametrize("text", ['{"upload_id": "u2", "si', '{"upload_id": "u2"}', '["u2"]'])
 def test_an_upload_whose_header_cannot_be_read_is_removed_with_its_part_file(tmp_path: Path, caplog,
                                                                                text: str) -> None:
     # found by review: a header not JSON was skipped at every listing, so its part file outlived
@@ -302,3 +300,15 @@ def test_an_upload_whose_header_cannot_be_read_is_removed_with_its_part_file(tmp
     assert [r.getMessage().partition(":")[0] for r in caplog.records] == ["removed unfinished upload 'u2'"]
     assert str(partial / "u2.json") in caplog.text
     assert restarted.committed("u2") is None  # a stream starts it afresh
+
+
+def test_an_unfinished_upload_a_newer_rankscope_began_resumes_without_its_new_fields(tmp_path: Path) -> None:
+    # a rolled-back coordinator: a header field added since is dropped, not the upload (as agent records)
+    data = b"y" * 30
+    with art.ArtifactStore(tmp_path, max_bytes=100).writer(_header(data, sweep_id="s-new")) as writer:
+        writer.write(0, data[:10])
+    meta = tmp_path / "partial" / "u1.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "from": "a later version"}))
+    restarted = art.ArtifactStore(tmp_path, max_bytes=100)
+    assert restarted.partial_sweeps() == {"s-new"}
+    assert restarted.committed("u1")[1] == 10
