@@ -33,6 +33,7 @@ MIN_MOVED_GAPS = 6  # gaps a shift past those must compare at least (and a third
 MAX_MOVED_SHIFT = 512  # calls, the most a moved window's gaps are searched either way (cost: shifts x gaps)
 _CELLS = 1 << 20  # (shift, call) pairs compared at once
 GAP_FLOOR_RATIO = 4  # a member's gaps this much further from its reference's than the closest member's: a look
+ALIGNED_GAP_SHARE = 200  # aligned, a member's gaps miss its reference's by under 1/this of a gap
 
 
 class _Fit(Enum):
@@ -650,8 +651,9 @@ def _shift_ordinals_across_hosts(calls: _Ordinals, warnings: list[str]) -> set[s
     misses = _misses_of_gaps(per_rank, ref_of, keys, ends, joint, group, at, before, gap)
     if misses is None:
         return set()
+    member, miss, spacing = misses
     host_of = calls.host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
-    suspect, least_gaps = _gap_suspects(*misses, ref_of, host_of)
+    suspect, least_gaps = _gap_suspects(member, miss, spacing, ref_of, host_of)
     found = {}  # member -> (the shift its gaps fit, how well)
     # A member's gaps are a run of them (``at`` ascends, in group order): its bounds, not a
     # pass over every gap per suspect.
@@ -661,7 +663,7 @@ def _shift_ordinals_across_hosts(calls: _Ordinals, warnings: list[str]) -> set[s
         mine = slice(lo, hi)
         theirs = _rows_of(per_rank, ref_of[i])
         found[i] = _best_gap_shift(keys[before[mine]], keys[at[mine]], gap[mine], ends[theirs], joint[theirs],
-                                   rooted=not paired[rc[i]], least=least)
+                                   spacing[ref_of[i]], rooted=not paired[rc[i]], least=least)
     return _take_gap_shifts(found, calls, rows, per_rank, ref_of, host_of, warnings)
 
 
@@ -711,7 +713,7 @@ def _gap_suspects(member: np.ndarray, miss: np.ndarray, spacing: np.ndarray, ref
     # beyond GAP_FLOOR_RATIO times the closest members' of any communicator (a window moved
     # whole steps pairs calls of one kind, alike but for the work's jitter: µs, not a share).
     floor = np.quantile(miss, 0.1, method="lower")  # one member's, the lowest where they are few
-    by_share = miss > spacing[ref_of[member]] / 200
+    by_share = miss > spacing[ref_of[member]] / ALIGNED_GAP_SHARE
     looked = (by_share | (miss > GAP_FLOOR_RATIO * floor)) & (host_of[member] != host_of[ref_of[member]])
     # Off by µs only (steps alike but for jitter): one gap fits some shift as closely by chance.
     return member[looked], np.where(by_share[looked], 1, 2)
@@ -759,7 +761,7 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray, rooted: bool = False, least: int = 1) -> tuple[int, _Fit]:
+                    ref_joint: np.ndarray, spacing: float, rooted: bool = False, least: int = 1) -> tuple[int, _Fit]:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
     s further on (both ends of calls that end together) than unshifted; 0 where none is.
@@ -767,8 +769,11 @@ def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_e
     closer than every other shift too, else TURNS. Those (a broadcast's root ends apart from
     its receivers) agree only while each member keeps its role: where roots take turns they
     miss by the roles' lag at the right shift as at the wrong ones, and one comes out closest
-    by chance. A shift only 2x closer than unshifted is WEAK. TURNS and WEAK are taken where
-    a member on this one's host (its window) clearly fits the same (`_shift_ordinals_across_hosts`).
+    by chance. A shift only 2x closer than unshifted is WEAK, and so is one the call counts do
+    not account for (`_moved`) unless it is 2x closer than every other shift and leaves the
+    gaps as close as aligned ones (1/ALIGNED_GAP_SHARE of the reference's median gap,
+    ``spacing``); a far shift must leave them as close too. TURNS and WEAK are taken where a
+    member on this one's host (its window) clearly fits the same (`_shift_ordinals_across_hosts`).
     A near shift compares half the gaps, and ``least`` of them at the fewest."""
     misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(least, len(gaps) // 2), before=first)
     # A window moved (started and stopped late alike) pairs calls any number off, the counts
@@ -778,15 +783,37 @@ def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_e
     best = min(misses, key=misses.get, default=0)
     if 0 not in misses:
         return 0, _Fit.CLEAR
+    tried = {**misses, **farther}
+    aligned = spacing / ALIGNED_GAP_SHARE  # the most aligned members' gaps miss by
     far = min(farther, key=farther.get, default=None)
-    if far is not None and farther[far] < misses[best]:
-        others = [miss for shift, miss in (*misses.items(), *farther.items()) if shift != far]
-        if 4 * farther[far] < min(others, default=np.inf):
-            return far, _Fit.CLEAR
+    if (far is not None and farther[far] < misses[best] and 4 * farther[far] < _closest_but(tried, far)
+            and (farther[far] < aligned or not _moved(first, last, far, len(ref_ends)))):
+        return far, _Fit.CLEAR
     if 4 * misses[best] >= misses[0]:
         return (best, _Fit.WEAK) if best and 2 * misses[best] < misses[0] else (0, _Fit.CLEAR)
-    runner_up = min(miss for shift, miss in misses.items() if shift != best)
-    return best, _Fit.CLEAR if not rooted or 4 * misses[best] < runner_up else _Fit.TURNS
+    if rooted and 4 * misses[best] >= _closest_but(misses, best):
+        return best, _Fit.TURNS
+    # Ends jittered past the work's own variation make the gaps miss at every shift, one 4x
+    # less than unshifted (or than every other, past the near ones) by chance: a moved window's
+    # must line them up as aligned ones are, and stand out from the rest (2x: a moved window's
+    # right shift came 2.7x closer than its whole-step aliases, steps alike).
+    if _moved(first, last, best, len(ref_ends)) and (misses[best] >= aligned
+                                                    or 2 * misses[best] >= _closest_but(tried, best)):
+        return best, _Fit.WEAK
+    return best, _Fit.CLEAR
+
+
+def _moved(first: np.ndarray, last: np.ndarray, shift: int, ref_calls: int) -> bool:
+    """Whether ``shift`` leaves calls of both this member (gaps between keys ``first`` and
+    ``last``) and its reference (``ref_calls`` calls) unpaired, at opposite edges: a window
+    moved, which the call counts do not account for (equal counts: any shift but 0), where
+    both cut alike is the usual case."""
+    return bool(first.min() + shift < 0 or last.max() + shift >= ref_calls)
+
+
+def _closest_but(misses: dict[int, float], shift: int) -> float:
+    """The least of the ``misses`` (per shift) of the shifts other than ``shift``; inf where none."""
+    return min((miss for other, miss in misses.items() if other != shift), default=np.inf)
 
 
 def _best_shift(mine: np.ndarray, ref: np.ndarray, spacing: float, mine_together: np.ndarray,
