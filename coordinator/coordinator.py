@@ -209,6 +209,11 @@ class Coordinator:
         # time the ticker listened (`_listened_ns`): one silent for `agent_lost_s` is lost.
         self._heard: dict[str, int] = {}
         self._listened_ns = 0
+        # The agents the last run had (on their way back, or at a capture of a sweep resumed
+        # here) not connected since this run's start: lost where not back `restart_grace_s`
+        # after it, at `_awaited_until_ns` on the `_listened_ns` clock (`_judge_lost`).
+        self._awaited: set[str] = set()
+        self._awaited_until_ns = 0
 
     # lifecycle ----------------------------------------------------------------------
 
@@ -218,10 +223,14 @@ class Coordinator:
         grace = int(self.config.restart_grace_s * 1e9)
         with self._lock:
             self._returning, self._returning_until_ns = _returning(self.store.agents()), now + grace
+            awaited, unheard = set(self._returning), set()
             for sweep in self.store.sweeps(states=(sw.SweepState.RUNNING, sw.SweepState.ANALYSING)):
                 log.info("resuming sweep %s (%s)", sweep.sweep_id, sweep.state.value)
                 self._active[sweep.sweep_id] = sweep
                 self._apply(sweep, sweep.handle(sw.Restarted(now, grace)))
+                for name in sweep.open_nodes():  # a node waited for since its sweep began waits on
+                    (unheard if sweep.nodes[name].agent_away else awaited).add(name)
+            self._awaited, self._awaited_until_ns = awaited - unheard, self._listened_ns + grace
             # Unfinished uploads nothing will complete or remove: of sweeps that ended as the last
             # run stopped (killed before their clean-up), and of sweeps never started here (taken
             # by versions that stored uploads under any sweep id). Raw exports run to gigabytes.
@@ -312,6 +321,7 @@ class Coordinator:
             raise
         with self._lock:
             self._heard[agent.node] = self._listened_ns
+            self._awaited.discard(agent.node)
             for sweep in self._active.values():
                 if agent.node in sweep.open_nodes():
                     connection.send(self._order(sweep))
@@ -347,9 +357,10 @@ class Coordinator:
             self._seen(connection.agent)
 
     def _judge_lost(self, elapsed_ns: int) -> None:
-        """Count a tick's ``elapsed_ns`` (`HEARD_TICK_NS` at most) as silence, and fail the
-        nodes of the agents silent for `agent_lost_s` in the running sweeps. Called with the
-        lock held."""
+        """Count a tick's ``elapsed_ns`` (`HEARD_TICK_NS` at most) as silence, and fail in the
+        running sweeps the nodes of the agents silent for `agent_lost_s`, and of those the last
+        run had that are not back `restart_grace_s` after this one's start (dead meanwhile, they
+        have no session here to be silent on). Called with the lock held."""
         self._listened_ns += min(elapsed_ns, HEARD_TICK_NS)
         lost_s = self.config.agent_lost_s
         silent = [node for node, heard in self._heard.items() if self._listened_ns - heard >= lost_s * 1e9]
@@ -360,8 +371,14 @@ class Coordinator:
             if open_:  # nothing on it: its node down or cut off, and TCP none the wiser (yet)
                 log.warning("agent %s lost: nothing on its session for %gs; closing it", node, lost_s)
                 connection.close()
-            self._feed(sw.AgentLost(node, lost_s, "its session still open" if open_ else "its session ended",
-                                    self.clock()))
+            how = "its session still open" if open_ else "its session ended"
+            self._feed(sw.AgentLost(node, f"not heard from for {lost_s:g}s, {how}", self.clock()))
+        if self._awaited and self._listened_ns >= self._awaited_until_ns:
+            grace_s, awaited, self._awaited = self.config.restart_grace_s, node_name.natural(self._awaited), set()
+            log.warning("agent(s) not back within %gs of the restart: %s", grace_s, ", ".join(awaited))
+            for node in awaited:
+                self._feed(sw.AgentLost(node, f"not back within {grace_s:g}s of the coordinator's restart",
+                                        self.clock()))
 
     def _feed(self, event: sw.Event) -> None:
         """Hand every running sweep the event; called with the lock held."""
@@ -591,8 +608,11 @@ class Coordinator:
             # sweep must not pass without it unseen, nor wait out its timeout. Named, it waits;
             # so does one whose agent is on its way back after this coordinator's restart.
             waited = away if names else [name for name in away if name in returning]
+            # Not on its way back: it waits until the timeout, across restarts too (`_awaited`).
+            unheard = [name for name in waited if name not in returning]
             sweep, instructions = sw.Sweep.start(spec, nodes, self.clock(), busy=busy,
-                                                 away=[name for name in away if name not in waited])
+                                                 away=[name for name in away if name not in waited], waited=unheard)
+            self._awaited.difference_update(unheard)
             for name in waited:  # say so rather than an unexplained wait
                 self._heard.pop(name, None)  # nor judged lost while it waits: once it connects
                 sweep.nodes[name].detail = ("agent reconnecting after the coordinator's restart" if name in returning else

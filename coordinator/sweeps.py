@@ -92,6 +92,9 @@ class NodeRecord:
     export_credit_ns: int = 0  # time spent exporting, added to its deadline
     export_cut: str = ""  # why its running export counts only for a grace: how its agent went away
     digest_only: bool = False  # ended on its stored digest, its raw exports cut short (`_on_its_digest`)
+    # Named while its agent was away: waited for until the timeout, as it may connect in time,
+    # a coordinator restart's grace notwithstanding, until its agent reports for the sweep.
+    agent_away: bool = False
 
     def deadline_ns(self, sweep_deadline_ns: int, now_ns: int) -> int:
         """When this node times out: the sweep's deadline, pushed back by its export time."""
@@ -165,12 +168,11 @@ class NodeReported:
 
 @dataclass(frozen=True)
 class AgentLost:
-    """A node's agent has not been heard from for ``silent_s`` (killed, its node down or cut
-    off): its open node fails now, named, rather than hold the sweep until its timeout."""
+    """A node's agent is judged lost (killed, its node down or cut off): its open node fails
+    now, named, rather than hold the sweep until its timeout."""
 
     node: str
-    silent_s: float
-    why: str  # how it went: its session ended, or it stayed open with nothing on it
+    why: str  # on what: "not heard from for 30s, its session ended", "not back within 60s of ..."
     at_ns: int
 
 
@@ -279,11 +281,13 @@ class Sweep:
 
     @classmethod
     def start(cls, spec: SweepSpec, nodes: Iterable[str], now_ns: int, sweep_id: str | None = None,
-              busy: Mapping[str, str] | None = None, away: Iterable[str] = ()) -> tuple[Sweep, list[Instruction]]:
+              busy: Mapping[str, str] | None = None, away: Iterable[str] = (),
+              waited: Iterable[str] = ()) -> tuple[Sweep, list[Instruction]]:
         """A new sweep over ``nodes``, and its captures to send; those in ``busy`` (node -> the
         sweep still capturing there: a node's ranks are in one capture at a time) fail at once,
-        with that reason, as do those ``away`` (their agents not connected). The caller stores
-        the new sweep (no Changed: nobody watches it yet)."""
+        with that reason, as do those ``away`` (their agents not connected). Those ``waited``
+        (named, their agents away) are marked `agent_away`. The caller stores the new sweep (no
+        Changed: nobody watches it yet)."""
         names = natural(set(nodes))
         if not names:
             raise InputError("a sweep needs at least one node")
@@ -305,6 +309,8 @@ class Sweep:
         for name in away:
             sweep.nodes[name].state = NodeState.FAILED
             sweep.nodes[name].reason = AWAY
+        for name in set(waited).intersection(names):
+            sweep.nodes[name].agent_away = True
         return sweep, [SendCapture(n) for n in names if n not in busy and n not in away]
 
     @property
@@ -349,6 +355,7 @@ class Sweep:
         if record is None:
             return self._stop_ended(event)
         record.note_export(event.state, event.at_ns, event.export_timeout_s)
+        record.agent_away = False
         if event.state is NodeState.FAILED:
             record.state, record.reason = NodeState.FAILED, event.reason or event.detail or "agent reported failure"
         elif event.state in _ORDER:
@@ -374,7 +381,7 @@ class Sweep:
     def _agent_lost(self, event: AgentLost) -> list[Instruction]:
         if self._open(event.node) is None:
             return []
-        why = f"agent of node {event.node} lost: not heard from for {event.silent_s:g}s, {event.why}"
+        why = f"agent of node {event.node} lost: {event.why}"
         return self._end([event.node], f"raw exports not all uploaded ({why})", NodeState.FAILED,
                          lambda record: f"{why} (last state: {record.state.value})", event.at_ns)
 

@@ -3,7 +3,8 @@ hand `_judge_lost` the time each tick took, so no wait and no machine's speed de
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,13 @@ def coordinator(tmp_path: Path) -> Iterator[Coordinator]:
     coordinator.stop()
 
 
-def tick(coordinator: Coordinator, seconds: float) -> None:
-    with coordinator._lock:
-        for _ in range(int(seconds * S) // TICK):
+def tick(coordinator: Coordinator, seconds: float, *alive) -> None:
+    """``seconds`` of ticks, the sessions ``alive`` heard from at each."""
+    for _ in range(int(seconds * S) // TICK):
+        with coordinator._lock:
             coordinator._judge_lost(TICK)
+        for connection in alive:
+            coordinator.heard(connection)
 
 
 def connect(coordinator: Coordinator, node: str):
@@ -123,3 +127,120 @@ def test_a_named_node_whose_agent_left_before_the_sweep_waits_for_it(coordinator
     back.outbox.get_nowait()
     tick(coordinator, 2.0)
     assert node(coordinator, sweep_id, "a").state is sw.NodeState.FAILED
+
+
+# After a restart: the agents the last run had get `restart_grace_s` to come back. -------
+
+GRACE_S = 60.0
+
+
+@pytest.fixture
+def restart(tmp_path: Path, coordinator: Coordinator, monkeypatch) -> Iterator[Callable[..., Coordinator]]:
+    """Stop ``coordinator`` and start another on its data dir (as after a crash or an upgrade),
+    its ticker idle: the tests tick it."""
+    monkeypatch.setattr(Coordinator, "_tick_loop", lambda self: None)
+    started: list[Coordinator] = []
+
+    def again(clock: Callable[[], int] = time.time_ns) -> Coordinator:
+        (started[-1] if started else coordinator).stop()
+        config = resolve({"data_dir": str(tmp_path / "data"), "agent_lost_s": LOST_S, "heartbeat_interval_s": 1.0,
+                          "restart_grace_s": GRACE_S}, environ={})
+        started.append(Coordinator(config, clock=clock))
+        started[-1].start()
+        return started[-1]
+
+    yield again
+    if started:
+        started[-1].stop()
+
+
+def test_an_agent_not_back_within_the_restart_grace_fails_its_node(coordinator, restart) -> None:
+    """An agent that died while the coordinator was down said nothing and never connects: its
+    node waited out the sweep's timeout (an hour here). The restart grace past, it is lost."""
+    for name in ("a", "b"):
+        connect(coordinator, name)
+    sweep_id = capture(coordinator, "a", "b")
+    for name in ("a", "b"):
+        coordinator.node_reported(name, sw.NodeReported(name, sw.NodeState.CAPTURING, coordinator.clock()), sweep_id)
+    coordinator = restart()
+    a = connect(coordinator, "a")  # back: it gets its capture again
+    assert a.outbox.get_nowait().sweep_id == sweep_id
+    tick(coordinator, GRACE_S - 1, a)
+    assert node(coordinator, sweep_id, "b").state is sw.NodeState.CAPTURING
+    tick(coordinator, 1.0, a)
+    lost = node(coordinator, sweep_id, "b")
+    assert lost.state is sw.NodeState.FAILED
+    assert lost.reason == "agent of node b lost: not back within 60s of the coordinator's restart (last state: capturing)"
+    assert node(coordinator, sweep_id, "a").state is sw.NodeState.CAPTURING
+    assert coordinator.sweep(sweep_id).state is sw.SweepState.RUNNING
+
+
+def test_an_agent_back_after_a_restart_and_gone_again_is_judged_on_its_silence(coordinator, restart) -> None:
+    connect(coordinator, "a")
+    sweep_id = capture(coordinator, "a")
+    coordinator = restart()
+    coordinator.disconnect(connect(coordinator, "a"))
+    tick(coordinator, LOST_S)
+    assert node(coordinator, sweep_id, "a").reason == ("agent of node a lost: not heard from for 2s, its session "
+                                                         "ended (last state: pending)")
+
+
+def test_a_sweep_started_in_the_grace_waits_for_a_returning_agent_only_as_long(coordinator, restart) -> None:
+    """Chosen while its agent is on its way back (connected as the last run stopped), a node is
+    in the sweep as connected; not back by the grace's end, it is lost like the rest."""
+    for name in ("a", "b"):
+        connect(coordinator, name)
+    coordinator = restart()
+    a = connect(coordinator, "a")
+    sweep_id = coordinator.start_sweep(sw.SweepSpec(backend="sim", duration_s=5.0, timeout_s=3600.0), names=[],
+                                       labels={}, everything=True).sweep_id
+    assert node(coordinator, sweep_id, "b").state is sw.NodeState.PENDING
+    tick(coordinator, GRACE_S, a)
+    assert node(coordinator, sweep_id, "b").reason == ("agent of node b lost: not back within 60s of the "
+                                                         "coordinator's restart (last state: pending)")
+    assert node(coordinator, sweep_id, "a").state is sw.NodeState.PENDING
+
+
+def test_a_named_node_whose_agent_was_away_when_its_sweep_started_still_waits_after_a_restart(
+        coordinator, restart) -> None:
+    """Its agent away (here registered and never connected, so seen as recently as the rest),
+    a named node is waited for until the sweep's timeout, as without the restart; one whose
+    agent reported for the sweep is the restart's to judge."""
+    coordinator.register("b", "b", {}, gpus=[], ranks=[], versions={}, backends=["sim"])
+    coordinator.register("c", "c", {}, gpus=[], ranks=[], versions={}, backends=["sim"])
+    connect(coordinator, "a")
+    sweep_id = capture(coordinator, "a", "b", "c")
+    connect(coordinator, "c")  # connects in time, takes the capture, then the coordinator goes
+    coordinator.node_reported("c", sw.NodeReported("c", sw.NodeState.PENDING, coordinator.clock()), sweep_id)
+    coordinator = restart()
+    a = connect(coordinator, "a")
+    tick(coordinator, GRACE_S + 10, a)
+    waiting = node(coordinator, sweep_id, "b")
+    assert waiting.state is sw.NodeState.PENDING
+    assert waiting.detail == "agent not connected: it gets the capture if it connects in time"
+    assert node(coordinator, sweep_id, "c").state is sw.NodeState.FAILED
+    coordinator = restart()  # and again: it still waits
+    a = connect(coordinator, "a")
+    tick(coordinator, GRACE_S + 10, a)
+    assert node(coordinator, sweep_id, "b").state is sw.NodeState.PENDING
+    b = connect(coordinator, "b")  # once it connects, its silence counts
+    assert b.outbox.get_nowait().sweep_id == sweep_id
+    tick(coordinator, LOST_S, a)
+    assert node(coordinator, sweep_id, "b").state is sw.NodeState.FAILED
+
+
+def test_a_node_named_once_the_grace_is_over_by_the_clock_is_waited_for_as_any_named_node(
+        coordinator, restart) -> None:
+    """A sweep's start reads the grace's end on the clock, which may come before its end on the
+    time the ticker listened: a node named then, its agent away, waits as any named node does."""
+    for name in ("a", "b"):
+        connect(coordinator, name)
+    now = [time.time_ns()]
+    coordinator = restart(lambda: now[0])
+    a = connect(coordinator, "a")
+    now[0] += int((GRACE_S + 1) * S)  # the ticker stalled (the host busy): it listened for none of it
+    sweep_id = capture(coordinator, "a", "b")
+    tick(coordinator, GRACE_S + 10, a)
+    waiting = node(coordinator, sweep_id, "b")
+    assert (waiting.state, waiting.detail) == (sw.NodeState.PENDING, "agent not connected: it gets the capture if "
+                                                                      "it connects in time")

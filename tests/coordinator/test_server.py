@@ -351,6 +351,38 @@ def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, di
         wire.stop(running)
 
 
+def test_an_agent_that_dies_while_the_coordinator_is_down_is_judged_lost_after_the_restart_grace(
+        tmp_path, wire, digests) -> None:
+    """Its agent never comes back after the restart: the sweep waited for the node until its
+    timeout (an hour here), the restart grace only extending it. Past the grace, it is lost."""
+    first, second = sorted(digests)
+    running = wire.start(tmp_path / "data")
+    a, b = wire.FakeAgent(running, first), wire.FakeAgent(running, second)
+    with SweepClient(running.address) as client:
+        sweep_id = client.start(everything=True, duration_s=1.0, backend="sim", timeout_s=3600).sweep_id
+    a.finish(started_capture(a).sweep_id, digests[first])
+    started_capture(b)
+    b.status(sweep_id, pb.NODE_STATE_CAPTURING)
+    b.close()
+    a.close()
+    wire.stop(running)
+
+    running = wire.start(tmp_path / "data", restart_grace_s=1.0)
+    try:
+        with SweepClient(running.address) as client:
+            deadline = time.monotonic() + 60  # generous: the sweep ends on the judgement or in an hour
+            while (done := client.sweeps()[0]).state == pb.SWEEP_STATE_RUNNING:
+                assert time.monotonic() < deadline, "the sweep waited on an agent not back after the restart"
+                time.sleep(0.2)
+            done = final(client, sweep_id)
+        assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == [second]
+        (lost,) = [n for n in done.nodes if n.node == second]
+        assert (lost.state, lost.reason) == (pb.NODE_STATE_FAILED, f"agent of node {second} lost: not back within 1s "
+                                                                   "of the coordinator's restart (last state: capturing)")
+    finally:
+        wire.stop(running)
+
+
 def test_agents_killed_or_cut_off_mid_sweep_are_judged_lost_and_the_sweep_goes_on(tmp_path, wire, digests) -> None:
     """A killed agent (its stream gone, mid-export with an hour's bound) and one whose node is
     cut off (its stream open, nothing on it) held the sweep until its timeout (an hour here).

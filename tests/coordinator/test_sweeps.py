@@ -128,7 +128,7 @@ def test_a_lost_agents_node_fails_at_once_naming_it_and_the_rest_go_on() -> None
     sweep = started("a", "b")
     sweep.handle(sw.NodeReported("b", sw.NodeState.EXPORTING, T0 + 2 * S, export_timeout_s=3600))
     finish(sweep, "a")
-    out = sweep.handle(sw.AgentLost("b", 30.0, "its session ended", T0 + 5 * S))
+    out = sweep.handle(sw.AgentLost("b", "not heard from for 30s, its session ended", T0 + 5 * S))
     why = "agent of node b lost: not heard from for 30s, its session ended (last state: exporting)"
     assert sw.CancelNode("b", why) in out and analyses(out) == [sw.Analyse((("a", DIGEST),))]
     assert sweep.nodes["b"].state is sw.NodeState.FAILED and sweep.nodes["b"].reason == why
@@ -140,15 +140,15 @@ def test_a_lost_agents_node_fails_at_once_naming_it_and_the_rest_go_on() -> None
 def test_a_lost_agent_changes_nothing_of_nodes_ended_or_not_in_the_sweep() -> None:
     sweep = started("a", "b")
     sweep.handle(sw.NodeReported("a", sw.NodeState.FAILED, T0 + S, reason="nsys exited 1"))
-    assert sweep.handle(sw.AgentLost("a", 30.0, "its session ended", T0 + 2 * S)) == []
-    assert sweep.handle(sw.AgentLost("zz", 30.0, "its session ended", T0 + 2 * S)) == []
+    assert sweep.handle(sw.AgentLost("a", "not heard from for 30s, its session ended", T0 + 2 * S)) == []
+    assert sweep.handle(sw.AgentLost("zz", "not heard from for 30s, its session ended", T0 + 2 * S)) == []
     assert sweep.nodes["a"].reason == "nsys exited 1" and sweep.nodes["b"].state is sw.NodeState.PENDING
 
 
 def test_a_lost_agent_uploading_raw_exports_beside_its_stored_digest_ends_on_the_digest() -> None:
     sweep = started("a")
     sweep.handle(sw.NodeReported("a", sw.NodeState.UPLOADING, T0 + S, artifacts=(DIGEST,)))
-    out = sweep.handle(sw.AgentLost("a", 30.0, "its session still open", T0 + 2 * S))
+    out = sweep.handle(sw.AgentLost("a", "not heard from for 30s, its session still open", T0 + 2 * S))
     assert analyses(out) == [sw.Analyse((("a", DIGEST),))] and sweep.nodes["a"].digest_only
     assert sweep.nodes["a"].notes == ["raw exports not all uploaded (agent of node a lost: not heard from for 30s, "
                                       "its session still open): the report stands on its digest"]
@@ -158,7 +158,7 @@ def test_an_agent_back_at_a_capture_its_node_ended_for_is_told_to_stop() -> None
     """Judged lost, then restarted from its ledger: its capture goes on, DCGM paused, until its
     own deadline, unless told; a report of one ended or finished counts for nothing."""
     sweep = started("a", "b", "c")
-    sweep.handle(sw.AgentLost("a", 30.0, "its session ended", T0 + S))
+    sweep.handle(sw.AgentLost("a", "not heard from for 30s, its session ended", T0 + S))
     finish(sweep, "c")
     assert sweep.handle(sw.NodeReported("c", sw.NodeState.UPLOADING, T0 + 2 * S)) == []  # a stale re-report
     why = sweep.nodes["a"].reason
@@ -234,6 +234,16 @@ def test_restart_gives_agents_grace_and_redoes_a_lost_analysis() -> None:
     finish(sweep, "b")
     assert sweep.state is sw.SweepState.ANALYSING
     assert analyses(sweep.handle(sw.Restarted(T0 + 50 * S, 20 * S))) == [sw.Analyse((("a", DIGEST), ("b", DIGEST)))]
+
+
+def test_a_node_waited_for_is_marked_so_until_its_agent_reports_and_across_a_restart() -> None:
+    """Named with its agent away, a node waits until the timeout: the mark, kept with the
+    sweep, tells a restarted coordinator not to judge it on the restart's grace."""
+    sweep, _ = sw.Sweep.start(SPEC, ["a", "b", "c"], T0, sweep_id="s1", waited=["b", "c", "zz"])
+    assert {n: r.agent_away for n, r in sweep.nodes.items()} == {"a": False, "b": True, "c": True}
+    sweep.handle(sw.NodeReported("c", sw.NodeState.PENDING, T0 + S))  # its agent came and took the capture
+    again = sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict())))
+    assert {n: r.agent_away for n, r in again.nodes.items()} == {"a": False, "b": True, "c": False}
 
 
 def test_round_trips_through_json_mid_sweep() -> None:

@@ -382,3 +382,26 @@ def test_an_agent_killed_mid_capture_is_judged_lost_and_the_sweep_goes_on_withou
     assert lost.reason == "agent of node n2 lost: not heard from for 15s, its session ended (last state: capturing)"
     assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
     assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+
+
+def test_an_agent_killed_while_the_coordinator_is_down_is_judged_lost_after_the_restart_grace(
+        cluster: Cluster) -> None:
+    """n2's agent dies while the coordinator is down: it never reconnects, and the sweep waited
+    for its node until the timeout (10 min here), the restart grace only extending it. Not back
+    within $RANKSCOPE_RESTART_GRACE_S (20 s here), it is judged lost; the rest, back, finish."""
+    cluster.coordinator()
+    names = ["n0", "n1", "n2"]
+    for i, name in enumerate(names):
+        cluster.agent(name, i)
+    sweep_id = cluster.start_sweep(names, duration_s=3.0, timeout_s=600, options=sim_options(3))
+    wait_for("n2 to capture", lambda: cluster.node_state(sweep_id, "n2") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    cluster.kill("coordinator")
+    cluster.kill("n2")
+    cluster.coordinator()
+    sweep = cluster.wait_final(sweep_id, 120)
+    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
+    lost = next(n for n in sweep.nodes if n.node == "n2")
+    assert lost.state == pb.NODE_STATE_FAILED, states(sweep)
+    assert lost.reason == "agent of node n2 lost: not back within 20s of the coordinator's restart (last state: capturing)"
+    assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
