@@ -36,7 +36,9 @@ SWEEP_SERVICE = pb.DESCRIPTOR.services_by_name["SweepService"].full_name  # rank
 _USER_MISTAKES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
 })
-_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# CANCELLED where this client cancelled nothing: the coordinator stopped (a restart) mid-call,
+# which a watch rides out as it does a coordinator not answering.
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 # A download's deadline counts its file at this rate (the agents' uploads assume the same).
 MIN_FETCH_BPS = 1 << 20
 # Chunks a download reads ahead of its writer: its memory stays a few MiB, the file any size.

@@ -698,6 +698,10 @@ def test_a_coordinator_gone_while_waiting_is_said_at_once_and_the_end_names_the_
     waiting.start()
     agent.next_command()  # the sweep has started
     sweep_id = running.server.coordinator.sweeps()[0].sweep_id
+    deadline = time.monotonic() + 20
+    while sweep_id not in running.server.coordinator._watchers:  # stopped mid-watch, not before it
+        assert time.monotonic() < deadline, "the capture never watched its sweep"
+        time.sleep(0.02)
     agent.close()
     wire.stop(running)
     waiting.join(30)
@@ -708,6 +712,29 @@ def test_a_coordinator_gone_while_waiting_is_said_at_once_and_the_end_names_the_
     assert err[-1].startswith(f"rankscope: error: coordinator at {running.address} unreachable")
     assert err[-1].endswith(f"; stopped waiting for sweep {sweep_id}, which may still finish once the coordinator is "
                             f"back (rankscope report --coordinator {running.address} {sweep_id} prints its report)")
+
+
+class _Ended(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._code.name
+
+
+def test_a_call_the_coordinator_cancelled_as_it_stopped_is_ridden_out_as_it_being_away() -> None:
+    # seen (1 run in 4): a coordinator stopped mid-watch ended the stream CANCELLED, and
+    # `capture --wait` failed at once, "CANCELLED: CANCELLED", rather than watch again
+    from rankscope.coordinator.client import rpc_error
+    from rankscope.errors import TransportError
+
+    for code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE):
+        error = rpc_error("127.0.0.1:1", _Ended(code))
+        assert isinstance(error, TransportError) and "unreachable" in str(error)
+    assert not isinstance(rpc_error("127.0.0.1:1", _Ended(grpc.StatusCode.INTERNAL)), TransportError)
 
 
 def test_nodes_lists_the_known_agents_connected_or_away_with_their_clock_and_sweep(coordinator, wire, capsys) -> None:
