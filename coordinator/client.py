@@ -36,9 +36,7 @@ SWEEP_SERVICE = pb.DESCRIPTOR.services_by_name["SweepService"].full_name  # rank
 _USER_MISTAKES = frozenset({
     grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
 })
-# CANCELLED where this client cancelled nothing: the coordinator stopped (a restart) mid-call,
-# which a watch rides out as it does a coordinator not answering.
-_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 # A download's deadline counts its file at this rate (the agents' uploads assume the same).
 MIN_FETCH_BPS = 1 << 20
 # Chunks a download reads ahead of its writer: its memory stays a few MiB, the file any size.
@@ -90,8 +88,10 @@ class SweepClient:
         self.tls = tls
         self.channel = channel(address, tls, [("grpc.max_receive_message_length", MAX_REPLY_BYTES)])
         self.stub = pb_grpc.SweepServiceStub(self.channel)
+        self.closed = False  # by `close`: a watch's call then ends CANCELLED by this client's doing
 
     def close(self) -> None:
+        self.closed = True
         self.channel.close()
 
     def __enter__(self) -> SweepClient:
@@ -171,9 +171,11 @@ class SweepClient:
                         return
                 lost: RankscopeError = TransportError(f"coordinator at {self.address} ended the watch of {sweep_id} early")
             except grpc.RpcError as exc:
-                if watch.cancelled:
+                if watch.cancelled or self.closed:
                     return
                 lost = rpc_error(self.address, exc, self.tls)
+                if exc.code() == grpc.StatusCode.CANCELLED:  # not by this client: the coordinator stopped mid-watch
+                    lost = TransportError(f"coordinator at {self.address} ended the watch of {sweep_id} as it stopped")
                 if not isinstance(lost, TransportError):  # only being unreachable may pass
                     raise lost from None
             if lost_since is None:
