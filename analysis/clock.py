@@ -7,7 +7,8 @@ while their starts carry the skew being measured (reference/alignment-and-metric
 §2-§3): a robust alternating fit of a per-instance consensus end (median over hosts)
 and a per-host Huber line, re-gauged each round to mean offset 0 (or the mean of the
 coordinator's clock hints) and mean drift 0. Fallbacks (§3.7): fewer than
-``MIN_DRIFT_ANCHORS`` anchors gives offset only; none gives the UTC anchor or the
+``MIN_DRIFT_ANCHORS`` anchors, or a drift known no better than a plausible one, gives
+offset only; none gives the UTC anchor or the
 coordinator's hint, flagged as NTP quality.
 """
 
@@ -24,6 +25,13 @@ from rankscope.analysis.ops import N_TO_N_OPS
 from rankscope.analysis.robust import MAD_TO_SIGMA, median_of_others, nanmedian
 
 MIN_DRIFT_ANCHORS = 20
+# Offset only errs at a window's edges by the host's drift times half the window, a fitted
+# drift by its standard error times the same. So a drift is fitted where that error is below
+# a plausible drift (crystals within ~100 ppm of each other, NTP-disciplined clocks tens or
+# less), or where the drift stands out of it DRIFT_SIGNIFICANCE-fold (a clock drifting more
+# than most). CPU-side ends noisy by hundreds of us over 100 ms give errors of hundreds of ppm.
+PLAUSIBLE_DRIFT_PPM = 20.0
+DRIFT_SIGNIFICANCE = 3.0
 ROUNDS = 5
 HUBER_K = 1.345
 # The IRLS stops once an iteration moves no host's line by more than this share of its
@@ -217,17 +225,23 @@ def _fit_component(
 ) -> dict[str, HostClock]:
     """Alternating robust fit of consensus ends E and per-host lines y = (1+a) E + b."""
     counts = (~np.isnan(y)).sum(axis=1)
-    drifting = counts >= MIN_DRIFT_ANCHORS
+    enough = counts >= MIN_DRIFT_ANCHORS
+    drifting = enough
     rate = np.ones(len(names))
     offset = prior.copy()
     for _ in range(ROUNDS):
         consensus = nanmedian((y - offset[:, None]) / rate[:, None], axis=0)
-        if drifting.any():
-            slope, intercept = _huber_lines(consensus, y)
+        if enough.any():
+            slope, intercept, slope_error, centre = _huber_lines(consensus, y)
+            known = np.maximum(PLAUSIBLE_DRIFT_PPM * 1e-6, np.abs(slope - 1.0) / DRIFT_SIGNIFICANCE)
+            drifting = enough & (slope_error <= known)
+            # Without its slope, the line through its anchors' centre: the Huber estimate of
+            # the offset, more efficient than the median where anchors abound.
+            level = intercept + (slope - 1.0) * centre
         else:  # too few anchors on every host for a drift: lines would be fitted, then discarded
-            slope = intercept = np.zeros(len(names))
+            slope = intercept = level = np.zeros(len(names))
         rate = np.where(drifting, slope, 1.0)
-        offset = np.where(drifting, intercept, nanmedian(y - consensus[None, :], axis=1))
+        offset = np.where(drifting, intercept, np.where(enough, level, nanmedian(y - consensus[None, :], axis=1)))
         # Re-gauge: E' = k E + m leaves every observation unchanged.
         k = rate.mean()
         rate /= k
@@ -315,11 +329,15 @@ def _windows(
     return windows
 
 
-def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:
+def _huber_lines(
+    x: np.ndarray, y: np.ndarray, iterations: int = 10
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per row of ``y`` (NaN = not observed): slope and intercept on ``x`` by IRLS with
-    Huber weights and a MAD scale, all hosts at once. Stops early once no host's line
-    moved, anywhere over its anchors, by more than `CONVERGED` of its residual scale:
-    what is left to move is far below the uncertainty the fit reports."""
+    Huber weights and a MAD scale, all hosts at once; also the slope's standard error
+    (residual scale over the weighted spread of the row's anchors in ``x``) and their
+    weighted centre. Stops early once no host's line moved, anywhere over its anchors,
+    by more than `CONVERGED` of its residual scale: what is left to move is far below
+    the uncertainty the fit reports."""
     seen = ~np.isnan(y)
     xs = np.where(seen, x[None, :], np.nan)
     xm = np.nanmean(xs, axis=1, keepdims=True)
@@ -354,7 +372,8 @@ def _huber_lines(x: np.ndarray, y: np.ndarray, iterations: int = 10) -> tuple[np
         weights = 1.0 / np.maximum(u, 1.0)  # Huber: 1 inside k * scale, k * scale / |r| beyond
         if not every:
             weights = np.where(seen, weights, 0.0)
-    return slope, intercept - slope * xm[:, 0]
+    error = np.divide(scale[:, 0], np.sqrt(spread), out=np.full_like(spread, np.inf), where=spread > 0)
+    return slope, intercept - slope * xm[:, 0], error, x_bar + xm[:, 0]
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,57 @@ def test_few_anchors_fall_back_to_offset_only() -> None:
     assert _relative_error(model, truth, int(np.median(events["end_ns"]))).max() < 5_000
 
 
+@pytest.mark.parametrize("seed", [0, 3, 5])
+def test_drift_is_not_fitted_to_noise(seed: int, monkeypatch) -> None:
+    # Kineto-like ends noisy by 1 ms over a ~140 ms window: the fitted drifts were +-280 to
+    # +-1588 ppm where the truth is +-40, and the window's edges off by up to 138 us.
+    job = SyntheticJob(nodes=2, gpus_per_node=1, steps=40, tp_calls=1, compute_ns=1_000_000,
+                       end_jitter_ns=1_000_000, drift_ppm=[40.0, -40.0], seed=seed)
+    model, truth, events = _fit(job)
+    times = np.quantile(events["end_ns"], [0.05, 0.5, 0.95]).astype(np.int64)
+    assert {(c.method, c.drift_ppm) for c in model.hosts.values()} == {("offset", 0.0)}
+    monkeypatch.setattr(clock, "PLAUSIBLE_DRIFT_PPM", np.inf)  # every host's drift fitted
+    fitted, _, _ = _fit(job)
+    assert {c.method for c in fitted.hosts.values()} == {"offset+drift"}
+    worst = max(_relative_error(model, truth, int(t)).max() for t in times)
+    assert worst < 0.8 * max(_relative_error(fitted, truth, int(t)).max() for t in times)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_drift_standing_out_of_its_error_is_fitted(seed: int, monkeypatch) -> None:
+    # +-300 ppm (no NTP discipline) measured to +-40..70 ppm: offset only would be off by
+    # ~15 us at the window's edges, the fit by a few.
+    job = SyntheticJob(nodes=2, gpus_per_node=1, steps=40, tp_calls=1, compute_ns=1_000_000,
+                       end_jitter_ns=40_000, drift_ppm=[300.0, -300.0], seed=seed)
+    model, truth, events = _fit(job)
+    times = np.quantile(events["end_ns"], [0.05, 0.5, 0.95]).astype(np.int64)
+    assert {c.method for c in model.hosts.values()} == {"offset+drift"}
+    monkeypatch.setattr(clock, "DRIFT_SIGNIFICANCE", np.inf)  # the plausible bound alone
+    offset_only, _, _ = _fit(job)
+    assert {c.method for c in offset_only.hosts.values()} == {"offset"}
+    worst = max(_relative_error(model, truth, int(t)).max() for t in times)
+    assert worst < 0.6 * max(_relative_error(offset_only, truth, int(t)).max() for t in times)
+
+
+def test_noisy_host_is_fitted_offset_only_beside_drifting_ones() -> None:
+    # Two hosts with us-level ends, a third with +-0.5 ms of noise, 100 anchors over 200 ms:
+    # the first two keep their +-30 ppm drift, the third's would be noise.
+    rng = np.random.default_rng(7)
+    true = np.sort(rng.uniform(0, 200_000_000, 100))
+    drift, offset = np.array([30.0, -30.0, 0.0]), np.array([5_000_000.0, -2_000_000.0, 1_000_000.0])
+    noise = np.vstack([rng.normal(0, 1_000, (2, 100)), rng.uniform(-500_000, 500_000, (1, 100))])
+    ends = (1.0 + drift[:, None] * 1e-6) * true[None, :] + offset[:, None] + noise
+    events = pd.DataFrame({"instance": np.tile(np.arange(100), 3), "op": "allreduce",
+                           "host": np.repeat(["a", "b", "c"], 100), "end_ns": np.rint(ends.ravel()).astype(np.int64)})
+    model = clock.fit(events, ["a", "b", "c"])
+    assert [model.hosts[h].method for h in "abc"] == ["offset+drift", "offset+drift", "offset"]
+    for at in (true[0], true[-1]):  # as aligned ns since t0: ms from true time, a few ns of drift
+        fitted = [model.local_minus_aligned(h, model.t0_ns + int(at)) for h in "abc"]
+        actual = offset + drift * 1e-6 * at
+        assert abs((fitted[0] - fitted[1]) - (actual[0] - actual[1])) < 1_000
+        assert abs((fitted[2] - fitted[0]) - (actual[2] - actual[0])) < 100_000
+
+
 def test_host_without_shared_collectives_is_flagged_ntp_quality() -> None:
     # one node alone: TP collectives only, nothing across hosts
     model, _, _ = _fit(SyntheticJob(nodes=1, gpus_per_node=4, steps=5, seed=4))
