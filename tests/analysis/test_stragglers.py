@@ -105,6 +105,25 @@ def test_stragglers_late_by_unlike_amounts_above_a_clear_jump_are_all_named(tmp_
     assert _above_a_jump(np.arange(6), np.array([0, 12.5, 1010, 0.3, 0, 2.3]) * 1e3, 6_500) == [2]
 
 
+def test_a_straggler_three_bars_past_the_quiet_half_is_named_past_one_between(tmp_path) -> None:
+    """Found by an accuracy campaign against the simulator's truth: ranks 3 and 5 late 0.8 and
+    2.7 ms every third and fourth step at 93 us jitter (own delays ~142 and ~246 us, the
+    others' 64-94 us, a 52 us bar): rank 5 stands 3 bars past the quieter half, but its jump
+    over rank 3 alone is under half the way, and neither was named."""
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.sources import load_digests
+    from rankscope.analysis.stragglers import _past_the_quiet_half
+
+    spec = sim.JobSpec(nodes=3, gpus_per_node=2, tp=2, steps=35, max_offset_ns=32_593_000, max_drift_ppm=89.08,
+                       jitter_ns=93_300, tp_collectives=3, seed=33, stragglers=(
+                           sim.Straggler(3, "launch", 779 * sim.US, every=3), sim.Straggler(5, "launch", 2733 * sim.US, every=4)))
+    sim.simulate(spec, tmp_path, fmt="kineto")
+    assert analyze(load_digests([tmp_path])).stragglers == [5]
+    # past the quiet half by 3 bars and twice its range, whatever lies between
+    assert _past_the_quiet_half(np.arange(5), np.array([0, 45, 40, 140, 60]) * 1e3, 20_000) == [3]
+    assert _past_the_quiet_half(np.arange(5), np.array([0, 45, 40, 130, 60]) * 1e3, 20_000) == []
+
+
 def test_tp_groups_of_other_pipeline_stages_are_no_peers_of_each_other() -> None:
     # PP=4 x TP=2 on one node, the last stage's layers heavier: no group holds one rank of
     # each stage, so its TP groups are no replicas of the others, and nobody waits on it.
