@@ -322,18 +322,26 @@ def test_unfinished_uploads_no_sweep_will_complete_are_removed_on_restart(tmp_pa
         wire.stop(coordinator)
 
 
-def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, digests) -> None:
+def _cut_by_a_restart(tmp_path, wire, digests, timeout_s: float) -> str:
+    """A sweep of the two digests' nodes, the first finished, the second capturing, when its
+    coordinator stops (and the agents go): its id."""
     first, second = sorted(digests)
     running = wire.start(tmp_path / "data")
     a, b = wire.FakeAgent(running, first), wire.FakeAgent(running, second)
     with SweepClient(running.address) as client:
-        sweep_id = client.start(everything=True, duration_s=1.0, backend="sim", timeout_s=20.0).sweep_id
+        sweep_id = client.start(everything=True, duration_s=1.0, backend="sim", timeout_s=timeout_s).sweep_id
     a.finish(started_capture(a).sweep_id, digests[first])
     started_capture(b)
     b.status(sweep_id, pb.NODE_STATE_CAPTURING)
     b.close()
     a.close()
     wire.stop(running)
+    return sweep_id
+
+
+def test_a_sweep_interrupted_by_a_restart_finishes_afterwards(tmp_path, wire, digests) -> None:
+    first, second = sorted(digests)
+    sweep_id = _cut_by_a_restart(tmp_path, wire, digests, timeout_s=20.0)
 
     running = wire.start(tmp_path / "data")
     try:
@@ -356,16 +364,7 @@ def test_an_agent_that_dies_while_the_coordinator_is_down_is_judged_lost_after_t
     """Its agent never comes back after the restart: the sweep waited for the node until its
     timeout (an hour here), the restart grace only extending it. Past the grace, it is lost."""
     first, second = sorted(digests)
-    running = wire.start(tmp_path / "data")
-    a, b = wire.FakeAgent(running, first), wire.FakeAgent(running, second)
-    with SweepClient(running.address) as client:
-        sweep_id = client.start(everything=True, duration_s=1.0, backend="sim", timeout_s=3600).sweep_id
-    a.finish(started_capture(a).sweep_id, digests[first])
-    started_capture(b)
-    b.status(sweep_id, pb.NODE_STATE_CAPTURING)
-    b.close()
-    a.close()
-    wire.stop(running)
+    sweep_id = _cut_by_a_restart(tmp_path, wire, digests, timeout_s=3600)
 
     running = wire.start(tmp_path / "data", restart_grace_s=1.0)
     try:

@@ -343,24 +343,34 @@ def test_an_agent_that_never_comes_back_makes_the_sweep_partial(cluster: Cluster
     assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3, 4, 5]
 
 
+def _n2_capturing(cluster: Cluster) -> str:
+    """A sweep of three sim agents n0..n2 (started here), once n2 captures: its id."""
+    for i, name in enumerate(("n0", "n1", "n2")):
+        cluster.agent(name, i)
+    sweep_id = cluster.start_sweep(["n0", "n1", "n2"], duration_s=3.0, timeout_s=600, options=sim_options(3))
+    wait_for("n2 to capture", lambda: cluster.node_state(sweep_id, "n2") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    return sweep_id
+
+
+def _n2_failed_the_rest_analysed(cluster: Cluster, sweep_id: str, reason: str, wait_s: float) -> None:
+    """The sweep ends partial within ``wait_s``: n2 failed for ``reason``, n0 and n1 analysed."""
+    sweep = cluster.wait_final(sweep_id, wait_s)
+    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
+    failed = next(n for n in sweep.nodes if n.node == "n2")
+    assert (failed.state, failed.reason) == (pb.NODE_STATE_FAILED, reason), states(sweep)
+    assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in ("n0", "n1")} == {"NODE_STATE_ANALYSED"}
+    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+
+
 def test_an_agent_stopped_mid_capture_ends_its_node_at_once_saying_why(cluster: Cluster) -> None:
     """SIGTERM mid-capture (a pod deleted, a job ended, a service stopped): the agent left
     without a word, and the sweep waited out its timeout for the node (last state: capturing).
     The timeout here is far past the wait below: the sweep ends on the agent's word, or not at all."""
     cluster.coordinator()
-    names = ["n0", "n1", "n2"]
-    for i, name in enumerate(names):
-        cluster.agent(name, i)
-    sweep_id = cluster.start_sweep(names, duration_s=3.0, timeout_s=600, options=sim_options(3))
-    wait_for("n2 to capture", lambda: cluster.node_state(sweep_id, "n2") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    sweep_id = _n2_capturing(cluster)
     cluster.procs["n2"].send_signal(signal.SIGTERM)
     assert cluster.procs["n2"].wait(START_S) == 0
-    sweep = cluster.wait_final(sweep_id, 90)
-    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
-    stopped = next(n for n in sweep.nodes if n.node == "n2")
-    assert stopped.state == pb.NODE_STATE_FAILED and stopped.reason == "agent stopped by SIGTERM while capturing"
-    assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
-    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+    _n2_failed_the_rest_analysed(cluster, sweep_id, "agent stopped by SIGTERM while capturing", 90)
 
 
 def test_an_agent_killed_mid_capture_is_judged_lost_and_the_sweep_goes_on_without_it(cluster: Cluster) -> None:
@@ -369,19 +379,10 @@ def test_an_agent_killed_mid_capture_is_judged_lost_and_the_sweep_goes_on_withou
     its agent is judged lost: its node fails, named, and the rest are analysed. The timeout is
     far past the wait below: the sweep ends on the judgement, or not at all."""
     cluster.coordinator(RANKSCOPE_AGENT_LOST_S="15")
-    names = ["n0", "n1", "n2"]
-    for i, name in enumerate(names):
-        cluster.agent(name, i)
-    sweep_id = cluster.start_sweep(names, duration_s=3.0, timeout_s=600, options=sim_options(3))
-    wait_for("n2 to capture", lambda: cluster.node_state(sweep_id, "n2") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    sweep_id = _n2_capturing(cluster)
     cluster.kill("n2")
-    sweep = cluster.wait_final(sweep_id, 90)
-    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
-    lost = next(n for n in sweep.nodes if n.node == "n2")
-    assert lost.state == pb.NODE_STATE_FAILED, states(sweep)
-    assert lost.reason == "agent of node n2 lost: not heard from for 15s, its session ended (last state: capturing)"
-    assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
-    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+    _n2_failed_the_rest_analysed(
+        cluster, sweep_id, "agent of node n2 lost: not heard from for 15s, its session ended (last state: capturing)", 90)
 
 
 def test_an_agent_killed_while_the_coordinator_is_down_is_judged_lost_after_the_restart_grace(
@@ -390,18 +391,9 @@ def test_an_agent_killed_while_the_coordinator_is_down_is_judged_lost_after_the_
     for its node until the timeout (10 min here), the restart grace only extending it. Not back
     within $RANKSCOPE_RESTART_GRACE_S (20 s here), it is judged lost; the rest, back, finish."""
     cluster.coordinator()
-    names = ["n0", "n1", "n2"]
-    for i, name in enumerate(names):
-        cluster.agent(name, i)
-    sweep_id = cluster.start_sweep(names, duration_s=3.0, timeout_s=600, options=sim_options(3))
-    wait_for("n2 to capture", lambda: cluster.node_state(sweep_id, "n2") == pb.NODE_STATE_CAPTURING, START_S, 0.05)
+    sweep_id = _n2_capturing(cluster)
     cluster.kill("coordinator")
     cluster.kill("n2")
     cluster.coordinator()
-    sweep = cluster.wait_final(sweep_id, 120)
-    assert sweep.state == pb.SWEEP_STATE_PARTIAL, (sweep.error, states(sweep))
-    lost = next(n for n in sweep.nodes if n.node == "n2")
-    assert lost.state == pb.NODE_STATE_FAILED, states(sweep)
-    assert lost.reason == "agent of node n2 lost: not back within 20s of the coordinator's restart (last state: capturing)"
-    assert list(sweep.missing) == ["n2"] and {states(sweep)[n] for n in names[:2]} == {"NODE_STATE_ANALYSED"}
-    assert sorted(r.rank for r in cluster.report(sweep_id).ranks) == [0, 1, 2, 3]
+    _n2_failed_the_rest_analysed(cluster, sweep_id, "agent of node n2 lost: not back within 20s of the coordinator's "
+                                                    "restart (last state: capturing)", 120)
