@@ -580,14 +580,7 @@ def test_nodes_whose_digest_cannot_be_read_fail_with_why_and_the_others_are_anal
 
     pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "table.parquet")
     payloads = {**digests, "junk": b"not parquet at all", "table": (tmp_path / "table.parquet").read_bytes()}
-    agents = [wire.FakeAgent(coordinator, name) for name in payloads]
-    with SweepClient(coordinator.address) as client:
-        sweep_id = client.start(nodes=list(payloads), duration_s=1.0, backend="sim").sweep_id
-        for agent in agents:
-            assert started_capture(agent).sweep_id == sweep_id
-            agent.finish(sweep_id, payloads[agent.node])
-        done = final(client, sweep_id)
-        report = json.loads(client.report(sweep_id).report_json)
+    done, report = _swept(coordinator, wire, payloads)
     assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == ["junk", "table"]
     nodes = {n.node: n for n in done.nodes}
     assert {name: nodes[name].state for name in digests} == {name: pb.NODE_STATE_ANALYSED for name in digests}
@@ -601,8 +594,22 @@ def test_nodes_whose_digest_cannot_be_read_fail_with_why_and_the_others_are_anal
     assert report["sweep"]["missing"] == ["junk", "table"] and report["sweep"]["nodes"]["junk"]["state"] == "failed"
     assert any(w.startswith("node table is missing from this report: its digest table.digest.parquet could not "
                             "be read") for w in report["warnings"])
-    for agent in agents:
-        agent.close()
+
+
+def _swept(coordinator, wire, payloads: dict[str, bytes]) -> tuple[pb.Sweep, dict]:
+    """A sweep of one agent per payload, each finishing on its payload as its digest: the
+    final sweep and its report."""
+    agents = [wire.FakeAgent(coordinator, name) for name in payloads]
+    try:
+        with SweepClient(coordinator.address) as client:
+            sweep_id = client.start(nodes=list(payloads), duration_s=1.0, backend="sim").sweep_id
+            for agent in agents:
+                assert started_capture(agent).sweep_id == sweep_id
+                agent.finish(sweep_id, payloads[agent.node])
+            return final(client, sweep_id), json.loads(client.report(sweep_id).report_json)
+    finally:
+        for agent in agents:
+            agent.close()
 
 
 @pytest.mark.parametrize("rank", [9, -1], ids=["past the world", "negative"])
@@ -620,17 +627,9 @@ def test_a_node_whose_digest_holds_a_rank_outside_the_world_fails_and_the_others
     table = table.set_column(table.schema.get_field_index("rank"), table.schema.field("rank"), pa.array([rank], pa.int32()))
     digest.write(table, tmp_path / "bad.parquet")
     payloads = {**digests, "bad": (tmp_path / "bad.parquet").read_bytes()}
-    agents = [wire.FakeAgent(coordinator, name) for name in payloads]
-    with SweepClient(coordinator.address) as client:
-        sweep_id = client.start(nodes=list(payloads), duration_s=1.0, backend="sim").sweep_id
-        for agent in agents:
-            assert started_capture(agent).sweep_id == sweep_id
-            agent.finish(sweep_id, payloads[agent.node])
-        done = final(client, sweep_id)
-        report = client.report(sweep_id).report_json
+    done, report = _swept(coordinator, wire, payloads)
     assert done.state == pb.SWEEP_STATE_PARTIAL, done.error
     assert list(done.missing) == ["bad"]
-    report = json.loads(report)
     nodes = {n.node: n for n in done.nodes}
     assert {name: nodes[name].state for name in digests} == {name: pb.NODE_STATE_ANALYSED for name in digests}
     assert nodes["bad"].state == pb.NODE_STATE_FAILED
@@ -639,8 +638,6 @@ def test_a_node_whose_digest_holds_a_rank_outside_the_world_fails_and_the_others
     assert [s.rank for s in done.stragglers] == [STRAGGLER]
     assert report["sweep"]["missing"] == ["bad"] and report["sweep"]["nodes"]["bad"]["ranks"] == []
     assert f"node bad is missing from this report: {nodes['bad'].reason}" in report["warnings"]
-    for agent in agents:
-        agent.close()
 
 
 def test_a_digest_gone_from_the_store_before_the_analysis_fails_its_node_alone(coordinator, wire, digests) -> None:
