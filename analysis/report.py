@@ -42,7 +42,7 @@ class RankRow:
     matched: int = 0
     nccl_unmatched_ns: int = 0  # NCCL time in collectives matched to no instance: not split into wait and transfer
     own_delay_ns: float | None = None  # mean excess gap before arrival vs peers (straggler signal)
-    straggler_score: float | None = None  # robust z-score of own_delay_ns
+    straggler_score: float | None = None  # robust z-score of own_delay_ns, its scale floored; None: none taken
     late_cause: str | None = None  # stragglers: "compute" (busy until arrival) or "launch/host" (idle)
     # gpu_busy_pct split (alignment-and-metrics.md §7), % of the window: compute kernels alone,
     # NCCL kernels alone, both at once; idle is what the device did nothing in.

@@ -32,6 +32,7 @@ import numpy as np
 
 from rankscope.analysis import intervals
 from rankscope.analysis.groups import Groups, Table, codes, member_of, take
+from rankscope.analysis.lines import NOISE_FLOOR_NS
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.ops import N_TO_N_OPS
 from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
@@ -50,13 +51,18 @@ CLEAR_JUMP = 3.0
 # Ranks a jump must leave below it (and half of all): 2, so that one slow rank of each TP pair
 # of a 4-rank TP 2 x DP 2 job is named; the jump's bars (over their MAD and range) hold them.
 MIN_BELOW_JUMP = 2
+# The least spread of own delays a score is taken against: the timestamp resolution, below
+# which delays are alike, not known to be equal. Where most ranks' own delay is exactly 0 the
+# MAD is 0, and a straggler's score came out inf (null in JSON, read as "unknown"); floored, it
+# stays finite and comparable. Below MIN_EFFECT_NS / Z_MIN, so it names no rank more or fewer.
+SCORE_SCALE_FLOOR_NS = NOISE_FLOOR_NS
 
 
 @dataclass(frozen=True)
 class Stragglers:
     ranks: list[int]
     own_delay_ns: np.ndarray  # mean excess gap per rank analysed (in the order given to find)
-    score: np.ndarray  # robust z-score per rank analysed
+    score: np.ndarray  # robust z-score per rank analysed (its scale at least SCORE_SCALE_FLOOR_NS)
     min_effect_ns: float
     causes: dict[int, str]  # straggler -> "compute" or "launch/host"
 
@@ -201,7 +207,7 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     # practical one, tied to the collectives' durations.
     floor = MIN_EFFECT_NS if float(np.median(count)) >= MIN_GAPS_FOR_NOISE_BAR else min_effect
     significant = max(floor, Z_MIN * noise)
-    flagged, score = outliers(ranks, delay, significant)
+    flagged, score = outliers(ranks, delay, significant, min_scale=SCORE_SCALE_FLOOR_NS)
     flagged = sorted(set(flagged) | set(_past_the_quiet_half(ranks, delay, significant)))
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
@@ -249,21 +255,25 @@ def _causes(events: Table, flagged: list[int]) -> dict[int, str]:
     return {r: "compute" if compute_excess[at[r]] >= idle_excess[at[r]] else "launch/host" for r in flagged}
 
 
-def stands_out(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tuple[list[int], np.ndarray]:
-    """Ranks whose value (NaN: unknown) exceeds the median by ``Z_MIN`` robust sigmas and by
-    ``min_effect``, and every rank's robust z-score."""
+def stands_out(
+    ranks: np.ndarray, values: np.ndarray, min_effect: float, min_scale: float = 0.0
+) -> tuple[list[int], np.ndarray]:
+    """Ranks whose value (NaN: unknown) exceeds the median by ``Z_MIN`` robust sigmas (at
+    least ``min_scale``) and by ``min_effect``, and every rank's robust z-score."""
     value = np.asarray(values, dtype=np.float64)
     known = value[~np.isnan(value)]
     if len(known) < 3:
         return [], np.full(len(value), np.nan)
-    score, effect = _robust_score(value, known)
+    score, effect = _robust_score(value, known, min_scale)
     return sorted(int(r) for r in np.asarray(ranks)[(score > Z_MIN) & (effect > min_effect)]), score
 
 
-def outliers(ranks: np.ndarray, values: np.ndarray, min_effect: float) -> tuple[list[int], np.ndarray]:
+def outliers(
+    ranks: np.ndarray, values: np.ndarray, min_effect: float, min_scale: float = 0.0
+) -> tuple[list[int], np.ndarray]:
     """Ranks whose value stands out (`stands_out`) or lies above a jump (`_above_a_jump`:
     up to half the ranks high), and every rank's robust z-score."""
-    flagged, score = stands_out(ranks, values, min_effect)
+    flagged, score = stands_out(ranks, values, min_effect, min_scale)
     return sorted(set(flagged) | set(_above_a_jump(ranks, values, min_effect))), score
 
 
@@ -313,9 +323,10 @@ def _ascending(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return order, values[order], max(MIN_BELOW_JUMP, (len(order) + 1) // 2)
 
 
-def _robust_score(value: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(z-score, excess over the median) of each value against ``reference``'s median and MAD."""
-    effect, scale = value - float(np.median(reference)), _scale(reference)
+def _robust_score(value: np.ndarray, reference: np.ndarray, min_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(z-score, excess over the median) of each value against ``reference``'s median and MAD
+    (at least ``min_scale``)."""
+    effect, scale = value - float(np.median(reference)), max(_scale(reference), min_scale)
     # A zero spread (identical peers) makes any real difference infinitely significant.
     return (effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)), effect
 

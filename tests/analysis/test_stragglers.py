@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +199,28 @@ def test_two_ranks_are_too_few_to_judge() -> None:
 def test_a_straggler_found_leaves_nothing_unjudged() -> None:
     digests, _ = synthetic_job(SyntheticJob(nodes=4, gpus_per_node=4, steps=30, stragglers={6: 150_000}, seed=7))
     assert analyze(digests).stragglers_not_judged is None
+
+
+def test_a_straggler_whose_peers_own_delay_is_exactly_zero_has_a_finite_score() -> None:
+    """No compute jitter: ranks 0, 2 and 3 have own delay exactly 0, so the MAD of the ranks'
+    own delays is 0, and rank 1's score was inf, null in the JSON (read as "unknown"). Against
+    the timestamp resolution it is finite, and reads back as written."""
+    from rankscope.analysis.stragglers import SCORE_SCALE_FLOOR_NS
+
+    digests, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=4, steps=30, jitter_ns=0, stragglers={1: 150_000}, seed=2))
+    report = analyze(digests)
+    assert report.stragglers == [1]
+    rows = Report.from_dict(json.loads(report.to_json())).ranks
+    assert [r.own_delay_ns for r in rows if r.rank != 1] == [0.0, 0.0, 0.0]
+    assert rows[1].straggler_score == pytest.approx(rows[1].own_delay_ns / SCORE_SCALE_FLOOR_NS)
+
+
+def test_the_score_floor_names_no_rank_more_or_fewer() -> None:
+    """A rank standing out by more than MIN_EFFECT_NS is Z_MIN robust sigmas out against the
+    floor too: the floor changes scores, not who is named."""
+    from rankscope.analysis.stragglers import MIN_EFFECT_NS, SCORE_SCALE_FLOOR_NS, Z_MIN
+
+    assert SCORE_SCALE_FLOOR_NS * Z_MIN < MIN_EFFECT_NS
 
 
 def test_own_delay_is_the_gap_over_the_other_peers_median_floored_at_zero() -> None:
