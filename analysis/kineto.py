@@ -654,8 +654,11 @@ def _gloo_collectives(trace: Trace, notes: list[str]) -> dict[str, np.ndarray] |
         "cpu_call_ns": groups.take_or(calls["ts"], call, 0),
         "called": call >= 0,
         "op": op,
-        "bytes": _counted(op, _coalesce(paired_call["fr_bytes"], work_bytes[paired], host["bytes"]),
-                          (own_args, host_args), paired_call["fr_bytes"]),
+        # gloo's barrier sends no data (a zero-size buffer); the 1-byte tensor its c10d::barrier call
+        # shows (Input Dims [[1]], unsigned char) is what torch's ProcessGroup::barrier dispatches on.
+        "bytes": np.where(op == ops.BARRIER, 0, _counted(
+            op, _coalesce(paired_call["fr_bytes"], work_bytes[paired], host["bytes"]), (own_args, host_args),
+            paired_call["fr_bytes"])),
         "pg": _coalesce(host["pg"], paired_call["fr_pg"]),
         "seq_trace": _coalesce(host["seq"], paired_call["fr_seq"]),
         "stream": np.full(len(rows), "", object),

@@ -165,6 +165,22 @@ def test_gloo_pair_matches_instance_by_instance(samples):
     assert set(a["step"]) == {1, 2}
 
 
+def test_a_gloo_barrier_moves_no_bytes(samples):
+    """torch 2.13 gloo: c10d::barrier shows a 1-byte tensor (Input Dims [[1]], unsigned char),
+    the one torch's ProcessGroup::barrier makes to dispatch on; gloo's barrier sends nothing
+    (its worker op shows no tensor). Its bytes were 1: they are 0, and the barriers of the
+    two ranks, alike in size, still match instance by instance."""
+    from rankscope.analysis.pipeline import analyze
+
+    tables = [read_kineto(samples / f"{GLOO}/rank{r}.json") for r in (0, 1)]
+    for table in tables:
+        coll = _collectives(table)
+        assert coll.loc[coll["op"] == "barrier", "bytes"].tolist() == [0, 0]
+    report = analyze(digest.concat(tables))
+    barriers = [o for c in report.communicators for o in c.ops if o.op == "barrier"]
+    assert [(o.instances, o.bytes_median, o.busbw_gbps) for o in barriers] == [(2, 0.0, None)]
+
+
 def test_nccl_args_give_bytes_pg_and_exclude_wait(samples):
     table = read_kineto(samples / f"{HTA}/nccl_parser_config/nccl_data.json.gz")
     coll = _collectives(table)
