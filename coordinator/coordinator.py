@@ -322,9 +322,10 @@ class Coordinator:
         with self._lock:
             self._heard[agent.node] = self._listened_ns
             self._awaited.discard(agent.node)
-            for sweep in self._active.values():
+            for sweep in list(self._active.values()):
                 if agent.node in sweep.open_nodes():
                     connection.send(self._order(sweep))
+                    self._apply(sweep, sweep.handle(sw.AgentConnected(agent.node, self.clock())))
         log.info("agent %s (%s) connected", agent.node, agent.agent_id)
         return connection
 

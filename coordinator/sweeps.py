@@ -93,7 +93,7 @@ class NodeRecord:
     export_cut: str = ""  # why its running export counts only for a grace: how its agent went away
     digest_only: bool = False  # ended on its stored digest, its raw exports cut short (`_on_its_digest`)
     # Named while its agent was away: waited for until the timeout, as it may connect in time,
-    # a coordinator restart's grace notwithstanding, until its agent reports for the sweep.
+    # a coordinator restart's grace notwithstanding, until its agent connects (`AgentConnected`).
     agent_away: bool = False
 
     def deadline_ns(self, sweep_deadline_ns: int, now_ns: int) -> int:
@@ -177,6 +177,15 @@ class AgentLost:
 
 
 @dataclass(frozen=True)
+class AgentConnected:
+    """A node's agent opened a session: a node named while it was away is so no longer, and is
+    judged as any other (on its silence, on its return after a restart) even before it reports."""
+
+    node: str
+    at_ns: int
+
+
+@dataclass(frozen=True)
 class Tick:
     now_ns: int
 
@@ -233,7 +242,7 @@ class Cancelled:
     at_ns: int
 
 
-Event = NodeReported | AgentLost | Tick | AnalysisDone | AnalysisFailed | Restarted | Cancelled
+Event = NodeReported | AgentLost | AgentConnected | Tick | AnalysisDone | AnalysisFailed | Restarted | Cancelled
 
 
 # Instructions: what the coordinator must do next. ----------------------------------
@@ -328,6 +337,8 @@ class Sweep:
             return self._reported(event)
         if isinstance(event, AgentLost):
             return self._agent_lost(event)
+        if isinstance(event, AgentConnected):
+            return self._agent_connected(event)
         if isinstance(event, Tick):
             return self._tick(event.now_ns)
         if isinstance(event, AnalysisDone):
@@ -384,6 +395,14 @@ class Sweep:
         why = f"agent of node {event.node} lost: {event.why}"
         return self._end([event.node], f"raw exports not all uploaded ({why})", NodeState.FAILED,
                          lambda record: f"{why} (last state: {record.state.value})", event.at_ns)
+
+    def _agent_connected(self, event: AgentConnected) -> list[Instruction]:
+        record = self._open(event.node)
+        if record is None or not record.agent_away:
+            return []
+        # Its detail said "agent not connected"; stored, the cleared mark holds across a restart.
+        record.agent_away, record.detail, record.updated_ns = False, "", event.at_ns
+        return [Changed(event.node)]
 
     def _stop_ended(self, event: NodeReported) -> list[Instruction]:
         """An agent still at a capture that this running sweep has ended for its node (its agent

@@ -244,3 +244,21 @@ def test_a_node_named_once_the_grace_is_over_by_the_clock_is_waited_for_as_any_n
     waiting = node(coordinator, sweep_id, "b")
     assert (waiting.state, waiting.detail) == (sw.NodeState.PENDING, "agent not connected: it gets the capture if "
                                                                       "it connects in time")
+
+
+def test_a_named_node_whose_agent_connected_but_never_reported_is_the_restarts_to_judge(
+        coordinator, restart) -> None:
+    """Named while its agent was away, a node is waited for until the sweep's timeout; once its
+    agent connects (it took the capture, the coordinator went before it reported), it is away
+    no longer: not back within the restart's grace, it is lost like the rest."""
+    coordinator.register("b", "b", {}, gpus=[], ranks=[], versions={}, backends=["sim"])
+    connect(coordinator, "a")
+    sweep_id = capture(coordinator, "a", "b")
+    assert connect(coordinator, "b").outbox.get_nowait().sweep_id == sweep_id
+    assert node(coordinator, sweep_id, "b").detail == ""  # no longer "agent not connected"
+    coordinator = restart()
+    a = connect(coordinator, "a")
+    tick(coordinator, GRACE_S, a)
+    assert node(coordinator, sweep_id, "b").reason == ("agent of node b lost: not back within 60s of the "
+                                                         "coordinator's restart (last state: pending)")
+    assert node(coordinator, sweep_id, "a").state is sw.NodeState.PENDING

@@ -382,6 +382,40 @@ def test_an_agent_that_dies_while_the_coordinator_is_down_is_judged_lost_after_t
         wire.stop(running)
 
 
+def test_a_named_node_whose_agent_connected_before_the_restart_is_judged_after_its_grace(tmp_path, wire,
+                                                                                         digests) -> None:
+    """Named while its agent was away, a node is waited for until the timeout (an hour here);
+    its agent connected and took the capture, but the coordinator stopped before it reported
+    and it never came back: it waited out the hour still. Past the restart's grace, it is lost."""
+    first, second = sorted(digests)
+    running = wire.start(tmp_path / "data")
+    a = wire.FakeAgent(running, first)
+    running.register(second)  # registered, not connected
+    with SweepClient(running.address) as client:
+        sweep_id = client.start(nodes=[first, second], duration_s=1.0, backend="sim", timeout_s=3600).sweep_id
+    a.finish(started_capture(a).sweep_id, digests[first])
+    b = wire.FakeAgent(running, second)
+    assert started_capture(b).sweep_id == sweep_id  # and says nothing before the coordinator goes
+    b.close()
+    a.close()
+    wire.stop(running)
+
+    running = wire.start(tmp_path / "data", restart_grace_s=1.0)
+    try:
+        with SweepClient(running.address) as client:
+            deadline = time.monotonic() + 60  # generous: the sweep ends on the judgement or in an hour
+            while client.sweeps()[0].state == pb.SWEEP_STATE_RUNNING:
+                assert time.monotonic() < deadline, "the sweep waited on an agent not back after the restart"
+                time.sleep(0.2)
+            done = final(client, sweep_id)
+        assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == [second]
+        (lost,) = [n for n in done.nodes if n.node == second]
+        assert (lost.state, lost.reason) == (pb.NODE_STATE_FAILED, f"agent of node {second} lost: not back within 1s "
+                                                                   "of the coordinator's restart (last state: pending)")
+    finally:
+        wire.stop(running)
+
+
 def test_agents_killed_or_cut_off_mid_sweep_are_judged_lost_and_the_sweep_goes_on(tmp_path, wire, digests) -> None:
     """A killed agent (its stream gone, mid-export with an hour's bound) and one whose node is
     cut off (its stream open, nothing on it) held the sweep until its timeout (an hour here).

@@ -236,14 +236,19 @@ def test_restart_gives_agents_grace_and_redoes_a_lost_analysis() -> None:
     assert analyses(sweep.handle(sw.Restarted(T0 + 50 * S, 20 * S))) == [sw.Analyse((("a", DIGEST), ("b", DIGEST)))]
 
 
-def test_a_node_waited_for_is_marked_so_until_its_agent_reports_and_across_a_restart() -> None:
+def test_a_node_waited_for_is_marked_so_until_its_agent_connects_and_across_a_restart() -> None:
     """Named with its agent away, a node waits until the timeout: the mark, kept with the
-    sweep, tells a restarted coordinator not to judge it on the restart's grace."""
-    sweep, _ = sw.Sweep.start(SPEC, ["a", "b", "c"], T0, sweep_id="s1", waited=["b", "c", "zz"])
-    assert {n: r.agent_away for n, r in sweep.nodes.items()} == {"a": False, "b": True, "c": True}
+    sweep, tells a restarted coordinator not to judge it on the restart's grace. Its agent's
+    session ends it, before any report (the coordinator may go before one comes)."""
+    sweep, _ = sw.Sweep.start(SPEC, ["a", "b", "c", "d"], T0, sweep_id="s1", waited=["b", "c", "d", "zz"])
+    sweep.nodes["d"].detail = "agent not connected"
+    assert {n: r.agent_away for n, r in sweep.nodes.items()} == {"a": False, "b": True, "c": True, "d": True}
     sweep.handle(sw.NodeReported("c", sw.NodeState.PENDING, T0 + S))  # its agent came and took the capture
+    assert sweep.handle(sw.AgentConnected("d", T0 + S)) == [sw.Changed("d")]  # so did d's, and said nothing yet
+    assert sweep.handle(sw.AgentConnected("d", T0 + 2 * S)) == sweep.handle(sw.AgentConnected("a", T0 + S)) == []
     again = sw.Sweep.from_dict(json.loads(json.dumps(sweep.to_dict())))
-    assert {n: r.agent_away for n, r in again.nodes.items()} == {"a": False, "b": True, "c": False}
+    assert {n: r.agent_away for n, r in again.nodes.items()} == {"a": False, "b": True, "c": False, "d": False}
+    assert (again.nodes["d"].detail, again.nodes["d"].updated_ns) == ("", T0 + S)
 
 
 def test_round_trips_through_json_mid_sweep() -> None:
