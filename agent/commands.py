@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--upload-limit", type=float, default=None, metavar="MB/S",
                         help="cap upload bandwidth so the training job keeps its network (default: none)")
     parser.add_argument("--max-backoff", type=float, default=30.0, metavar="SECONDS",
-                        help="longest wait between reconnect attempts (default: 30)")
+                        help="longest wait between reconnect attempts (default: 30), at most half the time the "
+                             "coordinator says it waits for an agent away before judging it lost")
     tls.add_client_arguments(parser)
     dcgm.add_arguments(parser)
     parser.set_defaults(func=run)

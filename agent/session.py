@@ -54,6 +54,9 @@ class Registration:
     chunk_bytes: int
     clock_offset_ns: int  # coordinator minus agent clock, from the register round trip
     round_trip_ns: int  # that round trip: the offset is known within half of it
+    # How long the coordinator waits for this agent while its session is down before judging
+    # it lost (`backoff_cap`); 0: not said.
+    reconnect_within_s: float = 0.0
 
     @classmethod
     def from_reply(cls, reply: pb.RegisterReply, sent_ns: int, received_ns: int) -> Registration:
@@ -68,6 +71,7 @@ class Registration:
             chunk_bytes=reply.chunk_bytes,
             clock_offset_ns=reply.coordinator_time_ns - midpoint if reply.coordinator_time_ns else 0,
             round_trip_ns=received_ns - sent_ns,
+            reconnect_within_s=max(0, reply.reconnect_within_ms) / 1000,
         )
 
 
@@ -78,6 +82,13 @@ _MAX_DOUBLINGS = 64
 def backoff_delay(attempt: int, base_s: float, cap_s: float) -> float:
     """Exponential with full jitter, so a fleet reconnecting after a coordinator restart spreads out."""
     return random.uniform(0.0, min(cap_s, base_s * 2.0 ** min(attempt, _MAX_DOUBLINGS)))
+
+
+def backoff_cap(max_backoff_s: float, reconnect_within_s: float) -> float:
+    """The longest wait between reconnect attempts: the agent's own ceiling, but under half the
+    time the coordinator waits for it (where said), so that two tries fall within that time and
+    a longer --max-backoff does not get the agent judged lost between them."""
+    return min(max_backoff_s, reconnect_within_s / 2) if reconnect_within_s > 0 else max_backoff_s
 
 
 class Session:
@@ -146,7 +157,8 @@ class Session:
             if self.stop.is_set():
                 break
             failures = 1 if self._heard else failures + 1
-            self.stop.wait(backoff_delay(failures, self.backoff_s, self.max_backoff_s))
+            within = self.registration.reconnect_within_s if self.registration else 0.0
+            self.stop.wait(backoff_delay(failures, self.backoff_s, backoff_cap(self.max_backoff_s, within)))
 
     def close(self, linger_s: float = 0.0) -> None:
         """Stop, ending the session stream at once; given ``linger_s``, once the events queued
@@ -168,10 +180,16 @@ class Session:
         request = self.hello()
         sent = time.time_ns()
         reply = self.stub.Register(request, timeout=REGISTER_TIMEOUT_S)
-        self.registration = Registration.from_reply(reply, sent, time.time_ns())
+        registration = Registration.from_reply(reply, sent, time.time_ns())
+        within, said = registration.reconnect_within_s, self.registration and self.registration.reconnect_within_s
+        if self.max_backoff_s > within > 0 and within != said:  # once, not at every reconnect
+            log.warning("--max-backoff %gs is longer than the %gs the coordinator waits for an agent away before "
+                        "judging it lost: reconnecting every %gs at most", self.max_backoff_s, within,
+                        backoff_cap(self.max_backoff_s, within))
+        self.registration = registration
         for warning in reply.warnings:
             log.warning("coordinator: %s", warning)
-        return self.registration
+        return registration
 
     def _serve(self, registration: Registration) -> None:
         outbox: queue.Queue = queue.Queue()

@@ -202,7 +202,8 @@ class Coordinator:
         self._unsaved: set[str] = set()  # sweeps whose last save failed: kept active, saved whole later
         self._save_retry_at = 0.0
         # The nodes whose agents were connected as the previous run stopped, on their way back
-        # (their back-off: up to 30 s), and until when a sweep waits for them (`start`).
+        # (their back-off: under half of `min(agent_lost_s, restart_grace_s)`, as Register tells
+        # them), and until when a sweep waits for them (`start`).
         self._returning: set[str] = set()
         self._returning_until_ns = 0
         # When each agent connected this run was last heard from (`heard`), on a clock of the

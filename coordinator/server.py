@@ -276,11 +276,13 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             backends=list(request.backends),
             capture_options={said.backend: list(said.options) for said in request.backend_options},
         )
+        away_ms = int(min(self.config.agent_lost_s, self.config.restart_grace_s) * 1000)
         return pb.RegisterReply(
             agent_id=agent.agent_id,
             session_token=agent.token,
             coordinator_time_ns=self.coordinator.clock(),
             heartbeat_interval_ms=int(self.config.heartbeat_interval_s * 1000),
+            reconnect_within_ms=min(away_ms, 2**63 - 1),  # int64: a setting of 1e20 s must not fail every Register
             max_upload_bytes=self.config.max_upload_bytes,
             chunk_bytes=self.config.chunk_bytes,
             warnings=warnings,

@@ -1,4 +1,4 @@
-# from rankscope.proto, sha256 1afa483c7eee99ba1bb8a3ad793b8412785f723001a29f30fbafa7b5c04b1cb4
+# from rankscope.proto, sha256 6d35ae9f0bec41806aaebb9359033e55d71185048a3c98ad5b124b94db6cafa8
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -160,7 +160,7 @@ class BackendOptions(_message.Message):
     def __init__(self, backend: _Optional[str] = ..., options: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("agent_id", "session_token", "coordinator_time_ns", "heartbeat_interval_ms", "max_upload_bytes", "chunk_bytes", "warnings")
+    __slots__ = ("agent_id", "session_token", "coordinator_time_ns", "heartbeat_interval_ms", "max_upload_bytes", "chunk_bytes", "warnings", "reconnect_within_ms")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class RegisterReply(_message.Message):
     MAX_UPLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    RECONNECT_WITHIN_MS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     session_token: str
     coordinator_time_ns: int
@@ -175,7 +176,8 @@ class RegisterReply(_message.Message):
     max_upload_bytes: int
     chunk_bytes: int
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_id: _Optional[str] = ..., session_token: _Optional[str] = ..., coordinator_time_ns: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_upload_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    reconnect_within_ms: int
+    def __init__(self, agent_id: _Optional[str] = ..., session_token: _Optional[str] = ..., coordinator_time_ns: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., max_upload_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., reconnect_within_ms: _Optional[int] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
     __slots__ = ("name", "sha256", "size", "kind", "upload_id", "ranks")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import grpc
 
-from rankscope.agent.session import Registration, Session, backoff_delay
+from rankscope.agent import session as session_mod
+from rankscope.agent.session import Registration, Session, backoff_cap, backoff_delay
+from rankscope.coordinator.server import create_server
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 
@@ -53,3 +57,45 @@ def test_a_heartbeat_interval_no_wait_can_take_is_not_taken_from_the_wire() -> N
 
     assert heartbeat_s(1500) == 1.5 and heartbeat_s(0) == heartbeat_s(-5) == 10.0
     assert heartbeat_s(2**62) == 3600.0
+
+
+def test_a_max_backoff_longer_than_the_coordinator_waits_is_cut_under_half_of_it(tmp_path, monkeypatch,
+                                                                                 caplog) -> None:
+    """--max-backoff 600 s against a coordinator that judges an agent lost after 4 s away: over
+    an outage (the coordinator restarting) the waits between tries grew past the 4 s, and the
+    agent was judged lost between two. Now they stay under half of what the coordinator says
+    at registration, and the agent says so once."""
+    caps: list[float] = []
+
+    def spy(attempt: int, base_s: float, cap_s: float) -> float:
+        caps.append(cap_s)
+        return 0.05  # the test does not wait them out
+
+    monkeypatch.setattr(session_mod, "backoff_delay", spy)
+    server, port = create_server("127.0.0.1:0", tmp_path / "data", agent_lost_s=4.0, heartbeat_interval_s=1.0)
+    server.start()
+    connected = threading.Event()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        session = Session(channel, lambda: pb.RegisterRequest(node="n1", hostname="n1"), lambda command: None,
+                          lambda registration: connected.set(), max_backoff_s=600.0)
+        runner = threading.Thread(target=session.run)
+        runner.start()
+        try:
+            assert connected.wait(20)
+            server.stop(grace=0)  # the outage: every try fails from here
+            deadline = time.monotonic() + 20
+            while len(caps) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            session.close()
+            runner.join(10)
+    assert caps[:3] == [2.0, 2.0, 2.0]
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "max-backoff" in r.getMessage()]
+    assert said == ["--max-backoff 600s is longer than the 4s the coordinator waits for an agent away before judging "
+                    "it lost: reconnecting every 2s at most"]
+
+
+def test_the_backoff_is_the_agents_own_under_half_the_coordinators_wait_or_where_it_says_none() -> None:
+    assert backoff_cap(30.0, 60.0) == 30.0 and backoff_cap(30.0, 30.0) == 15.0
+    assert backoff_cap(600.0, 0.0) == 600.0  # a coordinator older than the announcement
+    assert Registration.from_reply(pb.RegisterReply(), 0, 0).reconnect_within_s == 0.0
