@@ -154,6 +154,10 @@ def check_header(header: UploadHeader, max_bytes: int) -> None:
         raise TooLarge(f"upload {header.upload_id}: {header.size} bytes is over the limit of {max_bytes} bytes")
 
 
+def _is_upload_id(value: str) -> bool:
+    return _SAFE_NAME.fullmatch(value) is not None and ".." not in value and len(value) <= chunks.MAX_UPLOAD_ID
+
+
 class _Partial:
     """One upload in progress; its lock admits one writing stream at a time."""
 
@@ -194,6 +198,7 @@ class ArtifactStore:
         output.make_folder(self.partial)
         # An upload's header written as the coordinator was killed: the data dir is this one's alone now.
         atomic.remove_left_behind(self.partial)
+        self._remove_strays()
         self.max_bytes = max_bytes
         self._partials: dict[str, _Partial] = {}
         self._guard = threading.Lock()
@@ -283,11 +288,26 @@ class ArtifactStore:
             if partial is not None:
                 yield partial
 
+    def _remove_strays(self) -> None:
+        """Remove, each logged, the files in partial/ no upload owns, which no sweep's end would
+        remove: a header whose file name is no upload id (no stream can name it), and a part
+        file without a header (nothing says whose sweep, size or hash it is). Called before any
+        stream runs; a live upload's header is written before its part file, removed after it."""
+        files = sorted(path for path in self.partial.iterdir() if path.is_file())
+        for meta in files:
+            if meta.suffix == ".json" and not _is_upload_id(meta.stem):
+                log.warning("removed unfinished upload %s: its file name is not an upload id", shown(meta))
+                meta.unlink()
+        for part in files:  # the part files of the headers just removed too
+            if part.suffix == ".part" and not (self.partial / f"{part.stem}.json").is_file():
+                log.warning("removed unfinished upload %s: it has no header", shown(part))
+                part.unlink()
+
     def _lookup(self, upload_id: str) -> _Partial | None:
         partial = self._partials.get(upload_id)
         if partial is not None:
             return partial
-        if not _SAFE_NAME.fullmatch(upload_id) or ".." in upload_id or len(upload_id) > chunks.MAX_UPLOAD_ID:
+        if not _is_upload_id(upload_id):
             return None
         meta = self.partial / f"{upload_id}.json"
         try:

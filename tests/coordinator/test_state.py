@@ -302,6 +302,34 @@ def test_an_upload_whose_header_cannot_be_read_is_removed_with_its_part_file(tmp
     assert restarted.committed("u2") is None  # a stream starts it afresh
 
 
+def test_part_files_without_a_header_and_headers_named_as_no_upload_are_removed_on_start(tmp_path: Path,
+                                                                                       caplog) -> None:
+    # found by review: the listing of unfinished uploads reads headers only, and only those
+    # named as an upload id: a part file whose header is gone (a hand's clean-up, an old
+    # version's crash) and a header named as no upload (and its part file) outlived every
+    # restart. Nothing says whose they are: no stream resumes them, no sweep's end removes them.
+    store = art.ArtifactStore(tmp_path, max_bytes=100)
+    data = b"y" * 30
+    for upload_id in ("u-live", "u-orphan", "u-misnamed"):
+        with store.writer(_header(data, upload_id=upload_id, sweep_id="s")) as writer:
+            writer.write(0, data[:10])
+    partial = tmp_path / "partial"
+    (partial / "u-orphan.json").unlink()
+    for name in ("u-misnamed.json", "u-misnamed.part"):
+        (partial / name).rename(partial / name.replace("u-misnamed", "-u misnamed"))
+    (partial / "notes.txt").write_text("not the store's to judge")
+    (partial / "folder.part").mkdir()
+    restarted = art.ArtifactStore(tmp_path, max_bytes=100)
+    assert sorted(p.name for p in partial.iterdir()) == ["folder.part", "notes.txt", "u-live.json", "u-live.part"]
+    assert restarted.committed("u-live")[1] == 10 and restarted.partial_sweeps() == {"s"}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"removed unfinished upload {partial / '-u misnamed.json'}: its file name is not an upload id",
+        f"removed unfinished upload {partial / '-u misnamed.part'}: it has no header",
+        f"removed unfinished upload {partial / 'u-orphan.part'}: it has no header"]
+    with restarted.writer(_header(data, upload_id="u-orphan", sweep_id="s")) as writer:  # starts afresh, at 0
+        assert writer.committed == 0 and writer.write(0, data).complete
+
+
 def test_an_unfinished_upload_a_newer_rankscope_began_resumes_without_its_new_fields(tmp_path: Path) -> None:
     # a rolled-back coordinator: a header field added since is dropped, not the upload (as agent records)
     data = b"y" * 30
