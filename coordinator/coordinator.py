@@ -756,8 +756,8 @@ class Coordinator:
         try:
             paths, lost = [], []
             for node, artifact in digests:
-                if self.artifacts.has(artifact.sha256):
-                    paths.append((self.artifacts.path_of(artifact.sha256), node, artifact.name))
+                if self.artifacts.has(artifact.sha256):  # with the ranks its node said it holds (as in its header)
+                    paths.append((self.artifacts.path_of(artifact.sha256), node, artifact.name, artifact.ranks))
                 else:  # removed since it was stored (by hand, a restored disk): that node's loss alone
                     lost.append((node, f"its digest {artifact.name} ({artifact.sha256[:12]}) is no longer in the "
                                        "coordinator's artifact store"))

@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from rankscope import atomic
 from rankscope.analysis import digest
+from rankscope.analysis.report import ranks_text
 from rankscope.coordinator.artifacts import storage_errors
 from rankscope.coordinator.sweeps import AnalysisDone, RankOn, SlowLink, Sweep
 from rankscope.errors import ConsistencyError, ExportError, InputError
@@ -32,23 +34,30 @@ def default_analyze() -> Analyze:
     return analyze
 
 
-def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints: Mapping[str, int], out: Path,
-          at_ns: int, analyze: Analyze | None = None, lost: Iterable[tuple[str, str]] = ()) -> AnalysisDone:
-    """Analyse the digests (each with the node that uploaded it and its artifact name), write
-    the report atomically to ``out``; the sweep's event, with the stragglers (by the node they
-    ran on) and the slow links the report flags. A node whose digests are unsound on their own
-    (one cannot be read, or is gone: ``lost``, (node, why); a rank outside its world, or twice
-    among them) is left out, failed (in ``sweep``, the caller's copy, and in the event) and
-    named as missing; where no node's are sound, the analysis fails. Digests of two nodes that
-    disagree (two jobs, a rank claimed by both) fail it too, naming the nodes that sent them:
-    which one is wrong cannot be told."""
+def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str, Sequence[int]]], clock_hints: Mapping[str, int],
+          out: Path, at_ns: int, analyze: Analyze | None = None, lost: Iterable[tuple[str, str]] = ()) -> AnalysisDone:
+    """Analyse the digests (each with the node that uploaded it, its artifact name and the
+    ranks its upload named, empty where it named none), write the report atomically to
+    ``out``; the sweep's event, with the stragglers (by the node they ran on) and the slow
+    links the report flags. A node whose digests are unsound on their own (one cannot be
+    read, or is gone: ``lost``, (node, why); a rank outside its world, or twice among them;
+    ranks other than its upload named) is left out, failed (in ``sweep``, the caller's copy,
+    and in the event) and named as missing; where no node's are sound, the analysis fails.
+    Digests of two nodes that disagree (two jobs, a rank claimed by both) fail it too, naming
+    the nodes that sent them: which one is wrong cannot be told."""
     own: dict[str, list[tuple[pa.Table, str]]] = {}  # node -> its digests, each with its artifact name
     unusable = dict(lost)
-    for path, node, name in digests_of:
+    for path, node, name, named in digests_of:
         try:
-            own.setdefault(node, []).append((digest.read(path), name))
+            table = digest.read(path)
         except ExportError as exc:  # that node's alone: the others are analysed, it is named as failed
             unusable.setdefault(node, f"its digest {name} could not be read: {exc.args[0]}")
+            continue
+        own.setdefault(node, []).append((table, name))
+        # Its ranks are put under this node's name (`node_of`): where they are not the ones its
+        # upload named, the digest is not what the node said it sent.
+        if (unnamed := _unnamed_ranks(table, name, named)) is not None:
+            unusable.setdefault(node, unnamed)
     for node, tables in own.items():
         if node in unusable:
             continue
@@ -84,6 +93,15 @@ def build(sweep: Sweep, digests_of: Sequence[tuple[Path, str, str]], clock_hints
         stragglers_not_judged=report.stragglers_not_judged or "",
         unusable=tuple(unusable.items()),
     )
+
+
+def _unnamed_ranks(table: pa.Table, name: str, named: Sequence[int]) -> str | None:
+    """Why digest ``name`` does not hold the ranks its upload ``named``; None where it does, or
+    where the upload named none (the field is "where known")."""
+    held, said = np.unique(table.column("rank").to_numpy()).tolist(), sorted(set(named))
+    if not said or held == said:
+        return None
+    return f"its digest {name} holds ranks {ranks_text(held)}, not the ranks {ranks_text(said)} its upload named"
 
 
 def _named(table: pa.Table, where: str) -> pa.Table:

@@ -90,12 +90,13 @@ def sweep_on(running: Running, *nodes: str) -> str:
 
 
 def header(data: bytes, *, node: str, token: str, sweep_id: str, name: str = "rank0.digest.parquet",
-           upload_id: str = "u1", sha256: str | None = None, size: int | None = None) -> pb.UploadHeader:
+           upload_id: str = "u1", sha256: str | None = None, size: int | None = None,
+           ranks: tuple[int, ...] = ()) -> pb.UploadHeader:
     return pb.UploadHeader(
         upload_id=upload_id, sweep_id=sweep_id, node=node, name=name,
         size=len(data) if size is None else size,
         sha256=hashlib.sha256(data).hexdigest() if sha256 is None else sha256,
-        kind=pb.ARTIFACT_KIND_DIGEST, session_token=token,
+        kind=pb.ARTIFACT_KIND_DIGEST, ranks=ranks, session_token=token,
     )
 
 
@@ -162,22 +163,25 @@ class FakeAgent:
     def status(self, sweep_id: str, state: int, **fields) -> None:
         self.events.put(pb.AgentEvent(status=pb.NodeStatus(sweep_id=sweep_id, state=state, **fields)))
 
-    def upload(self, sweep_id: str, name: str, data: bytes) -> pb.ArtifactRef:
+    def upload(self, sweep_id: str, name: str, data: bytes, ranks: tuple[int, ...] = ()) -> pb.ArtifactRef:
+        """``ranks``: those the upload says it holds, in its header and in the reference to it (as the agent)."""
         head = header(data, node=self.node, token=self.token, sweep_id=sweep_id, name=name,
-                      upload_id=f"{sweep_id}.{self.node}.{name}")
+                      upload_id=f"{sweep_id}.{self.node}.{name}", ranks=ranks)
         reply = self.running.agents.Upload(chunks(head, data), timeout=20)
         assert reply.complete
         return pb.ArtifactRef(name=name, sha256=reply.sha256, size=len(data), kind=pb.ARTIFACT_KIND_DIGEST,
-                              upload_id=head.upload_id)
+                              upload_id=head.upload_id, ranks=ranks)
 
-    def finish(self, sweep_id: str, digest_bytes: bytes, notes: tuple[str, ...] = ()) -> None:
+    def finish(self, sweep_id: str, digest_bytes: bytes, notes: tuple[str, ...] = (),
+               ranks: tuple[int, ...] = ()) -> None:
         """The states of a whole capture, with the digest uploaded between them; ``notes``,
-        what the capture went on without, sent from the export on (as the agent does)."""
+        what the capture went on without, sent from the export on (as the agent does);
+        ``ranks``, those its upload names."""
         for state in (pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING):
             self.status(sweep_id, state)
         for state in (pb.NODE_STATE_EXPORTING, pb.NODE_STATE_UPLOADING):
             self.status(sweep_id, state, notes=notes)
-        ref = self.upload(sweep_id, f"{self.node}.digest.parquet", digest_bytes)
+        ref = self.upload(sweep_id, f"{self.node}.digest.parquet", digest_bytes, ranks)
         self.status(sweep_id, pb.NODE_STATE_UPLOADED, artifacts=[ref], notes=notes)
         self.status(sweep_id, pb.NODE_STATE_DCGM_RESUMED, dcgm=pb.DCGM_OUTCOME_NOT_NEEDED, notes=notes)
 

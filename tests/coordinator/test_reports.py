@@ -43,7 +43,7 @@ def test_the_sweep_keeps_the_reports_slow_link_and_lists_it(slow_link_job, tmp_p
     job, paths = slow_link_job
     hosts = [sm.host_name(job, n) for n in range(job.nodes)]
     sweep, _ = sw.Sweep.start(SPEC, hosts, 0, sweep_id="s1")
-    done = reports.build(sweep, [(path, host, path.name) for path, host in zip(paths, hosts)], {}, tmp_path / "s1.json",
+    done = reports.build(sweep, [(path, host, path.name, ()) for path, host in zip(paths, hosts)], {}, tmp_path / "s1.json",
                          7 * S)
     (slow,) = [c for c in sm.truth(job)["communicators"] if c["kind"] == "dp" and 19 in c["ranks"]]
     assert [(link.comm_id, link.op, link.ranks) for link in done.slow_links] == [
@@ -84,7 +84,7 @@ def test_a_sweep_whose_report_could_not_judge_is_listed_so_not_as_none(tmp_path,
     table, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, stragglers={1: 300_000}, seed=4))
     digest.write(table, tmp_path / "node-a.parquet")
     sweep, _ = sw.Sweep.start(SPEC, ["node-a"], 0, sweep_id="s1")
-    done = reports.build(sweep, [(tmp_path / "node-a.parquet", "node-a", "node-a.parquet")], {}, tmp_path / "s1.json",
+    done = reports.build(sweep, [(tmp_path / "node-a.parquet", "node-a", "node-a.parquet", ())], {}, tmp_path / "s1.json",
                          7 * S)
     assert done.stragglers == () and done.stragglers_not_judged == "needs 3+ ranks with consecutive collectives"
     sweep.state = sw.SweepState.ANALYSING
@@ -130,7 +130,7 @@ def test_digests_that_disagree_fail_the_analysis_naming_the_nodes_that_sent_them
     for node, job_id in (("gpu-a", "synthetic"), ("gpu-b", second)):
         table, _ = synthetic_job(SyntheticJob(nodes=1, gpus_per_node=2, steps=10, job_id=job_id))
         digest.write(table, tmp_path / f"{node}.parquet")
-        uploads.append((tmp_path / f"{node}.parquet", node, f"{node}.digest.parquet"))
+        uploads.append((tmp_path / f"{node}.parquet", node, f"{node}.digest.parquet", ()))
     sweep, _ = sw.Sweep.start(SPEC, ["gpu-a", "gpu-b"], 0, sweep_id="s1")
     with pytest.raises(ConsistencyError) as caught:
         reports.build(sweep, uploads, {}, tmp_path / "s1.json", 7 * S)
@@ -139,8 +139,9 @@ def test_digests_that_disagree_fail_the_analysis_naming_the_nodes_that_sent_them
 
 
 def _node_digests(tmp_path, ranks_of: dict[str, list[int]], world: int = 4) -> list[tuple]:
-    """(path, node, artifact name) for each node's digest of ``ranks_of[node]``'s rows of one
-    synthetic job of ``world`` ranks (a rank outside it: rank 0's row renumbered)."""
+    """(path, node, artifact name, the ranks its upload named) for each node's digest of
+    ``ranks_of[node]``'s rows of one synthetic job of ``world`` ranks (a rank outside it: rank
+    0's row renumbered)."""
     import pyarrow as pa
 
     from rankscope.analysis.testing import SyntheticJob, synthetic_job
@@ -151,15 +152,15 @@ def _node_digests(tmp_path, ranks_of: dict[str, list[int]], world: int = 4) -> l
         rows = table.take([rank if 0 <= rank < world else 0 for rank in ranks])
         rows = rows.set_column(rows.schema.get_field_index("rank"), rows.schema.field("rank"), pa.array(ranks, pa.int32()))
         digest.write(rows, tmp_path / f"{node}.parquet")
-        uploads.append((tmp_path / f"{node}.parquet", node, f"{node}.digest.parquet"))
+        uploads.append((tmp_path / f"{node}.parquet", node, f"{node}.digest.parquet", tuple(ranks)))
     return uploads
 
 
 def test_a_node_whose_own_digests_claim_a_rank_twice_fails_alone(tmp_path) -> None:
     """Its two digests both hold rank 0: which is wrong cannot be told, but they are both
     that node's, so it alone fails; the other node is analysed."""
-    [(path, _, _)] = _node_digests(tmp_path, {"gpu-a": [0, 1]})
-    uploads = [(path, "gpu-a", "one.digest.parquet"), (path, "gpu-a", "two.digest.parquet"),
+    [(path, _, _, named)] = _node_digests(tmp_path, {"gpu-a": [0, 1]})
+    uploads = [(path, "gpu-a", "one.digest.parquet", named), (path, "gpu-a", "two.digest.parquet", named),
                *_node_digests(tmp_path, {"gpu-b": [2, 3]})]
     sweep, _ = sw.Sweep.start(SPEC, ["gpu-a", "gpu-b"], 0, sweep_id="s1")
     done = reports.build(sweep, uploads, {}, tmp_path / "s1.json", 7 * S)
@@ -169,6 +170,23 @@ def test_a_node_whose_own_digests_claim_a_rank_twice_fails_alone(tmp_path) -> No
     assert sweep.missing == ["gpu-a"] and sweep.nodes["gpu-a"].reason == done.unusable[0][1]
     facts = json.loads((tmp_path / "s1.json").read_text())["sweep"]
     assert facts["state"] == "partial" and facts["nodes"]["gpu-b"]["ranks"] == [2, 3]
+
+
+@pytest.mark.parametrize("named, shown", [((2,), "2"), ((4, 3, 2), "2-4")], ids=["fewer", "more"])
+def test_a_node_whose_digest_holds_other_ranks_than_its_upload_named_fails_alone(tmp_path, named, shown) -> None:
+    """Its ranks would be put under its name in the report: where its upload said it holds
+    others, the digest is not what the node said it sent. An upload that named none (an older
+    agent's) is taken as it is."""
+    gpu_a, gpu_b, gpu_c = _node_digests(tmp_path, {"gpu-a": [0, 1], "gpu-b": [2, 3], "gpu-c": [4, 5]}, world=6)
+    uploads = [gpu_a[:3] + ((),), gpu_b[:3] + (named,), gpu_c]
+    sweep, _ = sw.Sweep.start(SPEC, ["gpu-a", "gpu-b", "gpu-c"], 0, sweep_id="s1")
+    done = reports.build(sweep, uploads, {}, tmp_path / "s1.json", 7 * S)
+    assert done.unusable == (("gpu-b", f"its digest gpu-b.digest.parquet holds ranks 2,3, not the ranks {shown} its "
+                                       "upload named"),)
+    assert sweep.missing == ["gpu-b"] and sweep.nodes["gpu-b"].state is sw.NodeState.FAILED
+    facts = json.loads((tmp_path / "s1.json").read_text())["sweep"]
+    assert {node: facts["nodes"][node]["ranks"] for node in ("gpu-a", "gpu-b", "gpu-c")} == {
+        "gpu-a": [0, 1], "gpu-b": [], "gpu-c": [4, 5]}
 
 
 def test_where_every_node_holds_a_rank_outside_the_world_the_analysis_fails_naming_each(tmp_path) -> None:
@@ -198,9 +216,9 @@ def test_stragglers_are_named_by_the_node_that_uploaded_them(tmp_path) -> None:
 
     table, truth = synthetic_job(SyntheticJob(nodes=2, gpus_per_node=2, steps=20, stragglers={3: 400_000}))
     paths = []
-    for pod, node in (("trainer-0", "gpu-node-a"), ("trainer-1", "gpu-node-b")):
+    for pod, node, ranks in (("trainer-0", "gpu-node-a", (0, 1)), ("trainer-1", "gpu-node-b", (2, 3))):
         host = table.column("host").unique()[len(paths)].as_py()
-        paths.append((tmp_path / f"{pod}.parquet", node, f"{pod}.parquet"))
+        paths.append((tmp_path / f"{pod}.parquet", node, f"{pod}.parquet", ranks))
         digest.write(table.filter(pc.equal(table.column("host"), host)), paths[-1][0])
     sweep, _ = sw.Sweep.start(SPEC, ["gpu-node-a", "gpu-node-b"], 0, sweep_id="s1")
     done = reports.build(sweep, paths, {}, tmp_path / "s1.json", 7 * S)

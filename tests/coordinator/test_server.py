@@ -630,16 +630,17 @@ def test_nodes_whose_digest_cannot_be_read_fail_with_why_and_the_others_are_anal
                             "be read") for w in report["warnings"])
 
 
-def _swept(coordinator, wire, payloads: dict[str, bytes]) -> tuple[pb.Sweep, dict]:
-    """A sweep of one agent per payload, each finishing on its payload as its digest: the
-    final sweep and its report."""
+def _swept(coordinator, wire, payloads: dict[str, bytes],
+           ranks: dict[str, tuple[int, ...]] | None = None) -> tuple[pb.Sweep, dict]:
+    """A sweep of one agent per payload, each finishing on its payload as its digest (its
+    upload naming its ``ranks``, where given): the final sweep and its report."""
     agents = [wire.FakeAgent(coordinator, name) for name in payloads]
     try:
         with SweepClient(coordinator.address) as client:
             sweep_id = client.start(nodes=list(payloads), duration_s=1.0, backend="sim").sweep_id
             for agent in agents:
                 assert started_capture(agent).sweep_id == sweep_id
-                agent.finish(sweep_id, payloads[agent.node])
+                agent.finish(sweep_id, payloads[agent.node], ranks=(ranks or {}).get(agent.node, ()))
             return final(client, sweep_id), json.loads(client.report(sweep_id).report_json)
     finally:
         for agent in agents:
@@ -672,6 +673,23 @@ def test_a_node_whose_digest_holds_a_rank_outside_the_world_fails_and_the_others
     assert [s.rank for s in done.stragglers] == [STRAGGLER]
     assert report["sweep"]["missing"] == ["bad"] and report["sweep"]["nodes"]["bad"]["ranks"] == []
     assert f"node bad is missing from this report: {nodes['bad'].reason}" in report["warnings"]
+
+
+def test_a_node_whose_digest_holds_other_ranks_than_its_upload_named_fails_alone(coordinator, wire, digests) -> None:
+    """Seen on loopback: node001's upload named its ranks 2-3, its digest held node000's 0-1
+    (one node's file under another's name). The ranks were taken as node001's, and as node000
+    claimed them too the whole sweep failed, neither node told to be the wrong one. Its own
+    upload says which: node001 fails alone, naming both sets of ranks; node000 is analysed."""
+    first, second = sorted(digests)
+    done, report = _swept(coordinator, wire, {first: digests[first], second: digests[first]},
+                          ranks={first: (0, 1), second: (2, 3)})
+    assert done.state == pb.SWEEP_STATE_PARTIAL, done.error
+    nodes = {n.node: n for n in done.nodes}
+    assert list(done.missing) == [second] and nodes[first].state == pb.NODE_STATE_ANALYSED
+    assert (nodes[second].state, nodes[second].reason) == (
+        pb.NODE_STATE_FAILED, f"its digest {second}.digest.parquet holds ranks 0,1, not the ranks 2,3 its upload named")
+    assert report["sweep"]["nodes"][first]["ranks"] == [0, 1] and report["sweep"]["nodes"][second]["ranks"] == []
+    assert f"node {second} is missing from this report: {nodes[second].reason}" in report["warnings"]
 
 
 def test_a_digest_gone_from_the_store_before_the_analysis_fails_its_node_alone(coordinator, wire, digests) -> None:
