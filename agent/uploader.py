@@ -157,8 +157,12 @@ class Uploader:
                 code = exc.code()
                 busy += code is grpc.StatusCode.RESOURCE_EXHAUSTED
                 if code in FINAL or busy > BUSY_RETRIES:
-                    raise UploadRejected(f"coordinator refused upload {uid}: {code.name}: {exc.details()}",
-                                         path=artifact.path) from None
+                    refused = UploadRejected(f"coordinator refused upload {uid}: {code.name}: {exc.details()}",
+                                             path=artifact.path)
+                    # Said here too: the failed status it makes is dropped where the coordinator
+                    # no longer waits for the node (its agent judged lost, say).
+                    log.warning("%s", refused)
+                    raise refused from None
                 log.info("upload %s attempt %d: %s: %s", uid, attempt + 1, code.name, exc.details())
             if self.stop.wait(self._backoff(attempt)):
                 break

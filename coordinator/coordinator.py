@@ -123,7 +123,8 @@ class NotPermitted(RankscopeError):
 
 
 class NotForSweep(UploadRejected):
-    """An upload for a sweep that has ended or is unknown, or by a node the sweep does not capture."""
+    """An upload for a sweep that has ended or is unknown, or by a node the sweep does not capture
+    or whose capture there has ended without its data."""
 
 
 class UnknownArtifact(InputError):
@@ -508,8 +509,9 @@ class Coordinator:
         """Refuse an upload no sweep will use: one for a sweep that has ended (its listing is
         then whole) or was never started here (no sweep would list or remove it: the disk
         fills), or by a node its sweep does not capture (stored, it would be listed as the
-        sweep's). Every sweep that takes uploads is active (`start` resumes them before
-        the server serves). Called with the lock held."""
+        sweep's) or no longer waits for (its news is not taken: `Sweep._open`). Every sweep
+        that takes uploads is active (`start` resumes them before the server serves). Called
+        with the lock held."""
         sweep = self._active.get(header.sweep_id)
         if sweep is None and self._ended(header.sweep_id):
             raise NotForSweep(f"upload {header.upload_id}: sweep {header.sweep_id} has ended and takes no more uploads")
@@ -517,6 +519,12 @@ class Coordinator:
             raise NotForSweep(f"upload {header.upload_id}: this coordinator has no sweep {quoted(header.sweep_id)}")
         if header.node not in sweep.nodes:
             raise NotForSweep(f"upload {header.upload_id}: node {header.node!r} is not in sweep {header.sweep_id}")
+        record = sweep.nodes[header.node]
+        if record.terminal and not record.finished:
+            # Its node ended without its data (its agent judged lost, timed out, cancelled): nothing
+            # it sends now is analysed. Refused as final (the agent retries no INVALID_ARGUMENT).
+            raise NotForSweep(f"upload {header.upload_id}: sweep {header.sweep_id} no longer waits for node "
+                              f"{header.node} ({record.state.value}: {record.reason}); its capture is not used")
 
     def stored_artifacts(self, sweep_id: str, kinds: Collection[str] = ()) -> list[UploadHeader]:
         """A sweep's stored artifacts of ``kinds`` (every kind where empty), by node and name:

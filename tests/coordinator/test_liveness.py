@@ -129,6 +129,36 @@ def test_a_named_node_whose_agent_left_before_the_sweep_waits_for_it(coordinator
     assert node(coordinator, sweep_id, "a").state is sw.NodeState.FAILED
 
 
+@pytest.mark.parametrize("end", ["lost", "timed out"])
+def test_an_upload_of_a_node_its_sweep_no_longer_waits_for_is_refused_before_any_byte(coordinator, end) -> None:
+    """Its agent back after its node was judged lost, or timed out: nothing it sends is analysed
+    (the sweep takes no more news of the node), so its upload is refused, not stored unused."""
+    from rankscope.coordinator.artifacts import UploadHeader
+    from rankscope.coordinator.coordinator import NotForSweep
+
+    a, b = connect(coordinator, "a"), connect(coordinator, "b")
+    sweep_id = capture(coordinator, "a", "b")
+    if end == "lost":
+        coordinator.disconnect(b)
+        tick(coordinator, LOST_S, a)
+        reason = "agent of node b lost: not heard from for 2s, its session ended (last state: pending)"
+        state = "failed"
+    else:  # a exports (its time not counted): the sweep runs on without b
+        coordinator.node_reported("a", sw.NodeReported("a", sw.NodeState.EXPORTING, coordinator.clock(),
+                                                       export_timeout_s=7200.0), sweep_id)
+        with coordinator._lock:
+            coordinator._feed(sw.Tick(coordinator.clock() + 3601 * S))
+        reason, state = "no answer within 3600s (last state: pending)", "timed_out"
+    assert node(coordinator, sweep_id, "b").reason == reason
+    header = UploadHeader("u-b", sweep_id, "b", "b.digest.parquet", 3, "0" * 64, "digest")
+    with pytest.raises(NotForSweep) as caught:
+        with coordinator.upload(header, b.agent.token):
+            raise AssertionError("a writer was opened")
+    assert str(caught.value) == (f"upload u-b: sweep {sweep_id} no longer waits for node b ({state}: {reason}); its "
+                                 "capture is not used")
+    assert list((coordinator.config.artifacts_dir / "partial").iterdir()) == []
+
+
 # After a restart: the agents the last run had get `restart_grace_s` to come back. -------
 
 GRACE_S = 60.0

@@ -453,6 +453,53 @@ def test_agents_killed_or_cut_off_mid_sweep_are_judged_lost_and_the_sweep_goes_o
         wire.stop(running)
 
 
+def test_an_agent_back_after_it_was_judged_lost_is_refused_its_upload_for_good(tmp_path, wire, digests,
+                                                                              caplog) -> None:
+    """Seen on loopback: node001's agent, judged lost, came back and uploaded its digest to the
+    sweep, still running on node000: stored, listed as the sweep's, never analysed. It is
+    refused at its start, saying why, as final: the agent's uploader does not retry it, logs
+    it, and nothing of it is stored."""
+    from rankscope.agent.uploader import Artifact, Uploader, upload_id
+    from rankscope.errors import UploadRejected
+
+    running = wire.start(tmp_path / "data", agent_lost_s=3.0, heartbeat_interval_s=1.0, ping_interval_s=0.2)
+    try:
+        first, second = sorted(digests)
+        capturing, dying = wire.FakeAgent(running, first), wire.FakeAgent(running, second)
+        with SweepClient(running.address) as client:
+            sweep_id = client.start(everything=True, duration_s=0.5, backend="sim", timeout_s=3600).sweep_id
+            for agent in (capturing, dying):
+                started_capture(agent)
+                agent.status(sweep_id, pb.NODE_STATE_CAPTURING)
+            time.sleep(0.5)  # the statuses are in before the agent goes
+            dying.call.cancel()
+            deadline = time.monotonic() + 60
+            while (node := running.server.coordinator.sweep(sweep_id).nodes[second]).state is not sw.NodeState.FAILED:
+                assert time.monotonic() < deadline, "the agent was not judged lost"
+                time.sleep(0.2)
+            back = wire.FakeAgent(running, second)
+            (tmp_path / f"{second}.digest.parquet").write_bytes(digests[second])
+            artifact = Artifact(tmp_path / f"{second}.digest.parquet", sweep_id, second, ranks=(2, 3))
+            uid = upload_id(artifact, hashlib.sha256(digests[second]).hexdigest())
+            uploader = Uploader(running.channel, session_token=back.token, max_attempts=3, backoff_s=0.01)
+            with pytest.raises(UploadRejected) as caught:  # not TransportError: not retried
+                uploader.upload(artifact)
+            assert caught.value.args[0] == (
+                f"coordinator refused upload {uid}: INVALID_ARGUMENT: upload {uid}: sweep {sweep_id} no longer waits "
+                f"for node {second} (failed: {node.reason}); its capture is not used")
+            said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "rankscope.agent.uploader"]
+            assert said == [(logging.WARNING, str(caught.value))]  # on the agent's log at its default level
+            assert node.reason == (f"agent of node {second} lost: not heard from for 3s, its session ended "
+                                   "(last state: capturing)")
+            listed = client.stub.ListArtifacts(pb.ListArtifactsRequest(sweep_id=sweep_id), timeout=10).artifacts
+            assert list(listed) == [] and client.sweeps()[0].state == pb.SWEEP_STATE_RUNNING
+        assert wire.stored_files(running.data_dir) == []
+        for agent in (capturing, back):
+            agent.close()
+    finally:
+        wire.stop(running)
+
+
 def test_pings_estimate_the_agent_clock_offset(coordinator, wire) -> None:
     agent = wire.FakeAgent(coordinator, "skewed", clock_skew_ns=5_000_000_000)
     store = Store(coordinator.data_dir / "state.sqlite")
