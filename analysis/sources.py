@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rankscope import cpus
+from rankscope import cpus, output
 from rankscope.analysis import digest, engine, nsys
 from rankscope.errors import ExportError, InputError, RankscopeWarning, ToolError, shown
 from rankscope.progress import counted
@@ -169,13 +169,13 @@ def _once(files: list[tuple[Path, os.stat_result]]) -> list[Path]:
 
 def stat_input(path: Path) -> os.stat_result:
     """``path``'s stat; an InputError where it is not there, or may not be looked at (a
-    folder on the way refuses it)."""
+    folder on the way refuses it, a link in a loop: named as outputs name it)."""
     try:
         return os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         raise InputError("no such file or folder", path=path) from None
     except OSError as exc:  # an ExportError: the agent goes on without such an export
-        raise ExportError(f"cannot read ({exc.strerror or exc})", path=path) from None
+        raise ExportError(output.symlink_loop(path, exc) or f"cannot read ({exc.strerror or exc})", path=path) from None
 
 
 def _not_empty(path: Path) -> os.stat_result:

@@ -188,12 +188,25 @@ def check_reachable(path: Path) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return
     except OSError as exc:
-        blocked = next((above for above in path.parents if _seen(above)), path.parent)
-        if exc.errno == errno.ELOOP:  # the folder could be seen: the link in it is at fault
-            looping = next(below for below in (path, *path.parents) if below.parent == blocked)
-            what = "a symlink loop" if looping == path else f"{shown(looping)} is a symlink loop"
-            raise InputError(f"{what} ({exc.strerror})", path=path) from None
-        raise InputError(f"cannot look into folder {shown(blocked)} ({exc.strerror or exc})", path=path) from None
+        if (loop := symlink_loop(path, exc)) is not None:
+            raise InputError(loop, path=path) from None
+        raise InputError(f"cannot look into folder {shown(_deepest_seen(path))} ({exc.strerror or exc})", path=path) from None
+
+
+def symlink_loop(path: Path, exc: OSError) -> str | None:
+    """What to say of ``exc``, an OSError of looking at ``path``, where it is a link in a
+    loop (``path`` itself, or one on its way: the name under the deepest folder that can be
+    seen); None for any other OSError."""
+    if exc.errno != errno.ELOOP:
+        return None
+    blocked = _deepest_seen(path)  # the folder could be seen: the link in it is at fault
+    looping = next(below for below in (path, *path.parents) if below.parent == blocked)
+    what = "a symlink loop" if looping == path else f"{shown(looping)} is a symlink loop"
+    return f"{what} ({exc.strerror})"
+
+
+def _deepest_seen(path: Path) -> Path:
+    return next((above for above in path.parents if _seen(above)), path.parent)
 
 
 def _seen(path: Path) -> bool:

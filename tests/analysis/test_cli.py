@@ -326,6 +326,17 @@ def test_a_device_or_a_pipe_as_input_is_named_as_such_not_as_missing_or_empty(co
     assert [p.name for p in tmp_path.iterdir()] == ["rank0.sqlite"]
 
 
+def test_an_input_in_a_symlink_loop_is_named_as_one(exports: list[Path], tmp_path: Path) -> None:
+    # `analyze loop` (ln -s loop loop) said "loop: cannot read (Too many levels of symbolic
+    # links)"; an input is named as -o names such a link (output.symlink_loop)
+    (tmp_path / "loop").symlink_to("loop")
+    for source, said in (("loop", "loop: a symlink loop"), ("loop/rank0.sqlite", "loop/rank0.sqlite: loop is a symlink loop")):
+        for args in (["analyze", exports[0], source], ["digest", source, "-o", "d.parquet"]):
+            result = rankscope(*args, cwd=tmp_path)
+            assert (result.returncode, result.stderr) == (2, f"rankscope: error: {said} (Too many levels of symbolic links)\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["loop"]
+
+
 @pytest.mark.parametrize("name", ["d.json", "d.sqlite", "d"])
 def test_a_digest_named_as_no_digest_is_refused(name: str, exports: list[Path], tmp_path: Path) -> None:
     # found by review: `digest -o d.json` wrote Parquet that `analyze` then read as a broken Kineto trace
