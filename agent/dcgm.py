@@ -18,6 +18,7 @@ import argparse
 import importlib
 import logging
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -238,7 +239,7 @@ class DcgmiControl(DcgmControl):
             self.error = f"{shown(self.dcgmi)} cannot run ({exc.strerror or exc})"
             return DcgmOutcome.FAILED
         except subprocess.TimeoutExpired:  # a busy host engine may have paused all the same
-            self.error = f"`{' '.join(argv)}` did not answer within {self.timeout_s:g} s"
+            self.error = f"`{shlex.join(argv)}` did not answer within {self.timeout_s:g} s"
             self.unanswered = True
             return DcgmOutcome.FAILED
         text = " ".join((done.stdout + " " + done.stderr).split())
@@ -248,7 +249,7 @@ class DcgmiControl(DcgmControl):
         if done.returncode == DCGMI_EXIT_NOT_SUPPORTED or "Feature not supported" in text:
             self.error = text
             return DcgmOutcome.NOT_SUPPORTED
-        self.error = f"`{' '.join(argv)}` exited {done.returncode}: {text or 'no output'}"
+        self.error = f"`{shlex.join(argv)}` exited {done.returncode}: {text or 'no output'}"
         return DcgmOutcome.FAILED
 
 

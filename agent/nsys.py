@@ -250,9 +250,9 @@ def stop_leftover_exports(commands: Sequence[Sequence[str]]) -> None:
         except ProcessLookupError:  # ended meanwhile
             continue
         except PermissionError:  # another user's: not an agent of ours left it
-            log.warning("`%s` (pid %d) writes this capture's export, but is not ours to stop", " ".join(argv), pid)
+            log.warning("`%s` (pid %d) writes this capture's export, but is not ours to stop", shlex.join(argv), pid)
             continue
-        log.warning("stopped `%s` (pid %d), left running by an earlier agent", " ".join(argv), pid)
+        log.warning("stopped `%s` (pid %d), left running by an earlier agent", shlex.join(argv), pid)
 
 
 def _processes() -> list[tuple[int, list[str]]]:

@@ -15,6 +15,7 @@ import argparse
 import functools
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("this system's env has no --chdir: nsys runs in the job's folder, and leaves an empty "
                     "report<N>.nsys-rep there where no capture reaches this rank")
     argv = nsys.launch_command(session, in_folder(_job_folder(), cmd) if apart else cmd, trace=trace, nsys=exe)
-    log.info("rank %d: %s", info.rank, " ".join(argv))
+    log.info("rank %d: %s", info.rank, shlex.join(argv))
     with _launch_folder(args.spool, session) if apart else nullcontext() as folder:
         return run_in_session(argv, info, args.spool, exe, cwd=folder)
 
@@ -331,7 +332,7 @@ def run_one_shot(info: RankInfo, cmd: Sequence[str], args: argparse.Namespace, e
     argv = nsys.profile_command(cmd, base, trace=trace, duration_s=args.duration,
                                 capture_range=args.capture_range, nvtx_capture=args.nvtx_capture,
                                 gpu_metrics=gpu_metrics, nsys=exe)
-    log.info("rank %d: %s", info.rank, " ".join(map(str, argv)))
+    log.info("rank %d: %s", info.rank, shlex.join(map(str, argv)))
     code = supervise(argv)
     report = Path(f"{base}{nsys.REPORT_SUFFIX}")
     if not report.exists():

@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -337,6 +338,20 @@ def test_a_dcgmi_that_cannot_run_is_a_failure_with_its_reason_not_an_exception(e
     control = dcgm.DcgmiControl(str(dcgmi), "localhost")
     for call in (control.pause, control.resume):
         assert call() is DcgmOutcome.FAILED and control.error == f"{dcgmi} cannot run (Permission denied)"
+
+
+@pytest.mark.parametrize("answer", ["exit 3", "exec sleep 5"])
+def test_a_failed_dcgmi_is_named_by_a_command_line_that_runs_pasted(answer, tmp_path):
+    # its argv was joined with spaces: a dcgmi under "dcgm tools" read as two words
+    dcgmi = tmp_path / "dcgm tools" / "dcgmi"
+    dcgmi.parent.mkdir()
+    dcgmi.write_text(f"#!/bin/sh\necho refused; {answer}\n")
+    dcgmi.chmod(0o755)
+    control = dcgm.DcgmiControl(str(dcgmi), "host;engine", timeout_s=0.5)
+    assert control.pause() is DcgmOutcome.FAILED
+    said = {"exit 3": "exited 3: refused", "exec sleep 5": "did not answer within 0.5 s"}[answer]
+    assert control.error.endswith(f"` {said}")
+    assert shlex.split(control.error.split("`")[1]) == [str(dcgmi), "profile", "--pause", "--host", "host;engine"]
 
 
 def test_a_pause_left_unanswered_is_resumed_as_it_may_have_taken_effect(engine, tmp_path):

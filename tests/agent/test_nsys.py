@@ -4,6 +4,7 @@ with real `rankscope rank` processes."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -523,6 +524,25 @@ def test_an_export_an_agent_killed_mid_export_left_running_is_stopped_before_exp
         leftover.wait()
     assert exports == [nsys.export_path(r) for r in reports]
     assert sorted(load_digests(exports).column("rank").to_pylist()) == [0, 1]
+
+
+def test_a_leftover_export_stopped_is_logged_as_a_command_line_that_runs_pasted(tmp_path, caplog):
+    # its argv was joined with spaces: a report in "my reports" read as two words
+    report = tmp_path / "my reports" / "rank 0.nsys-rep"
+    command = nsys.export_command(report, nsys.export_path(report))
+    argv = [sys.executable, "-c", "import time; print(flush=True); time.sleep(60)", *command[1:]]  # ends as the export's
+    leftover = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        leftover.stdout.readline()  # it runs: its argv is in /proc (not always so just after exec)
+        with caplog.at_level("WARNING", logger=nsys.__name__):
+            nsys.stop_leftover_exports([command])
+        assert leftover.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        leftover.kill()
+        leftover.wait()
+        leftover.stdout.close()
+    logged, = (r.getMessage() for r in caplog.records if "left running by an earlier agent" in r.getMessage())
+    assert shlex.split(logged.split("`")[1]) == argv
 
 
 def test_no_ranks_under_nsys_is_an_error(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -89,15 +90,22 @@ def nsys_env(tmp_path):
     return state, {**env, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "SLURM_JOB_ID": "55"}
 
 
+def logged_command(err: str) -> list[str]:
+    """The nsys command line `rankscope rank -v` logged, as a shell would split it pasted: it
+    was joined with spaces, so `python -c "import sys; ..."` ran as two commands."""
+    line, = (line for line in err.splitlines() if line.startswith("INFO rankscope.agent.rank: rank 1: "))
+    return shlex.split(line.removeprefix("INFO rankscope.agent.rank: rank 1: "))
+
+
 def test_exit_code_is_the_commands_and_the_rank_is_withdrawn(nsys_env, tmp_path):
     state, env = nsys_env
     spool = tmp_path / "spool"
-    proc = rankscope("rank", "--spool", str(spool), "--", sys.executable, "-c", "import sys; sys.exit(7)", env=env)
+    proc = rankscope("rank", "-v", "--spool", str(spool), "--", sys.executable, "-c", "import sys; sys.exit(7)", env=env)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 7, err
     assert not list(ranks_dir(spool).glob("*.json"))
     launch = [argv for argv in standin_nsys.calls(state) if argv[0] == "launch"]
-    assert len(launch) == 1
+    assert len(launch) == 1 and logged_command(err)[1:] == launch[0]
     session = launch[0][1].removeprefix("--session-new=")
     assert session == f"rankscope_55_r1_{proc.pid}"
     head, folder, app = standin_nsys.launched(launch[0])
@@ -252,11 +260,12 @@ def test_advanced_nccl_tracing_where_this_nsys_has_it(nsys_env, tmp_path):
 def test_one_shot_profiles_and_exports_into_the_spool(nsys_env, tmp_path):
     state, env = nsys_env
     spool = tmp_path / "spool"
-    proc = rankscope("rank", "--spool", str(spool), "--one-shot", "--duration", "5", "--",
+    proc = rankscope("rank", "-v", "--spool", str(spool), "--one-shot", "--duration", "5", "--",
                      sys.executable, "-c", "import sys; sys.exit(4)", env=env)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 4, err
     base = spool / "reports" / f"rankscope_55_r1_{proc.pid}"
+    assert logged_command(err)[1:] == standin_nsys.calls(state)[0]
     assert standin_nsys.calls(state) == [
         ["profile", "--trace=cuda,nvtx", "--cuda-graph-trace=node", "--sample=none", "--cpuctxsw=none",
          f"--output={base}", "--force-overwrite=true", "--duration=5", "--kill=none", sys.executable, "-c",
