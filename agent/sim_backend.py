@@ -1,140 +1,24 @@
 """The `sim` capture backend: this node's ranks, simulated, so a whole sweep runs on one CPU.
 
-Every agent of a simulated sweep gets the same job spec in the capture options and
-writes the nsys exports of its own node only; the simulator is deterministic from the
-seed, so the nodes' exports add up to one consistent job (one clock per node, the
-injected stragglers, the usual NCCL trace layout), and everything after the capture
-(digest, upload, analysis) is the production path.
-
-Options (all strings, as they travel in StartCapture.options):
-  sim.<field>        any scalar field of ``JobSpec`` (nodes, gpus_per_node, tp, steps, seed, ...)
-  sim.stragglers     ``RANK[:compute|launch[:EXTRA_US[:EVERY]]]`` separated by commas, e.g. ``5:compute:3000``
-  sim.slow_links     ranks whose network link is slow, separated by commas, e.g. ``19``
-  sim.node_index     this node's index in the job; or ``sim.node_index.<node>`` per node
+Every agent of a simulated sweep gets the same job spec in the capture options
+(`rankscope.sim_options` reads them) and writes the nsys exports of its own node only;
+the simulator is deterministic from the seed, so the nodes' exports add up to one
+consistent job (one clock per node, the injected stragglers, the usual NCCL trace
+layout), and everything after the capture (digest, upload, analysis) is the production path.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
-from rankscope.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rankscope.analysis.simulate import JobSpec, Straggler
-
-PREFIX = "sim."
-NODE_OPTION = "node"  # set by the agent: its node name
-
-
-def parse_stragglers(text: str) -> tuple[Straggler, ...]:
-    """``RANK[:compute|launch[:EXTRA_US[:EVERY]]]`` items, comma-separated (the simulate command's syntax)."""
-    import argparse
-
-    from rankscope.analysis.simulate import parse_straggler
-
-    try:
-        return tuple(parse_straggler(item.strip()) for item in text.split(",") if item.strip())
-    except argparse.ArgumentTypeError as exc:
-        raise ConfigError(f"sim.stragglers: {exc}") from None
-
-
-def job_spec(options: Mapping[str, str]) -> JobSpec:
-    """The simulator's JobSpec from capture options; unset fields keep the simulator's defaults."""
-    from rankscope.analysis.simulate import JobSpec
-
-    values: dict = {}
-    known = {f.name: f for f in dataclasses.fields(JobSpec)}
-    for key, raw in options.items():
-        if not key.startswith(PREFIX) or key.startswith(PREFIX + "node_index"):
-            continue
-        name = key[len(PREFIX):]
-        if name == "stragglers":
-            values[name] = parse_stragglers(raw)
-        elif name == "slow_links":
-            values[name] = _ranks(key, raw)
-        elif name in known:
-            values[name] = _cast(name, raw, _default(known[name]))
-        else:
-            settable = ["stragglers", "slow_links", *(f.name for f in known.values()
-                                                       if isinstance(_default(f), (bool, int, float, str)))]
-            raise ConfigError(f"{key}: the simulator's job spec has no field {name!r} "
-                              f"(it has: {', '.join(sorted(settable))})")
-    return JobSpec(**values)
-
-
-def _ranks(key: str, text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(item) for item in text.split(",") if item.strip())
-    except ValueError:
-        raise ConfigError(f"{key}: {text!r} is not a comma-separated list of ranks") from None
-
-
-def node_index(options: Mapping[str, str], nodes: int | None = None) -> int:
-    """This node's index in the simulated job; checked against the job's ``nodes`` where given."""
-    node = options.get(NODE_OPTION, "")
-    raw = options.get(f"{PREFIX}node_index.{node}", options.get(f"{PREFIX}node_index"))
-    if raw is None:
-        raise ConfigError(f"sim capture on node {node!r}: no sim.node_index (set it per node, "
-                          f"or start the agent with --labels sim.node_index=N)")
-    try:
-        index = int(raw)
-    except ValueError:
-        raise ConfigError(f"sim.node_index {raw!r} is not an integer") from None
-    if nodes is not None and not 0 <= index < nodes:
-        raise ConfigError(f"sim capture on node {node!r}: sim.node_index {index} is outside the simulated "
-                          f"job's nodes 0..{nodes - 1} (set sim.nodes to the number of nodes in the sweep)")
-    return index
-
-
-def _default(field: dataclasses.Field):
-    if field.default is not dataclasses.MISSING:
-        return field.default
-    if field.default_factory is not dataclasses.MISSING:
-        return field.default_factory()
-    return None
-
-
-def _whole(raw: str) -> int:
-    """``raw`` as an int; ``3e6`` is one too, ``2.5`` is not (it would run a job other than asked)."""
-    try:
-        return int(raw)
-    except ValueError:
-        value = float(raw)
-        if not value.is_integer():
-            raise ValueError(raw)
-        return int(value)
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def _cast(name: str, raw: str, default):
-    try:
-        if isinstance(default, bool):
-            word = raw.strip().lower()
-            if word not in _TRUE + _FALSE:
-                raise ValueError
-            return word in _TRUE
-        if isinstance(default, int):
-            return _whole(raw)
-        if isinstance(default, float):
-            return float(raw)
-    except (ValueError, OverflowError):  # int(float("inf")) overflows
-        kind = "yes or no" if isinstance(default, bool) else "a whole number" if isinstance(default, int) else "a number"
-        raise ConfigError(f"sim.{name}: {raw!r} is not {kind}") from None
-    if not isinstance(default, str):
-        raise ConfigError(f"sim.{name} cannot be set from a capture option")
-    return raw
+from rankscope.sim_options import BACKEND, PREFIX, job_spec, node_index
 
 
 class SimBackend(CaptureBackend):
     """Simulated nsys exports for this node's ranks; reads no GPU counters."""
 
-    name = "sim"
+    name = BACKEND
     options = frozenset({PREFIX + "*"})  # each checked by job_spec
 
     def start(self, request: CaptureRequest) -> None:

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from rankscope import __version__, node_name, output
+from rankscope import __version__, node_name, output, sim_options
 from rankscope.coordinator import reports
 from rankscope.coordinator.artifacts import ArtifactStore, StorageFull, UploadHeader, UploadWriter
 from rankscope.coordinator.config import CoordinatorConfig
@@ -612,6 +612,8 @@ class Coordinator:
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
             check_options_read((a for a in agents if a.node in judged), spec.backend, spec.options)
+            if spec.backend == sim_options.BACKEND:  # read as its agents will: a bad value would fail every node
+                sim_options.check(spec.options)
             busy = self._busy()
             away = [name for name in nodes if name not in connected]
             # Chosen by label or all, a node whose agent is away fails at once, named: a health

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from rankscope.agent.backend import CaptureRequest
-from rankscope.agent.sim_backend import SimBackend, job_spec, node_index
+from rankscope.agent.sim_backend import SimBackend
 from rankscope.analysis import digest
 from rankscope.analysis.pipeline import analyze
 from rankscope.analysis.sources import load_digests
 from rankscope.errors import ConfigError
+from rankscope.sim_options import job_spec, node_index
 
 JOB = {"sim.nodes": "4", "sim.gpus_per_node": "2", "sim.tp": "2", "sim.steps": "6", "sim.seed": "11",
        "sim.stragglers": "3:compute:3000"}

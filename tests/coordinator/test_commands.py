@@ -154,6 +154,25 @@ def test_capture_without_wait_prints_the_sweep_id(coordinator, wire, capsys) -> 
     agent.close()
 
 
+@pytest.mark.parametrize("option, said", [
+    ("sim.steps=abc", "sim.steps: 'abc' is not a whole number"),
+    ("sim.tp=3", "simulated job: tp=3 must divide gpus_per_node=8 (TP groups are intra-node)"),
+    ("sim.stragglers=x", "sim.stragglers: bad straggler 'x': expected RANK[:compute|launch[:EXTRA_US[:EVERY]]]"),
+    ("sim.node_index.node-a=8", "sim capture on node 'node-a': sim.node_index 8 is outside the simulated job's nodes "
+                                "0..7 (set sim.nodes to the number of nodes in the sweep)"),
+])
+def test_a_sim_option_no_node_could_take_is_refused_before_the_sweep_starts(coordinator, wire, capsys, option: str,
+                                                                             said: str) -> None:
+    # `capture --option sim.steps=abc` started the sweep, and every node of it failed with the
+    # agent's word: the coordinator reads the options with the agents' own code (sim_options)
+    agent = wire.FakeAgent(coordinator, "node-a")
+    assert main(["capture", "--coordinator", coordinator.address, "--all", "--backend", "sim", "--option", option]) == 2
+    assert capsys.readouterr() == ("", f"rankscope: error: coordinator at {coordinator.address}: {said}\n")
+    with SweepClient(coordinator.address) as client:
+        assert client.sweeps() == []
+    agent.close()
+
+
 def test_cancel_stops_a_running_sweep_and_its_nodes_capture(coordinator, wire, capsys) -> None:
     # A mistyped --duration 1h held its nodes (and, under nsys, DCGM paused) for the hour:
     # nothing could stop it short of killing the agents.
