@@ -179,11 +179,12 @@ class Coordinator:
         self.config = config = replace(config, data_dir=config.data_dir.absolute())
         self.clock = clock
         self.analyze = analyze
+        # Each folder checked before the lock and the state file are made: a file in the way, or a
+        # folder that cannot be written in, left them (and the folders made before it) behind.
+        for folder in (*ArtifactStore.folders(config.artifacts_dir), config.reports_dir):
+            output.check_folder(folder)
         self._hold = FolderLock(config.data_dir, "coordinator").acquire()
         try:
-            # Each folder checked before the state file is made: a file in the way left an empty one.
-            for folder in (*ArtifactStore.folders(config.artifacts_dir), config.reports_dir):
-                output.check_folder(folder)
             self.store = Store(config.state_db)
             self.artifacts = ArtifactStore(config.artifacts_dir, max_bytes=config.max_upload_bytes)
             output.make_folder(config.reports_dir)  # now: a file there failed only each sweep's analysis

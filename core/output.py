@@ -163,18 +163,29 @@ def make_folder(path: Path, *, shared: bool = False) -> Path:
         raise InputError(f"cannot create the folder ({_no_folder(path)})", path=path) from None
     except OSError as exc:
         raise InputError(f"cannot create the folder ({exc.strerror or exc})", path=path) from None
-    if reason := _unwritable(path):
-        raise InputError(f"cannot write in the folder ({reason})", path=path)
+    _check_writable_in(path, path)
     return path
 
 
 def check_folder(path: Path) -> None:
-    """The InputError `make_folder` raises where something not a folder is in the place of
-    ``path`` or of a folder above it, raised before anything is made: a layout of several
-    folders is checked whole before any is made."""
+    """The InputError `make_folder` raises, raised before anything is made: where something
+    not a folder is in the place of ``path`` or of a folder above it, or where the nearest of
+    them that exists cannot be written in. A layout of several folders is checked whole
+    before any is made."""
     check_reachable(path)
-    if (blocker := _in_the_way(path)) is not None:
-        raise InputError("not a folder" if blocker == path else f"cannot create the folder ({shown(blocker)} is not a folder)",
+    if (nearest := _nearest(path)) is None:
+        return
+    if not nearest.is_dir():
+        raise InputError("not a folder" if nearest == path else f"cannot create the folder ({shown(nearest)} is not a folder)",
+                         path=path)
+    _check_writable_in(nearest, path)
+
+
+def _check_writable_in(folder: Path, path: Path) -> None:
+    """An InputError naming ``path`` where ``folder`` (``path`` itself, or the folder it
+    would be made in) cannot be written in."""
+    if reason := _unwritable(folder):
+        raise InputError(f"cannot write in the folder ({reason})" if folder == path else f"cannot create the folder ({reason})",
                          path=path)
 
 
@@ -227,8 +238,13 @@ def _no_folder(folder: Path) -> str:
 def _in_the_way(folder: Path) -> Path | None:
     """What is not a folder in the place of ``folder`` or of the nearest folder above it that
     exists; None where that is a folder."""
-    above = next((above for above in (folder, *folder.parents) if above.exists()), None)
+    above = _nearest(folder)
     return above if above is not None and not above.is_dir() else None
+
+
+def _nearest(folder: Path) -> Path | None:
+    """``folder``, or the nearest folder above it, that exists."""
+    return next((above for above in (folder, *folder.parents) if above.exists()), None)
 
 
 def _unwritable(folder: Path) -> str | None:

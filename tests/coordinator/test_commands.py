@@ -23,7 +23,6 @@ from rankscope.coordinator import commands, server
 from rankscope.coordinator.client import SweepClient
 from rankscope.coordinator.commands import EXIT_FINDINGS, EXIT_NOT_JUDGED, EXIT_PARTIAL
 from rankscope.errors import ConfigError, InputError
-from rankscope.lock import LOCK_NAME
 from rankscope.proto.v1 import rankscope_pb2 as pb
 
 
@@ -424,7 +423,8 @@ def test_a_second_coordinator_on_a_data_dir_in_use_fails_before_touching_it(coor
 @pytest.mark.parametrize("folder", ["artifacts", "reports", "artifacts/partial"])
 def test_a_coordinator_whose_data_dir_holds_a_file_in_place_of_a_folder_it_needs_does_not_start(tmp_path, folder) -> None:
     # found by a bad-input campaign: with a file at reports/ it served, and each sweep's analysis failed;
-    # with one at artifacts/ it made an empty state.sqlite (and artifacts/objects before partial/) first
+    # with one at artifacts/ it made an empty state.sqlite (and artifacts/objects before partial/) first,
+    # and its lock file in a folder it refused
     data = tmp_path / "data"
     (data / folder).parent.mkdir(parents=True)
     (data / folder).write_text("not a folder")
@@ -432,7 +432,29 @@ def test_a_coordinator_whose_data_dir_holds_a_file_in_place_of_a_folder_it_needs
     with pytest.raises(InputError, match=f"^{data / folder}") as caught:
         server.create_server("127.0.0.1:0", data)[0].stop(grace=0)  # stopped where it was made
     assert caught.value.exit_code == 2
-    assert sorted(p for p in data.rglob("*") if p.name != LOCK_NAME) == before  # nothing made but its lock
+    assert sorted(data.rglob("*")) == before  # nothing made, its lock neither
+
+
+@pytest.mark.parametrize("folder, said", [
+    ("artifacts", "artifacts/objects: cannot create the folder (Permission denied)"),
+    ("artifacts/partial", "artifacts/partial: cannot write in the folder (Permission denied)"),
+    ("reports", "reports: cannot write in the folder (Permission denied)"),
+])
+def test_a_data_dir_with_a_folder_it_needs_that_it_cannot_write_in_is_left_as_it_was(folder: str, said: str,
+                                                                                     other_user, capfd) -> None:
+    # a reports/ it could not write in was found only after the lock, state.sqlite and the
+    # artifact folders were made; an artifacts/ after the lock and state.sqlite
+    shared, as_nobody = other_user
+    data = shared / "data"
+    for above in (data, *reversed((data / folder).parents[:-len(data.parts)])):
+        above.mkdir()
+        above.chmod(0o777)
+    (data / folder).mkdir()  # root's, 0755: not nobody's to write in
+    before = sorted(data.rglob("*"))
+    "127.0.0.1".encode("idna")  # its codec loaded here: nobody may not read this Python's library
+    assert as_nobody(lambda: main(["coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(data)])) == 2
+    assert capfd.readouterr().err == f"rankscope: error: {data}/{said}\n"
+    assert sorted(data.rglob("*")) == before
 
 
 def test_the_server_itself_refuses_a_taken_port(coordinator, tmp_path, monkeypatch) -> None:
