@@ -34,6 +34,7 @@ MAX_MOVED_SHIFT = 512  # calls, the most a moved window's gaps are searched eith
 _CELLS = 1 << 20  # (shift, call) pairs compared at once
 GAP_FLOOR_RATIO = 4  # a member's gaps this much further from its reference's than the closest member's: a look
 ALIGNED_GAP_SHARE = 200  # aligned, a member's gaps miss its reference's by under 1/this of a gap
+MOVED_CHANCE = 1e-4  # a moved window's shift is taken where end jitter alone fits one as well less often
 
 
 class _Fit(Enum):
@@ -42,6 +43,19 @@ class _Fit(Enum):
     CLEAR = "clear"  # taken
     TURNS = "turns"  # clearly closer than unshifted, not than another shift (roots taking turns?): warned
     WEAK = "weak"  # only 2x closer than unshifted: left alone
+    FEW = "few"  # a moved window's, jitter alone may fit as well: taken where its host's members make that unlikely
+
+
+@dataclass(frozen=True)
+class _GapFit:
+    """The shift `_best_gap_shift` found for a member and how well it fits; for FEW, the
+    ``chance`` that end jitter alone fits that shift as closely (`_by_chance`) and how many
+    shifts were ``tried``, any of which it might have fitted so."""
+
+    shift: int
+    fit: _Fit
+    chance: float = 1.0
+    tried: int = 1
 
 
 @dataclass
@@ -654,7 +668,7 @@ def _shift_ordinals_across_hosts(calls: _Ordinals, warnings: list[str]) -> set[s
     member, miss, spacing = misses
     host_of = calls.host[rows][per_rank.order[per_rank.starts]]  # each member's (a rank has one host)
     suspect, least_gaps = _gap_suspects(member, miss, spacing, ref_of, host_of)
-    found = {}  # member -> (the shift its gaps fit, how well)
+    found = {}  # member -> the shift its gaps fit, and how well
     # A member's gaps are a run of them (``at`` ascends, in group order): its bounds, not a
     # pass over every gap per suspect.
     owner = group[at]
@@ -719,7 +733,7 @@ def _gap_suspects(member: np.ndarray, miss: np.ndarray, spacing: np.ndarray, ref
     return member[looked], np.where(by_share[looked], 1, 2)
 
 
-def _take_gap_shifts(found: dict[int, tuple[int, _Fit]], calls: _Ordinals, rows: np.ndarray, per_rank: Groups,
+def _take_gap_shifts(found: dict[int, _GapFit], calls: _Ordinals, rows: np.ndarray, per_rank: Groups,
                      ref_of: np.ndarray, host_of: np.ndarray, warnings: list[str]) -> set[str]:
     """Shift the ordinals (``calls.key_seq``, in place) of the members (groups of ``per_rank`` over
     ``rows``) whose gaps fit a shift (``found``) where they are taken, and warn of each and
@@ -727,16 +741,25 @@ def _take_gap_shifts(found: dict[int, tuple[int, _Fit]], calls: _Ordinals, rows:
     rc, rr = per_rank.keys
     comm_ids = calls.comm_ids
     # One that fits a shift but not clearly takes it where a member on its host (its clock, and
-    # mostly its capture window) clearly fits the same: its own gaps point there too.
-    clear = {(rc[i], host_of[i], shift) for i, (shift, fit) in found.items() if fit is _Fit.CLEAR}
+    # mostly its capture window) clearly fits the same: its own gaps point there too. A moved
+    # window moves its host's members alike, and each one's ends jitter on their own: the chance
+    # that jitter alone fits them all to one shift is the product of each one's (`_by_chance`).
+    chance: dict[tuple[int, int, int], tuple[float, int]] = {}  # (communicator, host, shift) -> (product, tried)
+    for i, f in found.items():
+        if f.fit is _Fit.FEW:
+            product, tried = chance.get((rc[i], host_of[i], f.shift), (1.0, 0))
+            chance[rc[i], host_of[i], f.shift] = (product * f.chance, max(tried, f.tried))
+    clear = ({(rc[i], host_of[i], f.shift) for i, f in found.items() if f.fit is _Fit.CLEAR}
+             | {key for key, (product, tried) in chance.items() if tried * product < MOVED_CHANCE})
     shifted = set()
     unsure: dict[tuple[int, int], list[int]] = {}  # (communicator, reference) -> ranks no shift clearly fits
-    for i, (shift, fit) in found.items():
+    for i, f in found.items():
+        shift, fit = f.shift, f.fit
         if not shift:
             continue
         lo, n, j = per_rank.starts[i], per_rank.size[i], ref_of[i]
         if fit is not _Fit.CLEAR and (rc[i], host_of[i], shift) not in clear:
-            if fit is _Fit.WEAK:  # and no member on its host clearly fits it
+            if fit is not _Fit.TURNS:  # and no member on its host clearly fits it
                 continue
             unsure.setdefault((int(rc[i]), int(rr[j])), []).append(int(rr[i]))
             continue
@@ -761,7 +784,7 @@ def _joint_gaps(joint: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_ends: np.ndarray,
-                    ref_joint: np.ndarray, spacing: float, rooted: bool = False, least: int = 1) -> tuple[int, _Fit]:
+                    ref_joint: np.ndarray, spacing: float, rooted: bool = False, least: int = 1) -> _GapFit:
     """The shift s that makes this member's gaps (``gaps[q]``: from its call of key
     ``first[q]`` to that of ``last[q]``) clearly (4x) closer to its reference's between keys
     s further on (both ends of calls that end together) than unshifted; 0 where none is.
@@ -772,8 +795,11 @@ def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_e
     by chance. A shift only 2x closer than unshifted is WEAK, and so is one the call counts do
     not account for (`_moved`) unless it is 2x closer than every other shift and leaves the
     gaps as close as aligned ones (1/ALIGNED_GAP_SHARE of the reference's median gap,
-    ``spacing``); a far shift must leave them as close too. TURNS and WEAK are taken where a
-    member on this one's host (its window) clearly fits the same (`_shift_ordinals_across_hosts`).
+    ``spacing``); a far shift must leave them as close too. Such a shift is FEW at best: taken
+    where end jitter alone would fit it as closely less often than MOVED_CHANCE, on this
+    member's gaps and those of its host's members that fit it too (`_take_gap_shifts`). TURNS,
+    WEAK and FEW are taken where a member on this one's host (its window) clearly fits the
+    same (`_shift_ordinals_across_hosts`).
     A near shift compares half the gaps, and ``least`` of them at the fewest."""
     misses = _shift_misses(gaps, last, ref_ends, ref_joint, max(least, len(gaps) // 2), before=first)
     # A window moved (started and stopped late alike) pairs calls any number off, the counts
@@ -782,25 +808,56 @@ def _best_gap_shift(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, ref_e
                             min(len(ref_ends), MAX_MOVED_SHIFT), before=first, nearest=_NEAR_SHIFTS + 1)
     best = min(misses, key=misses.get, default=0)
     if 0 not in misses:
-        return 0, _Fit.CLEAR
+        return _GapFit(0, _Fit.CLEAR)
     tried = {**misses, **farther}
     aligned = spacing / ALIGNED_GAP_SHARE  # the most aligned members' gaps miss by
     far = min(farther, key=farther.get, default=None)
-    if (far is not None and farther[far] < misses[best] and 4 * farther[far] < _closest_but(tried, far)
-            and (farther[far] < aligned or not _moved(first, last, far, len(ref_ends)))):
-        return far, _Fit.CLEAR
+    if far is not None and farther[far] < misses[best] and 4 * farther[far] < _closest_but(tried, far):
+        if not _moved(first, last, far, len(ref_ends)):
+            return _GapFit(far, _Fit.CLEAR)
+        if farther[far] < aligned:
+            return _GapFit(far, _Fit.FEW, _by_chance(first, last, ref_joint, far, tried), len(tried))
     if 4 * misses[best] >= misses[0]:
-        return (best, _Fit.WEAK) if best and 2 * misses[best] < misses[0] else (0, _Fit.CLEAR)
+        return _GapFit(best, _Fit.WEAK) if best and 2 * misses[best] < misses[0] else _GapFit(0, _Fit.CLEAR)
     if rooted and 4 * misses[best] >= _closest_but(misses, best):
-        return best, _Fit.TURNS
+        return _GapFit(best, _Fit.TURNS)
     # Ends jittered past the work's own variation make the gaps miss at every shift, one 4x
     # less than unshifted (or than every other, past the near ones) by chance: a moved window's
     # must line them up as aligned ones are, and stand out from the rest (2x: a moved window's
-    # right shift came 2.7x closer than its whole-step aliases, steps alike).
-    if _moved(first, last, best, len(ref_ends)) and (misses[best] >= aligned
-                                                    or 2 * misses[best] >= _closest_but(tried, best)):
-        return best, _Fit.WEAK
-    return best, _Fit.CLEAR
+    # right shift came 2.7x closer than its whole-step aliases, steps alike), by more than
+    # chance allows on the gaps it compares (2 gaps: a shift 2 calls on of 5 calls).
+    if not _moved(first, last, best, len(ref_ends)):
+        return _GapFit(best, _Fit.CLEAR)
+    if misses[best] >= aligned or 2 * misses[best] >= _closest_but(tried, best):
+        return _GapFit(best, _Fit.WEAK)
+    return _GapFit(best, _Fit.FEW, _by_chance(first, last, ref_joint, best, tried), len(tried))
+
+
+def _by_chance(first: np.ndarray, last: np.ndarray, ref_joint: np.ndarray, shift: int,
+               tried: dict[int, float]) -> float:
+    """How likely end jitter alone makes ``shift`` miss as little as it does (``tried``: the
+    misses per shift tried) on the gaps it compares (between keys ``first`` and ``last``,
+    shifted: both ends in the reference, ``ref_joint``, where they end together).
+
+    Where jitter swamps the calls' own variation, the gaps miss alike at every shift: draws of
+    one spread, whose median the other shifts' misses give. The median of k draws falls to a
+    share r of it only where (k + 1) // 2 of them do, each with p = 1 - 2^-r (exponential
+    misses: the most likely near 0 of the usual spreads), a binomial tail: gaps that fit to
+    1/10 of the others' misses do so by chance 1 in 8 where they are 2, 1 in 370 where 5, 1
+    in 7400 where 9. Called on a shift 2x closer than every other (p < 0.3)."""
+    at, before = last + shift, first + shift
+    inside = (before >= 0) & (at < len(ref_joint))
+    k = int(np.count_nonzero(ref_joint[before[inside]] & ref_joint[at[inside]]))
+    others = [miss for other, miss in tried.items() if other != shift]
+    if not k or not others:
+        return 1.0
+    p = 1 - 2.0 ** -(tried[shift] / max(float(np.median(others)), 1.0))
+    if p <= 0:  # a perfect fit
+        return 0.0
+    below = np.arange(1, k + 1)
+    log_ways = np.concatenate([[0.0], np.cumsum(np.log((k - below + 1) / below))])  # log C(k, j), j = 0 .. k
+    j = np.arange((k + 1) // 2, k + 1)
+    return float(min(1.0, np.exp(log_ways[j] + j * np.log(p) + (k - j) * np.log1p(-p)).sum()))
 
 
 def _moved(first: np.ndarray, last: np.ndarray, shift: int, ref_calls: int) -> bool:

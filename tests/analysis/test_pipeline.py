@@ -339,7 +339,8 @@ def _without_streams(digests: pa.Table) -> pa.Table:
 
 
 @pytest.mark.parametrize(("gpus", "steps", "end_jitter_ns", "seed"), [
-    (2, 10, 3_000_000, 0), (2, 10, 3_000_000, 8), (2, 10, 3_000_000, 27), (4, 20, 500_000, 13)])
+    (2, 10, 3_000_000, 0), (2, 10, 3_000_000, 8), (2, 10, 3_000_000, 27), (4, 20, 500_000, 13),
+    (2, 5, 5_000, 1), (2, 10, 200_000, 12), (2, 10, 200_000, 17)])
 def test_end_jitter_alone_does_not_shift_communicators_whose_members_recorded_every_call(
         tmp_path, gpus: int, steps: int, end_jitter_ns: int, seed: int) -> None:
     """The same job exported with NCCL payloads, ends jittered by 3 ms: each DP group's two
@@ -352,7 +353,10 @@ def test_end_jitter_alone_does_not_shift_communicators_whose_members_recorded_ev
     node, 20 steps and 0.5 ms, seed 13's rank 7 was read as 11 calls behind, past the near
     shifts: 4.7x closer than any other shift, but 1/126 of a step. A shift the equal counts do
     not account for is taken only where it lines the gaps up as aligned ones are and stands
-    out from every other shift."""
+    out from every other shift, by more than chance allows on the gaps it compares: with
+    5 steps and ends jittered by 5 us, seed 1's rank 2 was read as 2 calls behind on 2 gaps
+    (0.8 us; 3.6 us at -1, 9 us unshifted), and rank 0 named late; with 10 steps and 0.2 ms,
+    seed 12's rank 3 4 behind on 5 gaps (34 us, 73 us at -4), seed 17's 5 behind on 4."""
     from rankscope.analysis.simulate import JobSpec, simulate
     from rankscope.analysis.sources import load_digests
 
@@ -361,6 +365,7 @@ def test_end_jitter_alone_does_not_shift_communicators_whose_members_recorded_ev
     assert not [w for w in report.warnings if "re-aligned" in w or "missing a participant" in w]
     assert report.alignment.dropped_incomplete == 0
     assert report.alignment.happens_before_violations == 0
+    assert report.late_ranks == [] and report.stragglers == []
 
 
 def test_ordinal_pairs_that_break_happens_before_by_far_more_than_the_clocks_are_dropped(samples) -> None:
