@@ -436,14 +436,21 @@ class Coordinator:
         return hints
 
     def node_reported(self, node: str, event: sw.NodeReported, sweep_id: str) -> None:
-        """An agent's status for one sweep; artifacts it claims must be in the store."""
-        if event.state is sw.NodeState.UPLOADED:
-            absent = [a.name for a in event.artifacts if not self.artifacts.has(a.sha256)]
-            if absent:
-                event = replace(event, state=sw.NodeState.FAILED,
-                                reason=f"reported uploaded, but not stored here: {', '.join(absent)}")
-        elif event.artifacts:  # uploading: the artifacts done so far, kept only where stored
-            event = replace(event, artifacts=tuple(a for a in event.artifacts if self.artifacts.has(a.sha256)))
+        """An agent's status for one sweep; artifacts it claims must be its node's uploads for
+        that sweep, still stored. A stored sha256 alone is not enough: it may be another node's
+        file, or this node's of another sweep (byte-identical uploads are stored once, so each
+        node's own upload record is what counts)."""
+        if event.artifacts:
+            uploaded = self.store.uploaded_sha256s(sweep_id, node)
+            foreign = [a for a in event.artifacts if a.sha256 not in uploaded]
+            absent = [a for a in event.artifacts if a.sha256 in uploaded and not self.artifacts.has(a.sha256)]
+            if event.state is not sw.NodeState.UPLOADED:  # uploading: those done so far, kept only where sound
+                event = replace(event, artifacts=tuple(a for a in event.artifacts if a not in foreign + absent))
+            elif foreign or absent:
+                problems = [f"not an upload of node {node} for this sweep: "
+                            + ", ".join(f"{a.name} (sha256 {a.sha256[:12]}...)" for a in foreign)] if foreign else []
+                problems += [f"not stored here: {', '.join(a.name for a in absent)}"] if absent else []
+                event = replace(event, state=sw.NodeState.FAILED, reason=f"reported uploaded, but {'; '.join(problems)}")
         with self._lock:
             sweep = self._active.get(sweep_id)
             if sweep is None:

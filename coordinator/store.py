@@ -258,6 +258,11 @@ class Store:
             sql, params = sql + " WHERE sweep_id = ?", (sweep_id,)
         return [_upload(row) for row in self._read(sql + " ORDER BY completed_ns, upload_id", params)]
 
+    def uploaded_sha256s(self, sweep_id: str, node: str) -> set[str]:
+        """The sha256s of ``node``'s completed uploads for the sweep."""
+        rows = self._read("SELECT DISTINCT sha256 FROM uploads WHERE sweep_id = ? AND node = ?", (sweep_id, node))
+        return {sha256 for (sha256,) in rows}
+
     def latest_upload(self, sweep_id: str, node: str, name: str) -> UploadHeader | None:
         """The last completed upload of ``node``'s file ``name`` in the sweep, or None."""
         rows = self._read(f"SELECT {_UPLOAD_COLUMNS} FROM uploads WHERE sweep_id = ? AND node = ? AND name = ? "

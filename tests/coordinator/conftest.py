@@ -172,18 +172,21 @@ class FakeAgent:
         return pb.ArtifactRef(name=name, sha256=reply.sha256, size=len(data), kind=pb.ARTIFACT_KIND_DIGEST,
                               upload_id=head.upload_id, ranks=ranks)
 
-    def finish(self, sweep_id: str, digest_bytes: bytes, notes: tuple[str, ...] = (),
-               ranks: tuple[int, ...] = ()) -> None:
-        """The states of a whole capture, with the digest uploaded between them; ``notes``,
-        what the capture went on without, sent from the export on (as the agent does);
-        ``ranks``, those its upload names."""
+    def finish(self, sweep_id: str, digest: bytes | pb.ArtifactRef, notes: tuple[str, ...] = (),
+               ranks: tuple[int, ...] = ()) -> pb.ArtifactRef:
+        """The states of a whole capture, with the digest uploaded between them (a reference
+        given: reported uploaded, nothing sent); ``notes``, what the capture went on without,
+        sent from the export on (as the agent does); ``ranks``, those its upload names. The
+        reference reported."""
         for state in (pb.NODE_STATE_PENDING, pb.NODE_STATE_PAUSING_DCGM, pb.NODE_STATE_CAPTURING):
             self.status(sweep_id, state)
         for state in (pb.NODE_STATE_EXPORTING, pb.NODE_STATE_UPLOADING):
             self.status(sweep_id, state, notes=notes)
-        ref = self.upload(sweep_id, f"{self.node}.digest.parquet", digest_bytes, ranks)
+        ref = digest if isinstance(digest, pb.ArtifactRef) else self.upload(
+            sweep_id, f"{self.node}.digest.parquet", digest, ranks)
         self.status(sweep_id, pb.NODE_STATE_UPLOADED, artifacts=[ref], notes=notes)
         self.status(sweep_id, pb.NODE_STATE_DCGM_RESUMED, dcgm=pb.DCGM_OUTCOME_NOT_NEEDED, notes=notes)
+        return ref
 
     def close(self) -> None:
         """Half-close, so every queued event reaches the coordinator before the session ends."""

@@ -739,6 +739,40 @@ def test_a_node_whose_digest_holds_other_ranks_than_its_upload_named_fails_alone
     assert f"node {second} is missing from this report: {nodes[second].reason}" in report["warnings"]
 
 
+@pytest.mark.parametrize("whose", ["another node's", "its own of an earlier sweep"])
+def test_a_node_reporting_a_file_it_did_not_upload_for_the_sweep_fails_alone(coordinator, wire, digests,
+                                                                              whose: str) -> None:
+    """Seen on loopback: a node's report of a file as uploaded was taken wherever its sha256
+    was stored. node001 reporting node000's digest as its own had node000's ranks claimed
+    twice, and the whole sweep failed; reporting its own digest of an earlier sweep, it was
+    analysed on a file it never sent for this one. Either claim fails that node alone, named."""
+    first, second = sorted(digests)
+    agents = {name: wire.FakeAgent(coordinator, name) for name in digests}
+    try:
+        with SweepClient(coordinator.address) as client:
+            claim = None
+            if whose == "its own of an earlier sweep":
+                earlier = client.start(nodes=[second], duration_s=1.0, backend="sim").sweep_id
+                assert started_capture(agents[second]).sweep_id == earlier
+                claim = agents[second].finish(earlier, digests[second])
+                assert final(client, earlier).state == pb.SWEEP_STATE_ANALYSED
+            sweep_id = client.start(nodes=list(digests), duration_s=1.0, backend="sim").sweep_id
+            for agent in agents.values():
+                assert started_capture(agent).sweep_id == sweep_id
+            theirs = agents[first].finish(sweep_id, digests[first])
+            claim = agents[second].finish(sweep_id, claim or theirs)
+            done = final(client, sweep_id)
+    finally:
+        for agent in agents.values():
+            agent.close()
+    assert done.state == pb.SWEEP_STATE_PARTIAL, done.error
+    nodes = {n.node: n for n in done.nodes}
+    assert list(done.missing) == [second] and nodes[first].state == pb.NODE_STATE_ANALYSED
+    assert (nodes[second].state, nodes[second].reason) == (
+        pb.NODE_STATE_FAILED, f"reported uploaded, but not an upload of node {second} for this sweep: "
+                              f"{claim.name} (sha256 {claim.sha256[:12]}...)")
+
+
 def test_a_digest_gone_from_the_store_before_the_analysis_fails_its_node_alone(coordinator, wire, digests) -> None:
     """Seen on loopback: one node's stored digest removed (by hand, a restored disk) between
     its upload and the analysis failed the whole sweep, "digest ... is not in the artifact
