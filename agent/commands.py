@@ -81,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     agent = Agent(config)  # first: TLS files or a DCGM named that fail it leave no folder made
     try:
+        # Every folder checked before any is made: a file for --work-dir left the spool made, one
+        # for the DCGM pause ledger (found as the agent ran) both.
+        for folder in (config.spool, config.work_dir):
+            output.check_folder(folder)
+        agent.pauses.check()
         for folder in (config.spool, config.work_dir):
             output.make_folder(folder)
         agent.hold.acquire()  # before the banner: a second agent on the folder says only why it stops

@@ -391,6 +391,10 @@ class PauseManager:
 
     # -- public -----------------------------------------------------------------------------
 
+    def check(self) -> None:
+        """The ConfigError `open` raises where the host's ledger is unusable, before anything is made."""
+        self.ledger.check()
+
     def open(self) -> None:
         """Join the host's ledger (ConfigError where it is unusable) and start the timer."""
         with self._lock:

@@ -64,11 +64,26 @@ class PauseLedger:
         self._forgotten: set[Path] = set()  # gone holders' files we may not delete (sticky folder)
         self._guard = threading.Lock()
 
+    def check(self) -> None:
+        """The ConfigError `open` raises where the folder is unusable (a link, a file in its
+        place, a folder that cannot be written in), raised before anything is made."""
+        self._refuse_link()
+        try:
+            output.check_folder(self.folder)
+        except InputError as exc:
+            raise self._unusable(exc.args[0]) from None
+
+    def _refuse_link(self) -> None:
+        if self.folder.is_symlink():
+            raise ConfigError("the DCGM pause ledger must not be a symbolic link", path=self.folder)
+
+    def _unusable(self, why: object) -> ConfigError:
+        return ConfigError(f"cannot use the DCGM pause ledger ({why}); pass --dcgm-state DIR", path=self.folder)
+
     def open(self) -> None:
         """Create the folder and this process's holder file, locked. ConfigError if unusable."""
         try:
-            if self.folder.is_symlink():
-                raise ConfigError("the DCGM pause ledger must not be a symbolic link", path=self.folder)
+            self._refuse_link()
             output.make_folder(self.folder, shared=True)  # other users' agents join; none deletes another's file
             self._mutex = os.open(self.folder / MUTEX_NAME, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
             output.open_to_others(self._mutex, 0o444)
@@ -81,8 +96,7 @@ class PauseLedger:
                 self.write(False, {})
         except (OSError, InputError) as exc:
             self.close()
-            why = exc.args[0] if isinstance(exc, InputError) else exc.strerror or exc
-            raise ConfigError(f"cannot use the DCGM pause ledger ({why}); pass --dcgm-state DIR", path=self.folder) from None
+            raise self._unusable(exc.args[0] if isinstance(exc, InputError) else exc.strerror or exc) from None
 
     @contextmanager
     def deciding(self) -> Iterator[list[Holder]]:
@@ -149,6 +163,9 @@ class NoLedger(PauseLedger):
 
     def __init__(self) -> None:
         super().__init__(DEFAULT_FOLDER, "")
+
+    def check(self) -> None:
+        pass
 
     def open(self) -> None:
         pass

@@ -929,6 +929,28 @@ def test_the_agent_command_on_a_work_dir_in_use_prints_only_why_it_stops(tmp_pat
         "one agent per folder"]
 
 
+@pytest.mark.parametrize("option, said", [
+    ("--work-dir", "not a folder"),
+    ("--dcgm-state", "cannot use the DCGM pause ledger (not a folder); pass --dcgm-state DIR"),
+])
+def test_an_agent_given_a_file_for_a_folder_makes_no_folder(option: str, said: str, tmp_path: Path, capsys) -> None:
+    # `--work-dir afile` said so in one line, exit 2, but after making the spool; a file for
+    # the DCGM pause ledger was found only once the agent ran: its banner printed, the spool and
+    # the work dir made. A dcgmi on PATH (never run here) is what gives the agent a ledger.
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "dcgmi").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "dcgmi").chmod(0o755)
+    (tmp_path / "afile").write_text("")
+    before = sorted(tmp_path.rglob("*"))
+    folders = {"--work-dir": str(tmp_path / "work"), "--dcgm-state": str(tmp_path / "dcgm"), option: str(tmp_path / "afile")}
+    assert main(["agent", "--coordinator", "127.0.0.1:1", "--name", "n0", "--spool", str(tmp_path / "spool"),
+                 *(word for pair in folders.items() for word in pair), "--dcgm", "dcgmi",
+                 "--dcgmi", str(tmp_path / "bin" / "dcgmi")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [f"rankscope: error: {tmp_path / 'afile'}: {said}"]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_stopping_the_agent_logs_no_warning_about_its_own_cancelled_session(coordinator, tmp_path: Path,
                                                                            monkeypatch, caplog) -> None:
     agent, thread = start_agent(coordinator[1], tmp_path, Log(), monkeypatch)
