@@ -6,7 +6,6 @@ environment later.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -18,6 +17,11 @@ from rankscope.address import host_port
 from rankscope.errors import ConfigError
 
 ENV_PREFIX = "RANKSCOPE_"
+# The longest any of the coordinator's durations may be set to: no sweep outlasts a day (its
+# timeout's limit), so a longer wait is a typo. Unbounded, a heartbeat interval's milliseconds
+# overflowed RegisterReply's int64 (every Register failed) and a ping interval past a thread's
+# longest wait (threading.TIMEOUT_MAX, about 292 years) failed every session.
+MAX_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -145,8 +149,9 @@ def _check(config: CoordinatorConfig) -> None:
         raise ConfigError(f"max_workers must be at least 2, got {config.max_workers}")
     for name in ("node_timeout_s", "restart_grace_s", "heartbeat_interval_s", "ping_interval_s", "agent_lost_s",
                  "grace_s"):
-        if not 0 < getattr(config, name) < math.inf:  # NaN too: float() of the environment takes "nan"
-            raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(config, name)}")
+        if not 0 < getattr(config, name) <= MAX_SECONDS:  # NaN too: float() of the environment takes "nan"
+            raise ConfigError(f"{name} must be a positive number of seconds up to {MAX_SECONDS:g}, got "
+                              f"{getattr(config, name)}")
     if config.agent_lost_s < 2 * config.heartbeat_interval_s:  # one late heartbeat must not fail a node
         raise ConfigError(f"agent_lost_s ({config.agent_lost_s:g}s) must be at least two heartbeat intervals "
                           f"(heartbeat_interval_s: {config.heartbeat_interval_s:g}s)")

@@ -587,8 +587,8 @@ class Coordinator:
         if not 0 < spec.duration_s <= MAX_DURATION_S:
             raise InputError(f"capture window {spec.duration_s:g}s: it must be positive and at most "
                              f"{MAX_DURATION_S:g}s (DCGM stays paused throughout; capture more often instead)")
-        if spec.timeout_s == 0:  # unset (proto3's default): the window plus the node timeout
-            spec = replace(spec, timeout_s=spec.duration_s + self.config.node_timeout_s)
+        if spec.timeout_s == 0:  # unset (proto3's default): the window plus the node timeout, within the limit
+            spec = replace(spec, timeout_s=min(spec.duration_s + self.config.node_timeout_s, MAX_TIMEOUT_S))
         elif not math.isfinite(spec.timeout_s):  # a gRPC client's NaN or inf: no deadline could be set
             raise InputError(f"timeout {spec.timeout_s}s is not a finite number of seconds")
         elif spec.timeout_s < 0:  # a client's mistake, not a request for the default

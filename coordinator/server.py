@@ -282,7 +282,7 @@ class AgentServicer(pb_grpc.AgentServiceServicer):
             session_token=agent.token,
             coordinator_time_ns=self.coordinator.clock(),
             heartbeat_interval_ms=int(self.config.heartbeat_interval_s * 1000),
-            reconnect_within_ms=min(away_ms, 2**63 - 1),  # int64: a setting of 1e20 s must not fail every Register
+            reconnect_within_ms=away_ms,  # as heartbeat_interval_ms, within int64: the config bounds both (a day)
             max_upload_bytes=self.config.max_upload_bytes,
             chunk_bytes=self.config.chunk_bytes,
             warnings=warnings,

@@ -270,6 +270,20 @@ def test_a_sweep_timeout_over_the_limit_or_negative_is_refused(coordinator, wire
     agent.close()
 
 
+def test_a_node_timeout_of_a_day_gives_a_sweep_without_a_timeout_the_longest_there_is(tmp_path, wire) -> None:
+    # a day is as long as a node timeout may be: the window on top of it made every sweep
+    # without a timeout of its own refused ("timeout 86401s is over the limit of 86400s")
+    running = wire.start(tmp_path / "data", node_timeout_s=86_400.0)
+    try:
+        agent = wire.FakeAgent(running, "node-a")
+        sweep = running.sweeps.StartSweep(pb.StartSweepRequest(targets=pb.Targets(nodes=["node-a"]), duration_s=1,
+                                                               backend="sim"), timeout=10)
+        assert sweep.timeout_s == 86_400
+        agent.close()
+    finally:
+        wire.stop(running)
+
+
 # A refusal's message must reach the client: over 16 KiB of trailer, gRPC drops it.
 
 def test_a_refusal_echoing_a_huge_value_is_cut_to_reach_the_client(coordinator, token) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 import threading
 import types
@@ -202,6 +203,24 @@ def test_a_resumed_upload_must_keep_its_header(tmp_path: Path) -> None:
         store.writer(_header(data, name="other.bin"))
 
 
+@pytest.mark.parametrize("name, raw", [
+    ("HEARTBEAT_INTERVAL_S", "1e16"), ("PING_INTERVAL_S", "1e10"), ("NODE_TIMEOUT_S", "86401"),
+    ("RESTART_GRACE_S", "1e20"), ("AGENT_LOST_S", "1e20"), ("GRACE_S", "1e10"),
+])
+def test_a_coordinator_setting_of_more_than_a_day_is_refused_at_start(name: str, raw: str) -> None:
+    # found by review: heartbeat_interval_s 1e16 (agent_lost_s 1e17 to match) served, then every
+    # agent's Register failed (its milliseconds past the reply's int64: "Value out of range");
+    # ping_interval_s 1e10 failed every session after its first ping (past a thread's longest
+    # wait: OverflowError); node_timeout_s past a day refused every sweep without a timeout
+    environ = {"RANKSCOPE_AGENT_LOST_S": "86400", f"RANKSCOPE_{name}": raw}
+    with pytest.raises(ConfigError, match="^" + re.escape(f"{name.lower()} must be a positive number of seconds "
+                                                          f"up to 86400, got {float(raw)}") + "$") as caught:
+        resolve(environ=environ)
+    assert caught.value.exit_code == 2  # one line at the CLI's edge, before anything is made
+    longest = 43_200 if name == "HEARTBEAT_INTERVAL_S" else 86_400  # two heartbeats within agent_lost_s
+    assert getattr(resolve(environ={**environ, f"RANKSCOPE_{name}": str(longest)}), name.lower()) == longest
+
+
 def test_clock_sample_assumes_the_reply_half_way() -> None:
     sample = clock_sample(sent_ns=1_000, agent_ns=5_000_600, received_ns=2_000)
     assert sample.rtt_ns == 1_000 and sample.offset_ns == 5_000_600 - 1_500
@@ -225,7 +244,7 @@ def test_config_from_defaults_environment_and_flags() -> None:
     with pytest.raises(ConfigError, match="HOST:PORT"):
         resolve({"listen": "7443"}, environ={})
     for name, raw in (("NODE_TIMEOUT_S", "nan"), ("RESTART_GRACE_S", "inf"), ("AGENT_LOST_S", "0"), ("GRACE_S", "-1")):
-        with pytest.raises(ConfigError, match=f"{name.lower()} must be a positive number of seconds, got {raw}"):
+        with pytest.raises(ConfigError, match=f"{name.lower()} must be a positive number of seconds up to 86400, got {raw}"):
             resolve(environ={f"RANKSCOPE_{name}": raw})
     # an agent is judged lost on missed heartbeats: one late beat must not be enough
     with pytest.raises(ConfigError, match=r"^agent_lost_s \(15s\) must be at least two heartbeat intervals "
