@@ -59,7 +59,10 @@ CREATE TABLE IF NOT EXISTS reports (
     created_ns INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sweeps_by_time ON sweeps(created_ns);
-CREATE INDEX IF NOT EXISTS uploads_by_sweep ON uploads(sweep_id);
+-- A node's uploads for a sweep are looked up at each of its statuses (`uploaded_sha256s`):
+-- by (sweep, node), which serves a sweep's alone too, so the index on sweep alone goes.
+DROP INDEX IF EXISTS uploads_by_sweep;
+CREATE INDEX IF NOT EXISTS uploads_by_node ON uploads(sweep_id, node);
 """
 
 
