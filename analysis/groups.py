@@ -58,8 +58,8 @@ def codes(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         return (values.codes, values.values) if values.every_value_used else _compact(values.codes, values.values)
     array = np.asarray(values)
     if array.dtype.kind in "biu":
-        uniques, labels = np.unique(array, return_inverse=True)
-        return labels.astype(np.int64, copy=False), uniques
+        uniques, labels = distinct_inverse(array)
+        return labels, uniques
     items = array.tolist()
     distinct = sorted({value for value in items if value is not None and value == value})  # NaN != NaN
     position = {value: i for i, value in enumerate(distinct)}
@@ -115,6 +115,24 @@ def run_starts(values: np.ndarray) -> np.ndarray:
     out[:1] = True
     np.not_equal(values[1:], values[:-1], out=out[1:])
     return out
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of integers, by one sort (np.unique's setup costs ~100k
+    instructions, several times the work at a few hundred values)."""
+    ranked = np.sort(values)
+    return ranked[run_starts(ranked)]
+
+
+def distinct_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` of integers, as `distinct`: their sorted
+    distinct values and each one's index into them."""
+    order = values.argsort(kind="stable")
+    ranked = values[order]
+    first = run_starts(ranked)
+    inverse = np.empty(values.size, np.int64)
+    inverse[order] = first.cumsum() - 1
+    return ranked[first], inverse
 
 
 def locate(keys: ArrayLike, queries: ArrayLike) -> np.ndarray:

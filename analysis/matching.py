@@ -21,7 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from rankscope.analysis import lines
-from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, isin, member_of, run_starts
+from rankscope.analysis.groups import ArrayLike, Groups, Table, codes, distinct, isin, member_of, run_starts
 from rankscope.analysis.ops import ALLTOALL, N_TO_N_OPS, P2P_OPS, RECV, SEND
 from rankscope.analysis.report import ranks_text, some_of
 from rankscope.analysis.robust import nanmedian
@@ -138,7 +138,7 @@ def _reporting_ranks(communicators: Table, collectives: Table) -> dict[str, froz
     comm = np.concatenate([np.searchsorted(comm_ids, listed_ids)[listed], np.searchsorted(comm_ids, used_ids)[used]])
     rank = np.concatenate([np.asarray(communicators["rank"], np.int64), np.asarray(collectives["rank"], np.int64)])
     low = int(rank.min()) if len(rank) else 0  # int32 ranks from their lowest: one int64 key per pair
-    comm_of, rank_of = np.divmod(np.unique(comm * _RANK_SPAN + (rank - low)), _RANK_SPAN)  # distinct, ascending
+    comm_of, rank_of = np.divmod(distinct(comm * _RANK_SPAN + (rank - low)), _RANK_SPAN)  # distinct, ascending
     rank_of += low
     bounds = np.append(run_starts(comm_of).nonzero()[0], len(comm_of))
     return {comm_ids[comm_of[a]]: frozenset(rank_of[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])}

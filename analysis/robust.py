@@ -13,21 +13,28 @@ def nanmedian(values: np.ndarray, axis: int = 0, keepdims: bool = False) -> np.n
     per-row masked-array path, which dominated the fit."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim == 1 and not keepdims:  # a few values (stragglers): the observed ones sorted, ~3x faster
-        ranked = np.sort(values[~np.isnan(values)])
-        n = len(ranked)
-        return (ranked[(n - 1) // 2] + ranked[n // 2]) / 2 if n else np.float64(np.nan)
+        return median(values[~np.isnan(values)])
     length = values.shape[axis]
     ranked = np.sort(values, axis=axis)  # NaN sort last
     if not length:
-        median = np.full(values.sum(axis=axis, keepdims=True).shape, np.nan)
+        middle = np.full(values.sum(axis=axis, keepdims=True).shape, np.nan)
     elif not np.isnan(ranked.take([length - 1], axis=axis)).any():  # all observed: plain middle
-        median = (ranked.take([(length - 1) // 2], axis=axis) + ranked.take([length // 2], axis=axis)) / 2
+        middle = (ranked.take([(length - 1) // 2], axis=axis) + ranked.take([length // 2], axis=axis)) / 2
     else:
         seen = (~np.isnan(values)).sum(axis=axis, keepdims=True)
         low = np.take_along_axis(ranked, np.maximum((seen - 1) // 2, 0), axis)
         high = np.take_along_axis(ranked, np.minimum(seen // 2, length - 1), axis)
-        median = np.where(seen > 0, (low + high) / 2, np.nan)
-    return median if keepdims else np.squeeze(median, axis)
+        middle = np.where(seen > 0, (low + high) / 2, np.nan)
+    return middle if keepdims else np.squeeze(middle, axis)
+
+
+def median(values: np.ndarray) -> np.float64:
+    """np.median of NaN-free values (the same float64: the mean of the middle two), by one
+    sort: np.median's partition and mean cost ~90k instructions on a few values, 5x this.
+    NaN where there are none."""
+    ranked = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(ranked)
+    return (ranked[(n - 1) // 2] + ranked[n // 2]) / 2 if n else np.float64(np.nan)
 
 
 def median_of_others(values: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ from rankscope.analysis.groups import Groups, Table, codes, member_of, take
 from rankscope.analysis.lines import NOISE_FLOOR_NS
 from rankscope.analysis.matching import UNMATCHED
 from rankscope.analysis.ops import N_TO_N_OPS
-from rankscope.analysis.robust import MAD_TO_SIGMA, nanmedian
+from rankscope.analysis.robust import MAD_TO_SIGMA, median, nanmedian
 
 Z_MIN = 6.0
 MIN_EFFECT_NS = 5_000.0
@@ -205,7 +205,7 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     # With few gaps per rank their standard errors are themselves rough, and their median can
     # come out low by chance (a balanced 5-step job named a rank): there the bar stays the
     # practical one, tied to the collectives' durations.
-    floor = MIN_EFFECT_NS if float(np.median(count)) >= MIN_GAPS_FOR_NOISE_BAR else min_effect
+    floor = MIN_EFFECT_NS if float(median(count)) >= MIN_GAPS_FOR_NOISE_BAR else min_effect
     significant = max(floor, Z_MIN * noise)
     flagged, score = outliers(ranks, delay, significant, min_scale=SCORE_SCALE_FLOOR_NS)
     flagged = sorted(set(flagged) | set(_past_the_quiet_half(ranks, delay, significant)))
@@ -326,11 +326,11 @@ def _ascending(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 def _robust_score(value: np.ndarray, reference: np.ndarray, min_scale: float) -> tuple[np.ndarray, np.ndarray]:
     """(z-score, excess over the median) of each value against ``reference``'s median and MAD
     (at least ``min_scale``)."""
-    effect, scale = value - float(np.median(reference)), max(_scale(reference), min_scale)
+    effect, scale = value - float(median(reference)), max(_scale(reference), min_scale)
     # A zero spread (identical peers) makes any real difference infinitely significant.
     return (effect / scale if scale > 0 else np.sign(effect) * np.where(effect != 0, np.inf, 0.0)), effect
 
 
 def _scale(values: np.ndarray) -> float:
     """Robust sigma: the MAD, scaled."""
-    return MAD_TO_SIGMA * float(np.median(np.abs(values - np.median(values))))
+    return MAD_TO_SIGMA * float(median(np.abs(values - median(values))))
