@@ -610,7 +610,7 @@ def _session_start(path: Path, starts: list[tuple]) -> int:
 
 
 # The time columns of each part as fetched (`nsys._columns` moves them to epoch ns).
-_TIME_COLUMNS = {"kernels": [0, 1], "copies": [0, 1], "launches": [3], "nvtx": [2, 3]}
+_TIME_COLUMNS = {"kernels": slice(0, 2), "copies": slice(0, 2), "launches": slice(3, 4), "nvtx": slice(2, 4)}
 
 
 def _check_epoch_times(export: File, utc_epoch: int) -> None:
@@ -625,14 +625,18 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
         raise ExportError(f"TARGET_INFO_SESSION_START_TIME.utcEpochNs {utc_epoch:,} puts the session start before 1970 "
                           "(UTC epoch ns are 0 to 2**63 - 1)", path=export.path)
     for part, at in _TIME_COLUMNS.items():
-        times = getattr(export, part)[:, at]
+        times = getattr(export, part)[:, at]  # a view: a slice of columns, not a copy
         if not times.size:
             continue
-        first, last = int(times.min()) + export.offset, int(times.max()) + export.offset
+        # the ufuncs' reduce directly, over both axes: a few calls a part, on every export read
+        low = int(np.minimum.reduce(times, axis=None))
+        first, last = low + export.offset, int(np.maximum.reduce(times, axis=None)) + export.offset
         if not I64_MIN <= first <= last <= I64_MAX:
             raise ExportError(f"times in its {part} leave int64 once moved to UTC epoch ns (offset {export.offset:,}): "
                               "a timestamp or utcEpochNs near 2**63", path=export.path)
-        if part == "nvtx":  # a range without an end reads 0 (`_nvtx_sql`): its end is none to bound
+        # A range without an end reads 0 (`_nvtx_sql`): its end is none to bound (there is
+        # none where every time is past 0).
+        if part == "nvtx" and low <= 0:
             starts, ends = times[:, 0], times[:, 1]
             ends = ends[ends != 0]
             first = int(min(starts.min(), ends.min(initial=I64_MAX))) + export.offset
