@@ -653,7 +653,8 @@ def _shift_ordinals_across_hosts(calls: _Ordinals, warnings: list[str]) -> set[s
     call's. A shift is taken where it makes the gaps clearly closer (alignment-and-metrics.md
     §5: one off-by-one corrupts the clock fit, and the fit alone cannot tell)."""
     rows = np.flatnonzero(calls.use_ordinal)
-    if not len(rows):
+    host = calls.host[rows]
+    if not len(rows) or host.min() == host.max():  # one host: every member is on its reference's
         return set()
     per_rank, ref_of = _ordinal_calls(calls, rows)
     rc = per_rank.keys[0]
