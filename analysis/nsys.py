@@ -393,8 +393,9 @@ def _decode_payloads(files: list[File], file: np.ndarray, data: np.ndarray, blob
     # A corrupt blob or schema reads garbage: a rank or count that neither NCCL nor the
     # digest's int32 columns hold is absent (an ArrowInvalid traceback, once).
     wild = ok & ((found < _PAYLOAD_BOUNDS[:, :1]) | (found > _PAYLOAD_BOUNDS[:, 1:]))
-    for i in np.unique(file[wild.any(axis=0)]).tolist():
-        files[i].warn("NCCL payload ranks or counts out of range (a corrupt payload or schema?): read as absent")
+    if wild.any():  # a good payload has none: np.unique's setup spared
+        for i in np.unique(file[wild.any(axis=0)]).tolist():
+            files[i].warn("NCCL payload ranks or counts out of range (a corrupt payload or schema?): read as absent")
     values[:, index], absent[:, index] = found, ~ok | wild
     return out
 
