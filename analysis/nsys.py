@@ -599,6 +599,8 @@ def _warn_kernelless_calls(files: list[File], nccl: Columns, served: np.ndarray)
         return
     kernelless = call.copy()
     kernelless[served] = False
+    if not kernelless.any():  # the usual case: every call launched one
+        return
     per = Groups(nccl["process"][served])
     first, last = per.min(nccl["start"][served]), per.max(nccl["start"][served])
     at = _first_match((per.keys[0],), (nccl["process"],))
@@ -754,9 +756,12 @@ def _summarise_calls(served: Columns, nccl: Columns, device: np.ndarray,
     out["bytes"][at] = np.add.reduceat(np.where(known, nccl["bytes"][row], 0), first)
     out["bytes_na"][at] = ~np.maximum.reduceat(known, first)
     servers = np.bincount(row, minlength=nccl["bytes"].size)  # kernels serving each call
-    per_gpu = _one_call_per_gpu(served, nccl, device, servers, set_up)[order][first]
-    out["shared"][at] = np.maximum.reduceat(servers[row] > 1, first) & ~per_gpu
-    out["bytes"][at] = np.where(per_gpu, nccl["bytes"][lead], out["bytes"][at])
+    # A call per kernel and a kernel per call (no groups, the usual case): nothing shared, and
+    # each kernel's bytes are its call's already, whatever `_one_call_per_gpu` would find.
+    if first.size < kernel.size or servers.max() > 1:
+        per_gpu = _one_call_per_gpu(served, nccl, device, servers, set_up)[order][first]
+        out["shared"][at] = np.maximum.reduceat(servers[row] > 1, first) & ~per_gpu
+        out["bytes"][at] = np.where(per_gpu, nccl["bytes"][lead], out["bytes"][at])
     known = ~nccl["peer_na"][row]
     low, high = _known_range(nccl["peer"][row], known, first)
     single = np.minimum.reduceat(known, first) & (low == high)
