@@ -50,7 +50,9 @@ from functools import cached_property
 import numpy as np
 
 from rankscope.analysis.digest import INFERRED_COMM
-from rankscope.analysis.groups import ArrayLike, Coded, Groups, Table, codes, in_sorted, locate, member_of, pack
+from rankscope.analysis.groups import (
+    ArrayLike, Coded, Groups, Table, codes, distinct, distinct_inverse, in_sorted, locate, member_of, pack,
+)
 from rankscope.analysis.ops import N_TO_N_OPS
 from rankscope.analysis.report import fmt_ns, ranks_text, some_of
 
@@ -169,7 +171,7 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
     pooled = _pooled(lines, comm)
     warnings = [said for members, split in left if (said := _declined(lines, members, pooled, comm_ids, comm, split))]
     # Op groups whose lines of several communicators stay pooled: `matching` does not re-align them.
-    still = frozenset(comm_ids[np.unique(comm[lines.rows[(pooled & (label < 0))[lines.line_of]]])].tolist())
+    still = frozenset(comm_ids[distinct(comm[lines.rows[(pooled & (label < 0))[lines.line_of]]])].tolist())
     if not told:
         return Inferred(dict(collectives), dict(communicators), frozenset(), warnings, still)
     names = _names(lines, label, collectives)
@@ -179,7 +181,7 @@ def infer(collectives: Table, communicators: Table) -> Inferred:
                        f"communicator's lines end within {fmt_ns(max(s.together_ns for s in told))} of each other, two "
                        f"communicators' {fmt_ns(min(s.apart_ns for s in told))} or more apart (median)")
     renamed = _renamed(collectives, lines, names)
-    listed = _listed(communicators, renamed, lines, names, size, comm_ids[np.unique(comm[untraced])])
+    listed = _listed(communicators, renamed, lines, names, size, comm_ids[distinct(comm[untraced])])
     return Inferred(renamed, listed, frozenset(inferred), warnings, still)
 
 
@@ -191,13 +193,13 @@ def _split_classes(lines: _Lines, size: np.ndarray) -> tuple[np.ndarray, list[tu
     of lines (one per set of op groups: a few) its lines and how they split."""
     label = np.full(len(lines.size), -1)
     splits: list[tuple[np.ndarray, _Split]] = []
-    for kind in np.unique(lines.kind).tolist():
+    for kind in distinct(lines.kind).tolist():
         members = np.flatnonzero(lines.kind == kind)
         judged = members[lines.judged[members]]
         if _cut_short(lines, members):
             split = _Split(None, "some of its lines are too short to judge, within a capture window's edges of lines "
                                  "judged: told apart without them, their communicators would lack those ranks")
-        elif np.unique(lines.rank[judged]).size > 1:
+        elif distinct(lines.rank[judged]).size > 1:
             split = _split(lines, judged, size[judged])
         else:
             split = _Split(None, _UNJUDGED)
@@ -237,7 +239,7 @@ def _lines(collectives: Table, untraced: np.ndarray, comm: np.ndarray) -> _Lines
     rows = untraced[per.order]
     # One bit per op group (an op and a size each: a dozen at most); a line holding a group
     # past the 63rd is not judged.
-    group = np.unique(comm[rows], return_inverse=True)[1].astype(np.int64)
+    group = distinct_inverse(comm[rows])[1]
     fits = group < _BITS
     kind = np.bitwise_or.reduceat(np.left_shift(np.int64(1), np.where(fits, group, 0)), per.starts)
     op, op_ids = codes(collectives["op"])
@@ -454,7 +456,7 @@ def _crossing(lines: _Lines, label: np.ndarray) -> np.ndarray:
     ranks = np.bincount(clique, minlength=len(label))
     crossed = (shared.size > 1) & (shared.size < np.minimum(ranks[shared.keys[0]], ranks[shared.keys[1]]))
     out = np.zeros(len(label), bool)
-    out[found] = in_sorted(label[found], np.union1d(shared.keys[0][crossed], shared.keys[1][crossed]))
+    out[found] = in_sorted(label[found], distinct(np.concatenate((shared.keys[0][crossed], shared.keys[1][crossed]))))
     return out
 
 
@@ -501,14 +503,14 @@ def _compare(lines: _Lines, members: np.ndarray) -> tuple[np.ndarray, ...] | Non
         change, level, *rest = _mismatch(lines, members[first], members[second])
         found.append((first, second, change, level, *rest))
         mismatch = _unaligned(lines.host[members[first]], lines.host[members[second]], change, level)
-        led = np.isin(first, now)  # else the second leads: one of each pair does
+        led = in_sorted(first, now)  # else the second leads: one of each pair does
         mine, other = np.where(led, first, second), np.where(led, second, first)
         leader[now] = settled[now] = True
         settled[other[mismatch <= SETTLED_NS]] = True
-        # A leader's reach: itself and the lines within TOGETHER_NS of it, ascending (np.union1d),
-        # so that `_pairs` orients its ties as it orients the class's.
+        # A leader's reach: itself and the lines within TOGETHER_NS of it, ascending and
+        # distinct, so that `_pairs` orients its ties as it orients the class's.
         near = mismatch <= TOGETHER_NS
-        reaches += [np.union1d(other[near & (mine == line)], line) for line in now.tolist()]
+        reaches += [distinct(np.concatenate((other[near & (mine == line)], [line]))) for line in now.tolist()]
         home[other[near]] = mine[near]
         if _past_max(count, rank, size, home, leader):
             return None
@@ -537,7 +539,7 @@ def _past_max(count: int, rank: np.ndarray, size: np.ndarray, home: np.ndarray, 
 def _alike(group: np.ndarray, size: np.ndarray) -> int:
     """How many pairs of lines (of ``size`` calls) of one ``group`` number their calls alike
     (as `_pairs` takes them, of any ranks), counted without making them."""
-    group = np.unique(group, return_inverse=True)[1]
+    group = distinct_inverse(group)[1]
     most = _most_calls(size)
     span = int(most.max(initial=0)) + 1
     keyed = group * span + size  # sorted, a group's lines in turn, each by its calls
@@ -555,7 +557,7 @@ def _within(rank: np.ndarray, size: np.ndarray, reaches: list[np.ndarray], leade
     first = np.concatenate([reach[p[0]] for reach, p in zip(reaches, pairs)])
     second = np.concatenate([reach[p[1]] for reach, p in zip(reaches, pairs)])
     keep = ~leader[first] & ~leader[second]
-    key = np.unique(first[keep] * len(rank) + second[keep])
+    key = distinct(first[keep] * len(rank) + second[keep])
     return _in_call_order(size, key // len(rank), key % len(rank))
 
 
@@ -920,12 +922,12 @@ def _declined(lines: _Lines, members: np.ndarray, pooled: np.ndarray, comm_ids: 
     """The warning for a class's lines left grouped by op (``members``), where that may pool
     several communicators: where a rank ran calls of one op group on several streams
     (``pooled``), or lines end far apart."""
-    ranks = np.unique(lines.rank[members]).size
+    ranks = distinct(lines.rank[members]).size
     if ranks < 2 or not (pooled[members].any() or split.apart_ns > TOGETHER_NS):
         return None
     line_of = lines.line_of
-    groups = comm_ids[np.unique(comm[lines.rows[in_sorted(line_of, members)]])].tolist()
-    several = np.unique(lines.rank[members[pooled[members]]]).tolist()
+    groups = comm_ids[distinct(comm[lines.rows[in_sorted(line_of, members)]])].tolist()
+    several = distinct(lines.rank[members[pooled[members]]]).tolist()
     where = f"; rank{'s' if len(several) > 1 else ''} {ranks_text(several)} on several" if several else ""
     return (f"NCCL calls without communicator ids ({some_of(groups)}) on {len(members)} streams of {ranks} ranks{where}"
             f", not told apart: {split.reason}; they stay grouped by op and matched by call order as one communicator, "
@@ -999,7 +1001,7 @@ def _listed(communicators: Table, collectives: Table, lines: _Lines, names: np.n
     known = np.union1d(comm_ids, called_ids)
     listing = pack(np.concatenate([rank, np.asarray(collectives["rank"], np.int64)]),
                    np.concatenate([np.searchsorted(known, comm_ids)[comm], np.searchsorted(known, called_ids)[called]]))
-    gone = member_of(comm_ids, groups.tolist())[comm] & ~in_sorted(listing[: len(rank)], np.unique(listing[len(rank):]))
+    gone = member_of(comm_ids, groups.tolist())[comm] & ~in_sorted(listing[: len(rank)], distinct(listing[len(rank):]))
     keep = np.flatnonzero(~gone)
     new = np.flatnonzero(names != "")
     end = len(keep) + len(new)
