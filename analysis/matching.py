@@ -438,6 +438,8 @@ def _p2p_peers(
 
 def _p2p_before(rank: np.ndarray, comm: np.ndarray, seq: np.ndarray, is_p2p: np.ndarray) -> np.ndarray:
     """Per call, how many point-to-point calls its rank numbered before it on its communicator."""
+    if not is_p2p.any():  # the usual case: none to count, no grouping
+        return np.zeros(len(rank), np.int64)
     calls = Groups(rank, comm, within=seq)
     p2p = is_p2p[calls.order].astype(np.int64)
     before = np.cumsum(p2p) - p2p

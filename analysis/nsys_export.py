@@ -635,12 +635,14 @@ def _check_epoch_times(export: File, utc_epoch: int) -> None:
             raise ExportError(f"times in its {part} leave int64 once moved to UTC epoch ns (offset {export.offset:,}): "
                               "a timestamp or utcEpochNs near 2**63", path=export.path)
         # A range without an end reads 0 (`_nvtx_sql`): its end is none to bound (there is
-        # none where every time is past 0).
+        # none where every time is past 0; where one is, only a greatest time of 0 or less
+        # may be such an end).
         if part == "nvtx" and low <= 0:
             starts, ends = times[:, 0], times[:, 1]
             ends = ends[ends != 0]
             first = int(min(starts.min(), ends.min(initial=I64_MAX))) + export.offset
-            last = int(max(starts.max(), ends.max(initial=I64_MIN))) + export.offset
+            if last <= export.offset:
+                last = int(max(starts.max(), ends.max(initial=I64_MIN))) + export.offset
         far = max(utc_epoch - first, last - utc_epoch)
         if far > MAX_CAPTURE_NS:
             raise ExportError(f"times in its {part} lie {far / 86400e9:,.0f} days from the session start (utcEpochNs), "
