@@ -396,7 +396,9 @@ def _decode_payloads(files: list[File], file: np.ndarray, data: np.ndarray, blob
     if wild.any():  # a good payload has none: np.unique's setup spared
         for i in np.unique(file[wild.any(axis=0)]).tolist():
             files[i].warn("NCCL payload ranks or counts out of range (a corrupt payload or schema?): read as absent")
-    values[:, index], absent[:, index] = found, ~ok | wild
+    # Every NCCL range carrying a payload (the usual case): a copy rather than a scatter.
+    blobs = slice(None) if index.size == values.shape[1] else index
+    values[:, blobs], absent[:, blobs] = found, ~ok | wild
     return out
 
 
@@ -404,9 +406,9 @@ def _read_ints(data: np.ndarray, positions: np.ndarray, sizes: np.ndarray, signe
     """Little-endian integers of per-row width (1, 2, 4, 8 bytes) at byte positions
     (each at most len(data) - 8: pad the data)."""
     sizes = np.asarray(sizes, np.int64)
-    # Row i: the 8 bytes from position i (a strided view; sliding_window_view's setup costs ~8x more).
-    windows = np.ndarray((data.size - 7, 8), np.uint8, data, strides=(1, 1))
-    raw = windows[positions].view("<u8")[:, 0]
+    # Item i: the 8 bytes from position i as one little-endian uint64 (a view with a one-byte
+    # stride; taken as whole items, a third of the cost of gathering rows of 8 bytes).
+    raw = np.ndarray((data.size - 7,), "<u8", data, strides=(1,))[positions]
     short = sizes < 8
     if not short.any():
         return raw.view(np.int64)
