@@ -302,8 +302,11 @@ def _ordinals(untraced: np.ndarray, comm: np.ndarray, rank: np.ndarray, seq: np.
     # The k-th call: in the order the ingest numbered a rank's calls on the communicator, where
     # it numbered them all ("ordinal": Kineto counts host calls, as the program made them; gloo's
     # worker threads may start two calls made together, async, in either order), else by arrival.
-    per_rank = Groups(rank[collective], comm[collective])
-    numbered = per_rank.all(untraced[collective])[per_rank.id]
+    if untraced[collective].all():  # the ingest numbered every call (the usual case): no grouping to tell
+        numbered = np.ones(int(collective.sum()), bool)
+    else:
+        per_rank = Groups(rank[collective], comm[collective])
+        numbered = per_rank.all(untraced[collective])[per_rank.id]
     within = np.where(numbered, seq[collective], start[collective])
     calls = Groups(rank[collective], comm[collective], within=within)  # per (rank, communicator)
     # Numbered calls keep the gaps the ingest left (a call it numbered but could not time,
