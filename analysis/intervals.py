@@ -122,9 +122,11 @@ def merge(starts: ArrayLike, ends: ArrayLike, groups: ArrayLike | None = None, *
     one per group when ``groups`` is given; ``ordered``: they are sorted by group, then
     start already (`sort_order`)."""
     starts, ends = _i64(starts), _i64(ends)
+    group = None if groups is None else _i64(groups)
     keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    group = None if groups is None else _i64(groups)[keep]
+    if not keep.all():  # most unions have no empty interval: no copies then
+        starts, ends = starts[keep], ends[keep]
+        group = None if group is None else group[keep]
     if starts.size == 0:
         empty = np.zeros(0, np.int64)
         return Union(empty, empty, empty, None if group is None else empty)

@@ -922,8 +922,9 @@ def _collective_facts(coll: Columns, compute: intervals.Union, busy: intervals.U
     step, step_na = _step_of(steps, coll["process"], np.where(coll["cpu_call_ns_na"], start, coll["cpu_call_ns"]))
     # Covered length up to each gap start, start and end: one lookup per union.
     n = start.size
-    on_compute = intervals.covered_until(compute, np.concatenate([gap_start, start, np.maximum(end, start)]), np.tile(unit, 3))
-    on_busy = intervals.covered_until(busy, np.concatenate([gap_start, start]), np.tile(unit, 2))
+    on_compute = intervals.covered_until(compute, np.concatenate([gap_start, start, np.maximum(end, start)]),
+                                         np.concatenate([unit, unit, unit]))
+    on_busy = intervals.covered_until(busy, np.concatenate([gap_start, start]), np.concatenate([unit, unit]))
     return {
         "compute_before_ns": on_compute[n : 2 * n] - on_compute[:n],
         "idle_before_ns": (start - gap_start) - (on_busy[n:] - on_busy[:n]),
