@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rankscope.analysis.groups import Groups, factorize, in_sorted, run_starts
+from rankscope.analysis.groups import Groups, distinct, distinct_inverse, factorize, in_sorted, run_starts
+from rankscope.analysis.robust import median
 
 
 @pytest.fixture(params=[0, 1, 2])
@@ -58,3 +59,23 @@ def test_run_starts_and_in_sorted():
     queries = np.array([-3, -2, 1, 5, 9, 10])
     assert in_sorted(queries, keys).tolist() == np.isin(queries, keys).tolist()
     assert in_sorted(queries, keys[:0]).tolist() == [False] * len(queries)
+
+
+@pytest.mark.parametrize("values", [
+    np.array([], np.int64), np.array([7]), np.array([3, -1, 3, 2**62, -(2**62), 0, 3]),
+    np.random.default_rng(3).integers(-5, 6, 400), np.array([2**64 - 1, 0, 5, 2**64 - 1], np.uint64),
+    np.array([True, False, True]),
+])
+def test_distinct_is_np_unique(values):
+    uniques, inverse = np.unique(values, return_inverse=True)
+    assert distinct(values).tolist() == uniques.tolist() and distinct(values).dtype == uniques.dtype
+    got, got_inverse = distinct_inverse(values)
+    assert got.tolist() == uniques.tolist() and got_inverse.tolist() == inverse.tolist()
+
+
+@pytest.mark.parametrize("values", [
+    [5.0], [2.0, 1.0], [3, 1, 2], np.random.default_rng(4).normal(size=101), np.random.default_rng(5).normal(size=100) * 1e9,
+    np.random.default_rng(6).integers(0, 10**12, 40),
+])
+def test_median_is_np_median_to_the_bit(values):
+    assert median(np.asarray(values)).tobytes() == np.float64(np.median(values)).tobytes()
