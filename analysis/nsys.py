@@ -720,14 +720,26 @@ def _on_their_devices(served: Columns, nccl: Columns, device: np.ndarray,
     one communicator id), and then its calls are each of those GPUs' kernels'. Calls on
     communicators of no traced GPU stay with every kernel of their group. ``set_up``:
     `_set_up_on`."""
-    if not set_up[0].size:
+    row, kernel_device = served["row"], device[served["kernel"]]
+    if not set_up[0].size or _on_their_own_gpus(set_up, nccl["process"][row], kernel_device):
         return served
-    row = served["row"]
     comm = (nccl["process"][row], nccl["comm"][row])
     created = _first_match(set_up[:2], comm) >= 0
-    here = _first_match(set_up, (*comm, device[served["kernel"]])) >= 0
+    here = _first_match(set_up, (*comm, kernel_device)) >= 0
     elsewhere = created & ~nccl["comm_na"][row] & ~here
     return {key: values[~elsewhere] for key, values in served.items()}
+
+
+def _on_their_own_gpus(set_up: _SetUp, process: np.ndarray, device: np.ndarray) -> bool:
+    """Whether each process set its communicators up on one GPU (``set_up``: `_set_up_on`,
+    sorted), the one the kernel of each of its calls (``process``, ``device``: per served
+    call) ran on: then no call is another GPU's (a process per GPU, the usual case), known
+    without `_on_their_devices`' two lookups."""
+    processes, gpus = set_up[0], set_up[2]
+    if (gpus[1:] != gpus[:-1])[processes[1:] == processes[:-1]].any():
+        return False
+    at = np.minimum(processes.searchsorted(process), processes.size - 1)
+    return bool(((processes[at] != process) | (gpus[at] == device)).all())
 
 
 def _summarise_calls(served: Columns, nccl: Columns, device: np.ndarray,
