@@ -366,20 +366,7 @@ def test_an_agent_that_dies_while_the_coordinator_is_down_is_judged_lost_after_t
     first, second = sorted(digests)
     sweep_id = _cut_by_a_restart(tmp_path, wire, digests, timeout_s=3600)
 
-    running = wire.start(tmp_path / "data", restart_grace_s=1.0)
-    try:
-        with SweepClient(running.address) as client:
-            deadline = time.monotonic() + 60  # generous: the sweep ends on the judgement or in an hour
-            while (done := client.sweeps()[0]).state == pb.SWEEP_STATE_RUNNING:
-                assert time.monotonic() < deadline, "the sweep waited on an agent not back after the restart"
-                time.sleep(0.2)
-            done = final(client, sweep_id)
-        assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == [second]
-        (lost,) = [n for n in done.nodes if n.node == second]
-        assert (lost.state, lost.reason) == (pb.NODE_STATE_FAILED, f"agent of node {second} lost: not back within 1s "
-                                                                   "of the coordinator's restart (last state: capturing)")
-    finally:
-        wire.stop(running)
+    _judged_lost_after_a_restart(tmp_path, wire, sweep_id, second, "capturing")
 
 
 def test_a_named_node_whose_agent_connected_before_the_restart_is_judged_after_its_grace(tmp_path, wire,
@@ -400,6 +387,12 @@ def test_a_named_node_whose_agent_connected_before_the_restart_is_judged_after_i
     a.close()
     wire.stop(running)
 
+    _judged_lost_after_a_restart(tmp_path, wire, sweep_id, second, "pending")
+
+
+def _judged_lost_after_a_restart(tmp_path, wire, sweep_id: str, node: str, last_state: str) -> None:
+    """Restarted with a 1 s grace, the sweep ends PARTIAL, ``node`` judged lost, not back: not
+    waited for until its timeout (an hour in the callers)."""
     running = wire.start(tmp_path / "data", restart_grace_s=1.0)
     try:
         with SweepClient(running.address) as client:
@@ -408,10 +401,10 @@ def test_a_named_node_whose_agent_connected_before_the_restart_is_judged_after_i
                 assert time.monotonic() < deadline, "the sweep waited on an agent not back after the restart"
                 time.sleep(0.2)
             done = final(client, sweep_id)
-        assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == [second]
-        (lost,) = [n for n in done.nodes if n.node == second]
-        assert (lost.state, lost.reason) == (pb.NODE_STATE_FAILED, f"agent of node {second} lost: not back within 1s "
-                                                                   "of the coordinator's restart (last state: pending)")
+        assert done.state == pb.SWEEP_STATE_PARTIAL and list(done.missing) == [node]
+        (lost,) = [n for n in done.nodes if n.node == node]
+        assert (lost.state, lost.reason) == (pb.NODE_STATE_FAILED, f"agent of node {node} lost: not back within 1s "
+                                                                   f"of the coordinator's restart (last state: {last_state})")
     finally:
         wire.stop(running)
 
