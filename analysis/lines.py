@@ -717,9 +717,8 @@ def _changes(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.nda
     change /= np.sqrt(2)
     score = np.where(seen < k.shape[1] // 2, np.inf, change)
     shifts = (centres[:, :, None] + _EDGE).reshape(len(a), -1)
-    best = score.argmin(axis=1)[:, None]
-    return ((np.take_along_axis(score, best, 1)[:, 0], np.take_along_axis(change, best, 1)[:, 0],
-             np.take_along_axis(shifts, best, 1)[:, 0]), (theirs, differ))
+    rows, best = np.arange(len(a)), score.argmin(axis=1)
+    return (score[rows, best], change[rows, best], shifts[rows, best]), (theirs, differ)
 
 
 def _levels(lines: _Lines, a: np.ndarray, b: np.ndarray, samples: np.ndarray, shift: np.ndarray) -> np.ndarray:
@@ -755,12 +754,12 @@ def _fit(lines: _Lines, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.
     after = ends[theirs + 1] - ends[mine + 1][:, :, None]
     change, seen = _upper_quartile(np.where(inside, np.abs(after - before), np.nan), axis=1)  # (pair, shift)
     change /= np.sqrt(2)
-    score = np.fmax(change, np.abs(_middle_mean(np.where(inside, before, np.nan))))
+    level = np.where(inside, before, np.nan)
+    score = np.fmax(change, np.abs(_middle_mean(level)))
     score[seen < k.shape[1] // 2] = np.inf
-    best = score.argmin(axis=1)
-    at_best = np.take_along_axis(np.where(inside, before, np.nan), best[:, None, None], 2)[:, :, 0]
-    return ((np.take_along_axis(score, best[:, None], 1)[:, 0], np.take_along_axis(change, best[:, None], 1)[:, 0],
-             _middle_mean(at_best)), (at, inside, theirs, before, after))
+    rows, best = np.arange(len(a)), score.argmin(axis=1)
+    return ((score[rows, best], change[rows, best], _middle_mean(level[rows, :, best])),
+            (at, inside, theirs, before, after))
 
 
 def _shifts(lines: _Lines, keyed: np.ndarray, a: np.ndarray, b: np.ndarray, middle: np.ndarray) -> np.ndarray:
@@ -814,7 +813,7 @@ def _gap_shift(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, middle:
     # fit within TOGETHER_NS are compared, then those of the rest that may fit within GAP times
     # the best (above NOISE_FLOOR_NS), on which its being clear turns.
     worst = np.where(valid, distance[:, 1:-1], np.inf)  # (pair, candidate)
-    run = np.arange(-half, half)
+    runs = np.lib.stride_tricks.sliding_window_view(gaps.gap, RUN_GAPS)  # row i: the gaps from position i
     compared = np.zeros(worst.shape, bool)
     for bound in (np.full(len(a), TOGETHER_NS), None):
         if bound is None:  # once the best within TOGETHER_NS is known
@@ -822,14 +821,13 @@ def _gap_shift(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, middle:
                              GAP * (worst.min(axis=1) + NOISE_FLOOR_NS) - NOISE_FLOOR_NS, -np.inf)
         pair, near = np.nonzero((worst <= bound[:, None]) & ~compared)
         compared[pair, near] = True
-        worst[pair, near] = np.max(np.abs(gaps.gap[(start_b[pair] + call[pair, near])[:, None] + run]
-                                          - gaps.gap[mine[pair][:, None] + run]), axis=1)
-    pick = worst.argmin(axis=1)[:, None]
-    best = np.take_along_axis(worst, pick, 1)[:, 0]
-    np.put_along_axis(worst, pick, np.inf, 1)
+        worst[pair, near] = np.abs(runs[start_b[pair] + call[pair, near] - half] - runs[mine[pair] - half]).max(axis=1)
+    rows, pick = np.arange(len(a)), worst.argmin(axis=1)
+    best = worst[rows, pick]
+    worst[rows, pick] = np.inf
     runner = np.minimum(worst.min(axis=1), rest)
     clear = (best <= TOGETHER_NS) & (runner + NOISE_FLOOR_NS >= GAP * (best + NOISE_FLOOR_NS))
-    out[clear] = np.take_along_axis(shift, pick, 1)[:, 0][clear]
+    out[clear] = shift[rows, pick][clear]
     return out
 
 
