@@ -707,18 +707,20 @@ def _changes(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.nda
     bulk of `_fit`'s work, which few pairs need: `_mismatch`); and the large arrays it
     made, for the caller to let go of when it likes."""
     # A sample's gaps of the second line at a centre's shifts lie side by side (`_Gaps.padded`,
-    # NaN past its calls): one window each, where the window lies wholly past them, all NaN.
+    # NaN past its calls): a window of _WINDOW each, where it lies wholly past them, all NaN.
     first = np.clip(centres[:, :, None] + k[:, None, :] - MAX_EDGE_CALLS, -_WINDOW, (lines.size[b] - 1)[:, None, None])
-    theirs = gaps.windows[gaps.base[b][:, None, None] + first]  # (pair, centre, sample, edge)
-    differ = np.abs(theirs - gaps.gap[lines.starts[a][:, None] + k][:, None, :, None])
-    # (pair, shift, sample): a shift's samples side by side, to sort
-    differ = np.ascontiguousarray(differ.transpose(0, 1, 3, 2)).reshape(len(a), -1, k.shape[1])
+    # (pair, centre, edge, sample): a shift's samples side by side, to sort; gathered so, not
+    # transposed after (a copy as long as the gather)
+    at = (gaps.base[b][:, None, None] + first)[:, :, None, :] + np.arange(_WINDOW)[:, None]
+    differ = np.take(gaps.padded, at)
+    differ -= gaps.gap[lines.starts[a][:, None] + k][:, None, None, :]
+    differ = np.abs(differ, out=differ).reshape(len(a), -1, k.shape[1])  # (pair, shift, sample)
     change, seen = _upper_quartile(differ, axis=2)
     change /= np.sqrt(2)
     score = np.where(seen < k.shape[1] // 2, np.inf, change)
     shifts = (centres[:, :, None] + _EDGE).reshape(len(a), -1)
     rows, best = np.arange(len(a)), score.argmin(axis=1)
-    return (score[rows, best], change[rows, best], shifts[rows, best]), (theirs, differ)
+    return (score[rows, best], change[rows, best], shifts[rows, best]), (at, differ)
 
 
 def _levels(lines: _Lines, a: np.ndarray, b: np.ndarray, samples: np.ndarray, shift: np.ndarray) -> np.ndarray:
@@ -837,19 +839,15 @@ class _Gaps:
     the line's largest, to rank last); and the positions by line, then gap (``order``), with
     their gaps offset by line (``keyed``, ascending throughout: one search finds a gap on any
     line). And the gaps of the calls with a next one line by line, each line's between
-    _WINDOW NaN either side (``padded``, where ``base`` is each line's first call), as
-    ``windows`` of _WINDOW gaps from each position: a window from any call up to _WINDOW
-    before a line or past its last gap holds that line's gaps and NaN alone."""
+    _WINDOW NaN either side (``padded``, where ``base`` is each line's first call): a window
+    of _WINDOW gaps from any call up to _WINDOW before a line or past its last gap holds that
+    line's gaps and NaN alone."""
 
     gap: np.ndarray
     order: np.ndarray
     keyed: np.ndarray
     padded: np.ndarray
     base: np.ndarray
-
-    @property
-    def windows(self) -> np.ndarray:
-        return np.lib.stride_tricks.sliding_window_view(self.padded, _WINDOW)
 
 
 def _gaps(lines: _Lines) -> _Gaps:
