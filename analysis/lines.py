@@ -715,7 +715,7 @@ def _changes(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, k: np.nda
     differ = np.take(gaps.padded, at)
     differ -= gaps.gap[lines.starts[a][:, None] + k][:, None, None, :]
     differ = np.abs(differ, out=differ).reshape(len(a), -1, k.shape[1])  # (pair, shift, sample)
-    change, seen = _upper_quartile(differ, axis=2)
+    change, seen = _upper_quartile(differ)
     change /= np.sqrt(2)
     score = np.where(seen < k.shape[1] // 2, np.inf, change)
     shifts = (centres[:, :, None] + _EDGE).reshape(len(a), -1)
@@ -748,19 +748,20 @@ def _fit(lines: _Lines, a: np.ndarray, b: np.ndarray, k: np.ndarray, shifts: np.
     difference; and the large arrays it made, for the caller to let go of when it likes."""
     ends = lines.ends
     calls_b = lines.size[b][:, None, None]
-    mine = lines.starts[a][:, None] + k
-    at = k[:, :, None] + shifts[:, None, :]  # (pair, sample, shift): the second line's call compared
+    mine = (lines.starts[a][:, None] + k)[:, None, :]
+    # (pair, shift, sample): the second line's call compared, a shift's samples side by side, to sort
+    at = shifts[:, :, None] + k[:, None, :]
     inside = (at >= 0) & (at + 1 < calls_b)
     theirs = lines.starts[b][:, None, None] + np.clip(at, 0, calls_b - 2)
-    before = ends[theirs] - ends[mine][:, :, None]
-    after = ends[theirs + 1] - ends[mine + 1][:, :, None]
-    change, seen = _upper_quartile(np.where(inside, np.abs(after - before), np.nan), axis=1)  # (pair, shift)
+    before = ends[theirs] - ends[mine]
+    after = ends[theirs + 1] - ends[mine + 1]
+    change, seen = _upper_quartile(np.where(inside, np.abs(after - before), np.nan))  # (pair, shift)
     change /= np.sqrt(2)
     level = np.where(inside, before, np.nan)
     score = np.fmax(change, np.abs(_middle_mean(level)))
     score[seen < k.shape[1] // 2] = np.inf
     rows, best = np.arange(len(a)), score.argmin(axis=1)
-    return ((score[rows, best], change[rows, best], _middle_mean(level[rows, :, best])),
+    return ((score[rows, best], change[rows, best], _middle_mean(level[rows, best])),
             (at, inside, theirs, before, after))
 
 
@@ -873,33 +874,34 @@ def _nearest(lines: _Lines, keyed: np.ndarray, line: np.ndarray, end: np.ndarray
     return after - (value - keyed[after - 1] < keyed[after] - value)
 
 
-def _upper_quartile(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """The upper quartile of the observed values along ``axis`` (NaN: not observed), and how
-    many were observed."""
-    ranked = np.sort(values, axis=axis)  # NaN last
-    seen = _observed(ranked, axis)
-    return np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0), axis).squeeze(axis), seen.squeeze(axis)
+def _upper_quartile(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The upper quartile of the observed values along the last axis (NaN: not observed), and
+    how many were observed. Along the last, each row sorts in place, not through a copy."""
+    ranked = np.sort(values, axis=-1)  # NaN last
+    seen = _observed(ranked)
+    return np.take_along_axis(ranked, np.maximum(3 * (seen - 1) // 4, 0), -1)[..., 0], seen[..., 0]
 
 
-def _observed(ranked: np.ndarray, axis: int) -> np.ndarray:
-    """How many values along ``axis`` are observed, of values sorted along it (NaN last): those
-    before the first NaN (a search for it costs a quarter of counting them); kept as an axis."""
+def _observed(ranked: np.ndarray) -> np.ndarray:
+    """How many values along the last axis are observed, of values sorted along it (NaN last):
+    those before the first NaN (a search for it costs a quarter of counting them); kept as an
+    axis."""
     missing = np.isnan(ranked)
-    return np.where(np.take(missing, [-1], axis=axis), missing.argmax(axis=axis, keepdims=True), ranked.shape[axis])
+    return np.where(missing[..., -1:], missing.argmax(axis=-1, keepdims=True), ranked.shape[-1])
 
 
 def _middle_mean(values: np.ndarray) -> np.ndarray:
-    """The mean of the middle half of the observed values along axis 1 (NaN: not observed):
+    """The mean of the middle half of the observed values along the last axis (NaN: not observed):
     robust to outliers as a median, yet averaging the noise, which a median of an end
     difference that drifts with the clocks (ppm across the window) does not: it is one
     call's, the middle one's."""
-    ranked = np.sort(values, axis=1)  # NaN last
-    seen = _observed(ranked, 1)
-    sums = np.cumsum(np.where(np.isnan(ranked), 0.0, ranked), axis=1)
-    sums = np.concatenate([np.zeros_like(sums[:, :1]), sums], axis=1)
+    ranked = np.sort(values, axis=-1)  # NaN last
+    seen = _observed(ranked)
+    sums = np.zeros((*ranked.shape[:-1], ranked.shape[-1] + 1))  # a first sum of none
+    np.cumsum(np.where(np.isnan(ranked), 0.0, ranked), axis=-1, out=sums[..., 1:])
     low, high = seen // 4, seen - seen // 4
     with np.errstate(invalid="ignore", divide="ignore"):
-        return ((np.take_along_axis(sums, high, 1) - np.take_along_axis(sums, low, 1)) / (high - low))[:, 0]
+        return ((np.take_along_axis(sums, high, -1) - np.take_along_axis(sums, low, -1)) / (high - low))[..., 0]
 
 
 def _pooled(lines: _Lines, comm: np.ndarray) -> np.ndarray:
