@@ -816,15 +816,16 @@ def _gap_shift(lines: _Lines, gaps: _Gaps, a: np.ndarray, b: np.ndarray, middle:
     # fit within TOGETHER_NS are compared, then those of the rest that may fit within GAP times
     # the best (above NOISE_FLOOR_NS), on which its being clear turns.
     worst = np.where(valid, distance[:, 1:-1], np.inf)  # (pair, candidate)
-    runs = np.lib.stride_tricks.sliding_window_view(gaps.gap, RUN_GAPS)  # row i: the gaps from position i
-    compared = np.zeros(worst.shape, bool)
+    # Candidates by their place in ``worst`` flat (a view), and where their runs start.
+    flat, theirs, width = worst.reshape(-1), (call + (start_b - half)[:, None]).reshape(-1), worst.shape[1]
+    compared = np.zeros(len(flat), bool)
     for bound in (np.full(len(a), TOGETHER_NS), None):
         if bound is None:  # once the best within TOGETHER_NS is known
-            bound = np.where(worst.min(axis=1) <= TOGETHER_NS,
-                             GAP * (worst.min(axis=1) + NOISE_FLOOR_NS) - NOISE_FLOOR_NS, -np.inf)
-        pair, near = np.nonzero((worst <= bound[:, None]) & ~compared)
-        compared[pair, near] = True
-        worst[pair, near] = np.abs(runs[start_b[pair] + call[pair, near] - half] - runs[mine[pair] - half]).max(axis=1)
+            least = worst.min(axis=1)
+            bound = np.where(least <= TOGETHER_NS, GAP * (least + NOISE_FLOOR_NS) - NOISE_FLOOR_NS, -np.inf)
+        near = np.flatnonzero((worst <= bound[:, None]).reshape(-1) & ~compared)
+        compared[near] = True
+        flat[near] = np.abs(gaps.runs[theirs[near]] - gaps.runs[mine[near // width] - half]).max(axis=1)
     rows, pick = np.arange(len(a)), worst.argmin(axis=1)
     best = worst[rows, pick]
     worst[rows, pick] = np.inf
@@ -849,6 +850,11 @@ class _Gaps:
     keyed: np.ndarray
     padded: np.ndarray
     base: np.ndarray
+
+    @cached_property
+    def runs(self) -> np.ndarray:
+        """Per position, the RUN_GAPS gaps from it (a view), as `_gap_shift` compares them."""
+        return np.lib.stride_tricks.sliding_window_view(self.gap, RUN_GAPS)
 
 
 def _gaps(lines: _Lines) -> _Gaps:
