@@ -47,6 +47,8 @@ from rankscope.states import AGENT_DONE
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+# Why a sweep's unfinished uploads are removed on start, by where it stands (`_standing`).
+_PARTIALS_DROPPED = {"ended": "which has ended", "unknown": "which this coordinator never started"}
 # The most one tick counts towards an agent's silence: where the ticker ran late (the process
 # stalled, its clock stepped), the time it did not listen is no agent's fault.
 HEARD_TICK_NS = 10**9
@@ -238,11 +240,8 @@ class Coordinator:
             # run stopped (killed before their clean-up), and of sweeps never started here (taken
             # by versions that stored uploads under any sweep id). Raw exports run to gigabytes.
             for sweep_id in sorted(self.artifacts.partial_sweeps()):
-                if self._ended(sweep_id):
-                    why = "which has ended"
-                elif not self._known(sweep_id):
-                    why = "which this coordinator never started"
-                else:
+                why = _PARTIALS_DROPPED.get(self._standing(sweep_id))
+                if why is None:
                     continue
                 if dropped := self.artifacts.drop_partials(sweep_id):
                     listed = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
@@ -557,24 +556,19 @@ class Coordinator:
 
     def _ended(self, sweep_id: str) -> bool:
         """Known to have ended: no longer active, and stored as final (under the lock)."""
-        if sweep_id in self._active:
-            return False
-        try:
-            return self.store.sweep(sweep_id).final
-        except (sw.UnknownSweep, UnreadableSweep):  # not known to have ended: not this clean-up's to judge
-            return False
+        return self._standing(sweep_id) == "ended"
 
-    def _known(self, sweep_id: str) -> bool:
-        """Active or stored (a stored record that does not parse is known too), under the lock."""
+    def _standing(self, sweep_id: str) -> str:
+        """Where a sweep stands, under the lock: "active"; stored as "ended" (final) or "stored"
+        (not final, or a record that does not parse: not known to have ended); or "unknown"."""
         if sweep_id in self._active:
-            return True
+            return "active"
         try:
-            self.store.sweep(sweep_id)
+            return "ended" if self.store.sweep(sweep_id).final else "stored"
         except sw.UnknownSweep:
-            return False
+            return "unknown"
         except UnreadableSweep:
-            pass
-        return True
+            return "stored"
 
     # sweeps -------------------------------------------------------------------------
 
