@@ -23,8 +23,9 @@ end (`_mismatch`), and split into communicators only where that is unambiguous (
 the lines that end together, within a threshold up to `TOGETHER_NS`, form cliques of one line
 per rank and of the size the traces give, every line in one; any two cliques' lines end `GAP`
 times further apart (median) than a clique's own; and once the cliques that span hosts give
-those hosts' clock offsets, the lines' ends on those clocks agree (`_split`); and no clique,
-of any class, shares some ranks but not all with another (`_crossing`). A clique that
+those hosts' clock offsets (none found: the offset at which the most of two hosts' lines end
+together with one of the other's), the lines' ends on those clocks agree (`_split`); and no
+clique, of any class, shares some ranks but not all with another (`_crossing`). A clique that
 no other line was compared with may be several groups in lock step: it stays as the ingest
 left it, grouped by op, as does a class that is not split, with a warning where that may
 pool several communicators. Lines holding other ops (p2p, broadcast, reduce: their members
@@ -52,6 +53,7 @@ import numpy as np
 from rankscope.analysis.digest import INFERRED_COMM
 from rankscope.analysis.groups import (
     ArrayLike, Coded, Groups, Table, codes, distinct, distinct_inverse, in_sorted, locate, member_of, pack,
+    run_starts,
 )
 from rankscope.analysis.ops import N_TO_N_OPS
 from rankscope.analysis.report import fmt_ns, ranks_text, some_of
@@ -280,9 +282,10 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     size) as communicators (`_partition`): first judged by how their ends move from call to
     call (and on one host, where they fall); then, where communicators found (or, declined,
     the cliques found) span two hosts, by where their ends fall on those hosts' clocks too
-    (`_host_offsets`): groups in lock step whose calls end a constant time apart on two
-    hosts (a straggler every step) end together call by call, not at the offset between
-    those hosts' clocks."""
+    (`_host_offsets`; no cliques found, on the offsets most lines agree on: `_agreed_offsets`):
+    groups in lock step whose calls end a constant time apart on two hosts (a straggler every
+    step, a barrier after a DP all-reduce) end together call by call, not at the offset
+    between those hosts' clocks."""
     compared = _compare(lines, members)
     if compared is None:
         return _Split(None, f"its {len(members)} lines make too many pairs to compare")
@@ -295,11 +298,10 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     mismatch = _unaligned(host[a], host[b], change, level)
     split = _partition(a, b, mismatch, size)
     # Declined, its cliques may still give the hosts' offsets, on which lines that end a
-    # constant time apart call by call (a barrier's right after a DP group's) fall apart.
+    # constant time apart call by call (a barrier's right after a DP group's) fall apart;
+    # with none, the offsets most of the hosts' lines agree on (`_agreed_offsets`).
     label = split.label if split.label is not None else _cliques(a, b, mismatch, len(size))
-    if label is None:
-        return split
-    offset = _host_offsets(host, label, a, b, level)
+    offset = _agreed_offsets(host, a, b, change, level) if label is None else _host_offsets(host, label, a, b, level)
     known = ~np.isnan(offset) if offset is not None else np.zeros(len(a), bool)
     if known.any():
         # Where the end difference was not taken (it changes by more than TOGETHER_NS), the
@@ -356,22 +358,63 @@ def _host_offsets(host: np.ndarray, label: np.ndarray, a: np.ndarray, b: np.ndar
     less the first's, as ``level``) that the communicators found (``label`` >= 0) show: the
     median of their lines' end differences on those hosts; NaN where none spans the two,
     None where those communicators disagree on it by more than TOGETHER_NS."""
-    low, high = np.minimum(host[a], host[b]), np.maximum(host[a], host[b])
-    sign = np.where(host[a] == low, 1.0, -1.0)
+    low, high, sign = _host_pairs(host, a, b)
     oriented = sign * level
     spanning = (label[a] == label[b]) & (label[a] >= 0) & (low != high)
-    offset = np.full(len(a), np.nan)
     if not spanning.any():
-        return offset
+        return np.full(len(a), np.nan)
     pairs = Groups(low[spanning], high[spanning])
     consensus = pairs.median(oriented[spanning])
     if (np.abs(oriented[spanning] - pairs.broadcast(consensus)) > TOGETHER_NS).any():
         return None
+    return _per_pair(pairs, consensus, low, high, sign)
+
+
+def _agreed_offsets(host: np.ndarray, a: np.ndarray, b: np.ndarray, change: np.ndarray,
+                    level: np.ndarray) -> np.ndarray:
+    """Per pair of lines on two hosts, the offset between the hosts' clocks (as `_host_offsets`
+    gives it) on which the most of their lines end together with a line of the other, where
+    no groups of lines found give it: lines in lock step across hosts (a barrier's right
+    after a DP group's) end together call by call (``change``), each at its own end
+    difference (``level``); one communicator's at the clocks' offset, and every line that
+    ends together with another across those hosts has such a partner there. The end
+    differences of a pair of hosts fall into runs (none more than TOGETHER_NS from the
+    next); the offset is the median of the run that holds the most lines, where one does
+    (else NaN, as for hosts with no lines that end together)."""
+    low, high, sign = _host_pairs(host, a, b)
+    oriented = sign * level
+    near = np.flatnonzero((low != high) & (change <= TOGETHER_NS) & ~np.isnan(level))
+    if not len(near):
+        return np.full(len(a), np.nan)
+    near = near[np.lexsort((oriented[near], high[near], low[near]))]
+    new = run_starts(low[near])
+    new[1:] |= (high[near][1:] != high[near][:-1]) | (np.diff(oriented[near]) > TOGETHER_NS)
+    run = np.cumsum(new) - 1
+    held = np.bincount(Groups(np.concatenate((run, run)), np.concatenate((a[near], b[near]))).keys[0])  # lines per run
+    pairs = Groups(low[near][new], high[near][new])  # the runs by pair of hosts
+    best = held == pairs.broadcast(pairs.max(held))
+    chosen = best & (np.bincount(pairs.id[best], minlength=pairs.count) == 1)[pairs.id]
+    agreed = np.full(pairs.count, np.nan)
+    agreed[pairs.id[chosen]] = Groups(run).median(oriented[near])[chosen]
+    return _per_pair(pairs, agreed, low, high, sign)
+
+
+def _host_pairs(host: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair of lines, its hosts (the lower, the higher), and the sign that orients its end
+    difference from the lower host to the higher (-1 where the first line is on the higher)."""
+    low, high = np.minimum(host[a], host[b]), np.maximum(host[a], host[b])
+    return low, high, np.where(host[a] == low, 1.0, -1.0)
+
+
+def _per_pair(pairs: Groups, offsets: np.ndarray, low: np.ndarray, high: np.ndarray, sign: np.ndarray) -> np.ndarray:
+    """Per pair of lines (on hosts ``low`` and ``high``), the ``offsets`` of its pair of hosts
+    (``pairs``' keys), oriented by ``sign``; NaN where its hosts have none, or are one."""
     keys = pack(np.concatenate([pairs.keys[0], low]), np.concatenate([pairs.keys[1], high]))
     at = locate(keys[: pairs.count], keys[pairs.count:])
     found = (at >= 0) & (low != high)
-    offset[found] = (sign * consensus[at])[found]
-    return offset
+    out = np.full(len(low), np.nan)
+    out[found] = (sign * offsets[at])[found]
+    return out
 
 
 def _cliques(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, count: int) -> np.ndarray | None:

@@ -421,18 +421,22 @@ def test_pooled_gloo_groups_that_break_happens_before_are_said_to_be_pooled_grou
     assert any("the rankscope torch hook's Flight Recorder names each call's group" in w for w in report.warnings)
 
 
-def test_pooled_nccl_communicators_that_break_happens_before_are_said_to_be_pooled_groups(tmp_path: Path) -> None:
+def test_pooled_nccl_communicators_that_break_happens_before_are_said_to_be_pooled_groups(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
     """nsys exports without NCCL payloads (a plain `nsys export`) of two nodes of TP=2 with a
-    barrier and a slow link: their all-reduce lines are not told apart, so TP, DP and world
-    calls pool into one communicator and pair across groups by order; 7 pairs broke
-    happens-before. The note blamed a capture that lost calls of one rank, where nothing was
-    cut (as it did for pooled gloo groups). Found by an accuracy campaign against the
-    simulator's truth."""
+    barrier and a slow link: their all-reduce lines not told apart (as before
+    `lines._agreed_offsets`, here taken away), TP, DP and world calls pool into one
+    communicator and pair across groups by order; 7 pairs broke happens-before. The note
+    blamed a capture that lost calls of one rank, where nothing was cut (as it did for pooled
+    gloo groups). Found by an accuracy campaign against the simulator's truth."""
     import warnings
 
+    from rankscope.analysis import lines
     from rankscope.analysis import simulate as sim
     from rankscope.analysis.simulated_exports import without_payloads
     from rankscope.analysis.sources import load_digests
+
+    monkeypatch.setattr(lines, "_agreed_offsets", lambda host, a, *rest: np.full(len(a), np.nan))
 
     spec = sim.JobSpec(nodes=2, gpus_per_node=2, tp=2, steps=9, jitter_ns=300 * sim.US, tp_collectives=1,
                        barrier=True, slow_links=(1,))
