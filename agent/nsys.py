@@ -32,7 +32,7 @@ from rankscope.agent import window
 from rankscope.agent.backend import CaptureBackend, CaptureRequest
 from rankscope.agent.spool import RankInfo
 from rankscope.agent.window import NoWindow
-from rankscope import cpus, output
+from rankscope import capture_options, cpus, output
 from rankscope.errors import ToolError, shown
 
 log = logging.getLogger(__name__)
@@ -415,6 +415,7 @@ class NsysBackend(CaptureBackend):
         self._counting: dict[str, bool] = {}  # capture -> whether a started rank reads the GPU counters
 
     def check(self, request: CaptureRequest) -> None:
+        capture_options.check_flags(request.options)
         find_nsys(self.nsys)
         self.own_ranks(request)
 
@@ -422,7 +423,7 @@ class NsysBackend(CaptureBackend):
         """Only the node's sampler (`gpu_metrics_sampler`) reads GPU metrics, where they are asked
         for: plain CUDA, NVTX and NCCL tracing reads no counters (dcgm.md §6), so DCGM is paused
         for nothing else (§9.2)."""
-        return (request.options.get("gpu_metrics", "true").lower() != "false"
+        return (capture_options.flag(request.options, "gpu_metrics", True)
                 and gpu_metrics_sampler(self.own_ranks(request)) is not None)
 
     def start(self, request: CaptureRequest) -> float:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from rankscope import __version__, node_name, output, sim_options
+from rankscope.capture_options import check_flags
 from rankscope.coordinator import reports
 from rankscope.coordinator.artifacts import ArtifactStore, StorageFull, UploadHeader, UploadWriter
 from rankscope.coordinator.config import CoordinatorConfig
@@ -614,6 +615,7 @@ class Coordinator:
                     f"node {a.node} offers capture backends {', '.join(a.backends)}, not {spec.backend!r}" for a in lacking
                 ))
             check_options_read((a for a in agents if a.node in judged), spec.backend, spec.options)
+            check_flags(spec.options)
             if spec.backend == sim_options.BACKEND:  # read as its agents will: a bad value would fail every node
                 sim_options.check(spec.options)
             busy = self._busy()

@@ -26,7 +26,7 @@ from rankscope.agent.backend import CaptureRequest  # noqa: E402
 from rankscope.agent.spool import local_ranks  # noqa: E402
 from rankscope.analysis import simulate  # noqa: E402
 from rankscope.analysis.sources import load_digests  # noqa: E402
-from rankscope.errors import ToolError  # noqa: E402
+from rankscope.errors import ConfigError, ToolError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -267,14 +267,27 @@ def test_gpu_metrics_nsys_cannot_collect_leave_the_trace_captured_and_say_why(no
     assert [argv[1] for argv in starts if "--gpu-metrics-devices=all" not in argv].count(f"--session={sampler.session}") == 1
 
 
-def test_gpu_metrics_can_be_turned_off(node, tmp_path, monkeypatch):
+@pytest.mark.parametrize("off", ["false", "off", "0", "No"])
+def test_gpu_metrics_can_be_turned_off(node, tmp_path, monkeypatch, off: str):
+    # "off" and "0" were read as on (anything but "false"): DCGM paused for counters nobody asked for
     use_env(monkeypatch, node.env)
     backend = nsys.NsysBackend()
-    request = request_for(node, tmp_path, gpu_metrics="false")
+    request = request_for(node, tmp_path, gpu_metrics=off)
+    assert not backend.needs_gpu_counters(request)
     backend.start(request)
     backend.stop(request)
     assert not any("--gpu-metrics-devices=all" in argv for argv in standin_nsys.calls(node.state))
     assert ["profile", "--gpu-metrics-devices=help"] not in standin_nsys.calls(node.state)
+
+
+def test_gpu_metrics_neither_on_nor_off_refuse_the_capture_before_it_starts(node, tmp_path, monkeypatch):
+    use_env(monkeypatch, node.env)
+    backend = nsys.NsysBackend()
+    with pytest.raises(ConfigError, match=r"^capture option gpu_metrics='maybe': expected true or false "
+                                          r"\(yes/no, on/off, 1/0\)$"):
+        backend.check(request_for(node, tmp_path, gpu_metrics="maybe"))
+    assert not [argv for argv in standin_nsys.calls(node.state) if argv[0] in ("start", "profile")]
+    assert backend.needs_gpu_counters(request_for(node, tmp_path, gpu_metrics=" YES "))
 
 
 def test_gpu_metrics_are_dropped_when_an_unpaused_dcgm_holds_the_counters(node, tmp_path, monkeypatch):

@@ -584,6 +584,21 @@ def test_a_capture_option_a_nodes_backend_does_not_read_is_refused_before_the_sw
         assert len(client.sweeps()) == 2
 
 
+@pytest.mark.parametrize("word", ["maybe", ""])
+def test_a_capture_option_neither_yes_nor_no_is_refused_before_the_sweep_starts(coordinator, word: str) -> None:
+    """`--option gpu_metrics=off` was read as on (any word but "false"), and DCGM paused on
+    every node for counters nobody asked for: the agents and the coordinator read it alike
+    (`capture_options.flag`), and a word that is neither is refused before any node starts."""
+    said = [pb.BackendOptions(backend="nsys", options=["gpu_metrics"])]
+    coordinator.agents.Register(pb.RegisterRequest(node="g1", backends=["nsys"], backend_options=said), timeout=10)
+    with SweepClient(coordinator.address) as client:
+        with pytest.raises(InputError, match=rf": capture option gpu_metrics='{word}': expected true or false "
+                                             r"\(yes/no, on/off, 1/0\)$"):
+            client.start(nodes=["g1"], duration_s=1.0, backend="nsys", options={"gpu_metrics": word})
+        assert client.sweeps() == []
+        assert client.start(nodes=["g1"], duration_s=1.0, backend="nsys", options={"gpu_metrics": "Off"}).nodes
+
+
 def test_a_node_is_in_one_capture_at_a_time(coordinator, wire) -> None:
     """Its ranks' nsys sessions (or profilers) take one capture at a time: an overlapping
     sweep, e.g. a scheduled health sweep over a node someone is investigating, skips it."""
