@@ -24,7 +24,8 @@ the lines that end together, within a threshold up to `TOGETHER_NS`, form clique
 per rank and of the size the traces give, every line in one; any two cliques' lines end `GAP`
 times further apart (median) than a clique's own; and once the cliques that span hosts give
 those hosts' clock offsets (none found: the offset at which the most of two hosts' lines end
-together with one of the other's), the lines' ends on those clocks agree (`_split`); and no
+together with one of the other's, where a clique of several lines a host may be host groups
+in lock step: `_unless_in_lock_step`), the lines' ends on those clocks agree (`_split`); and no
 clique, of any class, shares some ranks but not all with another (`_crossing`). A clique that
 no other line was compared with may be several groups in lock step: it stays as the ingest
 left it, grouped by op, as does a class that is not split, with a warning where that may
@@ -45,7 +46,7 @@ taken there only (`_levels`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -315,7 +316,36 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     if split.label is not None and (offset is None or _host_offsets(host, split.label, a, b, level) is None):
         return _Split(None, "the clock offsets between hosts that the groups of its lines imply disagree",
                       apart_ns=float(mismatch.max()))
+    if split.label is not None and label is None:  # on offsets agreed, not on groups found
+        kept = _unless_in_lock_step(lines.rank[members], host, split.label)
+        within = (kept[a] == kept[b]) & (kept[a] >= 0)
+        if not within.any():
+            return _Split(None, "its lines that end together across hosts may be groups of one host each, in lock "
+                                "step", apart_ns=split.apart_ns)
+        final = np.where(known, np.fmax(change, np.abs(level - offset)), mismatch)
+        split = replace(split, label=kept, together_ns=float(final[within].max()))
     return split
+
+
+def _unless_in_lock_step(rank: np.ndarray, host: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """``label`` less the groups (-1) that may be groups of one host each, in lock step across
+    hosts: a group spanning hosts with several lines on one (a world group's) is taken as one
+    only where those ranks' groups of that host (TP groups) are found among the others. Else
+    their calls may be those host groups' (TP all-reduces ending together across nodes call
+    after call, with no world group at all), which the ends on the clocks agreed alone
+    cannot tell from one group's (`_agreed_offsets`): left as they are."""
+    found = label >= 0
+    spans = np.zeros(len(label), bool)
+    clique = Groups(label[found], host[found])  # a group's lines by host
+    hosts = np.bincount(clique.keys[0], minlength=len(label))  # hosts per group
+    local = found.copy()
+    local[found] = hosts[label[found]] == 1
+    local &= np.bincount(label.clip(0), weights=found, minlength=len(label))[label.clip(0)] > 1
+    spans[found] = (hosts[label[found]] > 1) & (clique.broadcast(clique.size) > 1)  # several lines on a host
+    key = pack(host, rank)
+    held = in_sorted(key[spans], distinct(key[local]))
+    doubtful = distinct(label[spans][~held])
+    return np.where(in_sorted(label, doubtful), -1, label)
 
 
 def _partition(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, size: np.ndarray,
