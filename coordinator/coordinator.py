@@ -175,6 +175,12 @@ class NodeView:
     sweep_id: str  # the running sweep whose capture holds the node; "" none
 
 
+def _claim(artifact: sw.ArtifactInfo | UploadHeader) -> tuple:
+    """What a status's artifact must share with one of its node's uploads (its upload id
+    aside: the agent's own, which an older one may not send)."""
+    return artifact.name, artifact.sha256, artifact.size, artifact.kind, tuple(artifact.ranks)
+
+
 class Coordinator:
     def __init__(self, config: CoordinatorConfig, *, analyze: reports.Analyze | None = None,
                  clock: Callable[[], int] = time.time_ns) -> None:
@@ -439,11 +445,12 @@ class Coordinator:
         """An agent's status for one sweep; artifacts it claims must be its node's uploads for
         that sweep, still stored. A stored sha256 alone is not enough: it may be another node's
         file, or this node's of another sweep (byte-identical uploads are stored once, so each
-        node's own upload record is what counts)."""
+        node's own upload record is what counts), and the claim must name the file as its
+        upload did: the analysis takes a digest's ranks, and fetch its name, from the claim."""
         if event.artifacts:
-            uploaded = self.store.uploaded_sha256s(sweep_id, node)
-            foreign = [a for a in event.artifacts if a.sha256 not in uploaded]
-            absent = [a for a in event.artifacts if a.sha256 in uploaded and not self.artifacts.has(a.sha256)]
+            uploaded = {_claim(u) for u in self.store.uploads_of(sweep_id, node)}
+            foreign = [a for a in event.artifacts if _claim(a) not in uploaded]
+            absent = [a for a in event.artifacts if a not in foreign and not self.artifacts.has(a.sha256)]
             if event.state is not sw.NodeState.UPLOADED:  # uploading: those done so far, kept only where sound
                 event = replace(event, artifacts=tuple(a for a in event.artifacts if a not in foreign + absent))
             elif foreign or absent:

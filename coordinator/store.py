@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS reports (
     created_ns INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sweeps_by_time ON sweeps(created_ns);
--- A node's uploads for a sweep are looked up at each of its statuses (`uploaded_sha256s`):
+-- A node's uploads for a sweep are looked up at each of its statuses (`uploads_of`):
 -- by (sweep, node), which serves a sweep's alone too, so the index on sweep alone goes.
 DROP INDEX IF EXISTS uploads_by_sweep;
 CREATE INDEX IF NOT EXISTS uploads_by_node ON uploads(sweep_id, node);
@@ -261,10 +261,10 @@ class Store:
             sql, params = sql + " WHERE sweep_id = ?", (sweep_id,)
         return [_upload(row) for row in self._read(sql + " ORDER BY completed_ns, upload_id", params)]
 
-    def uploaded_sha256s(self, sweep_id: str, node: str) -> set[str]:
-        """The sha256s of ``node``'s completed uploads for the sweep."""
-        rows = self._read("SELECT DISTINCT sha256 FROM uploads WHERE sweep_id = ? AND node = ?", (sweep_id, node))
-        return {sha256 for (sha256,) in rows}
+    def uploads_of(self, sweep_id: str, node: str) -> list[UploadHeader]:
+        """``node``'s completed uploads for the sweep."""
+        return [_upload(row) for row in self._read(f"SELECT {_UPLOAD_COLUMNS} FROM uploads WHERE sweep_id = ? AND node = ?",
+                                                   (sweep_id, node))]
 
     def latest_upload(self, sweep_id: str, node: str, name: str) -> UploadHeader | None:
         """The last completed upload of ``node``'s file ``name`` in the sweep, or None."""

@@ -781,6 +781,37 @@ def test_a_node_reporting_a_file_it_did_not_upload_for_the_sweep_fails_alone(coo
                               f"{claim.name} (sha256 {claim.sha256[:12]}...)")
 
 
+@pytest.mark.parametrize("claimed", [dict(name="node000.digest.parquet"), dict(ranks=[0, 1])], ids=["name", "ranks"])
+def test_a_node_reporting_its_upload_as_another_file_fails_alone(coordinator, wire, digests, claimed: dict) -> None:
+    """A status's file was checked by its sha256 alone: a node could report its own upload's
+    bytes under another name (which `rankscope fetch` writes it as) or as other ranks (which
+    the analysis takes its digest's ranks to be). A claim must name the file as its upload
+    did: else that node fails alone, named."""
+    first, second = sorted(digests)
+    agents = {name: wire.FakeAgent(coordinator, name) for name in digests}
+    try:
+        with SweepClient(coordinator.address) as client:
+            sweep_id = client.start(nodes=list(digests), duration_s=1.0, backend="sim").sweep_id
+            for agent in agents.values():
+                assert started_capture(agent).sweep_id == sweep_id
+            agents[first].finish(sweep_id, digests[first], ranks=(0, 1))
+            claim = agents[second].upload(sweep_id, f"{second}.digest.parquet", digests[second], ranks=(2, 3))
+            for field, value in claimed.items():  # a repeated field merges by appending
+                claim.ClearField(field)
+            claim.MergeFrom(pb.ArtifactRef(**claimed))
+            agents[second].finish(sweep_id, claim)
+            done = final(client, sweep_id)
+    finally:
+        for agent in agents.values():
+            agent.close()
+    assert done.state == pb.SWEEP_STATE_PARTIAL, done.error
+    nodes = {n.node: n for n in done.nodes}
+    assert list(done.missing) == [second] and nodes[first].state == pb.NODE_STATE_ANALYSED
+    assert (nodes[second].state, nodes[second].reason) == (
+        pb.NODE_STATE_FAILED, f"reported uploaded, but not an upload of node {second} for this sweep: "
+                              f"{claim.name} (sha256 {claim.sha256[:12]}...)")
+
+
 def test_a_digest_gone_from_the_store_before_the_analysis_fails_its_node_alone(coordinator, wire, digests) -> None:
     """Seen on loopback: one node's stored digest removed (by hand, a restored disk) between
     its upload and the analysis failed the whole sweep, "digest ... is not in the artifact
