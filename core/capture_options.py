@@ -31,9 +31,18 @@ def flag(options: Mapping[str, str], name: str, default: bool) -> bool:
     raw = options.get(name)
     if raw is None:
         return default
+    try:
+        return yes_or_no(raw)
+    except ValueError:
+        raise ConfigError(f"capture option {name}={quoted(raw)}: expected true or false (yes/no, on/off, 1/0)") from None
+
+
+def yes_or_no(raw: str) -> bool:
+    """An option's word as yes or no (true/false, yes/no, on/off, 1/0, in any case, spaces
+    aside); a ValueError for another."""
     word = raw.strip().lower()
     if word not in _YES | _NO:
-        raise ConfigError(f"capture option {name}={quoted(raw)}: expected true or false (yes/no, on/off, 1/0)")
+        raise ValueError(raw)
     return word in _YES
 
 

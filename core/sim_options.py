@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from rankscope.capture_options import yes_or_no
 from rankscope.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -122,16 +123,10 @@ def _whole(raw: str) -> int:
         return int(value)
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
 def _cast(name: str, raw: str, default):
     try:
         if isinstance(default, bool):
-            word = raw.strip().lower()
-            if word not in _TRUE + _FALSE:
-                raise ValueError
-            return word in _TRUE
+            return yes_or_no(raw)
         if isinstance(default, int):
             return _whole(raw)
         if isinstance(default, float):
