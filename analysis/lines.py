@@ -334,17 +334,13 @@ def _unless_in_lock_step(rank: np.ndarray, host: np.ndarray, label: np.ndarray) 
     their calls may be those host groups' (TP all-reduces ending together across nodes call
     after call, with no world group at all), which the ends on the clocks agreed alone
     cannot tell from one group's (`_agreed_offsets`): left as they are."""
-    found = label >= 0
-    spans = np.zeros(len(label), bool)
-    clique = Groups(label[found], host[found])  # a group's lines by host
-    hosts = np.bincount(clique.keys[0], minlength=len(label))  # hosts per group
-    local = found.copy()
-    local[found] = hosts[label[found]] == 1
-    local &= np.bincount(label.clip(0), weights=found, minlength=len(label))[label.clip(0)] > 1
-    spans[found] = (hosts[label[found]] > 1) & (clique.broadcast(clique.size) > 1)  # several lines on a host
+    found = np.flatnonzero(label >= 0)
+    per = Groups(label[found], host[found])  # a group's lines by host
+    hosts = np.bincount(per.keys[0], minlength=len(label))[label[found]]  # per line found, its group's hosts
+    several = per.broadcast(per.size) > 1  # its group has other lines on its host
+    local, spans = found[several & (hosts == 1)], found[several & (hosts > 1)]
     key = pack(host, rank)
-    held = in_sorted(key[spans], distinct(key[local]))
-    doubtful = distinct(label[spans][~held])
+    doubtful = distinct(label[spans][~in_sorted(key[spans], distinct(key[local]))])
     return np.where(in_sorted(label, doubtful), -1, label)
 
 
