@@ -125,6 +125,37 @@ def test_a_straggler_three_bars_past_the_quiet_half_is_named_past_one_between(tm
     assert _past_the_quiet_half(np.arange(5), np.array([0, 45, 40, 130, 60]) * 1e3, 20_000) == []
 
 
+def test_a_lesser_straggler_masked_by_a_far_one_is_named_once_that_one_is_left_out(tmp_path) -> None:
+    """Found by an accuracy campaign against the simulator's truth (seed 210): 3 of 7 ranks
+    straggle, own delays ~2.9 ms, ~233 and ~154 us over peers' 8 to 27 us, a ~60 us bar. The
+    first took the MAD in: the last one's z was 4.5, its jump over the peers under 3 bars,
+    and it went unnamed."""
+    from rankscope.analysis import simulate as sim
+    from rankscope.analysis.sources import load_digests
+    from rankscope.analysis.stragglers import _unmasked
+
+    spec = sim.JobSpec(nodes=7, gpus_per_node=1, tp=1, steps=15, max_offset_ns=34_483_000, max_drift_ppm=65.6,
+                       jitter_ns=31_500, tp_collectives=0, slow_links=(0, 5), seed=210, stragglers=(
+                           sim.Straggler(3, "compute", 802 * sim.US, every=3), sim.Straggler(1, "launch", 2913 * sim.US),
+                           sim.Straggler(2, "launch", 539 * sim.US, every=3)))
+    sim.simulate(spec, tmp_path)
+    report = analyze(load_digests([tmp_path]))
+    assert report.stragglers == sim.truth(spec)["stragglers"] == [1, 2, 3]
+    delays = np.array([8, 2945, 154, 233, 24, 27, 17.5]) * 1e3
+    assert _unmasked(np.arange(7), delays, {1, 3}, 60_000) == [1, 2, 3]
+    assert _unmasked(np.arange(7), delays, {1, 3}, 140_000) == [1, 3]  # 154 us is under this bar
+    assert _unmasked(np.arange(7), delays, set(), 60_000) == []  # nothing flagged: nothing unmasked
+    # the ranks left unnamed must stay most of them: else the rest split in two, and the
+    # lower part's spread says nothing of the upper's (a balanced 6-rank TP 2 job's, one left out)
+    split = np.array([353.1, 0, 345.6, 3441, 0.7, 0]) * 1e3
+    assert _unmasked(np.arange(6), split, {3}, 301_600) == [3]
+    three = np.array([14.9, 1148, 828, 0, 70.3, 0, 1, 2, 1.5]) * 1e3
+    assert _unmasked(np.arange(9), three, {1, 2, 4}, 5_000) == [0, 1, 2, 4]  # 5 of 9 left
+    assert _unmasked(np.arange(8), three[:8], {1, 2, 4}, 5_000) == [1, 2, 4]  # 4 of 8
+    # and 5 ranks at least: the MAD of 3 is the spread of the closest 2 (a balanced 4-rank job's)
+    assert _unmasked(np.arange(4), np.array([31.4, 1530, 7.9, 6.2]) * 1e3, {1}, 15_000) == [1]
+
+
 def test_tp_groups_of_other_pipeline_stages_are_no_peers_of_each_other() -> None:
     # PP=4 x TP=2 on one node, the last stage's layers heavier: no group holds one rank of
     # each stage, so its TP groups are no replicas of the others, and nobody waits on it.
