@@ -23,7 +23,8 @@ end (`_mismatch`), and split into communicators only where that is unambiguous (
 the lines that end together, within a threshold up to `TOGETHER_NS`, form cliques of one line
 per rank and of the size the traces give, every line in one; any two cliques' lines end `GAP`
 times further apart (median) than a clique's own; and once the cliques that span hosts give
-those hosts' clock offsets (none found: the offset at which the most of two hosts' lines end
+those hosts' clock offsets (through time, where communicators run apart as the clocks drift:
+`_drift_lines`; none found: the offset at which the most of two hosts' lines end
 together with one of the other's, where a clique of several lines a host may be host groups
 in lock step: `_unless_in_lock_step`), the lines' ends on those clocks agree (`_split`); and no
 clique, of any class, shares some ranks but not all with another (`_crossing`). A clique that
@@ -66,6 +67,12 @@ TOGETHER_NS = 10_000.0
 # (median), each counted above NOISE_FLOOR_NS (timestamp resolution: below it, alike).
 GAP = 3.0
 NOISE_FLOOR_NS = 500.0
+# The most two hosts' clocks drift apart, as the offsets that lines of several communicators
+# give at their times may tell it: crystals lie within ~100 ppm of each other (clock.py).
+MAX_DRIFT_PPM = 200.0
+# Communicators' calls this far apart in time tell their hosts' drift (`_drift_lines`); nearer,
+# MAX_DRIFT_PPM moves the offset under 2 µs, an end's jitter, and a slope fitted is noise.
+MIN_DRIFT_SPAN_NS = 10_000_000.0
 # Thresholds tried for the cliques: where the sorted mismatches step up by this much, the
 # first MAX_THRESHOLDS of them.
 STEP = 1.1
@@ -302,7 +309,9 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
     # constant time apart call by call (a barrier's right after a DP group's) fall apart;
     # with none, the offsets most of the hosts' lines agree on (`_agreed_offsets`).
     label = split.label if split.label is not None else _cliques(a, b, mismatch, len(size))
-    offset = _agreed_offsets(host, a, b, change, level) if label is None else _host_offsets(host, label, a, b, level)
+    middle = lines.ends[lines.starts[members] + lines.size[members] // 2]
+    offset = (_agreed_offsets(host, a, b, change, level) if label is None else
+              _host_offsets(host, label, a, b, level, middle))
     known = ~np.isnan(offset) if offset is not None else np.zeros(len(a), bool)
     if known.any():
         # Where the end difference was not taken (it changes by more than TOGETHER_NS), the
@@ -313,7 +322,7 @@ def _split(lines: _Lines, members: np.ndarray, size: np.ndarray) -> _Split:
 
         split = _partition(a, b, np.where(known, np.fmax(change, np.abs(level - offset)), mismatch), size,
                            known & np.isnan(level), exact)
-    if split.label is not None and (offset is None or _host_offsets(host, split.label, a, b, level) is None):
+    if split.label is not None and (offset is None or _host_offsets(host, split.label, a, b, level, middle) is None):
         return _Split(None, "the clock offsets between hosts that the groups of its lines imply disagree",
                       apart_ns=float(mismatch.max()))
     if split.label is not None and label is None:  # on offsets agreed, not on groups found
@@ -378,22 +387,52 @@ def _partition(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, size: np.ndar
     return _Split(np.where(compared[label], label, -1), together_ns=float(mismatch[within].max()), apart_ns=apart)
 
 
-def _host_offsets(host: np.ndarray, label: np.ndarray, a: np.ndarray, b: np.ndarray,
-                  level: np.ndarray) -> np.ndarray | None:
+def _host_offsets(host: np.ndarray, label: np.ndarray, a: np.ndarray, b: np.ndarray, level: np.ndarray,
+                  middle: np.ndarray) -> np.ndarray | None:
     """Per pair of lines on two hosts, the offset between the hosts' clocks (the second's end
-    less the first's, as ``level``) that the communicators found (``label`` >= 0) show: the
-    median of their lines' end differences on those hosts; NaN where none spans the two,
-    None where those communicators disagree on it by more than TOGETHER_NS."""
+    less the first's, as ``level``) that the communicators found (``label`` >= 0) show at the
+    pair's time (``middle``: per line, its middle call's end): the median of their lines' end
+    differences on those hosts, or where those communicators' calls lie apart in time, the line
+    the clocks drift along (`_drift_lines`); NaN where none spans the two hosts, None where a
+    pair of those communicators' lines strays from it by more than TOGETHER_NS."""
     low, high, sign = _host_pairs(host, a, b)
     oriented = sign * level
     spanning = (label[a] == label[b]) & (label[a] >= 0) & (low != high)
     if not spanning.any():
         return np.full(len(a), np.nan)
+    when = np.where(sign > 0, middle[a], middle[b])  # on the lower host's clock
     pairs = Groups(low[spanning], high[spanning])
-    consensus = pairs.median(oriented[spanning])
-    if (np.abs(oriented[spanning] - pairs.broadcast(consensus)) > TOGETHER_NS).any():
+    line = _drift_lines(pairs, low[spanning], high[spanning], label[a][spanning], oriented[spanning], when[spanning])
+    at = _pair_index(pairs, low, high)
+    found = at >= 0
+    mean_offset, drift, mean_time = (value[at[found]] for value in line)
+    offset = np.full(len(a), np.nan)
+    offset[found] = np.where(np.isnan(drift), pairs.median(oriented[spanning])[at[found]],
+                             mean_offset + drift * (when[found] - mean_time))
+    if (np.abs(oriented[spanning] - offset[spanning]) > TOGETHER_NS).any():
         return None
-    return _per_pair(pairs, consensus, low, high, sign)
+    return sign * offset
+
+
+def _drift_lines(pairs: Groups, low: np.ndarray, high: np.ndarray, label: np.ndarray, oriented: np.ndarray,
+                 when: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair of hosts (``pairs``) whose communicators' calls lie ``MIN_DRIFT_SPAN_NS`` or
+    more apart in time: the line of their clocks' offset through time (the offset at the
+    mean time, the drift, the mean time; drift NaN elsewhere, and where it would pass
+    MAX_DRIFT_PPM: no clocks drift so, and the ends' jitter over a short span can make it),
+    fitted to each communicator's median end difference (``oriented``, per pair of its lines
+    on them) at its median time (``when``). Communicators that do not wait on each other run
+    apart: a DP group slowed by its stragglers ran 100 ms behind another by mid-capture, and
+    their end differences told two offsets 16 µs apart on clocks 150 ppm apart."""
+    each = Groups(low, high, label)  # a communicator's lines on two hosts
+    of = _pair_index(pairs, *each.keys[:2])
+    levels, times = each.median(oriented), each.median(when)
+    per = Groups(of)  # every pair of hosts has a communicator spanning it: per.keys[0] is 0..count-1
+    mean_time, mean_offset = per.mean(times), per.mean(levels)
+    early = times - per.broadcast(mean_time)
+    drift = per.sum(early * (levels - per.broadcast(mean_offset))) / np.maximum(per.sum(early * early), 1.0)
+    fitted = (per.max(times) - per.min(times) >= MIN_DRIFT_SPAN_NS) & (np.abs(drift) <= MAX_DRIFT_PPM * 1e-6)
+    return mean_offset, np.where(fitted, drift, np.nan), mean_time
 
 
 def _agreed_offsets(host: np.ndarray, a: np.ndarray, b: np.ndarray, change: np.ndarray,
@@ -435,12 +474,19 @@ def _host_pairs(host: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndar
 def _per_pair(pairs: Groups, offsets: np.ndarray, low: np.ndarray, high: np.ndarray, sign: np.ndarray) -> np.ndarray:
     """Per pair of lines (on hosts ``low`` and ``high``), the ``offsets`` of its pair of hosts
     (``pairs``' keys), oriented by ``sign``; NaN where its hosts have none, or are one."""
-    keys = pack(np.concatenate([pairs.keys[0], low]), np.concatenate([pairs.keys[1], high]))
-    at = locate(keys[: pairs.count], keys[pairs.count:])
-    found = (at >= 0) & (low != high)
+    at = _pair_index(pairs, low, high)
+    found = at >= 0
     out = np.full(len(low), np.nan)
     out[found] = (sign * offsets[at])[found]
     return out
+
+
+def _pair_index(pairs: Groups, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Per pair of lines (on hosts ``low`` and ``high``), the index of its pair of hosts among
+    ``pairs``' keys; -1 where they are not among them, or are one host."""
+    keys = pack(np.concatenate([pairs.keys[0], low]), np.concatenate([pairs.keys[1], high]))
+    at = locate(keys[: pairs.count], keys[pairs.count:])
+    return np.where(low != high, at, -1)
 
 
 def _cliques(a: np.ndarray, b: np.ndarray, mismatch: np.ndarray, count: int) -> np.ndarray | None:

@@ -364,6 +364,22 @@ def test_communicators_told_apart_stay_unconfirmed(tmp_path: Path) -> None:
     assert sorted(ordinal.tolist()) == sorted(list(range(20)) + list(range(10)))  # call order on each of its lines
 
 
+def test_groups_that_run_apart_on_drifting_clocks_are_told_apart(tmp_path: Path) -> None:
+    """Two DP groups that never wait on each other (TP 2 with no TP calls): one slowed 5 ms a
+    step runs 100 ms behind the other by mid-capture, and on clocks 100 ppm apart (within the
+    ±50 ppm issue #2 takes) their lines' end differences told the hosts' offset 10 µs apart:
+    "the clock offsets ... imply disagree", every call pooled by op, both groups matched as
+    one, the hosts' clocks left at NTP quality and the straggler unnamed. Each group's offset
+    is now taken at its own time, on a line through them as the clocks drift."""
+    spec = sim.JobSpec(nodes=2, gpus_per_node=4, tp=2, steps=40, tp_collectives=0, seed=3, clock_drifts_ppm=(-50.0, 50.0),
+                       stragglers=(sim.Straggler(2, "launch", 5 * sim.MS),))
+    with_ids, without = _reports(tmp_path, spec)
+    assert _groups(without) == _groups(with_ids) == {frozenset(range(0, 8, 2)), frozenset(range(1, 8, 2))}
+    assert without.stragglers == with_ids.stragglers == [2]
+    assert [w for w in without.warnings if TOLD in w] and not [w for w in without.warnings if NOT_TOLD in w]
+    assert {h.method for h in without.alignment.hosts} == {h.method for h in with_ids.alignment.hosts}
+
+
 @pytest.mark.parametrize("layout", [
     dict(nodes=4, gpus_per_node=4, tp=4, stragglers=[sim.Straggler(1, "compute", 2 * sim.MS)]),
     dict(nodes=2, gpus_per_node=4, tp=2, seed=1, stragglers=[sim.Straggler(1, "compute", 2 * sim.MS),
