@@ -218,7 +218,7 @@ def find(events: Table, ranks: np.ndarray) -> Stragglers:
     flagged = set(flagged) | set(_past_the_quiet_half(ranks, delay, significant))
     # Unmasking judges by the MAD of the ranks not named: where the quiet ranks' own delays are
     # all 0 (no noise measured), that is a MAD of zeros, which a rank 12.5 µs past them outscored.
-    flagged = _unmasked(ranks, delay, flagged, significant) if noise else sorted(flagged)
+    flagged = _unmasked(ranks, delay, error, flagged, significant) if noise else sorted(flagged)
     return Stragglers(flagged, delay, score, min_effect, _causes(events, flagged))
 
 
@@ -325,7 +325,8 @@ def _past_the_quiet_half(ranks: np.ndarray, delay: np.ndarray, min_effect: float
     return sorted(int(r) for r in np.asarray(ranks)[order[low:][past]])
 
 
-def _unmasked(ranks: np.ndarray, delay: np.ndarray, flagged: set[int], min_effect: float) -> list[int]:
+def _unmasked(ranks: np.ndarray, delay: np.ndarray, error: np.ndarray, flagged: set[int],
+              min_effect: float) -> list[int]:
     """``flagged`` and the ranks that stand out (`stands_out`) once the flagged are left out
     of the median and MAD, again until none does: a straggler ms past its peers takes the MAD
     in, and masks a lesser one (3 of 7 ranks straggling by 2.9 ms, 233 µs and 154 µs, over
@@ -333,7 +334,11 @@ def _unmasked(ranks: np.ndarray, delay: np.ndarray, flagged: set[int], min_effec
     are taken only where the ranks still unnamed stay most of the ranks: where they would not,
     the rest split in two (two ranks 350 µs past three at 0, a bar of 300 µs, in a balanced
     6-rank job whose one straggler was left out), and the lower part's spread is no noise to
-    judge the upper by. The rest tested are ``MIN_UNMASKED_REFERENCE`` ranks or more."""
+    judge the upper by. The rest tested are ``MIN_UNMASKED_REFERENCE`` ranks or more, and a
+    rank must pass them by ``min_effect`` and ``Z_MIN`` times the median standard error of
+    their means (``error``): the quiet half's, which set ``min_effect``, is low where an excess
+    floored at 0 spreads less the lower its mean, and at ~490 µs jitter a balanced rank 509 µs
+    over the rest's median (z 6.8 by their MAD) passed a 445 µs bar, where their errors set 595."""
     ranks = np.asarray(ranks)
     known = ~np.isnan(delay)
     while flagged:
@@ -341,7 +346,8 @@ def _unmasked(ranks: np.ndarray, delay: np.ndarray, flagged: set[int], min_effec
         left = np.count_nonzero(rest)
         if left < MIN_UNMASKED_REFERENCE:
             break
-        found, _ = stands_out(ranks[rest], delay[rest], min_effect, SCORE_SCALE_FLOOR_NS)
+        bar = max(min_effect, Z_MIN * float(nanmedian(error[rest])))
+        found, _ = stands_out(ranks[rest], delay[rest], bar, SCORE_SCALE_FLOOR_NS)
         if not found or 2 * (left - len(found)) <= np.count_nonzero(known):
             break
         flagged = flagged | set(found)

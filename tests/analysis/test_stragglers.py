@@ -142,18 +142,25 @@ def test_a_lesser_straggler_masked_by_a_far_one_is_named_once_that_one_is_left_o
     report = analyze(load_digests([tmp_path]))
     assert report.stragglers == sim.truth(spec)["stragglers"] == [1, 2, 3]
     delays = np.array([8, 2945, 154, 233, 24, 27, 17.5]) * 1e3
-    assert _unmasked(np.arange(7), delays, {1, 3}, 60_000) == [1, 2, 3]
-    assert _unmasked(np.arange(7), delays, {1, 3}, 140_000) == [1, 3]  # 154 us is under this bar
-    assert _unmasked(np.arange(7), delays, set(), 60_000) == []  # nothing flagged: nothing unmasked
+    errors = np.array([5.7, 18.1, 60.3, 96.5, 11.3, 11.6, 7.9]) * 1e3  # their means' standard errors
+    assert _unmasked(np.arange(7), delays, errors, {1, 3}, 57_400) == [1, 2, 3]
+    assert _unmasked(np.arange(7), delays, errors, {1, 3}, 140_000) == [1, 3]  # 154 us is under this bar
+    assert _unmasked(np.arange(7), delays, errors, set(), 57_400) == []  # nothing flagged: nothing unmasked
     # the ranks left unnamed must stay most of them: else the rest split in two, and the
     # lower part's spread says nothing of the upper's (a balanced 6-rank TP 2 job's, one left out)
     split = np.array([353.1, 0, 345.6, 3441, 0.7, 0]) * 1e3
-    assert _unmasked(np.arange(6), split, {3}, 301_600) == [3]
+    assert _unmasked(np.arange(6), split, np.zeros(6), {3}, 301_600) == [3]
     three = np.array([14.9, 1148, 828, 0, 70.3, 0, 1, 2, 1.5]) * 1e3
-    assert _unmasked(np.arange(9), three, {1, 2, 4}, 5_000) == [0, 1, 2, 4]  # 5 of 9 left
-    assert _unmasked(np.arange(8), three[:8], {1, 2, 4}, 5_000) == [1, 2, 4]  # 4 of 8
+    assert _unmasked(np.arange(9), three, np.zeros(9), {1, 2, 4}, 5_000) == [0, 1, 2, 4]  # 5 of 9 left
+    assert _unmasked(np.arange(8), three[:8], np.zeros(8), {1, 2, 4}, 5_000) == [1, 2, 4]  # 4 of 8
     # and 5 ranks at least: the MAD of 3 is the spread of the closest 2 (a balanced 4-rank job's)
-    assert _unmasked(np.arange(4), np.array([31.4, 1530, 7.9, 6.2]) * 1e3, {1}, 15_000) == [1]
+    assert _unmasked(np.arange(4), np.array([31.4, 1530, 7.9, 6.2]) * 1e3, np.zeros(4), {1}, 15_000) == [1]
+    # the rest's standard errors set the bar where the quiet half's set it low (a balanced rank
+    # at ~490 us jitter, 509 us over the rest's median: z 6.8 by their MAD, over a 445 us bar)
+    noisy = np.array([160.7, 3651.2, 195.6, 246.2, 704.7, 128.2]) * 1e3
+    noisy_errors = np.array([74.2, 160.1, 123.3, 99.2, 227.3, 56.7]) * 1e3
+    assert _unmasked(np.arange(6), noisy, noisy_errors, {1}, 445_300) == [1]
+    assert _unmasked(np.arange(6), noisy, np.full(6, 74_200.0), {1}, 445_300) == [1, 4]
 
 
 def test_tp_groups_of_other_pipeline_stages_are_no_peers_of_each_other() -> None:
