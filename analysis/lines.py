@@ -402,13 +402,12 @@ def _host_offsets(host: np.ndarray, label: np.ndarray, a: np.ndarray, b: np.ndar
         return np.full(len(a), np.nan)
     when = np.where(sign > 0, middle[a], middle[b])  # on the lower host's clock
     pairs = Groups(low[spanning], high[spanning])
-    line = _drift_lines(pairs, low[spanning], high[spanning], label[a][spanning], oriented[spanning], when[spanning])
+    centre, drift, mean_time = _drift_lines(pairs, low[spanning], high[spanning], label[a][spanning],
+                                            oriented[spanning], when[spanning])
     at = _pair_index(pairs, low, high)
     found = at >= 0
-    mean_offset, drift, mean_time = (value[at[found]] for value in line)
     offset = np.full(len(a), np.nan)
-    offset[found] = np.where(np.isnan(drift), pairs.median(oriented[spanning])[at[found]],
-                             mean_offset + drift * (when[found] - mean_time))
+    offset[found] = centre[at[found]] + drift[at[found]] * (when[found] - mean_time[at[found]])
     if (np.abs(oriented[spanning] - offset[spanning]) > TOGETHER_NS).any():
         return None
     return sign * offset
@@ -416,14 +415,15 @@ def _host_offsets(host: np.ndarray, label: np.ndarray, a: np.ndarray, b: np.ndar
 
 def _drift_lines(pairs: Groups, low: np.ndarray, high: np.ndarray, label: np.ndarray, oriented: np.ndarray,
                  when: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per pair of hosts (``pairs``) whose communicators' calls lie ``MIN_DRIFT_SPAN_NS`` or
-    more apart in time: the line of their clocks' offset through time (the offset at the
-    mean time, the drift, the mean time; drift NaN elsewhere, and where it would pass
-    MAX_DRIFT_PPM: no clocks drift so, and the ends' jitter over a short span can make it),
-    fitted to each communicator's median end difference (``oriented``, per pair of its lines
-    on them) at its median time (``when``). Communicators that do not wait on each other run
-    apart: a DP group slowed by its stragglers ran 100 ms behind another by mid-capture, and
-    their end differences told two offsets 16 µs apart on clocks 150 ppm apart."""
+    """Per pair of hosts (``pairs``), the line of their clocks' offset through time (the
+    offset at the mean time, the drift, the mean time): where their communicators' calls lie
+    ``MIN_DRIFT_SPAN_NS`` or more apart in time, fitted to each communicator's median end
+    difference (``oriented``, per pair of its lines on them) at its median time (``when``);
+    elsewhere, and where the fit would pass MAX_DRIFT_PPM (no clocks drift so, and the ends'
+    jitter over a short span can make it), flat at the median end difference of all.
+    Communicators that do not wait on each other run apart: a DP group slowed by its
+    stragglers ran 100 ms behind another by mid-capture, and their end differences told two
+    offsets 16 µs apart on clocks 150 ppm apart."""
     each = Groups(low, high, label)  # a communicator's lines on two hosts
     of = _pair_index(pairs, *each.keys[:2])
     levels, times = each.median(oriented), each.median(when)
@@ -432,7 +432,7 @@ def _drift_lines(pairs: Groups, low: np.ndarray, high: np.ndarray, label: np.nda
     early = times - per.broadcast(mean_time)
     drift = per.sum(early * (levels - per.broadcast(mean_offset))) / np.maximum(per.sum(early * early), 1.0)
     fitted = (per.max(times) - per.min(times) >= MIN_DRIFT_SPAN_NS) & (np.abs(drift) <= MAX_DRIFT_PPM * 1e-6)
-    return mean_offset, np.where(fitted, drift, np.nan), mean_time
+    return np.where(fitted, mean_offset, pairs.median(oriented)), np.where(fitted, drift, 0.0), mean_time
 
 
 def _agreed_offsets(host: np.ndarray, a: np.ndarray, b: np.ndarray, change: np.ndarray,
