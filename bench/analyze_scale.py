@@ -25,8 +25,8 @@ Memory: one fresh process per mode runs it once; peak RSS is shown, and its grow
 the process's baseline after imports (aim: linear in ranks).
 Aim: analysis within 1.5x of the floor.
 Density: the analysis has a cost the floor has not that hardly grows with rows (at 8
-ranks ~8 ms, building the digests and analysing them: thousands of numpy calls on a few
-hundred rows each), so its share grows as exports shrink. The simulator's default job
+ranks ~4.5 ms on a 7 ms floor, building the digests and analysing them: thousands of numpy
+calls on a few hundred rows each), so its share grows as exports shrink. The simulator's default job
 launches 4 compute kernels per collective, denser in collectives than any real trace in
 ../shared/samples: the nsys torchrun export mfu_2gpu_before.sqlite has 60 (3,944 compute
 and 66 NCCL kernels), the Kineto traces of kineto/hta 8.6 (df_index_resolver) to 128
